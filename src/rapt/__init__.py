@@ -1,0 +1,3 @@
+"""rapt: privacy-preserving customization of hosted language models."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,19 @@
+"""The one Typer application; each CLI module adds its commands to it."""
+
+import typer
+
+app = typer.Typer(
+    name="rapt",
+    help="Privacy-preserving customization of hosted language models.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+@app.command()
+def version() -> None:
+    """Print the rapt version."""
+    from rapt import __version__
+
+    typer.echo(__version__)

@@ -1,0 +1,1 @@
+"""CLI commands (placeholder until implemented)."""

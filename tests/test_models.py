@@ -1,0 +1,49 @@
+import pytest
+import torch
+
+from rapt.models import BackboneNotFoundError, load_backbone
+
+
+def test_tiny_backbones(tiny_bert, tiny_llama, tiny_tokenizer):
+    assert tiny_bert.kind == "encoder"
+    assert tiny_llama.kind == "causal"
+    assert tiny_bert.embeddings.shape == (len(tiny_tokenizer), 32)
+    assert tiny_tokenizer.cls_token_id in tiny_bert.special_ids
+
+
+def test_unknown_backbone_clear_error(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(BackboneNotFoundError, match="built-in name"):
+        load_backbone("no-such-org/no-such-model-xyz")
+
+
+def test_local_path_loads(tiny_bert, tmp_path):
+    tiny_bert.model.save_pretrained(tmp_path)
+    tiny_bert.tokenizer.save_pretrained(tmp_path)
+    bb = load_backbone(str(tmp_path))
+    assert bb.kind == "encoder"
+    assert torch.equal(bb.embeddings, tiny_bert.embeddings)
+
+
+@pytest.mark.integration
+def test_minilm_packaged():
+    bb = load_backbone("minilm")
+    assert bb.embeddings.shape == (30522, 384)
+    assert bb.kind == "encoder"
+    ids = bb.tokenizer("a good movie", return_tensors="pt")
+    out = bb.model(**ids).last_hidden_state
+    assert out.shape[-1] == 384 and torch.isfinite(out).all()
+
+
+@pytest.mark.integration
+def test_smollm2_packaged():
+    bb = load_backbone("smollm2-135m")
+    assert bb.kind == "causal"
+    assert bb.embeddings.shape[1] == 576
+    ids = bb.tokenizer("The capital of France is", return_tensors="pt")
+    logits = bb.model(**ids).logits
+    assert torch.isfinite(logits).all()
+    # A working LM ranks " Paris" far above chance (a random model would not).
+    paris = bb.tokenizer(" Paris", add_special_tokens=False)["input_ids"][0]
+    rank = (logits[0, -1] > logits[0, -1, paris]).sum().item()
+    assert rank < 50
