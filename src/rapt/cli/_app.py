@@ -11,6 +11,11 @@ app = typer.Typer(
 )
 
 
+@app.callback()
+def _root() -> None:
+    """Privacy-preserving customization of hosted language models."""
+
+
 @app.command()
 def version() -> None:
     """Print the rapt version."""
