@@ -1,1 +1,157 @@
-"""CLI commands (placeholder until implemented)."""
+"""`rapt data check` (load a dataset, print counts) and `rapt data cti` (contributing tokens)."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+
+from rapt.cli._app import app
+
+data_app = typer.Typer(help="Inspect datasets: load checks and contributing tokens (CTI).",
+                       no_args_is_help=True)
+app.add_typer(data_app, name="data")
+
+
+def _fail(msg: str) -> None:
+    typer.echo(f"error: {msg}", err=True)
+    raise typer.Exit(2)
+
+
+def _load(name: str, split: str, text_column: str | None, text_pair_column: str | None,
+          label_column: str | None, label_names: str | None, attribute: str | None,
+          limit: int | None, fmt: str | None):
+    from rapt.data import DataError, load_dataset
+
+    names = [s.strip() for s in label_names.split(",")] if label_names else None
+    try:
+        return load_dataset(name, split, text_column=text_column,
+                            text_pair_column=text_pair_column, label_column=label_column,
+                            label_names=names, attribute=attribute, limit=limit, format=fmt)
+    except DataError as e:
+        _fail(str(e))
+
+
+_NAME = typer.Argument(..., help="built-in name (sst2, sst2-sentences, trec, cb, trustpilot) "
+                       "or a file path (.csv/.tsv with header, .jsonl, .txt)")
+_SPLIT = typer.Option("train", "--split", "-s", help="split of a built-in dataset")
+_TEXT = typer.Option(None, "--text-column", help="text column/key of your file")
+_PAIR = typer.Option(None, "--text-pair-column", help="second text column/key (pair tasks)")
+_LABEL = typer.Option(None, "--label-column", help="label column/key of your file")
+_NAMES = typer.Option(None, "--label-names", help="comma-separated label names, in id order")
+_ATTR = typer.Option(None, "--attribute", help="use a private attribute as label (gender, age)")
+_LIMIT = typer.Option(None, "--limit", help="keep the first N records (all are checked)")
+_FORMAT = typer.Option(None, "--format", help="file format if the extension does not tell: "
+                       "csv, tsv, jsonl, lines, label-text, trec, trustpilot")
+
+
+@data_app.command("check")
+def check(
+    name: str = _NAME,
+    split: str = _SPLIT,
+    text_column: str | None = _TEXT,
+    text_pair_column: str | None = _PAIR,
+    label_column: str | None = _LABEL,
+    label_names: str | None = _NAMES,
+    attribute: str | None = _ATTR,
+    limit: int | None = _LIMIT,
+    fmt: str | None = _FORMAT,
+    show: int = typer.Option(3, "--show", help="print the first N examples"),
+    as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
+) -> None:
+    """Load a dataset, validate every record and print the counts (exit 2 on bad input)."""
+    ds = _load(name, split, text_column, text_pair_column, label_column, label_names,
+               attribute, limit, fmt)
+    r = ds.report
+    if as_json:
+        typer.echo(json.dumps({"name": ds.name, "label_names": ds.label_names, **r}, indent=2))
+        return
+    typer.echo(f"{ds.name}: {r['file']} ({r['format']})")
+    typer.echo(f"  records read {r['read']}, kept {r['kept']}"
+               + (f" (limit {r['limit']})" if r["limit"] is not None else "")
+               + f", blank lines {r['blank_lines']}, unlabelled {r['unlabelled']}")
+    if r["label_source"] is not None:
+        typer.echo(f"  labels from '{r['label_source']}':")
+        for label, n in r["per_label"].items():
+            share = n / max(1, r["kept"])
+            typer.echo(f"    {label:>24}  {n:>7}  {share:6.1%}")
+    for e in ds.examples[:show]:
+        label = ds.label_names[e.label] if e.label is not None else "-"
+        text = e.text if len(e.text) <= 100 else e.text[:97] + "..."
+        pair = f" || {e.text_pair[:60]}" if e.text_pair else ""
+        typer.echo(f"  line {e.line}: [{label}] {text}{pair}")
+
+
+@data_app.command("cti")
+def cti(
+    name: str = _NAME,
+    split: str = _SPLIT,
+    backbone: str = typer.Option("minilm", "--backbone", "-b",
+                                 help="backbone whose tokenizer defines the tokens"),
+    coverage: float = typer.Option(0.01, "--coverage",
+                                   help="max fraction of token occurrences (SAP: 0.01)"),
+    k: int | None = typer.Option(None, "--k", help="fixed k instead of the coverage rule"),
+    top: int = typer.Option(15, "--top", help="tokens to print per class"),
+    text_column: str | None = _TEXT,
+    text_pair_column: str | None = _PAIR,
+    label_column: str | None = _LABEL,
+    label_names: str | None = _NAMES,
+    attribute: str | None = _ATTR,
+    limit: int | None = _LIMIT,
+    fmt: str | None = _FORMAT,
+    batch_size: int = typer.Option(1024, "--batch-size", help="texts per tokenizer call"),
+) -> None:
+    """Print the top contributing tokens per class (SAP utility importance)."""
+    from tqdm import tqdm
+    from transformers import AutoTokenizer
+
+    from rapt.cti import contributing_tokens
+    from rapt.data import DataError
+    from rapt.models import BackboneNotFoundError, resolve
+
+    ds = _load(name, split, text_column, text_pair_column, label_column, label_names,
+               attribute, limit, fmt)
+    try:
+        labels = ds.labels
+    except DataError as e:
+        _fail(f"CTI needs labels: {e}")
+    if ds.num_labels < 2:
+        _fail(f"CTI needs at least 2 classes; {ds.name} has {ds.label_names}")
+    try:
+        source, gguf_file, _ = resolve(backbone)
+        tok = AutoTokenizer.from_pretrained(source, **({"gguf_file": gguf_file}
+                                                       if gguf_file else {}))
+    except (BackboneNotFoundError, OSError) as e:
+        _fail(f"cannot load the tokenizer of '{backbone}': {e}")
+    ids: list[list[int]] = []
+    pairs = ds.text_pairs
+    for i in tqdm(range(0, len(ds), batch_size), desc="tokenizing", unit="batch"):
+        texts = ds.texts[i:i + batch_size]
+        second = pairs[i:i + batch_size] if pairs[i] is not None else None
+        # verbose=False: long reviews exceed the model's max length; CTI counts every token.
+        enc = tok(texts, second, verbose=False) if second else tok(texts, verbose=False)
+        ids += enc["input_ids"]
+    special = set(tok.all_special_ids)
+    res = contributing_tokens(ids, labels, num_classes=ds.num_labels, vocab_size=len(tok),
+                              special_ids=special, coverage=coverage, k=k)
+    n_tok = int(res.counts.sum())
+    typer.echo(f"{ds.name} ({split}): {len(ds)} examples, {n_tok} non-special tokens, "
+               f"tokenizer '{backbone}'")
+    rule = "fixed k" if k is not None else f"largest k with coverage <= {coverage:.2%}"
+    typer.echo(f"k = {res.k} ({rule}): {len(res.token_ids)} contributing tokens covering "
+               f"{res.coverage:.3%} of token occurrences")
+    if res.k == 0:
+        typer.echo("  even the union of every class's top token exceeds the coverage budget; "
+                   "use --k or a larger --coverage to inspect the ranking")
+    shown = max(top, 0)
+    for c, cname in enumerate(ds.label_names):
+        best = [t for t in res.ranking[c, :shown].tolist() if t >= 0]
+        typer.echo(f"class {cname}:")
+        for rank, t in enumerate(best, start=1):
+            mark = "*" if t in res.per_class[c] else " "
+            n_c = int(res.counts[c, t])
+            n_other = int(res.counts[:, t].sum()) - n_c
+            typer.echo(f"  {mark}{rank:>3} {tok.convert_ids_to_tokens(t):>16}  "
+                       f"UI {float(res.scores[c, t]):7.3f}  in class {n_c:>6}  "
+                       f"elsewhere {n_other:>6}")
+    typer.echo("(* = contributing token)")

@@ -1,1 +1,198 @@
-"""CLI commands (placeholder until implemented)."""
+"""`rapt serve` (the provider service, API keys) and `rapt client ...` (the user side)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import typer
+
+from rapt.cli._app import app
+
+serve_app = typer.Typer(help="Run the provider service (HTTP API) or manage its API keys.",
+                        invoke_without_command=True, no_args_is_help=False)
+keys_app = typer.Typer(help="API keys of the service (stored hashed).", no_args_is_help=True)
+client_app = typer.Typer(help="User side: privatize locally, then upload / tune / predict.",
+                         no_args_is_help=True)
+serve_app.add_typer(keys_app, name="keys")
+app.add_typer(serve_app, name="serve")
+app.add_typer(client_app, name="client")
+
+DB_HELP = "SQLite file of the service (env RAPT_DB; default ./rapt-service.db)"
+
+
+def _fail(msg: str) -> typer.Exit:
+    typer.echo(msg, err=True)
+    return typer.Exit(2)
+
+
+def _db(db: Path | None) -> Path:
+    from rapt.service.limits import default_db_path
+
+    return db or default_db_path()
+
+
+@serve_app.callback()
+def serve(
+    ctx: typer.Context,
+    host: str = typer.Option("127.0.0.1", help="interface to listen on"),
+    port: int = typer.Option(8000, help="TCP port"),
+    db: Path | None = typer.Option(None, help=DB_HELP),
+    backbone: list[str] = typer.Option(["minilm"], help="backbone name or path to load "
+                                       "(repeat for several)"),
+    device: str = typer.Option("cpu"),
+    job_threads: int = typer.Option(1, help="training jobs run at once"),
+    max_upload_mb: float = typer.Option(32.0, help="largest request body, MiB"),
+    max_seq_len: int = typer.Option(512, help="longest token row accepted"),
+    max_queued_jobs: int = typer.Option(16, help="jobs that may wait for the worker"),
+    batch_wait_ms: float = typer.Option(5.0, help="micro-batching wait for more requests"),
+) -> None:
+    """Run the provider service: `rapt serve --port 8000 --db service.db --backbone minilm`."""
+    if ctx.invoked_subcommand is not None:
+        return
+    import uvicorn
+
+    from rapt.service import Limits, ServiceConfig, create_app
+
+    cfg = ServiceConfig(db_path=_db(db), backbones=list(backbone), device=device,
+                        job_threads=job_threads, batch_wait_ms=batch_wait_ms,
+                        limits=Limits(max_upload_bytes=int(max_upload_mb * 1024 * 1024),
+                                      max_seq_len=max_seq_len,
+                                      max_queued_jobs=max_queued_jobs))
+    typer.echo(f"rapt service: db {cfg.db_path}, backbones {', '.join(cfg.backbones)}; "
+               f"http://{host}:{port}/docs", err=True)
+    uvicorn.run(create_app(cfg), host=host, port=port, log_level="info")
+
+
+@keys_app.command("add")
+def keys_add(name: str = typer.Argument(..., help="a label for the key's owner"),
+             db: Path | None = typer.Option(None, help=DB_HELP)) -> None:
+    """Create an API key and print it once (only its SHA-256 hash is stored)."""
+    from rapt.service import auth
+    from rapt.service.store import Store
+
+    store = Store(_db(db))
+    key = auth.new_key()
+    kid = store.add_key(name, auth.hash_key(key))
+    store.close()
+    typer.echo(f"created key {kid} for '{name}'; it is shown only this once:", err=True)
+    typer.echo(key)
+
+
+@keys_app.command("list")
+def keys_list(db: Path | None = typer.Option(None, help=DB_HELP)) -> None:
+    """List key ids and names (never the keys)."""
+    from rapt.service.store import Store
+
+    store = Store(_db(db))
+    for k in store.list_keys():
+        typer.echo(f"{k['id']}\t{k['name']}")
+    store.close()
+
+
+# -- client ----------------------------------------------------------------------------------
+URL_OPT = typer.Option(None, "--url", help="service URL (env RAPT_URL)")
+KEY_OPT = typer.Option(None, "--key", help="API key (env RAPT_API_KEY)")
+ETA_OPT = typer.Option(None, "--eta", help="dχ-privacy parameter η used to privatize locally")
+NOPRIV_OPT = typer.Option(False, "--no-privacy",
+                          help="send token ids unprivatized (explicit opt-out)")
+BB_OPT = typer.Option("minilm", "--backbone",
+                      help="local copy of the service's backbone (tokenizer + embeddings)")
+
+
+def _client(url, key, backbone="minilm", eta=None, no_privacy=False, seed=None):
+    from rapt.client import ClientError, RaptClient
+
+    try:
+        return RaptClient(url, key, backbone=backbone, eta=eta, no_privacy=no_privacy, seed=seed)
+    except ClientError as e:
+        raise _fail(str(e)) from e
+
+
+def _guard(fn):
+    """Run fn; errors the user can act on become one line and exit code 2."""
+    from rapt.client import ClientError, ServiceError
+    from rapt.data import DataError
+
+    try:
+        return fn()
+    except (ClientError, ServiceError, DataError, FileNotFoundError) as e:
+        raise _fail(str(e)) from e
+
+
+@client_app.command("upload")
+def client_upload(
+    file: str = typer.Argument(..., help="labelled CSV / TSV / JSONL file (or a built-in name)"),
+    eta: float | None = ETA_OPT, no_privacy: bool = NOPRIV_OPT, backbone: str = BB_OPT,
+    text_column: str | None = typer.Option(None), label_column: str | None = typer.Option(None),
+    reconstruction: bool = typer.Option(False, help="prepend plain tokens (RAPT §3.2.2)"),
+    max_length: int = typer.Option(128), limit: int | None = typer.Option(None),
+    seed: int | None = typer.Option(None, help="seed of the privatization noise"),
+    url: str | None = URL_OPT, key: str | None = KEY_OPT,
+) -> None:
+    """Privatize FILE here and upload only the privatized token ids; prints the dataset id."""
+    c = _client(url, key, backbone, eta, no_privacy, seed)
+    ds = _guard(lambda: c.upload(file, text_column=text_column, label_column=label_column,
+                                 reconstruction=reconstruction, max_length=max_length,
+                                 limit=limit))
+    if not no_privacy:
+        typer.echo(f"privatized {c.last_upload['n']} rows at eta={eta}: replacement "
+                   f"probability P={c.last_upload['replacement_probability']:.3f}", err=True)
+    else:
+        typer.echo("WARNING: uploaded without privatization (--no-privacy)", err=True)
+    typer.echo(ds)
+
+
+@client_app.command("tune")
+def client_tune(
+    dataset_id: str,
+    method: str = typer.Option("prompt", help="prompt | prefix | lora"),
+    reconstruction: bool | None = typer.Option(None, "--reconstruction/--no-reconstruction"),
+    epochs: int = typer.Option(1), lr: float = typer.Option(1e-3),
+    batch_size: int = typer.Option(32), num_virtual_tokens: int = typer.Option(20),
+    max_length: int = typer.Option(128), seed: int = typer.Option(0),
+    wait: bool = typer.Option(False, help="poll with a progress bar until the job ends"),
+    url: str | None = URL_OPT, key: str | None = KEY_OPT,
+) -> None:
+    """Start a tuning job on an uploaded dataset; prints the job id (and waits with --wait)."""
+    c = _client(url, key)
+    job = _guard(lambda: c.tune(dataset_id, method=method, reconstruction=reconstruction,
+                                epochs=epochs, lr=lr, batch_size=batch_size,
+                                num_virtual_tokens=num_virtual_tokens, max_length=max_length,
+                                seed=seed))
+    typer.echo(job)
+    if wait:
+        st = _guard(lambda: c.wait(job))
+        typer.echo(json.dumps(st, indent=1))
+        if st["state"] != "succeeded":
+            raise typer.Exit(1)
+
+
+@client_app.command("status")
+def client_status(job_id: str, wait: bool = typer.Option(False), cancel: bool = typer.Option(
+        False, help="cancel the job"), url: str | None = URL_OPT, key: str | None = KEY_OPT
+) -> None:
+    """Show a job's state, step, loss, elapsed time and ETA (JSON)."""
+    c = _client(url, key)
+    if cancel:
+        st = _guard(lambda: c.cancel(job_id))
+    else:
+        st = _guard(lambda: c.wait(job_id) if wait else c.status(job_id))
+    typer.echo(json.dumps(st, indent=1))
+
+
+@client_app.command("predict")
+def client_predict(
+    prompt_id: str,
+    inputs: list[str] = typer.Argument(..., help="a file of queries, or query texts"),
+    eta: float | None = ETA_OPT, no_privacy: bool = NOPRIV_OPT, backbone: str = BB_OPT,
+    url: str | None = URL_OPT, key: str | None = KEY_OPT,
+) -> None:
+    """Privatize each query here, classify it with a tuned prompt; prints label + probabilities
+    per line (JSON)."""
+    c = _client(url, key, backbone, eta, no_privacy)
+    src = inputs[0] if len(inputs) == 1 and os.path.exists(inputs[0]) else inputs
+    pred = _guard(lambda: c.predict(prompt_id, src))
+    for i, (y, p) in enumerate(zip(pred.labels, pred.probabilities, strict=True)):
+        typer.echo(json.dumps({"row": i, "label": y, "probabilities": [round(v, 4) for v in p]}))

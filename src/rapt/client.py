@@ -1,0 +1,295 @@
+"""User-side client of the provider service: privatizes on the device, sends only that.
+
+Everything that leaves the machine is privatized token ids (dχ-privacy text-to-text, RAPT
+§3.1), integer labels, the public plain tokens used for reconstruction, and the declared
+mechanism metadata (η, embedding, search mode). Raw text and original token ids never do.
+Without a configured η the client refuses to send anything unless ``no_privacy=True``.
+
+    c = RaptClient("http://127.0.0.1:8000", key, backbone="minilm", eta=100.0)
+    ds = c.upload("reviews.csv", reconstruction=True)
+    job = c.tune(ds, method="prompt", epochs=2)
+    status = c.wait(job)                   # tqdm progress bar
+    out = c.predict(status["prompt_id"], ["a private query"])
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+DEFAULT_PLAIN_TOKENS = 40  # RAPT §4.1: m = 40
+
+
+class ClientError(RuntimeError):
+    """A problem on the user's side (configuration, input) found before anything was sent."""
+
+
+class PrivacyNotConfiguredError(ClientError):
+    pass
+
+
+class ServiceError(RuntimeError):
+    """The service answered with an error body {"error", "detail"}."""
+
+    def __init__(self, status: int, error: str, detail: str):
+        super().__init__(f"HTTP {status} {error}: {detail}")
+        self.status, self.error, self.detail = status, error, detail
+
+
+@dataclass
+class Prediction:
+    labels: list[int]
+    probabilities: list[list[float]]
+    label_names: list[str] | None = None
+
+    @property
+    def label_strings(self) -> list[str] | None:
+        return [self.label_names[i] for i in self.labels] if self.label_names else None
+
+
+class RaptClient:
+    """Talks to a rapt service; ``backbone`` is the local copy (tokenizer + embeddings) of the
+    model the service hosts, used only to tokenize and privatize on this machine."""
+
+    def __init__(self, url: str | None = None, api_key: str | None = None, *,
+                 backbone: Any = "minilm", remote_backbone: str | None = None,
+                 eta: float | None = None, no_privacy: bool = False, mode: str = "exact",
+                 seed: int | None = None, plain_tokens: int | Sequence[int] = DEFAULT_PLAIN_TOKENS,
+                 timeout: float = 120.0, http: httpx.Client | None = None) -> None:
+        url = url or os.environ.get("RAPT_URL")
+        api_key = api_key or os.environ.get("RAPT_API_KEY")
+        if not url and http is None:
+            raise ClientError("no service URL: pass --url or set RAPT_URL")
+        if not api_key:
+            raise ClientError("no API key: pass --key or set RAPT_API_KEY")
+        if eta is not None and eta <= 0:
+            raise ClientError(f"eta must be > 0, got {eta}")
+        if eta is not None and no_privacy:
+            raise ClientError("give either eta or no_privacy=True, not both")
+        self.eta, self.no_privacy, self.mode, self.seed = eta, no_privacy, mode, seed
+        self._backbone_arg = backbone
+        self._backbone: Any = None if isinstance(backbone, str) else backbone
+        self.remote_backbone = remote_backbone or (
+            backbone if isinstance(backbone, str) else backbone.name)
+        self._plain_arg = plain_tokens
+        self._privatizer: Any = None
+        headers = {"Authorization": f"Bearer {api_key}"}
+        if http is None:
+            http = httpx.Client(base_url=url, timeout=timeout, headers=headers)
+        else:
+            http.headers.update(headers)
+        self.http = http
+        self._prompt_info: dict[str, dict] = {}
+        self.last_upload: dict[str, Any] = {}
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> RaptClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- local side ---------------------------------------------------------------------------
+    @property
+    def backbone(self) -> Any:
+        if self._backbone is None:
+            from rapt.models import load_backbone
+
+            self._backbone = load_backbone(self._backbone_arg)
+        return self._backbone
+
+    def _check_privacy(self) -> None:
+        if self.eta is None and not self.no_privacy:
+            raise PrivacyNotConfiguredError(
+                "refusing to send: no privatization is configured. Set eta (the dχ-privacy "
+                "parameter, e.g. --eta 100) or, to send your data unprotected, pass "
+                "no_privacy=True (--no-privacy) explicitly")
+
+    @property
+    def privatizer(self) -> Any:
+        if self._privatizer is None and self.eta is not None:
+            from rapt.privatization import Privatizer, candidate_ids_from_tokenizer
+
+            bb = self.backbone
+            emb = bb.embeddings.detach()
+            # Outputs are real tokens only (no specials, no [unusedN] placeholders).
+            cand = candidate_ids_from_tokenizer(bb.tokenizer, emb.shape[0])
+            self._privatizer = Privatizer(emb, self.eta, special_ids=bb.special_ids,
+                                          candidate_ids=cand, mode=self.mode, seed=self.seed)
+        return self._privatizer
+
+    def plain_ids(self) -> list[int]:
+        """The public plain tokens k (RAPT §3.2.2): arbitrary, so they carry nothing private."""
+        if isinstance(self._plain_arg, int):
+            from rapt.reconstruction import sample_plain_tokens
+
+            return list(sample_plain_tokens(self.backbone.tokenizer, self._plain_arg, seed=0))
+        return [int(t) for t in self._plain_arg]
+
+    def _rows(self, texts: Sequence[str], pairs: Sequence[str | None] | None,
+              plain: Sequence[int] | None, max_length: int) -> list[list[int]]:
+        """Token id rows ``[leading specials] k x [trailing specials]`` (rapt.reconstruction's
+        layout); sentence pairs are encoded as the tokenizer pairs them."""
+        from rapt.reconstruction import build_rows, plain_offset
+
+        tok = self.backbone.tokenizer
+        if not pairs or all(p is None for p in pairs):
+            return build_rows(tok, list(texts), max_length=max_length,
+                              plain_ids=list(plain) if plain else None)
+        m = len(plain) if plain else 0
+        enc = tok(list(texts), [p or "" for p in pairs], truncation=True,
+                  max_length=max_length - m)["input_ids"]
+        off = plain_offset(tok)
+        return [list(r[:off]) + list(plain or []) + list(r[off:]) for r in enc]
+
+    def privatize(self, rows: list[list[int]]) -> list[list[int]]:
+        """Apply the mechanism to every non-special token (identity with no_privacy)."""
+        self._check_privacy()
+        if self.no_privacy:
+            return [list(r) for r in rows]
+        from rapt.reconstruction import privatize_rows
+
+        return privatize_rows(rows, self.privatizer)
+
+    def _declaration(self) -> dict[str, Any]:
+        if self.no_privacy:
+            return {"mechanism": "none"}
+        # The service's name for the backbone (not a local path, which could name the user).
+        return {"mechanism": "dchi-text2text", "eta": self.eta,
+                "embedding": self.remote_backbone, "nn_mode": self.mode}
+
+    # -- HTTP -----------------------------------------------------------------------------------
+    def _call(self, method: str, path: str, json: Any = None) -> Any:
+        try:
+            r = self.http.request(method, path, json=json)
+        except httpx.TransportError as e:
+            raise ServiceError(0, "unreachable", f"{self.http.base_url}: {e}") from e
+        if r.status_code >= 400:
+            try:
+                body = r.json()
+                raise ServiceError(r.status_code, body.get("error", "error"),
+                                   body.get("detail", r.text))
+            except ValueError:
+                raise ServiceError(r.status_code, "error", r.text[:500]) from None
+        return r.json()
+
+    def upload(self, source: str | Path | Any, *, text_column: str | None = None,
+               text_pair_column: str | None = None, label_column: str | None = None,
+               label_names: Sequence[str] | None = None, limit: int | None = None,
+               reconstruction: bool = False, max_length: int = 128) -> str:
+        """Read a labelled file (or take a ``rapt.data.Dataset``), privatize it here, upload
+        the privatized ids; returns the dataset id. ``reconstruction`` prepends the plain
+        tokens k to every row before privatization (RAPT §3.2.2)."""
+        self._check_privacy()
+        if isinstance(source, str | Path):
+            from rapt.data import load_dataset
+
+            ds = load_dataset(source, text_column=text_column,
+                              text_pair_column=text_pair_column, label_column=label_column,
+                              label_names=label_names, limit=limit)
+        else:
+            ds = source
+        labels = ds.labels  # raises DataError naming the line of an unlabelled example
+        if not labels:
+            raise ClientError(f"{getattr(ds, 'source', source)}: no examples to upload")
+        plain = self.plain_ids() if reconstruction else None
+        rows = self._rows(ds.texts, ds.text_pairs, plain, max_length)
+        private = self.privatize(rows)
+        from rapt.privatization import replacement_probability
+
+        p = (replacement_probability(rows, private, self.backbone.special_ids)
+             if not self.no_privacy else 0.0)
+        num_labels = max(len(ds.label_names), max(labels) + 1, 2)
+        body = {"backbone": self.remote_backbone, "input_ids": private, "labels": labels,
+                "num_labels": num_labels, "privacy": self._declaration(), "plain_ids": plain}
+        info = self._call("POST", "/v1/datasets", body)
+        # Kept on this machine only: P is a statistic of the private data.
+        self.last_upload = {"dataset_id": info["id"], "n": len(rows),
+                            "replacement_probability": p, "label_names": list(ds.label_names)}
+        return info["id"]
+
+    def tune(self, dataset_id: str, *, method: str = "prompt",
+             reconstruction: bool | None = None, **hyper: Any) -> str:
+        """Create a tuning job; returns its id. ``reconstruction`` defaults to whether the
+        dataset was uploaded with plain tokens. Other keywords: lr, epochs, batch_size,
+        num_virtual_tokens, max_length, seed, dp={...} (see the service's JobCreate)."""
+        if reconstruction is None:
+            reconstruction = bool(self.dataset(dataset_id).get("plain_ids"))
+        job = self._call("POST", "/v1/jobs", {"dataset_id": dataset_id, "method": method,
+                                              "reconstruction": reconstruction, **hyper})
+        return job["id"]
+
+    def dataset(self, dataset_id: str) -> dict:
+        return self._call("GET", f"/v1/datasets/{dataset_id}")
+
+    def status(self, job_id: str) -> dict:
+        return self._call("GET", f"/v1/jobs/{job_id}")
+
+    def cancel(self, job_id: str) -> dict:
+        return self._call("POST", f"/v1/jobs/{job_id}/cancel")
+
+    def prompt(self, prompt_id: str) -> dict:
+        if prompt_id not in self._prompt_info:
+            self._prompt_info[prompt_id] = self._call("GET", f"/v1/prompts/{prompt_id}")
+        return self._prompt_info[prompt_id]
+
+    def wait(self, job_id: str, *, progress: bool = True, poll_s: float = 0.5,
+             timeout: float | None = None) -> dict:
+        """Poll until the job ends; a tqdm bar shows step, loss and the service's ETA."""
+        from tqdm import tqdm
+
+        t0 = time.monotonic()
+        bar = None
+        try:
+            while True:
+                st = self.status(job_id)
+                if progress:
+                    if bar is None and st.get("total_steps"):
+                        bar = tqdm(total=st["total_steps"], desc=f"job {job_id}", unit="step")
+                    if bar is not None:
+                        bar.n = st["step"]
+                        bar.set_postfix(loss=st["loss"], eta_s=st["eta_s"], refresh=False)
+                        bar.refresh()
+                if st["state"] in ("succeeded", "failed", "cancelled"):
+                    return st
+                if timeout is not None and time.monotonic() - t0 > timeout:
+                    raise TimeoutError(f"job {job_id} still {st['state']} after {timeout} s")
+                time.sleep(poll_s)
+        finally:
+            if bar is not None:
+                bar.close()
+
+    def predict(self, prompt_id: str, texts: Sequence[str] | str | Path | Any, *,
+                text_pairs: Sequence[str | None] | None = None, max_length: int = 128,
+                chunk: int = 256) -> Prediction:
+        """Privatize each query here (fresh noise) and ask the service for labels."""
+        self._check_privacy()
+        names = None
+        if isinstance(texts, str | Path) and Path(texts).exists():
+            from rapt.data import load_dataset
+
+            ds = load_dataset(texts)
+            texts, text_pairs, names = ds.texts, ds.text_pairs, ds.label_names
+        elif hasattr(texts, "texts"):
+            texts, text_pairs, names = texts.texts, texts.text_pairs, texts.label_names
+        elif isinstance(texts, str):
+            texts = [texts]
+        info = self.prompt(prompt_id)
+        plain = info.get("plain_ids")  # queries take the training rows' layout
+        rows = self.privatize(self._rows(list(texts), text_pairs, plain, max_length))
+        labels, probs = [], []
+        for i in range(0, len(rows), chunk):
+            out = self._call("POST", "/v1/predict",
+                             {"prompt_id": prompt_id, "input_ids": rows[i:i + chunk]})
+            labels += out["labels"]
+            probs += out["probabilities"]
+        names = names or self.last_upload.get("label_names") or None
+        return Prediction(labels, probs, names)

@@ -1,0 +1,724 @@
+"""Dataset loaders: the shared benchmark files and a user's own CSV / TSV / JSONL / text files.
+
+Every loader reads the whole file, validates every record and either returns all of them or
+raises :class:`DataError` naming the file, the 1-based line and the problem. Nothing is dropped
+silently: blank lines (which are not records) are counted in ``Dataset.report``, and ``limit``
+keeps the first rows only after the whole file has been read and checked, so label ids never
+depend on ``limit``.
+
+Built-in names (files under :func:`data_dir`):
+
+========================  ==============================================  ====================
+name                      splits                                          format
+========================  ==============================================  ====================
+``sst2``                  train, dev (``train.tsv``, ``dev.tsv``)         GLUE TSV with header
+``sst2-sentences``        train, dev, test (``stsa.binary.*``)            ``LABEL sentence``
+``trec``                  train, test                                     ``COARSE:fine text``
+``cb``                    train, val, test (test has no labels)           JSONL pairs
+``trustpilot``            a / train (``www2015_a.csv``), b / test (``_b``) CSV, no header
+========================  ==============================================  ====================
+
+``validation`` and ``dev`` are accepted for each other (``val`` too).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import random
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "BUILTINS",
+    "FORMATS",
+    "DataError",
+    "Dataset",
+    "Example",
+    "data_dir",
+    "load_dataset",
+]
+
+
+class DataError(ValueError):
+    """Malformed or missing input data. The message names the file, the line and the problem."""
+
+    def __init__(self, problem: str, *, path: str | Path | None = None, line: int | None = None,
+                 field: str | None = None) -> None:
+        self.path = str(path) if path is not None else None
+        self.line = line
+        self.field = field
+        self.problem = problem
+        where = self.path or ""
+        if line is not None:
+            where += f", line {line}"
+        if field is not None:
+            where += f", field '{field}'"
+        super().__init__(f"{where}: {problem}" if where else problem)
+
+
+@dataclass
+class Example:
+    """One record. ``label`` is an index into ``Dataset.label_names`` (None when unlabelled);
+    ``attrs`` holds the record's other fields (e.g. TrustPilot's gender/age/country);
+    ``line`` is the 1-based line where the record starts in its file."""
+
+    text: str
+    label: int | None
+    text_pair: str | None = None
+    attrs: dict[str, Any] = field(default_factory=dict)
+    line: int = 0
+
+
+@dataclass
+class Dataset:
+    """A loaded dataset. ``report`` holds the counts: ``read`` (records in the file), ``kept``
+    (records in this dataset), ``blank_lines``, ``unlabelled``, ``per_label`` (kept, by name)."""
+
+    name: str
+    examples: list[Example]
+    label_names: list[str]
+    source: str
+    report: dict = field(default_factory=dict)
+
+    @property
+    def texts(self) -> list[str]:
+        return [e.text for e in self.examples]
+
+    @property
+    def text_pairs(self) -> list[str | None]:
+        return [e.text_pair for e in self.examples]
+
+    @property
+    def labels(self) -> list[int]:
+        """Label ids; raises DataError if any example is unlabelled (e.g. CB test)."""
+        out = []
+        for e in self.examples:
+            if e.label is None:
+                raise DataError("example has no label (this split is unlabelled)",
+                                path=self.source, line=e.line)
+            out.append(e.label)
+        return out
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.label_names)
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def __iter__(self) -> Iterator[Example]:
+        return iter(self.examples)
+
+    def __getitem__(self, i: int) -> Example:
+        return self.examples[i]
+
+    def _derive(self, examples: list[Example], how: str) -> Dataset:
+        report = dict(self.report)
+        report.update(_label_counts(examples, self.label_names))
+        report["kept"] = len(examples)
+        report["derived"] = report.get("derived", []) + [how]
+        return Dataset(self.name, examples, list(self.label_names), self.source, report)
+
+    def subset(self, n: int, seed: int = 0) -> Dataset:
+        """``n`` examples drawn without replacement (seeded), in file order; all if n >= len."""
+        if n < 0:
+            raise ValueError(f"subset size must be >= 0, got {n}")
+        if n >= len(self.examples):
+            return self._derive(list(self.examples), f"subset(n={n}, seed={seed}): all")
+        idx = sorted(random.Random(seed).sample(range(len(self.examples)), n))
+        return self._derive([self.examples[i] for i in idx], f"subset(n={n}, seed={seed})")
+
+    def split(self, fraction: float, seed: int = 0, *, stratify: bool = False
+              ) -> tuple[Dataset, Dataset]:
+        """Random split into (first, rest) with round(fraction * len) examples in the first.
+
+        With ``stratify`` the fraction is applied per label, so rare classes (CB's neutral)
+        appear on both sides. Each side keeps file order.
+        """
+        if not 0.0 <= fraction <= 1.0:
+            raise ValueError(f"fraction must be in [0, 1], got {fraction}")
+        rng = random.Random(seed)
+        if stratify:
+            groups: dict[int | None, list[int]] = {}
+            for i, e in enumerate(self.examples):
+                groups.setdefault(e.label, []).append(i)
+            first: list[int] = []
+            for key in sorted(groups, key=lambda k: -1 if k is None else k):
+                g = groups[key]
+                rng.shuffle(g)
+                first += g[: round(fraction * len(g))]
+        else:
+            perm = list(range(len(self.examples)))
+            rng.shuffle(perm)
+            first = perm[: round(fraction * len(perm))]
+        chosen = set(first)
+        a = [e for i, e in enumerate(self.examples) if i in chosen]
+        b = [e for i, e in enumerate(self.examples) if i not in chosen]
+        how = f"split(fraction={fraction}, seed={seed}, stratify={stratify})"
+        return self._derive(a, how + "[0]"), self._derive(b, how + "[1]")
+
+
+def _label_counts(examples: Sequence[Example], label_names: Sequence[str]) -> dict:
+    c = Counter(e.label for e in examples)
+    return {
+        "per_label": {name: c.get(i, 0) for i, name in enumerate(label_names)},
+        "unlabelled": c.get(None, 0),
+    }
+
+
+# --------------------------------------------------------------------------- data folder
+
+
+def data_dir() -> Path:
+    """The folder holding the built-in datasets.
+
+    ``$RAPT_DATA_DIR`` when set; otherwise the first ``shared/data`` folder found walking up
+    from the current directory, then from this package's location (the repository sits next
+    to ``shared/``, so ``<repo>/../shared/data`` is found either way).
+    """
+    env = os.environ.get("RAPT_DATA_DIR")
+    if env:
+        p = Path(env).expanduser()
+        if not p.is_dir():
+            raise DataError(f"$RAPT_DATA_DIR points to {p}, which is not a folder")
+        return p
+    tried = []
+    for start in (Path.cwd(), Path(__file__).resolve().parent):
+        for d in (start, *start.parents):
+            cand = d / "shared" / "data"
+            if cand.is_dir():
+                return cand
+        tried.append(str(start))
+    raise DataError(
+        "no data folder: $RAPT_DATA_DIR is not set and no shared/data folder was found above "
+        + " or ".join(tried) + "; set RAPT_DATA_DIR or pass a file path"
+    )
+
+
+# --------------------------------------------------------------------------- reading helpers
+
+
+def _read_text(path: Path) -> str:
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise DataError("file not found", path=path) from None
+    except IsADirectoryError:
+        raise DataError("is a folder, expected a data file", path=path) from None
+    except OSError as e:
+        raise DataError(f"cannot read: {e.strerror}", path=path) from None
+    try:
+        # utf-8-sig: spreadsheet exports often start with a byte-order mark.
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise DataError(
+            f"bad encoding: byte 0x{raw[e.start]:02x} is not valid UTF-8 "
+            "(save the file as UTF-8)", path=path, line=line) from None
+
+
+def _lines(text: str) -> Iterator[tuple[int, str]]:
+    """(1-based line number, line without its end) for every physical line."""
+    for i, line in enumerate(io.StringIO(text, newline=None), start=1):
+        yield i, line.rstrip("\r\n")
+
+
+def _csv_records(text: str, path: Path, delimiter: str, quoting: int
+                 ) -> Iterator[tuple[int, list[str]]]:
+    """(start line, fields) for each record; blank lines come back as an empty list."""
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, quoting=quoting,
+                        strict=True)
+    start = 1
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as e:
+            raise DataError(f"malformed {'CSV' if delimiter == ',' else 'TSV'}: {e}",
+                            path=path, line=start) from None
+        yield start, row
+        start = reader.line_num + 1
+
+
+def _clean_text(value: Any, path: Path, line: int, name: str) -> str:
+    if value is None:
+        raise DataError("is null, expected text", path=path, line=line, field=name)
+    if not isinstance(value, str):
+        raise DataError(f"expected text, got {type(value).__name__} {value!r}",
+                        path=path, line=line, field=name)
+    s = value.strip()
+    if not s:
+        raise DataError("empty text", path=path, line=line, field=name)
+    return s
+
+
+class _LabelMap:
+    """Raw label strings -> ids.
+
+    Fixed names (built-ins, or the user's ``label_names``): a raw value must be one of them,
+    or, for user names, an integer index into them. Otherwise ids follow the sorted order of
+    the raw values seen in the file (numeric order when they are all integers).
+    """
+
+    def __init__(self, names: Sequence[str] | None, *, allow_index: bool = True) -> None:
+        self.fixed = names is not None
+        self.names = [str(n) for n in names] if names is not None else []
+        self.allow_index = allow_index
+
+    def check(self, raw: str, path: Path, line: int, fld: str) -> None:
+        if not raw:
+            raise DataError("empty label", path=path, line=line, field=fld)
+        if self.fixed and raw not in self.names and self._index(raw) is None:
+            raise DataError(f"unknown label {raw!r}; expected one of {self.names}",
+                            path=path, line=line, field=fld)
+
+    def _index(self, raw: str) -> int | None:
+        if self.allow_index and raw.lstrip("-").isdigit() and 0 <= int(raw) < len(self.names):
+            return int(raw)
+        return None
+
+    def finalize(self, raws: Sequence[str | None]) -> list[int | None]:
+        if not self.fixed:
+            seen = {r for r in raws if r is not None}
+            numeric = all(r.lstrip("-").isdigit() for r in seen)
+            self.names = sorted(seen, key=(lambda r: (int(r), r)) if numeric else None)
+        ids = {n: i for i, n in enumerate(self.names)}
+        out: list[int | None] = []
+        for r in raws:
+            if r is None:
+                out.append(None)
+            elif r in ids:
+                out.append(ids[r])
+            else:
+                out.append(self._index(r))
+        return out
+
+
+def _raw_label(value: Any, path: Path, line: int, fld: str) -> str:
+    # JSON may carry labels as numbers or booleans; strings elsewhere.
+    if isinstance(value, bool):
+        return str(int(value))
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if isinstance(value, str):
+        return value.strip()
+    raise DataError(f"expected a label string or integer, got {value!r}",
+                    path=path, line=line, field=fld)
+
+
+# --------------------------------------------------------------------------- parsers
+# Each parser returns (rows, blank_lines) where rows are
+# (line, text, text_pair, raw label or None, attrs); labels are mapped afterwards.
+
+_Row = tuple[int, str, str | None, str | None, dict[str, Any]]
+
+
+@dataclass
+class _Spec:
+    text_column: str | None = None
+    text_pair_column: str | None = None
+    label_column: str | None = None
+    label_required: bool | None = None  # None: labelled iff the label column/key exists
+
+
+def _parse_table(text: str, path: Path, spec: _Spec, labels: _LabelMap, delimiter: str
+                 ) -> tuple[list[_Row], int]:
+    """CSV / TSV with a header row naming the columns."""
+    # GLUE TSV has bare double quotes inside sentences; TSV is read without quote handling.
+    quoting = csv.QUOTE_MINIMAL if delimiter == "," else csv.QUOTE_NONE
+    records = _csv_records(text, path, delimiter, quoting)
+    header: list[str] | None = None
+    header_line = 0
+    blank = 0
+    for line, row in records:
+        if not row or (len(row) == 1 and not row[0].strip()):
+            blank += 1
+            continue
+        header, header_line = [h.strip() for h in row], line
+        break
+    if header is None:
+        raise DataError("no header row (the file is empty)", path=path, line=1)
+    dup = [h for h, n in Counter(header).items() if n > 1]
+    if dup:
+        raise DataError(f"duplicate column names {dup}", path=path, line=header_line)
+    cols = {h: i for i, h in enumerate(header)}
+    text_col = spec.text_column or next((c for c in ("text", "sentence") if c in cols), None)
+    if text_col is None or text_col not in cols:
+        want = spec.text_column or "text' or 'sentence"
+        raise DataError(f"missing column '{want}' (columns: {header}); "
+                        "choose one with text_column=", path=path, line=header_line)
+    for opt, c in (("text_pair_column", spec.text_pair_column),
+                   ("label_column", spec.label_column)):
+        if c is not None and c not in cols:
+            raise DataError(f"missing column '{c}' given as {opt} (columns: {header})",
+                            path=path, line=header_line)
+    label_col = spec.label_column or ("label" if "label" in cols else None)
+    if spec.label_required and label_col is None:
+        raise DataError(f"missing column 'label' (columns: {header})", path=path,
+                        line=header_line)
+    used = {text_col, spec.text_pair_column, label_col}
+    rows: list[_Row] = []
+    for line, row in records:
+        if not row or (len(row) == 1 and not row[0].strip()):
+            blank += 1
+            continue
+        if len(row) != len(header):
+            raise DataError(f"wrong number of fields: expected {len(header)} ({header}), "
+                            f"got {len(row)}", path=path, line=line)
+        t = _clean_text(row[cols[text_col]], path, line, text_col)
+        tp = (_clean_text(row[cols[spec.text_pair_column]], path, line, spec.text_pair_column)
+              if spec.text_pair_column else None)
+        raw = None
+        if label_col is not None:
+            raw = row[cols[label_col]].strip()
+            labels.check(raw, path, line, label_col)
+        attrs = {h: row[i] for h, i in cols.items() if h not in used}
+        rows.append((line, t, tp, raw, attrs))
+    return rows, blank
+
+
+def _parse_jsonl(text: str, path: Path, spec: _Spec, labels: _LabelMap
+                 ) -> tuple[list[_Row], int]:
+    text_key = spec.text_column
+    label_key = spec.label_column or "label"
+    pair_key = spec.text_pair_column
+    # True: every record needs a label; None: the first record decides, the rest must agree.
+    labelled: bool | None = True if spec.label_required else None
+    rows: list[_Row] = []
+    blank = 0
+    for line, s in _lines(text):
+        if not s.strip():
+            blank += 1
+            continue
+        try:
+            obj = json.loads(s)
+        except json.JSONDecodeError as e:
+            raise DataError(f"bad JSON: {e.msg} at column {e.colno}", path=path,
+                            line=line) from None
+        if not isinstance(obj, dict):
+            raise DataError(f"expected a JSON object, got {type(obj).__name__}",
+                            path=path, line=line)
+        if text_key is None:
+            text_key = next((k for k in ("text", "sentence") if k in obj), None)
+            if text_key is None:
+                raise DataError(f"missing field 'text' (keys: {sorted(obj)}); "
+                                "choose one with text_column=", path=path, line=line)
+        for k in (text_key, pair_key):
+            if k is not None and k not in obj:
+                raise DataError(f"missing field (keys: {sorted(obj)})", path=path, line=line,
+                                field=k)
+        t = _clean_text(obj[text_key], path, line, text_key)
+        tp = _clean_text(obj[pair_key], path, line, pair_key) if pair_key else None
+        has = label_key in obj and obj[label_key] is not None
+        if labelled is None:
+            # The first record decides whether the file is labelled; later ones must agree.
+            labelled = has
+        raw = None
+        if labelled:
+            if not has:
+                raise DataError("missing label (earlier records have one)", path=path,
+                                line=line, field=label_key)
+            raw = _raw_label(obj[label_key], path, line, label_key)
+            labels.check(raw, path, line, label_key)
+        elif has:
+            raise DataError("has a label but earlier records have none", path=path,
+                            line=line, field=label_key)
+        used = {text_key, pair_key, label_key}
+        attrs = {k: v for k, v in obj.items() if k not in used}
+        rows.append((line, t, tp, raw, attrs))
+    return rows, blank
+
+
+def _parse_label_text(text: str, path: Path, spec: _Spec, labels: _LabelMap
+                      ) -> tuple[list[_Row], int]:
+    """``LABEL sentence`` per line (label first, one space)."""
+    rows: list[_Row] = []
+    blank = 0
+    for line, s in _lines(text):
+        if not s.strip():
+            blank += 1
+            continue
+        raw, _, rest = s.strip().partition(" ")
+        labels.check(raw, path, line, "label")
+        rows.append((line, _clean_text(rest, path, line, "text"), None, raw, {}))
+    return rows, blank
+
+
+TREC_COARSE = ["ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM"]
+
+
+def _parse_trec(text: str, path: Path, spec: _Spec, labels: _LabelMap
+                ) -> tuple[list[_Row], int]:
+    """``COARSE:fine question`` per line; the label is the coarse class."""
+    rows: list[_Row] = []
+    blank = 0
+    for line, s in _lines(text):
+        if not s.strip():
+            blank += 1
+            continue
+        tag, _, rest = s.strip().partition(" ")
+        coarse, colon, fine = tag.partition(":")
+        if not colon or not fine:
+            raise DataError(f"expected 'COARSE:fine' before the question, got {tag!r}",
+                            path=path, line=line, field="label")
+        labels.check(coarse, path, line, "label")
+        rows.append((line, _clean_text(rest, path, line, "text"), None, coarse,
+                     {"fine": fine}))
+    return rows, blank
+
+
+def _parse_lines(text: str, path: Path, spec: _Spec, labels: _LabelMap
+                 ) -> tuple[list[_Row], int]:
+    """One unlabelled text per line."""
+    rows: list[_Row] = []
+    blank = 0
+    for line, s in _lines(text):
+        if not s.strip():
+            blank += 1
+            continue
+        rows.append((line, s.strip(), None, None, {}))
+    return rows, blank
+
+
+TRUSTPILOT_COLUMNS = ["review", "rating", "gender", "age", "country"]
+TRUSTPILOT_ATTRIBUTES = {
+    # attribute -> label names indexed by the raw 0/1 value in the file
+    "gender": ["female", "male"],
+    "age": ["born_1960_or_later", "born_before_1960"],
+}
+
+
+def _parse_trustpilot(text: str, path: Path, spec: _Spec, labels: _LabelMap
+                      ) -> tuple[list[_Row], int]:
+    """Headerless CSV: review, rating 1-5, gender 1/0, age 1/0, country."""
+    rows: list[_Row] = []
+    blank = 0
+    for line, row in _csv_records(text, path, ",", csv.QUOTE_MINIMAL):
+        if not row or (len(row) == 1 and not row[0].strip()):
+            blank += 1
+            continue
+        if len(row) != len(TRUSTPILOT_COLUMNS):
+            raise DataError(f"wrong number of fields: expected {len(TRUSTPILOT_COLUMNS)} "
+                            f"({', '.join(TRUSTPILOT_COLUMNS)}), got {len(row)}",
+                            path=path, line=line)
+        review = _clean_text(row[0], path, line, "review")
+        rating, gender, age, country = (v.strip() for v in row[1:])
+        if rating not in {"1", "2", "3", "4", "5"}:
+            raise DataError(f"rating must be 1-5, got {rating!r}", path=path, line=line,
+                            field="rating")
+        for name, v in (("gender", gender), ("age", age)):
+            if v not in {"0", "1"}:
+                raise DataError(f"must be 0 or 1, got {v!r}", path=path, line=line, field=name)
+        if not country:
+            raise DataError("empty country", path=path, line=line, field="country")
+        attrs = {"rating": int(rating), "gender": int(gender), "age": int(age),
+                 "country": country}
+        raw = {"gender": gender, "age": age}.get(spec.label_column or "", rating)
+        labels.check(raw, path, line, spec.label_column or "rating")
+        rows.append((line, review, None, raw, attrs))
+    return rows, blank
+
+
+_Parser = Callable[[str, Path, _Spec, _LabelMap], tuple[list[_Row], int]]
+
+FORMATS: dict[str, _Parser] = {
+    "csv": lambda t, p, s, lm: _parse_table(t, p, s, lm, ","),
+    "tsv": lambda t, p, s, lm: _parse_table(t, p, s, lm, "\t"),
+    "jsonl": _parse_jsonl,
+    "label-text": _parse_label_text,
+    "trec": _parse_trec,
+    "trustpilot": _parse_trustpilot,
+    "lines": _parse_lines,
+}
+_EXTENSIONS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl",
+               ".txt": "lines"}
+
+
+# --------------------------------------------------------------------------- built-ins
+
+
+@dataclass(frozen=True)
+class _Builtin:
+    folder: str
+    files: dict[str, str]  # split -> file name
+    format: str
+    label_names: tuple[str, ...]
+    raw_labels: tuple[str, ...]  # raw value in the file for each label id
+    unlabelled_splits: tuple[str, ...] = ()
+    columns: tuple[str | None, str | None, str | None] = (None, None, None)  # text, pair, label
+
+
+BUILTINS: dict[str, _Builtin] = {
+    "sst2": _Builtin("sst2", {"train": "train.tsv", "dev": "dev.tsv"}, "tsv",
+                     ("negative", "positive"), ("0", "1"), columns=("sentence", None, "label")),
+    "sst2-sentences": _Builtin(
+        "sst2", {"train": "stsa.binary.train", "dev": "stsa.binary.dev",
+                 "test": "stsa.binary.test"}, "label-text",
+        ("negative", "positive"), ("0", "1")),
+    "trec": _Builtin("trec", {"train": "train.txt", "test": "test.txt"}, "trec",
+                     tuple(TREC_COARSE), tuple(TREC_COARSE)),
+    "cb": _Builtin("cb", {"train": "train.jsonl", "val": "val.jsonl", "test": "test.jsonl"},
+                   "jsonl", ("entailment", "contradiction", "neutral"),
+                   ("entailment", "contradiction", "neutral"), unlabelled_splits=("test",),
+                   columns=("premise", "hypothesis", "label")),
+    "trustpilot": _Builtin(
+        "trustpilot", {"a": "www2015_a.csv", "b": "www2015_b.csv"}, "trustpilot",
+        ("1", "2", "3", "4", "5"), ("1", "2", "3", "4", "5")),
+}
+_SPLIT_ALIASES = {"validation": ["dev", "val"], "dev": ["val"], "val": ["dev"],
+                  "train": ["a"], "test": ["b"]}
+
+
+def _builtin_file(name: str, b: _Builtin, split: str) -> tuple[Path, str]:
+    for s in [split, *_SPLIT_ALIASES.get(split, [])]:
+        if s in b.files:
+            path = data_dir() / b.folder / b.files[s]
+            if not path.is_file():
+                raise DataError(f"built-in dataset '{name}' split '{s}' needs this file, "
+                                "which is missing (set RAPT_DATA_DIR to the data folder)",
+                                path=path)
+            return path, s
+    aliases = sorted(f"{a} = {t}" for a, ts in _SPLIT_ALIASES.items() for t in ts[:1]
+                     if t in b.files and a not in b.files)
+    raise DataError(f"dataset '{name}' has no split '{split}'; splits: {sorted(b.files)}"
+                    + (f" (aliases: {', '.join(aliases)})" if aliases else ""))
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def load_dataset(
+    name_or_path: str | Path,
+    split: str = "train",
+    *,
+    text_column: str | None = None,
+    text_pair_column: str | None = None,
+    label_column: str | None = None,
+    label_names: Sequence[str] | None = None,
+    attribute: str | None = None,
+    limit: int | None = None,
+    format: str | None = None,
+) -> Dataset:
+    """Load a built-in dataset by name, or a user's file.
+
+    Built-in names (``split`` picks the file): ``sst2`` (train/dev), ``sst2-sentences``
+    (train/dev/test), ``trec`` (train/test; labels ABBR, DESC, ENTY, HUM, LOC, NUM, the fine
+    class in ``attrs["fine"]``), ``cb`` (train/val/test; ``text`` = premise, ``text_pair`` =
+    hypothesis, labels entailment/contradiction/neutral; test is unlabelled) and
+    ``trustpilot``: split ``a`` (alias ``train``) = ``www2015_a.csv``, ``b`` (alias ``test``)
+    = ``www2015_b.csv``; label = rating - 1 (names "1".."5"); ``attrs`` carry rating, gender
+    (1 = male), age (1 = born before 1960) and country. ``attribute="gender"|"age"`` makes that
+    attribute the label (names female/male, born_1960_or_later/born_before_1960).
+
+    A path is read in ``format`` (default from the extension: .csv, .tsv, .jsonl/.ndjson, .txt
+    = one unlabelled text per line; also ``label-text``, ``trec``, ``trustpilot``). CSV/TSV
+    need a header. ``text_column`` defaults to ``text`` or ``sentence``, ``label_column`` to
+    ``label`` when present (else the examples are unlabelled, counted in the report).
+    ``attribute`` on a file names a column to use as the label instead of ``label_column``
+    (which then stays in ``attrs``). Label strings map to ids in sorted order (numeric when all
+    are integers), or to their index in ``label_names`` (integers are accepted as indexes).
+
+    Texts are stripped of surrounding whitespace. CSV follows RFC 4180 quoting (quoted fields
+    may span lines; ``Example.line`` is the record's first line); TSV is read as GLUE does, with
+    no quote handling, so a tab can never appear inside a field.
+
+    ``limit`` keeps the first ``limit`` records after reading and checking the whole file.
+    Raises DataError naming file, line and problem for anything malformed.
+    """
+    if limit is not None and limit < 0:
+        raise DataError(f"limit must be >= 0, got {limit}")
+    name = str(name_or_path)
+    if name in BUILTINS:
+        user_opts = {"text_column": text_column, "text_pair_column": text_pair_column,
+                     "label_column": label_column, "label_names": label_names,
+                     "format": format}
+        given = [k for k, v in user_opts.items() if v is not None]
+        if given:
+            raise DataError(f"{', '.join(given)} apply to your own files; built-in dataset "
+                            f"'{name}' has a fixed layout")
+        b = BUILTINS[name]
+        path, split = _builtin_file(name, b, split)
+        fmt = b.format
+        text_col, pair_col, label_col = b.columns
+        names = list(b.label_names)
+        raw_names = list(b.raw_labels)
+        if attribute is not None:
+            if name != "trustpilot" or attribute not in TRUSTPILOT_ATTRIBUTES:
+                allowed = sorted(TRUSTPILOT_ATTRIBUTES) if name == "trustpilot" else []
+                raise DataError(f"dataset '{name}' has no attribute '{attribute}' to use as "
+                                f"label; attributes: {allowed}")
+            names = list(TRUSTPILOT_ATTRIBUTES[attribute])
+            raw_names = ["0", "1"]
+            label_col = attribute
+        # Unlabelled splits (CB test) are "auto": labelled iff the records carry labels.
+        spec = _Spec(text_col, pair_col, label_col,
+                     label_required=None if split in b.unlabelled_splits else True)
+        lmap = _LabelMap(raw_names, allow_index=False)
+        display = name
+    else:
+        path = Path(name).expanduser()
+        if not path.exists():
+            raise DataError(f"no such file, and not a built-in dataset ({', '.join(BUILTINS)})",
+                            path=path)
+        fmt = format or _EXTENSIONS.get(path.suffix.lower())
+        if fmt is None:
+            raise DataError(f"cannot tell the format from the extension '{path.suffix}'; "
+                            f"pass format= one of {sorted(FORMATS)}", path=path)
+        if fmt not in FORMATS:
+            raise DataError(f"unknown format '{fmt}'; formats: {sorted(FORMATS)}", path=path)
+        if fmt == "trustpilot":
+            if attribute not in (None, *TRUSTPILOT_ATTRIBUTES):
+                raise DataError(f"TrustPilot files have no attribute '{attribute}'; "
+                                f"attributes: {sorted(TRUSTPILOT_ATTRIBUTES)}", path=path)
+            names = list(TRUSTPILOT_ATTRIBUTES[attribute]) if attribute else None
+            raw_names = ["0", "1"] if attribute else [str(i) for i in range(1, 6)]
+            spec = _Spec(label_column=attribute)
+            lmap = _LabelMap(raw_names, allow_index=False)
+            names = names or raw_names
+        else:
+            label_col = attribute or label_column
+            spec = _Spec(text_column, text_pair_column, label_col,
+                         label_required=True if label_col else None)
+            if fmt == "trec" and label_names is None:
+                # TREC's coarse classes have a fixed order, whichever of them a file holds.
+                lmap = _LabelMap(TREC_COARSE, allow_index=False)
+            else:
+                lmap = _LabelMap(label_names)
+            names = None
+        display = path.stem
+
+    text = _read_text(path)
+    rows, blank = FORMATS[fmt](text, path, spec, lmap)
+    ids = lmap.finalize([r[3] for r in rows])
+    if names is None:
+        names = list(lmap.names)
+    examples = [Example(text=t, label=i, text_pair=tp, attrs=attrs, line=line)
+                for (line, t, tp, _raw, attrs), i in zip(rows, ids, strict=True)]
+    read = len(examples)
+    if limit is not None:
+        examples = examples[:limit]
+    report = {
+        "file": str(path),
+        "format": fmt,
+        "split": split if name in BUILTINS else None,
+        "read": read,
+        "kept": len(examples),
+        "limit": limit,
+        "blank_lines": blank,
+        **_label_counts(examples, names),
+        # which field the labels came from (None when the records carry no labels)
+        "label_source": (attribute or spec.label_column
+                         or ("rating" if fmt == "trustpilot" else "label"))
+        if any(i is not None for i in ids) else None,
+    }
+    return Dataset(name=display, examples=examples, label_names=list(names), source=str(path),
+                   report=report)

@@ -1,0 +1,109 @@
+"""PromptDPSGD settings, validated when built so impossible budgets fail before any training."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+Accountant = Literal["rdp", "prv"]
+ACCOUNTANTS: tuple[str, ...] = ("rdp", "prv")
+
+
+@dataclass
+class DPConfig:
+    """DP-SGD settings for prompt / prefix tuning (Flocks of Stochastic Parrots, Alg. 1).
+
+    Give exactly one of ``target_epsilon`` (σ is then calibrated for the planned steps) or
+    ``noise_multiplier`` (σ, noise std in units of ``max_grad_norm``; 0 = clipping only, ε = ∞).
+    The sampling rate q is ``sample_rate`` or, when unset, the trainer's logical batch size / N.
+    ``delta`` defaults to 1/N, as in the paper. ``physical_batch_size`` bounds memory: a logical
+    Poisson batch is processed in micro-batches of at most that many examples.
+    """
+
+    target_epsilon: float | None = None
+    noise_multiplier: float | None = None
+    max_grad_norm: float = 1.0
+    delta: float | None = None
+    sample_rate: float | None = None
+    physical_batch_size: int = 32
+    accountant: Accountant = "rdp"
+
+    def __post_init__(self) -> None:
+        if self.target_epsilon is not None and self.noise_multiplier is not None:
+            raise ValueError(
+                "DPConfig: give either target_epsilon or noise_multiplier, not both "
+                f"(got target_epsilon={self.target_epsilon}, "
+                f"noise_multiplier={self.noise_multiplier})"
+            )
+        if self.target_epsilon is None and self.noise_multiplier is None:
+            raise ValueError("DPConfig: one of target_epsilon or noise_multiplier is required")
+        if self.target_epsilon is not None:
+            eps = float(self.target_epsilon)
+            if not math.isfinite(eps) or eps <= 0:
+                raise ValueError(
+                    f"DPConfig.target_epsilon must be a finite number > 0 (got {eps}); "
+                    "for ε = ∞ train without DP (dp=None)"
+                )
+        if self.noise_multiplier is not None:
+            s = float(self.noise_multiplier)
+            if not math.isfinite(s) or s < 0:
+                raise ValueError(f"DPConfig.noise_multiplier must be finite and ≥ 0 (got {s})")
+        c = float(self.max_grad_norm)
+        if not math.isfinite(c) or c <= 0:
+            raise ValueError(f"DPConfig.max_grad_norm (clip C) must be finite and > 0 (got {c})")
+        if self.delta is not None and not 0 < float(self.delta) < 1:
+            raise ValueError(f"DPConfig.delta must be in (0, 1) (got {self.delta})")
+        if self.sample_rate is not None:
+            check_sample_rate(self.sample_rate, "DPConfig.sample_rate")
+        if int(self.physical_batch_size) < 1:
+            raise ValueError(
+                f"DPConfig.physical_batch_size must be ≥ 1 (got {self.physical_batch_size})"
+            )
+        if self.accountant not in ACCOUNTANTS:
+            raise ValueError(
+                f"DPConfig.accountant must be one of {', '.join(ACCOUNTANTS)} "
+                f"(got {self.accountant!r})"
+            )
+
+    def resolve_sample_rate(self, n_examples: int, batch_size: int | None = None) -> float:
+        """q for a data set of ``n_examples``: ``sample_rate`` or ``batch_size / n_examples``."""
+        check_n_examples(n_examples)
+        if self.sample_rate is not None:
+            return float(self.sample_rate)
+        if batch_size is None:
+            raise ValueError(
+                "DPConfig.sample_rate is not set and no logical batch size was given to derive "
+                "it (q = batch_size / N)"
+            )
+        if int(batch_size) < 1:
+            raise ValueError(f"logical batch size must be ≥ 1 (got {batch_size})")
+        return check_sample_rate(int(batch_size) / n_examples, f"batch_size/N = {batch_size}/"
+                                 f"{n_examples}")
+
+    def resolve_delta(self, n_examples: int) -> float:
+        """δ: ``delta`` or 1/N (the paper's choice)."""
+        check_n_examples(n_examples)
+        if self.delta is not None:
+            return float(self.delta)
+        if n_examples < 2:
+            raise ValueError("DPConfig.delta = 1/N needs N ≥ 2 examples; set delta explicitly")
+        return 1.0 / n_examples
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def check_sample_rate(q: float, what: str = "sample_rate") -> float:
+    """Return q as float, or raise ValueError if it is not in (0, 1]."""
+    q = float(q)
+    if not (0.0 < q <= 1.0):
+        raise ValueError(f"{what}: the sampling rate q must be in (0, 1] (got {q})")
+    return q
+
+
+def check_n_examples(n: int) -> int:
+    """Return n, or raise ValueError for an empty training set."""
+    if int(n) < 1:
+        raise ValueError(f"PromptDPSGD needs a non-empty training set (got {n} examples)")
+    return int(n)

@@ -1,0 +1,382 @@
+"""Text-to-text privatization with dχ-privacy (Feyisetan et al. 2020; RAPT §3.1, eqs 1-3).
+
+Each token embedding x (d dims) gets noise z = l·v with l ~ Gamma(shape d, scale 1/η) and v
+uniform on the unit sphere, i.e. density ∝ exp(−η‖z‖); the token is replaced by the vocabulary
+token whose embedding is nearest (Euclidean) to x + z.  The nearest-neighbour step is
+post-processing of x + z, so any candidate vocabulary and any search method keep the guarantee
+P[M(x)=w] ≤ exp(η‖x−x'‖)·P[M(x')=w]; an *approximate* search does, however, change which token
+comes out, and with it the measured replacement probability P.
+
+Randomness: noise for the k-th perturbed token of a call depends only on the generator state
+and k (it is drawn in fixed blocks of ``NOISE_BLOCK`` tokens), so ``chunk_size`` changes memory
+use and speed but never the output.  Gamma(d, 1) for the integer d is drawn as a sum of d
+standard exponentials (exact, and available for seeded CPU and CUDA generators).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from rapt.nn_search import MODES, NNIndex, SearchMode, build_index
+
+__all__ = [
+    "NOISE_BLOCK",
+    "PrivatizedTexts",
+    "Privatizer",
+    "calibrate_eta",
+    "candidate_ids_from_tokenizer",
+    "measure_p",
+    "privatize_texts",
+    "privatize_texts_detailed",
+    "replacement_probability",
+    "sample_noise",
+    "tokenize_texts",
+]
+
+NOISE_BLOCK = 1024
+_UNUSED = re.compile(r"^(\[unused\d+\]|<unused\d+>|<\|reserved_special_token_\d+\|>)$")
+
+
+def _check_eta(eta: float) -> float:
+    eta = float(eta)
+    if not math.isfinite(eta) or eta <= 0:
+        raise ValueError(f"eta must be a positive finite number, got {eta}")
+    return eta
+
+
+def sample_noise(n: int, d: int, eta: float | Tensor, generator: torch.Generator | None = None,
+                 *, device: torch.device | str | None = None) -> Tensor:
+    """Draw n noise vectors z = l·v (float32, (n, d)) with density ∝ exp(−η‖z‖).
+
+    ``eta`` is a scalar or a per-row tensor (n,).  l ~ Gamma(d, scale 1/η) as a sum of d
+    Exp(1) draws divided by η; v = g/‖g‖ with g ~ N(0, I_d), uniform on the sphere.
+    """
+    dev = torch.device(device) if device is not None else (
+        generator.device if generator is not None else torch.device("cpu"))
+    exps = torch.empty(n, d, device=dev).exponential_(generator=generator)
+    gamma = exps.sum(1, dtype=torch.float64)
+    g = torch.randn(n, d, device=dev, generator=generator)
+    v = g / g.norm(dim=1, keepdim=True)
+    eta_t = torch.as_tensor(eta, dtype=torch.float64, device=dev)
+    return ((gamma / eta_t).to(torch.float32)).unsqueeze(1) * v
+
+
+class Privatizer:
+    """dχ-privacy text-to-text mechanism over one embedding matrix.
+
+    ``embeddings``: (V, d) input-embedding matrix; ``eta``: privacy parameter (smaller = more
+    noise); ``special_ids``: tokens that pass through unchanged; ``candidate_ids``: vocabulary
+    rows allowed as outputs (default all; see :func:`candidate_ids_from_tokenizer`); ``mode``:
+    "exact" (float32 full scan), "fast" (certified exact, see :class:`rapt.nn_search.FastIndex`)
+    or "annoy" (approximate reference); ``chunk_size``: tokens noised and searched per step
+    (bounds memory together with the index's own batching); ``seed``: seeds the generator that
+    is used when a call passes none.
+    """
+
+    def __init__(self, embeddings: Tensor, eta: float, *, special_ids: Sequence[int] = (),
+                 candidate_ids: Tensor | Sequence[int] | None = None,
+                 mode: SearchMode = "exact", chunk_size: int = 4096,
+                 device: torch.device | str | None = None, seed: int | None = None,
+                 index: NNIndex | None = None, **index_options) -> None:
+        if embeddings.dim() != 2:
+            raise ValueError(f"embeddings must be (V, d), got shape {tuple(embeddings.shape)}")
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        self.eta = _check_eta(eta)
+        self.device = torch.device(device) if device is not None else embeddings.device
+        self.embeddings = embeddings.detach().to(self.device, torch.float32).contiguous()
+        V = self.embeddings.shape[0]
+        self.special_ids = torch.tensor(sorted({int(i) for i in special_ids}), dtype=torch.long,
+                                        device=self.device)
+        if candidate_ids is None:
+            self.candidate_ids = None
+        else:
+            cand = torch.as_tensor(candidate_ids, dtype=torch.long).flatten().unique()
+            cand = cand.to(self.device)
+            if cand.numel() == 0:
+                raise ValueError("candidate_ids is empty")
+            if int(cand.min()) < 0 or int(cand.max()) >= V:
+                raise ValueError(f"candidate_ids must lie in [0, {V}); got {int(cand.min())}.."
+                                 f"{int(cand.max())}")
+            self.candidate_ids = cand
+        self.mode = mode
+        self.chunk_size = int(chunk_size)
+        if index is None:
+            vecs = (self.embeddings if self.candidate_ids is None
+                    else self.embeddings[self.candidate_ids])
+            index = build_index(vecs, mode, **index_options)
+        self.index = index
+        self.seed = seed
+        self.generator = torch.Generator(device=self.device)
+        if seed is not None:
+            self.generator.manual_seed(int(seed))
+        else:
+            self.generator.seed()
+        self.last_stats: dict[str, float] = {}
+
+    @property
+    def dim(self) -> int:
+        return int(self.embeddings.shape[1])
+
+    def _perturbable(self, ids: Tensor) -> Tensor:
+        if self.special_ids.numel() == 0:
+            return torch.ones_like(ids, dtype=torch.bool)
+        return ~torch.isin(ids, self.special_ids)
+
+    def _check_ids(self, ids: Tensor) -> Tensor:
+        ids = torch.as_tensor(ids)
+        if ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8, torch.int8):
+            raise TypeError(f"ids must be an integer tensor, got {ids.dtype}")
+        ids = ids.to(self.device, torch.long)
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.embeddings.shape[0]):
+            raise ValueError(f"token ids must lie in [0, {self.embeddings.shape[0]}); got "
+                             f"{int(ids.min())}..{int(ids.max())}")
+        return ids
+
+    def _etas(self, eta_scale: Tensor | None, shape: torch.Size, mask: Tensor) -> Tensor | None:
+        if eta_scale is None:
+            return None
+        scale = torch.as_tensor(eta_scale, dtype=torch.float64, device=self.device)
+        if scale.shape != shape:
+            raise ValueError(f"eta_scale must have the ids' shape {tuple(shape)}, got "
+                             f"{tuple(scale.shape)}")
+        scale = scale[mask]
+        if scale.numel() and not (torch.isfinite(scale).all() and (scale > 0).all()):
+            raise ValueError("eta_scale must be positive and finite")
+        return scale * self.eta
+
+    def _noised_rows(self, ids: Tensor, etas: Tensor | None, generator: torch.Generator,
+                     start: int, stop: int, blocks: dict) -> Tensor:
+        """x + z for flat positions start:stop of ``ids`` (perturbable tokens only).
+
+        Noise comes in NOISE_BLOCK-sized blocks drawn in order, so the k-th token's noise never
+        depends on the chunking; ``blocks`` caches the current block across chunks.
+        """
+        d = self.dim
+        parts = []
+        pos = start
+        while pos < stop:
+            b = pos // NOISE_BLOCK
+            if blocks.get("index") != b:
+                n = min(NOISE_BLOCK, ids.numel() - b * NOISE_BLOCK)
+                blocks["index"] = b
+                blocks["noise"] = sample_noise(n, d, 1.0, generator, device=self.device)
+            hi = min(stop, (b + 1) * NOISE_BLOCK)
+            parts.append(blocks["noise"][pos - b * NOISE_BLOCK: hi - b * NOISE_BLOCK])
+            pos = hi
+        unit = torch.cat(parts) if len(parts) > 1 else parts[0]  # noise at η = 1
+        scale = (1.0 / etas[start:stop] if etas is not None
+                 else torch.full((stop - start,), 1.0 / self.eta, dtype=torch.float64,
+                                 device=self.device))
+        return self.embeddings[ids[start:stop]] + unit * scale.to(torch.float32).unsqueeze(1)
+
+    def noised_embeddings(self, ids: Tensor, *, eta_scale: Tensor | None = None,
+                          generator: torch.Generator | None = None) -> Tensor:
+        """x + z for every token of ``ids`` (any shape) -> (*ids.shape, d) float32.
+
+        Special tokens keep their clean embedding.  This is what the SAP user sends.
+        """
+        ids = self._check_ids(ids)
+        gen = generator or self.generator
+        mask = self._perturbable(ids)
+        etas = self._etas(eta_scale, ids.shape, mask)
+        flat = ids[mask]
+        out = self.embeddings[ids].clone()
+        blocks: dict = {}
+        rows = [self._noised_rows(flat, etas, gen, s, min(s + self.chunk_size, flat.numel()),
+                                  blocks) for s in range(0, flat.numel(), self.chunk_size)]
+        if rows:
+            out[mask] = torch.cat(rows)
+        return out
+
+    def privatize_ids(self, ids: Tensor, *, eta_scale: Tensor | None = None,
+                      generator: torch.Generator | None = None,
+                      progress: Callable[[int], None] | None = None) -> Tensor:
+        """Privatized token ids, same shape as ``ids``; special ids pass through unchanged.
+
+        ``eta_scale`` (same shape as ids) multiplies η per token (CTI: > 1 = less noise).
+        ``progress`` is called with the number of tokens finished after each chunk.
+        """
+        ids = self._check_ids(ids)
+        gen = generator or self.generator
+        mask = self._perturbable(ids)
+        etas = self._etas(eta_scale, ids.shape, mask)
+        flat = ids[mask]
+        out_flat = torch.empty_like(flat)
+        blocks: dict = {}
+        t0 = time.perf_counter()
+        for s in range(0, flat.numel(), self.chunk_size):
+            e = min(s + self.chunk_size, flat.numel())
+            y = self._noised_rows(flat, etas, gen, s, e, blocks)
+            found = self.index.search(y).to(self.device)
+            out_flat[s:e] = found if self.candidate_ids is None else self.candidate_ids[found]
+            if progress is not None:
+                progress(e - s)
+        out = ids.clone()
+        out[mask] = out_flat
+        dt = time.perf_counter() - t0
+        n = int(flat.numel())
+        self.last_stats = {"tokens": n, "seconds": dt, "tokens_per_s": n / dt if dt > 0 else 0.0,
+                           "p": float((out_flat != flat).float().mean()) if n else 0.0}
+        return out
+
+
+def candidate_ids_from_tokenizer(tokenizer, vocab_size: int | None = None, *,
+                                 exclude_special: bool = True,
+                                 exclude_unused: bool = True) -> Tensor:
+    """Vocabulary ids allowed as privatized outputs: all ids below ``vocab_size`` (embedding
+    rows; default ``len(tokenizer)``) that the tokenizer knows, minus special tokens and
+    reserved placeholders such as BERT's ``[unused17]``.  Returns a sorted LongTensor."""
+    n = len(tokenizer) if vocab_size is None else min(int(vocab_size), len(tokenizer))
+    drop: set[int] = set()
+    if exclude_special:
+        drop.update(int(i) for i in tokenizer.all_special_ids)
+    if exclude_unused:
+        for tok, i in tokenizer.get_vocab().items():
+            if _UNUSED.match(tok):
+                drop.add(int(i))
+    keep = [i for i in range(n) if i not in drop]
+    if not keep:
+        raise ValueError("no candidate tokens left after excluding special and unused tokens")
+    return torch.tensor(keep, dtype=torch.long)
+
+
+def replacement_probability(original_ids: Tensor | Sequence[Sequence[int]],
+                            private_ids: Tensor | Sequence[Sequence[int]],
+                            special_ids: Sequence[int] = ()) -> float:
+    """P = fraction of non-special token positions whose id changed (0.0 when there are none).
+
+    Accepts tensors of equal shape or lists of equal-length id lists."""
+    a, b = _flatten_ids(original_ids), _flatten_ids(private_ids)
+    if a.shape != b.shape:
+        raise ValueError(f"original and private ids differ in length: {a.numel()} vs {b.numel()}")
+    mask = ~torch.isin(a, torch.tensor(list(special_ids), dtype=torch.long))
+    n = int(mask.sum())
+    return float((a[mask] != b[mask]).sum()) / n if n else 0.0
+
+
+def _flatten_ids(ids) -> Tensor:
+    if isinstance(ids, Tensor):
+        return ids.detach().cpu().long().flatten()
+    flat: list[int] = []
+    for row in ids:
+        flat.extend(int(i) for i in row)
+    return torch.tensor(flat, dtype=torch.long)
+
+
+def tokenize_texts(texts: Sequence[str], tokenizer) -> list[list[int]]:
+    """Token ids of each text without added special tokens (what gets privatized)."""
+    enc = tokenizer(list(texts), add_special_tokens=False)
+    return [list(x) for x in enc["input_ids"]]
+
+
+@dataclass
+class PrivatizedTexts:
+    """Result of :func:`privatize_texts_detailed`: texts, original and private ids, P."""
+
+    texts: list[str]
+    original_ids: list[list[int]]
+    private_ids: list[list[int]]
+    p: float
+    stats: dict = field(default_factory=dict)
+
+
+def privatize_texts_detailed(texts: Sequence[str], tokenizer, privatizer: Privatizer, *,
+                             token_eta_scale: Tensor | None = None,
+                             generator: torch.Generator | None = None,
+                             progress: Callable[[int], None] | None = None) -> PrivatizedTexts:
+    """Privatize each text token by token; returns decoded texts, ids and the measured P.
+
+    ``token_eta_scale`` is an optional per-vocabulary η multiplier (V,) (e.g. from CTI)."""
+    orig = tokenize_texts(texts, tokenizer)
+    lengths = [len(x) for x in orig]
+    flat = torch.tensor([i for row in orig for i in row], dtype=torch.long)
+    scale = None
+    if token_eta_scale is not None:
+        scale = torch.as_tensor(token_eta_scale, dtype=torch.float64)[flat]
+    priv_flat = privatizer.privatize_ids(flat, eta_scale=scale, generator=generator,
+                                         progress=progress).cpu()
+    priv = [row.tolist() for row in torch.split(priv_flat, lengths)]
+    out_texts = [tokenizer.decode(row, clean_up_tokenization_spaces=True) for row in priv]
+    p = replacement_probability(flat, priv_flat, privatizer.special_ids.tolist())
+    return PrivatizedTexts(out_texts, orig, priv, p, dict(privatizer.last_stats))
+
+
+def privatize_texts(texts: Sequence[str], tokenizer, privatizer: Privatizer, *,
+                    token_eta_scale: Tensor | None = None,
+                    generator: torch.Generator | None = None,
+                    progress: Callable[[int], None] | None = None) -> list[str]:
+    """Privatized version of each text (token ids -> decoded string)."""
+    return privatize_texts_detailed(texts, tokenizer, privatizer, token_eta_scale=token_eta_scale,
+                                    generator=generator, progress=progress).texts
+
+
+def measure_p(embeddings: Tensor, eta: float, sample_ids: Tensor | Sequence[int],
+              special_ids: Sequence[int] = (), *, candidate_ids: Tensor | None = None,
+              mode: SearchMode = "exact", seed: int = 0, index: NNIndex | None = None) -> float:
+    """Replacement probability P at ``eta`` on the tokens ``sample_ids`` (one seeded run)."""
+    ids = torch.as_tensor(sample_ids, dtype=torch.long).flatten()
+    priv = Privatizer(embeddings, eta, special_ids=special_ids, candidate_ids=candidate_ids,
+                      mode=mode, seed=seed, index=index)
+    return replacement_probability(ids, priv.privatize_ids(ids).cpu(), special_ids)
+
+
+def calibrate_eta(embeddings: Tensor, target_p: float, sample_ids: Tensor | Sequence[int],
+                  special_ids: Sequence[int] = (), *, candidate_ids: Tensor | None = None,
+                  mode: SearchMode = "exact", seed: int = 0, tol: float = 0.005,
+                  max_iter: int = 40, eta0: float = 100.0) -> float:
+    """η whose measured P on ``sample_ids`` is within ``tol`` of ``target_p``.
+
+    Every evaluation reuses the same seed, so the noise directions and Gamma draws are shared
+    and only their scale 1/η changes: the noised point moves along a fixed ray away from x, and
+    since x's Voronoi cell is convex, each token's "replaced" indicator -- hence P -- is
+    non-increasing in η.  That makes a bisection on log η well defined.  The result is as good
+    as the sample: with n tokens, P itself has a standard error of about sqrt(P(1−P)/n).
+    """
+    if not 0.0 < target_p < 1.0:
+        raise ValueError(f"target_p must lie strictly between 0 and 1, got {target_p}")
+    ids = torch.as_tensor(sample_ids, dtype=torch.long).flatten()
+    vecs = embeddings if candidate_ids is None else embeddings[torch.as_tensor(candidate_ids)]
+    index = build_index(vecs.detach().float(), mode)
+
+    def p_at(eta: float) -> float:
+        return measure_p(embeddings, eta, ids, special_ids, candidate_ids=candidate_ids,
+                         mode=mode, seed=seed, index=index)
+
+    lo = hi = float(eta0)
+    p = p_at(eta0)
+    if abs(p - target_p) <= tol:
+        return eta0
+    # Bracket: P(lo) >= target >= P(hi), expanding by 4x per step.
+    if p > target_p:
+        while p > target_p:
+            lo, hi = hi, hi * 4.0
+            if hi > 1e12:
+                raise ValueError(f"P stays above {target_p} for every η (is the candidate set "
+                                 "missing the inputs' own tokens?)")
+            p = p_at(hi)
+    else:
+        while p < target_p:
+            hi, lo = lo, lo / 4.0
+            if lo < 1e-12:
+                raise ValueError(f"P stays below {target_p} for every η")
+            p = p_at(lo)
+    for _ in range(max_iter):
+        mid = math.sqrt(lo * hi)
+        p = p_at(mid)
+        if abs(p - target_p) <= tol or hi / lo < 1.0 + 1e-4:
+            return mid
+        if p > target_p:
+            lo = mid
+        else:
+            hi = mid
+    return math.sqrt(lo * hi)

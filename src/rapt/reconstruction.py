@@ -1,0 +1,156 @@
+"""Privatized token reconstruction (RAPT §3.2.2, eqs. 6-7): plain tokens, rows, head, loss.
+
+Row layout (the one convention every RAPT caller shares)::
+
+    [leading specials] k_1 .. k_m  x_1 .. x_n  [trailing specials]
+    e.g. BERT:  [CLS] k x [SEP]        Llama (no BOS added): k x        Llama with BOS: <s> k x
+
+The plain tokens k start at ``plain_offset(tokenizer)`` = the number of special tokens the
+tokenizer puts before the text (1 for BERT's [CLS]). The user side builds such rows with
+:func:`build_rows` and privatizes every token except specials with :func:`privatize_rows`; the
+provider sees only the privatized rows and the public plain tokens k (the reconstruction targets).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+_UNUSED = re.compile(r"^(\[unused\d+\]|<unused\d+>|<\|.*\|>|<.*>|\[.*\])$")
+
+
+def plain_offset(tokenizer) -> int:
+    """How many special tokens the tokenizer puts before the text (where k starts)."""
+    ids = tokenizer("a", add_special_tokens=True)["input_ids"]
+    special = set(tokenizer.all_special_ids)
+    n = 0
+    while n < len(ids) and ids[n] in special:
+        n += 1
+    return n
+
+
+def candidate_plain_ids(tokenizer) -> list[int]:
+    """Vocabulary ids that may serve as plain tokens: not special, not [unusedN]/<...> markers,
+    and decoding to some visible text."""
+    special = set(tokenizer.all_special_ids)
+    vocab = tokenizer.get_vocab()
+    out = []
+    for tok, i in vocab.items():
+        if i in special or _UNUSED.match(tok):
+            continue
+        if not tokenizer.convert_tokens_to_string([tok]).strip():
+            continue
+        out.append(int(i))
+    return sorted(out)
+
+
+def sample_plain_tokens(tokenizer, m: int = 40, seed: int = 0,
+                        num_sequences: int = 1) -> list[int] | list[list[int]]:
+    """m plain tokens drawn uniformly (with a seed) from :func:`candidate_plain_ids`;
+    ``num_sequences > 1`` returns that many sequences (RAPT Figure 4a)."""
+    if m < 1:
+        raise ValueError(f"plain-token length must be >= 1, got {m}")
+    pool = torch.tensor(candidate_plain_ids(tokenizer))
+    g = torch.Generator().manual_seed(seed)
+    seqs = [pool[torch.randint(len(pool), (m,), generator=g)].tolist()
+            for _ in range(num_sequences)]
+    return seqs[0] if num_sequences == 1 else seqs
+
+
+def parse_plain_tokens(tokenizer, text: str) -> list[int]:
+    """User-given plain tokens as text (e.g. RAPT Table 8's list) -> ids."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if not ids:
+        raise ValueError("plain tokens: the given text tokenizes to nothing")
+    return list(ids)
+
+
+def build_rows(tokenizer, texts: Sequence[str], max_length: int = 128,
+               plain_ids: Sequence[int] | Sequence[Sequence[int]] | None = None,
+               plain_index: Sequence[int] | None = None) -> list[list[int]]:
+    """Tokenize texts into rows of at most ``max_length`` ids, with the plain tokens inserted
+    after the leading specials. With several plain sequences, ``plain_index[i]`` picks row i's.
+    The text (not k) is truncated when the row would be too long."""
+    seqs = _as_sequences(plain_ids)
+    m = len(seqs[0]) if seqs else 0
+    if m and max_length <= m + 2:
+        raise ValueError(f"max_length {max_length} leaves no room for {m} plain tokens")
+    off = plain_offset(tokenizer)
+    enc = tokenizer(list(texts), add_special_tokens=True, truncation=True,
+                    max_length=max_length - m)["input_ids"]
+    if not seqs:
+        return [list(r) for r in enc]
+    rows = []
+    for i, r in enumerate(enc):
+        k = seqs[plain_index[i] if plain_index is not None else 0]
+        rows.append(list(r[:off]) + list(k) + list(r[off:]))
+    return rows
+
+
+def _as_sequences(plain_ids) -> list[list[int]]:
+    if plain_ids is None or len(plain_ids) == 0:
+        return []
+    first = plain_ids[0]
+    if not (isinstance(first, list | tuple) or (isinstance(first, Tensor) and first.dim() > 0)):
+        return [[int(t) for t in plain_ids]]
+    seqs = [[int(t) for t in s] for s in plain_ids]
+    if len({len(s) for s in seqs}) != 1:
+        raise ValueError("all plain-token sequences must have the same length m")
+    return seqs
+
+
+def privatize_rows(rows: Sequence[Sequence[int]], privatizer,
+                   generator: torch.Generator | None = None) -> list[list[int]]:
+    """Privatize every token of every row (the privatizer passes its special ids through).
+    All rows go through one ``privatize_ids`` call on the concatenated ids (no padding needed)."""
+    lengths = [len(r) for r in rows]
+    if not rows:
+        return []
+    flat = torch.tensor([t for r in rows for t in r], dtype=torch.long)
+    out = privatizer.privatize_ids(flat, generator=generator).tolist()
+    res, i = [], 0
+    for n in lengths:
+        res.append(out[i:i + n])
+        i += n
+    return res
+
+
+def rec_vocabulary(rows: Sequence[Sequence[int]], plain_ids, size: int = 7630,
+                   special_ids: Sequence[int] = ()) -> list[int]:
+    """The reconstruction head's vocabulary T: every plain token first, then the most frequent
+    non-special tokens of the (privatized) training rows, ``size`` ids in all (fewer when the
+    rows hold fewer distinct tokens). Targets are always plain tokens, so no target falls outside
+    T; the frequent tokens are the distractors of the softmax, as in the paper."""
+    plain = []
+    for s in _as_sequences(plain_ids):
+        for t in s:
+            if t not in plain:
+                plain.append(t)
+    skip = set(special_ids) | set(plain)
+    counts = Counter(t for r in rows for t in r if t not in skip)
+    extra = [t for t, _ in counts.most_common(max(0, size - len(plain)))]
+    return plain + extra
+
+
+class ReconstructionHead(nn.Module):
+    """Eq. 6: p_i = softmax(W1 W2 g_i), W2: h -> c, W1: c -> |T| (no bias, no non-linearity)."""
+
+    def __init__(self, hidden_size: int, rec_hidden: int, rec_vocab_size: int) -> None:
+        super().__init__()
+        self.down = nn.Linear(hidden_size, rec_hidden, bias=False)  # W2
+        self.up = nn.Linear(rec_hidden, rec_vocab_size, bias=False)  # W1
+
+    def forward(self, plain_states: Tensor) -> Tensor:
+        """(B, m, h) -> logits (B, m, |T|)."""
+        return self.up(self.down(plain_states))
+
+
+def reconstruction_loss(logits: Tensor, targets: Tensor, reduction: str = "mean") -> Tensor:
+    """Per-example eq. 7: (B, m, |T|), (B, m) -> (B,). ``sum`` is the paper's −Σ_i log p_i[j_i];
+    ``mean`` divides by m so the weight does not grow with the number of plain tokens."""
+    nll = nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
+    return nll.sum(1) if reduction == "sum" else nll.mean(1)

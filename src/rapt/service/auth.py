@@ -1,0 +1,29 @@
+"""API keys: random secrets shown once, stored only as SHA-256 hashes."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+
+KEY_PREFIX = "rapt_"
+
+
+def new_key() -> str:
+    """A fresh API key: 256 random bits, URL-safe."""
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+def hash_key(key: str) -> str:
+    """SHA-256 hex digest. A fast hash suffices: keys are 256-bit random, not passwords."""
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def parse_authorization(header: str | None, x_api_key: str | None) -> str | None:
+    """The key from ``Authorization: Bearer <key>`` or ``X-API-Key: <key>``, else None."""
+    if x_api_key:
+        return x_api_key.strip()
+    if header:
+        scheme, _, value = header.partition(" ")
+        if scheme.lower() == "bearer" and value.strip():
+            return value.strip()
+    return None

@@ -1,0 +1,168 @@
+"""Micro-batched inference: concurrent requests for one backbone share forward passes.
+
+Requests wait at most ``max_wait_s`` for company; a batch then holds rows of possibly many
+tuned prompts. ``forward`` turns one batch into per-request probabilities; the default runs one
+forward pass for all rows when every prompt in the batch supports mixed-task batching (a soft
+prompt per row, `rapt.service.mixed`), else one pass per distinct prompt.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+log = logging.getLogger("rapt.service")
+
+Item = tuple[Any, list[list[int]]]  # (tuned prompt, rows of token ids)
+Forward = Callable[[Any, Sequence[Item]], list[torch.Tensor]]
+
+
+class InferenceQueueFullError(RuntimeError):
+    pass
+
+
+def per_prompt_forward(backbone: Any, items: Sequence[Item]) -> list[torch.Tensor]:
+    """One ``predict_proba`` per distinct prompt over all of its rows in the batch."""
+    by_prompt: dict[int, list[int]] = collections.defaultdict(list)
+    for i, (prompt, _) in enumerate(items):
+        by_prompt[id(prompt)].append(i)
+    out: list[torch.Tensor | None] = [None] * len(items)
+    for idx in by_prompt.values():
+        prompt = items[idx[0]][0]
+        rows = [r for i in idx for r in items[i][1]]
+        probs = prompt.predict_proba(backbone, rows, batch_size=max(len(rows), 1))
+        start = 0
+        for i in idx:
+            n = len(items[i][1])
+            out[i] = probs[start:start + n]
+            start += n
+    return out  # type: ignore[return-value]
+
+
+def default_forward(backbone: Any, items: Sequence[Item]) -> list[torch.Tensor]:
+    from rapt.service import mixed
+
+    prompts = list({id(p): p for p, _ in items}.values())
+    if len(prompts) > 1 and mixed.supports(backbone, prompts):
+        return mixed.forward(backbone, items)
+    return per_prompt_forward(backbone, items)
+
+
+@dataclass
+class _Request:
+    prompt: Any
+    rows: list[list[int]]
+    future: Future = field(default_factory=Future)
+
+
+@dataclass
+class BatchStats:
+    requests: int = 0
+    rows: int = 0
+    batches: int = 0  # micro-batches taken from the queue
+    forward_passes: int = 0  # backbone forward passes they needed
+    max_prompts_in_batch: int = 0
+
+
+class MicroBatcher:
+    """One thread per backbone that groups queued requests into forward passes."""
+
+    def __init__(self, backbone: Any, forward: Forward = default_forward, *,
+                 max_wait_s: float = 0.005, max_rows: int = 64, max_pending_rows: int = 4096):
+        self.backbone = backbone
+        self.forward = forward
+        self.max_wait_s = max_wait_s
+        self.max_rows = max_rows
+        self.max_pending_rows = max_pending_rows
+        self.stats = BatchStats()
+        self._pending: collections.deque[_Request] = collections.deque()
+        self._pending_rows = 0
+        self._cond = threading.Condition()
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name="rapt-infer", daemon=True)
+        self._hook = None
+        model = getattr(backbone, "model", None)
+        if model is not None:
+            from rapt.tuners import base_model
+
+            # Counts body passes made by this thread only (training shares the module).
+            self._hook = base_model(model).register_forward_hook(self._count_pass)
+        self._thread.start()
+
+    def _count_pass(self, *_: Any) -> None:
+        if threading.current_thread() is self._thread:
+            self.stats.forward_passes += 1
+
+    def submit(self, prompt: Any, rows: list[list[int]]) -> Future:
+        req = _Request(prompt, rows)
+        with self._cond:
+            if self._pending_rows + len(rows) > self.max_pending_rows:
+                raise InferenceQueueFullError(
+                    f"the inference queue is full (limit max_inference_queue="
+                    f"{self.max_pending_rows} rows); retry shortly")
+            self._pending.append(req)
+            self._pending_rows += len(rows)
+            self._cond.notify()
+        return req.future
+
+    def close(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        self._thread.join(5)
+        if self._hook is not None:
+            self._hook.remove()
+
+    def _take_batch(self) -> list[_Request]:
+        with self._cond:
+            while not self._pending and not self._stop:
+                self._cond.wait()
+            if self._stop:
+                return []
+            deadline = time.monotonic() + self.max_wait_s
+            batch = [self._pending.popleft()]
+            rows = len(batch[0].rows)
+            while rows < self.max_rows:
+                if self._pending:
+                    if rows + len(self._pending[0].rows) > self.max_rows:
+                        break
+                    req = self._pending.popleft()
+                    batch.append(req)
+                    rows += len(req.rows)
+                    continue
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            self._pending_rows -= rows
+            return batch
+
+    def _loop(self) -> None:
+        while True:
+            batch = self._take_batch()
+            if not batch:
+                return
+            try:
+                with torch.inference_mode():
+                    probs = self.forward(self.backbone, [(r.prompt, r.rows) for r in batch])
+            except Exception as e:  # every waiting request gets the error, the loop lives on
+                log.exception("inference batch failed")
+                for r in batch:
+                    r.future.set_exception(e)
+                continue
+            s = self.stats
+            s.requests += len(batch)
+            s.rows += sum(len(r.rows) for r in batch)
+            s.batches += 1
+            s.max_prompts_in_batch = max(s.max_prompts_in_batch,
+                                         len({id(r.prompt) for r in batch}))
+            for r, p in zip(batch, probs, strict=True):
+                r.future.set_result(p)

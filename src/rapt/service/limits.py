@@ -1,0 +1,43 @@
+"""Service configuration: resource limits and server settings."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class Limits:
+    """Hard limits; exceeding one is a 4xx whose detail names the limit and its value."""
+
+    max_upload_bytes: int = 32 * 1024 * 1024  # request body size, bytes
+    max_examples: int = 200_000  # rows per uploaded dataset
+    max_seq_len: int = 512  # token ids per row (uploads and inference)
+    max_queued_jobs: int = 16  # jobs waiting for the worker (running ones not counted)
+    max_predict_rows: int = 512  # rows per inference request
+    max_inference_queue: int = 4096  # rows waiting for the micro-batcher
+
+
+@dataclass
+class ServiceConfig:
+    """Everything `rapt serve` needs; ``backbones`` are names or paths loaded once at startup."""
+
+    db_path: Path = Path("rapt-service.db")
+    backbones: list[str] = field(default_factory=lambda: ["minilm"])
+    limits: Limits = field(default_factory=Limits)
+    job_threads: int = 1  # concurrent training jobs
+    batch_wait_ms: float = 5.0  # how long the micro-batcher waits for more requests
+    max_batch_rows: int = 64  # rows per inference forward pass
+    device: str = "cpu"
+    progress_interval_s: float = 0.5  # minimum time between progress writes to the store
+
+    @property
+    def data_dir(self) -> Path:
+        """Folder beside the database holding prompt tensors and job checkpoints."""
+        p = Path(self.db_path)
+        return p.with_name(p.name + ".files")
+
+
+def default_db_path() -> Path:
+    return Path(os.environ.get("RAPT_DB", "rapt-service.db"))

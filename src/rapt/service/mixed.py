@@ -1,0 +1,99 @@
+"""Mixed-task inference: rows of different soft prompts in one forward pass.
+
+Prompt tuning leaves the backbone untouched, so a batch can hold rows of many tasks: each row
+gets its own prompt prepended (the prompts are stacked along the batch), the frozen body runs
+once, and each row's own task head reads its hidden states (Li & Liang 2021; RAPT §1).
+Prompts of different lengths would shift the input positions, so one pass serves one prompt
+length; other methods (prefix, LoRA) fall back to a pass per prompt.
+
+Built from the public pieces of ``rapt.trainer.TunedPrompt.build``: ``RaptModel.tuner``
+(a ``PromptTuner`` with ``prompt`` (N, h) and ``body``), ``head``, ``plain_len``, ``offset``.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+Item = tuple[Any, list[list[int]]]
+
+
+def _prompt_model(backbone: Any, prompt: Any) -> Any | None:
+    """The built inference model when ``prompt`` is a soft prompt (else None)."""
+    cfg = getattr(prompt, "config", None)
+    if getattr(cfg, "method", None) != "prompt" or not hasattr(prompt, "build"):
+        return None
+    model = prompt.build(backbone)
+    return model if hasattr(model.tuner, "prompt") else None
+
+
+def supports(backbone: Any, prompts: Sequence[Any]) -> bool:
+    """True when at least two of the prompts can share a pass."""
+    lengths = collections.Counter()
+    for p in prompts:
+        m = _prompt_model(backbone, p)
+        if m is not None:
+            lengths[m.tuner.prompt.shape[0]] += 1
+    return any(n > 1 for n in lengths.values())
+
+
+@torch.no_grad()
+def prompt_group_forward(backbone: Any, models: Sequence[Any],
+                         rows: Sequence[Sequence[list[int]]]) -> list[Tensor]:
+    """One forward pass for soft prompts of equal length: ``models[i]`` on ``rows[i]``.
+
+    Returns per-item probabilities (n_i, C_i); equal to each prompt's own ``predict_proba``
+    up to floating-point summation order."""
+    from rapt.trainer import pad_batch
+
+    flat = [r for rs in rows for r in rs]
+    dev = next(iter(backbone.model.parameters())).device
+    ids, mask = pad_batch(flat, backbone.tokenizer.pad_token_id, dev)
+    N = models[0].tuner.prompt.shape[0]
+    embeds = backbone.model.get_input_embeddings()(ids)
+    prompts = torch.cat([m.tuner.prompt.to(embeds.dtype).unsqueeze(0).expand(len(rs), -1, -1)
+                         for m, rs in zip(models, rows, strict=True)])
+    full_mask = torch.cat([mask.new_ones(len(flat), N), mask], dim=1)
+    body = models[0].tuner.body
+    hidden = body(inputs_embeds=torch.cat([prompts, embeds], 1), attention_mask=full_mask,
+                  use_cache=False).last_hidden_state[:, N:]
+    out, start = [], 0
+    for m, rs in zip(models, rows, strict=True):
+        sl = slice(start, start + len(rs))
+        start += len(rs)
+        task_mask = mask[sl].clone()
+        if m.plain_len:  # the head reads the input, not the plain-token states
+            task_mask[:, m.offset:m.offset + m.plain_len] = 0
+        out.append(m.head(hidden[sl], task_mask).float().softmax(-1).cpu())
+    return out
+
+
+def forward(backbone: Any, items: Sequence[Item]) -> list[Tensor]:
+    """Probabilities per item: same-length soft prompts share a pass, the rest go alone."""
+    from rapt.service.inference import per_prompt_forward
+
+    out: list[Tensor | None] = [None] * len(items)
+    groups: dict[int, list[int]] = collections.defaultdict(list)
+    rest: list[int] = []
+    models: dict[int, Any] = {}
+    for i, (p, _) in enumerate(items):
+        m = _prompt_model(backbone, p)
+        if m is None:
+            rest.append(i)
+        else:
+            models[i] = m
+            groups[m.tuner.prompt.shape[0]].append(i)
+    for idx in groups.values():
+        probs = prompt_group_forward(backbone, [models[i] for i in idx],
+                                     [items[i][1] for i in idx])
+        for i, p in zip(idx, probs, strict=True):
+            out[i] = p
+    if rest:
+        for i, p in zip(rest, per_prompt_forward(backbone, [items[i] for i in rest]),
+                        strict=True):
+            out[i] = p
+    return out  # type: ignore[return-value]

@@ -1,0 +1,174 @@
+"""Request and response bodies of the service API, with validated ranges."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+TokenIds = list[list[int]]
+
+
+class ErrorBody(BaseModel):
+    """Every error response: a short machine-readable code and a human-readable detail."""
+
+    error: str
+    detail: str
+
+
+class PrivacyDeclaration(BaseModel):
+    """What the client declares it did to the data before sending it (not verifiable here)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mechanism: Literal["dchi-text2text", "none"] = Field(
+        description="'dchi-text2text' (Feyisetan et al. 2020, RAPT §3.1) or 'none' "
+        "(the user explicitly opted out of privatization)")
+    eta: float | None = Field(None, gt=0, description="privacy parameter η (smaller = more noise)")
+    embedding: str | None = Field(None, max_length=200,
+                                  description="embedding model the mechanism used")
+    nn_mode: str | None = Field(None, max_length=20, description="nearest-neighbour search mode")
+
+    @model_validator(mode="after")
+    def _eta_iff_mechanism(self) -> PrivacyDeclaration:
+        if self.mechanism == "dchi-text2text" and self.eta is None:
+            raise ValueError("mechanism 'dchi-text2text' needs eta")
+        if self.mechanism == "none" and self.eta is not None:
+            raise ValueError("mechanism 'none' takes no eta")
+        return self
+
+
+class DatasetUpload(BaseModel):
+    """A privatized training set: token ids (specials included), integer labels."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    backbone: str = Field(max_length=500, description="name of a backbone this server loaded")
+    input_ids: TokenIds = Field(min_length=1)
+    labels: list[int] = Field(min_length=1)
+    num_labels: int = Field(ge=2, le=1000)
+    privacy: PrivacyDeclaration
+    plain_ids: list[int] | None = Field(
+        None, max_length=512,
+        description="public plain tokens k for privatized token reconstruction (RAPT §3.2.2); "
+        "each row then starts with their privatized version")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DatasetUpload:
+        if len(self.labels) != len(self.input_ids):
+            raise ValueError(f"labels has {len(self.labels)} entries but input_ids has "
+                             f"{len(self.input_ids)} rows")
+        for i, y in enumerate(self.labels):
+            if not 0 <= y < self.num_labels:
+                raise ValueError(f"labels[{i}] = {y} is outside [0, num_labels={self.num_labels})")
+        for i, row in enumerate(self.input_ids):
+            if not row:
+                raise ValueError(f"input_ids[{i}] is empty")
+        return self
+
+
+class DatasetInfo(BaseModel):
+    id: str
+    backbone: str
+    n_examples: int
+    num_labels: int
+    max_row_len: int
+    privacy: PrivacyDeclaration
+    plain_ids: list[int] | None
+    created: float
+
+
+class DPOptions(BaseModel):
+    """PromptDPSGD options (rapt.dp.DPConfig); give target_epsilon or noise_multiplier."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    target_epsilon: float | None = Field(None, gt=0, le=1000)
+    noise_multiplier: float | None = Field(None, ge=0, le=100)
+    max_grad_norm: float = Field(1.0, gt=0, le=1000)
+    delta: float | None = Field(None, gt=0, lt=1)
+    sample_rate: float | None = Field(None, gt=0, le=1)
+    physical_batch_size: int | None = Field(None, ge=1, le=4096)
+    accountant: Literal["rdp", "prv"] = "rdp"
+
+    @model_validator(mode="after")
+    def _one_of(self) -> DPOptions:
+        if (self.target_epsilon is None) == (self.noise_multiplier is None):
+            raise ValueError("give exactly one of target_epsilon and noise_multiplier")
+        return self
+
+
+class JobCreate(BaseModel):
+    """A tuning job over an uploaded dataset; ranges are what the service accepts."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    dataset_id: str = Field(max_length=64)
+    method: Literal["prompt", "prefix", "lora"] = "prompt"
+    reconstruction: bool = False
+    num_virtual_tokens: int = Field(20, ge=1, le=512)
+    prefix_projection: bool = False
+    lr: float = Field(1e-3, gt=0, le=1.0)
+    epochs: int = Field(1, ge=1, le=100)
+    batch_size: int = Field(32, ge=1, le=1024)
+    max_length: int = Field(128, ge=4, le=4096)
+    seed: int = Field(0, ge=0, le=2**31 - 1)
+    rec_hidden: int = Field(96, ge=1, le=4096)
+    rec_vocab_size: int = Field(7630, ge=2, le=1_000_000)
+    rec_weight: float = Field(1.0, ge=0, le=100)
+    dp: DPOptions | None = None
+
+
+JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+
+
+class JobStatus(BaseModel):
+    id: str
+    dataset_id: str
+    backbone: str
+    state: JobState
+    method: str
+    step: int
+    total_steps: int | None
+    loss: float | None
+    epoch: float | None
+    elapsed_s: float
+    eta_s: float | None = Field(description="estimated seconds left (from steps done so far)")
+    resumed_from_step: int | None
+    prompt_id: str | None
+    error: str | None
+    created: float
+
+
+class PromptInfo(BaseModel):
+    id: str
+    job_id: str
+    backbone: str
+    num_labels: int
+    method: str
+    reconstruction: bool
+    plain_ids: list[int] | None
+    created: float
+
+
+class PredictRequest(BaseModel):
+    """Privatized queries (token ids, specials included) for one tuned prompt."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt_id: str = Field(max_length=64)
+    input_ids: TokenIds = Field(min_length=1)
+
+
+class PredictResponse(BaseModel):
+    prompt_id: str
+    labels: list[int]
+    probabilities: list[list[float]]
+
+
+class BackboneInfo(BaseModel):
+    name: str
+    kind: str
+    vocab_size: int
+    hidden_size: int
+    special_ids: list[int]

@@ -1,0 +1,503 @@
+"""The one trainer: prompt / prefix / LoRA / full tuning, optional RAPT reconstruction, optional DP.
+
+``tune(backbone, input_ids, labels, num_labels, config)`` trains on token-id rows that the user
+already privatized (see :mod:`rapt.reconstruction` for the row layout with plain tokens) and
+returns a :class:`TunedPrompt`: the trained prompt/prefix (or LoRA / full weights) plus the task
+head, without the reconstruction head. Loss per example: CE(task) + ``rec_weight`` · L_rec
+(RAPT eq. 10). Without DP the batch loss is the mean; with ``config.dp`` it is the PromptDPSGD
+loop of :class:`rapt.dp.DPSGD` (Poisson logical batches, physical micro-batches, per-example
+clipping through the broadcast protocol).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+
+from rapt import __version__
+from rapt.heads import ClassificationHead, Verbalizer, label_token_ids
+from rapt.models import Backbone
+from rapt.reconstruction import (
+    ReconstructionHead,
+    _as_sequences,
+    build_rows,
+    plain_offset,
+    privatize_rows,
+    rec_vocabulary,
+    reconstruction_loss,
+)
+from rapt.tuners import METHODS, Tuner, build_tuner
+
+
+@dataclass
+class TuneConfig:
+    """Tuning settings. ``lr`` is per method in practice: prompt ≈ 1e-2..3e-2, prefix ≈ 5e-3..1e-2,
+    LoRA ≈ 1e-3, full ≈ 2e-5 (the paper's 6e-5 is for BERT-base with 4 epochs at batch 128)."""
+
+    method: Literal["prompt", "prefix", "lora", "full"] = "prompt"
+    num_virtual_tokens: int = 20
+    prefix_projection: bool = False
+    lr: float = 1e-2
+    epochs: int = 3
+    batch_size: int = 32
+    max_length: int = 128
+    seed: int = 0
+    reconstruction: bool = False
+    rec_hidden: int = 96
+    rec_vocab_size: int = 7630
+    rec_weight: float = 1.0
+    dp: Any = None  # rapt.dp.DPConfig | None
+    # --- beyond the contract (all optional) ---
+    rec_reduction: Literal["mean", "sum"] = "mean"  # "sum" = eq. 7 literally
+    pooling: Literal["mean", "cls", "last"] = "mean"  # encoder head pooling
+    label_words: list[str] | None = None  # causal LMs: verbalizer words, one per label
+    lora_r: int = 8
+    weight_decay: float = 0.0
+    warmup_ratio: float = 0.06
+    checkpoint_every: int = 0  # steps between checkpoint() calls; 0 = end of every epoch
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"TuneConfig.method must be one of {', '.join(METHODS)} "
+                             f"(got {self.method!r})")
+        for name in ("num_virtual_tokens", "epochs", "batch_size", "max_length", "rec_hidden",
+                     "rec_vocab_size"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"TuneConfig.{name} must be >= 1 (got {getattr(self, name)})")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ValueError(f"TuneConfig.lr must be > 0 (got {self.lr})")
+        if self.rec_weight < 0:
+            raise ValueError(f"TuneConfig.rec_weight must be >= 0 (got {self.rec_weight})")
+
+    def to_dict(self) -> dict:
+        d = asdict(self) if self.dp is None else {**asdict(_replace_dp(self)), "dp": _dp_dict(
+            self.dp)}
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TuneConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"TuneConfig: unknown field(s) {', '.join(sorted(unknown))}")
+        d = dict(d)
+        if isinstance(d.get("dp"), dict):
+            try:
+                from rapt.dp import DPConfig
+
+                d["dp"] = DPConfig(**d["dp"])
+            except ImportError:  # keep the record readable without the DP module
+                pass
+        return cls(**d)
+
+
+def _replace_dp(c: TuneConfig) -> TuneConfig:
+    from dataclasses import replace
+
+    return replace(c, dp=None)
+
+
+def _dp_dict(dp: Any) -> dict:
+    if hasattr(dp, "to_dict"):
+        return dp.to_dict()
+    return asdict(dp) if hasattr(dp, "__dataclass_fields__") else dict(dp)
+
+
+# --------------------------------------------------------------------------- model
+
+
+class RaptModel(nn.Module):
+    """tuner + task head (+ reconstruction head while training).
+
+    Deliberately has no ``per_example_tensors`` of its own: the DP engine finds the tuner's
+    among ``modules()``, and a second copy would count the prompt gradient twice.
+    """
+
+    def __init__(self, backbone: Backbone, config: TuneConfig, num_labels: int,
+                 rec_vocab: Sequence[int] | None = None, plain_len: int = 0,
+                 offset: int = 0) -> None:
+        super().__init__()
+        self.kind = backbone.kind
+        self.tuner: Tuner = build_tuner(backbone, config.method,
+                                        num_virtual_tokens=config.num_virtual_tokens,
+                                        prefix_projection=config.prefix_projection,
+                                        lora_r=config.lora_r, seed=config.seed)
+        torch.manual_seed(config.seed)
+        if backbone.kind == "causal" and config.label_words:
+            if len(config.label_words) != num_labels:
+                raise ValueError(f"{len(config.label_words)} label words for {num_labels} labels")
+            lm_head = self.tuner.model.get_output_embeddings()
+            self.head: nn.Module = Verbalizer(
+                lm_head, label_token_ids(backbone.tokenizer, config.label_words))
+        else:
+            pooling = config.pooling if backbone.kind == "encoder" else "last"
+            self.head = ClassificationHead(backbone.hidden_size, num_labels, pooling)
+        self.plain_len = plain_len
+        self.offset = offset
+        self.rec_head: ReconstructionHead | None = None
+        if rec_vocab is not None:
+            self.rec_head = ReconstructionHead(backbone.hidden_size, config.rec_hidden,
+                                               len(rec_vocab))
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor,
+                with_rec: bool = True) -> tuple[Tensor, Tensor | None, Tensor]:
+        """-> (task logits (B, C), reconstruction logits (B, m, |T|) or None, hidden (B, n, h))."""
+        hidden = self.tuner(input_ids, attention_mask)
+        task_mask = attention_mask
+        lo, hi = self.offset, self.offset + self.plain_len
+        if self.plain_len:
+            task_mask = attention_mask.clone()
+            task_mask[:, lo:hi] = 0  # the task reads G_{m:m+n}, not the plain-token states
+        logits = self.head(hidden, task_mask)
+        rec = None
+        if with_rec and self.rec_head is not None and self.plain_len:
+            rec = self.rec_head(hidden[:, lo:hi])
+        return logits, rec, hidden
+
+    def trainable_tensors(self) -> dict[str, Tensor]:
+        """Everything that is saved: trainable parameters of tuner and task head."""
+        return {n: p for n, p in self.named_parameters()
+                if p.requires_grad and not n.startswith("rec_head.")}
+
+
+def pad_batch(rows: Sequence[Sequence[int]], pad_id: int,
+              device: torch.device | str = "cpu") -> tuple[Tensor, Tensor]:
+    """Right-pad rows -> (ids (B, n), attention mask (B, n))."""
+    n = max(len(r) for r in rows)
+    ids = torch.full((len(rows), n), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), n), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, :len(r)] = torch.as_tensor(list(r), dtype=torch.long)
+        mask[i, :len(r)] = 1
+    return ids.to(device), mask.to(device)
+
+
+# --------------------------------------------------------------------------- result
+
+
+@dataclass
+class TunedPrompt:
+    """A trained prompt/prefix (+ task head). ``meta`` records backbone, plain tokens and their
+    offset, label names, η (set by whoever privatized), seed, DP record and training history."""
+
+    config: TuneConfig
+    tensors: dict[str, Tensor]
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._cache: tuple[int, RaptModel] | None = None
+
+    @property
+    def plain_ids(self) -> list[int] | list[list[int]] | None:
+        return self.meta.get("plain_ids")
+
+    def build(self, backbone: Backbone) -> RaptModel:
+        """The inference model on ``backbone`` (cached per backbone model object)."""
+        if self._cache is not None and self._cache[0] == id(backbone.model):
+            return self._cache[1]
+        if backbone.hidden_size != self.meta.get("hidden_size", backbone.hidden_size):
+            raise ValueError(f"this prompt was tuned on {self.meta.get('backbone')!r} (hidden "
+                             f"size {self.meta['hidden_size']}), not on {backbone.name!r} "
+                             f"(hidden size {backbone.hidden_size})")
+        model = RaptModel(backbone, self.config, int(self.meta["num_labels"]),
+                          plain_len=int(self.meta.get("plain_len", 0)),
+                          offset=int(self.meta.get("plain_offset", 0)))
+        missing, unexpected = model.load_state_dict(self.tensors, strict=False)
+        expected = set(model.trainable_tensors())
+        if unexpected or expected & set(missing):
+            raise ValueError(f"tensors do not fit the {self.config.method} model: missing "
+                             f"{sorted(expected & set(missing))}, unexpected {sorted(unexpected)}")
+        model.eval()
+        self._cache = (id(backbone.model), model)
+        return model
+
+    @torch.no_grad()
+    def predict_proba(self, backbone: Backbone, input_ids: Sequence[Sequence[int]],
+                      batch_size: int = 64) -> Tensor:
+        """Class probabilities (N, C) for privatized rows laid out as in training."""
+        model = self.build(backbone)
+        pad = backbone.tokenizer.pad_token_id
+        order = sorted(range(len(input_ids)), key=lambda i: len(input_ids[i]))
+        out = torch.empty(len(input_ids), int(self.meta["num_labels"]))
+        dev = next(iter(backbone.model.parameters())).device
+        for s in range(0, len(order), batch_size):
+            idx = order[s:s + batch_size]
+            ids, mask = pad_batch([input_ids[i] for i in idx], pad, dev)
+            logits, _, _ = model(ids, mask, with_rec=False)
+            out[idx] = logits.float().softmax(-1).cpu()
+        return out
+
+    def predict(self, backbone: Backbone, input_ids: Sequence[Sequence[int]],
+                batch_size: int = 64) -> list[int]:
+        return self.predict_proba(backbone, input_ids, batch_size).argmax(-1).tolist()
+
+    def encode(self, backbone: Backbone, texts: Sequence[str], privatizer=None,
+               generator: torch.Generator | None = None) -> list[list[int]]:
+        """User side: texts -> rows in this prompt's layout (plain tokens included when it was
+        trained with them), privatized when a privatizer is given."""
+        plain = self.plain_ids
+        seqs = _as_sequences(plain)
+        index = [0] * len(texts) if len(seqs) > 1 else None
+        rows = build_rows(backbone.tokenizer, texts, self.config.max_length, plain, index)
+        return privatize_rows(rows, privatizer, generator) if privatizer is not None else rows
+
+    def save(self, folder: str | Path) -> Path:
+        from rapt.artifacts import save_artifact
+
+        return save_artifact(folder, self.tensors, self.config.to_dict(), self.meta)
+
+    @classmethod
+    def load(cls, folder: str | Path) -> TunedPrompt:
+        from rapt.artifacts import ArtifactError, load_artifact
+
+        tensors, config, meta = load_artifact(folder)
+        try:
+            cfg = TuneConfig.from_dict(config)
+        except (TypeError, ValueError) as e:
+            raise ArtifactError(f"{Path(folder) / 'config.json'}: field 'config': {e}") from e
+        if "num_labels" not in meta:
+            raise ArtifactError(f"{Path(folder) / 'config.json'}: field 'meta.num_labels' missing")
+        return cls(cfg, tensors, meta)
+
+
+# --------------------------------------------------------------------------- training
+
+
+def _check_inputs(input_ids, labels, num_labels: int) -> None:
+    if len(input_ids) == 0:
+        raise ValueError("no training examples (input_ids is empty)")
+    if len(input_ids) != len(labels):
+        raise ValueError(f"{len(input_ids)} rows but {len(labels)} labels")
+    if num_labels < 2:
+        raise ValueError(f"num_labels must be >= 2 (got {num_labels})")
+    for i, y in enumerate(labels):
+        if not 0 <= int(y) < num_labels:
+            raise ValueError(f"label of example {i} is {y}, outside 0..{num_labels - 1}")
+    for i, r in enumerate(input_ids):
+        if len(r) == 0:
+            raise ValueError(f"row {i} is empty")
+
+
+def tune(
+    backbone: Backbone,
+    input_ids: list[list[int]],
+    labels: list[int],
+    num_labels: int,
+    config: TuneConfig,
+    *,
+    plain_ids: list[int] | list[list[int]] | None = None,
+    plain_index: list[int] | None = None,
+    progress: Callable[[dict], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    checkpoint: Callable[[dict], None] | None = None,
+    resume: dict | None = None,
+) -> TunedPrompt:
+    """Train and return a :class:`TunedPrompt`.
+
+    ``input_ids``: rows already privatized by the user. When ``plain_ids`` (the public plain
+    tokens k, length m; or several sequences with ``plain_index[i]`` naming row i's) are given,
+    every row holds its privatized k at positions ``plain_offset(tokenizer) .. +m``.
+    ``progress`` gets ``{"step", "total_steps", "epoch", "loss", "task_loss", "rec_loss",
+    "rec_acc", "lr", "epsilon"?}`` after every optimizer step; ``should_stop()`` is polled every
+    step (a stopped run returns what it has, ``meta["stopped"] = True``); ``checkpoint(state)``
+    gets a resumable state every ``config.checkpoint_every`` steps (or each epoch end), which
+    ``resume=state`` continues exactly.
+    """
+    _check_inputs(input_ids, labels, num_labels)
+    seqs = _as_sequences(plain_ids)
+    if config.reconstruction and not seqs:
+        raise ValueError("reconstruction=True needs plain_ids (the plain tokens k)")
+    if len(seqs) > 1 and (plain_index is None or len(plain_index) != len(input_ids)):
+        raise ValueError("several plain-token sequences need plain_index, one entry per row")
+    m = len(seqs[0]) if seqs else 0
+    off = plain_offset(backbone.tokenizer) if m else 0
+    for i, r in enumerate(input_ids):
+        if len(r) < off + m:
+            raise ValueError(f"row {i} has {len(r)} tokens, fewer than the {off} + {m} leading "
+                             "special + plain tokens")
+    if config.dp is not None and config.method not in ("prompt", "prefix"):
+        raise ValueError("PromptDPSGD covers prompt and prefix tuning only "
+                         f"(method={config.method!r})")
+    dev = next(iter(backbone.model.parameters())).device
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.seed)
+        return _tune(backbone, input_ids, labels, num_labels, config, seqs, plain_index, m, off,
+                     dev, progress, should_stop, checkpoint, resume)
+
+
+def _tune(backbone, input_ids, labels, num_labels, config: TuneConfig, seqs, plain_index, m,
+          off, dev, progress, should_stop, checkpoint, resume) -> TunedPrompt:
+    N = len(input_ids)
+    special = set(backbone.special_ids)
+    rec_vocab = None
+    if config.reconstruction:
+        rec_vocab = rec_vocabulary(input_ids, seqs, config.rec_vocab_size, special)
+    if resume is not None and resume.get("rec_vocab") is not None:
+        rec_vocab = list(resume["rec_vocab"])
+    model = RaptModel(backbone, config, num_labels, rec_vocab, m, off).to(dev)
+    rec_targets = None
+    if rec_vocab is not None:
+        index = {t: j for j, t in enumerate(rec_vocab)}
+        rec_targets = torch.tensor([[index[t] for t in s] for s in seqs], dtype=torch.long)
+    labels_t = torch.as_tensor(labels, dtype=torch.long)
+    pidx = torch.as_tensor(plain_index if plain_index is not None else [0] * N, dtype=torch.long)
+    pad = backbone.tokenizer.pad_token_id
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+
+    engine = None
+    if config.dp is not None:
+        try:
+            from rapt.dp import DPSGD
+            from rapt.dp.accounting import steps_for_epochs
+        except ImportError as e:  # pragma: no cover - the DP module ships with rapt
+            raise RuntimeError(f"config.dp is set but rapt.dp is unavailable ({e})") from e
+        q = config.dp.resolve_sample_rate(N, config.batch_size)
+        total = steps_for_epochs(config.epochs, q)
+        model.tuner.track_per_example = True
+        engine = DPSGD(model, config.dp, N, total, batch_size=config.batch_size)
+        steps_per_epoch = max(1, math.ceil(total / config.epochs))
+    else:
+        steps_per_epoch = math.ceil(N / config.batch_size)
+        total = steps_per_epoch * config.epochs
+    warm = int(config.warmup_ratio * total)
+
+    def lr_at(step: int) -> float:
+        if step < warm:
+            return (step + 1) / (warm + 1)
+        return max(0.0, (total - step) / max(1, total - warm))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    step, history = 0, []
+    if resume is not None:
+        model.load_state_dict(resume["model"], strict=False)
+        opt.load_state_dict(resume["optimizer"])
+        sched.load_state_dict(resume["scheduler"])
+        step = int(resume["step"])
+        history = list(resume.get("history", []))
+        torch.set_rng_state(resume["torch_rng"])
+        if engine is not None and resume.get("dp") is not None:
+            engine.load_state_dict(resume["dp"])
+
+    def per_example_loss(idx: Tensor) -> tuple[Tensor, dict]:
+        ids, mask = pad_batch([input_ids[i] for i in idx.tolist()], pad, dev)
+        logits, rec, _ = model(ids, mask)
+        task = nn.functional.cross_entropy(logits.float(), labels_t[idx].to(dev),
+                                           reduction="none")
+        stats = {"task_loss": task.detach().mean().item()}
+        loss = task
+        if rec is not None:
+            tgt = rec_targets[pidx[idx]].to(dev)
+            r = reconstruction_loss(rec.float(), tgt, config.rec_reduction)
+            loss = task + config.rec_weight * r
+            stats["rec_loss"] = r.detach().mean().item()
+            stats["rec_acc"] = (rec.argmax(-1) == tgt).float().mean().item()
+        return loss, stats
+
+    def make_state(epoch: int) -> dict:
+        return {"step": step, "epoch": epoch, "model": {k: v.detach().clone() for k, v in
+                                                        model.state_dict().items()
+                                                        if k in _trainable_names(model)},
+                "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                "history": list(history), "rec_vocab": rec_vocab,
+                "torch_rng": torch.get_rng_state(),
+                "dp": engine.state_dict() if engine is not None else None}
+
+    model.train()
+    model.tuner.model.eval()  # backbone dropout off: deterministic, and the shared model's
+    # mode is left as it was found (LoRA/full train a private copy, also without dropout)
+    stopped = False
+    t0 = time.perf_counter()
+    try:
+        start_epoch = step // steps_per_epoch
+        for epoch in range(start_epoch, config.epochs):
+            if engine is not None:
+                left = min((epoch + 1) * steps_per_epoch, total) - step
+                batches = engine.logical_batches(steps=max(0, left))
+                skip = 0
+            else:
+                g = torch.Generator().manual_seed(config.seed * 1_000_003 + epoch)
+                perm = torch.randperm(N, generator=g)
+                batches = list(perm.split(config.batch_size))
+                skip = step - epoch * steps_per_epoch
+            for bi, idx in enumerate(batches):
+                if bi < skip:
+                    continue
+                if should_stop is not None and should_stop():
+                    stopped = True
+                    break
+                stats: dict = {}
+                if engine is None:
+                    loss, stats = per_example_loss(idx)
+                    loss_value = loss.mean()
+                    loss_value.backward()
+                    loss_item = loss_value.item()
+                else:
+                    tot, cnt = 0.0, 0
+                    for mb in engine.micro_batches(idx):
+                        loss, stats = per_example_loss(mb)
+                        loss.sum().backward()
+                        engine.accumulate()
+                        tot, cnt = tot + loss.detach().sum().item(), cnt + len(mb)
+                    engine.finalize()
+                    loss_item = tot / max(1, cnt)
+                opt.step()
+                sched.step()
+                opt.zero_grad(set_to_none=True)
+                step += 1
+                rec = {"step": step, "total_steps": total, "epoch": epoch, "loss": loss_item,
+                       "lr": sched.get_last_lr()[0], **stats}
+                if engine is not None:
+                    rec["epsilon"] = engine.epsilon()
+                history.append({k: v for k, v in rec.items() if k != "total_steps"})
+                if progress is not None:
+                    progress(rec)
+                if checkpoint is not None and config.checkpoint_every and \
+                        step % config.checkpoint_every == 0:
+                    checkpoint(make_state(epoch))
+            if stopped:
+                break
+            if checkpoint is not None and not config.checkpoint_every:
+                checkpoint(make_state(epoch + 1))
+    finally:
+        if engine is not None:
+            engine.close()
+            model.tuner.track_per_example = False
+    model.eval()
+    meta = {
+        "rapt_version": __version__,
+        "backbone": backbone.name,
+        "backbone_kind": backbone.kind,
+        "hidden_size": backbone.hidden_size,
+        "num_labels": num_labels,
+        "method": config.method,
+        "seed": config.seed,
+        "plain_ids": (seqs[0] if len(seqs) == 1 else seqs) if seqs else None,
+        "plain_len": m,
+        "plain_offset": off,
+        "rec_vocab_size": len(rec_vocab) if rec_vocab is not None else None,
+        "n_examples": N,
+        "steps": step,
+        "total_steps": total,
+        "stopped": stopped,
+        "train_seconds": round(time.perf_counter() - t0, 3),
+        "history": history,
+        "dp": engine.record() if engine is not None else None,
+    }
+    tensors = {k: v.detach().cpu().clone() for k, v in model.trainable_tensors().items()}
+    result = TunedPrompt(config, tensors, meta)
+    model.rec_head = None  # discarded after training (RAPT §3.2.2)
+    result._cache = (id(backbone.model), model)
+    return result
+
+
+def _trainable_names(model: nn.Module) -> set[str]:
+    return {n for n, p in model.named_parameters() if p.requires_grad}

@@ -1,0 +1,239 @@
+"""Parameter-efficient tuners over any backbone: prompt, prefix (deep prompts), LoRA, full.
+
+Every tuner is an ``nn.Module`` with ``forward(input_ids, attention_mask) -> (B, n, h)``: the
+backbone's last-layer hidden states *aligned with the input positions* (virtual prompt positions
+are stripped), so heads and the reconstruction loss index plain-token positions the same way for
+every method.
+
+Prompt and prefix tuning are written here rather than through ``peft``'s PromptTuning /
+PrefixTuning models because RAPT and PromptDPSGD need two things those models do not expose:
+(a) the hidden states of the input positions for encoders (peft's prompt-tuning wrapper is built
+around task model classes and its prefix path for BERT relies on the legacy tuple
+``past_key_values`` that transformers 5 removed), and (b) the *broadcast protocol*
+(``per_example_tensors()``): the prompt/prefix parameter ``p`` is expanded to ``(B, *p.shape)``
+in the forward pass and the gradient of that expanded tensor is the per-example gradient.
+Prefix key/values are injected with a pre-filled ``transformers.DynamicCache``, which both
+``BertModel`` and the Llama family accept; positions of the real tokens stay 0..n-1.
+LoRA uses ``peft.inject_adapter_in_model`` on a private copy of the backbone.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from rapt.models import Backbone
+
+Method = Literal["prompt", "prefix", "lora", "full"]
+METHODS: tuple[str, ...] = ("prompt", "prefix", "lora", "full")
+
+
+def base_model(model: nn.Module) -> nn.Module:
+    """The transformer body that returns ``last_hidden_state`` (no LM head)."""
+    if hasattr(model, "get_output_embeddings") and model.get_output_embeddings() is not None:
+        body = getattr(model, model.base_model_prefix, None)
+        if body is not None:
+            return body
+    return model
+
+
+def _freeze(model: nn.Module) -> None:
+    for p in model.parameters():
+        p.requires_grad_(False)
+
+
+class Tuner(nn.Module):
+    """Common base: holds the (frozen, shared) backbone model without registering it as a child,
+    so ``state_dict()`` / ``parameters()`` hold only what this tuner trains."""
+
+    method: str = ""
+
+    def __init__(self, backbone: Backbone) -> None:
+        super().__init__()
+        self._model = [backbone.model]  # a list hides it from nn.Module registration
+        self.track_per_example = False
+        self._per_example: list[tuple[nn.Parameter, Tensor]] = []
+
+    @property
+    def model(self) -> nn.Module:
+        return self._model[0]
+
+    @property
+    def body(self) -> nn.Module:
+        return base_model(self.model)
+
+    def per_example_tensors(self) -> list[tuple[nn.Parameter, Tensor]]:
+        """Broadcast protocol: ``[(p, e)]`` with ``e`` of shape ``(B, *p.shape)`` from the last
+        forward pass (needs ``track_per_example = True``); ``e.grad[b]`` is example b's gradient."""
+        if not self.track_per_example:
+            raise RuntimeError("set tuner.track_per_example = True before the forward pass")
+        return list(self._per_example)
+
+    def _broadcast(self, p: nn.Parameter, batch: int) -> Tensor:
+        e = p.unsqueeze(0).expand(batch, *p.shape)
+        if self.track_per_example and torch.is_grad_enabled() and p.requires_grad:
+            e.retain_grad()
+            self._per_example.append((p, e))
+        return e
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        raise NotImplementedError
+
+
+class PromptTuner(Tuner):
+    """Lester et al.: N trainable vectors prepended to the input embeddings."""
+
+    method = "prompt"
+
+    def __init__(self, backbone: Backbone, num_virtual_tokens: int = 20, seed: int = 0) -> None:
+        super().__init__(backbone)
+        _freeze(backbone.model)
+        emb = backbone.embeddings.detach()
+        # Initialise from random non-special vocabulary embeddings (Lester et al. 2021 §3): it
+        # starts the prompt on the embedding manifold, which trains faster than N(0, 1).
+        g = torch.Generator().manual_seed(seed)
+        allowed = torch.ones(emb.shape[0], dtype=torch.bool)
+        allowed[[i for i in backbone.special_ids if i < emb.shape[0]]] = False
+        pool = allowed.nonzero().squeeze(1)
+        pick = pool[torch.randint(len(pool), (num_virtual_tokens,), generator=g)]
+        self.prompt = nn.Parameter(emb[pick].clone().float())
+        self.num_virtual_tokens = num_virtual_tokens
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        self._per_example = []
+        B, n = input_ids.shape
+        N = self.num_virtual_tokens
+        embeds = self.model.get_input_embeddings()(input_ids)
+        prompt = self._broadcast(self.prompt, B).to(embeds.dtype)
+        mask = torch.cat([attention_mask.new_ones(B, N), attention_mask], dim=1)
+        out = self.body(inputs_embeds=torch.cat([prompt, embeds], dim=1), attention_mask=mask,
+                        use_cache=False)
+        return out.last_hidden_state[:, N:]
+
+
+class PrefixTuner(Tuner):
+    """P-tuning v2 deep prompts: trainable key/value prefixes of length N in every layer.
+
+    Without projection the parameter is ``prefix`` (N, L·2·kv_heads·head_dim). With projection
+    (Li & Liang's reparametrisation) it is ``prefix_embedding`` (N, h) followed by a 2-layer MLP
+    h -> proj_hidden -> L·2·kv; the MLP runs on the *broadcast* embedding (B, N, h) so its
+    ``nn.Linear`` layers see per-example inputs (the DP engine's hooks need that).
+    """
+
+    method = "prefix"
+
+    def __init__(self, backbone: Backbone, num_virtual_tokens: int = 20,
+                 prefix_projection: bool = False, projection_hidden: int = 512,
+                 seed: int = 0) -> None:
+        super().__init__(backbone)
+        _freeze(backbone.model)
+        cfg = backbone.model.config
+        self.num_layers = int(cfg.num_hidden_layers)
+        self.num_heads = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
+        self.head_dim = int(getattr(cfg, "head_dim", None)
+                            or cfg.hidden_size // cfg.num_attention_heads)
+        self.num_virtual_tokens = num_virtual_tokens
+        self.prefix_projection = prefix_projection
+        self._config = cfg
+        out_dim = self.num_layers * 2 * self.num_heads * self.head_dim
+        g = torch.Generator().manual_seed(seed)
+        if prefix_projection:
+            h = int(cfg.hidden_size)
+            self.prefix_embedding = nn.Parameter(torch.randn(num_virtual_tokens, h, generator=g))
+            self.mlp = nn.Sequential(nn.Linear(h, projection_hidden), nn.Tanh(),
+                                     nn.Linear(projection_hidden, out_dim))
+        else:
+            # Small init: prefix keys near 0 get uniform attention and values near 0 add little,
+            # so training starts from (almost) the backbone's own function.
+            self.prefix = nn.Parameter(0.02 * torch.randn(num_virtual_tokens, out_dim, generator=g))
+
+    def _key_values(self, batch: int) -> Tensor:
+        """(L, 2, B, kv_heads, N, head_dim)."""
+        if self.prefix_projection:
+            flat = self.mlp(self._broadcast(self.prefix_embedding, batch))
+        else:
+            flat = self._broadcast(self.prefix, batch)
+        kv = flat.view(batch, self.num_virtual_tokens, self.num_layers, 2, self.num_heads,
+                       self.head_dim)
+        return kv.permute(2, 3, 0, 4, 1, 5)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        from transformers import DynamicCache
+
+        self._per_example = []
+        B, n = input_ids.shape
+        dtype = self.model.get_input_embeddings().weight.dtype
+        kv = self._key_values(B).to(dtype)
+        cache = DynamicCache(config=self._config)
+        for layer in range(self.num_layers):
+            cache.update(kv[layer, 0], kv[layer, 1], layer)
+        mask = torch.cat([attention_mask.new_ones(B, self.num_virtual_tokens), attention_mask], 1)
+        # Explicit positions keep the real tokens at 0..n-1 (a cache would otherwise shift them).
+        pos = torch.arange(n, device=input_ids.device).unsqueeze(0).expand(B, n)
+        out = self.body(input_ids=input_ids, attention_mask=mask, past_key_values=cache,
+                        position_ids=pos, use_cache=False)
+        return out.last_hidden_state
+
+
+class _WholeModelTuner(Tuner):
+    """LoRA and full fine-tuning train a private copy of the backbone (the shared one stays
+    untouched, since the service reuses it across jobs)."""
+
+    def __init__(self, backbone: Backbone) -> None:
+        super().__init__(backbone)
+        self.copy = copy.deepcopy(backbone.model)
+        self._model = [self.copy]
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        self._per_example = []
+        return self.body(input_ids=input_ids, attention_mask=attention_mask,
+                         use_cache=False).last_hidden_state
+
+    def trainable_state(self) -> dict[str, Tensor]:
+        return {k: v for k, v in self.state_dict().items()
+                if k in {n for n, p in self.named_parameters() if p.requires_grad}}
+
+
+class LoraTuner(_WholeModelTuner):
+    method = "lora"
+
+    def __init__(self, backbone: Backbone, r: int = 8, alpha: int = 16,
+                 dropout: float = 0.0) -> None:
+        from peft import LoraConfig, inject_adapter_in_model
+
+        super().__init__(backbone)
+        mtype = backbone.model.config.model_type
+        targets = ["query", "value"] if mtype in {"bert", "roberta"} else ["q_proj", "v_proj"]
+        _freeze(self.copy)
+        inject_adapter_in_model(LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout,
+                                           target_modules=targets), self.copy)
+        for name, p in self.copy.named_parameters():
+            p.requires_grad_("lora_" in name)
+
+
+class FullTuner(_WholeModelTuner):
+    method = "full"
+
+    def __init__(self, backbone: Backbone) -> None:
+        super().__init__(backbone)
+        for p in self.copy.parameters():
+            p.requires_grad_(True)
+        # The input/output embeddings are tied in many causal LMs; training all of them is
+        # what "full fine-tuning" means, so nothing is frozen here.
+
+
+def build_tuner(backbone: Backbone, method: str, *, num_virtual_tokens: int = 20,
+                prefix_projection: bool = False, lora_r: int = 8, seed: int = 0) -> Tuner:
+    """Construct the tuner for ``method`` (one of ``METHODS``)."""
+    if method == "prompt":
+        return PromptTuner(backbone, num_virtual_tokens, seed=seed)
+    if method == "prefix":
+        return PrefixTuner(backbone, num_virtual_tokens, prefix_projection, seed=seed)
+    if method == "lora":
+        return LoraTuner(backbone, r=lora_r)
+    if method == "full":
+        return FullTuner(backbone)
+    raise ValueError(f"unknown tuning method {method!r}; choose one of {', '.join(METHODS)}")

@@ -1,0 +1,148 @@
+"""RaptClient against the in-process service (real trainer, tiny backbone): what leaves the
+device is privatized, refusal without privatization, env configuration, error mapping."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from fastapi.testclient import TestClient
+from test_service import add_key, make_bert
+
+from rapt.client import ClientError, PrivacyNotConfiguredError, RaptClient, ServiceError
+from rapt.service import Limits, ServiceConfig, create_app
+
+TEXTS = [
+    "the movie was really good and the music was great",
+    "a boring plot with terrible actors and a dull story",
+    "this film is one of the best ever with a brilliant scene",
+    "the worst music and a weak plot that was very long",
+    "funny and nice it was fun with good actors",
+    "sad poor and awful this is not a fine film",
+    "i love this story and the actor is great",
+    "i hate the long scene and the bad music",
+]
+LABELS = [1, 0, 1, 0, 1, 0, 1, 0]
+
+
+@pytest.fixture()
+def service(tmp_path):
+    bb = make_bert()
+    cfg = ServiceConfig(db_path=tmp_path / "svc.db", backbones=["tiny"],
+                        limits=Limits(max_seq_len=64), progress_interval_s=0.0)
+    app = create_app(cfg, backbones={"tiny": bb})
+    key = add_key(tmp_path)
+    with TestClient(app) as tc:
+        yield tc, key, bb
+
+
+def write_csv(path, texts=TEXTS, labels=LABELS):
+    rows = ["text,label"] + [f"{t},{y}" for t, y in zip(texts, labels, strict=True)]
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def capture(tc):
+    sent: list[bytes] = []
+    tc.event_hooks["request"] = [lambda req: sent.append(req.read())]
+    return sent
+
+
+def ngrams(seq, n):
+    return {tuple(seq[i:i + n]) for i in range(len(seq) - n + 1)}
+
+
+def leaked_ngrams(sent: list[bytes], tokenizer, n=4) -> set:
+    """Original n-grams of TEXTS' token ids found contiguously in any id list sent."""
+    originals = set()
+    for t in TEXTS:
+        originals |= ngrams(tokenizer(t, add_special_tokens=False)["input_ids"], n)
+    seen = set()
+
+    def walk(x):
+        if isinstance(x, list) and x and all(isinstance(v, int) for v in x):
+            seen.update(ngrams(x, n))
+        elif isinstance(x, list):
+            for v in x:
+                walk(v)
+        elif isinstance(x, dict):
+            for v in x.values():
+                walk(v)
+
+    for body in sent:
+        if body:
+            walk(json.loads(body))
+    return originals & seen
+
+
+def run_flow(tc, key, bb, tmp_path, **client_kw):
+    c = RaptClient(api_key=key, backbone=bb, remote_backbone="tiny", http=tc,
+                   plain_tokens=4, **client_kw)
+    ds = c.upload(write_csv(tmp_path / "private.csv"), reconstruction=True, max_length=32)
+    job = c.tune(ds, epochs=1, batch_size=4, num_virtual_tokens=4, lr=0.05, rec_vocab_size=20)
+    st = c.wait(job, progress=False, poll_s=0.05, timeout=60)
+    assert st["state"] == "succeeded", st
+    pred = c.predict(st["prompt_id"], TEXTS[:4])
+    assert len(pred.labels) == 4 and all(abs(sum(p) - 1) < 1e-4 for p in pred.probabilities)
+    return c
+
+
+def test_nothing_private_leaves_the_device(service, tmp_path):
+    tc, key, bb = service
+    sent = capture(tc)
+    c = run_flow(tc, key, bb, tmp_path, eta=5.0, seed=0)
+    assert c.last_upload["replacement_probability"] > 0.9
+    uploads = [json.loads(b) for b in sent if b and b"input_ids" in b]
+    assert len(uploads) == 2  # the training set and one predict request
+    blob = b"\n".join(sent).decode()
+    for t in TEXTS:
+        assert t not in blob
+    for w in ("boring", "brilliant", "terrible", "music"):
+        assert w not in blob
+    assert not leaked_ngrams(sent, bb.tokenizer)
+    assert uploads[0]["privacy"] == {"mechanism": "dchi-text2text", "eta": 5.0,
+                                     "embedding": "tiny", "nn_mode": "exact"}
+
+
+def test_leak_detector_catches_unprivatized_uploads(service, tmp_path):
+    """The same checks fire when the user opts out: they are not vacuous."""
+    tc, key, bb = service
+    sent = capture(tc)
+    run_flow(tc, key, bb, tmp_path, no_privacy=True)
+    assert len(leaked_ngrams(sent, bb.tokenizer)) > 20
+    uploads = [json.loads(b) for b in sent if b and b"input_ids" in b]
+    assert uploads[0]["privacy"]["mechanism"] == "none" and uploads[0]["privacy"]["eta"] is None
+
+
+def test_refuses_without_privatization(service, tmp_path):
+    tc, key, bb = service
+    sent = capture(tc)
+    c = RaptClient(api_key=key, backbone=bb, remote_backbone="tiny", http=tc)
+    with pytest.raises(PrivacyNotConfiguredError, match="no_privacy=True"):
+        c.upload(write_csv(tmp_path / "p.csv"))
+    with pytest.raises(PrivacyNotConfiguredError, match="eta"):
+        c.predict("pr_x", ["a query"])
+    assert sent == []
+    with pytest.raises(ClientError, match="not both"):
+        RaptClient(api_key=key, backbone=bb, http=tc, eta=1.0, no_privacy=True)
+
+
+def test_env_configuration_and_errors(service, tmp_path, monkeypatch):
+    tc, key, bb = service
+    monkeypatch.delenv("RAPT_URL", raising=False)
+    monkeypatch.delenv("RAPT_API_KEY", raising=False)
+    with pytest.raises(ClientError, match="RAPT_URL"):
+        RaptClient(api_key=key, backbone=bb)
+    with pytest.raises(ClientError, match="RAPT_API_KEY"):
+        RaptClient("http://127.0.0.1:9", backbone=bb)
+    monkeypatch.setenv("RAPT_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("RAPT_API_KEY", "rapt_k")
+    c = RaptClient(backbone=bb, eta=1.0)
+    assert str(c.http.base_url).startswith("http://127.0.0.1:9")
+    assert c.http.headers["Authorization"] == "Bearer rapt_k"
+    with pytest.raises(ServiceError, match="unreachable"):
+        c.status("job_x")
+    c = RaptClient(api_key=key, backbone=bb, remote_backbone="tiny", http=tc, eta=1.0)
+    with pytest.raises(ServiceError) as e:
+        c.status("job_nope")
+    assert e.value.status == 404 and e.value.error == "not_found"

@@ -1,0 +1,60 @@
+"""Accountant wrappers against opacus' published values, and σ calibration round trips."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from rapt.dp import epsilon, find_noise_multiplier, steps_for_epochs
+
+
+def test_rdp_matches_opacus_published_value():
+    # opacus/tests/accountants_test.py::test_rdp_accountant: σ=1.5, q=0.04, 90 epochs, δ=1e-5.
+    assert epsilon(1.5, 0.04, int(90 / 0.04), 1e-5, "rdp") == pytest.approx(7.32911117143,
+                                                                             abs=1e-6)
+
+
+@pytest.mark.parametrize(("sigma", "q", "steps", "expected"), [
+    # opacus/tests/prv_accountant.py (values computed with microsoft/prv_accountant), δ=1e-6.
+    (0.8, 0.05, 1000, 19.5258428053837356230815203162),
+    (1.5, 0.001, 100, 0.0393694193095203287535710501288),
+    (3.0, 0.2, 100, 3.38122051022184422208738396876),
+])
+def test_prv_matches_published_values(sigma, q, steps, expected):
+    assert epsilon(sigma, q, steps, 1e-6, "prv") == pytest.approx(expected, abs=1e-5)
+
+
+def test_get_noise_multiplier_matches_opacus_published_values():
+    # opacus/tests/accountants_test.py: ε=8, δ=1e-5, q=0.04 -> σ=1.416 (90 epochs), 1.3562 (2000)
+    assert find_noise_multiplier(8, 1e-5, 0.04, int(90 / 0.04)) == pytest.approx(1.416, abs=1e-4)
+    assert find_noise_multiplier(8, 1e-5, 0.04, 2000) == pytest.approx(1.3562, abs=1e-4)
+
+
+@pytest.mark.parametrize(("acc", "eps", "q", "steps"), [
+    ("rdp", 3.0, 0.01, 1000), ("rdp", 8.0, 1024 / 6920, 200), ("prv", 3.0, 0.05, 100),
+])
+def test_find_noise_multiplier_round_trip(acc, eps, q, steps):
+    delta = 1e-5
+    sigma = find_noise_multiplier(eps, delta, q, steps, accountant=acc)
+    got = epsilon(sigma, q, steps, delta, acc)
+    assert got <= eps
+    assert got > eps - 0.05  # tight: not a needlessly large σ
+    assert epsilon(sigma * 0.95, q, steps, delta, acc) > eps  # less noise overshoots
+
+
+def test_monotone_and_edge_cases():
+    e1 = epsilon(1.0, 0.01, 100, 1e-5)
+    assert epsilon(1.0, 0.01, 200, 1e-5) > e1 > epsilon(2.0, 0.01, 100, 1e-5)
+    assert epsilon(1.0, 0.01, 0, 1e-5) == 0.0
+    assert math.isinf(epsilon(0.0, 0.01, 10, 1e-5))
+    with pytest.raises(ValueError, match="cannot reach"):
+        find_noise_multiplier(1e-4, 1e-5, 1.0, 10_000)
+    with pytest.raises(ValueError, match="accountant"):
+        epsilon(1.0, 0.01, 10, 1e-5, "moments")
+    with pytest.raises(ValueError, match="sampling rate"):
+        epsilon(1.0, 1.5, 10, 1e-5)
+    with pytest.raises(ValueError, match="epsilon"):
+        find_noise_multiplier(0.0, 1e-5, 0.1, 10)
+    assert steps_for_epochs(3, 0.1) == 30
+    assert steps_for_epochs(1, 1024 / 6920) == 7

@@ -1,0 +1,122 @@
+"""PromptDPSGD over the real tuners (rapt.tuners / rapt.trainer): broadcast per-example
+gradients equal single-example backward passes, and the trainer's DP branch runs end to end."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from rapt.dp import DPSGD, DPConfig
+
+trainer = pytest.importorskip("rapt.trainer")
+
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + (
+    "the a movie film good bad great awful boring fun plot actor story is was not very it "
+    "this and but of music long fine").split()
+
+
+@pytest.fixture(scope="module")
+def dp_tok(tmp_path_factory):
+    """A working WordPiece tokenizer (see tests/test_dp_engine.py)."""
+    from transformers import BertTokenizerFast
+
+    d = tmp_path_factory.mktemp("dp_tok")
+    (d / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
+    return BertTokenizerFast.from_pretrained(str(d))
+
+
+@pytest.fixture()
+def tiny_bert(dp_tok):
+    from transformers import BertConfig, BertModel
+
+    from rapt.models import from_model
+
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=len(dp_tok), hidden_size=32, num_hidden_layers=2,
+                     num_attention_heads=4, intermediate_size=64, max_position_embeddings=64)
+    return from_model(BertModel(cfg).eval(), dp_tok, name="dp-tiny-bert", kind="encoder")
+
+
+@pytest.fixture()
+def tiny_llama(dp_tok):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from rapt.models import from_model
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(dp_tok), hidden_size=32, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+                      max_position_embeddings=64, pad_token_id=dp_tok.pad_token_id)
+    return from_model(LlamaForCausalLM(cfg).eval(), dp_tok, name="dp-tiny-llama", kind="causal")
+
+
+def _rows(tok, n: int = 5) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    texts = ["good movie", "the plot was very boring and long", "fun", "awful actor",
+             "it is not a great film but fine"][:n]
+    enc = tok(texts, padding=True, return_tensors="pt")
+    return enc["input_ids"], enc["attention_mask"], torch.tensor([1, 0, 1, 0, 1][:n])
+
+
+def _loss(model, ids, mask, y, rec_t):
+    logits, rec, _ = model(ids, mask)
+    loss = F.cross_entropy(logits, y, reduction="none")
+    if rec is not None:
+        loss = loss + F.cross_entropy(rec.transpose(1, 2), rec_t[: ids.shape[0]],
+                                      reduction="none").mean(1)
+    return loss
+
+
+@pytest.mark.parametrize(("backbone", "method", "projection"), [
+    ("tiny_bert", "prompt", False), ("tiny_bert", "prefix", False),
+    ("tiny_bert", "prefix", True), ("tiny_llama", "prompt", False),
+    ("tiny_llama", "prefix", False),
+])
+def test_tuner_per_example_grads_match_naive(request, backbone, method, projection):
+    bb = request.getfixturevalue(backbone)
+    cfg = trainer.TuneConfig(method=method, num_virtual_tokens=3, prefix_projection=projection,
+                             rec_hidden=8)
+    # A reconstruction head over the first 2 positions exercises the 3-D nn.Linear path.
+    model = trainer.RaptModel(bb, cfg, num_labels=2, rec_vocab=list(range(6)), plain_len=2,
+                              offset=0)
+    model.eval()  # no dropout: the batch and the single-example passes must be the same function
+    model.tuner.track_per_example = True
+    ids, mask, y = _rows(bb.tokenizer)
+    rec_t = torch.randint(0, 6, (ids.shape[0], 2), generator=torch.Generator().manual_seed(0))
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    naive: dict[str, list[torch.Tensor]] = {n: [] for n in names}
+    params = dict(model.named_parameters())
+    for b in range(ids.shape[0]):
+        model.zero_grad(set_to_none=True)
+        sl = slice(b, b + 1)
+        _loss(model, ids[sl], mask[sl], y[sl], rec_t[sl]).sum().backward()
+        for n in names:
+            naive[n].append(params[n].grad.clone())
+    model.zero_grad(set_to_none=True)
+    dp = DPSGD(model, DPConfig(noise_multiplier=1.0, sample_rate=0.5), n_examples=10, steps=1,
+               seed=0)
+    _loss(model, ids, mask, y, rec_t).sum().backward()
+    got = dp.per_example_gradients()
+    assert set(got) == set(names)
+    assert any(n.startswith("tuner.") for n in names)
+    for n in names:
+        torch.testing.assert_close(got[n], torch.stack(naive[n]), rtol=1e-4, atol=1e-6)
+    dp.close()
+
+
+def test_trainer_dp_branch_end_to_end(tiny_bert):
+    tok = tiny_bert.tokenizer
+    texts = ["good movie", "awful actor", "fun film", "boring plot", "great story",
+             "bad music"] * 4
+    rows = [tok(t)["input_ids"] for t in texts]
+    labels = [1, 0, 1, 0, 1, 0] * 4
+    seen: list[dict] = []
+    cfg = trainer.TuneConfig(method="prefix", num_virtual_tokens=2, epochs=2, batch_size=6,
+                             lr=1e-2, dp=DPConfig(target_epsilon=8.0, max_grad_norm=0.5,
+                                                  physical_batch_size=4))
+    out = trainer.tune(tiny_bert, rows, labels, 2, cfg, progress=seen.append)
+    rec = out.meta["dp"]
+    assert rec["steps"] == out.meta["steps"] == 8  # 2 epochs / q = 6/24
+    assert 0 < rec["epsilon"] <= 8.0 and rec["delta"] == pytest.approx(1 / 24)
+    assert all("epsilon" in s for s in seen)
+    assert [s["epsilon"] for s in seen] == sorted(s["epsilon"] for s in seen)

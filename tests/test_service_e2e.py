@@ -1,0 +1,140 @@
+"""End to end on loopback: `rapt serve` in a subprocess (uvicorn, real trainer, a tiny BERT
+saved to disk), the client tunes and predicts, a burst of concurrent inference requests, then a
+server restart keeps the prompt."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from test_client import LABELS, TEXTS, write_csv
+from test_service import make_bert
+
+from rapt.client import RaptClient
+from rapt.trainer import TunedPrompt
+
+RAPT = [sys.executable, "-c", "import sys; from rapt.cli import main; sys.argv[0] = 'rapt'; main()"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def env() -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false"}
+
+
+class Server:
+    def __init__(self, db: Path, backbone: Path, log: Path):
+        self.db, self.backbone, self.log = db, backbone, log
+        self.url = ""
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc = subprocess.Popen(
+            RAPT + ["serve", "--host", "127.0.0.1", "--port", str(port), "--db", str(self.db),
+                    "--backbone", str(self.backbone), "--batch-wait-ms", "10"],
+            env=env(), stdout=self.log.open("ab"), stderr=subprocess.STDOUT)
+        t0 = time.time()
+        while time.time() - t0 < 60:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"server exited: {self.log.read_text()[-3000:]}")
+            try:
+                if httpx.get(self.url + "/v1/health", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                time.sleep(0.2)
+        raise AssertionError(f"server did not come up: {self.log.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)  # graceful: lifespan shutdown runs
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+@pytest.fixture()
+def server(tmp_path):
+    bb = make_bert()
+    folder = tmp_path / "tiny-bert"
+    bb.model.save_pretrained(folder)
+    bb.tokenizer.save_pretrained(folder)
+    srv = Server(tmp_path / "svc.db", folder, tmp_path / "server.log")
+    out = subprocess.run(RAPT + ["serve", "keys", "add", "alice", "--db", str(srv.db)],
+                         env=env(), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    key = out.stdout.strip()
+    assert key.startswith("rapt_") and key not in srv.db.read_bytes().decode("latin-1")
+    srv.start()
+    yield srv, key, folder
+    srv.stop()
+
+
+def test_tune_predict_load_restart(server, tmp_path):
+    srv, key, folder = server
+    c = RaptClient(srv.url, key, backbone=str(folder), eta=20.0, seed=0, plain_tokens=4)
+    ds = c.upload(write_csv(tmp_path / "private.csv", TEXTS * 2, LABELS * 2),
+                  reconstruction=True, max_length=32)
+    jobs = [c.tune(ds, epochs=2, batch_size=8, num_virtual_tokens=4, lr=0.05, seed=s,
+                   rec_vocab_size=20) for s in (0, 1)]
+    sts = [c.wait(j, progress=True, poll_s=0.1, timeout=120) for j in jobs]
+    assert [s["state"] for s in sts] == ["succeeded"] * 2, sts
+    assert sts[0]["step"] == sts[0]["total_steps"] == 4 and sts[0]["loss"] is not None
+    pids = [s["prompt_id"] for s in sts]
+    pred = c.predict(pids[0], TEXTS)
+    assert len(pred.labels) == len(TEXTS)
+
+    # Load: concurrent requests for two prompts on one backbone, checked against the prompts
+    # evaluated locally from their saved files.
+    rows = c.privatize(c._rows(TEXTS, None, c.plain_ids(), 32))
+    local = make_bert()
+    refs = {p: TunedPrompt.load(Path(str(srv.db) + ".files") / "prompts" / p)
+            .predict_proba(local, rows) for p in pids}
+    http = httpx.Client(base_url=srv.url, headers={"Authorization": f"Bearer {key}"},
+                        timeout=60)
+    stats0 = http.get("/v1/stats").json()[str(folder)]
+
+    def one(i: int) -> tuple[str, list[list[float]]]:
+        p, r = pids[i % 2], rows[i % len(rows)]
+        resp = http.post("/v1/predict", json={"prompt_id": p, "input_ids": [r]})
+        assert resp.status_code == 200, resp.text
+        return p, i % len(rows), resp.json()["probabilities"][0]
+
+    n = 240
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(8) as ex:
+        results = list(ex.map(one, range(n)))
+    dt = time.perf_counter() - t0
+    for p, i, probs in results:
+        assert torch.allclose(torch.tensor(probs), refs[p][i], atol=1e-5)
+    stats = http.get("/v1/stats").json()[str(folder)]
+    assert stats["requests"] - stats0["requests"] == n
+    assert stats["forward_passes"] - stats0["forward_passes"] < n  # requests shared passes
+    print(f"{n} requests in {dt:.2f} s ({n / dt:.0f}/s); "
+          f"{stats['forward_passes'] - stats0['forward_passes']} forward passes")
+
+    # Restart: the prompts, jobs and key survive; predictions are unchanged.
+    srv.stop()
+    srv.start()
+    c2 = RaptClient(srv.url, key, backbone=str(folder), eta=20.0)
+    assert c2.status(jobs[0])["prompt_id"] == pids[0]
+    http2 = httpx.Client(base_url=srv.url, headers={"Authorization": f"Bearer {key}"})
+    resp = http2.post("/v1/predict", json={"prompt_id": pids[1], "input_ids": rows})
+    assert torch.allclose(torch.tensor(resp.json()["probabilities"]), refs[pids[1]], atol=1e-5)
