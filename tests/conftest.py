@@ -27,7 +27,11 @@ def tiny_tokenizer(tmp_path_factory):
     d = tmp_path_factory.mktemp("tok")
     vocab = d / "vocab.txt"
     vocab.write_text("\n".join(SPECIALS + WORDS) + "\n")
-    return BertTokenizerFast(vocab_file=str(vocab), do_lower_case=True)
+    # transformers 5 ignores `vocab_file=` in the constructor (every word becomes [UNK]);
+    # loading the folder reads the vocabulary.
+    tok = BertTokenizerFast.from_pretrained(str(d), do_lower_case=True)
+    assert len(tok) == len(SPECIALS) + len(WORDS), "tiny vocabulary was not loaded"
+    return tok
 
 
 def _tiny_bert(tokenizer, seed: int = 0):

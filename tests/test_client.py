@@ -111,7 +111,7 @@ def test_leak_detector_catches_unprivatized_uploads(service, tmp_path):
     run_flow(tc, key, bb, tmp_path, no_privacy=True)
     assert len(leaked_ngrams(sent, bb.tokenizer)) > 20
     uploads = [json.loads(b) for b in sent if b and b"input_ids" in b]
-    assert uploads[0]["privacy"]["mechanism"] == "none" and uploads[0]["privacy"]["eta"] is None
+    assert uploads[0]["privacy"] == {"mechanism": "none"}
 
 
 def test_refuses_without_privatization(service, tmp_path):
@@ -146,3 +146,17 @@ def test_env_configuration_and_errors(service, tmp_path, monkeypatch):
     with pytest.raises(ServiceError) as e:
         c.status("job_nope")
     assert e.value.status == 404 and e.value.error == "not_found"
+
+
+def test_cli_refuses_without_privacy_flag(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from rapt.cli import app
+
+    monkeypatch.setenv("RAPT_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("RAPT_API_KEY", "rapt_k")
+    out = CliRunner().invoke(app, ["client", "upload", str(write_csv(tmp_path / "p.csv"))])
+    assert out.exit_code == 2 and "refusing to send" in out.output and "--no-privacy" in out.output
+    monkeypatch.delenv("RAPT_URL")
+    out = CliRunner().invoke(app, ["client", "status", "job_x"])
+    assert out.exit_code == 2 and "RAPT_URL" in out.output

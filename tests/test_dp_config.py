@@ -42,3 +42,21 @@ def test_resolution():
     with pytest.raises(ValueError, match=r"\(0, 1\]"):
         cfg.resolve_sample_rate(10, batch_size=11)
     assert DPConfig(noise_multiplier=1.0, sample_rate=0.3).resolve_sample_rate(10) == 0.3
+
+
+def test_cli_options():
+    from rapt.dp import dp_config_from_options
+
+    assert dp_config_from_options() is None
+    cfg = dp_config_from_options(epsilon=8, clip=0.1, physical_batch=16)
+    assert (cfg.target_epsilon, cfg.max_grad_norm, cfg.physical_batch_size) == (8, 0.1, 16)
+    assert dp_config_from_options(noise=1.2).noise_multiplier == 1.2
+    for kwargs, flag in [({"epsilon": 0.0}, "--dp-epsilon"), ({"epsilon": -3.0}, "--dp-epsilon"),
+                         ({"epsilon": math.inf}, "--dp-epsilon"), ({"noise": -1.0}, "--dp-noise"),
+                         ({"epsilon": 8, "clip": 0.0}, "--dp-clip"),
+                         ({"epsilon": 8, "delta": 2.0}, "--dp-delta"),
+                         ({"epsilon": 8, "sample_rate": 0.0}, "--dp-sample-rate"),
+                         ({"epsilon": 8, "physical_batch": 0}, "--dp-physical-batch"),
+                         ({"clip": 1.0}, "--dp-clip"), ({"epsilon": 8, "noise": 1}, "not both")]:
+        with pytest.raises(ValueError, match=flag):
+            dp_config_from_options(**kwargs)

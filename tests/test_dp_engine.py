@@ -220,6 +220,8 @@ def test_epsilon_tracks_steps_and_target(setup):
               "accountant"):
         assert k in rec
     assert rec["steps"] == 50 and rec["delta"] == 0.01 and rec["accountant"] == "rdp"
+    with pytest.raises(RuntimeError, match="budget"):
+        dp.finalize()  # a 51st step would overspend the calibrated budget
 
 
 def test_logical_batches_follow_planned_steps_and_state(setup):

@@ -14,7 +14,7 @@ import torch
 from fastapi.testclient import TestClient
 from safetensors.torch import load_file, save_file
 
-from rapt.service import Limits, ServiceConfig, create_app, auth
+from rapt.service import Limits, ServiceConfig, auth, create_app
 from rapt.service.store import Store
 
 
@@ -214,8 +214,11 @@ BAD = [  # (description, body or raw bytes, expected status, expected error, tex
     ("eta <= 0", lambda b: b["privacy"].update(eta=-1.0), 422, "validation_error", "eta"),
     ("token id", lambda b: b["input_ids"][1].__setitem__(2, 10**6), 422, "invalid_token_id",
      "input_ids[1][2]"),
-    ("string id", lambda b: b["input_ids"][0].__setitem__(1, "x"), 422, "validation_error",
+    ("string id", lambda b: b["input_ids"][0].__setitem__(1, "7"), 422, "validation_error",
      "input_ids[0][1]"),
+    ("float label", lambda b: b["labels"].__setitem__(0, 1.0), 422, "validation_error",
+     "labels[0]"),
+    ("plain id", lambda b: b.update(plain_ids=[5, -1]), 422, "invalid_token_id", "plain_ids[1]"),
     ("sequence length", lambda b: b["input_ids"].__setitem__(0, [5] * 40), 422,
      "limit_exceeded", "max_seq_len=32"),
     ("backbone", lambda b: b.update(backbone="gpt-9"), 422, "unknown_backbone", "gpt-9"),
@@ -338,7 +341,7 @@ def test_concurrent_requests_share_forward_passes(svc):
     rows = upload_body(n=2)["input_ids"]
     refs = {p: FakePrompt.load(svc.store.files / "prompts" / p).predict_proba(None, rows)
             for p in prompts}
-    before = dict(svc.get("/v1/stats").json()["tiny"])
+    before = dict(svc.get("/v1/stats", headers=hdr(a)).json()["tiny"])
 
     def one(i):
         p = prompts[i % 3]
@@ -349,7 +352,7 @@ def test_concurrent_requests_share_forward_passes(svc):
         results = list(ex.map(one, range(60)))
     for p, out in results:
         assert torch.allclose(torch.tensor(out["probabilities"]), refs[p], atol=1e-6)
-    after = svc.get("/v1/stats").json()["tiny"]
+    after = svc.get("/v1/stats", headers=hdr(a)).json()["tiny"]
     assert after["requests"] - before["requests"] == 60
     assert after["batches"] - before["batches"] < 60  # requests were grouped
     assert after["max_prompts_in_batch"] >= 2  # groups mixed several prompts
@@ -389,3 +392,55 @@ def test_mixed_prompts_one_forward_pass_matches_per_prompt(tiny_bert):
         assert batcher.stats.batches == 1 and batcher.stats.forward_passes == 1
     finally:
         batcher.close()
+
+
+class InterruptAfterFirstCheckpoint:
+    """The real runner, held after its first checkpoint until the server shuts down."""
+
+    def __init__(self):
+        self.checkpointed = threading.Event()
+
+    def __call__(self, backbone, data, params, *, progress, should_stop, checkpoint, resume):
+        from rapt.service.worker import default_runner
+
+        def ck(state):
+            checkpoint(state)
+            self.checkpointed.set()
+            while not should_stop():
+                time.sleep(0.01)
+
+        return default_runner(backbone, data, params, progress=progress, should_stop=should_stop,
+                              checkpoint=ck, resume=resume)
+
+
+@pytest.mark.parametrize("dp", [None, {"noise_multiplier": 0.5, "max_grad_norm": 1.0}],
+                         ids=["plain", "dp"])
+def test_real_trainer_job_resumes_exactly_after_restart(tmp_path, dp):
+    from rapt.service.worker import default_runner
+
+    key = add_key(tmp_path)
+    body = {"epochs": 2, "batch_size": 4, "num_virtual_tokens": 4, "lr": 0.05, "dp": dp}
+    runner = InterruptAfterFirstCheckpoint()
+    app = make_app(tmp_path, make_bert(), runner)
+    with TestClient(app) as c:
+        ds = c.post("/v1/datasets", json=upload_body(n=8), headers=hdr(key)).json()
+        jid = c.post("/v1/jobs", json={"dataset_id": ds["id"], **body},
+                     headers=hdr(key)).json()["id"]
+        assert runner.checkpointed.wait(30)
+        ref = c.post("/v1/jobs", json={"dataset_id": ds["id"], **body},
+                     headers=hdr(key)).json()["id"]  # queued: runs after the restart
+    cfg = ServiceConfig(db_path=tmp_path / "svc.db", backbones=["tiny"], progress_interval_s=0)
+    with TestClient(create_app(cfg, backbones={"tiny": make_bert()},
+                               runner=default_runner)) as c:
+        st, st_ref = wait_job(c, key, jid, timeout=60), wait_job(c, key, ref, timeout=60)
+        assert st["state"] == st_ref["state"] == "succeeded", (st, st_ref)
+        assert st["resumed_from_step"] >= 1 and st_ref["resumed_from_step"] is None
+        assert (st["epsilon"] is not None) == (dp is not None)
+        if dp is not None:
+            return  # DP noise is drawn from fresh OS randomness per run: not comparable
+        files = app.state.svc.store.files / "prompts"
+        a = load_file(str(files / st["prompt_id"] / "prompt.safetensors"))
+        b = load_file(str(files / st_ref["prompt_id"] / "prompt.safetensors"))
+        assert a.keys() == b.keys()
+        for k in a:  # the interrupted job ends where the uninterrupted one does
+            assert torch.allclose(a[k], b[k], atol=1e-5), k

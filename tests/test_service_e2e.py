@@ -4,6 +4,7 @@ server restart keeps the prompt."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -77,9 +78,12 @@ def server(tmp_path):
     bb.model.save_pretrained(folder)
     bb.tokenizer.save_pretrained(folder)
     srv = Server(tmp_path / "svc.db", folder, tmp_path / "server.log")
-    out = subprocess.run(RAPT + ["serve", "keys", "add", "alice", "--db", str(srv.db)],
-                         env=env(), capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
+    from typer.testing import CliRunner
+
+    from rapt.cli import app
+
+    out = CliRunner().invoke(app, ["serve", "keys", "add", "alice", "--db", str(srv.db)])
+    assert out.exit_code == 0, out.output
     key = out.stdout.strip()
     assert key.startswith("rapt_") and key not in srv.db.read_bytes().decode("latin-1")
     srv.start()
@@ -103,7 +107,7 @@ def test_tune_predict_load_restart(server, tmp_path):
 
     # Load: concurrent requests for two prompts on one backbone, checked against the prompts
     # evaluated locally from their saved files.
-    rows = c.privatize(c._rows(TEXTS, None, c.plain_ids(), 32))
+    rows = c.encode(TEXTS, plain_ids=c.plain_ids(), max_length=32)
     local = make_bert()
     refs = {p: TunedPrompt.load(Path(str(srv.db) + ".files") / "prompts" / p)
             .predict_proba(local, rows) for p in pids}
@@ -129,6 +133,28 @@ def test_tune_predict_load_restart(server, tmp_path):
     assert stats["forward_passes"] - stats0["forward_passes"] < n  # requests shared passes
     print(f"{n} requests in {dt:.2f} s ({n / dt:.0f}/s); "
           f"{stats['forward_passes'] - stats0['forward_passes']} forward passes")
+
+    # The same through the command line (URL and key from the environment).
+    from typer.testing import CliRunner
+
+    from rapt.cli import app
+
+    cli = CliRunner(env={"RAPT_URL": srv.url, "RAPT_API_KEY": key})
+    csv = str(write_csv(tmp_path / "cli.csv"))
+    out = cli.invoke(app, ["client", "upload", csv, "--backbone", str(folder), "--eta", "20"])
+    assert out.exit_code == 0, out.output
+    ds_cli = out.stdout.strip()
+    out = cli.invoke(app, ["client", "tune", ds_cli, "--epochs", "1", "--batch-size", "8",
+                           "--num-virtual-tokens", "4", "--lr", "0.05", "--wait"])
+    assert out.exit_code == 0, out.output
+    job_cli = out.stdout.split()[0]
+    out = cli.invoke(app, ["client", "status", job_cli])
+    st = json.loads(out.stdout)
+    assert st["state"] == "succeeded"
+    out = cli.invoke(app, ["client", "predict", st["prompt_id"], "a good movie", "a bad plot",
+                           "--backbone", str(folder), "--eta", "20"])
+    assert out.exit_code == 0, out.output
+    assert [json.loads(line)["row"] for line in out.stdout.splitlines()] == [0, 1]
 
     # Restart: the prompts, jobs and key survive; predictions are unchanged.
     srv.stop()

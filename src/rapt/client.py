@@ -159,6 +159,12 @@ class RaptClient:
 
         return privatize_rows(rows, self.privatizer)
 
+    def encode(self, texts: Sequence[str], *, text_pairs: Sequence[str | None] | None = None,
+               plain_ids: Sequence[int] | None = None, max_length: int = 128
+               ) -> list[list[int]]:
+        """Texts -> privatized token id rows (what upload and predict send)."""
+        return self.privatize(self._rows(list(texts), text_pairs, plain_ids, max_length))
+
     def _declaration(self) -> dict[str, Any]:
         if self.no_privacy:
             return {"mechanism": "none"}
@@ -284,7 +290,7 @@ class RaptClient:
             texts = [texts]
         info = self.prompt(prompt_id)
         plain = info.get("plain_ids")  # queries take the training rows' layout
-        rows = self.privatize(self._rows(list(texts), text_pairs, plain, max_length))
+        rows = self.encode(texts, text_pairs=text_pairs, plain_ids=plain, max_length=max_length)
         labels, probs = [], []
         for i in range(0, len(rows), chunk):
             out = self._call("POST", "/v1/predict",

@@ -132,13 +132,20 @@ class HFLabelScorer:
             logits = torch.cat(rows, dim=0)
         else:
             kv = self._prefix_cache(prefix, p_ids)
-            logits = torch.cat([self._last_logits_cached(kv, len(p_ids), s_ids[i:i + self.batch_size])
-                                for i in range(0, len(s_ids), self.batch_size)], dim=0)
+            # Length-sorted batches waste less compute on padding; rows go back in input order.
+            order = sorted(range(len(s_ids)), key=lambda i: len(s_ids[i]))
+            bs = self.batch_size
+            chunks = [self._last_logits_cached(kv, len(p_ids), [s_ids[j] for j in order[i:i + bs]])
+                      for i in range(0, len(order), bs)]
+            stacked = torch.cat(chunks, dim=0)
+            logits = torch.empty_like(stacked)
+            logits[torch.tensor(order, device=logits.device)] = stacked
         self.n_votes += len(suffixes)
         logp = torch.log_softmax(logits.float(), dim=-1)
         top_tok = logp.argmax(dim=-1)
         match = top_tok.unsqueeze(1) == self._label_index.unsqueeze(0)  # (N, C)
-        top = torch.where(match.any(dim=1), match.float().argmax(dim=1), torch.full_like(top_tok, -1))
+        top = torch.where(match.any(dim=1), match.float().argmax(dim=1),
+                          torch.full_like(top_tok, -1))
         return logp[:, self._label_index].cpu(), top.cpu()
 
     def _last_logits_full(self, ids: list[int]) -> torch.Tensor:
@@ -148,7 +155,8 @@ class HFLabelScorer:
         self.n_prefix_encodings += 1
         return out.logits[:, -1, :]
 
-    def _prefix_cache(self, prefix: str, p_ids: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def _prefix_cache(self, prefix: str, p_ids: list[int]
+                      ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         if self._cached_prefix != prefix or self._cached_kv is None:
             x = torch.tensor([p_ids], device=self.device)
             out = self.model(input_ids=x, use_cache=True)

@@ -126,8 +126,9 @@ class FastIndex(NNIndex):
     minimum score cannot be the nearest neighbour.  Minima over vocabulary blocks of ``block``
     rows tell which blocks may hold a candidate; only their candidates are re-scored in float32.
     A query whose candidates span more than ``max_blocks`` blocks falls back to the full float32
-    scan.  On CUDA, where bfloat16 matmuls may reduce in reduced precision, this index simply
-    runs the exact scan (a GPU scan is fast anyway).
+    scan.  The bound assumes the bfloat16 matmul accumulates in float32 (oneDNN/MKL on x86
+    do); on CUDA, where cuBLAS may reduce bfloat16 in reduced precision, this index simply runs
+    the exact scan (a GPU scan is fast anyway).
     """
 
     mode = "fast"
@@ -242,6 +243,12 @@ class FastIndex(NNIndex):
         is_best = sc == best[cr]
         win = torch.full((B,), V, dtype=torch.long).scatter_reduce(
             0, cr[is_best], cw[is_best], "amin")
+        # A certified row always keeps its approximate winner as a candidate; rows left with
+        # none would signal a broken bound, so they take the exact scan rather than a guess.
+        empty = ok & (win >= V)
+        if bool(empty.any()):
+            out[empty] = self.exact.search(y[empty])
+            ok = ok & ~empty
         out[ok] = win[ok]
         n_ok = int(ok.sum())
         self.stats["certified"] += n_ok

@@ -9,8 +9,7 @@ comes out, and with it the measured replacement probability P.
 
 Randomness: noise for the k-th perturbed token of a call depends only on the generator state
 and k (it is drawn in fixed blocks of ``NOISE_BLOCK`` tokens), so ``chunk_size`` changes memory
-use and speed but never the output.  Gamma(d, 1) for the integer d is drawn as a sum of d
-standard exponentials (exact, and available for seeded CPU and CUDA generators).
+use and speed but never the output.
 """
 
 from __future__ import annotations
@@ -55,13 +54,15 @@ def sample_noise(n: int, d: int, eta: float | Tensor, generator: torch.Generator
                  *, device: torch.device | str | None = None) -> Tensor:
     """Draw n noise vectors z = l·v (float32, (n, d)) with density ∝ exp(−η‖z‖).
 
-    ``eta`` is a scalar or a per-row tensor (n,).  l ~ Gamma(d, scale 1/η) as a sum of d
-    Exp(1) draws divided by η; v = g/‖g‖ with g ~ N(0, I_d), uniform on the sphere.
+    ``eta`` is a scalar or a per-row tensor (n,).  l = Gamma(d, 1) / η ~ Gamma(d, scale 1/η);
+    v = g/‖g‖ with g ~ N(0, I_d), uniform on the sphere.
     """
     dev = torch.device(device) if device is not None else (
         generator.device if generator is not None else torch.device("cpu"))
-    exps = torch.empty(n, d, device=dev).exponential_(generator=generator)
-    gamma = exps.sum(1, dtype=torch.float64)
+    # torch's Gamma sampler (Marsaglia-Tsang, the one behind torch.distributions.Gamma), in
+    # float64; it accepts a generator, unlike the public distribution class.
+    gamma = torch._standard_gamma(torch.full((n,), float(d), dtype=torch.float64, device=dev),
+                                  generator=generator)
     g = torch.randn(n, d, device=dev, generator=generator)
     v = g / g.norm(dim=1, keepdim=True)
     eta_t = torch.as_tensor(eta, dtype=torch.float64, device=dev)
@@ -275,6 +276,8 @@ def _flatten_ids(ids) -> Tensor:
 
 def tokenize_texts(texts: Sequence[str], tokenizer) -> list[list[int]]:
     """Token ids of each text without added special tokens (what gets privatized)."""
+    if not texts:
+        return []
     enc = tokenizer(list(texts), add_special_tokens=False)
     return [list(x) for x in enc["input_ids"]]
 
@@ -297,6 +300,8 @@ def privatize_texts_detailed(texts: Sequence[str], tokenizer, privatizer: Privat
     """Privatize each text token by token; returns decoded texts, ids and the measured P.
 
     ``token_eta_scale`` is an optional per-vocabulary η multiplier (V,) (e.g. from CTI)."""
+    if not texts:
+        return PrivatizedTexts([], [], [], 0.0, {})
     orig = tokenize_texts(texts, tokenizer)
     lengths = [len(x) for x in orig]
     flat = torch.tensor([i for row in orig for i in row], dtype=torch.long)

@@ -11,6 +11,7 @@ clipping through the broadcast protocol).
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -406,7 +407,9 @@ def _tune(backbone, input_ids, labels, num_labels, config: TuneConfig, seqs, pla
         return {"step": step, "epoch": epoch, "model": {k: v.detach().clone() for k, v in
                                                         model.state_dict().items()
                                                         if k in _trainable_names(model)},
-                "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                # deep copies: state_dict() returns live references that later steps mutate
+                "optimizer": copy.deepcopy(opt.state_dict()),
+                "scheduler": copy.deepcopy(sched.state_dict()),
                 "history": list(history), "rec_vocab": rec_vocab,
                 "torch_rng": torch.get_rng_state(),
                 "dp": engine.state_dict() if engine is not None else None}

@@ -68,10 +68,13 @@ def invert_ids(private_ids: Tensor, embeddings: Tensor, *, candidate_ids: Tensor
     ``private_embeddings`` is the matrix the privatized ids index (default ``embeddings``;
     pass another one when the user privatized with a different embedding model over the same
     tokenizer)."""
-    ids = torch.as_tensor(private_ids, dtype=torch.long)
+    ids = torch.as_tensor(private_ids, dtype=torch.long).cpu()
     table = embeddings if private_embeddings is None else private_embeddings
-    return invert_vectors(table.detach().float()[ids.to(table.device)], embeddings,
-                          candidate_ids=candidate_ids, mode=mode, index=index)
+    # A token always inverts to the same answer: search each distinct received token once.
+    uniq, inverse = ids.unique(return_inverse=True)
+    found = invert_vectors(table.detach().float()[uniq.to(table.device)], embeddings,
+                           candidate_ids=candidate_ids, mode=mode, index=index)
+    return found[inverse]
 
 
 def inversion_attack(original_ids: Tensor, embeddings: Tensor, *,

@@ -1,1 +1,305 @@
-"""CLI commands (placeholder until implemented)."""
+"""`rapt privatize` (dχ-privacy text-to-text) and `rapt attack invert` (inversion attack)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from pathlib import Path
+
+import typer
+
+from rapt.cli._app import app
+
+attack_app = typer.Typer(help="Simulated attacks that measure empirical privacy.",
+                         no_args_is_help=True)
+app.add_typer(attack_app, name="attack")
+
+_LINE_FORMATS = ("label-text", "trec", "lines")
+
+
+def _fail(msg: str) -> None:
+    typer.echo(f"error: {msg}", err=True)
+    raise typer.Exit(2)
+
+
+def _load(name: str, split: str, fmt: str | None, text_column: str | None,
+          text_pair_column: str | None, limit: int | None = None):
+    from rapt.data import DataError, load_dataset
+
+    try:
+        return load_dataset(name, split, text_column=text_column,
+                            text_pair_column=text_pair_column, limit=limit, format=fmt)
+    except DataError as e:
+        _fail(str(e))
+
+
+def _resolve_format(name: str, fmt: str | None) -> str:
+    from rapt.data import _EXTENSIONS, BUILTINS
+
+    if name in BUILTINS:
+        return BUILTINS[name].format
+    return fmt or _EXTENSIONS.get(Path(name).suffix.lower(), "")
+
+
+def _columns(name: str, text_column: str | None, pair_column: str | None,
+             present: list[str]) -> tuple[str, str | None]:
+    from rapt.data import BUILTINS
+
+    if name in BUILTINS:
+        text_column, pair_column = BUILTINS[name].columns[0], BUILTINS[name].columns[1]
+    if text_column is None:
+        text_column = next((c for c in ("text", "sentence") if c in present), None)
+    if text_column is None or text_column not in present:
+        _fail(f"{name}: no text column {text_column!r} among {present}; pass --text-column")
+    return text_column, pair_column
+
+
+def _rewrite(src: Path, name: str, fmt: str, n_records: int, texts: list[str],
+             pairs: list[str | None], text_column: str | None,
+             pair_column: str | None) -> str:
+    """The source file's content with each record's text (and pair text) replaced."""
+    raw = src.read_text(encoding="utf-8-sig")
+    out: list[str] = []
+    k = 0
+    if fmt in _LINE_FORMATS:
+        for line in raw.splitlines():
+            if not line.strip():
+                out.append(line)
+                continue
+            prefix = "" if fmt == "lines" else line.strip().partition(" ")[0] + " "
+            out.append(prefix + texts[k])
+            k += 1
+        body = "\n".join(out) + "\n"
+    elif fmt == "tsv":
+        lines = raw.splitlines()
+        header = lines[0].split("\t")
+        tcol, pcol = _columns(name, text_column, pair_column, header)
+        ti = header.index(tcol)
+        pi = header.index(pcol) if pcol in header else None
+        out.append(lines[0])
+        for line in lines[1:]:
+            if not line.strip():
+                out.append(line)
+                continue
+            fields = line.split("\t")
+            fields[ti] = texts[k].replace("\t", " ")
+            if pi is not None and pairs[k] is not None:
+                fields[pi] = str(pairs[k]).replace("\t", " ")
+            out.append("\t".join(fields))
+            k += 1
+        body = "\n".join(out) + "\n"
+    elif fmt in ("csv", "trustpilot"):
+        rows = list(csv.reader(io.StringIO(raw)))
+        buf = io.StringIO()
+        writer = csv.writer(buf, lineterminator="\n")
+        if fmt == "csv":
+            tcol, pcol = _columns(name, text_column, pair_column, rows[0])
+            ti, pi = rows[0].index(tcol), (rows[0].index(pcol) if pcol in rows[0] else None)
+            writer.writerow(rows[0])
+            rows = rows[1:]
+        else:
+            ti, pi = 0, None
+        for row in rows:
+            if not row:
+                continue
+            row[ti] = texts[k]
+            if pi is not None and pairs[k] is not None:
+                row[pi] = str(pairs[k])
+            writer.writerow(row)
+            k += 1
+        body = buf.getvalue()
+    elif fmt == "jsonl":
+        for line in raw.splitlines():
+            if not line.strip():
+                continue
+            rec = json.loads(line)
+            tcol, pcol = _columns(name, text_column, pair_column, list(rec))
+            rec[tcol] = texts[k]
+            if pcol is not None and pcol in rec and pairs[k] is not None:
+                rec[pcol] = pairs[k]
+            out.append(json.dumps(rec, ensure_ascii=False))
+            k += 1
+        body = "\n".join(out) + "\n"
+    else:
+        _fail(f"{src}: cannot write format {fmt!r}")
+    if k != n_records:
+        _fail(f"{src}: read {n_records} records but found {k} when writing; output not written")
+    return body
+
+
+def _backbone(name: str):
+    from rapt.models import BackboneNotFoundError, load_backbone
+
+    try:
+        return load_backbone(name)
+    except (BackboneNotFoundError, OSError, ValueError) as e:
+        _fail(str(e))
+
+
+@app.command()
+def privatize(
+    input: str = typer.Argument(..., help="input file, or a built-in dataset name"),
+    output: Path = typer.Argument(..., help="privatized file, written in the input's format"),
+    eta: float = typer.Option(100.0, "--eta", help="privacy parameter η (smaller = more noise)"),
+    target_p: float | None = typer.Option(
+        None, "--target-p", help="instead of --eta: calibrate η so that P ≈ this value on the "
+        "input's tokens"),
+    backbone: str = typer.Option("minilm", "--backbone", "-b",
+                                 help="embedding model: minilm, smollm2-135m, hub id or path"),
+    mode: str = typer.Option("exact", "--mode",
+                             help="nearest-neighbour search: exact, fast (certified exact), "
+                             "annoy (approximate reference)"),
+    seed: int | None = typer.Option(None, "--seed", help="random seed (default: fresh)"),
+    fmt: str = typer.Option("auto", "--format",
+                            help="auto (from the extension), label-text, lines, trec, tsv, csv, "
+                            "jsonl, trustpilot"),
+    split: str = typer.Option("train", "--split", help="split of a built-in dataset"),
+    text_column: str | None = typer.Option(None, "--text-column", help="text column/key"),
+    text_pair_column: str | None = typer.Option(None, "--text-pair-column",
+                                                help="second text column/key, also privatized"),
+    all_tokens: bool = typer.Option(
+        False, "--all-tokens", help="allow every vocabulary row as output (by default special "
+        "and [unused] tokens are excluded)"),
+    chunk_size: int = typer.Option(4096, "--chunk-size", help="tokens per step (memory)"),
+    json_report: bool = typer.Option(False, "--json-report",
+                                     help="print the report as one JSON line at the end"),
+) -> None:
+    """Privatize a text file with dχ-privacy: each token -> nearest token to its noised embedding.
+
+    Prints the measured replacement probability P and the throughput."""
+    import torch
+    from tqdm import tqdm
+
+    from rapt.privatization import (
+        Privatizer,
+        calibrate_eta,
+        candidate_ids_from_tokenizer,
+        privatize_texts_detailed,
+        tokenize_texts,
+    )
+
+    if not math.isfinite(eta) or eta <= 0:
+        _fail(f"--eta must be a positive number, got {eta}")
+    if target_p is not None and not 0 < target_p < 1:
+        _fail(f"--target-p must lie strictly between 0 and 1, got {target_p}")
+    if mode not in ("exact", "fast", "annoy"):
+        _fail(f"--mode must be exact, fast or annoy, got {mode!r}")
+    if chunk_size < 1:
+        _fail(f"--chunk-size must be >= 1, got {chunk_size}")
+    format_opt = None if fmt == "auto" else fmt
+    ds = _load(input, split, format_opt, text_column, text_pair_column)
+    src = Path(ds.source)
+    if output.resolve() == src.resolve():
+        _fail(f"{output}: output would overwrite the input")
+    fmt_used = _resolve_format(input, format_opt)
+
+    bb = _backbone(backbone)
+    emb = bb.embeddings.detach()
+    cand = None if all_tokens else candidate_ids_from_tokenizer(bb.tokenizer, emb.shape[0])
+    texts = ds.texts
+    pairs = ds.text_pairs
+    has_pairs = any(p is not None for p in pairs)
+    all_texts = texts + ([p or "" for p in pairs] if has_pairs else [])
+    if target_p is not None:
+        sample = torch.tensor([i for row in tokenize_texts(all_texts, bb.tokenizer)[:2000]
+                               for i in row][:20000])
+        eta = calibrate_eta(emb, target_p, sample, bb.special_ids, candidate_ids=cand,
+                            mode="fast" if mode == "fast" else "exact", seed=seed or 0)
+        typer.echo(f"calibrated eta = {eta:.3f} for target P = {target_p}", err=True)
+    priv = Privatizer(emb, eta, special_ids=bb.special_ids, candidate_ids=cand, mode=mode,
+                      chunk_size=chunk_size, seed=seed)
+    n_tok = sum(len(r) for r in tokenize_texts(all_texts, bb.tokenizer))
+    with tqdm(total=n_tok, unit="tok", desc="privatize", disable=None) as bar:
+        res = privatize_texts_detailed(all_texts, bb.tokenizer, priv, progress=bar.update)
+    out_texts = res.texts[: len(texts)]
+    out_pairs: list[str | None] = (
+        [t if p is not None else None for t, p in zip(res.texts[len(texts):], pairs,
+                                                       strict=True)]
+        if has_pairs else [None] * len(texts))
+    body = _rewrite(src, input, fmt_used, len(ds), out_texts, out_pairs, text_column,
+                    text_pair_column)
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(body, encoding="utf-8")
+    except OSError as e:
+        _fail(f"{output}: cannot write: {e}")
+    st = res.stats
+    report = {"input": str(src), "output": str(output), "format": fmt_used,
+              "examples": len(ds), "tokens": int(st.get("tokens", 0)), "eta": eta,
+              "p": res.p, "mode": mode, "backbone": backbone, "seed": seed,
+              "seconds": st.get("seconds", 0.0), "tokens_per_s": st.get("tokens_per_s", 0.0)}
+    if mode == "fast":
+        report["fast_search"] = dict(priv.index.stats)
+    typer.echo(f"privatized {len(ds)} records, {report['tokens']} tokens -> {output}")
+    typer.echo(f"eta = {eta:g}  P (replaced tokens) = {res.p:.4f}  "
+               f"throughput = {report['tokens_per_s']:,.0f} tokens/s ({mode} search)")
+    if json_report:
+        typer.echo(json.dumps(report))
+
+
+@attack_app.command("invert")
+def invert(
+    input: str = typer.Argument(..., help="original text file or built-in dataset name"),
+    eta: list[float] = typer.Option([100.0], "--eta", help="η values to attack (repeatable)"),
+    setting: str = typer.Option("text", "--setting",
+                                help="text: attack privatized tokens; vectors: attack the noised "
+                                "embeddings themselves (SAP)"),
+    backbone: str = typer.Option("minilm", "--backbone", "-b", help="embedding model"),
+    mode: str = typer.Option("exact", "--mode", help="search used by mechanism and attacker"),
+    seed: int = typer.Option(0, "--seed"),
+    fmt: str = typer.Option("auto", "--format", help="input format (see rapt privatize)"),
+    split: str = typer.Option("train", "--split"),
+    text_column: str | None = typer.Option(None, "--text-column"),
+    limit: int | None = typer.Option(None, "--limit", help="first N records only"),
+    json_report: bool = typer.Option(False, "--json-report"),
+) -> None:
+    """Nearest-neighbour embedding inversion: privatize the input at each η, let the attacker
+    map every received token (or noised vector) to its nearest vocabulary token, report the
+    success rate and the empirical privacy = 1 − success."""
+    import torch
+
+    from rapt.attacks.inversion import inversion_attack
+    from rapt.nn_search import build_index
+    from rapt.privatization import (
+        Privatizer,
+        candidate_ids_from_tokenizer,
+        replacement_probability,
+        tokenize_texts,
+    )
+
+    if setting not in ("text", "vectors"):
+        _fail(f"--setting must be text or vectors, got {setting!r}")
+    if mode not in ("exact", "fast", "annoy"):
+        _fail(f"--mode must be exact, fast or annoy, got {mode!r}")
+    if any(not math.isfinite(e) or e <= 0 for e in eta):
+        _fail(f"--eta values must be positive, got {eta}")
+    ds = _load(input, split, None if fmt == "auto" else fmt, text_column, None, limit)
+    bb = _backbone(backbone)
+    emb = bb.embeddings.detach()
+    cand = candidate_ids_from_tokenizer(bb.tokenizer, emb.shape[0])
+    ids = torch.tensor([i for row in tokenize_texts(ds.texts, bb.tokenizer) for i in row])
+    if ids.numel() == 0:
+        _fail(f"{ds.source}: no tokens to attack")
+    index = build_index(emb[cand].float(), mode)
+    rows = []
+    for e in eta:
+        priv = Privatizer(emb, e, special_ids=bb.special_ids, candidate_ids=cand, seed=seed,
+                          index=index)
+        if setting == "text":
+            private = priv.privatize_ids(ids)
+            res = inversion_attack(ids, emb, private_ids=private, special_ids=bb.special_ids,
+                                   candidate_ids=cand, index=index)
+            p = replacement_probability(ids, private, bb.special_ids)
+        else:
+            noised = priv.noised_embeddings(ids)
+            res = inversion_attack(ids, emb, noised=noised, special_ids=bb.special_ids,
+                                   candidate_ids=cand, index=index)
+            p = 1.0 - res.success_rate
+        rows.append({"eta": e, "p": p, **res.as_dict()})
+        typer.echo(f"eta = {e:g}  P = {p:.4f}  attack success = {res.success_rate:.4f}  "
+                   f"empirical privacy = {res.empirical_privacy:.4f}  ({res.n_tokens} tokens)")
+    if json_report:
+        typer.echo(json.dumps({"input": ds.source, "setting": setting, "backbone": backbone,
+                               "results": rows}))

@@ -47,6 +47,8 @@ def serve(
     max_seq_len: int = typer.Option(512, help="longest token row accepted"),
     max_queued_jobs: int = typer.Option(16, help="jobs that may wait for the worker"),
     batch_wait_ms: float = typer.Option(5.0, help="micro-batching wait for more requests"),
+    max_batch_rows: int = typer.Option(64, help="rows per inference forward pass "
+                                       "(1 = no micro-batching)"),
 ) -> None:
     """Run the provider service: `rapt serve --port 8000 --db service.db --backbone minilm`."""
     if ctx.invoked_subcommand is not None:
@@ -57,6 +59,7 @@ def serve(
 
     cfg = ServiceConfig(db_path=_db(db), backbones=list(backbone), device=device,
                         job_threads=job_threads, batch_wait_ms=batch_wait_ms,
+                        max_batch_rows=max_batch_rows,
                         limits=Limits(max_upload_bytes=int(max_upload_mb * 1024 * 1024),
                                       max_seq_len=max_seq_len,
                                       max_queued_jobs=max_queued_jobs))

@@ -1,1 +1,344 @@
-"""CLI commands (placeholder until implemented)."""
+"""`rapt tune`, `rapt predict`, `rapt demo` and `rapt attack attribute`: thin layers over
+rapt.trainer, rapt.demo and rapt.attacks.attribute."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+
+from rapt.cli._app import app
+
+
+def _fail(msg: str) -> None:
+    typer.echo(f"error: {msg}", err=True)
+    raise typer.Exit(2)
+
+
+def _load_data(data: str, split: str, limit: int | None, text_column: str | None,
+               label_column: str | None, attribute: str | None = None):
+    from rapt.data import DataError, load_dataset
+
+    try:
+        return load_dataset(data, split, text_column=text_column, label_column=label_column,
+                            attribute=attribute, limit=limit)
+    except (DataError, FileNotFoundError) as e:
+        _fail(str(e))
+
+
+def _load_backbone(name: str):
+    from rapt.models import BackboneNotFoundError, load_backbone
+
+    try:
+        return load_backbone(name)
+    except BackboneNotFoundError as e:
+        _fail(str(e))
+
+
+def _privatizer(bb, eta: float | None, target_p: float | None, sample_rows, seed: int | None,
+                mode: str):
+    """Privatizer at η (or calibrated to P); None when neither is given."""
+    import torch
+
+    from rapt.privatization import Privatizer, calibrate_eta, candidate_ids_from_tokenizer
+
+    if eta is None and target_p is None:
+        return None, None
+    cand = candidate_ids_from_tokenizer(bb.tokenizer, bb.embeddings.shape[0])
+    if eta is None:
+        special = set(bb.special_ids)
+        sample = torch.tensor([t for r in sample_rows[:500] for t in r if t not in special])
+        eta = calibrate_eta(bb.embeddings, target_p, sample, bb.special_ids,
+                            candidate_ids=cand, mode=mode)
+        typer.echo(f"η = {eta:.4g} (calibrated for P ≈ {target_p})")
+    if eta <= 0:
+        _fail(f"--eta must be > 0 (got {eta})")
+    return Privatizer(bb.embeddings, eta, special_ids=bb.special_ids, candidate_ids=cand,
+                      mode=mode, seed=seed), float(eta)
+
+
+def _privatize_with_bar(rows, privatizer, seed: int | None):
+    import torch
+    from tqdm import tqdm
+
+    from rapt.reconstruction import privatize_rows
+
+    gen = torch.Generator().manual_seed(seed) if seed is not None else None
+    out = []
+    with tqdm(total=len(rows), desc="privatize", unit="row", file=sys.stderr) as bar:
+        for s in range(0, len(rows), 256):
+            out += privatize_rows(rows[s:s + 256], privatizer, gen)
+            bar.update(len(rows[s:s + 256]))
+    return out
+
+
+@app.command()
+def tune(
+    data: str = typer.Argument(..., help="dataset name (sst2, sst2-sentences, trec, cb, "
+                                         "trustpilot) or a CSV/TSV/JSONL file"),
+    out: Path = typer.Option(Path("runs/prompt"), "--out", "-o", help="artifact folder"),
+    backbone: str = typer.Option("minilm", help="backbone name or path"),
+    method: str = typer.Option("prompt", help="prompt | prefix | lora | full"),
+    split: str = typer.Option("train"),
+    limit: int | None = typer.Option(None, help="use the first N examples"),
+    text_column: str | None = typer.Option(None),
+    label_column: str | None = typer.Option(None),
+    eta: float | None = typer.Option(None, help="privatize locally with this η"),
+    target_p: float | None = typer.Option(None, help="or calibrate η to this replacement P"),
+    reconstruction: bool = typer.Option(True, help="RAPT privatized token reconstruction"),
+    plain_len: int = typer.Option(40, help="number of plain tokens m"),
+    plain_tokens: str | None = typer.Option(None, help="plain tokens as text (default: random)"),
+    num_virtual_tokens: int = typer.Option(20),
+    prefix_projection: bool = typer.Option(False),
+    lr: float | None = typer.Option(None, help="default depends on the method"),
+    epochs: int = typer.Option(3),
+    batch_size: int = typer.Option(32),
+    max_length: int = typer.Option(128),
+    rec_hidden: int = typer.Option(96),
+    rec_vocab_size: int = typer.Option(7630),
+    rec_weight: float = typer.Option(1.0),
+    label_words: str | None = typer.Option(None, help="causal LMs: comma-separated verbalizer"),
+    seed: int = typer.Option(0),
+    privatizer_mode: str = typer.Option("fast", help="exact | fast | annoy"),
+    dp_epsilon: float | None = typer.Option(None, help="PromptDPSGD target ε"),
+    dp_noise: float | None = typer.Option(None, help="PromptDPSGD noise multiplier σ"),
+    dp_clip: float = typer.Option(1.0, help="PromptDPSGD clipping norm C"),
+    dp_delta: float | None = typer.Option(None, help="δ (default 1/N)"),
+    dp_physical_batch: int = typer.Option(32, help="micro-batch size under DP"),
+) -> None:
+    """Privatize a dataset locally, tune a prompt on it and save the artifact."""
+    from tqdm import tqdm
+
+    from rapt.demo import DEFAULT_LR
+    from rapt.reconstruction import build_rows, parse_plain_tokens, sample_plain_tokens
+    from rapt.trainer import TuneConfig
+    from rapt.trainer import tune as run_tune
+
+    ds = _load_data(data, split, limit, text_column, label_column)
+    if len(ds) == 0:
+        _fail(f"{data}: no examples to train on")
+    if any(y is None for y in ds.labels):
+        _fail(f"{data}: some examples have no label (give --label-column)")
+    bb = _load_backbone(backbone)
+    dp = None
+    if dp_epsilon is not None or dp_noise is not None:
+        try:
+            from rapt.dp import DPConfig
+
+            dp = DPConfig(target_epsilon=dp_epsilon, noise_multiplier=dp_noise,
+                          max_grad_norm=dp_clip, delta=dp_delta,
+                          physical_batch_size=dp_physical_batch)
+        except ValueError as e:
+            _fail(str(e))
+    plain = None
+    if reconstruction:
+        try:
+            plain = (parse_plain_tokens(bb.tokenizer, plain_tokens) if plain_tokens
+                     else sample_plain_tokens(bb.tokenizer, plain_len, seed=seed))
+        except ValueError as e:
+            _fail(str(e))
+    try:
+        cfg = TuneConfig(method=method, num_virtual_tokens=num_virtual_tokens,
+                         prefix_projection=prefix_projection,
+                         lr=lr if lr is not None else DEFAULT_LR.get(method, 1e-2),
+                         epochs=epochs, batch_size=batch_size, max_length=max_length, seed=seed,
+                         reconstruction=reconstruction, rec_hidden=rec_hidden,
+                         rec_vocab_size=rec_vocab_size, rec_weight=rec_weight, dp=dp,
+                         label_words=label_words.split(",") if label_words else None)
+        rows = build_rows(bb.tokenizer, ds.texts, max_length, plain)
+    except ValueError as e:
+        _fail(str(e))
+    privatizer, eta_used = _privatizer(bb, eta, target_p, rows, seed, privatizer_mode)
+    if privatizer is not None:
+        rows = _privatize_with_bar(rows, privatizer, seed)
+    else:
+        typer.echo("warning: no --eta/--target-p given: training on clean (unprivatized) text",
+                   err=True)
+    bar = tqdm(desc="tune", unit="step", file=sys.stderr)
+
+    def progress(r: dict) -> None:
+        bar.total = r["total_steps"]
+        post = {"loss": f"{r['loss']:.3f}"}
+        if "epsilon" in r:
+            post["ε"] = f"{r['epsilon']:.2f}"
+        bar.set_postfix(post)
+        bar.update(1)
+
+    try:
+        tuned = run_tune(bb, rows, ds.labels, len(ds.label_names), cfg, plain_ids=plain,
+                         progress=progress)
+    except ValueError as e:
+        bar.close()
+        _fail(str(e))
+    bar.close()
+    tuned.meta.update({"eta": eta_used, "label_names": ds.label_names, "dataset": str(data),
+                       "privatizer_mode": privatizer_mode if privatizer else None})
+    tuned.save(out)
+    msg = f"saved {method} prompt to {out}"
+    if tuned.meta.get("dp"):
+        msg += f" (ε = {tuned.meta['dp']['epsilon']:.3g}, δ = {tuned.meta['dp']['delta']:.3g})"
+    typer.echo(msg)
+
+
+@app.command()
+def predict(
+    artifact: Path = typer.Argument(..., help="folder written by `rapt tune`"),
+    data: str = typer.Argument(..., help="dataset name or file"),
+    split: str = typer.Option("dev"),
+    limit: int | None = typer.Option(None),
+    text_column: str | None = typer.Option(None),
+    label_column: str | None = typer.Option(None),
+    backbone: str | None = typer.Option(None, help="default: the artifact's backbone"),
+    eta: float | None = typer.Option(None, help="default: the artifact's η (same as training)"),
+    no_privatize: bool = typer.Option(False, help="send clean queries (no local privacy)"),
+    out: Path | None = typer.Option(None, help="write predictions as JSONL"),
+    seed: int | None = typer.Option(None),
+) -> None:
+    """Privatize queries locally (same η as training) and predict with a tuned prompt."""
+    from rapt.artifacts import ArtifactError
+    from rapt.trainer import TunedPrompt
+
+    try:
+        tuned = TunedPrompt.load(artifact)
+    except ArtifactError as e:
+        _fail(str(e))
+    ds = _load_data(data, split, limit, text_column, label_column)
+    bb = _load_backbone(backbone or tuned.meta.get("backbone", "minilm"))
+    eta = None if no_privatize else (eta if eta is not None else tuned.meta.get("eta"))
+    privatizer, _ = _privatizer(bb, eta, None, [], seed, tuned.meta.get("privatizer_mode")
+                                or "fast")
+    rows = tuned.encode(bb, ds.texts)
+    if privatizer is not None:
+        rows = _privatize_with_bar(rows, privatizer, seed)
+    probs = tuned.predict_proba(bb, rows)
+    pred = probs.argmax(-1).tolist()
+    names = tuned.meta.get("label_names") or [str(i) for i in range(probs.shape[1])]
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with out.open("w") as f:
+            for ex, p, pr in zip(ds.examples, pred, probs.tolist(), strict=True):
+                f.write(json.dumps({"text": ex.text, "prediction": names[p],
+                                    "probabilities": pr}) + "\n")
+        typer.echo(f"wrote {len(pred)} predictions to {out}")
+    gold = ds.labels
+    if gold and all(y is not None for y in gold):
+        acc = sum(int(a == b) for a, b in zip(pred, gold, strict=True)) / len(gold)
+        typer.echo(f"accuracy {acc:.4f} on {len(gold)} examples"
+                   + (f" (queries privatized with η = {eta:.4g})" if eta else ""))
+
+
+@app.command()
+def demo(
+    out: Path = typer.Option(Path("runs/demo"), "--out", "-o", help="output folder"),
+    backbone: str = typer.Option("minilm"),
+    dataset: str = typer.Option("sst2-sentences"),
+    train_size: int = typer.Option(512),
+    test_size: int = typer.Option(200),
+    method: str = typer.Option("prefix"),
+    epochs: int = typer.Option(2),
+    lr: float | None = typer.Option(None),
+    batch_size: int = typer.Option(32),
+    max_length: int = typer.Option(48),
+    plain_len: int = typer.Option(16),
+    num_virtual_tokens: int = typer.Option(10),
+    target_p: float = typer.Option(0.3, help="privacy level as replacement probability P"),
+    eta: float | None = typer.Option(None, help="η (overrides --target-p)"),
+    seed: int = typer.Option(0),
+) -> None:
+    """RAPT end to end on a small SST-2 subset: privatize, tune (no privacy / +privatization /
+    +reconstruction), privatized inference, inversion attack; prints a table, writes a plot."""
+    from tqdm import tqdm
+
+    from rapt.demo import DemoConfig, format_table, make_plot, run_demo
+
+    try:
+        cfg = DemoConfig(backbone=backbone, dataset=dataset, train_size=train_size,
+                         test_size=test_size, method=method, epochs=epochs, lr=lr,
+                         batch_size=batch_size, max_length=max_length, plain_len=plain_len,
+                         num_virtual_tokens=num_virtual_tokens, target_p=target_p, eta=eta,
+                         seed=seed)
+    except ValueError as e:
+        _fail(str(e))
+    bars: dict[str, tqdm] = {}
+
+    def progress(setting: str, r: dict) -> None:
+        if setting not in bars:
+            for b in bars.values():
+                b.close()
+            bars[setting] = tqdm(total=r["total_steps"], desc=setting, unit="step",
+                                 file=sys.stderr, leave=False)
+        bars[setting].set_postfix(loss=f"{r['loss']:.3f}")
+        bars[setting].update(1)
+
+    try:
+        res = run_demo(cfg, log=lambda s: typer.echo(s), progress=progress)
+    except ValueError as e:
+        _fail(str(e))
+    for b in bars.values():
+        b.close()
+    out.mkdir(parents=True, exist_ok=True)
+    table = format_table(res)
+    (out / "results.json").write_text(json.dumps(res.as_dict(), indent=2) + "\n")
+    (out / "results.md").write_text(table + "\n")
+    fig = make_plot(res)
+    fig.savefig(out / "demo.png", dpi=120)
+    typer.echo("")
+    typer.echo(table)
+    typer.echo(f"\nwrote {out / 'results.json'}, {out / 'results.md'}, {out / 'demo.png'}")
+
+
+def _register_attack() -> None:
+    try:
+        from rapt.cli.privatize_cmd import attack_app
+    except ImportError:  # engineer A's `attack` group not there yet: nothing to attach to
+        return
+
+    @attack_app.command("attribute")
+    def attribute(
+        attribute: str = typer.Option("gender", help="gender | age"),
+        backbone: str = typer.Option("minilm"),
+        data: str = typer.Option("trustpilot"),
+        train_split: str = typer.Option("a"),
+        test_split: str = typer.Option("b"),
+        limit: int | None = typer.Option(1000, help="examples per split"),
+        eta: float | None = typer.Option(None, help="privatize the texts with η first"),
+        artifact: Path | None = typer.Option(None, help="tuned prompt: attack its states"),
+        max_length: int = typer.Option(128),
+        seed: int = typer.Option(0),
+    ) -> None:
+        """Attribute inference: a 2-layer MLP on mean-pooled representations predicts a
+        private attribute; reports accuracy, empirical privacy and the majority-class rate."""
+        from rapt.attacks.attribute import attribute_attack, embedding_features, hidden_features
+        from rapt.reconstruction import build_rows
+        from rapt.trainer import TunedPrompt
+
+        if attribute not in ("gender", "age"):
+            _fail(f"--attribute must be gender or age (got {attribute!r})")
+        tr = _load_data(data, train_split, limit, None, None, attribute=attribute)
+        te = _load_data(data, test_split, limit, None, None, attribute=attribute)
+        bb = _load_backbone(backbone)
+        tuned = TunedPrompt.load(artifact) if artifact is not None else None
+        if tuned is not None:
+            rtr, rte = tuned.encode(bb, tr.texts), tuned.encode(bb, te.texts)
+        else:
+            rtr = build_rows(bb.tokenizer, tr.texts, max_length)
+            rte = build_rows(bb.tokenizer, te.texts, max_length)
+        privatizer, _ = _privatizer(bb, eta, None, [], seed, "fast")
+        if privatizer is not None:
+            rtr, rte = _privatize_with_bar(rtr, privatizer, seed), _privatize_with_bar(
+                rte, privatizer, seed + 1)
+        feats = {"input embeddings": (embedding_features(bb, rtr), embedding_features(bb, rte)),
+                 "last-layer states": (hidden_features(bb, rtr, tuned),
+                                       hidden_features(bb, rte, tuned))}
+        typer.echo("| features | accuracy | empirical privacy | majority rate |")
+        typer.echo("|---|---|---|---|")
+        for name, (a, b) in feats.items():
+            r = attribute_attack(a, tr.labels, b, te.labels, attribute=attribute, feature=name,
+                                 seed=seed)
+            typer.echo(f"| {name} | {r.accuracy:.3f} | {r.empirical_privacy:.3f} | "
+                       f"{r.majority_rate:.3f} |")
+
+
+_register_attack()

@@ -107,3 +107,41 @@ def check_n_examples(n: int) -> int:
     if int(n) < 1:
         raise ValueError(f"PromptDPSGD needs a non-empty training set (got {n} examples)")
     return int(n)
+
+
+def dp_config_from_options(
+    epsilon: float | None = None, noise: float | None = None, clip: float | None = None,
+    delta: float | None = None, physical_batch: int | None = None,
+    sample_rate: float | None = None, accountant: str = "rdp",
+) -> DPConfig | None:
+    """DPConfig from ``rapt tune --dp-*`` options; None when neither --dp-epsilon nor --dp-noise
+    is given (non-private training). Errors name the command-line flag."""
+    if epsilon is None and noise is None:
+        extra = [f for f, v in (("--dp-clip", clip), ("--dp-delta", delta),
+                                ("--dp-physical-batch", physical_batch),
+                                ("--dp-sample-rate", sample_rate)) if v is not None]
+        if extra:
+            raise ValueError(f"{', '.join(extra)} given without --dp-epsilon or --dp-noise")
+        return None
+    if epsilon is not None and noise is not None:
+        raise ValueError("give either --dp-epsilon or --dp-noise, not both")
+    if epsilon is not None and (not math.isfinite(epsilon) or epsilon <= 0):
+        raise ValueError(f"--dp-epsilon must be a finite number > 0 (got {epsilon}); "
+                         "omit it for non-private training")
+    if noise is not None and (not math.isfinite(noise) or noise < 0):
+        raise ValueError(f"--dp-noise must be ≥ 0 (got {noise})")
+    if clip is not None and (not math.isfinite(clip) or clip <= 0):
+        raise ValueError(f"--dp-clip must be > 0 (got {clip})")
+    if delta is not None and not 0 < delta < 1:
+        raise ValueError(f"--dp-delta must be in (0, 1) (got {delta})")
+    if physical_batch is not None and physical_batch < 1:
+        raise ValueError(f"--dp-physical-batch must be ≥ 1 (got {physical_batch})")
+    if sample_rate is not None and not 0 < sample_rate <= 1:
+        raise ValueError(f"--dp-sample-rate must be in (0, 1] (got {sample_rate})")
+    kw: dict = {"target_epsilon": epsilon, "noise_multiplier": noise, "delta": delta,
+                "sample_rate": sample_rate, "accountant": accountant}
+    if clip is not None:
+        kw["max_grad_norm"] = clip
+    if physical_batch is not None:
+        kw["physical_batch_size"] = physical_batch
+    return DPConfig(**kw)

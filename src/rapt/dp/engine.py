@@ -240,7 +240,15 @@ class DPSGD:
 
     def finalize(self) -> None:
         """Add N(0, σ²C²) to the clipped sum, divide by the expected batch size q·N and write
-        it into ``p.grad``. Call once per logical batch, also when the batch was empty."""
+        it into ``p.grad``. Call once per logical batch, also when the batch was empty.
+
+        With a target ε, σ was calibrated for ``planned_steps``: a further step would spend more
+        than the target, so it is refused."""
+        if self.config.target_epsilon is not None and self.steps >= self.planned_steps:
+            raise RuntimeError(
+                f"privacy budget spent: σ was calibrated for ε = {self.config.target_epsilon} "
+                f"over {self.planned_steps} steps; plan more steps before training"
+            )
         std = self.noise_multiplier * self.max_grad_norm
         for p in self.params:
             s = self._sums.pop(id(p), None)

@@ -154,7 +154,8 @@ class Service:
         self.store.close()
 
     def prompt(self, row: dict) -> Any:
-        """The loaded prompt for a store row (LRU cache of 256 prompts)."""
+        """The loaded prompt for a store row. LRU cache: 256 prompts, of which at most 4 LoRA /
+        full ones (each of those holds a whole copy of the backbone)."""
         with self._prompt_lock:
             if row["id"] in self._prompts:
                 self._prompts.move_to_end(row["id"])
@@ -164,6 +165,11 @@ class Service:
             self._prompts[row["id"]] = obj
             while len(self._prompts) > 256:
                 self._prompts.popitem(last=False)
+            heavy = [k for k, p in self._prompts.items()
+                     if getattr(getattr(p, "config", None), "method", "prompt")
+                     in ("lora", "full")]
+            for k in heavy[:-4]:
+                del self._prompts[k]
         return obj
 
     def check_rows(self, backbone: str, rows: list[list[int]], field: str,
@@ -208,6 +214,7 @@ def job_status(svc: Service, job: dict) -> JobStatus:
     return JobStatus(id=job["id"], dataset_id=job["dataset_id"], backbone=job["backbone"],
                      state=job["state"], method=job["params"].get("method", "prompt"),
                      step=step, total_steps=total, loss=cur["loss"], epoch=cur["epoch"],
+                     epsilon=cur.get("epsilon"),
                      elapsed_s=elapsed, eta_s=eta, resumed_from_step=job["resumed_from_step"],
                      prompt_id=job["prompt_id"], error=job["error"], created=job["created"])
 
@@ -284,7 +291,7 @@ def create_app(config: ServiceConfig, *, backbones: dict[str, Any] | None = None
                 for n, bb in svc_of(request).backbones.items()]
 
     @app.get("/v1/stats")
-    def stats(request: Request) -> dict:
+    def stats(request: Request, me: str = Depends(owner)) -> dict:
         """Aggregate micro-batching counters per backbone (no per-user data)."""
         return {n: vars(b.stats) for n, b in svc_of(request).batchers.items()}
 
@@ -296,7 +303,12 @@ def create_app(config: ServiceConfig, *, backbones: dict[str, Any] | None = None
         svc.check_rows(name, body.input_ids, "input_ids", svc.limits.max_examples,
                        "max_examples")
         if body.plain_ids is not None:
-            svc.check_rows(name, [body.plain_ids], "plain_ids", 1, "rows")
+            vocab = int(svc.backbones[name].embeddings.shape[0])
+            bad = [j for j, t in enumerate(body.plain_ids) if not 0 <= t < vocab]
+            if bad:
+                raise ServiceError(422, "invalid_token_id",
+                                   f"plain_ids[{bad[0]}] = {body.plain_ids[bad[0]]} is not a "
+                                   f"token id of backbone '{name}' (vocabulary size {vocab})")
         did = svc.store.create_dataset(me, name, body.input_ids, body.labels, body.num_labels,
                                        body.privacy.model_dump(), body.plain_ids)
         return DatasetInfo(**svc.store.get_dataset(did, me))

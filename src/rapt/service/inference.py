@@ -85,6 +85,7 @@ class MicroBatcher:
         self.stats = BatchStats()
         self._pending: collections.deque[_Request] = collections.deque()
         self._pending_rows = 0
+        self._last_batch_size = 0
         self._cond = threading.Condition()
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="rapt-infer", daemon=True)
@@ -127,7 +128,10 @@ class MicroBatcher:
                 self._cond.wait()
             if self._stop:
                 return []
-            deadline = time.monotonic() + self.max_wait_s
+            # Wait for company only when requests have been arriving together: a lone client
+            # would pay the wait on every request for nothing.
+            wait = self.max_wait_s if self._last_batch_size > 1 or len(self._pending) > 1 else 0
+            deadline = time.monotonic() + wait
             batch = [self._pending.popleft()]
             rows = len(batch[0].rows)
             while rows < self.max_rows:
@@ -143,6 +147,7 @@ class MicroBatcher:
                     break
                 self._cond.wait(left)
             self._pending_rows -= rows
+            self._last_batch_size = len(batch)
             return batch
 
     def _loop(self) -> None:

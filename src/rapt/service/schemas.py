@@ -19,7 +19,7 @@ class ErrorBody(BaseModel):
 class PrivacyDeclaration(BaseModel):
     """What the client declares it did to the data before sending it (not verifiable here)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     mechanism: Literal["dchi-text2text", "none"] = Field(
         description="'dchi-text2text' (Feyisetan et al. 2020, RAPT §3.1) or 'none' "
@@ -41,7 +41,7 @@ class PrivacyDeclaration(BaseModel):
 class DatasetUpload(BaseModel):
     """A privatized training set: token ids (specials included), integer labels."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     backbone: str = Field(max_length=500, description="name of a backbone this server loaded")
     input_ids: TokenIds = Field(min_length=1)
@@ -81,7 +81,7 @@ class DatasetInfo(BaseModel):
 class DPOptions(BaseModel):
     """PromptDPSGD options (rapt.dp.DPConfig); give target_epsilon or noise_multiplier."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     target_epsilon: float | None = Field(None, gt=0, le=1000)
     noise_multiplier: float | None = Field(None, ge=0, le=100)
@@ -101,7 +101,7 @@ class DPOptions(BaseModel):
 class JobCreate(BaseModel):
     """A tuning job over an uploaded dataset; ranges are what the service accepts."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     dataset_id: str = Field(max_length=64)
     method: Literal["prompt", "prefix", "lora"] = "prompt"
@@ -132,6 +132,7 @@ class JobStatus(BaseModel):
     total_steps: int | None
     loss: float | None
     epoch: float | None
+    epsilon: float | None = Field(None, description="DP ε spent so far (DP jobs)")
     elapsed_s: float
     eta_s: float | None = Field(description="estimated seconds left (from steps done so far)")
     resumed_from_step: int | None
@@ -154,7 +155,7 @@ class PromptInfo(BaseModel):
 class PredictRequest(BaseModel):
     """Privatized queries (token ids, specials included) for one tuned prompt."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     prompt_id: str = Field(max_length=64)
     input_ids: TokenIds = Field(min_length=1)

@@ -27,7 +27,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     id TEXT PRIMARY KEY, owner TEXT NOT NULL REFERENCES api_keys(id),
     dataset_id TEXT NOT NULL REFERENCES datasets(id), backbone TEXT NOT NULL,
     params TEXT NOT NULL, state TEXT NOT NULL, step INTEGER NOT NULL DEFAULT 0,
-    total_steps INTEGER, loss REAL, epoch REAL, elapsed REAL NOT NULL DEFAULT 0,
+    total_steps INTEGER, loss REAL, epoch REAL, epsilon REAL,
+    elapsed REAL NOT NULL DEFAULT 0,
     started REAL, finished REAL, checkpoint TEXT, resumed_from_step INTEGER,
     prompt_id TEXT, error TEXT, created REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS prompts (

@@ -191,9 +191,9 @@ class JobWorker:
                 return
         elapsed_before = float(job["elapsed"] or 0.0)
         t0 = time.monotonic()
-        start_step = int(job["step"] or 0) if resume is not None else 0
+        start_step = int(resume.get("step", 0)) if resume is not None else None
         store.update_job(job_id, state="running", started=time.time(),
-                         resumed_from_step=start_step if resume is not None else None)
+                         resumed_from_step=start_step)
         last_write = [0.0]
 
         def progress(info: dict) -> None:
@@ -202,6 +202,8 @@ class JobWorker:
                    "total_steps": info.get("total_steps"),
                    "loss": float(info["loss"]) if info.get("loss") is not None else None,
                    "epoch": float(info["epoch"]) if info.get("epoch") is not None else None,
+                   "epsilon": (float(info["epsilon"]) if info.get("epsilon") is not None
+                               else None),
                    "elapsed": elapsed_before + now - t0}
             self._live[job_id] = rec
             if now - last_write[0] >= self.progress_interval_s:

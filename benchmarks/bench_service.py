@@ -1,0 +1,258 @@
+"""Inference throughput and latency of `rapt serve` on loopback, with and without micro-batching.
+
+Starts the real server (uvicorn subprocess) on 127.0.0.1, tunes a few prompts through the
+client on privatized SST-2 examples, then sends single-row privatized queries from several
+threads, mixing the prompts (mixed-task batching). The same database is then served by a
+second server with micro-batching off (``--max-batch-rows 1``) and measured the same way, so
+the batched / unbatched ratio comes from one run. Writes benchmarks/results/service.{json,md}.
+
+    python benchmarks/bench_service.py                  # MiniLM, 300 requests per setting
+    python benchmarks/bench_service.py --quick          # tiny random BERT, seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import torch
+
+RESULTS = Path(__file__).resolve().parent / "results"
+RAPT = [sys.executable, "-c", "import sys; from rapt.cli import main; sys.argv[0] = 'rapt'; main()"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, db: Path, backbone: str, log: Path, extra: list[str]):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        # One intra-op thread by default: on a shared 2-core machine more threads make
+        # OpenMP spin against other processes (10-100x slower single-row passes).
+        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+               "TOKENIZERS_PARALLELISM": "false"}
+        self.proc = subprocess.Popen(
+            RAPT + ["serve", "--host", "127.0.0.1", "--port", str(self.port), "--db", str(db),
+                    "--backbone", backbone, *extra],
+            env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT)
+        t0 = time.time()
+        while time.time() - t0 < 180:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"server exited; see {log}")
+            try:
+                if httpx.get(self.url + "/v1/health", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                time.sleep(0.3)
+        raise SystemExit(f"server did not start; see {log}")
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def tiny_backbone(folder: Path) -> str:
+    from transformers import BertConfig, BertModel, BertTokenizer
+
+    words = ("the a movie film good bad great awful boring fun plot actor story love hate is "
+             "was not very it this that and but of to in with").split()
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + words
+    tok = BertTokenizer(vocab={w: i for i, w in enumerate(vocab)})
+    torch.manual_seed(0)
+    BertModel(BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2,
+                         num_attention_heads=4, intermediate_size=64)).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return str(folder)
+
+
+def load(url: str, key: str, prompts: list[str], rows: list[list[int]], n: int,
+         threads: int) -> dict:
+    http = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=120,
+                        limits=httpx.Limits(max_connections=threads + 2))
+    stats0 = next(iter(http.get("/v1/stats").json().values()))
+    lat: list[float] = []
+    errors = 0
+    lock = threading.Lock()
+
+    def one(i: int) -> None:
+        nonlocal errors
+        body = {"prompt_id": prompts[i % len(prompts)], "input_ids": [rows[i % len(rows)]]}
+        t = time.perf_counter()
+        r = http.post("/v1/predict", json=body)
+        dt = time.perf_counter() - t
+        with lock:
+            lat.append(dt)
+            errors += r.status_code != 200
+
+    for i in range(min(8, n)):  # warm-up: prompt loading, first-call overheads
+        one(i)
+    lat.clear()
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(threads) as ex:
+        list(ex.map(one, range(n)))
+    wall = time.perf_counter() - t0
+    stats = next(iter(http.get("/v1/stats").json().values()))
+    passes = stats["forward_passes"] - stats0["forward_passes"]
+    lat.sort()
+    return {"threads": threads, "requests": n, "errors": errors, "wall_s": round(wall, 3),
+            "requests_per_s": round(n / wall, 1),
+            "p50_ms": round(1000 * statistics.median(lat), 1),
+            "p95_ms": round(1000 * lat[int(0.95 * (len(lat) - 1))], 1),
+            "forward_passes": passes,
+            "requests_per_pass": round((n + min(8, n)) / max(passes, 1), 2)}
+
+
+def forward_bench(backbone_name: str, prompt_dirs: list[Path], rows: list[list[int]],
+                  sizes: tuple[int, ...] = (3, 12, 48), reps: int = 5) -> list[dict]:
+    """In-process: one mixed-task pass over rows of several prompts vs one pass per prompt."""
+    from rapt.models import load_backbone
+    from rapt.service import mixed
+    from rapt.service.inference import per_prompt_forward
+    from rapt.trainer import TunedPrompt
+
+    bb = load_backbone(backbone_name)
+    prompts = [TunedPrompt.load(d) for d in prompt_dirs]
+    out = []
+    with torch.inference_mode():
+        for n in sizes:
+            items = [(prompts[i % len(prompts)], [rows[i % len(rows)]]) for i in range(n)]
+            row = {"rows": n, "prompts": len(prompts)}
+            for name, fn in (("mixed_ms", mixed.forward), ("per_prompt_ms", per_prompt_forward)):
+                fn(bb, items)  # warm-up
+                t = time.perf_counter()
+                for _ in range(reps):
+                    fn(bb, items)
+                row[name] = round(1000 * (time.perf_counter() - t) / reps, 1)
+            row["ratio_per_prompt_over_mixed"] = round(row["per_prompt_ms"] / row["mixed_ms"], 2)
+            out.append(row)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--backbone", default="minilm")
+    ap.add_argument("--quick", action="store_true", help="tiny random BERT, fewer requests")
+    ap.add_argument("--requests", type=int, default=300)
+    ap.add_argument("--threads", default="1,4,16")
+    ap.add_argument("--prompts", type=int, default=3)
+    ap.add_argument("--eta", type=float, default=100.0)
+    ap.add_argument("--train-examples", type=int, default=64)
+    ap.add_argument("--out", default=str(RESULTS / "service"))
+    args = ap.parse_args()
+    load_start = os.getloadavg()
+    t_start = time.time()
+    from rapt.client import RaptClient
+    from rapt.data import load_dataset
+    from rapt.service import auth
+    from rapt.service.store import Store
+
+    tmp = Path(tempfile.mkdtemp(prefix="rapt-bench-"))
+    backbone = tiny_backbone(tmp / "tiny") if args.quick else args.backbone
+    n_req = 60 if args.quick else args.requests
+    db = tmp / "svc.db"
+    store = Store(db)
+    key = auth.new_key()
+    store.add_key("bench", auth.hash_key(key))
+    store.close()
+    train = load_dataset("sst2", "train").subset(args.train_examples, seed=0)
+    queries = load_dataset("sst2", "dev").subset(64, seed=1).texts
+
+    srv = Server(db, backbone, tmp / "server.log", [])
+    try:
+        c = RaptClient(srv.url, key, backbone=backbone, eta=args.eta, seed=0)
+        ds = c.upload(train, max_length=64)
+        t = time.perf_counter()
+        jobs = [c.tune(ds, epochs=1, batch_size=16, num_virtual_tokens=20, lr=0.02, seed=s,
+                       max_length=64) for s in range(args.prompts)]
+        prompts = []
+        for j in jobs:
+            st = c.wait(j, progress=False, timeout=600)
+            if st["state"] != "succeeded":
+                raise SystemExit(f"job failed: {st}")
+            prompts.append(st["prompt_id"])
+        tune_s = time.perf_counter() - t
+        rows = c.encode(queries, max_length=64)
+        p_repl = c.last_upload["replacement_probability"]
+        threads = [int(x) for x in args.threads.split(",")]
+        batched = [load(srv.url, key, prompts, rows, n_req, k) for k in threads]
+    finally:
+        srv.stop()
+    srv = Server(db, backbone, tmp / "server-nobatch.log", ["--max-batch-rows", "1"])
+    try:
+        unbatched = [load(srv.url, key, prompts, rows, n_req, k) for k in threads]
+    finally:
+        srv.stop()
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    fwd = forward_bench(backbone, [db.with_name(db.name + ".files") / "prompts" / p
+                                   for p in prompts], rows)
+    shutil.rmtree(tmp, ignore_errors=True)
+    result = {
+        "command": " ".join(["python", "benchmarks/bench_service.py", *sys.argv[1:]]),
+        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
+                    "torch": torch.__version__, "loadavg_start": load_start,
+                    "loadavg_end": os.getloadavg(),
+                    "server_omp_threads": os.environ.get("OMP_NUM_THREADS", "1")},
+        "settings": {"backbone": "tiny-random-bert" if args.quick else backbone,
+                     "eta": args.eta, "replacement_probability_train": round(p_repl, 4),
+                     "prompts": len(prompts), "rows_per_request": 1,
+                     "query_len_tokens_mean": round(sum(map(len, rows)) / len(rows), 1),
+                     "tune_seconds_all_prompts": round(tune_s, 1), "batch_wait_ms": 5.0,
+                     "max_batch_rows": 64},
+        "batched": batched,
+        "unbatched": unbatched,
+        "speedup_requests_per_s": [round(b["requests_per_s"] / u["requests_per_s"], 2)
+                                   for b, u in zip(batched, unbatched, strict=True)],
+        "mixed_task_forward": fwd,
+        "seconds": round(time.time() - t_start, 1),
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    lines = [
+        f"# Service inference on loopback ({result['settings']['backbone']})", "",
+        f"`{result['command']}` — {platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} CPUs, load average at start {load_start[0]:.1f}; "
+        f"{len(prompts)} prompts mixed, 1 privatized row per request "
+        f"(η={args.eta}, P={p_repl:.2f}).", "",
+        "| threads | micro-batching | requests/s | p50 ms | p95 ms | requests per forward pass "
+        "| errors |", "|---|---|---|---|---|---|---|"]
+    for b, u in zip(batched, unbatched, strict=True):
+        for name, r in (("on", b), ("off", u)):
+            lines.append(f"| {r['threads']} | {name} | {r['requests_per_s']} | {r['p50_ms']} | "
+                         f"{r['p95_ms']} | {r['requests_per_pass']} | {r['errors']} |")
+    lines += ["", "Speed-up of requests/s from micro-batching, per thread count: "
+              + ", ".join(f"{k} threads ×{s}" for k, s in
+                          zip(threads, result["speedup_requests_per_s"], strict=True)), ""]
+    lines += ["In-process, one backbone pass for rows of several prompts (mixed-task) vs one pass "
+              "per prompt:", "", "| rows | prompts | mixed ms | per-prompt ms | ratio |",
+              "|---|---|---|---|---|"]
+    lines += [f"| {r['rows']} | {r['prompts']} | {r['mixed_ms']} | {r['per_prompt_ms']} | "
+              f"{r['ratio_per_prompt_over_mixed']} |" for r in fwd]
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

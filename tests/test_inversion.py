@@ -1,0 +1,104 @@
+"""Nearest-neighbour embedding inversion attack (RAPT App. A.3.2)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rapt.attacks import inversion_attack, invert_ids, invert_vectors
+from rapt.nn_search import build_index
+from rapt.privatization import Privatizer, replacement_probability
+
+
+def _emb(V=300, d=16, seed=0):
+    return torch.randn(V, d, generator=torch.Generator().manual_seed(seed)) * 0.1
+
+
+def test_clean_embeddings_are_fully_recovered():
+    E = _emb()
+    ids = torch.arange(300)
+    assert torch.equal(invert_vectors(E[ids], E), ids)
+    res = inversion_attack(ids, E, noised=E[ids])
+    assert res.success_rate == 1.0 and res.empirical_privacy == 0.0 and res.n_tokens == 300
+
+
+@pytest.mark.parametrize("eta", [30.0, 120.0, 600.0])
+def test_text_setting_success_is_one_minus_p(eta):
+    E = _emb()
+    ids = torch.arange(300).repeat(4).view(8, 150)
+    private = Privatizer(E, eta, seed=1).privatize_ids(ids)
+    res = inversion_attack(ids, E, private_ids=private)
+    assert res.recovered.shape == ids.shape
+    # Same embedding: each received token is its own nearest neighbour.
+    assert torch.equal(res.recovered, private)
+    assert res.success_rate == pytest.approx(1.0 - replacement_probability(ids, private))
+
+
+def test_vector_setting_matches_mechanism_and_privacy_grows_as_eta_falls():
+    E = _emb()
+    ids = torch.arange(300).repeat(5)
+    privacy = []
+    for eta in (200.0, 40.0, 8.0):
+        priv = Privatizer(E, eta, seed=2)
+        noised = priv.noised_embeddings(ids)
+        res = inversion_attack(ids, E, noised=noised)
+        # The attacker's NN of x + z is exactly the mechanism's output token.
+        assert torch.equal(res.recovered, Privatizer(E, eta, seed=2).privatize_ids(ids))
+        privacy.append(res.empirical_privacy)
+    assert privacy[0] < privacy[1] < privacy[2]
+    assert privacy[0] < 0.2 and privacy[2] > 0.8
+
+
+def test_specials_not_counted_and_candidate_restriction():
+    E = _emb(V=50)
+    ids = torch.tensor([0, 5, 6, 7, 0])
+    noised = E[ids].clone()
+    noised[1] = E[9]  # one wrong recovery among 3 counted tokens
+    res = inversion_attack(ids, E, noised=noised, special_ids=[0])
+    assert res.n_tokens == 3 and res.success_rate == pytest.approx(2 / 3)
+    cand = torch.arange(1, 50)  # attacker never outputs token 0
+    rec = invert_vectors(E[[0, 3]], E, candidate_ids=cand)
+    assert rec[0] != 0 and rec[1] == 3
+
+
+def test_different_private_embedding_and_shared_index():
+    E, E2 = _emb(seed=0), _emb(seed=0) + 1e-4
+    ids = torch.arange(300)
+    idx = build_index(E, "fast")
+    assert torch.equal(invert_ids(ids, E, private_embeddings=E2, index=idx), ids)
+
+
+def test_errors():
+    E = _emb()
+    ids = torch.arange(4)
+    with pytest.raises(ValueError, match="exactly one"):
+        inversion_attack(ids, E)
+    with pytest.raises(ValueError, match="exactly one"):
+        inversion_attack(ids, E, private_ids=ids, noised=E[ids])
+    with pytest.raises(ValueError, match="shape"):
+        inversion_attack(ids, E, private_ids=torch.arange(5))
+    with pytest.raises(ValueError, match="dimension"):
+        invert_vectors(torch.zeros(3, 7), E)
+
+
+def test_cli_attack_invert(tmp_path):
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+    from typer.testing import CliRunner
+
+    from rapt.cli import app
+
+    words = "[PAD] [UNK] [CLS] [SEP] [MASK] the movie was good bad plot very".split()
+    tok = BertTokenizerFast(vocab={w: i for i, w in enumerate(words)})
+    torch.manual_seed(0)
+    model = BertModel(BertConfig(vocab_size=len(words), hidden_size=16, num_hidden_layers=1,
+                                 num_attention_heads=2, intermediate_size=32))
+    d = tmp_path / "bb"
+    model.save_pretrained(d)
+    tok.save_pretrained(d)
+    src = tmp_path / "in.txt"
+    src.write_text("1 the movie was good\n0 bad plot\n")
+    r = CliRunner().invoke(app, ["attack", "invert", str(src), "--format", "label-text",
+                                 "--backbone", str(d), "--eta", "1e6", "--eta", "1",
+                                 "--setting", "vectors"])
+    assert r.exit_code == 0, r.output
+    assert "empirical privacy = 0.0000" in r.output  # η = 1e6: no noise to speak of

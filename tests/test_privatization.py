@@ -1,0 +1,346 @@
+"""dχ-privacy mechanism: noise law, the dχ bound, P, seeds, specials, chunking, CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from rapt.privatization import (
+    Privatizer,
+    calibrate_eta,
+    candidate_ids_from_tokenizer,
+    measure_p,
+    privatize_texts,
+    privatize_texts_detailed,
+    replacement_probability,
+    sample_noise,
+)
+
+_WORDS = (
+    "[PAD] [UNK] [CLS] [SEP] [MASK] the a movie film good bad great awful boring fun plot actor "
+    "story love hate is was not very really it this that and but of to in with funny sad dull "
+    "brilliant terrible best worst ever one two time scene music long short fine nice poor weak"
+).split()
+
+
+@pytest.fixture(scope="module")
+def tok():
+    """~55-word WordPiece tokenizer (built from a dict: transformers 5 ignores vocab_file=)."""
+    from transformers import BertTokenizerFast
+
+    return BertTokenizerFast(vocab={w: i for i, w in enumerate(_WORDS)}, do_lower_case=True)
+
+
+@pytest.fixture(scope="module")
+def bert(tok):
+    """rapt Backbone around a random 2-layer, 32-dim BERT over ``tok``."""
+    from transformers import BertConfig, BertModel
+
+    from rapt.models import from_model
+
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2,
+                     num_attention_heads=4, intermediate_size=64, max_position_embeddings=64)
+    return from_model(BertModel(cfg).eval(), tok, name="tiny-bert", kind="encoder")
+
+
+def _emb(V=55, d=32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(V, d, generator=g) * 0.1
+
+
+# --- noise law ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("d,eta", [(1, 3.0), (16, 5.0), (384, 100.0)])
+def test_noise_norm_is_gamma(d, eta):
+    z = sample_noise(4000, d, eta, torch.Generator().manual_seed(1))
+    norms = z.double().norm(dim=1).numpy()
+    assert stats.kstest(norms, "gamma", args=(d, 0, 1.0 / eta)).pvalue > 0.001
+    # The test has power: a noise scale off by 10% is rejected.
+    if d > 1:
+        assert stats.kstest(norms, "gamma", args=(d, 0, 1.1 / eta)).pvalue < 0.001
+
+
+def test_noise_direction_is_uniform_on_sphere():
+    d, n = 16, 4000
+    z = sample_noise(n, d, 2.0, torch.Generator().manual_seed(2)).double()
+    v = z / z.norm(dim=1, keepdim=True)
+    # Mean direction ~ 0: each coordinate has variance 1/d, so the mean has s.d. 1/sqrt(n d).
+    assert v.mean(0).abs().max() < 5 / math.sqrt(n * d)
+    # v_1^2 ~ Beta(1/2, (d-1)/2) for a uniform direction; so is any fixed projection.
+    assert stats.kstest(v[:, 0].pow(2).numpy(), "beta", args=(0.5, (d - 1) / 2)).pvalue > 0.001
+    u = torch.randn(d, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    proj = (v @ (u / u.norm())).pow(2).numpy()
+    assert stats.kstest(proj, "beta", args=(0.5, (d - 1) / 2)).pvalue > 0.001
+    # ... and it is independent of the norm (Spearman correlation ~ 0).
+    assert abs(stats.spearmanr(z.norm(dim=1), v[:, 0].pow(2)).statistic) < 0.06
+
+
+def test_noised_embeddings_have_gamma_norm_and_keep_specials():
+    E = _emb(d=8)
+    priv = Privatizer(E, 4.0, special_ids=[0, 2], seed=0)
+    ids = torch.tensor([0, 5, 2] + [7] * 3000)
+    y = priv.noised_embeddings(ids)
+    assert y.shape == (len(ids), 8)
+    assert torch.equal(y[[0, 2]], E[[0, 2]])
+    norms = (y[3:] - E[7]).double().norm(dim=1).numpy()
+    assert stats.kstest(norms, "gamma", args=(8, 0, 1 / 4.0)).pvalue > 0.001
+
+
+# --- the dχ bound (eq. 1) ----------------------------------------------------------------------
+
+def _cp_bounds(k: np.ndarray, n: int, alpha: float) -> tuple[np.ndarray, np.ndarray]:
+    """Clopper-Pearson interval for k successes in n trials (per entry)."""
+    lo = np.where(k > 0, stats.beta.ppf(alpha / 2, k, n - k + 1), 0.0)
+    hi = np.where(k < n, stats.beta.ppf(1 - alpha / 2, k + 1, n - k), 1.0)
+    return lo, hi
+
+
+def _output_counts(priv: Privatizer, x: int, n: int, V: int) -> np.ndarray:
+    out = priv.privatize_ids(torch.full((n,), x))
+    return torch.bincount(out, minlength=V).numpy()
+
+
+def test_dx_bound_on_tiny_vocabulary(tok):
+    # Tiny vocabulary (the fixture's ~55 tokens) embedded in 2-D, where the bound is nearly
+    # reached for tokens at the edge of the cloud; 30k samples per input.
+    V = len(tok)
+    E = _emb(V=V, d=2, seed=4)
+    eta, n, alpha = 12.0, 30000, 1e-4
+    priv = Privatizer(E, eta, seed=5)
+    pairs = [(7, 8), (9, 30), (12, 40)]
+    worst = 0.0
+    for a, b in pairs:
+        dist = float((E[a] - E[b]).norm())
+        ca, cb = _output_counts(priv, a, n, V), _output_counts(priv, b, n, V)
+        for c1, c2 in ((ca, cb), (cb, ca)):
+            lo1, _ = _cp_bounds(c1, n, alpha / V)
+            _, hi2 = _cp_bounds(c2, n, alpha / V)
+            assert (lo1 <= math.exp(eta * dist) * hi2).all()
+            seen = (c1 > 300) & (c2 > 300)
+            worst = max(worst, float(np.max(np.log(c1[seen] / c2[seen]) / (eta * dist))))
+    # Where counts are large, the observed log-ratio reaches a good fraction of η·d(x, x'), so
+    # the check above is not vacuous (the bound itself is checked with intervals, not here).
+    assert worst > 0.3
+
+
+def test_dx_bound_is_tight_in_one_dimension():
+    # d = 1, vocabulary {0, 1, 2, 3}: M(1) = 0 iff z < -1/2 and M(2) = 0 iff z < -3/2, so with
+    # Laplace noise of rate η the ratio is exactly exp(η |1 - 2|).  A wrong noise law fails.
+    E = torch.tensor([[0.0], [1.0], [2.0], [3.0]])
+    eta, n = 2.0, 200000
+    priv = Privatizer(E, eta, seed=6)
+    c1 = int((priv.privatize_ids(torch.full((n,), 1)) == 0).sum())
+    c2 = int((priv.privatize_ids(torch.full((n,), 2)) == 0).sum())
+    p1, p2 = c1 / n, c2 / n
+    assert p1 == pytest.approx(0.5 * math.exp(-0.5 * eta), rel=0.05)
+    assert p2 == pytest.approx(0.5 * math.exp(-1.5 * eta), rel=0.08)
+    # Delta method: s.e. of log(p1/p2) ~ sqrt(1/c1 + 1/c2).
+    se = math.sqrt(1 / c1 + 1 / c2)
+    assert abs(math.log(p1 / p2) - eta) < 4 * se
+
+
+# --- P, seeds, specials, chunking --------------------------------------------------------------
+
+def test_p_rises_as_eta_falls():
+    E = _emb(V=200, d=16)
+    ids = torch.arange(200).repeat(10)
+    etas = [400.0, 200.0, 100.0, 50.0, 25.0, 10.0]
+    ps = [measure_p(E, eta, ids, seed=0) for eta in etas]
+    # Same seed = same directions and Gamma draws, only scaled by 1/η; Voronoi cells are
+    # convex, so P is monotone path by path, not just on average.
+    assert all(a <= b for a, b in zip(ps, ps[1:], strict=False)), ps
+    assert ps[0] < 0.2 and ps[-1] > 0.8
+
+
+def test_seed_reproduces_and_differs():
+    E = _emb()
+    ids = torch.randint(5, 55, (3, 40), generator=torch.Generator().manual_seed(0))
+    a = Privatizer(E, 30.0, seed=11).privatize_ids(ids)
+    b = Privatizer(E, 30.0, seed=11).privatize_ids(ids)
+    c = Privatizer(E, 30.0, seed=12).privatize_ids(ids)
+    assert a.shape == ids.shape and torch.equal(a, b) and not torch.equal(a, c)
+    g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    p = Privatizer(E, 30.0)
+    assert torch.equal(p.privatize_ids(ids, generator=g1), p.privatize_ids(ids, generator=g2))
+
+
+def test_specials_untouched_and_never_produced(tok):
+    V = len(tok)
+    E = _emb(V=V)
+    specials = tok.all_special_ids
+    cand = candidate_ids_from_tokenizer(tok, V)
+    assert not set(cand.tolist()) & set(specials)
+    priv = Privatizer(E, 1.0, special_ids=specials, candidate_ids=cand, seed=0)
+    enc = tok(["the movie was good", "bad plot"], padding="max_length",
+                         max_length=12, return_tensors="pt")["input_ids"]
+    out = priv.privatize_ids(enc)
+    is_special = torch.isin(enc, torch.tensor(specials))
+    assert torch.equal(out[is_special], enc[is_special])
+    assert not torch.isin(out[~is_special], torch.tensor(specials)).any()
+    assert (out[~is_special] != enc[~is_special]).float().mean() > 0.5  # η = 1: heavy noise
+
+
+def test_candidate_ids_exclude_unused_tokens():
+    class FakeTok:
+        all_special_ids = [0, 1]
+
+        def __len__(self):
+            return 6
+
+        def get_vocab(self):
+            return {"[PAD]": 0, "[CLS]": 1, "[unused0]": 2, "[unused12]": 3, "a": 4, "b": 5}
+
+    assert candidate_ids_from_tokenizer(FakeTok()).tolist() == [4, 5]
+    assert candidate_ids_from_tokenizer(FakeTok(), exclude_unused=False).tolist() == [2, 3, 4, 5]
+    assert candidate_ids_from_tokenizer(FakeTok(), vocab_size=5).tolist() == [4]
+
+
+@pytest.mark.parametrize("mode", ["exact", "fast"])
+def test_chunking_does_not_change_output(mode):
+    E = _emb(V=300, d=24)
+    ids = torch.randint(0, 300, (2500,), generator=torch.Generator().manual_seed(0))
+    ref = Privatizer(E, 40.0, seed=3, mode=mode).privatize_ids(ids)
+    for chunk in (1, 7, 1000, 1024, 5000):
+        got = Privatizer(E, 40.0, seed=3, mode=mode, chunk_size=chunk).privatize_ids(ids)
+        assert torch.equal(got, ref), chunk
+    y1 = Privatizer(E, 40.0, seed=3, chunk_size=13).noised_embeddings(ids[:100])
+    y2 = Privatizer(E, 40.0, seed=3).noised_embeddings(ids[:100])
+    assert torch.equal(y1, y2)
+
+
+def test_exact_fast_and_brute_force_agree():
+    E = _emb(V=2000, d=32)
+    ids = torch.randint(0, 2000, (3000,), generator=torch.Generator().manual_seed(1))
+    for eta in (20.0, 80.0, 300.0):
+        ex = Privatizer(E, eta, seed=4, mode="exact")
+        fa = Privatizer(E, eta, seed=4, mode="fast")
+        y = Privatizer(E, eta, seed=4).noised_embeddings(ids)
+        brute = torch.cdist(y.double(), E.double()).argmin(1)
+        assert torch.equal(ex.privatize_ids(ids), brute)
+        assert torch.equal(fa.privatize_ids(ids), brute)
+
+
+def test_eta_scale_per_token():
+    E = _emb(V=100, d=16)
+    ids = torch.arange(100).repeat(5)
+    scale = torch.ones(len(ids))
+    scale[:100] = 1e9  # practically no noise for the first copy
+    out = Privatizer(E, 5.0, seed=0).privatize_ids(ids, eta_scale=scale)
+    assert torch.equal(out[:100], ids[:100])
+    assert (out[100:] != ids[100:]).float().mean() > 0.5
+    with pytest.raises(ValueError, match="shape"):
+        Privatizer(E, 5.0).privatize_ids(ids, eta_scale=torch.ones(3))
+    with pytest.raises(ValueError, match="positive"):
+        Privatizer(E, 5.0).privatize_ids(ids, eta_scale=torch.zeros(len(ids)))
+
+
+def test_bad_arguments():
+    E = _emb()
+    with pytest.raises(ValueError, match="eta"):
+        Privatizer(E, 0.0)
+    with pytest.raises(ValueError, match="eta"):
+        Privatizer(E, float("nan"))
+    with pytest.raises(ValueError, match="mode"):
+        Privatizer(E, 1.0, mode="hnsw")
+    with pytest.raises(ValueError, match=r"\[0, 55\)"):
+        Privatizer(E, 1.0).privatize_ids(torch.tensor([99]))
+    with pytest.raises(ValueError, match="candidate_ids"):
+        Privatizer(E, 1.0, candidate_ids=[100])
+    with pytest.raises(TypeError):
+        Privatizer(E, 1.0).privatize_ids(torch.tensor([1.5]))
+
+
+def test_replacement_probability():
+    assert replacement_probability([[1, 2, 3], [4]], [[1, 9, 3], [5]]) == 0.5
+    assert replacement_probability(torch.tensor([0, 2, 3]), torch.tensor([0, 9, 3]), [0]) == 0.5
+    assert replacement_probability([[0]], [[0]], [0]) == 0.0
+    with pytest.raises(ValueError):
+        replacement_probability([[1, 2]], [[1]])
+
+
+def test_calibrate_eta_hits_target():
+    E = _emb(V=300, d=16)
+    ids = torch.arange(300).repeat(4)
+    for target in (0.1, 0.5, 0.9):
+        eta = calibrate_eta(E, target, ids, seed=0, tol=0.01)
+        assert measure_p(E, eta, ids, seed=0) == pytest.approx(target, abs=0.01)
+    with pytest.raises(ValueError):
+        calibrate_eta(E, 1.0, ids)
+
+
+def test_privatize_texts(bert):
+    tok = bert.tokenizer
+    cand = candidate_ids_from_tokenizer(tok, bert.embeddings.shape[0])
+    priv = Privatizer(bert.embeddings, 50.0, special_ids=bert.special_ids,
+                      candidate_ids=cand, seed=0)
+    texts = ["the movie was good", "a very boring plot", "fun"]
+    res = privatize_texts_detailed(texts, tok, priv)
+    assert len(res.texts) == 3 and [len(r) for r in res.private_ids] == [4, 4, 1]
+    assert res.p == replacement_probability(res.original_ids, res.private_ids)
+    again = privatize_texts(texts, tok, Privatizer(bert.embeddings, 50.0,
+                                                   special_ids=bert.special_ids,
+                                                   candidate_ids=cand, seed=0))
+    assert again == res.texts
+    quiet = privatize_texts_detailed(texts, tok, priv,
+                                     token_eta_scale=torch.full((len(tok),), 1e9))
+    assert quiet.p == 0.0 and quiet.texts == ["the movie was good", "a very boring plot", "fun"]
+    assert privatize_texts([], tok, priv) == []
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_runs_and_reproduces():
+    E = _emb(V=500, d=32).cuda()
+    ids = torch.randint(0, 500, (4000,), device="cuda")
+    a = Privatizer(E, 30.0, seed=1).privatize_ids(ids)
+    b = Privatizer(E, 30.0, seed=1).privatize_ids(ids)
+    assert a.device.type == "cuda" and torch.equal(a, b)
+
+
+# --- CLI ---------------------------------------------------------------------------------------
+
+@pytest.fixture()
+def tiny_backbone_dir(bert, tmp_path):
+    d = tmp_path / "tiny-bert"
+    bert.model.save_pretrained(d)
+    bert.tokenizer.save_pretrained(d)
+    return d
+
+
+def test_cli_privatize_label_sentence_file(tiny_backbone_dir, tmp_path):
+    from typer.testing import CliRunner
+
+    from rapt.cli import app
+
+    src = tmp_path / "in.txt"
+    src.write_text("1 the movie was good\n0 a very boring plot\n1 fun fun fun\n")
+    dst = tmp_path / "out.txt"
+    r = CliRunner().invoke(app, ["privatize", str(src), str(dst), "--eta", "20",
+                                 "--backbone", str(tiny_backbone_dir), "--seed", "0",
+                                 "--format", "label-text", "--json-report"])
+    assert r.exit_code == 0, r.output
+    lines = dst.read_text().splitlines()
+    assert [ln.split(" ", 1)[0] for ln in lines] == ["1", "0", "1"]
+    report = json.loads(r.stdout.strip().splitlines()[-1])
+    assert 0.0 <= report["p"] <= 1.0 and report["tokens"] == 11 and report["examples"] == 3
+
+
+def test_cli_privatize_errors(tiny_backbone_dir, tmp_path):
+    from typer.testing import CliRunner
+
+    from rapt.cli import app
+
+    runner = CliRunner()
+    r = runner.invoke(app, ["privatize", str(tmp_path / "missing.txt"), str(tmp_path / "o"),
+                            "--backbone", str(tiny_backbone_dir)])
+    assert r.exit_code == 2 and "missing.txt" in r.output
+    src = tmp_path / "in.txt"
+    src.write_text("1 good\n")
+    r = runner.invoke(app, ["privatize", str(src), str(tmp_path / "o"), "--eta", "-1",
+                            "--backbone", str(tiny_backbone_dir)])
+    assert r.exit_code == 2 and "eta" in r.output

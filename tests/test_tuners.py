@@ -1,0 +1,153 @@
+"""Tuners on tiny random backbones: shapes, what trains, positions, broadcast protocol."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rapt.trainer import RaptModel, TuneConfig
+from rapt.tuners import METHODS, build_tuner
+
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + (
+    "the a movie film good bad great awful boring fun plot actor story is was not very it "
+    "this and but of music long fine").split()
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    # conftest's tiny_tokenizer passes vocab_file=, which transformers 5 ignores (it ends up
+    # with the 5 special tokens only); from_pretrained on the folder reads the vocabulary.
+    from transformers import BertTokenizerFast
+
+    d = tmp_path_factory.mktemp("tuner_tok")
+    (d / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
+    return BertTokenizerFast.from_pretrained(str(d))
+
+
+def _bert(tok):
+    from transformers import BertConfig, BertModel
+
+    from rapt.models import from_model
+
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2,
+                     num_attention_heads=4, intermediate_size=64, max_position_embeddings=64)
+    return from_model(BertModel(cfg).eval(), tok, name="tiny-bert", kind="encoder")
+
+
+def _llama(tok):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from rapt.models import from_model
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+                      max_position_embeddings=64, pad_token_id=tok.pad_token_id)
+    return from_model(LlamaForCausalLM(cfg).eval(), tok, name="tiny-llama", kind="causal")
+
+
+@pytest.fixture(params=["bert", "llama"])
+def bb(request, tok):
+    return _bert(tok) if request.param == "bert" else _llama(tok)
+
+
+def _batch(tok):
+    enc = tok(["good movie", "the plot was very boring and long", "fun"], padding=True,
+              return_tensors="pt")
+    return enc["input_ids"], enc["attention_mask"]
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_forward_shape_and_trainable_params(bb, method):
+    before = {k: v.clone() for k, v in bb.model.state_dict().items()}
+    tuner = build_tuner(bb, method, num_virtual_tokens=3)
+    ids, mask = _batch(bb.tokenizer)
+    h = tuner(ids, mask)
+    assert h.shape == (*ids.shape, bb.hidden_size)
+    names = [n for n, p in tuner.named_parameters() if p.requires_grad]
+    if method == "prompt":
+        assert names == ["prompt"]
+    elif method == "prefix":
+        assert names == ["prefix"]
+    elif method == "lora":
+        assert names and all("lora_" in n for n in names)
+    else:
+        assert len(names) == len(list(tuner.parameters()))
+    h.pow(2).mean().backward()
+    assert all(p.grad is None for p in bb.model.parameters())  # shared backbone: no grads
+    for k, v in bb.model.state_dict().items():  # and untouched (LoRA/full train a copy)
+        assert torch.equal(v, before[k]), k
+
+
+def test_prefix_parameter_shape_follows_kv_heads(tok):
+    llama = _llama(tok)
+    t = build_tuner(llama, "prefix", num_virtual_tokens=4)
+    # 2 layers x (key, value) x 2 kv heads x head_dim 8
+    assert t.prefix.shape == (4, 2 * 2 * 2 * 8)
+
+
+def test_prompt_positions_align_with_inputs(bb):
+    """Output row i is input token i: equal to running the backbone on [P; X] by hand and
+    dropping the N prompt rows (padding of the inputs stays masked)."""
+    from rapt.tuners import base_model
+
+    tuner = build_tuner(bb, "prompt", num_virtual_tokens=2)
+    ids, mask = _batch(bb.tokenizer)
+    emb = bb.model.get_input_embeddings()(ids)
+    full = torch.cat([tuner.prompt.unsqueeze(0).expand(3, -1, -1), emb], 1)
+    fmask = torch.cat([torch.ones(3, 2, dtype=mask.dtype), mask], 1)
+    ref = base_model(bb.model)(inputs_embeds=full, attention_mask=fmask).last_hidden_state[:, 2:]
+    torch.testing.assert_close(tuner(ids, mask), ref)
+
+
+def test_prefix_changes_every_layer_input(bb):
+    """A non-zero prefix changes the states; a second tuner with the same seed agrees."""
+    from rapt.tuners import base_model
+
+    ids, mask = _batch(bb.tokenizer)
+    plain = base_model(bb.model)(input_ids=ids, attention_mask=mask).last_hidden_state
+    a = build_tuner(bb, "prefix", num_virtual_tokens=2, seed=3)
+    b = build_tuner(bb, "prefix", num_virtual_tokens=2, seed=3)
+    with torch.no_grad():
+        a.prefix.mul_(50)
+        b.prefix.mul_(50)
+    ha = a(ids, mask)
+    assert not torch.allclose(ha, plain, atol=1e-3)
+    torch.testing.assert_close(ha, b(ids, mask))
+
+
+def test_broadcast_protocol_sums_to_param_grad(bb):
+    for method in ("prompt", "prefix"):
+        tuner = build_tuner(bb, method, num_virtual_tokens=3)
+        tuner.track_per_example = True
+        ids, mask = _batch(bb.tokenizer)
+        tuner(ids, mask).pow(2).sum().backward()
+        pairs = tuner.per_example_tensors()
+        assert len(pairs) == 1
+        p, e = pairs[0]
+        assert e.shape == (ids.shape[0], *p.shape)
+        torch.testing.assert_close(e.grad.sum(0), p.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_no_per_example_overhead_without_dp(bb):
+    tuner = build_tuner(bb, "prompt", num_virtual_tokens=2)
+    ids, mask = _batch(bb.tokenizer)
+    tuner(ids, mask)
+    with pytest.raises(RuntimeError):
+        tuner.per_example_tensors()
+
+
+@pytest.mark.parametrize("method", ["prompt", "prefix"])
+def test_rec_head_reads_plain_positions(bb, method):
+    cfg = TuneConfig(method=method, num_virtual_tokens=2, rec_hidden=8)
+    model = RaptModel(bb, cfg, 2, rec_vocab=list(range(10)), plain_len=3, offset=1).eval()
+    ids, mask = _batch(bb.tokenizer)
+    logits, rec, hidden = model(ids, mask)
+    assert logits.shape == (3, 2) and rec.shape == (3, 3, 10)
+    torch.testing.assert_close(rec, model.rec_head(hidden[:, 1:4]))
+
+
+def test_unknown_method(tok):
+    with pytest.raises(ValueError, match="unknown tuning method"):
+        build_tuner(_bert(tok), "adapterz")
