@@ -1,6 +1,6 @@
 """Membership inference on prompted LLMs (Flocks §3, Figure 2) with SmolLM2-135M.
 
-    python benchmarks/bench_mia.py                    # CPU profile: 10 prompts x (1 + 30)
+    python benchmarks/bench_mia.py                    # CPU profile: 8 prompts x (1 + 25)
     python benchmarks/bench_mia.py --profile paper    # 100 prompts x (1 + 50)
 
 Writes benchmarks/results/mia.{json,md,png}. The table also lists the attack against the
@@ -27,7 +27,8 @@ from rapt.models import load_backbone
 from rapt.pate import as_demos, get_template
 
 RESULTS = Path(__file__).resolve().parent / "results"
-PROFILES = {"cpu": dict(prompts=10, nonmembers=30), "paper": dict(prompts=100, nonmembers=50)}
+PROFILES = {"cpu": dict(prompts=8, nonmembers=25), "paper": dict(prompts=100, nonmembers=50),
+            "smoke": dict(prompts=2, nonmembers=3)}
 
 
 def main() -> None:

@@ -29,6 +29,7 @@ import torch
 
 from rapt.attacks.attribute import attribute_attack, embedding_features, hidden_features
 from rapt.data import load_dataset
+from rapt.demo import plain_tokens_for
 from rapt.models import load_backbone
 from rapt.privatization import (
     Privatizer,
@@ -41,13 +42,15 @@ from rapt.trainer import TuneConfig, tune
 
 PROFILES = {
     # Sized so that the whole grid finishes in about 25 minutes on 2 shared CPU cores.
-    "cpu": dict(train=384, test=200, max_length=40, plain_len=16, epochs=2, batch_size=16,
+    "cpu": dict(plain_sequences=1, train=384, test=200, max_length=40, plain_len=16, epochs=2,
+                batch_size=16,
                 seeds=1, prompt_tokens=10, prefix_tokens=10, levels=(0.6, 0.4, 0.2),
                 attack_train=300, attack_test=200, lr={"prompt": 3e-2, "prefix": 1e-2},
                 tasks=("sst2", "trustpilot"), methods=("prompt", "prefix")),
     # The paper's setting (BERT-base there): full data, 4 epochs, batch 128, length 128,
     # prompt 150 / prefix 10, m = 40, 5 seeds.
-    "paper": dict(train=None, test=None, max_length=128, plain_len=40, epochs=4, batch_size=128,
+    "paper": dict(plain_sequences=1, train=None, test=None, max_length=128, plain_len=40,
+                  epochs=4, batch_size=128,
                   seeds=5, prompt_tokens=150, prefix_tokens=10, levels=(0.6, 0.4, 0.2),
                   attack_train=2000, attack_test=1000, lr={"prompt": 3e-2, "prefix": 1e-2},
                   tasks=("sst2", "trustpilot"), methods=("prompt", "prefix")),
@@ -65,22 +68,52 @@ def _machine() -> dict:
             "threads": torch.get_num_threads(), "loadavg_start": list(os.getloadavg())}
 
 
-def step_time_ratio(bb, rows, labels, plain, cfg_kw: dict, steps: int, repeats: int) -> dict:
-    """Train-step time with vs without the reconstruction head on the *same* rows (equal batch
-    and length), alternating the two so a busy machine slows both alike."""
-    n = steps * cfg_kw["batch_size"]
-    rows, labels = rows[:n], labels[:n]
+def step_time_ratio(bb, rows, labels, plain, cfg_kw: dict, steps: int, repeats: int,
+                    rec_vocab_size: int = 7630) -> dict:
+    """Train-step time (forward, backward, AdamW) with vs without the reconstruction head
+    (h -> 96 -> |T| = 7630 on the m plain positions) on the *same* batches (equal batch and
+    length), alternating the two so a busy machine slows both alike."""
+    from torch import nn
+
+    from rapt.reconstruction import reconstruction_loss
+    from rapt.trainer import RaptModel, pad_batch
+
+    cfg = TuneConfig(**cfg_kw)
+    off, m = plain_offset(bb.tokenizer), len(plain)
+    models = {rec: RaptModel(bb, cfg, 2, list(range(rec_vocab_size)) if rec else None, m, off)
+              for rec in (True, False)}
+    opts = {rec: torch.optim.AdamW([p for p in mod.parameters() if p.requires_grad], lr=1e-3)
+            for rec, mod in models.items()}
+    B = cfg.batch_size
+    batches = [pad_batch(rows[i * B:(i + 1) * B], bb.tokenizer.pad_token_id)
+               for i in range(steps)]
+    ys = [torch.tensor(labels[i * B:(i + 1) * B]) for i in range(steps)]
+    tgt = torch.randint(rec_vocab_size, (B, m), generator=torch.Generator().manual_seed(0))
+
+    def run(rec: bool) -> float:
+        mod, opt = models[rec], opts[rec]
+        t = time.perf_counter()
+        for (ids, mask), y in zip(batches, ys, strict=True):
+            logits, r, _ = mod(ids, mask)
+            loss = nn.functional.cross_entropy(logits, y, reduction="none")
+            if r is not None:
+                loss = loss + reconstruction_loss(r, tgt[: len(y)])
+            loss.mean().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return (time.perf_counter() - t) / steps
+
+    run(True), run(False)  # warm-up
     t_rec, t_plain = [], []
     for r in range(repeats):
-        for rec in (True, False) if r % 2 == 0 else (False, True):
-            cfg = TuneConfig(**{**cfg_kw, "epochs": 1, "warmup_ratio": 0.0}, reconstruction=rec)
-            out = tune(bb, rows, labels, 2, cfg, plain_ids=plain)
-            (t_rec if rec else t_plain).append(out.meta["train_seconds"] / out.meta["steps"])
+        for rec in ((True, False) if r % 2 == 0 else (False, True)):
+            (t_rec if rec else t_plain).append(run(rec))
     return {"rapt_step_s": statistics.median(t_rec), "plain_step_s": statistics.median(t_plain),
             "ratio": statistics.median(t_rec) / statistics.median(t_plain),
             "ratios": [a / b for a, b in zip(t_rec, t_plain, strict=True)],
-            "steps_per_timing": steps, "repeats": repeats, "method": cfg_kw["method"],
-            "batch_size": cfg_kw["batch_size"], "row_length_max": max(len(r) for r in rows)}
+            "steps_per_timing": steps, "repeats": repeats, "method": cfg.method,
+            "batch_size": B, "rec_vocab_size": rec_vocab_size, "plain_len": m,
+            "row_length_max": max(len(r) for r in rows[: steps * B])}
 
 
 def main() -> None:
@@ -91,6 +124,7 @@ def main() -> None:
     ap.add_argument("--methods", default=None)
     ap.add_argument("--seeds", type=int, default=None)
     ap.add_argument("--train", type=int, default=None)
+    ap.add_argument("--plain-sequences", type=int, default=None)
     ap.add_argument("--epochs", type=int, default=None)
     ap.add_argument("--skip-attack", action="store_true")
     ap.add_argument("--skip-timing", action="store_true")
@@ -98,7 +132,7 @@ def main() -> None:
     ap.add_argument("--name", default="rapt", help="result file stem")
     args = ap.parse_args()
     prof = dict(PROFILES[args.profile])
-    for k in ("seeds", "train", "epochs"):
+    for k in ("seeds", "train", "epochs", "plain_sequences"):
         if getattr(args, k) is not None:
             prof[k] = getattr(args, k)
     tasks = args.tasks.split(",") if args.tasks else list(prof["tasks"])
@@ -119,7 +153,7 @@ def main() -> None:
     bb = load_backbone("minilm")
     tok, special = bb.tokenizer, bb.special_ids
     cand = candidate_ids_from_tokenizer(tok, bb.embeddings.shape[0])
-    plain = sample_plain_tokens(tok, prof["plain_len"], seed=0)
+    plain0 = sample_plain_tokens(tok, prof["plain_len"], seed=0)
     L = prof["max_length"]
 
     data = {}
@@ -139,8 +173,8 @@ def main() -> None:
 
     if not args.skip_timing:
         tr, _ = data[tasks[0]]
-        rows = build_rows(tok, tr.texts, L, plain)
-        res["timing"] = step_time_ratio(bb, rows, tr.labels, plain, base_kw("prompt", 0),
+        rows = build_rows(tok, tr.texts, L, plain0)
+        res["timing"] = step_time_ratio(bb, rows, tr.labels, plain0, base_kw("prompt", 0),
                                         steps=3, repeats=4)
         print("timing", json.dumps(res["timing"]), flush=True)
         save()
@@ -160,8 +194,11 @@ def main() -> None:
     for task in tasks:
         tr, te = data[task]
         C = len(tr.label_names)
-        withk = (build_rows(tok, tr.texts, L, plain), build_rows(tok, te.texts, L, plain))
-        off, m = plain_offset(tok), len(plain)
+        plain, pidx = plain_tokens_for(tok, prof["plain_len"], prof["plain_sequences"],
+                                       len(tr), 0)
+        withk = (build_rows(tok, tr.texts, L, plain, pidx),
+                 build_rows(tok, te.texts, L, plain, None if pidx is None else [0] * len(te)))
+        off, m = plain_offset(tok), prof["plain_len"]
         # Clean rows = the same rows without k, so every setting sees the same text tokens.
         clean = tuple([r[:off] + r[off + m:] for r in rows] for rows in withk)
         priv = {}
@@ -187,7 +224,8 @@ def main() -> None:
                 for setting, p, (rtr, rte), rec in settings:
                     t = time.perf_counter()
                     cfg = TuneConfig(**base_kw(method, seed), reconstruction=rec)
-                    tuned = tune(bb, rtr, tr.labels, C, cfg, plain_ids=plain if rec else None)
+                    tuned = tune(bb, rtr, tr.labels, C, cfg, plain_ids=plain if rec else None,
+                                 plain_index=pidx if rec else None)
                     acc = _acc(tuned.predict(bb, rte), te.labels)
                     hist = tuned.meta["history"]
                     tail = hist[-max(1, len(hist) // 5):]

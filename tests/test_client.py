@@ -160,3 +160,28 @@ def test_cli_refuses_without_privacy_flag(tmp_path, monkeypatch):
     monkeypatch.delenv("RAPT_URL")
     out = CliRunner().invoke(app, ["client", "status", "job_x"])
     assert out.exit_code == 2 and "RAPT_URL" in out.output
+
+
+@pytest.mark.integration
+def test_minilm_no_trigram_of_private_text_is_sent(tmp_path):
+    """Real vocabulary (30,522 tokens): with η giving P ≈ 0.9, no 3-gram of the private
+    texts' token ids reaches the service, in training data or queries."""
+    from rapt.models import load_backbone
+
+    bb = load_backbone("minilm")
+    cfg = ServiceConfig(db_path=tmp_path / "svc.db", backbones=["minilm"],
+                        progress_interval_s=0.0)
+    key = add_key(tmp_path)
+    with TestClient(create_app(cfg, backbones={"minilm": bb})) as tc:
+        sent = capture(tc)
+        c = RaptClient(api_key=key, backbone=bb, remote_backbone="minilm", http=tc, eta=20.0,
+                       seed=0, plain_tokens=8)
+        ds = c.upload(write_csv(tmp_path / "private.csv"), reconstruction=True, max_length=48)
+        st = c.wait(c.tune(ds, epochs=1, batch_size=8, num_virtual_tokens=4, lr=0.05,
+                           rec_vocab_size=200), progress=False, timeout=120)
+        assert st["state"] == "succeeded", st
+        c.predict(st["prompt_id"], TEXTS)
+    assert c.last_upload["replacement_probability"] > 0.8
+    assert not leaked_ngrams(sent, bb.tokenizer, n=3)
+    blob = b"\n".join(sent).decode()
+    assert not any(t in blob for t in TEXTS)

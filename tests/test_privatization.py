@@ -344,3 +344,31 @@ def test_cli_privatize_errors(tiny_backbone_dir, tmp_path):
     r = runner.invoke(app, ["privatize", str(src), str(tmp_path / "o"), "--eta", "-1",
                             "--backbone", str(tiny_backbone_dir)])
     assert r.exit_code == 2 and "eta" in r.output
+
+
+@pytest.mark.parametrize("name,content,fmt,check", [
+    ("in.tsv", "sentence\tlabel\nthe movie was good\t1\nbad plot\t0\n", "auto",
+     lambda out: out.splitlines()[0] == "sentence\tlabel"
+     and [ln.split("\t")[1] for ln in out.splitlines()[1:]] == ["1", "0"]),
+    ("in.csv", 'id,text,label\n7,"the movie, was good",1\n8,bad plot,0\n', "auto",
+     lambda out: out.splitlines()[0] == "id,text,label"
+     and [r[0] for r in __import__("csv").reader(out.splitlines()[1:])] == ["7", "8"]),
+    ("in.jsonl", '{"text": "the movie was good", "label": 1, "id": "a"}\n'
+     '{"text": "bad plot", "label": 0, "id": "b"}\n', "auto",
+     lambda out: [json.loads(x)["id"] for x in out.splitlines()] == ["a", "b"]),
+])
+def test_cli_privatize_keeps_format(tiny_backbone_dir, tmp_path, name, content, fmt, check):
+    from typer.testing import CliRunner
+
+    from rapt.cli import app
+
+    src = tmp_path / name
+    src.write_text(content)
+    dst = tmp_path / ("out-" + name)
+    r = CliRunner().invoke(app, ["privatize", str(src), str(dst), "--eta", "1e9", "--seed", "0",
+                                 "--backbone", str(tiny_backbone_dir), "--format", fmt,
+                                 "--mode", "fast"])
+    assert r.exit_code == 0, r.output
+    out = dst.read_text()
+    assert check(out), out
+    assert "the movie" in out and "P (replaced tokens) = 0.0000" in r.output  # η = 1e9: no change

@@ -161,6 +161,12 @@ def test_openapi_and_health(svc):
                  "/v1/prompts/{prompt_id}", "/v1/predict"):
         assert path in spec["paths"], path
     assert svc.get("/v1/health").json()["backbones"] == ["tiny"]
+    import sqlite3
+
+    with sqlite3.connect(svc.store.path) as db:
+        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        hashes = [r[0] for r in db.execute("SELECT key_hash FROM api_keys")]
+    assert auth.hash_key(svc.alice) in hashes and svc.alice not in hashes
     r = svc.get("/v1/nowhere")
     assert r.status_code == 404 and r.json()["error"] == "not_found"
     r = svc.delete("/v1/predict")
@@ -180,6 +186,15 @@ def test_full_lifecycle_and_tenancy(svc):
     assert st["state"] == "succeeded" and st["step"] == 4 and st["total_steps"] == 4
     assert st["loss"] == pytest.approx(0.25) and st["eta_s"] == 0.0 and st["elapsed_s"] >= 0
     pid = st["prompt_id"]
+    # Privatized texts are accepted too; the service tokenizes them.
+    r = svc.post("/v1/predict", json={"prompt_id": pid, "texts": ["the movie", "bad plot"]},
+                 headers=hdr(a))
+    assert r.status_code == 200 and len(r.json()["labels"]) == 2, r.text
+    body = upload_body()
+    body["texts"] = ["a good film"] * 6
+    del body["input_ids"]
+    r = svc.post("/v1/datasets", json=body, headers=hdr(a))
+    assert r.status_code == 201 and r.json()["max_row_len"] == 5, r.text
     info = svc.get(f"/v1/prompts/{pid}", headers=hdr(a)).json()
     assert info["num_labels"] == 2 and info["job_id"] == st["id"]
     rows = upload_body(3)["input_ids"]
@@ -222,6 +237,13 @@ BAD = [  # (description, body or raw bytes, expected status, expected error, tex
     ("sequence length", lambda b: b["input_ids"].__setitem__(0, [5] * 40), 422,
      "limit_exceeded", "max_seq_len=32"),
     ("backbone", lambda b: b.update(backbone="gpt-9"), 422, "unknown_backbone", "gpt-9"),
+    ("ids and texts", lambda b: b.update(texts=["a"] * 6), 422, "validation_error",
+     "exactly one of input_ids and texts"),
+    ("empty row", lambda b: b["input_ids"].__setitem__(2, []), 422, "validation_error",
+     "input_ids[2] is empty"),
+    ("long text", lambda b: (b.pop("input_ids"), b.update(texts=["the movie"] * 5
+                                                          + ["good " * 40])), 422,
+     "limit_exceeded", "max_seq_len=32"),
     ("extra field", lambda b: b.update(raw_text=["secret"]), 422, "validation_error",
      "raw_text"),
 ]
@@ -386,7 +408,8 @@ def test_mixed_prompts_one_forward_pass_matches_per_prompt(tiny_bert):
         assert torch.allclose(probs, p.predict_proba(tiny_bert, rows), atol=1e-5)
     batcher = MicroBatcher(tiny_bert, max_wait_s=0.2)
     try:
-        futures = [batcher.submit(p, rows) for p, rows in items]
+        with batcher._cond:  # hold the batcher until all three are queued
+            futures = [batcher.submit(p, rows) for p, rows in items]
         for f, probs in zip(futures, got, strict=True):
             assert torch.allclose(f.result(10), probs, atol=1e-5)
         assert batcher.stats.batches == 1 and batcher.stats.forward_passes == 1
@@ -444,3 +467,33 @@ def test_real_trainer_job_resumes_exactly_after_restart(tmp_path, dp):
         assert a.keys() == b.keys()
         for k in a:  # the interrupted job ends where the uninterrupted one does
             assert torch.allclose(a[k], b[k], atol=1e-5), k
+
+
+def test_graceful_shutdown_before_first_checkpoint_requeues(tmp_path):
+    """A job stopped by a clean shutdown before any checkpoint runs again from the start;
+    only a crash (no shutdown path) leaves it failed with a reason (tested above)."""
+
+    class NoCheckpointUntilStopped(FakeRunner):
+        def __call__(self, backbone, data, params, *, progress, should_stop, checkpoint,
+                     resume):
+            if not self.at_gate.is_set():
+                self.resumes.append(resume)
+                progress({"step": 1, "total_steps": 4, "loss": 1.0})
+                self.at_gate.set()
+                while not should_stop():
+                    time.sleep(0.01)
+                return FakePrompt(torch.zeros(1, 2))
+            return super().__call__(backbone, data, params, progress=progress,
+                                    should_stop=should_stop, checkpoint=checkpoint,
+                                    resume=resume)
+
+    key = add_key(tmp_path)
+    runner = NoCheckpointUntilStopped()
+    with TestClient(make_app(tmp_path, make_bert(), runner)) as c:
+        ds = c.post("/v1/datasets", json=upload_body(), headers=hdr(key)).json()
+        jid = c.post("/v1/jobs", json={"dataset_id": ds["id"]}, headers=hdr(key)).json()["id"]
+        assert runner.at_gate.wait(10)
+    with TestClient(make_app(tmp_path, make_bert(), runner)) as c:
+        st = wait_job(c, key, jid)
+        assert st["state"] == "succeeded" and st["resumed_from_step"] is None, st
+        assert runner.resumes == [None, None]

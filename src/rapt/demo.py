@@ -37,6 +37,7 @@ class DemoConfig:
     epochs: int = 2
     batch_size: int = 32
     plain_len: int = 16
+    plain_sequences: int = 1  # > 1: each training row gets one of that many plain sequences
     target_p: float = 0.3
     eta: float | None = None  # overrides target_p
     rec_weight: float = 1.0
@@ -57,6 +58,18 @@ class DemoResult:
         return asdict(self)
 
 
+def plain_tokens_for(tokenizer, m: int, sequences: int, n_rows: int, seed: int):
+    """(plain_ids, plain_index): one sequence for all rows, or ``sequences`` of them assigned
+    to the rows uniformly at random (seeded). Test rows use sequence 0."""
+    from rapt.reconstruction import sample_plain_tokens
+
+    if sequences <= 1:
+        return sample_plain_tokens(tokenizer, m, seed=seed), None
+    seqs = sample_plain_tokens(tokenizer, m, seed=seed, num_sequences=sequences)
+    g = torch.Generator().manual_seed(seed + 17)
+    return seqs, torch.randint(sequences, (n_rows,), generator=g).tolist()
+
+
 def _accuracy(pred: list[int], gold: list[int]) -> float:
     return float(sum(int(a == b) for a, b in zip(pred, gold, strict=True))) / max(1, len(gold))
 
@@ -74,7 +87,7 @@ def run_demo(config: DemoConfig, log: Callable[[str], None] = print,
         candidate_ids_from_tokenizer,
         replacement_probability,
     )
-    from rapt.reconstruction import build_rows, privatize_rows, sample_plain_tokens
+    from rapt.reconstruction import build_rows, privatize_rows
     from rapt.trainer import TuneConfig, tune
 
     t0 = time.perf_counter()
@@ -98,9 +111,11 @@ def run_demo(config: DemoConfig, log: Callable[[str], None] = print,
         log(f"η = {eta:.3g} (calibrated for P ≈ {config.target_p})")
     privatizer = Privatizer(bb.embeddings, eta, special_ids=special, candidate_ids=cand,
                             mode=config.privatizer_mode, seed=config.seed)
-    plain = sample_plain_tokens(tok, config.plain_len, seed=config.seed)
-    rapt_rows = build_rows(tok, train.texts, config.max_length, plain)
-    rapt_test = build_rows(tok, test.texts, config.max_length, plain)
+    plain, plain_index = plain_tokens_for(tok, config.plain_len, config.plain_sequences,
+                                          len(train), config.seed)
+    rapt_rows = build_rows(tok, train.texts, config.max_length, plain, plain_index)
+    rapt_test = build_rows(tok, test.texts, config.max_length, plain,
+                           [0] * len(test) if plain_index is not None else None)
 
     gen = torch.Generator().manual_seed(config.seed + 1)
     priv_rows = privatize_rows(clean_rows, privatizer, gen)
@@ -131,7 +146,8 @@ def run_demo(config: DemoConfig, log: Callable[[str], None] = print,
         cfg = TuneConfig(**base, reconstruction=rec)
         cb = (lambda r, name=name: progress(name, r)) if progress is not None else None
         tuned = tune(bb, rows, train.labels, len(train.label_names), cfg,
-                     plain_ids=plain if rec else None, progress=cb)
+                     plain_ids=plain if rec else None,
+                     plain_index=plain_index if rec else None, progress=cb)
         acc = _accuracy(tuned.predict(bb, test_rows), test.labels)
         hist = tuned.meta["history"]
         row = {"setting": name, "accuracy": acc, "train_seconds": time.perf_counter() - t,

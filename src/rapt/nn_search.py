@@ -5,11 +5,11 @@ Three indexes share one interface, ``index.search(queries (N, d)) -> LongTensor 
 * :class:`ExactIndex` -- full scan: ``argmin_w ||w||² − 2 y·w`` as float32 matmuls over batches
   of queries and tiles of the vocabulary (memory bounded by ``max_scores`` score entries).
 * :class:`FastIndex` -- certified exact search.  A bfloat16 matmul scores the whole vocabulary
-  at ~3× the float32 speed; a rigorous bound on the bfloat16 error (input rounding,
-  float32 accumulation and output rounding) selects the few vocabulary blocks that can still
-  hold the true nearest neighbour, and only those are re-scored in float32.  The result equals
-  the exact search unless a query's candidate set is too large, in which case that query falls
-  back to the full float32 scan ("certificate failure", counted in ``stats``).
+  at ~3× the float32 speed on CPUs with AVX512-BF16; a rigorous bound on the bfloat16 error
+  (input rounding, float32 accumulation and output rounding) selects the few vocabulary blocks
+  that can still hold the true nearest neighbour, and only those are re-scored in float32.
+  The result equals the exact search unless a query's candidate set is too large, in which
+  case that query falls back to the full float32 scan ("certificate failure", in ``stats``).
 * :class:`AnnoyIndex` -- the ``annoy`` approximate index (random projection trees) that public
   dχ-privacy code uses; kept as a reference.  It is built for clean vectors and misses the
   nearest neighbour of noised ones: measure its recall before trusting it.
@@ -116,8 +116,8 @@ class FastIndex(NNIndex):
     """Certified exact search: bfloat16 scoring + error bound + float32 re-scoring.
 
     The vocabulary is stored as bfloat16 rows ``[ŵ, b̂, 0…]`` (``b̂`` = bfloat16 of ``||w||²``)
-    and each query as ``[−2ŷ, 1, 0…]`` so a single bfloat16 matmul yields approximate scores
-    ``ŝ_w ≈ s_w = ||w||² − 2 y·w``.  For every query we bound ``|s_w − ŝ_w|`` by
+    and each query as ``[2ŷ, −1, 0…]`` so a single bfloat16 matmul yields ``−ŝ_w``, approximate
+    negated scores ``ŝ_w ≈ s_w = ||w||² − 2 y·w``.  For every query we bound ``|s_w − ŝ_w|`` by
 
         δ = 2(‖y−ŷ‖·max‖w‖ + ‖ŷ‖·max‖w−ŵ‖) + max|‖w‖²−b̂| + γ_K(2‖ŷ‖·max‖ŵ‖ + max b̂)
 
@@ -126,9 +126,10 @@ class FastIndex(NNIndex):
     minimum score cannot be the nearest neighbour.  Minima over vocabulary blocks of ``block``
     rows tell which blocks may hold a candidate; only their candidates are re-scored in float32.
     A query whose candidates span more than ``max_blocks`` blocks falls back to the full float32
-    scan.  The bound assumes the bfloat16 matmul accumulates in float32 (oneDNN/MKL on x86
-    do); on CUDA, where cuBLAS may reduce bfloat16 in reduced precision, this index simply runs
-    the exact scan (a GPU scan is fast anyway).
+    scan.  Results equal :class:`ExactIndex` except where two scores tie within float32
+    rounding (the two compute them in a different order).  The bound assumes the bfloat16
+    matmul accumulates in float32 (oneDNN/MKL on x86 do); on CUDA, where cuBLAS may reduce
+    bfloat16 in reduced precision, this index simply runs the exact scan (fast there anyway).
     """
 
     mode = "fast"

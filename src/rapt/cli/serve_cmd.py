@@ -155,15 +155,22 @@ def client_tune(
     epochs: int = typer.Option(1), lr: float = typer.Option(1e-3),
     batch_size: int = typer.Option(32), num_virtual_tokens: int = typer.Option(20),
     max_length: int = typer.Option(128), seed: int = typer.Option(0),
+    dp_epsilon: float | None = typer.Option(None, help="PromptDPSGD: target ε (δ = 1/N)"),
+    dp_noise: float | None = typer.Option(None, help="PromptDPSGD: noise multiplier σ"),
+    dp_clip: float = typer.Option(1.0, help="PromptDPSGD: per-example clipping norm C"),
     wait: bool = typer.Option(False, help="poll with a progress bar until the job ends"),
     url: str | None = URL_OPT, key: str | None = KEY_OPT,
 ) -> None:
     """Start a tuning job on an uploaded dataset; prints the job id (and waits with --wait)."""
     c = _client(url, key)
+    dp = None
+    if dp_epsilon is not None or dp_noise is not None:
+        dp = {"target_epsilon": dp_epsilon, "noise_multiplier": dp_noise,
+              "max_grad_norm": dp_clip}
     job = _guard(lambda: c.tune(dataset_id, method=method, reconstruction=reconstruction,
                                 epochs=epochs, lr=lr, batch_size=batch_size,
                                 num_virtual_tokens=num_virtual_tokens, max_length=max_length,
-                                seed=seed))
+                                seed=seed, dp=dp))
     typer.echo(job)
     if wait:
         st = _guard(lambda: c.wait(job))

@@ -90,6 +90,7 @@ def tune(
     reconstruction: bool = typer.Option(True, help="RAPT privatized token reconstruction"),
     plain_len: int = typer.Option(40, help="number of plain tokens m"),
     plain_tokens: str | None = typer.Option(None, help="plain tokens as text (default: random)"),
+    plain_sequences: int = typer.Option(1, help="random plain sequences, one drawn per row"),
     num_virtual_tokens: int = typer.Option(20),
     prefix_projection: bool = typer.Option(False),
     lr: float | None = typer.Option(None, help="default depends on the method"),
@@ -111,8 +112,8 @@ def tune(
     """Privatize a dataset locally, tune a prompt on it and save the artifact."""
     from tqdm import tqdm
 
-    from rapt.demo import DEFAULT_LR
-    from rapt.reconstruction import build_rows, parse_plain_tokens, sample_plain_tokens
+    from rapt.demo import DEFAULT_LR, plain_tokens_for
+    from rapt.reconstruction import build_rows, parse_plain_tokens
     from rapt.trainer import TuneConfig
     from rapt.trainer import tune as run_tune
 
@@ -132,11 +133,14 @@ def tune(
                           physical_batch_size=dp_physical_batch)
         except ValueError as e:
             _fail(str(e))
-    plain = None
+    plain, plain_index = None, None
     if reconstruction:
         try:
-            plain = (parse_plain_tokens(bb.tokenizer, plain_tokens) if plain_tokens
-                     else sample_plain_tokens(bb.tokenizer, plain_len, seed=seed))
+            if plain_tokens:
+                plain = parse_plain_tokens(bb.tokenizer, plain_tokens)
+            else:
+                plain, plain_index = plain_tokens_for(bb.tokenizer, plain_len, plain_sequences,
+                                                      len(ds), seed)
         except ValueError as e:
             _fail(str(e))
     try:
@@ -147,7 +151,7 @@ def tune(
                          reconstruction=reconstruction, rec_hidden=rec_hidden,
                          rec_vocab_size=rec_vocab_size, rec_weight=rec_weight, dp=dp,
                          label_words=label_words.split(",") if label_words else None)
-        rows = build_rows(bb.tokenizer, ds.texts, max_length, plain)
+        rows = build_rows(bb.tokenizer, ds.texts, max_length, plain, plain_index)
     except ValueError as e:
         _fail(str(e))
     privatizer, eta_used = _privatizer(bb, eta, target_p, rows, seed, privatizer_mode)
@@ -168,7 +172,7 @@ def tune(
 
     try:
         tuned = run_tune(bb, rows, ds.labels, len(ds.label_names), cfg, plain_ids=plain,
-                         progress=progress)
+                         plain_index=plain_index, progress=progress)
     except ValueError as e:
         bar.close()
         _fail(str(e))
@@ -242,6 +246,7 @@ def demo(
     batch_size: int = typer.Option(32),
     max_length: int = typer.Option(48),
     plain_len: int = typer.Option(16),
+    plain_sequences: int = typer.Option(1, help="random plain sequences, one drawn per row"),
     num_virtual_tokens: int = typer.Option(10),
     target_p: float = typer.Option(0.3, help="privacy level as replacement probability P"),
     eta: float | None = typer.Option(None, help="η (overrides --target-p)"),
@@ -257,6 +262,7 @@ def demo(
         cfg = DemoConfig(backbone=backbone, dataset=dataset, train_size=train_size,
                          test_size=test_size, method=method, epochs=epochs, lr=lr,
                          batch_size=batch_size, max_length=max_length, plain_len=plain_len,
+                         plain_sequences=plain_sequences,
                          num_virtual_tokens=num_virtual_tokens, target_p=target_p, eta=eta,
                          seed=seed)
     except ValueError as e:

@@ -192,6 +192,21 @@ class Service:
                                    f"{field}[{i}][{j}] = {row[j]} is not a token id of backbone "
                                    f"'{backbone}' (vocabulary size {vocab})")
 
+    def rows_of(self, backbone: str, input_ids: list[list[int]] | None,
+                texts: list[str] | None, max_rows: int, max_rows_name: str
+                ) -> list[list[int]]:
+        """Checked token id rows, tokenizing (privatized) texts with the backbone's tokenizer."""
+        field = "input_ids"
+        if texts is not None:
+            if len(texts) > max_rows:
+                raise ServiceError(422, "limit_exceeded", f"texts has {len(texts)} rows; the "
+                                   f"limit is {max_rows_name}={max_rows}")
+            tok = self.backbones[backbone].tokenizer
+            input_ids = [list(r) for r in tok(texts, add_special_tokens=True)["input_ids"]]
+            field = "texts (tokenized)"
+        self.check_rows(backbone, input_ids, field, max_rows, max_rows_name)
+        return input_ids
+
     def backbone_name(self, name: str) -> str:
         if name not in self.backbones:
             raise ServiceError(422, "unknown_backbone",
@@ -300,8 +315,8 @@ def create_app(config: ServiceConfig, *, backbones: dict[str, Any] | None = None
                        me: str = Depends(owner)) -> DatasetInfo:
         svc = svc_of(request)
         name = svc.backbone_name(body.backbone)
-        svc.check_rows(name, body.input_ids, "input_ids", svc.limits.max_examples,
-                       "max_examples")
+        ids = svc.rows_of(name, body.input_ids, body.texts, svc.limits.max_examples,
+                          "max_examples")
         if body.plain_ids is not None:
             vocab = int(svc.backbones[name].embeddings.shape[0])
             bad = [j for j, t in enumerate(body.plain_ids) if not 0 <= t < vocab]
@@ -309,7 +324,7 @@ def create_app(config: ServiceConfig, *, backbones: dict[str, Any] | None = None
                 raise ServiceError(422, "invalid_token_id",
                                    f"plain_ids[{bad[0]}] = {body.plain_ids[bad[0]]} is not a "
                                    f"token id of backbone '{name}' (vocabulary size {vocab})")
-        did = svc.store.create_dataset(me, name, body.input_ids, body.labels, body.num_labels,
+        did = svc.store.create_dataset(me, name, ids, body.labels, body.num_labels,
                                        body.privacy.model_dump(), body.plain_ids)
         return DatasetInfo(**svc.store.get_dataset(did, me))
 
@@ -394,11 +409,15 @@ def create_app(config: ServiceConfig, *, backbones: dict[str, Any] | None = None
         row = svc.store.get_prompt(body.prompt_id, me)
         if row is None:
             raise ServiceError(404, "not_found", f"no prompt '{body.prompt_id}'")
-        svc.check_rows(row["backbone"], body.input_ids, "input_ids",
-                       svc.limits.max_predict_rows, "max_predict_rows")
+        if row["backbone"] not in svc.backbones:
+            raise ServiceError(503, "backbone_unavailable",
+                               f"prompt '{row['id']}' needs backbone '{row['backbone']}', which "
+                               "this server did not load (start it with --backbone for it)")
+        ids = svc.rows_of(row["backbone"], body.input_ids, body.texts,
+                          svc.limits.max_predict_rows, "max_predict_rows")
         prompt = svc.prompt(row)
         try:
-            fut = svc.batchers[row["backbone"]].submit(prompt, body.input_ids)
+            fut = svc.batchers[row["backbone"]].submit(prompt, ids)
         except InferenceQueueFullError as e:
             raise ServiceError(429, "queue_full", str(e)) from e
         try:

@@ -28,7 +28,13 @@ def _prompt_model(backbone: Any, prompt: Any) -> Any | None:
     if getattr(cfg, "method", None) != "prompt" or not hasattr(prompt, "build"):
         return None
     model = prompt.build(backbone)
-    return model if hasattr(model.tuner, "prompt") else None
+    if not hasattr(model.tuner, "prompt"):
+        return None
+    dev = next(iter(backbone.model.parameters())).device
+    if getattr(model, "_service_device", None) != dev:  # build() leaves the head on the CPU
+        model.to(dev)
+        model._service_device = dev
+    return model
 
 
 def supports(backbone: Any, prompts: Sequence[Any]) -> bool:

@@ -39,32 +39,50 @@ class PrivacyDeclaration(BaseModel):
 
 
 class DatasetUpload(BaseModel):
-    """A privatized training set: token ids (specials included), integer labels."""
+    """A privatized training set: token ids (specials included) or privatized texts (the
+    service tokenizes them), and integer labels."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
     backbone: str = Field(max_length=500, description="name of a backbone this server loaded")
-    input_ids: TokenIds = Field(min_length=1)
+    input_ids: TokenIds | None = Field(None, min_length=1)
+    texts: list[str] | None = Field(None, min_length=1,
+                                    description="privatized texts, instead of input_ids")
     labels: list[int] = Field(min_length=1)
     num_labels: int = Field(ge=2, le=1000)
     privacy: PrivacyDeclaration
     plain_ids: list[int] | None = Field(
         None, max_length=512,
         description="public plain tokens k for privatized token reconstruction (RAPT §3.2.2); "
-        "each row then starts with their privatized version")
+        "each row of input_ids then holds their privatized version after the leading specials")
 
     @model_validator(mode="after")
     def _consistent(self) -> DatasetUpload:
-        if len(self.labels) != len(self.input_ids):
-            raise ValueError(f"labels has {len(self.labels)} entries but input_ids has "
-                             f"{len(self.input_ids)} rows")
+        rows = _one_of(self.input_ids, self.texts)
+        if self.texts is not None and self.plain_ids is not None:
+            raise ValueError("plain_ids need input_ids (the plain tokens' positions are only "
+                             "defined for token id rows)")
+        if len(self.labels) != rows:
+            raise ValueError(f"labels has {len(self.labels)} entries but there are {rows} rows")
         for i, y in enumerate(self.labels):
             if not 0 <= y < self.num_labels:
                 raise ValueError(f"labels[{i}] = {y} is outside [0, num_labels={self.num_labels})")
-        for i, row in enumerate(self.input_ids):
+        return self
+
+
+def _one_of(input_ids: TokenIds | None, texts: list[str] | None) -> int:
+    """Exactly one of input_ids / texts, no empty row; returns the number of rows."""
+    if (input_ids is None) == (texts is None):
+        raise ValueError("give exactly one of input_ids and texts")
+    if input_ids is not None:
+        for i, row in enumerate(input_ids):
             if not row:
                 raise ValueError(f"input_ids[{i}] is empty")
-        return self
+        return len(input_ids)
+    for i, t in enumerate(texts):
+        if not t.strip():
+            raise ValueError(f"texts[{i}] is empty")
+    return len(texts)
 
 
 class DatasetInfo(BaseModel):
@@ -153,12 +171,19 @@ class PromptInfo(BaseModel):
 
 
 class PredictRequest(BaseModel):
-    """Privatized queries (token ids, specials included) for one tuned prompt."""
+    """Privatized queries for one tuned prompt: token ids (specials included, laid out as the
+    training rows) or privatized texts."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
     prompt_id: str = Field(max_length=64)
-    input_ids: TokenIds = Field(min_length=1)
+    input_ids: TokenIds | None = Field(None, min_length=1)
+    texts: list[str] | None = Field(None, min_length=1)
+
+    @model_validator(mode="after")
+    def _rows(self) -> PredictRequest:
+        _one_of(self.input_ids, self.texts)
+        return self
 
 
 class PredictResponse(BaseModel):

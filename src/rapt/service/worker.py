@@ -226,6 +226,8 @@ class JobWorker:
         try:
             # Prompt/prefix tuning share the frozen backbone with inference (no mode change);
             # LoRA/full train a private copy inside the tuner.
+            if job["backbone"] not in self.backbones:
+                raise LookupError(f"backbone '{job['backbone']}' is not loaded by this server")
             backbone = self.backbones[job["backbone"]]
             d = store.dataset_data(job["dataset_id"])
             train = TrainData(d["input_ids"], d["labels"], d["num_labels"], d["plain_ids"])
@@ -242,11 +244,18 @@ class JobWorker:
             if live:
                 store.update_job(job_id, **{k: v for k, v in live.items() if k != "elapsed"})
         elapsed = elapsed_before + time.monotonic() - t0
+        meta = getattr(result, "meta", None)
+        stopped = meta.get("stopped", True) if isinstance(meta, dict) else should_stop()
         if cancel.is_set():
             store.update_job(job_id, state="cancelled", finished=time.time(), elapsed=elapsed)
             return
-        if self._shutdown.is_set():
-            store.update_job(job_id, elapsed=elapsed)  # stays 'running': resumed next start
+        if self._shutdown.is_set() and stopped:
+            ck = store.get_job(job_id, None)["checkpoint"]
+            if ck and Path(ck).exists():  # stays 'running': resumed from it at the next start
+                store.update_job(job_id, elapsed=elapsed)
+            else:  # nothing saved yet: run it again from the start
+                store.update_job(job_id, state="queued", step=0, loss=None, epoch=None,
+                                 epsilon=None, elapsed=0.0, started=None)
             return
         prompt_id = new_id("pr")
         folder = store.files / "prompts" / prompt_id
