@@ -211,7 +211,7 @@ def write_speed(out: dict) -> None:
               "in this run). Opacus `GradSampleModule` could not be measured: its "
               "functorch fallback calls the tuner with a single input, and the tuner takes "
               "(input_ids, attention_mask)."]
-    (RESULTS / "dpsgd_speed.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / f"dpsgd_speed{out.get('tag', '')}.md").write_text("\n".join(lines) + "\n")
 
 
 # --------------------------------------------------------------------------- table
@@ -238,9 +238,14 @@ def bench_table(args) -> dict:
     rows = []
     for method in args.methods:
         for eps in args.epsilons:
-            dp = None if eps == "inf" else DPConfig(
-                target_epsilon=float(eps), max_grad_norm=args.clip,
-                physical_batch_size=args.physical_batch)
+            if eps == "inf":
+                dp = None
+            elif eps == "clip":  # diagnostic: DP-SGD clipping and sampling, σ = 0 (ε = ∞)
+                dp = DPConfig(noise_multiplier=0.0, max_grad_norm=args.clip,
+                              physical_batch_size=args.physical_batch)
+            else:
+                dp = DPConfig(target_epsilon=float(eps), max_grad_norm=args.clip,
+                              physical_batch_size=args.physical_batch)
             cfg = TuneConfig(method=method, num_virtual_tokens=args.tokens[method],
                              lr=args.lr[method], epochs=args.epochs, batch_size=args.batch,
                              max_length=args.length, seed=0, dp=dp, warmup_ratio=0.0)
@@ -295,8 +300,11 @@ def write_table(out: dict) -> None:
             f"| {r['method']} | {r['target_epsilon']} | "
             f"{'∞' if eps == float('inf') else _fmt(eps, 2)} | {_fmt(r['noise_multiplier'], 3)} | "
             f"{r['steps']} | {100 * r['accuracy']:.2f} | "
-            f"{paper[r['method']][str(r['target_epsilon'])]:.2f} | {r['train_seconds']} |")
-    (RESULTS / "dpsgd_table.md").write_text("\n".join(lines) + "\n")
+            f"{_fmt(paper[r['method']].get(str(r['target_epsilon'])), 2)} | "
+            f"{r['train_seconds']} |")
+    lines += ["", "target ε `clip` = the DP-SGD loop with σ = 0 (Poisson sampling and clipping "
+              "only, no guarantee): separates the cost of clipping from the cost of noise."]
+    (RESULTS / f"dpsgd_table{out.get('tag', '')}.md").write_text("\n".join(lines) + "\n")
 
     fig, ax = plt.subplots(figsize=(5.5, 3.5))
     order = ["3", "8", "inf"]
@@ -313,7 +321,7 @@ def write_table(out: dict) -> None:
     ax.set_title("PromptDPSGD privacy-utility")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(RESULTS / "dpsgd_table.png", dpi=120)
+    fig.savefig(RESULTS / f"dpsgd_table{out.get('tag', '')}.png", dpi=120)
 
 
 def main() -> None:
@@ -328,7 +336,9 @@ def main() -> None:
     ap.add_argument("--prefix-tokens", type=int, default=1,
                     help="table: prefix length (Flocks App. E uses 1 for SST-2 prefix at ε=8)")
     ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--epsilons", nargs="+", default=["8", "3", "inf"])
+    ap.add_argument("--epsilons", nargs="+", default=["8", "3", "inf"],
+                    help="table: target ε values; 'inf' = non-private, 'clip' = σ = 0")
+    ap.add_argument("--tag", default="", help="suffix for the result file names")
     ap.add_argument("--n-train", type=int, default=1400)
     ap.add_argument("--n-dev", type=int, default=0, help="0 = the full dev set (872)")
     ap.add_argument("--epochs", type=int, default=1)
@@ -341,7 +351,7 @@ def main() -> None:
     args.tokens = {"prompt": args.virtual_tokens, "prefix": args.prefix_tokens}
     torch.set_num_threads(args.threads)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    head = {"command": "python " + " ".join(sys.argv), "machine": machine()}
+    head = {"command": "python " + " ".join(sys.argv), "machine": machine(), "tag": args.tag}
     t0 = time.perf_counter()
     if args.part == "speed":
         out = {**head, **bench_speed(args)}
@@ -349,9 +359,9 @@ def main() -> None:
         out = {**head, **bench_table(args)}
     out["wall_seconds"] = round(time.perf_counter() - t0, 1)
     out["machine"]["loadavg_end"] = os.getloadavg()
-    (RESULTS / f"dpsgd_{args.part}.json").write_text(json.dumps(out, indent=2) + "\n")
+    (RESULTS / f"dpsgd_{args.part}{args.tag}.json").write_text(json.dumps(out, indent=2) + "\n")
     (write_speed if args.part == "speed" else write_table)(out)
-    print(f"wrote {RESULTS}/dpsgd_{args.part}.* in {out['wall_seconds']} s")
+    print(f"wrote {RESULTS}/dpsgd_{args.part}{args.tag}.* in {out['wall_seconds']} s")
 
 
 if __name__ == "__main__":

@@ -185,3 +185,48 @@ def test_cli_rejects_bad_inputs_before_work(shared_data, monkeypatch):
     assert r.exit_code == 2 and "label words" in r.output
     r = CliRunner().invoke(app, ["mia", "--task", "cb", "--nonmembers", "5000"])
     assert r.exit_code == 2 and "non-members" in r.output
+
+
+class FakeLLM:
+    """Stands in for the LLM in CLI tests: deterministic pseudo-probabilities per text."""
+
+    def __init__(self, words) -> None:
+        self.label_words = list(words)
+
+    def label_probs(self, prefix, suffixes):
+        out = []
+        for s in suffixes:
+            r = np.random.default_rng(abs(hash((prefix[-20:], s))) % 2**32)
+            out.append(r.dirichlet(np.ones(len(self.label_words))) * 0.5)
+        return np.array(out)
+
+    def top_labels(self, prefix, suffixes):
+        return self.label_probs(prefix, suffixes).argmax(axis=1)
+
+
+def test_cli_pate_and_mia_end_to_end(shared_data, monkeypatch, tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    import rapt.cli.pate_cmd as cmd
+    from rapt.cli import app
+
+    monkeypatch.setenv("RAPT_DATA_DIR", str(shared_data))
+    monkeypatch.setattr(cmd, "_scorer", lambda backbone, words, bs: FakeLLM(words))
+    out = tmp_path / "pate.json"
+    r = CliRunner().invoke(app, ["pate", "--task", "sst2-sentences", "--teachers", "5",
+                                 "--queries", "8", "--test-size", "6", "--candidates", "2",
+                                 "--max-val", "3", "--threshold", "1", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(out.read_text())
+    assert set(rep["runs"]) == {"sst2-sentences (IID)", "trustpilot (OOD)"}
+    assert rep["test_size"] == 6 and rep["sigma2"] == 0.5 and rep["delta"] == 1e-6
+    flat = [i for t in rep["teacher_indices"] for i in t]
+    assert len(flat) == len(set(flat)) == 5
+    out2 = tmp_path / "mia.json"
+    r = CliRunner().invoke(app, ["mia", "--task", "trec", "--prompts", "3", "--nonmembers", "4",
+                                 "--out", str(out2)])
+    assert r.exit_code == 0, r.output
+    mia = json.loads(out2.read_text())
+    assert mia["prompts"] == 3 and len(mia["aucs"]) == 3 and len(mia["mean_roc"]["fpr"]) == 101

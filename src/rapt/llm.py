@@ -159,8 +159,9 @@ class HFLabelScorer:
                       ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         if self._cached_prefix != prefix or self._cached_kv is None:
             x = torch.tensor([p_ids], device=self.device)
-            out = self.model(input_ids=x, use_cache=True)
-            cache = out.past_key_values
+            # The body only: the prefix needs no logits, and the LM head over a long prefix
+            # would cost about a seventh of the prefix pass for SmolLM2's 49k vocabulary.
+            cache = self.model.base_model(input_ids=x, use_cache=True).past_key_values
             # Keep plain tensors, not the Cache object: a forward pass appends to a DynamicCache
             # in place, so every batch gets a fresh cache built from these (never mutated).
             self._cached_kv = [(layer.keys, layer.values) for layer in cache.layers]

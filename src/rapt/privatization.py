@@ -109,13 +109,17 @@ class Privatizer:
                 raise ValueError(f"candidate_ids must lie in [0, {V}); got {int(cand.min())}.."
                                  f"{int(cand.max())}")
             self.candidate_ids = cand
-        self.mode = mode
         self.chunk_size = int(chunk_size)
+        n_out = V if self.candidate_ids is None else int(self.candidate_ids.numel())
         if index is None:
             vecs = (self.embeddings if self.candidate_ids is None
                     else self.embeddings[self.candidate_ids])
             index = build_index(vecs, mode, **index_options)
+        elif index.size != n_out or index.dim != self.dim:
+            raise ValueError(f"index holds {index.size}x{index.dim} vectors but the candidate "
+                             f"vocabulary is {n_out}x{self.dim}")
         self.index = index
+        self.mode = index.mode  # a shared, prebuilt index decides the search
         self.seed = seed
         self.generator = torch.Generator(device=self.device)
         if seed is not None:

@@ -215,6 +215,7 @@ class TunedPrompt:
         if unexpected or expected & set(missing):
             raise ValueError(f"tensors do not fit the {self.config.method} model: missing "
                              f"{sorted(expected & set(missing))}, unexpected {sorted(unexpected)}")
+        model.to(next(iter(backbone.model.parameters())).device)
         model.eval()
         self._cache = (id(backbone.model), model)
         return model

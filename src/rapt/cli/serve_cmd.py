@@ -46,7 +46,8 @@ def serve(
     max_upload_mb: float = typer.Option(32.0, help="largest request body, MiB"),
     max_seq_len: int = typer.Option(512, help="longest token row accepted"),
     max_queued_jobs: int = typer.Option(16, help="jobs that may wait for the worker"),
-    batch_wait_ms: float = typer.Option(5.0, help="micro-batching wait for more requests"),
+    batch_wait_ms: float = typer.Option(0.0, help="extra micro-batching wait for more "
+                                        "requests, ms (0: group what queued during a pass)"),
     max_batch_rows: int = typer.Option(64, help="rows per inference forward pass "
                                        "(1 = no micro-batching)"),
 ) -> None:

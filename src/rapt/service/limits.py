@@ -27,7 +27,8 @@ class ServiceConfig:
     backbones: list[str] = field(default_factory=lambda: ["minilm"])
     limits: Limits = field(default_factory=Limits)
     job_threads: int = 1  # concurrent training jobs
-    batch_wait_ms: float = 5.0  # how long the micro-batcher waits for more requests
+    batch_wait_ms: float = 0.0  # extra wait for more requests (0: take what queued up
+    # while the previous pass ran, which adds no latency)
     max_batch_rows: int = 64  # rows per inference forward pass
     device: str = "cpu"
     progress_interval_s: float = 0.5  # minimum time between progress writes to the store

@@ -49,33 +49,56 @@ def supports(backbone: Any, prompts: Sequence[Any]) -> bool:
 
 @torch.no_grad()
 def prompt_group_forward(backbone: Any, models: Sequence[Any],
-                         rows: Sequence[Sequence[list[int]]]) -> list[Tensor]:
-    """One forward pass for soft prompts of equal length: ``models[i]`` on ``rows[i]``.
+                         rows: Sequence[Sequence[list[int]]], max_rows: int = 64,
+                         max_padding: float = 1.3) -> list[Tensor]:
+    """Soft prompts of equal length N, ``models[i]`` on ``rows[i]``, rows of all prompts mixed
+    in each pass. Rows are sorted by length and a new pass starts only when padding would
+    make a pass cost more than ``max_padding`` times its real tokens (prompt included).
 
     Returns per-item probabilities (n_i, C_i); equal to each prompt's own ``predict_proba``
     up to floating-point summation order."""
+    N = models[0].tuner.prompt.shape[0]
+    flat = sorted((len(r), i, j) for i, rs in enumerate(rows) for j, r in enumerate(rs))
+    out = [torch.empty(len(rs), 0) for rs in rows]
+    chunk: list[tuple[int, int, int]] = []
+    real = 0
+    for entry in [*flat, None]:
+        if chunk and (entry is None or len(chunk) >= max_rows
+                      or (len(chunk) + 1) * (entry[0] + N) > max_padding * (real + entry[0] + N)):
+            _one_pass(backbone, models, rows, [(i, j) for _, i, j in chunk], out)
+            chunk, real = [], 0
+        if entry is not None:
+            chunk.append(entry)
+            real += entry[0] + N
+    return out
+
+
+def _one_pass(backbone: Any, models: Sequence[Any], rows: Sequence[Sequence[list[int]]],
+              picks: list[tuple[int, int]], out: list[Tensor]) -> None:
+    """One backbone pass over rows ``rows[i][j]`` for (i, j) in picks; fills ``out[i][j]``."""
     from rapt.trainer import pad_batch
 
-    flat = [r for rs in rows for r in rs]
     dev = next(iter(backbone.model.parameters())).device
-    ids, mask = pad_batch(flat, backbone.tokenizer.pad_token_id, dev)
+    ids, mask = pad_batch([rows[i][j] for i, j in picks], backbone.tokenizer.pad_token_id, dev)
     N = models[0].tuner.prompt.shape[0]
     embeds = backbone.model.get_input_embeddings()(ids)
-    prompts = torch.cat([m.tuner.prompt.to(embeds.dtype).unsqueeze(0).expand(len(rs), -1, -1)
-                         for m, rs in zip(models, rows, strict=True)])
-    full_mask = torch.cat([mask.new_ones(len(flat), N), mask], dim=1)
-    body = models[0].tuner.body
-    hidden = body(inputs_embeds=torch.cat([prompts, embeds], 1), attention_mask=full_mask,
-                  use_cache=False).last_hidden_state[:, N:]
-    out, start = [], 0
-    for m, rs in zip(models, rows, strict=True):
-        sl = slice(start, start + len(rs))
-        start += len(rs)
-        task_mask = mask[sl].clone()
+    prompts = torch.stack([models[i].tuner.prompt.to(embeds.dtype) for i, _ in picks])
+    full_mask = torch.cat([mask.new_ones(len(picks), N), mask], dim=1)
+    hidden = models[0].tuner.body(inputs_embeds=torch.cat([prompts, embeds], 1),
+                                  attention_mask=full_mask,
+                                  use_cache=False).last_hidden_state[:, N:]
+    by_item: dict[int, list[int]] = collections.defaultdict(list)
+    for k, (i, _) in enumerate(picks):
+        by_item[i].append(k)
+    for i, ks in by_item.items():
+        m = models[i]
+        task_mask = mask[ks].clone()
         if m.plain_len:  # the head reads the input, not the plain-token states
             task_mask[:, m.offset:m.offset + m.plain_len] = 0
-        out.append(m.head(hidden[sl], task_mask).float().softmax(-1).cpu())
-    return out
+        probs = m.head(hidden[ks], task_mask).float().softmax(-1).cpu()
+        if out[i].shape[1] != probs.shape[1]:
+            out[i] = torch.empty(len(rows[i]), probs.shape[1])
+        out[i][[picks[k][1] for k in ks]] = probs
 
 
 def forward(backbone: Any, items: Sequence[Item]) -> list[Tensor]:
