@@ -27,7 +27,8 @@ from rapt.models import load_backbone
 from rapt.pate import as_demos, get_template
 
 RESULTS = Path(__file__).resolve().parent / "results"
-PROFILES = {"cpu": dict(prompts=8, nonmembers=25), "paper": dict(prompts=100, nonmembers=50),
+PROFILES = {"cpu": dict(prompts=8, nonmembers=25), "cpu-large": dict(prompts=20, nonmembers=50),
+            "paper": dict(prompts=100, nonmembers=50),
             "smoke": dict(prompts=2, nonmembers=3)}
 
 
@@ -39,6 +40,8 @@ def main() -> None:
     ap.add_argument("--backbone", default="smollm2-135m")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(RESULTS / "mia"))
+    ap.add_argument("--pate-json", default=str(RESULTS / "pate.json"),
+                    help="bench_pate.py output with the student-prompt attack results")
     args = ap.parse_args()
     prof = PROFILES[args.profile]
     report: dict = {
@@ -65,7 +68,7 @@ def main() -> None:
                                  "nonmember_scores": [n.tolist() for n in res.nonmember_scores],
                                  "mean_roc": {"fpr": fpr.tolist(), "tpr": tpr.tolist()}}
         print(task, res.mean_auc, file=sys.stderr)
-    pate_json = RESULTS / "pate.json"
+    pate_json = Path(args.pate_json)
     student = {}
     if pate_json.exists():
         pate = json.loads(pate_json.read_text())

@@ -34,11 +34,19 @@ RESULTS = Path(__file__).resolve().parent / "results"
 PROFILES = {
     # Sized for 2 shared CPU cores (~1-2 votes/s under load): about 1,500 votes in all.
     "cpu": {
-        "speed": {"teachers": 2, "queries": 10},
+        "speed": {"teachers": 2, "queries": 16},
         "sst2-sentences": dict(teachers=10, queries=24, test=40, candidates=3, max_val=10,
                                t_frac=0.9),
         "trec": dict(teachers=8, queries=20, test=40, candidates=3, max_val=8, t_frac=0.7),
         "student_mia": 15,
+    },
+    # ~5,000 votes: ~15 minutes at the ~6 votes/s seen here when the machine is quieter.
+    "cpu-large": {
+        "speed": {"teachers": 2, "queries": 16},
+        "sst2-sentences": dict(teachers=20, queries=60, test=100, candidates=5, max_val=20,
+                               t_frac=0.9),
+        "trec": dict(teachers=12, queries=40, test=100, candidates=4, max_val=16, t_frac=0.7),
+        "student_mia": 25,
     },
     "smoke": {
         "speed": {"teachers": 1, "queries": 2},

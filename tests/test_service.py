@@ -79,9 +79,8 @@ WORDS = ("the a movie film good bad great awful boring fun plot actor story love
 
 
 def make_tokenizer():
-    """~55-word BERT tokenizer. (Built from a vocab dict: in transformers 5,
-    ``BertTokenizerFast(vocab_file=...)`` as in conftest's tiny_tokenizer keeps only the
-    5 special tokens.)"""
+    """~55-word BERT tokenizer built in code (for the tests that need a backbone outside a
+    fixture, e.g. saved to disk for the server subprocess)."""
     from transformers import BertTokenizer
 
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS
@@ -99,11 +98,6 @@ def make_bert(seed: int = 0):
     cfg = BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2,
                      num_attention_heads=4, intermediate_size=64, max_position_embeddings=256)
     return from_model(BertModel(cfg).eval(), tok, name="tiny", kind="encoder")
-
-
-@pytest.fixture()
-def tiny_bert():  # noqa: F811  (shadows conftest's, whose tokenizer is broken, see above)
-    return make_bert()
 
 
 def make_app(tmp_path, backbone, runner=None, **limits):

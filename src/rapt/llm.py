@@ -74,13 +74,13 @@ def label_token_ids(tokenizer, label_words: Sequence[str]) -> list[int]:
 class HFLabelScorer:
     """:class:`LabelScorer` over a Hugging Face causal LM with prefix key/value-cache reuse.
 
-    ``batch_size`` suffixes run together on one copy of the prefix cache (expanded over the
-    batch). The prefix cache of the most recent prefix is kept, so calling ``label_probs`` with
-    the same prefix again costs no prefix encoding.
+    Up to ``batch_size`` suffixes of similar length (longest <= ``pad_slack`` x shortest + 2
+    tokens) run together on one copy of the prefix cache, expanded over the batch. The cache of
+    the most recent prefix is kept, so calling again with the same prefix encodes nothing new.
     """
 
     def __init__(self, backbone: Backbone, label_words: Sequence[str], *, batch_size: int = 32,
-                 naive: bool = False) -> None:
+                 pad_slack: float = 1.25, naive: bool = False) -> None:
         if backbone.kind != "causal":
             raise ValueError(f"backbone '{backbone.name}' is a {backbone.kind}, need a causal LM")
         self.backbone = backbone
@@ -89,6 +89,7 @@ class HFLabelScorer:
         self.label_words = list(label_words)
         self.label_ids = label_token_ids(self.tokenizer, self.label_words)
         self.batch_size = int(batch_size)
+        self.pad_slack = float(pad_slack)
         self.naive = naive
         self.device = next(self.model.parameters()).device
         self._label_index = torch.tensor(self.label_ids, device=self.device)
@@ -132,11 +133,9 @@ class HFLabelScorer:
             logits = torch.cat(rows, dim=0)
         else:
             kv = self._prefix_cache(prefix, p_ids)
-            # Length-sorted batches waste less compute on padding; rows go back in input order.
             order = sorted(range(len(s_ids)), key=lambda i: len(s_ids[i]))
-            bs = self.batch_size
-            chunks = [self._last_logits_cached(kv, len(p_ids), [s_ids[j] for j in order[i:i + bs]])
-                      for i in range(0, len(order), bs)]
+            chunks = [self._last_logits_cached(kv, len(p_ids), [s_ids[j] for j in batch])
+                      for batch in self._length_buckets([len(s_ids[j]) for j in order], order)]
             stacked = torch.cat(chunks, dim=0)
             logits = torch.empty_like(stacked)
             logits[torch.tensor(order, device=logits.device)] = stacked
@@ -147,6 +146,22 @@ class HFLabelScorer:
         top = torch.where(match.any(dim=1), match.float().argmax(dim=1),
                           torch.full_like(top_tok, -1))
         return logp[:, self._label_index].cpu(), top.cpu()
+
+    def _length_buckets(self, lens: list[int], order: list[int]) -> list[list[int]]:
+        """Split length-sorted indices into batches of <= batch_size whose longest suffix is at
+        most ``pad_slack`` x the shortest (+2): padding is compute on a CPU, where a batch of
+        a few 30-token queries already keeps the matrix units busy."""
+        batches: list[list[int]] = []
+        cur: list[int] = []
+        shortest = 0
+        for n, j in zip(lens, order, strict=True):
+            if cur and (len(cur) >= self.batch_size or n > self.pad_slack * shortest + 2):
+                batches.append(cur)
+                cur = []
+            if not cur:
+                shortest = n
+            cur.append(j)
+        return [*batches, cur] if cur else batches
 
     def _last_logits_full(self, ids: list[int]) -> torch.Tensor:
         """Naive path: the whole prompt through the model, logits of the last position (1, V)."""

@@ -100,7 +100,8 @@ def tune(
     rec_hidden: int = typer.Option(96),
     rec_vocab_size: int = typer.Option(7630),
     rec_weight: float = typer.Option(1.0),
-    label_words: str | None = typer.Option(None, help="causal LMs: comma-separated verbalizer"),
+    label_words: str | None = typer.Option(
+        None, help="causal LMs: comma-separated verbalizer words (default: the label names)"),
     seed: int = typer.Option(0),
     privatizer_mode: str = typer.Option("fast", help="exact | fast | annoy"),
     dp_epsilon: float | None = typer.Option(None, help="PromptDPSGD target ε"),
@@ -150,7 +151,8 @@ def tune(
                          epochs=epochs, batch_size=batch_size, max_length=max_length, seed=seed,
                          reconstruction=reconstruction, rec_hidden=rec_hidden,
                          rec_vocab_size=rec_vocab_size, rec_weight=rec_weight, dp=dp,
-                         label_words=label_words.split(",") if label_words else None)
+                         label_words=label_words.split(",") if label_words else (
+                             list(ds.label_names) if bb.kind == "causal" else None))
         rows = build_rows(bb.tokenizer, ds.texts, max_length, plain, plain_index)
     except ValueError as e:
         _fail(str(e))

@@ -17,13 +17,3 @@ def hash_key(key: str) -> str:
     """SHA-256 hex digest. A fast hash suffices: keys are 256-bit random, not passwords."""
     return hashlib.sha256(key.encode("utf-8")).hexdigest()
 
-
-def parse_authorization(header: str | None, x_api_key: str | None) -> str | None:
-    """The key from ``Authorization: Bearer <key>`` or ``X-API-Key: <key>``, else None."""
-    if x_api_key:
-        return x_api_key.strip()
-    if header:
-        scheme, _, value = header.partition(" ")
-        if scheme.lower() == "bearer" and value.strip():
-            return value.strip()
-    return None
