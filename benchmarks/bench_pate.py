@@ -73,13 +73,13 @@ def machine() -> dict:
             else "cpu"}
 
 
-def speed(bb, n_teachers: int, n_queries: int, batch_size: int, seed: int, shots: int = 1
-          ) -> dict:
+def speed(bb, n_teachers: int, n_queries: int, batch_size: int, seed: int, shots: int = 1,
+          task: str = "sst2-sentences") -> dict:
     """Votes/s of the cached+batched scorer and of the naive loop on the same (teacher, query)
     pairs, alternating teacher by teacher so machine-load changes hit both alike."""
-    data = load_task("sst2-sentences", n_public=n_queries, test_size=1, public="iid",
-                     max_words=40, seed=seed)
-    t = get_template("sst2-sentences")
+    data = load_task(task, n_public=n_queries, test_size=1, public="iid", max_words=40,
+                     seed=seed)
+    t = get_template(task)
     fast = HFLabelScorer(bb, t.label_words, batch_size=batch_size)
     naive = HFLabelScorer(bb, t.label_words, naive=True)
     queries = [t.query(x, p) for x, p in data["publics"][0].inputs]
@@ -102,7 +102,8 @@ def speed(bb, n_teachers: int, n_queries: int, batch_size: int, seed: int, shots
     n_tok = np.mean([len(fast.encode_suffix(q)) for q in queries])
     p_tok = np.mean([len(fast.encode_prefix(t.prefix([data["private"][i] for i in idx])))
                      for idx in teachers])
-    return {"shots": shots, "teachers": n_teachers, "queries": n_queries, "votes": votes,
+    return {"task": task, "shots": shots, "teachers": n_teachers, "queries": n_queries,
+            "votes": votes,
             "batch_size": batch_size, "mean_prefix_tokens": float(p_tok),
             "mean_query_tokens": float(n_tok),
             "cached_votes_per_s": votes / tf, "naive_votes_per_s": votes / tn,
@@ -260,7 +261,8 @@ def speed_only(args) -> None:
     report = {"command": " ".join([Path(sys.executable).name, *sys.argv]),
               "profile": args.profile, "backbone": args.backbone, "machine": machine(),
               "runs": [speed(bb, prof["teachers"], 2 * prof["queries"], args.batch_size,
-                             args.seed, shots=k) for k in (1, 4)]}
+                             args.seed, shots=k, task=task)
+                       for task in args.tasks.split(",") for k in (1, 4)]}
     report["machine"]["loadavg_end"] = os.getloadavg()
     out = Path(args.out + "_speed")
     out.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
@@ -269,11 +271,11 @@ def speed_only(args) -> None:
              f"{report['machine']['loadavg_start'][0]:.1f} on {report['machine']['cpu_count']} "
              "CPUs. Same (teacher, query) pairs through both paths, alternating teacher by "
              "teacher; the cached time includes encoding each teacher prefix once.", "",
-             "| shots | teachers x queries | prefix tokens | query tokens | naive votes/s "
+             "| task | shots | teachers x queries | prefix tokens | query tokens | naive votes/s "
              "| cached votes/s | speedup | max abs prob diff |",
-             "|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in report["runs"]:
-        lines.append(f"| {r['shots']} | {r['teachers']} x {r['queries']} | "
+        lines.append(f"| {r['task']} | {r['shots']} | {r['teachers']} x {r['queries']} | "
                      f"{r['mean_prefix_tokens']:.0f} | {r['mean_query_tokens']:.0f} | "
                      f"{r['naive_votes_per_s']:.2f} | {r['cached_votes_per_s']:.2f} | "
                      f"{r['speedup']:.1f}x | {r['max_abs_prob_diff']:.1e} |")

@@ -230,3 +230,17 @@ def test_cli_pate_and_mia_end_to_end(shared_data, monkeypatch, tmp_path):
     assert r.exit_code == 0, r.output
     mia = json.loads(out2.read_text())
     assert mia["prompts"] == 3 and len(mia["aucs"]) == 3 and len(mia["mean_roc"]["fpr"]) == 101
+
+
+def test_top_token_only_votes():
+    from rapt.gnmax import vote_counts
+    from rapt.llm import HFLabelScorer
+
+    sc = HFLabelScorer(make_word_llama(), ["bad", "good"])
+    priv = sentiment_data(12, 0)
+    pub = [(t, None) for t, _, _ in sentiment_data(5, 1)]
+    teachers = [[priv[i] for i in t] for t in make_teachers(len(priv), 4, 2)]
+    votes, probs = teacher_votes(sc, TEMPLATE, teachers, pub, top_token_only=True)
+    assert probs is None and votes.shape == (4, 5) and set(votes.ravel()) <= {-1, 0, 1}
+    counts = vote_counts(votes, 2)
+    assert np.all(counts.sum(axis=1) == (votes >= 0).sum(axis=0))

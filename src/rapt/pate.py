@@ -122,9 +122,22 @@ def prompt_probs(scorer: LabelScorer, template: PromptTemplate, demos: Sequence[
 
 def teacher_votes(scorer: LabelScorer, template: PromptTemplate, teacher_demos: Sequence[
                   Sequence[Demo]], inputs: Sequence[tuple[str, str | None]], *,
-                  calibrated: bool = True, progress: Progress | None = None
-                  ) -> tuple[np.ndarray, np.ndarray]:
-    """Votes (E, Q) (label indices) and probabilities (E, Q, C) of every teacher."""
+                  calibrated: bool = True, top_token_only: bool = False,
+                  progress: Progress | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """Votes (E, Q) (label indices) and probabilities (E, Q, C) of every teacher.
+
+    ``top_token_only`` votes with the LLM's most likely next token alone (an API without
+    probabilities, Flocks App. D.2): no calibration, no probabilities returned, and a teacher
+    whose top token is no label word casts no vote (-1).
+    """
+    if top_token_only:
+        votes = []
+        for demos in teacher_demos:
+            votes.append(scorer.top_labels(template.prefix(demos),
+                                           [template.query(t, p) for t, p in inputs]))
+            if progress:
+                progress(len(inputs))
+        return np.stack(votes).astype(np.int64), None
     probs = []
     for demos in teacher_demos:
         probs.append(prompt_probs(scorer, template, demos, inputs, calibrated=calibrated))
@@ -274,13 +287,14 @@ def pate_experiment(scorer: LabelScorer, template: PromptTemplate, private: Sequ
                     n_teachers: int, shots: int = 1, calibrated: bool = True,
                     student_shots: int = 1, n_candidates: int = 10, val_fraction: float = 0.5,
                     max_val: int | None = None, seed: int = 0, baselines: bool = True,
-                    progress: Progress | None = None) -> dict:
+                    top_token_only: bool = False, progress: Progress | None = None) -> dict:
     """One row of Flocks Table 2: zero-shot, ensemble accuracy (ε=∞), best single private
     prompt (ε=∞) and, per public set, PromptPATE's ε and student test accuracy.
 
     The ensemble accuracy and the choice of the best private prompt use the true labels of the
     first labelled public set (an IID sample disjoint from teachers and test); the privately
-    labelled pipeline never sees them.
+    labelled pipeline never sees them. ``top_token_only``: teachers vote with the top next token
+    only (see :func:`teacher_votes`); students and baselines still read label probabilities.
     """
     for pub in publics:
         validate_inputs(len(private), n_teachers, shots, len(pub.inputs), scorer, template)
@@ -297,8 +311,8 @@ def pate_experiment(scorer: LabelScorer, template: PromptTemplate, private: Sequ
     out["teacher_indices"] = teachers  # indices into ``private`` (for the MIA on the student)
     demos = [[private[i] for i in t] for t in teachers]
     for pub in publics:
-        votes, probs = teacher_votes(scorer, template, demos, pub.inputs, calibrated=calibrated,
-                                     progress=progress)
+        votes, _ = teacher_votes(scorer, template, demos, pub.inputs, calibrated=calibrated,
+                                 top_token_only=top_token_only, progress=progress)
         run = run_pate(scorer, template, private, pub.inputs, gnmax, n_teachers=n_teachers,
                        shots=shots, calibrated=calibrated, student_shots=student_shots,
                        n_candidates=n_candidates, val_fraction=val_fraction, max_val=max_val,

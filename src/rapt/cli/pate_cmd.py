@@ -141,6 +141,7 @@ def pate(
     max_words: int = typer.Option(40, help="truncate OOD public texts to this many words"),
     batch_size: int = typer.Option(32, min=1, help="queries per forward pass"),
     no_calibration: bool = typer.Option(False, help="skip contextual calibration"),
+    top_token_only: bool = typer.Option(False, help="teachers vote with the top next token only"),
     no_baselines: bool = typer.Option(False, help="skip zero-shot / ensemble / best-private"),
     seed: int = typer.Option(0),
     out: Path | None = typer.Option(None, help="write the JSON report here (default stdout)"),
@@ -176,10 +177,12 @@ def pate(
         res = pate_experiment(scorer, t, data["private"], data["test"], data["publics"], cfg,
                               n_teachers=teachers, shots=shots, calibrated=not no_calibration,
                               n_candidates=candidates, max_val=max_val, seed=seed,
-                              baselines=not no_baselines, progress=bar.update)
+                              baselines=not no_baselines, top_token_only=top_token_only,
+                              progress=bar.update)
     res.update({"task": task, "backbone": backbone, "delta": delta, "threshold": cfg.threshold,
                 "sigma1": cfg.sigma1, "sigma2": cfg.sigma2, "budget": budget,
                 "data_dependent_epsilon": cfg.data_dependent, "private_pool": len(data["private"]),
+                "top_token_only": top_token_only,
                 "label_words": list(t.label_words), "command": " ".join(sys.argv)})
     _write(res, out)
 

@@ -49,7 +49,7 @@ def _privatizer(bb, eta: float | None, target_p: float | None, sample_rows, seed
     cand = candidate_ids_from_tokenizer(bb.tokenizer, bb.embeddings.shape[0])
     if eta is None:
         special = set(bb.special_ids)
-        sample = torch.tensor([t for r in sample_rows[:500] for t in r if t not in special])
+        sample = torch.tensor([t for r in sample_rows for t in r if t not in special][:3000])
         eta = calibrate_eta(bb.embeddings, target_p, sample, bb.special_ids,
                             candidate_ids=cand, mode=mode)
         typer.echo(f"η = {eta:.4g} (calibrated for P ≈ {target_p})")
