@@ -139,7 +139,7 @@ def load_backbone(
         raise BackboneNotFoundError(f"cannot load backbone '{name_or_path}': {e}.{hint}") from e
     kind = kind or known_kind or _infer_kind(config)
     cls = AutoModelForCausalLM if kind == "causal" else AutoModel
-    model = cls.from_pretrained(source, torch_dtype=dtype, **kwargs)
+    model = cls.from_pretrained(source, dtype=dtype, **kwargs)
     model.to(device)
     model.eval()
     if tokenizer.pad_token is None:
