@@ -5,50 +5,26 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _tiny import TOY_WORDS, make_bert, make_llama, make_tokenizer
 from torch.nn import functional as F
 
 from rapt.dp import DPSGD, DPConfig
 
 trainer = pytest.importorskip("rapt.trainer")
 
-VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + (
-    "the a movie film good bad great awful boring fun plot actor story is was not very it "
-    "this and but of music long fine").split()
-
-
 @pytest.fixture(scope="module")
 def dp_tok(tmp_path_factory):
-    """A working WordPiece tokenizer (see tests/test_dp_engine.py)."""
-    from transformers import BertTokenizerFast
-
-    d = tmp_path_factory.mktemp("dp_tok")
-    (d / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
-    return BertTokenizerFast.from_pretrained(str(d))
+    return make_tokenizer(tmp_path_factory.mktemp("dp_tok"), TOY_WORDS)
 
 
 @pytest.fixture()
 def tiny_bert(dp_tok):
-    from transformers import BertConfig, BertModel
-
-    from rapt.models import from_model
-
-    torch.manual_seed(0)
-    cfg = BertConfig(vocab_size=len(dp_tok), hidden_size=32, num_hidden_layers=2,
-                     num_attention_heads=4, intermediate_size=64, max_position_embeddings=64)
-    return from_model(BertModel(cfg).eval(), dp_tok, name="dp-tiny-bert", kind="encoder")
+    return make_bert(dp_tok, name="dp-tiny-bert")
 
 
 @pytest.fixture()
 def tiny_llama(dp_tok):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from rapt.models import from_model
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(dp_tok), hidden_size=32, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
-                      max_position_embeddings=64, pad_token_id=dp_tok.pad_token_id)
-    return from_model(LlamaForCausalLM(cfg).eval(), dp_tok, name="dp-tiny-llama", kind="causal")
+    return make_llama(dp_tok, name="dp-tiny-llama")
 
 
 def _rows(tok, n: int = 5) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _tiny import TOY_WORDS, make_tokenizer
 
 from rapt.reconstruction import (
     ReconstructionHead,
@@ -17,18 +18,10 @@ from rapt.reconstruction import (
     sample_plain_tokens,
 )
 
-VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[unused0]"] + (
-    "the a movie film good bad great awful boring fun plot actor story is was not very it "
-    "this and but of music long fine").split()
-
 
 @pytest.fixture(scope="module")
 def tok(tmp_path_factory):
-    from transformers import BertTokenizerFast
-
-    d = tmp_path_factory.mktemp("rec_tok")
-    (d / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
-    return BertTokenizerFast.from_pretrained(str(d))
+    return make_tokenizer(tmp_path_factory.mktemp("rec_tok"), ["[unused0]"] + TOY_WORDS)
 
 
 def test_plain_tokens_seeded_and_never_special(tok):

@@ -4,47 +4,18 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _tiny import TOY_WORDS, make_bert, make_llama, make_tokenizer
 
 from rapt.trainer import RaptModel, TuneConfig
 from rapt.tuners import METHODS, build_tuner
 
-VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + (
-    "the a movie film good bad great awful boring fun plot actor story is was not very it "
-    "this and but of music long fine").split()
-
 
 @pytest.fixture(scope="module")
 def tok(tmp_path_factory):
-    # conftest's tiny_tokenizer passes vocab_file=, which transformers 5 ignores (it ends up
-    # with the 5 special tokens only); from_pretrained on the folder reads the vocabulary.
-    from transformers import BertTokenizerFast
-
-    d = tmp_path_factory.mktemp("tuner_tok")
-    (d / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
-    return BertTokenizerFast.from_pretrained(str(d))
+    return make_tokenizer(tmp_path_factory.mktemp("tuner_tok"), TOY_WORDS)
 
 
-def _bert(tok):
-    from transformers import BertConfig, BertModel
-
-    from rapt.models import from_model
-
-    torch.manual_seed(0)
-    cfg = BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2,
-                     num_attention_heads=4, intermediate_size=64, max_position_embeddings=64)
-    return from_model(BertModel(cfg).eval(), tok, name="tiny-bert", kind="encoder")
-
-
-def _llama(tok):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from rapt.models import from_model
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
-                      max_position_embeddings=64, pad_token_id=tok.pad_token_id)
-    return from_model(LlamaForCausalLM(cfg).eval(), tok, name="tiny-llama", kind="causal")
+_bert, _llama = make_bert, make_llama
 
 
 @pytest.fixture(params=["bert", "llama"])

@@ -1,5 +1,7 @@
 """The one Typer application; each CLI module adds its commands to it."""
 
+from typing import NoReturn
+
 import typer
 
 app = typer.Typer(
@@ -22,3 +24,9 @@ def version() -> None:
     from rapt import __version__
 
     typer.echo(__version__)
+
+
+def fail(msg: str) -> NoReturn:
+    """Print one clear error line for a problem the user caused and exit with status 2."""
+    typer.echo(f"error: {msg}", err=True)
+    raise typer.Exit(2)

@@ -7,15 +7,11 @@ import json
 import typer
 
 from rapt.cli._app import app
+from rapt.cli._app import fail as _fail
 
 data_app = typer.Typer(help="Inspect datasets: load checks and contributing tokens (CTI).",
                        no_args_is_help=True)
 app.add_typer(data_app, name="data")
-
-
-def _fail(msg: str) -> None:
-    typer.echo(f"error: {msg}", err=True)
-    raise typer.Exit(2)
 
 
 def _load(name: str, split: str, text_column: str | None, text_pair_column: str | None,

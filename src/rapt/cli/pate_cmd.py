@@ -11,17 +11,13 @@ import numpy as np
 import typer
 
 from rapt.cli._app import app
+from rapt.cli._app import fail as _fail
 
 # Another task's inputs as out-of-distribution public data (Flocks used imdb for sst2, qqp for
 # trec; the closest data here: TrustPilot reviews, and SST-2 sentences for TREC).
 OOD_DEFAULT = {"sst2-sentences": "trustpilot", "sst2": "trustpilot", "trec": "sst2-sentences",
                "cb": "sst2-sentences"}
 TEST_SPLIT = {"cb": "val"}  # cb's test split has no labels
-
-
-def _fail(msg: str) -> None:
-    typer.echo(f"error: {msg}", err=True)
-    raise typer.Exit(2)
 
 
 def _load(name: str, split: str):

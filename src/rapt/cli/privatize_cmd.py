@@ -11,17 +11,13 @@ from pathlib import Path
 import typer
 
 from rapt.cli._app import app
+from rapt.cli._app import fail as _fail
 
 attack_app = typer.Typer(help="Simulated attacks that measure empirical privacy.",
                          no_args_is_help=True)
 app.add_typer(attack_app, name="attack")
 
 _LINE_FORMATS = ("label-text", "trec", "lines")
-
-
-def _fail(msg: str) -> None:
-    typer.echo(f"error: {msg}", err=True)
-    raise typer.Exit(2)
 
 
 def _load(name: str, split: str, fmt: str | None, text_column: str | None,

@@ -10,11 +10,7 @@ from pathlib import Path
 import typer
 
 from rapt.cli._app import app
-
-
-def _fail(msg: str) -> None:
-    typer.echo(f"error: {msg}", err=True)
-    raise typer.Exit(2)
+from rapt.cli._app import fail as _fail
 
 
 def _load_data(data: str, split: str, limit: int | None, text_column: str | None,

@@ -1,0 +1,50 @@
+"""Tiny random backbones built in code, shared by the tests (conftest fixtures use them too)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+TOY_WORDS = (
+    "the a movie film good bad great awful boring fun plot actor story is was not very it "
+    "this and but of music long fine").split()
+
+
+def make_tokenizer(folder: Path, words: list[str], specials: list[str] = SPECIALS):
+    """A BERT WordPiece tokenizer over ``specials + words``, written to and read from folder."""
+    from transformers import BertTokenizerFast
+
+    (folder / "vocab.txt").write_text("\n".join(specials + words) + "\n")
+    # transformers 5 ignores `vocab_file=` in the constructor (every word becomes [UNK]);
+    # loading the folder reads the vocabulary.
+    tok = BertTokenizerFast.from_pretrained(str(folder), do_lower_case=True)
+    assert len(tok) == len(specials) + len(words), "tiny vocabulary was not loaded"
+    return tok
+
+
+def make_bert(tok, seed: int = 0, name: str = "tiny-bert", max_positions: int = 64):
+    """rapt Backbone around a random 2-layer, 32-dim BERT."""
+    from transformers import BertConfig, BertModel
+
+    from rapt.models import from_model
+
+    torch.manual_seed(seed)
+    cfg = BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2,
+                     num_attention_heads=4, intermediate_size=64,
+                     max_position_embeddings=max_positions)
+    return from_model(BertModel(cfg).eval(), tok, name=name, kind="encoder")
+
+
+def make_llama(tok, seed: int = 0, name: str = "tiny-llama", max_positions: int = 64):
+    """rapt Backbone around a random 2-layer, 32-dim Llama causal LM."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from rapt.models import from_model
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+                      max_position_embeddings=max_positions, pad_token_id=tok.pad_token_id)
+    return from_model(LlamaForCausalLM(cfg).eval(), tok, name=name, kind="causal")
