@@ -438,19 +438,27 @@ def _parse_jsonl(text: str, path: Path, spec: _Spec, labels: _LabelMap
     return rows, blank
 
 
-def _parse_label_text(text: str, path: Path, spec: _Spec, labels: _LabelMap
-                      ) -> tuple[list[_Row], int]:
-    """``LABEL sentence`` per line (label first, one space)."""
+def _per_line(text: str, parse: Callable[[int, str], _Row]) -> tuple[list[_Row], int]:
+    """Apply ``parse(line number, stripped line)`` to every non-blank line; count the blanks."""
     rows: list[_Row] = []
     blank = 0
     for line, s in _lines(text):
         if not s.strip():
             blank += 1
             continue
-        raw, _, rest = s.strip().partition(" ")
-        labels.check(raw, path, line, "label")
-        rows.append((line, _clean_text(rest, path, line, "text"), None, raw, {}))
+        rows.append(parse(line, s.strip()))
     return rows, blank
+
+
+def _parse_label_text(text: str, path: Path, spec: _Spec, labels: _LabelMap
+                      ) -> tuple[list[_Row], int]:
+    """``LABEL sentence`` per line (label first, one space)."""
+    def parse(line: int, s: str) -> _Row:
+        raw, _, rest = s.partition(" ")
+        labels.check(raw, path, line, "label")
+        return (line, _clean_text(rest, path, line, "text"), None, raw, {})
+
+    return _per_line(text, parse)
 
 
 TREC_COARSE = ["ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM"]
@@ -459,34 +467,22 @@ TREC_COARSE = ["ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM"]
 def _parse_trec(text: str, path: Path, spec: _Spec, labels: _LabelMap
                 ) -> tuple[list[_Row], int]:
     """``COARSE:fine question`` per line; the label is the coarse class."""
-    rows: list[_Row] = []
-    blank = 0
-    for line, s in _lines(text):
-        if not s.strip():
-            blank += 1
-            continue
-        tag, _, rest = s.strip().partition(" ")
+    def parse(line: int, s: str) -> _Row:
+        tag, _, rest = s.partition(" ")
         coarse, colon, fine = tag.partition(":")
         if not colon or not fine:
             raise DataError(f"expected 'COARSE:fine' before the question, got {tag!r}",
                             path=path, line=line, field="label")
         labels.check(coarse, path, line, "label")
-        rows.append((line, _clean_text(rest, path, line, "text"), None, coarse,
-                     {"fine": fine}))
-    return rows, blank
+        return (line, _clean_text(rest, path, line, "text"), None, coarse, {"fine": fine})
+
+    return _per_line(text, parse)
 
 
 def _parse_lines(text: str, path: Path, spec: _Spec, labels: _LabelMap
                  ) -> tuple[list[_Row], int]:
     """One unlabelled text per line."""
-    rows: list[_Row] = []
-    blank = 0
-    for line, s in _lines(text):
-        if not s.strip():
-            blank += 1
-            continue
-        rows.append((line, s.strip(), None, None, {}))
-    return rows, blank
+    return _per_line(text, lambda line, s: (line, s, None, None, {}))
 
 
 TRUSTPILOT_COLUMNS = ["review", "rating", "gender", "age", "country"]
