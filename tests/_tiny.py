@@ -7,6 +7,12 @@ from pathlib import Path
 import torch
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+# The word list behind conftest's ``tiny_tokenizer`` and ``make_word_llama``.
+WORDS = (
+    "the a movie film good bad great awful boring fun plot actor actors story love hate "
+    "is was not very really it this that and but of to in with funny sad dull brilliant "
+    "terrible best worst ever one two time scene music long short fine nice poor weak"
+).split()
 TOY_WORDS = (
     "the a movie film good bad great awful boring fun plot actor story is was not very it "
     "this and but of music long fine").split()
@@ -48,3 +54,13 @@ def make_llama(tok, seed: int = 0, name: str = "tiny-llama", max_positions: int 
                       num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
                       max_position_embeddings=max_positions, pad_token_id=tok.pad_token_id)
     return from_model(LlamaForCausalLM(cfg).eval(), tok, name=name, kind="causal")
+
+
+def make_word_llama(seed: int = 0):
+    """A random tiny Llama over ``WORDS`` whose tokenizer knows every word (label words need
+    real ids), built without touching the disk."""
+    from transformers import BertTokenizerFast
+
+    vocab = {t: i for i, t in enumerate([*SPECIALS, *WORDS])}
+    tok = BertTokenizerFast(vocab=vocab, do_lower_case=True)
+    return make_llama(tok, seed=seed, name="word-llama", max_positions=512)

@@ -7,17 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from _tiny import make_bert, make_llama, make_tokenizer
+from _tiny import WORDS, make_bert, make_llama, make_tokenizer
 
 # Tests share 2 cores with whatever else runs; more threads only add contention.
 torch.set_num_threads(max(1, min(2, int(os.environ.get("OMP_NUM_THREADS", "2")))))
-
-WORDS = (
-    "the a movie film good bad great awful boring fun plot actor actors story love hate "
-    "is was not very really it this that and but of to in with funny sad dull brilliant "
-    "terrible best worst ever one two time scene music long short fine nice poor weak"
-).split()
-
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer(tmp_path_factory):

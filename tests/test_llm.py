@@ -5,31 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from _tiny import make_word_llama
 
 from rapt.llm import HFLabelScorer, LabelScorer, LabelWordError, label_token_ids, normalize
-
-WORDS = ("the a movie film good bad great awful boring fun plot actor actors story love hate is "
-         "was not very really it this that and but of to in with funny sad dull brilliant "
-         "terrible best worst ever one two time scene music long short fine nice poor weak").split()
-
-
-def make_word_llama(seed: int = 0):
-    """A random 2-layer 32-dim Llama over a word-level vocabulary that knows its words.
-
-    (conftest's ``tiny_tokenizer`` passes ``vocab_file=``, which transformers 5 ignores, so every
-    word there becomes [UNK]; label words need real ids.)
-    """
-    from transformers import BertTokenizerFast, LlamaConfig, LlamaForCausalLM
-
-    from rapt.models import from_model
-
-    vocab = {t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS])}
-    tok = BertTokenizerFast(vocab=vocab, do_lower_case=True)
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
-                      max_position_embeddings=512, pad_token_id=0)
-    return from_model(LlamaForCausalLM(cfg).eval(), tok, name="word-llama", kind="causal")
 
 
 @pytest.fixture()

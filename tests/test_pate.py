@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
+from _tiny import make_word_llama
 
 from rapt.gnmax import GNMaxConfig
 from rapt.pate import (
@@ -21,27 +21,9 @@ from rapt.pate import (
     validate_inputs,
 )
 
-WORDS = ("the a movie film good bad great awful boring fun plot actor actors story love hate is "
-         "was not very really it this that and but of to in with funny sad dull brilliant "
-         "terrible best worst ever one two time scene music long short fine nice poor weak").split()
 POS = ["good", "great", "fun", "brilliant", "best", "nice", "funny", "fine"]
 NEG = ["bad", "awful", "boring", "terrible", "worst", "poor", "weak", "dull"]
 
-
-def make_word_llama(seed: int = 0):
-    """Random 2-layer Llama over a word vocabulary (conftest's tiny_tokenizer maps every word to
-    [UNK] under transformers 5, and label words need real ids)."""
-    from transformers import BertTokenizerFast, LlamaConfig, LlamaForCausalLM
-
-    from rapt.models import from_model
-
-    vocab = {t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS])}
-    tok = BertTokenizerFast(vocab=vocab, do_lower_case=True)
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
-                      max_position_embeddings=512, pad_token_id=0)
-    return from_model(LlamaForCausalLM(cfg).eval(), tok, name="word-llama", kind="causal")
 
 
 def sentiment_data(n: int, seed: int):

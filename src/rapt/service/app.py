@@ -234,6 +234,15 @@ def job_status(svc: Service, job: dict) -> JobStatus:
                      prompt_id=job["prompt_id"], error=job["error"], created=job["created"])
 
 
+def _owned(svc: Any, kind: str, object_id: str, me: str) -> dict:
+    """The caller's dataset, job or prompt row; 404 otherwise, so that another user's object
+    looks exactly like a missing one."""
+    row = getattr(svc.store, f"get_{kind}")(object_id, me)
+    if row is None:
+        raise ServiceError(404, "not_found", f"no {kind} '{object_id}'")
+    return row
+
+
 def create_app(config: ServiceConfig, *, backbones: dict[str, Any] | None = None,
                runner: JobRunner | None = None,
                prompt_loader: Callable[[Path], Any] | None = None,
@@ -330,17 +339,13 @@ def create_app(config: ServiceConfig, *, backbones: dict[str, Any] | None = None
 
     @app.get("/v1/datasets/{dataset_id}", response_model=DatasetInfo, responses=ERRORS)
     def get_dataset(dataset_id: str, request: Request, me: str = Depends(owner)) -> DatasetInfo:
-        row = svc_of(request).store.get_dataset(dataset_id, me)
-        if row is None:
-            raise ServiceError(404, "not_found", f"no dataset '{dataset_id}'")
+        row = _owned(svc_of(request), "dataset", dataset_id, me)
         return DatasetInfo(**row)
 
     @app.post("/v1/jobs", status_code=202, response_model=JobStatus, responses=ERRORS)
     def create_job(body: JobCreate, request: Request, me: str = Depends(owner)) -> JobStatus:
         svc = svc_of(request)
-        ds = svc.store.get_dataset(body.dataset_id, me)
-        if ds is None:
-            raise ServiceError(404, "not_found", f"no dataset '{body.dataset_id}'")
+        ds = _owned(svc, "dataset", body.dataset_id, me)
         if body.reconstruction and not ds["plain_ids"]:
             raise ServiceError(422, "validation_error",
                                "reconstruction needs a dataset uploaded with plain_ids")
@@ -379,17 +384,13 @@ def create_app(config: ServiceConfig, *, backbones: dict[str, Any] | None = None
     @app.get("/v1/jobs/{job_id}", response_model=JobStatus, responses=ERRORS)
     def get_job(job_id: str, request: Request, me: str = Depends(owner)) -> JobStatus:
         svc = svc_of(request)
-        job = svc.store.get_job(job_id, me)
-        if job is None:
-            raise ServiceError(404, "not_found", f"no job '{job_id}'")
+        job = _owned(svc, "job", job_id, me)
         return job_status(svc, job)
 
     @app.post("/v1/jobs/{job_id}/cancel", response_model=JobStatus, responses=ERRORS)
     def cancel_job(job_id: str, request: Request, me: str = Depends(owner)) -> JobStatus:
         svc = svc_of(request)
-        job = svc.store.get_job(job_id, me)
-        if job is None:
-            raise ServiceError(404, "not_found", f"no job '{job_id}'")
+        job = _owned(svc, "job", job_id, me)
         if job["state"] not in ("queued", "running"):
             raise ServiceError(409, "conflict", f"job '{job_id}' already {job['state']}")
         svc.worker.cancel(job_id)
@@ -397,18 +398,14 @@ def create_app(config: ServiceConfig, *, backbones: dict[str, Any] | None = None
 
     @app.get("/v1/prompts/{prompt_id}", response_model=PromptInfo, responses=ERRORS)
     def get_prompt(prompt_id: str, request: Request, me: str = Depends(owner)) -> PromptInfo:
-        row = svc_of(request).store.get_prompt(prompt_id, me)
-        if row is None:
-            raise ServiceError(404, "not_found", f"no prompt '{prompt_id}'")
+        row = _owned(svc_of(request), "prompt", prompt_id, me)
         return PromptInfo(**row)
 
     @app.post("/v1/predict", response_model=PredictResponse, responses=ERRORS)
     def predict(body: PredictRequest, request: Request,
                 me: str = Depends(owner)) -> PredictResponse:
         svc = svc_of(request)
-        row = svc.store.get_prompt(body.prompt_id, me)
-        if row is None:
-            raise ServiceError(404, "not_found", f"no prompt '{body.prompt_id}'")
+        row = _owned(svc, "prompt", body.prompt_id, me)
         if row["backbone"] not in svc.backbones:
             raise ServiceError(503, "backbone_unavailable",
                                f"prompt '{row['id']}' needs backbone '{row['backbone']}', which "
