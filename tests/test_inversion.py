@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import math
+
+import numpy as np
 import pytest
 import torch
 
@@ -81,7 +85,37 @@ def test_errors():
         invert_vectors(torch.zeros(3, 7), E)
 
 
+def _mc_privacy(E: torch.Tensor, ids: list[int], cand: list[int], eta: float,
+                draws: int = 200, seed: int = 0) -> float:
+    """Independent oracle: Monte-Carlo probability that the nearest candidate to x + z is not
+    x's own token, with z drawn here (numpy, float64) from density ∝ exp(−η‖z‖): radius
+    Gamma(d, 1/η) times a uniform direction. Shares no code with rapt."""
+    rng = np.random.default_rng(seed)
+    emb = E.detach().double().numpy()
+    d = emb.shape[1]
+    orig = np.repeat(np.asarray(ids), draws)
+    v = rng.standard_normal((len(orig), d))
+    v /= np.linalg.norm(v, axis=1, keepdims=True)
+    noised = emb[orig] + rng.gamma(d, 1.0 / eta, size=(len(orig), 1)) * v
+    c = np.asarray(cand)
+    dist = ((noised[:, None, :] - emb[c][None, :, :]) ** 2).sum(-1)
+    return float((c[dist.argmin(1)] != orig).mean())
+
+
 def test_cli_attack_invert(tmp_path):
+    """`rapt attack invert --json-report` at three η, checked against an independent oracle.
+
+    The oracle (:func:`_mc_privacy`) draws the dχ noise itself and runs its own nearest-neighbour
+    search; the CLI's empirical privacy must match it within 4 binomial standard errors, and in
+    the text setting attack success must equal 1 − P (same embedding: the attacker recovers
+    exactly the tokens the mechanism left alone). η = 1e6 gives privacy 0, η = 1 privacy
+    near 1 − 1/|candidates|.
+
+    Mutations tried (each made this test fail): ``inversion_attack`` scoring
+    ``rec = orig.clone()`` (an attack that always succeeds: privacy 0 at every η);
+    ``rec`` replaced by random candidate ids (privacy > 0 at η = 1e6); the CLI passing
+    ``eta * 10`` to the Privatizer (privacy far below the oracle at the middle η).
+    """
     from transformers import BertConfig, BertModel, BertTokenizerFast
     from typer.testing import CliRunner
 
@@ -95,10 +129,35 @@ def test_cli_attack_invert(tmp_path):
     d = tmp_path / "bb"
     model.save_pretrained(d)
     tok.save_pretrained(d)
+    content = words[5:]
+    g = torch.Generator().manual_seed(1)
+    lines = [" ".join(content[int(j)] for j in torch.randint(len(content), (5,), generator=g))
+             for _ in range(200)]
     src = tmp_path / "in.txt"
-    src.write_text("1 the movie was good\n0 bad plot\n")
-    r = CliRunner().invoke(app, ["attack", "invert", str(src), "--format", "label-text",
-                                 "--backbone", str(d), "--eta", "1e6", "--eta", "1",
-                                 "--setting", "vectors"])
-    assert r.exit_code == 0, r.output
-    assert "empirical privacy = 0.0000" in r.output  # η = 1e6: no noise to speak of
+    src.write_text("".join(f"{i % 2} {line}\n" for i, line in enumerate(lines)))
+    ids = [words.index(w) for line in lines for w in line.split()]
+    cand = list(range(5, len(words)))
+    E = model.get_input_embeddings().weight
+    etas = [1e6, 60.0, 1.0]
+    for setting in ("text", "vectors"):
+        args = ["attack", "invert", str(src), "--format", "label-text", "--backbone", str(d),
+                "--setting", setting, "--seed", "3", "--json-report"]
+        for e in etas:
+            args += ["--eta", str(e)]
+        r = CliRunner().invoke(app, args)
+        assert r.exit_code == 0, r.output
+        report = json.loads([x for x in r.output.splitlines() if x.startswith("{")][-1])
+        rows = report["results"]
+        assert [row["eta"] for row in rows] == etas and report["setting"] == setting
+        privacy = []
+        for row in rows:
+            assert row["n_tokens"] == len(ids) == 1000
+            oracle = _mc_privacy(E, ids, cand, row["eta"])
+            tol = 4 * math.sqrt(max(oracle * (1 - oracle), 0.01) / row["n_tokens"])
+            assert abs(row["empirical_privacy"] - oracle) < tol, (setting, row, oracle)
+            assert row["success_rate"] == pytest.approx(1 - row["empirical_privacy"])
+            # success tracks 1 − P (P measured separately, by comparing ids, in the text setting)
+            assert row["success_rate"] == pytest.approx(1 - row["p"], abs=1e-9)
+            privacy.append(row["empirical_privacy"])
+        # large η: nothing is hidden; small η: the attacker is left near guessing
+        assert privacy[0] == 0.0 and 0.25 < privacy[1] < 0.75 and privacy[2] > 0.7, privacy

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from _tiny import TOY_WORDS, make_tokenizer
 
+from rapt.noise import NoiseSource
 from rapt.reconstruction import (
     ReconstructionHead,
     build_rows,
@@ -67,9 +70,9 @@ def test_privatize_rows_keeps_specials_and_layout(tok):
     assert changed > 0
     weak = Privatizer(emb, 1e6, special_ids=special, seed=0)
     assert privatize_rows(rows, weak) == rows  # η -> ∞: nothing replaced
-    # same generator seed -> same privatized rows (repeatable user side)
-    again = privatize_rows(rows, strong, torch.Generator().manual_seed(0))
-    assert again == out
+    # the same noise seed -> the same privatized rows (repeatable only when asked for)
+    assert privatize_rows(rows, strong, NoiseSource(0)) == privatize_rows(rows, strong,
+                                                                          NoiseSource(0))
 
 
 def test_rec_vocabulary_plain_first_then_frequent(tok):
@@ -94,3 +97,36 @@ def test_head_and_loss_shapes():
     perfect = torch.full((1, 2, 5), -1e4)
     perfect[0, 0, 1] = perfect[0, 1, 3] = 1e4
     assert reconstruction_loss(perfect, torch.tensor([[1, 3]])).item() < 1e-6
+
+
+def test_loss_values_against_hand_computed_cross_entropy():
+    """Eq. 7 checked against numbers computed by hand, not against the shapes alone.
+
+    Mutations tried (each made this test fail): ``reconstruction_loss`` returning
+    ``torch.zeros(B)``; dropping the ``transpose(1, 2)`` (classes read along m); ``sum``
+    and ``mean`` swapped.
+    """
+    # Uniform logits: every softmax is 1/|T|, so each position costs log |T| whatever the target.
+    T, m = 7, 3
+    for c in (0.0, 5.0, -2.5):
+        uniform = torch.full((2, m, T), c)
+        tgt = torch.tensor([[0, 3, 6], [1, 1, 5]])
+        torch.testing.assert_close(reconstruction_loss(uniform, tgt, "mean"),
+                                   torch.full((2,), math.log(T)))
+        torch.testing.assert_close(reconstruction_loss(uniform, tgt, "sum"),
+                                   torch.full((2,), m * math.log(T)))
+    # A hand-computed case: CE = −z_target + log Σ_j exp(z_j) at each position.
+    z = [[1.0, 2.0, 0.5], [0.0, -1.0, 3.0]]
+    targets = [1, 0]
+    by_hand = [-row[t] + math.log(sum(math.exp(v) for v in row)) for row, t in zip(
+        z, targets, strict=True)]
+    # position 0: −2 + log(e¹ + e² + e^0.5) = 0.46437; position 1: 0 + log(1 + e⁻¹ + e³)
+    assert by_hand == pytest.approx([0.46437, 3.06588], abs=1e-5)
+    logits = torch.tensor([z], dtype=torch.float64)
+    tgt = torch.tensor([targets])
+    assert reconstruction_loss(logits, tgt, "sum").item() == pytest.approx(sum(by_hand),
+                                                                           rel=1e-12)
+    assert reconstruction_loss(logits, tgt, "mean").item() == pytest.approx(sum(by_hand) / 2,
+                                                                            rel=1e-12)
+    # The degenerate answer is far off: a loss of 0 (or log |T|) is not what eq. 7 gives here.
+    assert sum(by_hand) > 0.5 and abs(sum(by_hand) / 2 - math.log(3)) > 0.1
