@@ -225,18 +225,42 @@ def test_epsilon_tracks_steps_and_target(setup):
 
 
 def test_logical_batches_follow_planned_steps_and_state(setup):
+    """A checkpoint carries the step count only: no generator state (which would reveal the
+    noise already drawn), so a resumed engine continues the schedule with fresh randomness.
+
+    Mutation caught: checkpointing and restoring the noise stream (resumed batches would then
+    equal the uninterrupted run's), or dropping the step count (10 batches, not 9)."""
     model, _ = setup
-    dp = DPSGD(model, DPConfig(noise_multiplier=1.0, sample_rate=0.3), n_examples=20, steps=7,
-               seed=5)
-    assert len(list(dp.logical_batches())) == 7
-    dp2 = DPSGD(model, dp.config, n_examples=20, steps=7, seed=5)
+    cfg = DPConfig(noise_multiplier=1.0, sample_rate=0.5)
+    dp = DPSGD(model, cfg, n_examples=200, steps=10, seed=5)
+    assert len(list(dp.logical_batches())) == 10
+    dp2 = DPSGD(model, cfg, n_examples=200, steps=10, seed=5)
     dp2.finalize()
     state = dp2.state_dict()
+    assert set(state) == {"steps", "examples_seen", "noise_multiplier"}
     rest = [b.tolist() for b in dp2.logical_batches()]
-    assert len(rest) == 6
-    dp3 = DPSGD(model, dp.config, n_examples=20, steps=7, seed=99)
+    assert len(rest) == 9
+    dp3 = DPSGD(model, cfg, n_examples=200, steps=10, seed=5)
     dp3.load_state_dict(state)
-    assert [b.tolist() for b in dp3.logical_batches()] == rest
+    resumed = [b.tolist() for b in dp3.logical_batches()]
+    assert len(resumed) == 9 and dp3.epsilon() == dp2.epsilon()
+    # Seeded from scratch, dp3 replays dp2's stream from its start, not from where dp2 was.
+    assert resumed != rest
+
+
+def test_unseeded_noise_differs_between_engines(setup):
+    """Two unseeded engines on the same gradients add different noise; their record says
+    seeded: false. Mutation caught: a fixed fallback seed when ``seed=None``."""
+    model, _ = setup
+    cfg = DPConfig(noise_multiplier=1.0, sample_rate=0.5)
+    grads = []
+    for _ in range(2):
+        dp = DPSGD(model, cfg, n_examples=10, steps=3)
+        assert dp.record()["seeded"] is False
+        dp.finalize()
+        grads.append([p.grad.clone() for p in dp.params])
+        dp.close()
+    assert any(not torch.equal(a, b) for a, b in zip(*grads, strict=True))
 
 
 def test_uncovered_trainable_parameter_is_refused(tiny_bert):

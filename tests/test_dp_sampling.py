@@ -8,6 +8,7 @@ import torch
 from scipy import stats
 
 from rapt.dp import micro_batches, poisson_batch, poisson_batches
+from rapt.noise import NoiseSource
 
 
 def _chi2_binomial_pvalue(sizes: np.ndarray, n: int, q: float) -> float:
@@ -25,8 +26,7 @@ def _chi2_binomial_pvalue(sizes: np.ndarray, n: int, q: float) -> float:
 
 def test_batch_sizes_are_binomial():
     n, q, steps = 300, 0.07, 3000
-    g = torch.Generator().manual_seed(0)
-    batches = list(poisson_batches(n, q, steps, g))
+    batches = list(poisson_batches(n, q, steps, NoiseSource()))
     sizes = np.array([b.numel() for b in batches])
     assert _chi2_binomial_pvalue(sizes, n, q) > 1e-3
     # Fixed-size batches (what a shuffled loader gives) fail the same test.
@@ -40,16 +40,16 @@ def test_batch_sizes_are_binomial():
 
 
 def test_seeded_repeatability_and_properties():
-    a = [b.tolist() for b in poisson_batches(50, 0.2, 20, torch.Generator().manual_seed(7))]
-    b = [b.tolist() for b in poisson_batches(50, 0.2, 20, torch.Generator().manual_seed(7))]
-    c = [b.tolist() for b in poisson_batches(50, 0.2, 20, torch.Generator().manual_seed(8))]
+    a = [b.tolist() for b in poisson_batches(50, 0.2, 20, NoiseSource(7))]
+    b = [b.tolist() for b in poisson_batches(50, 0.2, 20, NoiseSource(7))]
+    c = [b.tolist() for b in poisson_batches(50, 0.2, 20, NoiseSource(8))]
     assert a == b and a != c
     for batch in a:
         assert batch == sorted(set(batch)) and all(0 <= i < 50 for i in batch)
     # Batches can be empty, and q = 1 takes everything.
-    sizes = [x.numel() for x in poisson_batches(5, 0.01, 50, torch.Generator().manual_seed(0))]
+    sizes = [x.numel() for x in poisson_batches(5, 0.01, 50, NoiseSource(0))]
     assert 0 in sizes
-    assert poisson_batch(9, 1.0, torch.Generator().manual_seed(0)).tolist() == list(range(9))
+    assert poisson_batch(9, 1.0, NoiseSource(0)).tolist() == list(range(9))
 
 
 def test_micro_batches_and_errors():
@@ -57,10 +57,17 @@ def test_micro_batches_and_errors():
     parts = micro_batches(idx, 4)
     assert [p.tolist() for p in parts] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
     assert micro_batches(torch.arange(0), 4) == []
-    g = torch.Generator().manual_seed(0)
+    g = NoiseSource()
     with pytest.raises(ValueError, match="non-empty"):
         poisson_batch(0, 0.5, g)
     with pytest.raises(ValueError, match=r"\(0, 1\]"):
         poisson_batch(10, 0.0, g)
     with pytest.raises(ValueError, match="physical_batch_size"):
         micro_batches(idx, 0)
+
+
+def test_unseeded_batches_differ():
+    """Mutation caught: a fixed default seed for the sampler (two unseeded runs would agree)."""
+    a = [b.tolist() for b in poisson_batches(200, 0.3, 5, NoiseSource())]
+    b = [b.tolist() for b in poisson_batches(200, 0.3, 5, NoiseSource())]
+    assert a != b

@@ -80,19 +80,69 @@ def test_tuner_per_example_grads_match_naive(request, backbone, method, projecti
     dp.close()
 
 
-def test_trainer_dp_branch_end_to_end(tiny_bert):
+def _dp_toy(tiny_bert):
     tok = tiny_bert.tokenizer
     texts = ["good movie", "awful actor", "fun film", "boring plot", "great story",
              "bad music"] * 4
-    rows = [tok(t)["input_ids"] for t in texts]
-    labels = [1, 0, 1, 0, 1, 0] * 4
+    return [tok(t)["input_ids"] for t in texts], [1, 0, 1, 0, 1, 0] * 4
+
+
+def test_trainer_dp_branch_end_to_end(tiny_bert):
+    """ε lands just under the target, the run is unseeded, and the config's seed (init, data
+    order) does not seed the DP noise: two runs with one config seed differ.
+
+    Mutations caught: passing ``config.seed`` into DPSGD (identical tensors, seeded true);
+    calibrating σ for fewer steps than run (ε > 8); a σ far too large (ε ≪ 7.9)."""
+    rows, labels = _dp_toy(tiny_bert)
     seen: list[dict] = []
     cfg = trainer.TuneConfig(method="prefix", num_virtual_tokens=2, epochs=2, batch_size=6,
-                             lr=1e-2, dp=DPConfig(target_epsilon=8.0, max_grad_norm=0.5,
-                                                  physical_batch_size=4))
+                             lr=1e-2, seed=3, dp=DPConfig(target_epsilon=8.0, max_grad_norm=0.5,
+                                                          physical_batch_size=4))
     out = trainer.tune(tiny_bert, rows, labels, 2, cfg, progress=seen.append)
     rec = out.meta["dp"]
     assert rec["steps"] == out.meta["steps"] == 8  # 2 epochs / q = 6/24
-    assert 0 < rec["epsilon"] <= 8.0 and rec["delta"] == pytest.approx(1 / 24)
+    assert 7.9 <= rec["epsilon"] <= 8.0 and rec["delta"] == pytest.approx(1 / 24)
+    assert rec["seeded"] is False
     assert all("epsilon" in s for s in seen)
     assert [s["epsilon"] for s in seen] == sorted(s["epsilon"] for s in seen)
+    again = trainer.tune(tiny_bert, rows, labels, 2, cfg)
+    assert any(not torch.equal(out.tensors[k], again.tensors[k]) for k in out.tensors)
+    # An explicit noise seed repeats the run exactly and says so.
+    seeded = trainer.TuneConfig(**{**cfg.__dict__, "dp": DPConfig(
+        target_epsilon=8.0, max_grad_norm=0.5, physical_batch_size=4, noise_seed=11)})
+    a = trainer.tune(tiny_bert, rows, labels, 2, seeded)
+    b = trainer.tune(tiny_bert, rows, labels, 2, seeded)
+    assert a.meta["dp"]["seeded"] is True
+    assert all(torch.equal(a.tensors[k], b.tensors[k]) for k in a.tensors)
+
+
+def test_dp_artifact_carries_no_private_statistics(tiny_bert, tmp_path):
+    """Under DP the saved prompt holds no per-step losses / rec accuracy (not covered by ε) and
+    its reconstruction vocabulary comes from the tokenizer, not the rows: T's size does not
+    change when the private rows do. Mutations caught: keeping ``meta["history"]`` under DP;
+    building T from the rows' token counts."""
+    from rapt.reconstruction import candidate_plain_ids, plain_offset
+
+    rows, labels = _dp_toy(tiny_bert)
+    tok = tiny_bert.tokenizer
+    k = [tok.convert_tokens_to_ids("good"), tok.convert_tokens_to_ids("plot")]
+    off = plain_offset(tok)
+    rows = [r[:off] + k + r[off:] for r in rows]
+    dp = DPConfig(noise_multiplier=1.0, max_grad_norm=0.5, physical_batch_size=4)
+    cfg = trainer.TuneConfig(method="prompt", num_virtual_tokens=2, epochs=1, batch_size=6,
+                             lr=1e-2, reconstruction=True, rec_vocab_size=40, dp=dp)
+    out = trainer.tune(tiny_bert, rows, labels, 2, cfg, plain_ids=k)
+    assert "history" not in out.meta and len(out.train_log) == out.meta["steps"]
+    out.save(tmp_path / "p")
+    saved = (tmp_path / "p").read_bytes() if (tmp_path / "p").is_file() else b"".join(
+        f.read_bytes() for f in sorted((tmp_path / "p").iterdir()))
+    assert b"rec_acc" not in saved and b"task_loss" not in saved
+    # Fewer distinct tokens in the rows: a row-frequency T would shrink, a public T does not.
+    few = [r[:off] + k + r[off:off + 1] + r[-1:] for r in rows]
+    other = trainer.tune(tiny_bert, few, labels, 2, cfg, plain_ids=k)
+    assert out.meta["rec_vocab_size"] == other.meta["rec_vocab_size"] == min(
+        40, len(candidate_plain_ids(tok)))
+    # Without DP the history stays in the artifact (the user's own run, nothing promised).
+    plain = trainer.tune(tiny_bert, rows, labels, 2, trainer.TuneConfig(
+        method="prompt", num_virtual_tokens=2, epochs=1, batch_size=6, lr=1e-2))
+    assert len(plain.meta["history"]) == plain.meta["steps"]

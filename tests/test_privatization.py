@@ -10,6 +10,7 @@ import pytest
 import torch
 from scipy import stats
 
+from rapt.noise import NoiseSource
 from rapt.privatization import (
     Privatizer,
     calibrate_eta,
@@ -58,7 +59,7 @@ def _emb(V=55, d=32, seed=0):
 
 @pytest.mark.parametrize("d,eta", [(1, 3.0), (16, 5.0), (384, 100.0)])
 def test_noise_norm_is_gamma(d, eta):
-    z = sample_noise(4000, d, eta, torch.Generator().manual_seed(1))
+    z = sample_noise(4000, d, eta, NoiseSource(1))
     norms = z.double().norm(dim=1).numpy()
     assert stats.kstest(norms, "gamma", args=(d, 0, 1.0 / eta)).pvalue > 0.001
     # The test has power: a noise scale off by 10% is rejected.
@@ -68,7 +69,7 @@ def test_noise_norm_is_gamma(d, eta):
 
 def test_noise_direction_is_uniform_on_sphere():
     d, n = 16, 4000
-    z = sample_noise(n, d, 2.0, torch.Generator().manual_seed(2)).double()
+    z = sample_noise(n, d, 2.0, NoiseSource(2)).double()
     v = z / z.norm(dim=1, keepdim=True)
     # Mean direction ~ 0: each coordinate has variance 1/d, so the mean has s.d. 1/sqrt(n d).
     assert v.mean(0).abs().max() < 5 / math.sqrt(n * d)
@@ -165,9 +166,24 @@ def test_seed_reproduces_and_differs():
     b = Privatizer(E, 30.0, seed=11).privatize_ids(ids)
     c = Privatizer(E, 30.0, seed=12).privatize_ids(ids)
     assert a.shape == ids.shape and torch.equal(a, b) and not torch.equal(a, c)
-    g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
     p = Privatizer(E, 30.0)
-    assert torch.equal(p.privatize_ids(ids, generator=g1), p.privatize_ids(ids, generator=g2))
+    assert torch.equal(p.privatize_ids(ids, noise=NoiseSource(3)),
+                       p.privatize_ids(ids, noise=NoiseSource(3)))
+
+
+def test_unseeded_noise_is_fresh_every_time():
+    """Without a seed, two privatizers and two calls of one privatizer draw different noise.
+
+    Mutations caught: seeding the unseeded source with 0 (two privatizers agree), and reusing
+    one noise draw per privatizer (two calls agree)."""
+    E = _emb()
+    ids = torch.randint(5, 55, (3, 40), generator=torch.Generator().manual_seed(0))
+    a, b = Privatizer(E, 30.0), Privatizer(E, 30.0)
+    assert not a.seeded and Privatizer(E, 30.0, seed=0).seeded
+    za, zb = a.noised_embeddings(ids), b.noised_embeddings(ids)
+    assert not torch.equal(za, zb)
+    assert not torch.equal(a.noised_embeddings(ids), za)
+    assert not torch.equal(a.privatize_ids(ids), a.privatize_ids(ids))
 
 
 def test_specials_untouched_and_never_produced(tok):

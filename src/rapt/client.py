@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
+import torch
 
 DEFAULT_PLAIN_TOKENS = 40  # RAPT §4.1: m = 40
 
@@ -32,6 +34,13 @@ class ClientError(RuntimeError):
 
 class PrivacyNotConfiguredError(ClientError):
     pass
+
+
+class PrivacyWarning(UserWarning):
+    """Weak or no privacy on data about to leave (or that just left) this machine."""
+
+
+DEFAULT_MIN_P = 0.5  # below this the provider reads most of the tokens as they are
 
 
 class ServiceError(RuntimeError):
@@ -61,7 +70,8 @@ class RaptClient:
                  backbone: Any = "minilm", remote_backbone: str | None = None,
                  eta: float | None = None, no_privacy: bool = False, mode: str = "exact",
                  seed: int | None = None, plain_tokens: int | Sequence[int] = DEFAULT_PLAIN_TOKENS,
-                 timeout: float = 120.0, http: httpx.Client | None = None) -> None:
+                 min_p: float = DEFAULT_MIN_P, timeout: float = 120.0,
+                 http: httpx.Client | None = None) -> None:
         url = url or os.environ.get("RAPT_URL")
         api_key = api_key or os.environ.get("RAPT_API_KEY")
         if not url and http is None:
@@ -72,7 +82,17 @@ class RaptClient:
             raise ClientError(f"eta must be > 0, got {eta}")
         if eta is not None and no_privacy:
             raise ClientError("give either eta or no_privacy=True, not both")
+        if not 0.0 <= min_p <= 1.0:
+            raise ClientError(f"min_p must lie in [0, 1], got {min_p}")
         self.eta, self.no_privacy, self.mode, self.seed = eta, no_privacy, mode, seed
+        self.min_p = float(min_p)
+        if seed is not None:
+            warnings.warn(f"privatization noise seeded with {seed}: anyone who knows the seed can "
+                          "undo it (no privacy guarantee); use for tests only", PrivacyWarning,
+                          stacklevel=2)
+        # What the last upload / predict sent, measured here and kept here (P is a statistic
+        # of the private text): n_tokens, replacement_probability, inversion_success, ...
+        self.last_privacy: dict[str, Any] = {}
         self._backbone_arg = backbone
         self._backbone: Any = None if isinstance(backbone, str) else backbone
         self.remote_backbone = remote_backbone or (
@@ -112,6 +132,37 @@ class RaptClient:
                 "refusing to send: no privatization is configured. Set eta (the dχ-privacy "
                 "parameter, e.g. --eta 100) or, to send your data unprotected, pass "
                 "no_privacy=True (--no-privacy) explicitly")
+
+    def _measure(self, rows: list[list[int]], private: list[list[int]], what: str) -> dict:
+        """P and the nearest-neighbour inversion success on what is about to be sent; warns
+        when P is below ``min_p``. The result stays on this machine (``last_privacy``)."""
+        from rapt.attacks.inversion import inversion_attack
+        from rapt.privatization import replacement_probability
+
+        bb = self.backbone
+        report: dict[str, Any] = {"what": what, "rows": len(rows), "eta": self.eta,
+                                  "no_privacy": self.no_privacy, "min_p": self.min_p}
+        if self.no_privacy:
+            report.update(replacement_probability=0.0, inversion_success=1.0,
+                          n_tokens=sum(len(r) for r in rows))
+        else:
+            orig = torch.tensor([t for r in rows for t in r], dtype=torch.long)
+            priv = torch.tensor([t for r in private for t in r], dtype=torch.long)
+            inv = inversion_attack(orig, bb.embeddings, private_ids=priv,
+                                   special_ids=bb.special_ids,
+                                   candidate_ids=self.privatizer.candidate_ids,
+                                   index=self.privatizer.index)
+            report.update(replacement_probability=replacement_probability(
+                orig, priv, bb.special_ids), inversion_success=inv.success_rate,
+                n_tokens=inv.n_tokens)
+            if report["replacement_probability"] < self.min_p:
+                warnings.warn(
+                    f"weak privacy on this {what}: only {report['replacement_probability']:.1%} "
+                    f"of tokens were replaced (P < min_p = {self.min_p:g}) and a nearest-"
+                    f"neighbour attack recovers {inv.success_rate:.1%} of them; lower eta "
+                    f"(now {self.eta:g}) for more privacy", PrivacyWarning, stacklevel=3)
+        self.last_privacy = report
+        return report
 
     @property
     def privatizer(self) -> Any:
@@ -154,6 +205,8 @@ class RaptClient:
         """Apply the mechanism to every non-special token (identity with no_privacy)."""
         self._check_privacy()
         if self.no_privacy:
+            warnings.warn("no_privacy=True: your text's token ids are about to be sent to the "
+                          "provider unprotected", PrivacyWarning, stacklevel=3)
             return [list(r) for r in rows]
         from rapt.reconstruction import privatize_rows
 
@@ -209,10 +262,7 @@ class RaptClient:
         plain = self.plain_ids() if reconstruction else None
         rows = self._rows(ds.texts, ds.text_pairs, plain, max_length)
         private = self.privatize(rows)
-        from rapt.privatization import replacement_probability
-
-        p = (replacement_probability(rows, private, self.backbone.special_ids)
-             if not self.no_privacy else 0.0)
+        p = self._measure(rows, private, "upload")["replacement_probability"]
         num_labels = max(len(ds.label_names), max(labels) + 1, 2)
         body = {"backbone": self.remote_backbone, "input_ids": private, "labels": labels,
                 "num_labels": num_labels, "privacy": self._declaration(), "plain_ids": plain}
@@ -290,7 +340,9 @@ class RaptClient:
             texts = [texts]
         info = self.prompt(prompt_id)
         plain = info.get("plain_ids")  # queries take the training rows' layout
-        rows = self.encode(texts, text_pairs=text_pairs, plain_ids=plain, max_length=max_length)
+        clear = self._rows(list(texts), text_pairs, plain, max_length)
+        rows = self.privatize(clear)
+        self._measure(clear, rows, "predict")
         labels, probs = [], []
         for i in range(0, len(rows), chunk):
             out = self._call("POST", "/v1/predict",

@@ -41,7 +41,8 @@ class DemoConfig:
     target_p: float = 0.3
     eta: float | None = None  # overrides target_p
     rec_weight: float = 1.0
-    seed: int = 0
+    seed: int = 0  # data subset, init, plain tokens: not privacy noise
+    noise_seed: int | None = None  # privacy noise: OS entropy unless set (then "seeded")
     privatizer_mode: str = "fast"
 
 
@@ -51,6 +52,7 @@ class DemoResult:
     eta: float
     p: float
     inversion_privacy: float
+    seeded: bool = False
     rows: list[dict] = field(default_factory=list)  # one per setting
     seconds: float = 0.0
 
@@ -83,7 +85,7 @@ def run_demo(config: DemoConfig, log: Callable[[str], None] = print,
     from rapt.models import load_backbone
     from rapt.privatization import (
         Privatizer,
-        calibrate_eta,
+        calibrate_eta_public,
         candidate_ids_from_tokenizer,
         replacement_probability,
     )
@@ -105,24 +107,21 @@ def run_demo(config: DemoConfig, log: Callable[[str], None] = print,
     clean_test = build_rows(tok, test.texts, config.max_length)
     eta = config.eta
     if eta is None:
-        # 3000 tokens pin P to about ±0.01 (binomial s.e.); more only slows the bisection.
-        sample = torch.tensor([t for r in clean_rows for t in r if t not in set(special)][:3000])
-        eta = calibrate_eta(bb.embeddings, config.target_p, sample, special, candidate_ids=cand,
-                            mode=config.privatizer_mode, seed=config.seed)
-        log(f"η = {eta:.3g} (calibrated for P ≈ {config.target_p})")
+        eta = calibrate_eta_public(bb, config.target_p, candidate_ids=cand,
+                                   mode=config.privatizer_mode)
+        log(f"η = {eta:.3g} (calibrated for P ≈ {config.target_p} on the public text sample)")
     privatizer = Privatizer(bb.embeddings, eta, special_ids=special, candidate_ids=cand,
-                            mode=config.privatizer_mode, seed=config.seed)
+                            mode=config.privatizer_mode, seed=config.noise_seed)
     plain, plain_index = plain_tokens_for(tok, config.plain_len, config.plain_sequences,
                                           len(train), config.seed)
     rapt_rows = build_rows(tok, train.texts, config.max_length, plain, plain_index)
     rapt_test = build_rows(tok, test.texts, config.max_length, plain,
                            [0] * len(test) if plain_index is not None else None)
 
-    gen = torch.Generator().manual_seed(config.seed + 1)
-    priv_rows = privatize_rows(clean_rows, privatizer, gen)
-    priv_test = privatize_rows(clean_test, privatizer, gen)
-    priv_rapt = privatize_rows(rapt_rows, privatizer, gen)
-    priv_rapt_test = privatize_rows(rapt_test, privatizer, gen)
+    priv_rows = privatize_rows(clean_rows, privatizer)
+    priv_test = privatize_rows(clean_test, privatizer)
+    priv_rapt = privatize_rows(rapt_rows, privatizer)
+    priv_rapt_test = privatize_rows(rapt_test, privatizer)
     p = replacement_probability(clean_rows, priv_rows, special)
     flat_o = torch.tensor([t for r in clean_test for t in r])
     flat_p = torch.tensor([t for r in priv_test for t in r])
@@ -141,7 +140,8 @@ def run_demo(config: DemoConfig, log: Callable[[str], None] = print,
         ("+reconstruction", priv_rapt, priv_rapt_test, True),
     ]
     result = DemoResult(config=asdict(config), eta=float(eta), p=float(p),
-                        inversion_privacy=float(inv.empirical_privacy))
+                        inversion_privacy=float(inv.empirical_privacy),
+                        seeded=privatizer.seeded)
     for name, rows, test_rows, rec in settings:
         t = time.perf_counter()
         cfg = TuneConfig(**base, reconstruction=rec)

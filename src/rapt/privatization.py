@@ -7,9 +7,10 @@ post-processing of x + z, so any candidate vocabulary and any search method keep
 P[M(x)=w] ≤ exp(η‖x−x'‖)·P[M(x')=w]; an *approximate* search does, however, change which token
 comes out, and with it the measured replacement probability P.
 
-Randomness: noise for the k-th perturbed token of a call depends only on the generator state
-and k (it is drawn in fixed blocks of ``NOISE_BLOCK`` tokens), so ``chunk_size`` changes memory
-use and speed but never the output.
+Randomness: noise comes from a :class:`rapt.noise.NoiseSource`: the OS CSPRNG unless a seed is
+passed explicitly. With a seed, the k-th perturbed token's noise depends only on the seed and k
+(it is drawn in fixed blocks of ``NOISE_BLOCK`` tokens), so ``chunk_size`` changes memory use and
+speed but never the output.
 """
 
 from __future__ import annotations
@@ -24,13 +25,16 @@ import torch
 from torch import Tensor
 
 from rapt.nn_search import MODES, NNIndex, SearchMode, build_index
+from rapt.noise import NoiseSource
 
 __all__ = [
     "NOISE_BLOCK",
     "PrivatizedTexts",
     "Privatizer",
     "calibrate_eta",
+    "calibrate_eta_public",
     "candidate_ids_from_tokenizer",
+    "public_sample_ids",
     "measure_p",
     "privatize_texts",
     "privatize_texts_detailed",
@@ -50,20 +54,17 @@ def _check_eta(eta: float) -> float:
     return eta
 
 
-def sample_noise(n: int, d: int, eta: float | Tensor, generator: torch.Generator | None = None,
+def sample_noise(n: int, d: int, eta: float | Tensor, noise: NoiseSource | None = None,
                  *, device: torch.device | str | None = None) -> Tensor:
     """Draw n noise vectors z = l·v (float32, (n, d)) with density ∝ exp(−η‖z‖).
 
     ``eta`` is a scalar or a per-row tensor (n,).  l = Gamma(d, 1) / η ~ Gamma(d, scale 1/η);
-    v = g/‖g‖ with g ~ N(0, I_d), uniform on the sphere.
+    v = g/‖g‖ with g ~ N(0, I_d), uniform on the sphere. ``noise`` defaults to OS entropy.
     """
-    dev = torch.device(device) if device is not None else (
-        generator.device if generator is not None else torch.device("cpu"))
-    # torch's Gamma sampler (Marsaglia-Tsang, the one behind torch.distributions.Gamma), in
-    # float64; it accepts a generator, unlike the public distribution class.
-    gamma = torch._standard_gamma(torch.full((n,), float(d), dtype=torch.float64, device=dev),
-                                  generator=generator)
-    g = torch.randn(n, d, device=dev, generator=generator)
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    noise = noise if noise is not None else NoiseSource()
+    gamma = noise.gamma(float(d), n, device=dev)
+    g = noise.normal((n, d), device=dev, dtype=torch.float32)
     v = g / g.norm(dim=1, keepdim=True)
     eta_t = torch.as_tensor(eta, dtype=torch.float64, device=dev)
     return ((gamma / eta_t).to(torch.float32)).unsqueeze(1) * v
@@ -77,8 +78,9 @@ class Privatizer:
     rows allowed as outputs (default all; see :func:`candidate_ids_from_tokenizer`); ``mode``:
     "exact" (float32 full scan), "fast" (certified exact, see :class:`rapt.nn_search.FastIndex`)
     or "annoy" (approximate reference); ``chunk_size``: tokens noised and searched per step
-    (bounds memory together with the index's own batching); ``seed``: seeds the generator that
-    is used when a call passes none.
+    (bounds memory together with the index's own batching); ``seed``: makes the noise
+    repeatable (tests, benchmarks) and marks the run ``seeded``; None (default) draws from the
+    OS CSPRNG, as any real use must.
     """
 
     def __init__(self, embeddings: Tensor, eta: float, *, special_ids: Sequence[int] = (),
@@ -121,11 +123,7 @@ class Privatizer:
         self.index = index
         self.mode = index.mode  # a shared, prebuilt index decides the search
         self.seed = seed
-        self.generator = torch.Generator(device=self.device)
-        if seed is not None:
-            self.generator.manual_seed(int(seed))
-        else:
-            self.generator.seed()
+        self.noise = NoiseSource(seed)
         self.last_stats: dict[str, float] = {}
 
     @property
@@ -159,7 +157,11 @@ class Privatizer:
             raise ValueError("eta_scale must be positive and finite")
         return scale * self.eta
 
-    def _noised_rows(self, ids: Tensor, etas: Tensor | None, generator: torch.Generator,
+    @property
+    def seeded(self) -> bool:
+        return self.noise.seeded
+
+    def _noised_rows(self, ids: Tensor, etas: Tensor | None, noise: NoiseSource,
                      start: int, stop: int, blocks: dict) -> Tensor:
         """x + z for flat positions start:stop of ``ids`` (perturbable tokens only).
 
@@ -174,7 +176,7 @@ class Privatizer:
             if blocks.get("index") != b:
                 n = min(NOISE_BLOCK, ids.numel() - b * NOISE_BLOCK)
                 blocks["index"] = b
-                blocks["noise"] = sample_noise(n, d, 1.0, generator, device=self.device)
+                blocks["noise"] = sample_noise(n, d, 1.0, noise, device=self.device)
             hi = min(stop, (b + 1) * NOISE_BLOCK)
             parts.append(blocks["noise"][pos - b * NOISE_BLOCK: hi - b * NOISE_BLOCK])
             pos = hi
@@ -185,13 +187,13 @@ class Privatizer:
         return self.embeddings[ids[start:stop]] + unit * scale.to(torch.float32).unsqueeze(1)
 
     def noised_embeddings(self, ids: Tensor, *, eta_scale: Tensor | None = None,
-                          generator: torch.Generator | None = None) -> Tensor:
+                          noise: NoiseSource | None = None) -> Tensor:
         """x + z for every token of ``ids`` (any shape) -> (*ids.shape, d) float32.
 
         Special tokens keep their clean embedding.  This is what the SAP user sends.
         """
         ids = self._check_ids(ids)
-        gen = generator or self.generator
+        gen = noise or self.noise
         mask = self._perturbable(ids)
         etas = self._etas(eta_scale, ids.shape, mask)
         flat = ids[mask]
@@ -204,7 +206,7 @@ class Privatizer:
         return out
 
     def privatize_ids(self, ids: Tensor, *, eta_scale: Tensor | None = None,
-                      generator: torch.Generator | None = None,
+                      noise: NoiseSource | None = None,
                       progress: Callable[[int], None] | None = None) -> Tensor:
         """Privatized token ids, same shape as ``ids``; special ids pass through unchanged.
 
@@ -212,7 +214,7 @@ class Privatizer:
         ``progress`` is called with the number of tokens finished after each chunk.
         """
         ids = self._check_ids(ids)
-        gen = generator or self.generator
+        gen = noise or self.noise
         mask = self._perturbable(ids)
         etas = self._etas(eta_scale, ids.shape, mask)
         flat = ids[mask]
@@ -299,7 +301,7 @@ class PrivatizedTexts:
 
 def privatize_texts_detailed(texts: Sequence[str], tokenizer, privatizer: Privatizer, *,
                              token_eta_scale: Tensor | None = None,
-                             generator: torch.Generator | None = None,
+                             noise: NoiseSource | None = None,
                              progress: Callable[[int], None] | None = None) -> PrivatizedTexts:
     """Privatize each text token by token; returns decoded texts, ids and the measured P.
 
@@ -312,7 +314,7 @@ def privatize_texts_detailed(texts: Sequence[str], tokenizer, privatizer: Privat
     scale = None
     if token_eta_scale is not None:
         scale = torch.as_tensor(token_eta_scale, dtype=torch.float64)[flat]
-    priv_flat = privatizer.privatize_ids(flat, eta_scale=scale, generator=generator,
+    priv_flat = privatizer.privatize_ids(flat, eta_scale=scale, noise=noise,
                                          progress=progress).cpu()
     priv = [row.tolist() for row in torch.split(priv_flat, lengths)]
     out_texts = [tokenizer.decode(row, clean_up_tokenization_spaces=True) for row in priv]
@@ -322,11 +324,11 @@ def privatize_texts_detailed(texts: Sequence[str], tokenizer, privatizer: Privat
 
 def privatize_texts(texts: Sequence[str], tokenizer, privatizer: Privatizer, *,
                     token_eta_scale: Tensor | None = None,
-                    generator: torch.Generator | None = None,
+                    noise: NoiseSource | None = None,
                     progress: Callable[[int], None] | None = None) -> list[str]:
     """Privatized version of each text (token ids -> decoded string)."""
     return privatize_texts_detailed(texts, tokenizer, privatizer, token_eta_scale=token_eta_scale,
-                                    generator=generator, progress=progress).texts
+                                    noise=noise, progress=progress).texts
 
 
 def measure_p(embeddings: Tensor, eta: float, sample_ids: Tensor | Sequence[int],
@@ -389,3 +391,28 @@ def calibrate_eta(embeddings: Tensor, target_p: float, sample_ids: Tensor | Sequ
         else:
             hi = mid
     return math.sqrt(lo * hi)
+
+
+def public_sample_ids(tokenizer, special_ids: Sequence[int] = ()) -> Tensor:
+    """Token ids (1-D) of the public English sample bundled with rapt
+    (``rapt/resources/public_sample.txt``: reviews, support requests, news, clinical notes,
+    written for this project), specials removed. Calibrating η on it, not on the user's rows,
+    keeps the private data out of the choice of η: the same η then means the same P for
+    everyone with the same backbone."""
+    from importlib.resources import files
+
+    text = files("rapt").joinpath("resources/public_sample.txt").read_text(encoding="utf-8")
+    special = {int(i) for i in special_ids}
+    ids = [i for row in tokenize_texts(text.splitlines(), tokenizer) for i in row
+           if i not in special]
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def calibrate_eta_public(backbone, target_p: float, *, candidate_ids: Tensor | None = None,
+                         mode: SearchMode = "exact") -> float:
+    """η for replacement probability ``target_p`` measured on the bundled public sample
+    (:func:`public_sample_ids`), never on private rows. The P measured on a user's own text
+    will differ by the sample's standard error and by how the text differs from the sample."""
+    sample = public_sample_ids(backbone.tokenizer, backbone.special_ids)
+    return calibrate_eta(backbone.embeddings, target_p, sample, backbone.special_ids,
+                         candidate_ids=candidate_ids, mode=mode)

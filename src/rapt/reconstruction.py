@@ -20,6 +20,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from rapt.noise import NoiseSource
+
 _UNUSED = re.compile(r"^(\[unused\d+\]|<unused\d+>|<\|.*\|>|<.*>|\[.*\])$")
 
 
@@ -50,8 +52,9 @@ def candidate_plain_ids(tokenizer) -> list[int]:
 
 def sample_plain_tokens(tokenizer, m: int = 40, seed: int = 0,
                         num_sequences: int = 1) -> list[int] | list[list[int]]:
-    """m plain tokens drawn uniformly (with a seed) from :func:`candidate_plain_ids`;
-    ``num_sequences > 1`` returns that many sequences (RAPT Figure 4a)."""
+    """m plain tokens drawn uniformly from :func:`candidate_plain_ids` (with a seed: they are
+    public, not privacy noise); ``num_sequences > 1`` returns that many sequences (RAPT
+    Figure 4a)."""
     if m < 1:
         raise ValueError(f"plain-token length must be >= 1, got {m}")
     pool = torch.tensor(candidate_plain_ids(tokenizer))
@@ -104,14 +107,14 @@ def _as_sequences(plain_ids) -> list[list[int]]:
 
 
 def privatize_rows(rows: Sequence[Sequence[int]], privatizer,
-                   generator: torch.Generator | None = None) -> list[list[int]]:
+                   noise: NoiseSource | None = None) -> list[list[int]]:
     """Privatize every token of every row (the privatizer passes its special ids through).
     All rows go through one ``privatize_ids`` call on the concatenated ids (no padding needed)."""
     lengths = [len(r) for r in rows]
     if not rows:
         return []
     flat = torch.tensor([t for r in rows for t in r], dtype=torch.long)
-    out = privatizer.privatize_ids(flat, generator=generator).tolist()
+    out = privatizer.privatize_ids(flat, noise=noise).tolist()
     res, i = [], 0
     for n in lengths:
         res.append(out[i:i + n])
@@ -119,21 +122,41 @@ def privatize_rows(rows: Sequence[Sequence[int]], privatizer,
     return res
 
 
+def _unique_plain(plain_ids) -> list[int]:
+    plain: list[int] = []
+    for s in _as_sequences(plain_ids):
+        for t in s:
+            if t not in plain:
+                plain.append(t)
+    return plain
+
+
 def rec_vocabulary(rows: Sequence[Sequence[int]], plain_ids, size: int = 7630,
                    special_ids: Sequence[int] = ()) -> list[int]:
     """The reconstruction head's vocabulary T: every plain token first, then the most frequent
     non-special tokens of the (privatized) training rows, ``size`` ids in all (fewer when the
     rows hold fewer distinct tokens). Targets are always plain tokens, so no target falls outside
-    T; the frequent tokens are the distractors of the softmax, as in the paper."""
-    plain = []
-    for s in _as_sequences(plain_ids):
-        for t in s:
-            if t not in plain:
-                plain.append(t)
+    T; the frequent tokens are the distractors of the softmax, as in the paper.
+
+    Not for DP training: T (and its length) depends on the training rows, so neighbouring
+    datasets would train different loss functions; use :func:`public_rec_vocabulary` there."""
+    plain = _unique_plain(plain_ids)
     skip = set(special_ids) | set(plain)
     counts = Counter(t for r in rows for t in r if t not in skip)
     extra = [t for t, _ in counts.most_common(max(0, size - len(plain)))]
     return plain + extra
+
+
+def public_rec_vocabulary(tokenizer, plain_ids, size: int = 7630) -> list[int]:
+    """T from public information only (for DP training): the plain tokens, then the
+    tokenizer's usable tokens (:func:`candidate_plain_ids`) in vocabulary order, ``size`` ids in
+    all, or every usable token when the vocabulary is smaller. Vocabulary order is the
+    tokenizer's own ranking (BERT WordPiece lists frequent words early, BPE ranks by merges),
+    and neither T nor its length depends on the training data."""
+    plain = _unique_plain(plain_ids)
+    seen = set(plain)
+    extra = [t for t in candidate_plain_ids(tokenizer) if t not in seen]
+    return plain + extra[:max(0, size - len(plain))]
 
 
 class ReconstructionHead(nn.Module):

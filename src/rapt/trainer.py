@@ -25,12 +25,14 @@ from torch import Tensor, nn
 from rapt import __version__
 from rapt.heads import ClassificationHead, Verbalizer, label_token_ids
 from rapt.models import Backbone
+from rapt.noise import NoiseSource
 from rapt.reconstruction import (
     ReconstructionHead,
     _as_sequences,
     build_rows,
     plain_offset,
     privatize_rows,
+    public_rec_vocabulary,
     rec_vocabulary,
     reconstruction_loss,
 )
@@ -186,11 +188,14 @@ def pad_batch(rows: Sequence[Sequence[int]], pad_id: int,
 @dataclass
 class TunedPrompt:
     """A trained prompt/prefix (+ task head). ``meta`` records backbone, plain tokens and their
-    offset, label names, η (set by whoever privatized), seed, DP record and training history."""
+    offset, label names, η (set by whoever privatized), seed and DP record; the per-step
+    training history too, except under DP, where it is computed on private batches outside the
+    guarantee and stays in ``train_log`` (local only, never saved with the artifact)."""
 
     config: TuneConfig
     tensors: dict[str, Tensor]
     meta: dict = field(default_factory=dict)
+    train_log: list[dict] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         self._cache: tuple[int, RaptModel] | None = None
@@ -241,14 +246,14 @@ class TunedPrompt:
         return self.predict_proba(backbone, input_ids, batch_size).argmax(-1).tolist()
 
     def encode(self, backbone: Backbone, texts: Sequence[str], privatizer=None,
-               generator: torch.Generator | None = None) -> list[list[int]]:
+               noise: NoiseSource | None = None) -> list[list[int]]:
         """User side: texts -> rows in this prompt's layout (plain tokens included when it was
         trained with them), privatized when a privatizer is given."""
         plain = self.plain_ids
         seqs = _as_sequences(plain)
         index = [0] * len(texts) if len(seqs) > 1 else None
         rows = build_rows(backbone.tokenizer, texts, self.config.max_length, plain, index)
-        return privatize_rows(rows, privatizer, generator) if privatizer is not None else rows
+        return privatize_rows(rows, privatizer, noise) if privatizer is not None else rows
 
     def save(self, folder: str | Path) -> Path:
         from rapt.artifacts import save_artifact
@@ -339,7 +344,9 @@ def _tune(backbone, input_ids, labels, num_labels, config: TuneConfig, seqs, pla
     N = len(input_ids)
     special = set(backbone.special_ids)
     rec_vocab = None
-    if config.reconstruction:
+    if config.reconstruction and config.dp is not None:
+        rec_vocab = public_rec_vocabulary(backbone.tokenizer, seqs, config.rec_vocab_size)
+    elif config.reconstruction:
         rec_vocab = rec_vocabulary(input_ids, seqs, config.rec_vocab_size, special)
     if resume is not None and resume.get("rec_vocab") is not None:
         rec_vocab = list(resume["rec_vocab"])
@@ -365,7 +372,8 @@ def _tune(backbone, input_ids, labels, num_labels, config: TuneConfig, seqs, pla
         q = config.dp.resolve_sample_rate(N, config.batch_size)
         total = steps_for_epochs(config.epochs, q)
         model.tuner.track_per_example = True
-        engine = DPSGD(model, config.dp, N, total, batch_size=config.batch_size)
+        engine = DPSGD(model, config.dp, N, total, batch_size=config.batch_size,
+                       seed=config.dp.noise_seed)
         steps_per_epoch = max(1, math.ceil(total / config.epochs))
     else:
         steps_per_epoch = math.ceil(N / config.batch_size)
@@ -493,11 +501,12 @@ def _tune(backbone, input_ids, labels, num_labels, config: TuneConfig, seqs, pla
         "total_steps": total,
         "stopped": stopped,
         "train_seconds": round(time.perf_counter() - t0, 3),
-        "history": history,
         "dp": engine.record() if engine is not None else None,
     }
+    if engine is None:
+        meta["history"] = history
     tensors = {k: v.detach().cpu().clone() for k, v in model.trainable_tensors().items()}
-    result = TunedPrompt(config, tensors, meta)
+    result = TunedPrompt(config, tensors, meta, train_log=history)
     model.rec_head = None  # discarded after training (RAPT §3.2.2)
     result._cache = (id(backbone.model), model)
     return result

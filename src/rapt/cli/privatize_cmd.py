@@ -140,14 +140,16 @@ def privatize(
     output: Path = typer.Argument(..., help="privatized file, written in the input's format"),
     eta: float = typer.Option(100.0, "--eta", help="privacy parameter η (smaller = more noise)"),
     target_p: float | None = typer.Option(
-        None, "--target-p", help="instead of --eta: calibrate η so that P ≈ this value on the "
-        "input's tokens"),
+        None, "--target-p", help="instead of --eta: the η that gives P ≈ this value on rapt's "
+        "public text sample (never calibrated on the input)"),
     backbone: str = typer.Option("minilm", "--backbone", "-b",
                                  help="embedding model: minilm, smollm2-135m, hub id or path"),
     mode: str = typer.Option("exact", "--mode",
                              help="nearest-neighbour search: exact, fast (certified exact), "
                              "annoy (approximate reference)"),
-    seed: int | None = typer.Option(None, "--seed", help="random seed (default: fresh)"),
+    seed: int | None = typer.Option(
+        None, "--noise-seed", "--seed", help="seed the privacy noise: repeatable, but no "
+        "guarantee (seeded: true); default: OS entropy"),
     fmt: str = typer.Option("auto", "--format",
                             help="auto (from the extension), label-text, lines, trec, tsv, csv, "
                             "jsonl, trustpilot"),
@@ -165,12 +167,12 @@ def privatize(
     """Privatize a text file with dχ-privacy: each token -> nearest token to its noised embedding.
 
     Prints the measured replacement probability P and the throughput."""
-    import torch
     from tqdm import tqdm
 
+    from rapt.cli.tune_cmd import warn_if_seeded
     from rapt.privatization import (
         Privatizer,
-        calibrate_eta,
+        calibrate_eta_public,
         candidate_ids_from_tokenizer,
         privatize_texts_detailed,
         tokenize_texts,
@@ -199,11 +201,11 @@ def privatize(
     has_pairs = any(p is not None for p in pairs)
     all_texts = texts + ([p or "" for p in pairs] if has_pairs else [])
     if target_p is not None:
-        sample = torch.tensor([i for row in tokenize_texts(all_texts, bb.tokenizer)[:2000]
-                               for i in row][:20000])
-        eta = calibrate_eta(emb, target_p, sample, bb.special_ids, candidate_ids=cand,
-                            mode="fast" if mode == "fast" else "exact", seed=seed or 0)
-        typer.echo(f"calibrated eta = {eta:.3f} for target P = {target_p}", err=True)
+        eta = calibrate_eta_public(bb, target_p, candidate_ids=cand,
+                                   mode="fast" if mode == "fast" else "exact")
+        typer.echo(f"calibrated eta = {eta:.3f} for target P = {target_p} on rapt's public text "
+                   "sample (P on this input is measured below)", err=True)
+    warn_if_seeded(seed)
     priv = Privatizer(emb, eta, special_ids=bb.special_ids, candidate_ids=cand, mode=mode,
                       chunk_size=chunk_size, seed=seed)
     n_tok = sum(len(r) for r in tokenize_texts(all_texts, bb.tokenizer))
@@ -225,6 +227,7 @@ def privatize(
     report = {"input": str(src), "output": str(output), "format": fmt_used,
               "examples": len(ds), "tokens": int(st.get("tokens", 0)), "eta": eta,
               "p": res.p, "mode": mode, "backbone": backbone, "seed": seed,
+              "seeded": seed is not None, "calibrated_on": "public sample" if target_p else None,
               "seconds": st.get("seconds", 0.0), "tokens_per_s": st.get("tokens_per_s", 0.0)}
     if mode == "fast":
         report["fast_search"] = dict(priv.index.stats)
@@ -244,7 +247,8 @@ def invert(
                                 "embeddings themselves (SAP)"),
     backbone: str = typer.Option("minilm", "--backbone", "-b", help="embedding model"),
     mode: str = typer.Option("exact", "--mode", help="search used by mechanism and attacker"),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int | None = typer.Option(None, "--noise-seed", "--seed",
+                                    help="seed the simulated privacy noise (default: OS entropy)"),
     fmt: str = typer.Option("auto", "--format", help="input format (see rapt privatize)"),
     split: str = typer.Option("train", "--split"),
     text_column: str | None = typer.Option(None, "--text-column"),
@@ -298,4 +302,4 @@ def invert(
                    f"empirical privacy = {res.empirical_privacy:.4f}  ({res.n_tokens} tokens)")
     if json_report:
         typer.echo(json.dumps({"input": ds.source, "setting": setting, "backbone": backbone,
-                               "results": rows}))
+                               "seeded": seed is not None, "results": rows}))

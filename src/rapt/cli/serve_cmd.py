@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import warnings
 from pathlib import Path
 
 import typer
@@ -103,15 +105,38 @@ NOPRIV_OPT = typer.Option(False, "--no-privacy",
                           help="send token ids unprivatized (explicit opt-out)")
 BB_OPT = typer.Option("minilm", "--backbone",
                       help="local copy of the service's backbone (tokenizer + embeddings)")
+MIN_P_OPT = typer.Option(0.5, "--min-p", help="warn when fewer than this fraction of tokens "
+                         "are replaced (P) in what is sent")
 
 
-def _client(url, key, backbone="minilm", eta=None, no_privacy=False, seed=None):
+def _client(url, key, backbone="minilm", eta=None, no_privacy=False, seed=None, min_p=0.5):
     from rapt.client import ClientError, RaptClient
 
     try:
-        return RaptClient(url, key, backbone=backbone, eta=eta, no_privacy=no_privacy, seed=seed)
+        with _privacy_warnings():
+            return RaptClient(url, key, backbone=backbone, eta=eta, no_privacy=no_privacy,
+                              seed=seed, min_p=min_p)
     except ClientError as e:
         raise _fail(str(e)) from e
+
+
+@contextlib.contextmanager
+def _privacy_warnings():
+    """Show the client's PrivacyWarnings as one line each on stderr, at once (so a
+    --no-privacy warning appears before anything is sent)."""
+    from rapt.client import PrivacyWarning
+
+    def show(message, category, *args, **kwargs):
+        if issubclass(category, PrivacyWarning):
+            typer.echo(f"WARNING: {message}", err=True)
+        else:
+            previous(message, category, *args, **kwargs)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", PrivacyWarning)
+        previous = warnings.showwarning
+        warnings.showwarning = show
+        yield
 
 
 def _guard(fn):
@@ -120,9 +145,19 @@ def _guard(fn):
     from rapt.data import DataError
 
     try:
-        return fn()
+        with _privacy_warnings():
+            return fn()
     except (ClientError, ServiceError, DataError, FileNotFoundError) as e:
         raise _fail(str(e)) from e
+
+
+def _echo_privacy(c) -> None:
+    r = c.last_privacy
+    if r and not r["no_privacy"]:
+        typer.echo(f"{r['what']}: {r['rows']} rows privatized at eta={r['eta']:g}: P = "
+                   f"{r['replacement_probability']:.3f} of {r['n_tokens']} tokens replaced; "
+                   f"nearest-neighbour inversion recovers {r['inversion_success']:.1%}",
+                   err=True)
 
 
 @client_app.command("upload")
@@ -132,19 +167,17 @@ def client_upload(
     text_column: str | None = typer.Option(None), label_column: str | None = typer.Option(None),
     reconstruction: bool = typer.Option(False, help="prepend plain tokens (RAPT §3.2.2)"),
     max_length: int = typer.Option(128), limit: int | None = typer.Option(None),
-    seed: int | None = typer.Option(None, help="seed of the privatization noise"),
+    seed: int | None = typer.Option(None, "--noise-seed", "--seed",
+                                    help="seed the privatization noise (tests only)"),
+    min_p: float = MIN_P_OPT,
     url: str | None = URL_OPT, key: str | None = KEY_OPT,
 ) -> None:
     """Privatize FILE here and upload only the privatized token ids; prints the dataset id."""
-    c = _client(url, key, backbone, eta, no_privacy, seed)
+    c = _client(url, key, backbone, eta, no_privacy, seed, min_p)
     ds = _guard(lambda: c.upload(file, text_column=text_column, label_column=label_column,
                                  reconstruction=reconstruction, max_length=max_length,
                                  limit=limit))
-    if not no_privacy:
-        typer.echo(f"privatized {c.last_upload['n']} rows at eta={eta}: replacement "
-                   f"probability P={c.last_upload['replacement_probability']:.3f}", err=True)
-    else:
-        typer.echo("WARNING: uploaded without privatization (--no-privacy)", err=True)
+    _echo_privacy(c)
     typer.echo(ds)
 
 
@@ -198,12 +231,14 @@ def client_predict(
     prompt_id: str,
     inputs: list[str] = typer.Argument(..., help="a file of queries, or query texts"),
     eta: float | None = ETA_OPT, no_privacy: bool = NOPRIV_OPT, backbone: str = BB_OPT,
+    min_p: float = MIN_P_OPT,
     url: str | None = URL_OPT, key: str | None = KEY_OPT,
 ) -> None:
     """Privatize each query here, classify it with a tuned prompt; prints label + probabilities
     per line (JSON)."""
-    c = _client(url, key, backbone, eta, no_privacy)
+    c = _client(url, key, backbone, eta, no_privacy, min_p=min_p)
     src = inputs[0] if len(inputs) == 1 and os.path.exists(inputs[0]) else inputs
     pred = _guard(lambda: c.predict(prompt_id, src))
+    _echo_privacy(c)
     for i, (y, p) in enumerate(zip(pred.labels, pred.probabilities, strict=True)):
         typer.echo(json.dumps({"row": i, "label": y, "probabilities": [round(v, 4) for v in p]}))

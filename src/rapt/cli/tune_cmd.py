@@ -4,6 +4,7 @@ rapt.trainer, rapt.demo and rapt.attacks.attribute."""
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -33,39 +34,44 @@ def _load_backbone(name: str):
         _fail(str(e))
 
 
-def _privatizer(bb, eta: float | None, target_p: float | None, sample_rows, seed: int | None,
+def _privatizer(bb, eta: float | None, target_p: float | None, noise_seed: int | None,
                 mode: str):
-    """Privatizer at η (or calibrated to P); None when neither is given."""
-    import torch
-
-    from rapt.privatization import Privatizer, calibrate_eta, candidate_ids_from_tokenizer
+    """Privatizer at η (or at the η that gives P ≈ target on public text); None when neither is
+    given. Its noise comes from OS entropy unless ``noise_seed`` is given (with a warning)."""
+    from rapt.privatization import Privatizer, calibrate_eta_public, candidate_ids_from_tokenizer
 
     if eta is None and target_p is None:
         return None, None
     cand = candidate_ids_from_tokenizer(bb.tokenizer, bb.embeddings.shape[0])
     if eta is None:
-        special = set(bb.special_ids)
-        sample = torch.tensor([t for r in sample_rows for t in r if t not in special][:3000])
-        eta = calibrate_eta(bb.embeddings, target_p, sample, bb.special_ids,
-                            candidate_ids=cand, mode=mode)
-        typer.echo(f"η = {eta:.4g} (calibrated for P ≈ {target_p})")
-    if eta <= 0:
-        _fail(f"--eta must be > 0 (got {eta})")
+        if not 0 < target_p < 1:
+            _fail(f"--target-p must lie strictly between 0 and 1 (got {target_p})")
+        eta = calibrate_eta_public(bb, target_p, candidate_ids=cand, mode=mode)
+        typer.echo(f"η = {eta:.4g} (calibrated for P ≈ {target_p} on rapt's public text "
+                   "sample, not on your data)")
+    if not math.isfinite(eta) or eta <= 0:
+        _fail(f"--eta must be a positive finite number (got {eta})")
+    warn_if_seeded(noise_seed)
     return Privatizer(bb.embeddings, eta, special_ids=bb.special_ids, candidate_ids=cand,
-                      mode=mode, seed=seed), float(eta)
+                      mode=mode, seed=noise_seed), float(eta)
 
 
-def _privatize_with_bar(rows, privatizer, seed: int | None):
-    import torch
+def warn_if_seeded(noise_seed: int | None) -> None:
+    if noise_seed is not None:
+        typer.echo(f"warning: --noise-seed {noise_seed} makes the privacy noise reproducible by "
+                   "anyone who knows it; such a run has no privacy guarantee (seeded: true). "
+                   "Use it for tests and benchmarks only.", err=True)
+
+
+def _privatize_with_bar(rows, privatizer):
     from tqdm import tqdm
 
     from rapt.reconstruction import privatize_rows
 
-    gen = torch.Generator().manual_seed(seed) if seed is not None else None
     out = []
     with tqdm(total=len(rows), desc="privatize", unit="row", file=sys.stderr) as bar:
         for s in range(0, len(rows), 256):
-            out += privatize_rows(rows[s:s + 256], privatizer, gen)
+            out += privatize_rows(rows[s:s + 256], privatizer)
             bar.update(len(rows[s:s + 256]))
     return out
 
@@ -82,7 +88,9 @@ def tune(
     text_column: str | None = typer.Option(None),
     label_column: str | None = typer.Option(None),
     eta: float | None = typer.Option(None, help="privatize locally with this η"),
-    target_p: float | None = typer.Option(None, help="or calibrate η to this replacement P"),
+    target_p: float | None = typer.Option(
+        None, help="or the η that gives this replacement probability P on rapt's public text "
+        "sample (never calibrated on your data)"),
     reconstruction: bool = typer.Option(True, help="RAPT privatized token reconstruction"),
     plain_len: int = typer.Option(40, help="number of plain tokens m"),
     plain_tokens: str | None = typer.Option(None, help="plain tokens as text (default: random)"),
@@ -98,7 +106,10 @@ def tune(
     rec_weight: float = typer.Option(1.0),
     label_words: str | None = typer.Option(
         None, help="causal LMs: comma-separated verbalizer words (default: the label names)"),
-    seed: int = typer.Option(0),
+    seed: int = typer.Option(0, help="init, data order and plain tokens (not privacy noise)"),
+    noise_seed: int | None = typer.Option(
+        None, help="seed the privacy noise (dχ and DP-SGD): tests/benchmarks only, voids the "
+        "guarantee; default: OS entropy"),
     privatizer_mode: str = typer.Option("fast", help="exact | fast | annoy"),
     dp_epsilon: float | None = typer.Option(None, help="PromptDPSGD target ε"),
     dp_noise: float | None = typer.Option(None, help="PromptDPSGD noise multiplier σ"),
@@ -127,7 +138,7 @@ def tune(
 
             dp = DPConfig(target_epsilon=dp_epsilon, noise_multiplier=dp_noise,
                           max_grad_norm=dp_clip, delta=dp_delta,
-                          physical_batch_size=dp_physical_batch)
+                          physical_batch_size=dp_physical_batch, noise_seed=noise_seed)
         except ValueError as e:
             _fail(str(e))
     plain, plain_index = None, None
@@ -152,9 +163,11 @@ def tune(
         rows = build_rows(bb.tokenizer, ds.texts, max_length, plain, plain_index)
     except ValueError as e:
         _fail(str(e))
-    privatizer, eta_used = _privatizer(bb, eta, target_p, rows, seed, privatizer_mode)
+    privatizer, eta_used = _privatizer(bb, eta, target_p, noise_seed, privatizer_mode)
+    if dp is not None and privatizer is None:
+        warn_if_seeded(noise_seed)
     if privatizer is not None:
-        rows = _privatize_with_bar(rows, privatizer, seed)
+        rows = _privatize_with_bar(rows, privatizer)
     else:
         typer.echo("warning: no --eta/--target-p given: training on clean (unprivatized) text",
                    err=True)
@@ -176,11 +189,17 @@ def tune(
         _fail(str(e))
     bar.close()
     tuned.meta.update({"eta": eta_used, "label_names": ds.label_names, "dataset": str(data),
-                       "privatizer_mode": privatizer_mode if privatizer else None})
+                       "privatizer_mode": privatizer_mode if privatizer else None,
+                       "seeded": noise_seed is not None})
     tuned.save(out)
     msg = f"saved {method} prompt to {out}"
     if tuned.meta.get("dp"):
         msg += f" (ε = {tuned.meta['dp']['epsilon']:.3g}, δ = {tuned.meta['dp']['delta']:.3g})"
+        log = out.parent / f"{out.name}.train-log.NOT-PRIVATE.json"
+        log.write_text(json.dumps({"warning": "per-step losses and accuracies on private "
+                                   "batches: not covered by ε, keep local, never publish",
+                                   "history": tuned.train_log}) + "\n")
+        msg += f"; per-step log kept outside the artifact in {log}"
     typer.echo(msg)
 
 
@@ -196,7 +215,8 @@ def predict(
     eta: float | None = typer.Option(None, help="default: the artifact's η (same as training)"),
     no_privatize: bool = typer.Option(False, help="send clean queries (no local privacy)"),
     out: Path | None = typer.Option(None, help="write predictions as JSONL"),
-    seed: int | None = typer.Option(None),
+    noise_seed: int | None = typer.Option(
+        None, help="seed the query privatization noise (tests only; default: OS entropy)"),
 ) -> None:
     """Privatize queries locally (same η as training) and predict with a tuned prompt."""
     from rapt.artifacts import ArtifactError
@@ -209,11 +229,16 @@ def predict(
     ds = _load_data(data, split, limit, text_column, label_column)
     bb = _load_backbone(backbone or tuned.meta.get("backbone", "minilm"))
     eta = None if no_privatize else (eta if eta is not None else tuned.meta.get("eta"))
-    privatizer, _ = _privatizer(bb, eta, None, [], seed, tuned.meta.get("privatizer_mode")
+    if eta is None and not no_privatize:
+        typer.echo("warning: this prompt was tuned without privatization and no --eta was "
+                   "given: queries are used in clear text", err=True)
+    elif no_privatize:
+        typer.echo("warning: --no-privatize: queries are used in clear text", err=True)
+    privatizer, _ = _privatizer(bb, eta, None, noise_seed, tuned.meta.get("privatizer_mode")
                                 or "fast")
     rows = tuned.encode(bb, ds.texts)
     if privatizer is not None:
-        rows = _privatize_with_bar(rows, privatizer, seed)
+        rows = _privatize_with_bar(rows, privatizer)
     probs = tuned.predict_proba(bb, rows)
     pred = probs.argmax(-1).tolist()
     names = tuned.meta.get("label_names") or [str(i) for i in range(probs.shape[1])]
@@ -248,7 +273,10 @@ def demo(
     num_virtual_tokens: int = typer.Option(10),
     target_p: float = typer.Option(0.3, help="privacy level as replacement probability P"),
     eta: float | None = typer.Option(None, help="η (overrides --target-p)"),
-    seed: int = typer.Option(0),
+    seed: int = typer.Option(0, help="data subset, init and plain tokens (not privacy noise)"),
+    noise_seed: int | None = typer.Option(
+        None, help="seed the privatization noise (repeatable table, no guarantee); default: OS "
+        "entropy"),
 ) -> None:
     """RAPT end to end on a small SST-2 subset: privatize, tune (no privacy / +privatization /
     +reconstruction), privatized inference, inversion attack; prints a table, writes a plot."""
@@ -262,9 +290,10 @@ def demo(
                          batch_size=batch_size, max_length=max_length, plain_len=plain_len,
                          plain_sequences=plain_sequences,
                          num_virtual_tokens=num_virtual_tokens, target_p=target_p, eta=eta,
-                         seed=seed)
+                         seed=seed, noise_seed=noise_seed)
     except ValueError as e:
         _fail(str(e))
+    warn_if_seeded(noise_seed)
     bars: dict[str, tqdm] = {}
 
     def progress(setting: str, r: dict) -> None:
@@ -310,7 +339,9 @@ def _register_attack() -> None:
         eta: float | None = typer.Option(None, help="privatize the texts with η first"),
         artifact: Path | None = typer.Option(None, help="tuned prompt: attack its states"),
         max_length: int = typer.Option(128),
-        seed: int = typer.Option(0),
+        seed: int = typer.Option(0, help="attacker's MLP init and data order"),
+        noise_seed: int | None = typer.Option(
+            None, help="seed the privatization noise (tests only; default: OS entropy)"),
     ) -> None:
         """Attribute inference: a 2-layer MLP on mean-pooled representations predicts a
         private attribute; reports accuracy, empirical privacy and the majority-class rate."""
@@ -329,10 +360,9 @@ def _register_attack() -> None:
         else:
             rtr = build_rows(bb.tokenizer, tr.texts, max_length)
             rte = build_rows(bb.tokenizer, te.texts, max_length)
-        privatizer, _ = _privatizer(bb, eta, None, [], seed, "fast")
+        privatizer, _ = _privatizer(bb, eta, None, noise_seed, "fast")
         if privatizer is not None:
-            rtr, rte = _privatize_with_bar(rtr, privatizer, seed), _privatize_with_bar(
-                rte, privatizer, seed + 1)
+            rtr, rte = _privatize_with_bar(rtr, privatizer), _privatize_with_bar(rte, privatizer)
         feats = {"input embeddings": (embedding_features(bb, rtr), embedding_features(bb, rte)),
                  "last-layer states": (hidden_features(bb, rtr, tuned),
                                        hidden_features(bb, rte, tuned))}

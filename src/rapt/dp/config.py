@@ -19,6 +19,9 @@ class DPConfig:
     The sampling rate q is ``sample_rate`` or, when unset, the trainer's logical batch size / N.
     ``delta`` defaults to 1/N, as in the paper. ``physical_batch_size`` bounds memory: a logical
     Poisson batch is processed in micro-batches of at most that many examples.
+    ``noise_seed`` makes the Poisson sampling and the Gaussian noise repeatable (tests and
+    benchmarks only; the run is then recorded as ``seeded``); None draws both from the OS
+    CSPRNG. It is separate from ``TuneConfig.seed`` (init, data order) on purpose.
     """
 
     target_epsilon: float | None = None
@@ -28,6 +31,7 @@ class DPConfig:
     sample_rate: float | None = None
     physical_batch_size: int = 32
     accountant: Accountant = "rdp"
+    noise_seed: int | None = None
 
     def __post_init__(self) -> None:
         if self.target_epsilon is not None and self.noise_multiplier is not None:

@@ -17,7 +17,6 @@ silently fall back to batch gradients).
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Iterator
 
 import torch
@@ -27,6 +26,7 @@ from rapt.dp.accounting import epsilon as _epsilon
 from rapt.dp.accounting import find_noise_multiplier
 from rapt.dp.config import DPConfig, check_n_examples
 from rapt.dp.sampling import micro_batches, poisson_batches
+from rapt.noise import NoiseSource
 
 _NORM_EPS = 1e-6  # same guard as opacus: clip factor C / (‖g‖ + 1e-6) keeps ‖clipped‖ < C
 
@@ -47,7 +47,8 @@ class DPSGD:
     ``requires_grad=False`` (the frozen backbone) are ignored. ``steps`` is the planned number of
     logical steps (used to calibrate σ when ``config.target_epsilon`` is set). ``batch_size`` is
     the logical batch size used to derive q = batch_size / N when ``config.sample_rate`` is None.
-    ``seed`` makes sampling and noise repeatable; leave it None in real use — whoever knows the
+    ``seed`` makes sampling and noise repeatable (tests, benchmarks; ``record()["seeded"]`` says
+    so); leave it None in real use: both then come from the OS CSPRNG, since whoever knows the
     seed knows the noise, which voids the guarantee.
     """
 
@@ -110,23 +111,22 @@ class DPSGD:
         self._records: dict[nn.Module, list[list]] = {m: [] for _, m in self._linears}
         self._hooks = [m.register_forward_hook(self._linear_forward_hook) for _, m in self._linears]
 
-        self.seeded = seed is not None
-        seed = secrets.randbits(62) if seed is None else int(seed)
-        self._sample_gen = torch.Generator().manual_seed(seed)
-        # Noise on the parameters' device; a distinct stream from the sampling one.
-        self._noise_gen = torch.Generator(device=self.params[0].device).manual_seed(
-            (seed + 0x9E3779B97F4A7C15) % (2**63))
+        self.noise = NoiseSource(seed)
+        self.seeded = self.noise.seeded
         self._sums: dict[int, torch.Tensor] = {}
         self._eps_cache: dict[tuple[int, float], float] = {}
 
     # ---------------------------------------------------------------- sampling
     def logical_batches(
-        self, generator: torch.Generator | None = None, steps: int | None = None
+        self, noise: NoiseSource | None = None, steps: int | None = None
     ) -> Iterator[torch.Tensor]:
-        """Poisson(q) index batches (LongTensor, may be empty) for the remaining planned steps."""
+        """Poisson(q) index batches (LongTensor, may be empty) for the remaining planned steps.
+
+        The sampling is part of the mechanism (amplification by subsampling assumes the batch
+        is secret), so it draws from the engine's noise source unless one is passed."""
         n = self.planned_steps - self.steps if steps is None else int(steps)
         return poisson_batches(self.n_examples, self.sample_rate, max(0, n),
-                               generator if generator is not None else self._sample_gen)
+                               noise if noise is not None else self.noise)
 
     def micro_batches(self, indices: torch.Tensor) -> list[torch.Tensor]:
         """Split a logical batch into physical micro-batches (empty list for an empty batch)."""
@@ -254,8 +254,8 @@ class DPSGD:
             s = self._sums.pop(id(p), None)
             g = torch.zeros_like(p) if s is None else s
             if std > 0:
-                g = g + torch.normal(0.0, std, size=tuple(p.shape), generator=self._noise_gen,
-                                     device=p.device, dtype=p.dtype)
+                g = g + self.noise.normal(tuple(p.shape), std=std, device=p.device,
+                                          dtype=p.dtype)
             # Dividing by the expected (not the realized) batch size keeps the batch size
             # itself out of the released gradient, as the Poisson analysis assumes.
             p.grad = g / self.expected_batch_size
@@ -294,19 +294,16 @@ class DPSGD:
 
     # ---------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict:
-        """Step count and RNG states, so a resumed run continues the same streams."""
+        """Step count only: a generator state would reveal the noise already added, so a
+        resumed run draws fresh sampling and noise (the accountant needs only the steps)."""
         return {"steps": self.steps, "examples_seen": self.examples_seen,
-                "noise_multiplier": self.noise_multiplier,
-                "sample_gen": self._sample_gen.get_state(),
-                "noise_gen": self._noise_gen.get_state()}
+                "noise_multiplier": self.noise_multiplier}
 
     def load_state_dict(self, state: dict) -> None:
         if abs(float(state["noise_multiplier"]) - self.noise_multiplier) > 1e-12:
             raise ValueError("DPSGD checkpoint was made with a different noise multiplier")
         self.steps = int(state["steps"])
         self.examples_seen = int(state["examples_seen"])
-        self._sample_gen.set_state(state["sample_gen"])
-        self._noise_gen.set_state(state["noise_gen"])
 
     def close(self) -> None:
         """Remove the hooks from the model."""

@@ -11,24 +11,25 @@ from collections.abc import Iterator
 import torch
 
 from rapt.dp.config import check_n_examples, check_sample_rate
+from rapt.noise import NoiseSource
 
 
-def poisson_batch(n_examples: int, sample_rate: float, generator: torch.Generator) -> torch.Tensor:
+def poisson_batch(n_examples: int, sample_rate: float, noise: NoiseSource) -> torch.Tensor:
     """Indices (LongTensor, sorted, possibly empty) of one Poisson batch over ``n_examples``."""
     n = check_n_examples(n_examples)
     q = check_sample_rate(sample_rate)
-    mask = torch.rand(n, generator=generator) < q
+    mask = noise.bernoulli(q, n)
     return mask.nonzero(as_tuple=False).squeeze(1)
 
 
 def poisson_batches(
-    n_examples: int, sample_rate: float, steps: int, generator: torch.Generator
+    n_examples: int, sample_rate: float, steps: int, noise: NoiseSource
 ) -> Iterator[torch.Tensor]:
     """``steps`` independent Poisson batches (see :func:`poisson_batch`)."""
     if int(steps) < 0:
         raise ValueError(f"steps must be ≥ 0 (got {steps})")
     for _ in range(int(steps)):
-        yield poisson_batch(n_examples, sample_rate, generator)
+        yield poisson_batch(n_examples, sample_rate, noise)
 
 
 def micro_batches(indices: torch.Tensor, physical_batch_size: int) -> list[torch.Tensor]:
