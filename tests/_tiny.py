@@ -64,3 +64,12 @@ def make_word_llama(seed: int = 0):
     vocab = {t: i for i, t in enumerate([*SPECIALS, *WORDS])}
     tok = BertTokenizerFast(vocab=vocab, do_lower_case=True)
     return make_llama(tok, seed=seed, name="word-llama", max_positions=512)
+
+
+def save_backbone(bb, folder: Path) -> Path:
+    """Write a tiny backbone's model and tokenizer to ``folder``: what ``--backbone PATH`` loads
+    in CLI tests."""
+    folder.mkdir(parents=True, exist_ok=True)
+    bb.model.save_pretrained(folder)
+    bb.tokenizer.save_pretrained(folder)
+    return folder
