@@ -4,6 +4,7 @@ device is privatized, refusal without privatization, env configuration, error ma
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 from fastapi.testclient import TestClient
@@ -185,3 +186,67 @@ def test_minilm_no_trigram_of_private_text_is_sent(tmp_path):
     assert not leaked_ngrams(sent, bb.tokenizer, n=3)
     blob = b"\n".join(sent).decode()
     assert not any(t in blob for t in TEXTS)
+
+
+def test_unseeded_client_encodings_differ(service):
+    """Two encodings of the same text by one unseeded client, and by two unseeded clients,
+    differ. Mutation caught: a client that reuses one noise draw, or a default seed of 0."""
+    tc, key, bb = service
+    a = RaptClient(api_key=key, backbone=bb, remote_backbone="tiny", http=tc, eta=3.0)
+    b = RaptClient(api_key=key, backbone=bb, remote_backbone="tiny", http=tc, eta=3.0)
+    texts = TEXTS * 3
+    first = a.encode(texts)
+    assert a.privatizer.seeded is False
+    assert first != a.encode(texts)
+    assert first != b.encode(texts)
+
+
+def test_privacy_is_reported_for_every_upload_and_predict(service, tmp_path):
+    """Every upload and every predict records P and the inversion success of what was sent,
+    and warns when P < min_p; --no-privacy warns before sending, on predict too.
+
+    Mutations caught: measuring only on upload (predict's report would keep the upload's
+    'what'), a threshold test inverted (no warning at η = 1e6), no warning on a clear predict."""
+    from rapt.client import PrivacyWarning
+
+    tc, key, bb = service
+    with pytest.warns(PrivacyWarning) as seeded_warning:
+        c = run_flow(tc, key, bb, tmp_path, eta=1e6, seed=0)  # η → ∞: nothing is replaced
+    messages = [str(w.message) for w in seeded_warning]
+    assert any("seeded" in m for m in messages)
+    assert sum("weak privacy on this upload" in m for m in messages) == 1
+    assert sum("weak privacy on this predict" in m for m in messages) == 1
+    r = c.last_privacy
+    assert r["what"] == "predict" and r["replacement_probability"] == 0.0
+    assert r["inversion_success"] == 1.0 and r["n_tokens"] > 0
+    # Strong privacy: no warning, P high and inversion success low, measured on the predict.
+    strong = RaptClient(api_key=key, backbone=bb, remote_backbone="tiny", http=tc, eta=1.0)
+    prompt_id = next(iter(c._prompt_info))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PrivacyWarning)
+        strong.upload(write_csv(tmp_path / "again.csv"), max_length=32)
+    assert strong.last_privacy["what"] == "upload"
+    assert strong.last_privacy["replacement_probability"] > 0.8
+    assert abs(strong.last_privacy["inversion_success"]
+               - (1 - strong.last_privacy["replacement_probability"])) < 0.05
+    # No privacy: the warning comes before the request leaves.
+    sent = capture(tc)
+    clear = RaptClient(api_key=key, backbone=bb, remote_backbone="tiny", http=tc,
+                       no_privacy=True)
+    seen_before: list[int] = []
+
+    def with_ids() -> int:
+        return sum(b"input_ids" in b for b in sent)
+
+    def on_warning(message, category, *args, **kwargs):
+        seen_before.append(with_ids())
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", PrivacyWarning)
+        warnings.showwarning = on_warning
+        clear.upload(write_csv(tmp_path / "clear.csv"), max_length=32)
+        n_upload = with_ids()
+        clear.predict(prompt_id, TEXTS[:2])
+    assert seen_before[0] == 0 and n_upload == 1
+    assert len(seen_before) == 2 and seen_before[1] == n_upload  # predict warned before sending

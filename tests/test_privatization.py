@@ -388,3 +388,53 @@ def test_cli_privatize_keeps_format(tiny_backbone_dir, tmp_path, name, content, 
     out = dst.read_text()
     assert check(out), out
     assert "the movie" in out and "P (replaced tokens) = 0.0000" in r.output  # η = 1e9: no change
+
+
+def test_cli_tune_noise_is_unseeded_by_default(tiny_backbone_dir, tmp_path):
+    """`rapt tune --eta` privatizes with OS entropy even with the default `--seed 0`: two runs
+    differ; `--noise-seed` repeats the run, warns, and the artifact says seeded: true.
+
+    Old behaviour caught: `Privatizer(seed=0)` from the default --seed (identical artifacts);
+    calibrating --target-p on the user's rows (the η would change with the file)."""
+    from typer.testing import CliRunner
+
+    from rapt.cli import app
+    from rapt.trainer import TunedPrompt
+
+    src = tmp_path / "in.csv"
+    src.write_text("text,label\n" + "".join(
+        f"{t},{y}\n" for t, y in [("the movie was good", 1), ("a very boring plot", 0),
+                                  ("fun fun fun", 1), ("bad actors", 0)] * 3))
+    runner = CliRunner()
+
+    def tune(out, *extra):
+        r = runner.invoke(app, ["tune", str(src), "--out", str(out), "--backbone",
+                                str(tiny_backbone_dir), "--eta", "5", "--epochs", "1",
+                                "--batch-size", "4", "--max-length", "24", "--plain-len", "3",
+                                "--rec-vocab-size", "20", "--num-virtual-tokens", "2",
+                                "--privatizer-mode", "exact", *extra])
+        assert r.exit_code == 0, r.output
+        tuned = TunedPrompt.load(out)
+        return r, tuned.meta, tuned.tensors
+
+    _, m1, t1 = tune(tmp_path / "a")
+    _, m2, t2 = tune(tmp_path / "b")
+    assert m1["seeded"] is False and m1["seed"] == m2["seed"] == 0
+    assert any(not torch.equal(t1[k], t2[k]) for k in t1)
+    r3, m3, t3 = tune(tmp_path / "c", "--noise-seed", "7")
+    _, _, t4 = tune(tmp_path / "d", "--noise-seed", "7")
+    assert "warning: --noise-seed" in r3.output and m3["seeded"] is True
+    assert all(torch.equal(t3[k], t4[k]) for k in t3)
+    # --target-p: η comes from the public sample, so it does not depend on the file.
+    etas = []
+    for name, body in (("x.csv", src.read_text()),
+                       ("y.csv", "text,label\n" + "plot plot plot,0\nmovie movie,1\n" * 4)):
+        f = tmp_path / name
+        f.write_text(body)
+        r = runner.invoke(app, ["tune", str(f), "--out", str(tmp_path / name[0]), "--backbone",
+                                str(tiny_backbone_dir), "--target-p", "0.5", "--epochs", "1",
+                                "--no-reconstruction", "--num-virtual-tokens", "2",
+                                "--privatizer-mode", "exact"])
+        assert r.exit_code == 0, r.output
+        etas.append(TunedPrompt.load(tmp_path / name[0]).meta["eta"])
+    assert etas[0] == etas[1]
