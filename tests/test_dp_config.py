@@ -125,9 +125,6 @@ def test_cli_tune_rejects_bad_dp_options(tune_inputs, tmp_path, extra, flag, fie
     assert not out.exists()
 
 
-@pytest.mark.xfail(strict=True, reason="rapt tune builds DPConfig directly, so errors name "
-                   "DPConfig fields (target_epsilon, max_grad_norm, ...) instead of the flags; "
-                   "rapt.dp.dp_config_from_options names the flags but no command calls it")
 @pytest.mark.parametrize(("extra", "flag"), [(e, f) for e, f, _ in BAD_DP_OPTIONS[:1]]
                          + [(BAD_DP_OPTIONS[6][0], "--dp-clip")])
 def test_cli_tune_dp_errors_name_the_flag(tune_inputs, tmp_path, extra, flag):
@@ -137,8 +134,6 @@ def test_cli_tune_dp_errors_name_the_flag(tune_inputs, tmp_path, extra, flag):
     assert r.exit_code == 2 and flag in r.output, r.output
 
 
-@pytest.mark.xfail(strict=True, reason="rapt tune ignores --dp-delta / --dp-physical-batch "
-                   "given without --dp-epsilon or --dp-noise and trains without DP, silently")
 @pytest.mark.parametrize("extra", [["--dp-delta", "1e-5"], ["--dp-physical-batch", "8"]])
 def test_cli_tune_dp_option_without_budget_is_refused(tune_inputs, tmp_path, extra):
     """A DP option without a budget (no --dp-epsilon / --dp-noise) must not silently train a

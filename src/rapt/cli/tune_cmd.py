@@ -113,9 +113,10 @@ def tune(
     privatizer_mode: str = typer.Option("fast", help="exact | fast | annoy"),
     dp_epsilon: float | None = typer.Option(None, help="PromptDPSGD target ε"),
     dp_noise: float | None = typer.Option(None, help="PromptDPSGD noise multiplier σ"),
-    dp_clip: float = typer.Option(1.0, help="PromptDPSGD clipping norm C"),
+    dp_clip: float | None = typer.Option(None, help="PromptDPSGD clipping norm C (default 1)"),
     dp_delta: float | None = typer.Option(None, help="δ (default 1/N)"),
-    dp_physical_batch: int = typer.Option(32, help="micro-batch size under DP"),
+    dp_physical_batch: int | None = typer.Option(None,
+                                                 help="micro-batch size under DP (default 32)"),
 ) -> None:
     """Privatize a dataset locally, tune a prompt on it and save the artifact."""
     from tqdm import tqdm
@@ -131,16 +132,13 @@ def tune(
     if any(y is None for y in ds.labels):
         _fail(f"{data}: some examples have no label (give --label-column)")
     bb = _load_backbone(backbone)
-    dp = None
-    if dp_epsilon is not None or dp_noise is not None:
-        try:
-            from rapt.dp import DPConfig
+    try:
+        from rapt.dp import dp_config_from_options
 
-            dp = DPConfig(target_epsilon=dp_epsilon, noise_multiplier=dp_noise,
-                          max_grad_norm=dp_clip, delta=dp_delta,
-                          physical_batch_size=dp_physical_batch, noise_seed=noise_seed)
-        except ValueError as e:
-            _fail(str(e))
+        dp = dp_config_from_options(dp_epsilon, dp_noise, dp_clip, dp_delta, dp_physical_batch,
+                                    noise_seed=noise_seed)
+    except ValueError as e:
+        _fail(str(e))
     plain, plain_index = None, None
     if reconstruction:
         try:

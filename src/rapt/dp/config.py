@@ -116,7 +116,7 @@ def check_n_examples(n: int) -> int:
 def dp_config_from_options(
     epsilon: float | None = None, noise: float | None = None, clip: float | None = None,
     delta: float | None = None, physical_batch: int | None = None,
-    sample_rate: float | None = None, accountant: str = "rdp",
+    sample_rate: float | None = None, accountant: str = "rdp", noise_seed: int | None = None,
 ) -> DPConfig | None:
     """DPConfig from ``rapt tune --dp-*`` options; None when neither --dp-epsilon nor --dp-noise
     is given (non-private training). Errors name the command-line flag."""
@@ -143,7 +143,7 @@ def dp_config_from_options(
     if sample_rate is not None and not 0 < sample_rate <= 1:
         raise ValueError(f"--dp-sample-rate must be in (0, 1] (got {sample_rate})")
     kw: dict = {"target_epsilon": epsilon, "noise_multiplier": noise, "delta": delta,
-                "sample_rate": sample_rate, "accountant": accountant}
+                "sample_rate": sample_rate, "accountant": accountant, "noise_seed": noise_seed}
     if clip is not None:
         kw["max_grad_norm"] = clip
     if physical_batch is not None:
