@@ -4,8 +4,13 @@ real trainer and a uvicorn subprocess is in test_service_e2e.py."""
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import re
 import threading
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -46,8 +51,8 @@ class FakePrompt:
 class FakeRunner:
     """Counts steps, reports progress, checkpoints every step; ``gate`` pauses it mid-job."""
 
-    def __init__(self, steps: int = 4, step_s: float = 0.0):
-        self.steps, self.step_s = steps, step_s
+    def __init__(self, steps: int = 4, step_s: float = 0.0, fail_at: int | None = None):
+        self.steps, self.step_s, self.fail_at = steps, step_s, fail_at
         self.gate = threading.Event()
         self.gate.set()
         self.at_gate = threading.Event()
@@ -65,6 +70,8 @@ class FakeRunner:
             time.sleep(self.step_s)
             progress({"step": s, "total_steps": self.steps, "loss": 1.0 / s, "epoch": 0})
             checkpoint({"step": s, "w": w})
+            if s == self.fail_at:
+                raise ValueError(f"label 7 is out of range at step {s}")
             if s == 2 and not self.gate.is_set():
                 self.at_gate.set()
                 while not self.gate.wait(0.05):
@@ -100,17 +107,18 @@ def make_bert(seed: int = 0):
     return from_model(BertModel(cfg).eval(), tok, name="tiny", kind="encoder")
 
 
-def make_app(tmp_path, backbone, runner=None, **limits):
-    cfg = ServiceConfig(db_path=tmp_path / "svc.db", backbones=["tiny"],
+def make_app(tmp_path, backbone, runner=None, *, prompt_loader=FakePrompt.load, forward=None,
+             name="tiny", **limits):
+    cfg = ServiceConfig(db_path=tmp_path / "svc.db", backbones=[name],
                         limits=Limits(**limits), progress_interval_s=0.0, batch_wait_ms=20)
-    return create_app(cfg, backbones={"tiny": backbone}, runner=runner or FakeRunner(),
-                      prompt_loader=FakePrompt.load)
+    return create_app(cfg, backbones={name: backbone}, runner=runner or FakeRunner(),
+                      prompt_loader=prompt_loader, forward=forward)
 
 
-def add_key(tmp_path, name="alice") -> str:
+def add_key(tmp_path, name="alice", **kw) -> str:
     store = Store(tmp_path / "svc.db")
     key = auth.new_key()
-    store.add_key(name, auth.hash_key(key))
+    store.add_key(name, auth.hash_key(key), **kw)
     store.close()
     return key
 
@@ -127,6 +135,18 @@ def upload_body(n=6, V=50, L=8, num_labels=2, plain=None):
             "plain_ids": plain}
 
 
+def make_prompt(c, key, seed=0, n=6, **job) -> str:
+    """Upload a dataset, tune on it, return the prompt id."""
+    r = c.post("/v1/datasets", json=upload_body(n=n), headers=hdr(key))
+    assert r.status_code == 201, r.text
+    r = c.post("/v1/jobs", json={"dataset_id": r.json()["id"], "seed": seed, **job},
+               headers=hdr(key))
+    assert r.status_code == 202, r.text
+    st = wait_job(c, key, r.json()["id"])
+    assert st["state"] == "succeeded", st
+    return st["prompt_id"]
+
+
 def wait_job(c, key, jid, states=("succeeded", "failed", "cancelled"), timeout=20):
     t0 = time.time()
     while time.time() - t0 < timeout:
@@ -140,11 +160,12 @@ def wait_job(c, key, jid, states=("succeeded", "failed", "cancelled"), timeout=2
 @pytest.fixture()
 def svc(tmp_path, tiny_bert):
     alice, bob = add_key(tmp_path, "alice"), add_key(tmp_path, "bob")
+    admin = add_key(tmp_path, "ops", admin=True)
     runner = FakeRunner()
     app = make_app(tmp_path, tiny_bert, runner, max_upload_bytes=20_000, max_seq_len=32,
                    max_queued_jobs=2, max_predict_rows=16)
     with TestClient(app) as c:
-        c.alice, c.bob, c.runner = alice, bob, runner
+        c.alice, c.bob, c.admin, c.runner = alice, bob, admin, runner
         c.store = app.state.svc.store
         yield c
 
@@ -357,7 +378,8 @@ def test_concurrent_requests_share_forward_passes(svc):
     rows = upload_body(n=2)["input_ids"]
     refs = {p: FakePrompt.load(svc.store.files / "prompts" / p).predict_proba(None, rows)
             for p in prompts}
-    before = dict(svc.get("/v1/stats", headers=hdr(a)).json()["tiny"])
+    ops = hdr(svc.admin)
+    before = dict(svc.get("/v1/stats", headers=ops).json()["tiny"])
 
     def one(i):
         p = prompts[i % 3]
@@ -368,7 +390,7 @@ def test_concurrent_requests_share_forward_passes(svc):
         results = list(ex.map(one, range(60)))
     for p, out in results:
         assert torch.allclose(torch.tensor(out["probabilities"]), refs[p], atol=1e-6)
-    after = svc.get("/v1/stats", headers=hdr(a)).json()["tiny"]
+    after = svc.get("/v1/stats", headers=ops).json()["tiny"]
     assert after["requests"] - before["requests"] == 60
     assert after["batches"] - before["batches"] < 60  # requests were grouped
     assert after["max_prompts_in_batch"] >= 2  # groups mixed several prompts
@@ -466,9 +488,25 @@ def test_real_trainer_job_resumes_exactly_after_restart(tmp_path, dp):
         assert st["state"] == st_ref["state"] == "succeeded", (st, st_ref)
         assert st["resumed_from_step"] >= 1 and st_ref["resumed_from_step"] is None
         assert (st["epsilon"] is not None) == (dp is not None)
-        if dp is not None:
-            return  # DP noise is drawn from fresh OS randomness per run: not comparable
         files = app.state.svc.store.files / "prompts"
+        if dp is not None:
+            # DP noise is fresh per run, so tensors are not comparable; the accounting is. A
+            # resume that dropped the engine's step count reported ε over the resumed steps
+            # only (2.38 over 4 steps instead of 4.33 over 12).
+            from rapt.dp import DPConfig
+            from rapt.dp.accounting import epsilon
+
+            total = st_ref["total_steps"]
+            assert st["step"] == st["total_steps"] == st_ref["step"] == total
+            q = DPConfig(**dp).resolve_sample_rate(8, body["batch_size"])
+            planned = epsilon(dp["noise_multiplier"], q, total, 1 / 8)
+            assert st["epsilon"] == pytest.approx(st_ref["epsilon"], rel=1e-9)
+            assert st["epsilon"] == pytest.approx(planned, rel=1e-9)
+            for s in (st, st_ref):
+                rec = json.loads((files / s["prompt_id"] / "config.json").read_text())["meta"]
+                assert rec["dp"]["steps"] == rec["dp"]["planned_steps"] == total
+                assert rec["dp"]["epsilon"] == pytest.approx(planned, rel=1e-9)
+            return
         a = load_file(str(files / st["prompt_id"] / "prompt.safetensors"))
         b = load_file(str(files / st_ref["prompt_id"] / "prompt.safetensors"))
         assert a.keys() == b.keys()
@@ -504,3 +542,587 @@ def test_graceful_shutdown_before_first_checkpoint_requeues(tmp_path):
         st = wait_job(c, key, jid)
         assert st["state"] == "succeeded" and st["resumed_from_step"] is None, st
         assert runner.resumes == [None, None]
+
+
+# -- issue 12 item 7, issue 17: request isolation in the inference batcher ---------------------
+def row_of(n: int) -> list[int]:
+    """A token id row of length n (specials at both ends)."""
+    return [2] + [7] * (n - 2) + [3]
+
+
+def test_rows_must_fit_the_backbone_positions_with_the_prompt(tmp_path, tiny_bert):
+    """Old behaviour: rows were checked against max_seq_len only. Under a 4-token soft prompt a
+    253-token row needs 257 positions of a 256-position BERT: it passed validation and crashed
+    the shared forward pass (`expanded size`, 500 for the whole batch); a job with 20 virtual
+    tokens over 250-token rows was accepted and failed later. Now: 422 at the door, naming the
+    field and the limit."""
+    from rapt.service.worker import default_runner
+
+    key = add_key(tmp_path)
+    app = make_app(tmp_path, tiny_bert, default_runner, prompt_loader=None, max_seq_len=512)
+    with TestClient(app) as c:
+        pid = make_prompt(c, key, num_virtual_tokens=4, epochs=1, batch_size=6)
+        r = c.post("/v1/predict", json={"prompt_id": pid, "input_ids": [row_of(8), row_of(253)]},
+                   headers=hdr(key))
+        assert r.status_code == 422, r.text
+        detail = r.json()["detail"]
+        assert "input_ids[1]" in detail and "252" in detail and "256 positions" in detail, detail
+        r = c.post("/v1/predict", json={"prompt_id": pid, "input_ids": [row_of(252)]},
+                   headers=hdr(key))
+        assert r.status_code == 200, r.text
+        before = c.app.state.svc.store.counts()
+        body = upload_body()
+        body["input_ids"][0] = row_of(257)
+        r = c.post("/v1/datasets", json=body, headers=hdr(key))
+        assert r.status_code == 422 and "input_ids[0]" in r.json()["detail"], r.text
+        assert "256 positions" in r.json()["detail"]
+        body["input_ids"] = [row_of(250)] * 6
+        ds = c.post("/v1/datasets", json=body, headers=hdr(key)).json()["id"]
+        before = c.app.state.svc.store.counts()
+        r = c.post("/v1/jobs", json={"dataset_id": ds, "num_virtual_tokens": 20},
+                   headers=hdr(key))
+        assert r.status_code == 422, r.text
+        detail = r.json()["detail"]
+        assert "num_virtual_tokens" in detail and "256" in detail and "<= 6" in detail, detail
+        assert c.app.state.svc.store.counts() == before
+
+
+class RaisingPrompt:
+    def __init__(self, message: str):
+        self.message = message
+
+    def predict_proba(self, backbone, input_ids, batch_size=64):
+        raise RuntimeError(self.message)
+
+
+class GatePrompt(FakePrompt):
+    """Holds the batcher thread inside its forward pass until ``release`` is set."""
+
+    def __init__(self, weight):
+        super().__init__(weight)
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def predict_proba(self, backbone, input_ids, batch_size=64):
+        self.entered.set()
+        assert self.release.wait(20)
+        return super().predict_proba(backbone, input_ids, batch_size)
+
+
+def test_batcher_isolates_a_failing_request(tiny_bert):
+    """Old behaviour: one raising prompt failed every request of its micro-batch, and each of
+    them got the raising request's error text (another tenant's shapes)."""
+    from rapt.service.inference import MicroBatcher
+
+    good = FakePrompt(torch.randn(64, 2, generator=torch.Generator().manual_seed(0)))
+    rows = upload_body(2)["input_ids"]
+    batcher = MicroBatcher(tiny_bert, max_wait_s=0.2)
+    try:
+        with batcher._cond:  # all three are queued before the batcher takes any
+            f_bad = batcher.submit(RaisingPrompt("tenant A: expanded size (513)"), rows)
+            f_good = [batcher.submit(good, rows), batcher.submit(good, rows[:1])]
+        ref = good.predict_proba(None, rows)
+        assert torch.allclose(f_good[0].result(10), ref)
+        assert torch.allclose(f_good[1].result(10), ref[:1])
+        with pytest.raises(RuntimeError, match="tenant A"):
+            f_bad.result(10)
+        assert batcher.stats.batches == 1
+    finally:
+        batcher.close()
+
+
+def test_cross_tenant_failure_isolation_over_http(tmp_path, tiny_bert):
+    """Old behaviour (issue 17, untested): Bob's request, batched with Alice's failing prompt,
+    got a 500 carrying Alice's error text."""
+    overrides: dict = {}
+
+    def loader(folder):
+        return overrides.get(Path(folder).name) or FakePrompt.load(folder)
+
+    alice, bob = add_key(tmp_path, "alice"), add_key(tmp_path, "bob")
+    app = make_app(tmp_path, tiny_bert, prompt_loader=loader)
+    with TestClient(app) as c:
+        pa, pb, pg = make_prompt(c, alice), make_prompt(c, bob, seed=1), make_prompt(c, bob, 2)
+        overrides[pa] = RaisingPrompt("alice-secret: expanded size (3, 513)")
+        overrides[pg] = gate = GatePrompt(torch.zeros(64, 2))
+        batcher = app.state.svc.batchers["tiny"]
+        rows = upload_body(2)["input_ids"]
+
+        def post(key, pid):
+            return c.post("/v1/predict", json={"prompt_id": pid, "input_ids": rows},
+                          headers=hdr(key))
+
+        with ThreadPoolExecutor(3) as ex:
+            f_gate = ex.submit(post, bob, pg)
+            assert gate.entered.wait(10)  # the batcher is busy; the next two queue together
+            fa, fb = ex.submit(post, alice, pa), ex.submit(post, bob, pb)
+            t0 = time.time()
+            while len(batcher._pending) < 2 and time.time() - t0 < 10:
+                time.sleep(0.01)
+            gate.release.set()
+            ra, rb, rg = fa.result(), fb.result(), f_gate.result()
+        assert rg.status_code == 200
+        ref = FakePrompt.load(app.state.svc.store.files / "prompts" / pb).predict_proba(None,
+                                                                                       rows)
+        assert rb.status_code == 200, rb.text
+        assert torch.allclose(torch.tensor(rb.json()["probabilities"]), ref, atol=1e-6)
+        assert ra.status_code == 500
+        assert "alice-secret" not in ra.text and "513" not in ra.text
+        assert batcher.stats.max_prompts_in_batch >= 2  # they did share a micro-batch
+
+
+# -- item 8: invalid Unicode and non-finite numbers ---------------------------------------------
+def test_lone_surrogates_and_non_finite_numbers_are_422(svc):
+    """Old behaviour: a lone UTF-16 surrogate in `texts` crashed the tokenizer (500); an `eta` of
+    Infinity, 1e999 or NaN was accepted and stored."""
+    a = svc.alice
+    pid = make_prompt(svc, a)
+    up = upload_body()
+    del up["input_ids"]
+    up["texts"] = ["a good film", "bad \ud800 plot"] + ["fine"] * 4
+    plain = json.dumps(upload_body())
+    assert '"eta": 10.0' in plain
+    odd = upload_body()
+    odd["privacy"]["embedding"] = "mini\udfffLM"
+    cases = [
+        ("/v1/datasets", json.dumps(up), "texts[1]", "surrogate"),
+        ("/v1/predict", json.dumps({"prompt_id": pid, "texts": ["ok", "x\udfff"]}), "texts[1]",
+         "surrogate"),
+        ("/v1/datasets", json.dumps(odd), "privacy.embedding", "surrogate"),
+        ("/v1/datasets", plain.replace('"eta": 10.0', '"eta": Infinity'), "privacy.eta",
+         "finite"),
+        ("/v1/datasets", plain.replace('"eta": 10.0', '"eta": 1e999'), "privacy.eta", "finite"),
+        ("/v1/datasets", plain.replace('"eta": 10.0', '"eta": NaN'), "privacy.eta", "finite"),
+        ("/v1/datasets", plain[:-1] + ', "\\ud800": 1}', "body", "valid string"),
+    ]
+    before = svc.store.counts()
+    for path, content, field, word in cases:
+        r = svc.post(path, content=content.encode(),
+                     headers={**hdr(a), "Content-Type": "application/json"})
+        assert r.status_code == 422, (path, content[-60:], r.text)
+        detail = r.json()["detail"]
+        assert field in detail and word in detail, (field, detail)
+    assert svc.store.counts() == before
+
+
+# -- item 9: opaque 500s -------------------------------------------------------------------------
+def test_internal_errors_are_opaque_and_logged_once(tmp_path, tiny_bert, caplog):
+    """Old behaviour: a 500 carried `RuntimeError: <message>` (server file paths, other tenants'
+    shapes), was logged twice with full tracebacks, and the exception was re-raised to the
+    server (uvicorn logged it again and closed the keep-alive connection; TestClient, which
+    re-raises server exceptions, raised it here)."""
+
+    def boom(backbone, items):
+        raise RuntimeError("/srv/rapt/secret.py: expanded size (513) of tenant bob")
+
+    key = add_key(tmp_path)
+    with TestClient(make_app(tmp_path, tiny_bert, forward=boom)) as c:
+        pid = make_prompt(c, key)
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            r = c.post("/v1/predict", json={"prompt_id": pid, "input_ids": upload_body(2)[
+                "input_ids"]}, headers=hdr(key))
+    assert r.status_code == 500
+    body = r.json()
+    assert set(body) == {"error", "detail"} and body["error"] == "internal", body
+    m = re.search(r"\bid ([0-9a-f]{16})\b", body["detail"])
+    assert m, body
+    for leak in ("RuntimeError", "/srv", "513", "secret", "bob"):
+        assert leak not in r.text
+    tracebacks = [rec for rec in caplog.records if rec.exc_info]
+    assert len(tracebacks) == 1, [rec.getMessage() for rec in tracebacks]
+    assert m.group(1) in tracebacks[0].getMessage()
+
+
+# -- item 10: damaged prompt files -------------------------------------------------------------
+def test_broken_prompt_files_give_503_and_are_not_cached(tmp_path, tiny_bert):
+    """Old behaviour: a prompt whose files were missing or damaged gave 500, and one that loaded
+    but did not fit its model stayed cached, so restoring the file did not help."""
+    from rapt.service.worker import default_runner
+
+    key = add_key(tmp_path)
+    app = make_app(tmp_path, tiny_bert, default_runner, prompt_loader=None)
+    with TestClient(app) as c:
+        pids = [make_prompt(c, key, seed=s, num_virtual_tokens=4, epochs=1, batch_size=6)
+                for s in (0, 1)]
+        files = app.state.svc.store.files / "prompts"
+        rows = upload_body(2)["input_ids"]
+
+        def predict(pid, status):
+            r = c.post("/v1/predict", json={"prompt_id": pid, "input_ids": rows},
+                       headers=hdr(key))
+            assert r.status_code == status, r.text
+            if status == 503:
+                assert r.json()["error"] == "prompt_unavailable" and pid in r.json()["detail"]
+                assert str(tmp_path) not in r.text
+            return r
+
+        # Loadable tensors of the wrong shape, then the real file again.
+        t = files / pids[0] / "prompt.safetensors"
+        good = t.read_bytes()
+        save_file({k: torch.zeros(3, 3) for k in load_file(str(t))}, str(t))
+        predict(pids[0], 503)
+        t.write_bytes(good)
+        predict(pids[0], 200)
+        # Missing, then garbage, then restored.
+        t = files / pids[1] / "prompt.safetensors"
+        good = t.read_bytes()
+        t.unlink()
+        predict(pids[1], 503)
+        t.write_bytes(b"not a safetensors file")
+        predict(pids[1], 503)
+        t.write_bytes(good)
+        predict(pids[1], 200)
+
+
+# -- item 11: key before body, body limits, quotas ----------------------------------------------
+def _asgi(app, method, path, headers, chunks):
+    """Drive the ASGI app directly; returns (status, JSON body, body chunks the app pulled)."""
+    import asyncio
+
+    pulled, sent = [0], []
+
+    async def receive():
+        if pulled[0] < len(chunks):
+            pulled[0] += 1
+            return {"type": "http.request", "body": chunks[pulled[0] - 1],
+                    "more_body": pulled[0] < len(chunks)}
+        return {"type": "http.disconnect"}
+
+    async def send(msg):
+        sent.append(msg)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+             "method": method, "scheme": "http", "path": path, "raw_path": path.encode(),
+             "query_string": b"", "root_path": "", "client": ("127.0.0.1", 1),
+             "server": ("127.0.0.1", 80),
+             "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()]}
+    asyncio.run(app(scope, receive, send))
+    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return status, json.loads(body), pulled[0]
+
+
+def test_api_key_is_checked_before_the_body_is_read(svc):
+    """Old behaviour: the body (anything up to max_upload_bytes) was read and parsed before the
+    key was checked: an unauthenticated 31 MiB upload cost 0.5 s and 135 MB."""
+    body = json.dumps(upload_body()).encode()
+    chunks = [body[:100], body[100:]]
+    ctype = {"content-type": "application/json", "content-length": str(len(body))}
+    for headers in ({}, hdr("rapt_wrong"), {"X-API-Key": "rapt_wrong"}):
+        status, out, pulled = _asgi(svc.app, "POST", "/v1/datasets", {**headers, **ctype},
+                                    chunks)
+        assert status == 401 and out["error"] == "unauthorized", out
+        assert pulled == 0
+    status, out, pulled = _asgi(svc.app, "POST", "/v1/datasets", {**hdr(svc.alice), **ctype},
+                                chunks)
+    assert status == 201 and pulled == 2, out
+    # A streamed (chunked) body is cut off at the limit without being read to its end.
+    big = [b" " * 4096] * 10
+    status, out, pulled = _asgi(svc.app, "POST", "/v1/datasets",
+                                {**hdr(svc.alice), "content-type": "application/json"}, big)
+    assert status == 413 and "max_upload_bytes=20000" in out["detail"] and pulled < 10
+    # Public routes and unknown paths need no key; an unknown path's body is not read either.
+    assert svc.get("/v1/health").status_code == 200
+    status, out, pulled = _asgi(svc.app, "POST", "/v1/nowhere", ctype, chunks)
+    assert status == 404 and pulled == 0, out
+
+
+def test_per_key_dataset_quotas(tmp_path, tiny_bert):
+    """Old behaviour: no quota at all; one key could fill the provider's disk with datasets."""
+    (tmp_path / "n").mkdir()
+    (tmp_path / "b").mkdir()
+    alice, bob = add_key(tmp_path / "n", "alice"), add_key(tmp_path / "n", "bob")
+    with TestClient(make_app(tmp_path / "n", tiny_bert, max_datasets_per_key=2)) as c:
+        ids = [c.post("/v1/datasets", json=upload_body(), headers=hdr(alice)).json()["id"]
+               for _ in range(2)]
+        before = c.app.state.svc.store.counts()
+        r = c.post("/v1/datasets", json=upload_body(), headers=hdr(alice))
+        assert r.status_code == 429 and r.json()["error"] == "quota_exceeded", r.text
+        assert "max_datasets_per_key=2" in r.json()["detail"]
+        assert c.app.state.svc.store.counts() == before
+        assert c.post("/v1/datasets", json=upload_body(), headers=hdr(bob)).status_code == 201
+        assert c.delete(f"/v1/datasets/{ids[0]}", headers=hdr(alice)).status_code == 204
+        assert c.post("/v1/datasets", json=upload_body(), headers=hdr(alice)).status_code == 201
+    carol = add_key(tmp_path / "b", "carol")
+    with TestClient(make_app(tmp_path / "b", tiny_bert, max_dataset_bytes_per_key=5000)) as c:
+        codes = [c.post("/v1/datasets", json=upload_body(n=60), headers=hdr(carol)).status_code
+                 for _ in range(4)]
+        assert codes[0] == 201 and codes[-1] == 429, codes
+        r = c.post("/v1/datasets", json=upload_body(n=60), headers=hdr(carol))
+        assert "max_dataset_bytes_per_key=5000" in r.json()["detail"], r.text
+
+
+# -- item 12: operator traps ------------------------------------------------------------------
+def test_cli_db_option_and_key_revocation(tmp_path, monkeypatch):
+    """Old behaviour: `rapt serve --db X keys add NAME` ignored X and wrote ./rapt-service.db;
+    keys could not be revoked."""
+    from typer.testing import CliRunner
+
+    from rapt.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("RAPT_DB", raising=False)
+    db = tmp_path / "x" / "svc.db"
+
+    def run(*args, code=0):
+        out = CliRunner().invoke(app, [str(a) for a in args])
+        assert out.exit_code == code, out.output
+        return out
+
+    key_a = run("serve", "--db", db, "keys", "add", "alice").stdout.strip()
+    key_b = run("serve", "keys", "add", "bob", "--db", db).stdout.strip()
+    run("serve", "--db", db, "keys", "add", "ops", "--admin")
+    assert not (tmp_path / "rapt-service.db").exists()
+    listing = run("serve", "--db", db, "keys", "list").stdout
+    assert "alice" in listing and "bob" in listing and "admin" in listing
+    assert key_a not in listing
+    run("serve", "--db", db, "keys", "revoke", "alice")
+    store = Store(db)
+    try:
+        assert store.owner_of_hash(auth.hash_key(key_a)) is None
+        assert store.owner_of_hash(auth.hash_key(key_b)) is not None
+    finally:
+        store.close()
+    assert "revoked" in run("serve", "--db", db, "keys", "list").stdout
+    out = run("serve", "--db", db, "keys", "revoke", "nobody", code=2)
+    assert "nobody" in out.output
+    out = run("serve", "--db", db, "keys", "add", "c", "--db", tmp_path / "other.db", code=2)
+    assert "--db" in out.output and not (tmp_path / "other.db").exists()
+
+
+def test_revoked_key_is_refused(svc):
+    """Old behaviour: there was no revocation; a leaked key worked forever."""
+    assert svc.get("/v1/jobs", headers=hdr(svc.bob)).status_code == 200
+    bob_id = svc.store.owner_of_hash(auth.hash_key(svc.bob))
+    svc.store.revoke_key(bob_id)
+    r = svc.get("/v1/jobs", headers=hdr(svc.bob))
+    assert r.status_code == 401 and r.json()["error"] == "unauthorized"
+
+
+def test_users_list_and_delete_their_datasets_and_prompts(svc):
+    """Old behaviour: a user could neither list nor delete datasets and prompts, so they could
+    not erase their data."""
+    import sqlite3
+
+    a, b = svc.alice, svc.bob
+    ds = [svc.post("/v1/datasets", json=upload_body(n=4 + i), headers=hdr(a)).json()["id"]
+          for i in range(3)]
+    jid = svc.post("/v1/jobs", json={"dataset_id": ds[0]}, headers=hdr(a)).json()["id"]
+    pid = wait_job(svc, a, jid)["prompt_id"]
+    assert [d["id"] for d in svc.get("/v1/datasets", headers=hdr(a)).json()] == ds
+    assert [p["id"] for p in svc.get("/v1/prompts", headers=hdr(a)).json()] == [pid]
+    assert svc.get("/v1/datasets", headers=hdr(b)).json() == []
+    assert svc.get("/v1/prompts", headers=hdr(b)).json() == []
+    for path in (f"/v1/datasets/{ds[0]}", f"/v1/prompts/{pid}"):
+        assert svc.delete(path, headers=hdr(b)).status_code == 404
+    # A dataset a job is still using cannot go until the job is cancelled.
+    svc.runner.gate.clear()
+    j2 = svc.post("/v1/jobs", json={"dataset_id": ds[1]}, headers=hdr(a)).json()["id"]
+    assert svc.runner.at_gate.wait(10)
+    r = svc.delete(f"/v1/datasets/{ds[1]}", headers=hdr(a))
+    assert r.status_code == 409 and j2 in r.json()["detail"], r.text
+    svc.post(f"/v1/jobs/{j2}/cancel", headers=hdr(a))
+    assert wait_job(svc, a, j2)["state"] == "cancelled"
+    svc.runner.gate.set()
+    folder = svc.store.files / "prompts" / pid
+    assert folder.is_dir()
+    assert svc.delete(f"/v1/prompts/{pid}", headers=hdr(a)).status_code == 204
+    assert not folder.exists()
+    assert svc.get(f"/v1/prompts/{pid}", headers=hdr(a)).status_code == 404
+    r = svc.post("/v1/predict", json={"prompt_id": pid, "input_ids": [[2, 7, 3]]},
+                 headers=hdr(a))
+    assert r.status_code == 404
+    for d in ds:
+        assert svc.delete(f"/v1/datasets/{d}", headers=hdr(a)).status_code == 204
+        assert svc.get(f"/v1/datasets/{d}", headers=hdr(a)).status_code == 404
+        assert svc.delete(f"/v1/datasets/{d}", headers=hdr(a)).status_code == 404
+    assert svc.get("/v1/datasets", headers=hdr(a)).json() == []
+    assert svc.get("/v1/prompts", headers=hdr(a)).json() == []
+    r = svc.post("/v1/jobs", json={"dataset_id": ds[0]}, headers=hdr(a))
+    assert r.status_code == 404
+    # No row holds the data any more (datasets still named by a job keep an empty record).
+    with sqlite3.connect(svc.store.path) as db:
+        rows = dict(db.execute("SELECT id, data FROM datasets").fetchall())
+    assert ds[2] not in rows and all(rows[d] == "" for d in ds[:2]), rows
+
+
+def test_failed_and_cancelled_jobs_leave_no_checkpoint(svc):
+    """Old behaviour: checkpoints of failed and cancelled jobs stayed on disk for good. Also
+    (issue 17, untested) a runner exception marks the job failed with its reason."""
+    a = svc.alice
+    ck = svc.store.files / "checkpoints"
+    ds = svc.post("/v1/datasets", json=upload_body(), headers=hdr(a)).json()["id"]
+    svc.runner.gate.clear()
+    j1 = svc.post("/v1/jobs", json={"dataset_id": ds}, headers=hdr(a)).json()["id"]
+    assert svc.runner.at_gate.wait(10)
+    assert (ck / f"{j1}.pt").exists()
+    svc.post(f"/v1/jobs/{j1}/cancel", headers=hdr(a))
+    assert wait_job(svc, a, j1)["state"] == "cancelled"
+    svc.runner.gate.set()
+    svc.runner.fail_at = 3
+    j2 = svc.post("/v1/jobs", json={"dataset_id": ds}, headers=hdr(a)).json()["id"]
+    st = wait_job(svc, a, j2)
+    assert st["state"] == "failed" and "label 7 is out of range at step 3" in st["error"], st
+    assert st["prompt_id"] is None
+    assert sorted(p.name for p in ck.iterdir()) == []
+
+
+def test_database_and_its_folders_are_private(tmp_path):
+    """Old behaviour: the SQLite file and its folders took the process umask (world-readable
+    0644 / 0755), exposing every tenant's data and key hashes to local users."""
+    old = os.umask(0o022)
+    try:
+        store = Store(tmp_path / "new" / "svc.db")
+        store.add_key("alice", auth.hash_key(auth.new_key()))
+        store.close()
+        assert (tmp_path / "new").stat().st_mode & 0o777 == 0o700
+        assert (tmp_path / "new" / "svc.db").stat().st_mode & 0o777 == 0o600
+        assert (tmp_path / "new" / "svc.db.files").stat().st_mode & 0o777 == 0o700
+        for p in (tmp_path / "new").glob("svc.db-*"):  # WAL and shared-memory files
+            assert p.stat().st_mode & 0o777 == 0o600, p
+        shared = tmp_path / "shared"  # an existing folder is the operator's: left alone
+        shared.mkdir(mode=0o755)
+        loose = shared / "loose.db"  # an existing database with loose permissions
+        Store(loose).close()
+        os.chmod(loose, 0o644)
+        Store(loose).close()
+        assert loose.stat().st_mode & 0o777 == 0o600
+        assert shared.stat().st_mode & 0o777 == 0o755
+    finally:
+        os.umask(old)
+
+
+def test_database_of_the_previous_schema_is_migrated(tmp_path):
+    """A database written before keys could be revoked or marked admin, and before datasets had
+    sizes and deletion marks, opens with its keys and datasets intact."""
+    import sqlite3
+
+    old_schema = """
+    CREATE TABLE api_keys (id TEXT PRIMARY KEY, name TEXT NOT NULL,
+        key_hash TEXT NOT NULL UNIQUE, created REAL NOT NULL);
+    CREATE TABLE datasets (id TEXT PRIMARY KEY, owner TEXT NOT NULL REFERENCES api_keys(id),
+        backbone TEXT NOT NULL, n_examples INTEGER NOT NULL, num_labels INTEGER NOT NULL,
+        max_row_len INTEGER NOT NULL, privacy TEXT NOT NULL, plain_ids TEXT,
+        data TEXT NOT NULL, created REAL NOT NULL);
+    """
+    key = auth.new_key()
+    with sqlite3.connect(tmp_path / "svc.db") as db:
+        db.executescript(old_schema)
+        db.execute("INSERT INTO api_keys VALUES ('key_1', 'alice', ?, 0)", (auth.hash_key(key),))
+        db.execute("INSERT INTO datasets VALUES ('ds_1', 'key_1', 'tiny', 1, 2, 3, '{}', NULL, "
+                   "'{\"input_ids\":[[2,7,3]],\"labels\":[0]}', 0)")
+    store = Store(tmp_path / "svc.db")
+    try:
+        assert store.owner_of_hash(auth.hash_key(key)) == "key_1"
+        assert not store.is_admin("key_1")
+        assert [d["id"] for d in store.list_datasets("key_1")] == ["ds_1"]
+        with pytest.raises(Exception, match="max_datasets_per_key=1"):
+            store.create_dataset("key_1", "tiny", [[2, 3]], [0], 2, {}, None, max_count=1)
+        store.revoke_key("alice")
+        assert store.owner_of_hash(auth.hash_key(key)) is None
+    finally:
+        store.close()
+
+
+def test_stats_need_an_admin_key(svc):
+    """Old behaviour: any key read /v1/stats, which counts every tenant's requests."""
+    r = svc.get("/v1/stats", headers=hdr(svc.alice))
+    assert r.status_code == 403 and r.json()["error"] == "forbidden" and "admin" in r.text
+    r = svc.get("/v1/stats", headers=hdr(svc.admin))
+    assert r.status_code == 200 and "tiny" in r.json()
+
+
+def test_serve_tls_options_reach_uvicorn(tmp_path, monkeypatch):
+    """Old behaviour: `rapt serve` had no TLS options and said nothing when it served plain http
+    on a public interface, where keys and data cross the network readable."""
+    import uvicorn
+    from typer.testing import CliRunner
+
+    from rapt.cli import app
+
+    calls = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: calls.append(kw))
+    keyfile, certfile = tmp_path / "key.pem", tmp_path / "cert.pem"
+    keyfile.write_text("k")
+    certfile.write_text("c")
+    base = ["serve", "--db", str(tmp_path / "svc.db"), "--backbone", "tiny"]
+    out = CliRunner().invoke(app, [*base, "--ssl-keyfile", str(keyfile),
+                                   "--ssl-certfile", str(certfile)])
+    assert out.exit_code == 0, out.output
+    assert calls[-1]["ssl_keyfile"] == str(keyfile) and calls[-1]["ssl_certfile"] == str(certfile)
+    assert "https://127.0.0.1:8000" in out.output
+    n = len(calls)
+    out = CliRunner().invoke(app, [*base, "--ssl-keyfile", str(keyfile)])
+    assert out.exit_code == 2 and "--ssl-certfile" in out.output
+    out = CliRunner().invoke(app, [*base, "--ssl-keyfile", str(tmp_path / "nope.pem"),
+                                   "--ssl-certfile", str(certfile)])
+    assert out.exit_code == 2 and "nope.pem" in out.output
+    assert len(calls) == n
+    out = CliRunner().invoke(app, [*base, "--host", "0.0.0.0"])
+    assert out.exit_code == 0 and "plain http" in out.output
+    assert calls[-1].get("ssl_keyfile") is None
+
+
+def test_client_warns_before_sending_the_key_over_plain_http():
+    """Old behaviour: the client sent the API key over plain http to any host, silently."""
+    from rapt.client import PrivacyWarning, RaptClient
+
+    with pytest.warns(PrivacyWarning, match="plain http"):
+        RaptClient("http://203.0.113.5:8000", "rapt_x").close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for url in ("http://127.0.0.1:8000", "http://localhost:8000", "http://[::1]:8000",
+                    "https://example.com"):
+            RaptClient(url, "rapt_x").close()
+
+
+# -- issue 17: untested failure paths -----------------------------------------------------------
+def test_inference_queue_full_is_429(tmp_path, tiny_bert):
+    """Untested before (issue 17): a full micro-batching queue answers 429 naming its limit,
+    and the requests already queued still succeed."""
+    overrides: dict = {}
+
+    def loader(folder):
+        return overrides.get(Path(folder).name) or FakePrompt.load(folder)
+
+    key = add_key(tmp_path)
+    app = make_app(tmp_path, tiny_bert, prompt_loader=loader, max_inference_queue=4)
+    with TestClient(app) as c:
+        pid, pg = make_prompt(c, key), make_prompt(c, key, seed=1)
+        overrides[pg] = gate = GatePrompt(torch.zeros(64, 2))
+        batcher = app.state.svc.batchers["tiny"]
+        rows = upload_body(2)["input_ids"]
+
+        def post(p):
+            return c.post("/v1/predict", json={"prompt_id": p, "input_ids": rows},
+                          headers=hdr(key))
+
+        with ThreadPoolExecutor(3) as ex:
+            f_gate = ex.submit(post, pg)
+            assert gate.entered.wait(10)
+            queued = [ex.submit(post, pid) for _ in range(2)]
+            t0 = time.time()
+            while batcher._pending_rows < 4 and time.time() - t0 < 10:
+                time.sleep(0.01)
+            r = post(pid)
+            gate.release.set()
+            assert r.status_code == 429 and "max_inference_queue=4" in r.json()["detail"]
+            assert [f.result().status_code for f in [f_gate, *queued]] == [200] * 3
+
+
+def test_backbone_not_loaded_is_503(tmp_path, tiny_bert):
+    """Old behaviour (issue 17, untested): a job on a dataset of a backbone the server did not
+    load was accepted (202) and failed in the worker; predict answered 503 untested."""
+    key = add_key(tmp_path)
+    with TestClient(make_app(tmp_path, tiny_bert)) as c:
+        pid = make_prompt(c, key)
+        ds = c.post("/v1/datasets", json=upload_body(), headers=hdr(key)).json()["id"]
+    with TestClient(make_app(tmp_path, tiny_bert, name="other")) as c:
+        before = c.app.state.svc.store.counts()
+        r = c.post("/v1/predict", json={"prompt_id": pid, "input_ids": [[2, 7, 3]]},
+                   headers=hdr(key))
+        assert r.status_code == 503 and r.json()["error"] == "backbone_unavailable", r.text
+        assert "'tiny'" in r.json()["detail"]
+        r = c.post("/v1/jobs", json={"dataset_id": ds}, headers=hdr(key))
+        assert r.status_code == 503 and r.json()["error"] == "backbone_unavailable", r.text
+        assert c.app.state.svc.store.counts() == before

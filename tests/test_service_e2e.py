@@ -82,10 +82,13 @@ def server(tmp_path):
 
     from rapt.cli import app
 
-    out = CliRunner().invoke(app, ["serve", "keys", "add", "alice", "--db", str(srv.db)])
+    out = CliRunner().invoke(app, ["serve", "--db", str(srv.db), "keys", "add", "alice"])
     assert out.exit_code == 0, out.output
     key = out.stdout.strip()
     assert key.startswith("rapt_") and key not in srv.db.read_bytes().decode("latin-1")
+    out = CliRunner().invoke(app, ["serve", "keys", "add", "ops", "--admin", "--db", str(srv.db)])
+    assert out.exit_code == 0, out.output
+    srv.admin_key = out.stdout.strip()
     srv.start()
     yield srv, key, folder
     srv.stop()
@@ -113,7 +116,9 @@ def test_tune_predict_load_restart(server, tmp_path):
             .predict_proba(local, rows) for p in pids}
     http = httpx.Client(base_url=srv.url, headers={"Authorization": f"Bearer {key}"},
                         timeout=60)
-    stats0 = http.get("/v1/stats").json()[str(folder)]
+    ops = {"Authorization": f"Bearer {srv.admin_key}"}
+    assert http.get("/v1/stats").status_code == 403  # counters over all tenants: operators only
+    stats0 = http.get("/v1/stats", headers=ops).json()[str(folder)]
 
     def one(i: int) -> tuple[str, list[list[float]]]:
         p, r = pids[i % 2], rows[i % len(rows)]
@@ -128,7 +133,7 @@ def test_tune_predict_load_restart(server, tmp_path):
     dt = time.perf_counter() - t0
     for p, i, probs in results:
         assert torch.allclose(torch.tensor(probs), refs[p][i], atol=1e-5)
-    stats = http.get("/v1/stats").json()[str(folder)]
+    stats = http.get("/v1/stats", headers=ops).json()[str(folder)]
     assert stats["requests"] - stats0["requests"] == n
     assert stats["forward_passes"] - stats0["forward_passes"] < n  # requests shared passes
     print(f"{n} requests in {dt:.2f} s ({n / dt:.0f}/s); "
@@ -164,3 +169,55 @@ def test_tune_predict_load_restart(server, tmp_path):
     http2 = httpx.Client(base_url=srv.url, headers={"Authorization": f"Bearer {key}"})
     resp = http2.post("/v1/predict", json={"prompt_id": pids[1], "input_ids": rows})
     assert torch.allclose(torch.tensor(resp.json()["probabilities"]), refs[pids[1]], atol=1e-5)
+
+
+def test_internal_error_keeps_the_connection_and_logs_one_traceback(tmp_path, caplog):
+    """Old behaviour, against a real uvicorn server: after a 500 the exception reached uvicorn,
+    which logged a second long traceback ("Exception in ASGI application") and closed the
+    keep-alive connection; the body named the exception and its message."""
+    import http.client
+    import logging
+    import re
+    import threading
+
+    import uvicorn
+    from test_service import add_key, make_app, upload_body
+
+    def boom(backbone, items):
+        raise RuntimeError("/srv/rapt/secret.py: expanded size (513)")
+
+    key = add_key(tmp_path)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(make_app(tmp_path, make_bert(), forward=boom),
+                                           host="127.0.0.1", port=port, log_level="info"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        t0 = time.time()
+        while not server.started and time.time() - t0 < 30:
+            time.sleep(0.05)
+        auth = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=auth) as c:
+            ds = c.post("/v1/datasets", json=upload_body()).json()["id"]
+            jid = c.post("/v1/jobs", json={"dataset_id": ds}).json()["id"]
+            while (st := c.get(f"/v1/jobs/{jid}").json())["state"] not in ("succeeded",
+                                                                           "failed"):
+                time.sleep(0.05)
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        body = json.dumps({"prompt_id": st["prompt_id"], "input_ids": [[2, 7, 3]]})
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            conn.request("POST", "/v1/predict", body=body, headers=auth)
+            resp = conn.getresponse()
+            text = resp.read().decode()
+            assert resp.status == 500 and "RuntimeError" not in text and "/srv" not in text
+            eid = re.search(r"id ([0-9a-f]{16})", text).group(1)
+            conn.request("GET", "/v1/health")  # same connection: it was kept open
+            assert conn.getresponse().status == 200
+        conn.close()
+        tracebacks = [r for r in caplog.records if r.exc_info]
+        assert len(tracebacks) == 1 and eid in tracebacks[0].getMessage(), \
+            [r.getMessage() for r in tracebacks]
+    finally:
+        server.should_exit = True
+        thread.join(30)

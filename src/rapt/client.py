@@ -43,6 +43,24 @@ class PrivacyWarning(UserWarning):
 DEFAULT_MIN_P = 0.5  # below this the provider reads most of the tokens as they are
 
 
+def _warn_plain_http(url: str) -> None:
+    """Warn before the API key (and the privatized data) go over plain http to another
+    machine: anyone on the network path can read them."""
+    import ipaddress
+
+    u = httpx.URL(url)
+    if u.scheme != "http" or u.host == "localhost":
+        return
+    try:
+        if ipaddress.ip_address(u.host).is_loopback:
+            return
+    except ValueError:
+        pass
+    warnings.warn(f"sending the API key over plain http to {u.host}: anyone on the network path "
+                  "can read it and your (privatized) data; use an https:// URL", PrivacyWarning,
+                  stacklevel=3)
+
+
 class ServiceError(RuntimeError):
     """The service answered with an error body {"error", "detail"}."""
 
@@ -78,6 +96,8 @@ class RaptClient:
             raise ClientError("no service URL: pass --url or set RAPT_URL")
         if not api_key:
             raise ClientError("no API key: pass --key or set RAPT_API_KEY")
+        if url and http is None:
+            _warn_plain_http(url)
         if eta is not None and eta <= 0:
             raise ClientError(f"eta must be > 0, got {eta}")
         if eta is not None and no_privacy:

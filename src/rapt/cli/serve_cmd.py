@@ -29,10 +29,27 @@ def _fail(msg: str) -> typer.Exit:
     return typer.Exit(2)
 
 
-def _db(db: Path | None) -> Path:
+def _db(db: Path | None, ctx: typer.Context | None = None) -> Path:
+    """The database: ``--db`` given after the subcommand or before it (``rapt serve --db X
+    keys add``), else $RAPT_DB, else ./rapt-service.db. Two different ``--db`` are an error."""
     from rapt.service.limits import default_db_path
 
-    return db or default_db_path()
+    outer = (ctx.obj or {}).get("db") if ctx is not None and isinstance(ctx.obj, dict) else None
+    if db is not None and outer is not None and Path(db).resolve() != Path(outer).resolve():
+        raise _fail(f"--db given twice with different files ({outer} before the subcommand, "
+                    f"{db} after it); give it once")
+    return db or outer or default_db_path()
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 @serve_app.callback()
@@ -52,10 +69,23 @@ def serve(
                                         "requests, ms (0: group what queued during a pass)"),
     max_batch_rows: int = typer.Option(64, help="rows per inference forward pass "
                                        "(1 = no micro-batching)"),
+    max_datasets_per_key: int = typer.Option(100, help="quota: stored datasets per API key"),
+    max_dataset_mb_per_key: float = typer.Option(1024.0, help="quota: stored dataset data per "
+                                                 "API key, MiB"),
+    ssl_keyfile: Path | None = typer.Option(None, help="TLS private key (PEM); serve https "
+                                            "with --ssl-certfile"),
+    ssl_certfile: Path | None = typer.Option(None, help="TLS certificate chain (PEM)"),
 ) -> None:
-    """Run the provider service: `rapt serve --port 8000 --db service.db --backbone minilm`."""
+    """Run the provider service: `rapt serve --port 8000 --db service.db --backbone minilm`.
+    Create the first API key with `rapt serve --db service.db keys add NAME`."""
+    ctx.ensure_object(dict)["db"] = db
     if ctx.invoked_subcommand is not None:
         return
+    if (ssl_keyfile is None) != (ssl_certfile is None):
+        raise _fail("TLS needs both --ssl-keyfile and --ssl-certfile")
+    for f in (ssl_keyfile, ssl_certfile):
+        if f is not None and not f.is_file():
+            raise _fail(f"{f}: no such file (--ssl-keyfile / --ssl-certfile)")
     import uvicorn
 
     from rapt.service import Limits, ServiceConfig, create_app
@@ -65,36 +95,75 @@ def serve(
                         max_batch_rows=max_batch_rows,
                         limits=Limits(max_upload_bytes=int(max_upload_mb * 1024 * 1024),
                                       max_seq_len=max_seq_len,
-                                      max_queued_jobs=max_queued_jobs))
+                                      max_queued_jobs=max_queued_jobs,
+                                      max_datasets_per_key=max_datasets_per_key,
+                                      max_dataset_bytes_per_key=int(
+                                          max_dataset_mb_per_key * 1024 * 1024)))
+    scheme = "https" if ssl_certfile else "http"
     typer.echo(f"rapt service: db {cfg.db_path}, backbones {', '.join(cfg.backbones)}; "
-               f"http://{host}:{port}/docs", err=True)
-    uvicorn.run(create_app(cfg), host=host, port=port, log_level="info")
+               f"{scheme}://{host}:{port}/docs", err=True)
+    if scheme == "http" and not _loopback(host):
+        typer.echo(f"WARNING: serving plain http on {host}: API keys and data cross the network "
+                   "readable; use --ssl-keyfile/--ssl-certfile or a TLS-terminating proxy",
+                   err=True)
+    tls = ({"ssl_keyfile": str(ssl_keyfile), "ssl_certfile": str(ssl_certfile)}
+           if ssl_certfile else {})
+    uvicorn.run(create_app(cfg), host=host, port=port, log_level="info", **tls)
 
 
 @keys_app.command("add")
-def keys_add(name: str = typer.Argument(..., help="a label for the key's owner"),
+def keys_add(ctx: typer.Context,
+             name: str = typer.Argument(..., help="a label for the key's owner"),
+             admin: bool = typer.Option(False, "--admin", help="an operator key: may also read "
+                                        "/v1/stats (counters over all tenants)"),
              db: Path | None = typer.Option(None, help=DB_HELP)) -> None:
     """Create an API key and print it once (only its SHA-256 hash is stored)."""
     from rapt.service import auth
     from rapt.service.store import Store
 
-    store = Store(_db(db))
+    store = Store(_db(db, ctx))
     key = auth.new_key()
-    kid = store.add_key(name, auth.hash_key(key))
+    kid = store.add_key(name, auth.hash_key(key), admin=admin)
     store.close()
-    typer.echo(f"created key {kid} for '{name}'; it is shown only this once:", err=True)
+    typer.echo(f"created {'admin ' if admin else ''}key {kid} for '{name}' in {store.path}; "
+               "it is shown only this once:", err=True)
     typer.echo(key)
 
 
 @keys_app.command("list")
-def keys_list(db: Path | None = typer.Option(None, help=DB_HELP)) -> None:
-    """List key ids and names (never the keys)."""
+def keys_list(ctx: typer.Context, db: Path | None = typer.Option(None, help=DB_HELP)) -> None:
+    """List key ids, names, creation dates, admin and revoked marks (never the keys)."""
+    import datetime
+
     from rapt.service.store import Store
 
-    store = Store(_db(db))
+    def when(t: float) -> str:
+        return datetime.datetime.fromtimestamp(t).isoformat(" ", "seconds")
+
+    store = Store(_db(db, ctx))
     for k in store.list_keys():
-        typer.echo(f"{k['id']}\t{k['name']}")
+        marks = (["admin"] if k["admin"] else []) + (
+            [f"revoked {when(k['revoked'])}"] if k["revoked"] else [])
+        typer.echo("\t".join([k["id"], k["name"], when(k["created"]), *marks]))
     store.close()
+
+
+@keys_app.command("revoke")
+def keys_revoke(ctx: typer.Context,
+                key: str = typer.Argument(..., help="key id (from `keys list`) or name"),
+                db: Path | None = typer.Option(None, help=DB_HELP)) -> None:
+    """Revoke a key: the service refuses it from the next request on. The key's datasets,
+    jobs and prompts stay (the owner can no longer reach them)."""
+    from rapt.service.store import Store
+
+    store = Store(_db(db, ctx))
+    try:
+        row = store.revoke_key(key)
+    except (LookupError, ValueError) as e:
+        raise _fail(str(e)) from None
+    finally:
+        store.close()
+    typer.echo(f"revoked key {row['id']} ('{row['name']}')", err=True)
 
 
 # -- client ----------------------------------------------------------------------------------

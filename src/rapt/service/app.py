@@ -1,14 +1,18 @@
 """The provider's HTTP API (FastAPI): datasets, tuning jobs, prompts, inference.
 
-Every error is a JSON body ``{"error": code, "detail": message}``. Every user object belongs
-to the API key that created it; any other key gets 404 for it, and nothing lists other keys'
-objects. Backbones are loaded once per process at startup.
+Every error is a JSON body ``{"error": code, "detail": message}``; an unexpected one is a 500
+whose detail holds only an error id, under which the server log keeps the one traceback. Every
+user object belongs to the API key that created it; any other key gets 404 for it, and nothing
+lists other keys' objects; users list and delete their own datasets and prompts. The API key is
+checked before a request body is read. Backbones are loaded once per process at startup.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
+import secrets
+import shutil
 import threading
 from collections.abc import Callable
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -18,15 +22,26 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from rapt import __version__
 from rapt.service import auth
-from rapt.service.inference import Forward, InferenceQueueFullError, MicroBatcher, default_forward
+from rapt.service.inference import (
+    Forward,
+    InferenceQueueFullError,
+    MicroBatcher,
+    backbone_positions,
+    default_forward,
+    positions_used,
+    prompt_positions,
+)
 from rapt.service.limits import ServiceConfig
 from rapt.service.schemas import (
     BackboneInfo,
@@ -39,7 +54,7 @@ from rapt.service.schemas import (
     PredictResponse,
     PromptInfo,
 )
-from rapt.service.store import Store
+from rapt.service.store import QuotaError, Store
 from rapt.service.worker import (
     JobRunner,
     JobWorker,
@@ -50,7 +65,8 @@ from rapt.service.worker import (
 
 log = logging.getLogger("rapt.service")
 
-ERRORS = {code: {"model": ErrorBody} for code in (400, 401, 404, 409, 413, 422, 429)}
+ERRORS = {code: {"model": ErrorBody}
+          for code in (400, 401, 403, 404, 409, 413, 422, 429, 500, 503)}
 
 
 class ServiceError(Exception):
@@ -62,24 +78,62 @@ class ServiceError(Exception):
 
 
 def _error(status: int, error: str, detail: str) -> JSONResponse:
+    # A detail may quote what the client sent (a field name, a backbone name), which can hold
+    # lone surrogates that UTF-8 cannot encode: escape those.
+    detail = detail.encode("utf-8", "backslashreplace").decode("utf-8")
     return JSONResponse({"error": error, "detail": detail}, status_code=status)
 
 
-def _loc(loc: tuple) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
+def _api_key(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """The key from ``X-API-Key`` or ``Authorization: Bearer``."""
+    h = {k.lower(): v for k, v in headers}
+    if h.get(b"x-api-key"):
+        return h[b"x-api-key"].decode("latin-1")
+    scheme, _, cred = h.get(b"authorization", b"").decode("latin-1").partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    return cred.strip() or None
 
 
-def default_prompt_loader(folder: Path) -> Any:
-    from rapt.trainer import TunedPrompt
+class InternalErrorMiddleware:
+    """Turns an unexpected exception into a 500 that carries only an error id, and logs one
+    traceback under that id. Nothing is re-raised to the server, which would log it again and
+    close the keep-alive connection (Starlette's ServerErrorMiddleware re-raises)."""
 
-    return TunedPrompt.load(folder)
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = [False]
+
+        async def tracked(msg: dict) -> None:
+            started[0] = started[0] or msg["type"] == "http.response.start"
+            await send(msg)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception:
+            eid = secrets.token_hex(8)
+            log.exception("internal error id %s on %s %s", eid, scope.get("method"),
+                          scope.get("path"))
+            if not started[0]:
+                await _error(500, "internal", f"internal server error; the operator can find it "
+                             f"in the server log under id {eid}")(scope, receive, send)
 
 
-class BodyLimitMiddleware:
-    """Rejects request bodies over ``limit`` bytes with 413 before any route parses them."""
+class RequestGateMiddleware:
+    """What a request passes before any route reads its body, cheapest first:
+
+    1. the route: an unknown path or method goes straight to the router (404 / 405, body
+       unread);
+    2. the API key, for routes that take the ``owner`` dependency: a missing, unknown or
+       revoked key gets 401 with the body unread (one indexed lookup); the key id goes into
+       ``scope["rapt.owner"]`` for that dependency;
+    3. the size: a Content-Length over ``limit`` gets 413 unread; otherwise the body is read up
+       to the limit (chunked bodies too) and 413 the moment it passes it.
+    """
 
     def __init__(self, app: Any, limit: int):
         self.app, self.limit = app, limit
@@ -87,13 +141,27 @@ class BodyLimitMiddleware:
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        route = _route_of(scope)
+        if route is None:
+            return await self.app(scope, receive, send)
+        if id(route) in scope["app"].state.key_routes:
+            svc: Service = scope["app"].state.svc
+            key = _api_key(scope.get("headers") or [])
+            if not key:
+                return await _error(401, "unauthorized", "missing API key: send 'Authorization: "
+                                    "Bearer <key>'")(scope, receive, send)
+            kid = await run_in_threadpool(svc.store.owner_of_hash, auth.hash_key(key))
+            if kid is None:
+                return await _error(401, "unauthorized",
+                                    "unknown or revoked API key")(scope, receive, send)
+            scope["rapt.owner"] = kid
         too_large = _error(413, "payload_too_large",
                            f"request body exceeds the limit max_upload_bytes={self.limit}")
         length = dict(scope.get("headers") or []).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.limit:
             return await too_large(scope, receive, send)
         chunks, size, more = [], 0, True
-        while more:  # buffer (bounded) so chunked bodies are limited too
+        while more:  # bounded buffer, so chunked bodies are limited too
             msg = await receive()
             if msg["type"] == "http.disconnect":
                 return
@@ -112,6 +180,28 @@ class BodyLimitMiddleware:
             return await receive()
 
         await self.app(scope, replay, send)
+
+
+def _route_of(scope: dict) -> Any | None:
+    """The route that fully matches the request (path and method), if any."""
+    for route in scope["app"].router.routes:
+        match, _ = route.matches(scope)
+        if match == Match.FULL:
+            return route
+    return None
+
+
+def _loc(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def default_prompt_loader(folder: Path) -> Any:
+    from rapt.trainer import TunedPrompt
+
+    return TunedPrompt.load(folder)
 
 
 class Service:
@@ -154,13 +244,25 @@ class Service:
         self.store.close()
 
     def prompt(self, row: dict) -> Any:
-        """The loaded prompt for a store row. LRU cache: 256 prompts, of which at most 4 LoRA /
-        full ones (each of those holds a whole copy of the backbone)."""
+        """The loaded prompt for a store row, built on its backbone. LRU cache: 256 prompts, of
+        which at most 4 LoRA / full ones (each of those holds a whole copy of the backbone).
+        Files that are missing or damaged give 503 and nothing is cached, so restoring them
+        is enough."""
         with self._prompt_lock:
             if row["id"] in self._prompts:
                 self._prompts.move_to_end(row["id"])
                 return self._prompts[row["id"]]
-        obj = self.prompt_loader(Path(row["path"]))
+        try:
+            obj = self.prompt_loader(Path(row["path"]))
+            if hasattr(obj, "build"):  # tensors that load but do not fit fail here, not later
+                obj.build(self.backbones[row["backbone"]])
+        except Exception as e:
+            log.warning("prompt %s cannot be loaded from %s: %s: %s", row["id"], row["path"],
+                        type(e).__name__, e)
+            raise ServiceError(503, "prompt_unavailable",
+                               f"prompt '{row['id']}' cannot be loaded: its stored files are "
+                               "missing or damaged (the server log says which). Retry once "
+                               "the operator has restored them, or tune it again") from None
         with self._prompt_lock:
             self._prompts[row["id"]] = obj
             while len(self._prompts) > 256:
@@ -172,20 +274,35 @@ class Service:
                 del self._prompts[k]
         return obj
 
+    def forget_prompt(self, prompt_id: str) -> None:
+        with self._prompt_lock:
+            self._prompts.pop(prompt_id, None)
+
+    def row_limit(self, backbone: str, prompt_tokens: int = 0) -> tuple[int, str]:
+        """The longest row accepted for ``backbone`` under a prompt that takes
+        ``prompt_tokens`` positions, and the words naming that limit in an error."""
+        limit, why = self.limits.max_seq_len, f"max_seq_len={self.limits.max_seq_len}"
+        pos = backbone_positions(self.backbones[backbone])
+        if pos is not None and pos - prompt_tokens < limit:
+            limit = pos - prompt_tokens
+            why = f"{limit} tokens (backbone '{backbone}' has {pos} positions"
+            why += (f", of which the prompt's {prompt_tokens} virtual tokens take "
+                    f"{prompt_tokens})" if prompt_tokens else ")")
+        return limit, why
+
     def check_rows(self, backbone: str, rows: list[list[int]], field: str,
-                   max_rows: int, max_rows_name: str) -> None:
+                   max_rows: int, max_rows_name: str, prompt_tokens: int = 0) -> None:
         """Row count, length and vocabulary checks for token id rows."""
         if len(rows) > max_rows:
             raise ServiceError(422, "limit_exceeded",
                                f"{field} has {len(rows)} rows; the limit is "
                                f"{max_rows_name}={max_rows}")
         vocab = int(self.backbones[backbone].embeddings.shape[0])
-        max_len = self.limits.max_seq_len
+        max_len, why = self.row_limit(backbone, prompt_tokens)
         for i, row in enumerate(rows):
             if len(row) > max_len:
                 raise ServiceError(422, "limit_exceeded",
-                                   f"{field}[{i}] has {len(row)} tokens; the limit is "
-                                   f"max_seq_len={max_len}")
+                                   f"{field}[{i}] has {len(row)} tokens; the limit is {why}")
             if row and (min(row) < 0 or max(row) >= vocab):
                 j = next(j for j, t in enumerate(row) if not 0 <= t < vocab)
                 raise ServiceError(422, "invalid_token_id",
@@ -193,8 +310,8 @@ class Service:
                                    f"'{backbone}' (vocabulary size {vocab})")
 
     def rows_of(self, backbone: str, input_ids: list[list[int]] | None,
-                texts: list[str] | None, max_rows: int, max_rows_name: str
-                ) -> list[list[int]]:
+                texts: list[str] | None, max_rows: int, max_rows_name: str,
+                prompt_tokens: int = 0) -> list[list[int]]:
         """Checked token id rows, tokenizing (privatized) texts with the backbone's tokenizer."""
         field = "input_ids"
         if texts is not None:
@@ -204,7 +321,7 @@ class Service:
             tok = self.backbones[backbone].tokenizer
             input_ids = [list(r) for r in tok(texts, add_special_tokens=True)["input_ids"]]
             field = "texts (tokenized)"
-        self.check_rows(backbone, input_ids, field, max_rows, max_rows_name)
+        self.check_rows(backbone, input_ids, field, max_rows, max_rows_name, prompt_tokens)
         return input_ids
 
     def backbone_name(self, name: str) -> str:
@@ -213,6 +330,13 @@ class Service:
                                f"backbone '{name}' is not loaded here; available: "
                                f"{', '.join(self.backbones)}")
         return name
+
+    def require_backbone(self, kind: str, row: dict) -> None:
+        """503 when a stored object needs a backbone this process did not load."""
+        if row["backbone"] not in self.backbones:
+            raise ServiceError(503, "backbone_unavailable",
+                               f"{kind} '{row['id']}' needs backbone '{row['backbone']}', which "
+                               "this server did not load (start it with --backbone for it)")
 
 
 def job_status(svc: Service, job: dict) -> JobStatus:
@@ -259,7 +383,9 @@ def create_app(config: ServiceConfig, *, backbones: dict[str, Any] | None = None
 
     app = FastAPI(title="rapt provider service", version=__version__, lifespan=lifespan,
                   description="Prompt tuning and inference on privatized data (RAPT).")
-    app.add_middleware(BodyLimitMiddleware, limit=config.limits.max_upload_bytes)
+    # The last added is the outermost: errors -> route, API key, body size -> routes.
+    app.add_middleware(RequestGateMiddleware, limit=config.limits.max_upload_bytes)
+    app.add_middleware(InternalErrorMiddleware)
 
     @app.exception_handler(ServiceError)
     async def _service_error(request: Request, exc: ServiceError) -> JSONResponse:
@@ -280,11 +406,6 @@ def create_app(config: ServiceConfig, *, backbones: dict[str, Any] | None = None
                 parts.append(f"{_loc(tuple(e['loc']))}: {e['msg']}")
         return _error(422, "validation_error", "; ".join(parts))
 
-    @app.exception_handler(Exception)
-    async def _internal(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error on %s", request.url.path)
-        return _error(500, "internal_error", f"{type(exc).__name__}: {exc}")
-
     bearer = HTTPBearer(auto_error=False)
     api_key_header = APIKeyHeader(name="X-API-Key", auto_error=False)
 
@@ -294,14 +415,21 @@ def create_app(config: ServiceConfig, *, backbones: dict[str, Any] | None = None
     def owner(request: Request,
               cred: HTTPAuthorizationCredentials | None = Depends(bearer),
               x_key: str | None = Depends(api_key_header)) -> str:
-        key = x_key or (cred.credentials if cred else None)
-        if not key:
-            raise ServiceError(401, "unauthorized",
-                               "missing API key: send 'Authorization: Bearer <key>'")
-        kid = svc_of(request).store.owner_of_hash(auth.hash_key(key))
-        if kid is None:
-            raise ServiceError(401, "unauthorized", "unknown API key")
+        """The caller's key id, checked by RequestGateMiddleware before the body was read (the
+        security dependencies document the two ways to send the key)."""
+        kid = request.scope.get("rapt.owner")
+        if kid is None:  # not reached through the middleware
+            key = x_key or (cred.credentials if cred else None)
+            kid = svc_of(request).store.owner_of_hash(auth.hash_key(key)) if key else None
+            if kid is None:
+                raise ServiceError(401, "unauthorized", "missing, unknown or revoked API key")
         return kid
+
+    def admin(request: Request, me: str = Depends(owner)) -> str:
+        if not svc_of(request).store.is_admin(me):
+            raise ServiceError(403, "forbidden", "this route is for operator keys (create one "
+                               "with `rapt serve keys add NAME --admin`)")
+        return me
 
     @app.get("/v1/health")
     def health(request: Request) -> dict:
@@ -314,14 +442,16 @@ def create_app(config: ServiceConfig, *, backbones: dict[str, Any] | None = None
                              hidden_size=bb.hidden_size, special_ids=bb.special_ids)
                 for n, bb in svc_of(request).backbones.items()]
 
-    @app.get("/v1/stats")
-    def stats(request: Request, me: str = Depends(owner)) -> dict:
-        """Aggregate micro-batching counters per backbone (no per-user data)."""
+    @app.get("/v1/stats", responses=ERRORS)
+    def stats(request: Request, me: str = Depends(admin)) -> dict:
+        """Micro-batching counters per backbone, over all tenants: operator (admin) keys only."""
         return {n: vars(b.stats) for n, b in svc_of(request).batchers.items()}
 
     @app.post("/v1/datasets", status_code=201, response_model=DatasetInfo, responses=ERRORS)
     def upload_dataset(body: DatasetUpload, request: Request,
                        me: str = Depends(owner)) -> DatasetInfo:
+        """Store a privatized dataset. Per-key quotas: max_datasets_per_key datasets and
+        max_dataset_bytes_per_key bytes (429 quota_exceeded)."""
         svc = svc_of(request)
         name = svc.backbone_name(body.backbone)
         ids = svc.rows_of(name, body.input_ids, body.texts, svc.limits.max_examples,
@@ -333,19 +463,54 @@ def create_app(config: ServiceConfig, *, backbones: dict[str, Any] | None = None
                 raise ServiceError(422, "invalid_token_id",
                                    f"plain_ids[{bad[0]}] = {body.plain_ids[bad[0]]} is not a "
                                    f"token id of backbone '{name}' (vocabulary size {vocab})")
-        did = svc.store.create_dataset(me, name, ids, body.labels, body.num_labels,
-                                       body.privacy.model_dump(), body.plain_ids)
+        try:
+            did = svc.store.create_dataset(
+                me, name, ids, body.labels, body.num_labels, body.privacy.model_dump(),
+                body.plain_ids, max_count=svc.limits.max_datasets_per_key,
+                max_bytes=svc.limits.max_dataset_bytes_per_key)
+        except QuotaError as e:
+            raise ServiceError(429, "quota_exceeded", str(e)) from None
         return DatasetInfo(**svc.store.get_dataset(did, me))
+
+    @app.get("/v1/datasets", response_model=list[DatasetInfo])
+    def list_datasets(request: Request, me: str = Depends(owner)) -> list[DatasetInfo]:
+        """The caller's own datasets only."""
+        return [DatasetInfo(**d) for d in svc_of(request).store.list_datasets(me)]
 
     @app.get("/v1/datasets/{dataset_id}", response_model=DatasetInfo, responses=ERRORS)
     def get_dataset(dataset_id: str, request: Request, me: str = Depends(owner)) -> DatasetInfo:
         row = _owned(svc_of(request), "dataset", dataset_id, me)
         return DatasetInfo(**row)
 
+    @app.delete("/v1/datasets/{dataset_id}", status_code=204, response_class=Response,
+                responses=ERRORS)
+    def delete_dataset(dataset_id: str, request: Request, me: str = Depends(owner)) -> Response:
+        """Erase a dataset's data (409 while a queued or running job uses it). Prompts tuned
+        on it stay until they are deleted themselves."""
+        svc = svc_of(request)
+        _owned(svc, "dataset", dataset_id, me)
+        active = svc.store.delete_dataset(dataset_id, me)
+        if active:
+            raise ServiceError(409, "conflict", f"dataset '{dataset_id}' is in use by job(s) "
+                               f"{', '.join(active)}; cancel them first")
+        return Response(status_code=204)
+
     @app.post("/v1/jobs", status_code=202, response_model=JobStatus, responses=ERRORS)
     def create_job(body: JobCreate, request: Request, me: str = Depends(owner)) -> JobStatus:
         svc = svc_of(request)
         ds = _owned(svc, "dataset", body.dataset_id, me)
+        svc.require_backbone("dataset", ds)
+        used = positions_used(body.method, body.num_virtual_tokens)
+        limit, why = svc.row_limit(ds["backbone"], used)
+        if ds["max_row_len"] > limit:
+            pos = backbone_positions(svc.backbones[ds["backbone"]]) or 0
+            room = pos - ds["max_row_len"]
+            fix = (f"use num_virtual_tokens <= {room}" if used and room >= 1 else
+                   "upload shorter rows")
+            raise ServiceError(422, "limit_exceeded",
+                               f"num_virtual_tokens={body.num_virtual_tokens}: dataset "
+                               f"'{ds['id']}' has rows of up to {ds['max_row_len']} tokens, "
+                               f"more than the limit of {why}; {fix}")
         if body.reconstruction and not ds["plain_ids"]:
             raise ServiceError(422, "validation_error",
                                "reconstruction needs a dataset uploaded with plain_ids")
@@ -396,23 +561,39 @@ def create_app(config: ServiceConfig, *, backbones: dict[str, Any] | None = None
         svc.worker.cancel(job_id)
         return job_status(svc, svc.store.get_job(job_id, me))
 
+    @app.get("/v1/prompts", response_model=list[PromptInfo])
+    def list_prompts(request: Request, me: str = Depends(owner)) -> list[PromptInfo]:
+        """The caller's own prompts only."""
+        return [PromptInfo(**p) for p in svc_of(request).store.list_prompts(me)]
+
     @app.get("/v1/prompts/{prompt_id}", response_model=PromptInfo, responses=ERRORS)
     def get_prompt(prompt_id: str, request: Request, me: str = Depends(owner)) -> PromptInfo:
         row = _owned(svc_of(request), "prompt", prompt_id, me)
         return PromptInfo(**row)
+
+    @app.delete("/v1/prompts/{prompt_id}", status_code=204, response_class=Response,
+                responses=ERRORS)
+    def delete_prompt(prompt_id: str, request: Request, me: str = Depends(owner)) -> Response:
+        """Delete a prompt and its files."""
+        svc = svc_of(request)
+        _owned(svc, "prompt", prompt_id, me)
+        path = svc.store.delete_prompt(prompt_id, me)
+        svc.forget_prompt(prompt_id)
+        root = (svc.store.files / "prompts").resolve()
+        if path and Path(path).resolve().parent == root:  # only ever our own folders
+            shutil.rmtree(path, ignore_errors=True)
+        return Response(status_code=204)
 
     @app.post("/v1/predict", response_model=PredictResponse, responses=ERRORS)
     def predict(body: PredictRequest, request: Request,
                 me: str = Depends(owner)) -> PredictResponse:
         svc = svc_of(request)
         row = _owned(svc, "prompt", body.prompt_id, me)
-        if row["backbone"] not in svc.backbones:
-            raise ServiceError(503, "backbone_unavailable",
-                               f"prompt '{row['id']}' needs backbone '{row['backbone']}', which "
-                               "this server did not load (start it with --backbone for it)")
-        ids = svc.rows_of(row["backbone"], body.input_ids, body.texts,
-                          svc.limits.max_predict_rows, "max_predict_rows")
+        svc.require_backbone("prompt", row)
         prompt = svc.prompt(row)
+        ids = svc.rows_of(row["backbone"], body.input_ids, body.texts,
+                          svc.limits.max_predict_rows, "max_predict_rows",
+                          prompt_tokens=prompt_positions(prompt))
         try:
             fut = svc.batchers[row["backbone"]].submit(prompt, ids)
         except InferenceQueueFullError as e:
@@ -421,10 +602,16 @@ def create_app(config: ServiceConfig, *, backbones: dict[str, Any] | None = None
             probs: torch.Tensor = fut.result(timeout=300)
         except FutureTimeout as e:
             raise ServiceError(503, "timeout", "inference took longer than 300 s") from e
+        except Exception:
+            svc.forget_prompt(row["id"])  # a prompt that failed is loaded afresh next time
+            raise
         probs = probs.float().cpu()
         return PredictResponse(prompt_id=row["id"], labels=probs.argmax(-1).tolist(),
                                probabilities=probs.tolist())
 
+    app.state.key_routes = frozenset(
+        id(r) for r in app.routes if isinstance(r, APIRoute)
+        and any(d.call in (owner, admin) for d in r.dependant.dependencies))
     return app
 
 

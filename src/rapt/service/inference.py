@@ -29,6 +29,36 @@ class InferenceQueueFullError(RuntimeError):
     pass
 
 
+# Encoders whose position ids start after the padding index (RoBERTa's layout).
+_OFFSET_POSITIONS = {"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "data2vec-text",
+                     "longformer", "xmod"}
+
+
+def backbone_positions(backbone: Any) -> int | None:
+    """How many input positions the backbone can embed (None: no known limit)."""
+    cfg = getattr(getattr(backbone, "model", None), "config", None)
+    n = getattr(cfg, "max_position_embeddings", None)
+    if not isinstance(n, int) or n <= 0:
+        return None
+    if getattr(cfg, "model_type", "") in _OFFSET_POSITIONS:
+        n -= int(getattr(cfg, "pad_token_id", 1) or 0) + 1
+    return n
+
+
+def positions_used(method: str, num_virtual_tokens: int) -> int:
+    """Input positions a tuned prompt takes before the row: a soft prompt is prepended to the
+    input; prefix key/values and LoRA/full weights take none (rapt.tuners)."""
+    return int(num_virtual_tokens) if method == "prompt" else 0
+
+
+def prompt_positions(prompt: Any) -> int:
+    """``positions_used`` of a loaded prompt (0 for objects without a tuning config)."""
+    cfg = getattr(prompt, "config", None)
+    if cfg is None:
+        return 0
+    return positions_used(getattr(cfg, "method", ""), getattr(cfg, "num_virtual_tokens", 0))
+
+
 def per_prompt_forward(backbone: Any, items: Sequence[Item]) -> list[torch.Tensor]:
     """One ``predict_proba`` per distinct prompt over all of its rows in the batch."""
     by_prompt: dict[int, list[int]] = collections.defaultdict(list)
@@ -155,19 +185,34 @@ class MicroBatcher:
             batch = self._take_batch()
             if not batch:
                 return
-            try:
-                with torch.inference_mode():
-                    probs = self.forward(self.backbone, [(r.prompt, r.rows) for r in batch])
-            except Exception as e:  # every waiting request gets the error, the loop lives on
-                log.exception("inference batch failed")
-                for r in batch:
-                    r.future.set_exception(e)
-                continue
             s = self.stats
             s.requests += len(batch)
             s.rows += sum(len(r.rows) for r in batch)
             s.batches += 1
             s.max_prompts_in_batch = max(s.max_prompts_in_batch,
                                          len({id(r.prompt) for r in batch}))
+            try:
+                with torch.inference_mode():
+                    probs = self.forward(self.backbone, [(r.prompt, r.rows) for r in batch])
+            except Exception as e:
+                if len(batch) == 1:
+                    batch[0].future.set_exception(e)
+                    continue
+                # One request's failure must not fail the others, nor reach them: run each
+                # alone, so every request gets its own result or its own error.
+                log.warning("a micro-batch of %d requests failed (%s); running them one by one",
+                            len(batch), type(e).__name__)
+                self._one_by_one(batch)
+                continue
             for r, p in zip(batch, probs, strict=True):
+                r.future.set_result(p)
+
+    def _one_by_one(self, batch: list[_Request]) -> None:
+        for r in batch:
+            try:
+                with torch.inference_mode():
+                    p = self.forward(self.backbone, [(r.prompt, r.rows)])[0]
+            except Exception as e:  # reported by the route, with an error id
+                r.future.set_exception(e)
+            else:
                 r.future.set_result(p)

@@ -17,6 +17,8 @@ class Limits:
     max_queued_jobs: int = 16  # jobs waiting for the worker (running ones not counted)
     max_predict_rows: int = 512  # rows per inference request
     max_inference_queue: int = 4096  # rows waiting for the micro-batcher
+    max_datasets_per_key: int = 100  # stored datasets per API key (deleted ones not counted)
+    max_dataset_bytes_per_key: int = 1 << 30  # stored token ids + labels per key, bytes (JSON)
 
 
 @dataclass

@@ -2,11 +2,29 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 TokenIds = list[list[int]]
+
+
+def _valid_unicode(text: str) -> str:
+    """JSON may carry lone UTF-16 surrogates (``"\\ud800"``), which no tokenizer, database or
+    response can encode: refuse them by name."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"contains a lone UTF-16 surrogate (U+{ord(text[e.start]):04X}) at "
+                         f"character {e.start}; send valid Unicode text") from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(_valid_unicode)]
+
+# Every request body: unknown fields refused, no type coercion, floats finite (JSON's
+# Infinity, NaN and 1e999 would otherwise pass range checks such as eta > 0).
+REQUEST = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class ErrorBody(BaseModel):
@@ -19,15 +37,15 @@ class ErrorBody(BaseModel):
 class PrivacyDeclaration(BaseModel):
     """What the client declares it did to the data before sending it (not verifiable here)."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = REQUEST
 
     mechanism: Literal["dchi-text2text", "none"] = Field(
         description="'dchi-text2text' (Feyisetan et al. 2020, RAPT §3.1) or 'none' "
         "(the user explicitly opted out of privatization)")
     eta: float | None = Field(None, gt=0, description="privacy parameter η (smaller = more noise)")
-    embedding: str | None = Field(None, max_length=200,
-                                  description="embedding model the mechanism used")
-    nn_mode: str | None = Field(None, max_length=20, description="nearest-neighbour search mode")
+    embedding: Text | None = Field(None, max_length=200,
+                                   description="embedding model the mechanism used")
+    nn_mode: Text | None = Field(None, max_length=20, description="nearest-neighbour search mode")
 
     @model_validator(mode="after")
     def _eta_iff_mechanism(self) -> PrivacyDeclaration:
@@ -42,12 +60,12 @@ class DatasetUpload(BaseModel):
     """A privatized training set: token ids (specials included) or privatized texts (the
     service tokenizes them), and integer labels."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = REQUEST
 
-    backbone: str = Field(max_length=500, description="name of a backbone this server loaded")
+    backbone: Text = Field(max_length=500, description="name of a backbone this server loaded")
     input_ids: TokenIds | None = Field(None, min_length=1)
-    texts: list[str] | None = Field(None, min_length=1,
-                                    description="privatized texts, instead of input_ids")
+    texts: list[Text] | None = Field(None, min_length=1,
+                                     description="privatized texts, instead of input_ids")
     labels: list[int] = Field(min_length=1)
     num_labels: int = Field(ge=2, le=1000)
     privacy: PrivacyDeclaration
@@ -99,7 +117,7 @@ class DatasetInfo(BaseModel):
 class DPOptions(BaseModel):
     """PromptDPSGD options (rapt.dp.DPConfig); give target_epsilon or noise_multiplier."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = REQUEST
 
     target_epsilon: float | None = Field(None, gt=0, le=1000)
     noise_multiplier: float | None = Field(None, ge=0, le=100)
@@ -119,9 +137,9 @@ class DPOptions(BaseModel):
 class JobCreate(BaseModel):
     """A tuning job over an uploaded dataset; ranges are what the service accepts."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = REQUEST
 
-    dataset_id: str = Field(max_length=64)
+    dataset_id: Text = Field(max_length=64)
     method: Literal["prompt", "prefix", "lora"] = "prompt"
     reconstruction: bool = False
     num_virtual_tokens: int = Field(20, ge=1, le=512)
@@ -174,11 +192,11 @@ class PredictRequest(BaseModel):
     """Privatized queries for one tuned prompt: token ids (specials included, laid out as the
     training rows) or privatized texts."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = REQUEST
 
-    prompt_id: str = Field(max_length=64)
+    prompt_id: Text = Field(max_length=64)
     input_ids: TokenIds | None = Field(None, min_length=1)
-    texts: list[str] | None = Field(None, min_length=1)
+    texts: list[Text] | None = Field(None, min_length=1)
 
     @model_validator(mode="after")
     def _rows(self) -> PredictRequest:

@@ -2,7 +2,8 @@
 
 The job runner is injected (a callable) so tests can swap the trainer; the default calls
 ``rapt.trainer.tune``. Progress and checkpoints go to the store; at startup, jobs that a restart
-interrupted are resumed from their last checkpoint, or marked failed with the reason.
+interrupted are resumed from their last checkpoint, or marked failed with the reason. A job
+that ends (succeeded, failed or cancelled) leaves no checkpoint on disk.
 """
 
 from __future__ import annotations
@@ -153,8 +154,19 @@ class JobWorker:
             if job_id in self._queue:
                 self._queue.remove(job_id)
                 self.store.update_job(job_id, state="cancelled", finished=time.time())
+                self._drop_checkpoint(job_id)  # a job resumed after a restart has one
                 return
             self._cancel.setdefault(job_id, threading.Event()).set()
+
+    def _checkpoint_path(self, job_id: str) -> Path:
+        return self.store.files / "checkpoints" / f"{job_id}.pt"
+
+    def _drop_checkpoint(self, job_id: str) -> None:
+        """Delete a finished job's checkpoint (model and optimizer state of its data)."""
+        path = self._checkpoint_path(job_id)
+        for p in (path, path.with_suffix(".tmp")):
+            p.unlink(missing_ok=True)
+        self.store.update_job(job_id, checkpoint=None)
 
     def live_progress(self, job_id: str) -> dict[str, Any] | None:
         return self._live.get(job_id)
@@ -188,6 +200,7 @@ class JobWorker:
             except Exception as e:
                 store.update_job(job_id, state="failed", finished=time.time(),
                                  error=f"could not read the checkpoint to resume from: {e}")
+                self._drop_checkpoint(job_id)
                 return
         elapsed_before = float(job["elapsed"] or 0.0)
         t0 = time.monotonic()
@@ -211,7 +224,7 @@ class JobWorker:
                 store.update_job(job_id, **rec)
 
         def checkpoint(state: dict) -> None:
-            path = store.files / "checkpoints" / f"{job_id}.pt"
+            path = self._checkpoint_path(job_id)
             tmp = path.with_suffix(".tmp")
             torch.save(state, tmp)
             os.replace(tmp, path)  # atomic: a crash mid-write keeps the previous checkpoint
@@ -238,6 +251,7 @@ class JobWorker:
             store.update_job(job_id, state="failed", finished=time.time(),
                              elapsed=elapsed_before + time.monotonic() - t0,
                              error=f"{type(e).__name__}: {e}")
+            self._drop_checkpoint(job_id)
             return
         finally:
             live = self._live.pop(job_id, None)
@@ -248,6 +262,7 @@ class JobWorker:
         stopped = meta.get("stopped", True) if isinstance(meta, dict) else should_stop()
         if cancel.is_set():
             store.update_job(job_id, state="cancelled", finished=time.time(), elapsed=elapsed)
+            self._drop_checkpoint(job_id)
             return
         if self._shutdown.is_set() and stopped:
             ck = store.get_job(job_id, None)["checkpoint"]
@@ -270,6 +285,4 @@ class JobWorker:
             shutil.rmtree(folder, ignore_errors=True)
             store.update_job(job_id, state="failed", finished=time.time(), elapsed=elapsed,
                              error=f"could not save the tuned prompt: {type(e).__name__}: {e}")
-            return
-        ck = job.get("checkpoint") or str(store.files / "checkpoints" / f"{job_id}.pt")
-        Path(ck).unlink(missing_ok=True)
+        self._drop_checkpoint(job_id)
