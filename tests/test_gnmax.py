@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import mpmath as mp
 import numpy as np
 import pytest
 from scipy.stats import norm
@@ -40,25 +41,84 @@ def test_data_independent_values():
                                [1.0, 5.0])
 
 
-def test_theorem6_hand_computed():
-    """200 unanimous teachers, 3 classes, σ2 = 20 (Flocks' setting): direct float formula."""
-    counts = np.array([200.0, 0.0, 0.0])
-    sigma = 20.0
-    q = math.erfc(5.0)  # 2 × ½ erfc(200 / 40)
-    assert math.exp(log_q_gnmax(counts, sigma)) == pytest.approx(q, rel=1e-9)
-    mu2 = sigma * math.sqrt(-math.log(q))
-    mu1 = mu2 + 1
-    e1, e2 = mu1 / sigma**2, mu2 / sigma**2
-    lam = 10.0
-    a = (1 - q) / (1 - (q * math.exp(e2)) ** ((mu2 - 1) / mu2))
-    b = math.exp(e1) / q ** (1 / (mu1 - 1))
-    expect = math.log((1 - q) * a ** (lam - 1) + q * b ** (lam - 1)) / (lam - 1)
-    got = rdp_data_dependent(log_q_gnmax(counts, sigma), sigma, np.array([lam]))[0]
-    assert got == pytest.approx(expect, rel=1e-4)
-    assert got < 1e-9 < lam / sigma**2  # consensus makes the query nearly free
-    # orders >= μ1 fall back to the data-independent bound
-    big = rdp_data_dependent(math.log(q), sigma, np.array([mu1 + 5]))[0]
-    assert big == pytest.approx((mu1 + 5) / sigma**2)
+def _theorem6_mp(q, s, lam):
+    """Papernot et al. 2018, Theorem 6, evaluated in 60-digit mpmath straight from the paper's
+    statement (not from rapt.gnmax): a mechanism that is (μ, μ/s²)-RDP for all μ, with
+    q̃ >= Pr[M(D) != i*]; Proposition 10's orders μ2 = s·sqrt(log 1/q̃), μ1 = μ2 + 1,
+    ε_i = μ_i / s². Returns (min(bound, λ/s²), whether the data-dependent bound applied)."""
+    with mp.workdps(60):
+        q, s, lam = mp.mpf(q), mp.mpf(s), mp.mpf(lam)
+        indep = lam / s**2
+        mu2 = s * mp.sqrt(mp.log(1 / q))
+        mu1 = mu2 + 1
+        eps1, eps2 = mu1 / s**2, mu2 / s**2
+        applies = (mu2 > 1 and lam < mu1 and q * mp.exp(eps2) < 1
+                   and q <= mp.exp((mu2 - 1) * eps2)
+                   / ((mu1 / (mu1 - 1)) * (mu2 / (mu2 - 1))) ** mu2)
+        if not applies:
+            return float(indep), False
+        a = (1 - q) / (1 - (q * mp.exp(eps2)) ** ((mu2 - 1) / mu2))
+        b = mp.exp(eps1) / q ** (1 / (mu1 - 1))
+        bound = mp.log((1 - q) * a ** (lam - 1) + q * b ** (lam - 1)) / (lam - 1)
+        return float(min(bound, indep)), bool(bound < indep)
+
+
+def _q_gnmax_mp(counts, sigma):
+    """Proposition 7: q̃ = Σ_{i≠i*} ½ erfc((n_i* - n_i) / (2σ)), capped at 1 - 1/C."""
+    with mp.workdps(60):
+        n = [mp.mpf(c) for c in counts]
+        top = max(n)
+        star = n.index(top)
+        q = mp.fsum(mp.erfc((top - x) / (2 * mp.mpf(sigma))) / 2
+                    for i, x in enumerate(n) if i != star)
+        return min(q, 1 - mp.mpf(1) / len(n))
+
+
+GNMAX_CASES = [([30, 10, 5], 4.0), ([200, 0, 0], 20.0), ([50, 20], 6.0), ([12, 2, 1, 0], 2.0),
+               ([40, 25, 5], 3.0)]
+THM6_ORDERS = [1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 50.0]
+
+
+def test_theorem6_against_mpmath():
+    """GNMax's data-dependent RDP vs an independent 60-digit mpmath evaluation of Theorem 6.
+
+    The cases cover bounds from 1e-12 to ~1 and orders on both sides of μ1 (fallback to λ/σ²).
+    Mutations of rapt.gnmax tried by hand, each made this test fail: μ1 = μ2 + 2; exponent
+    (1 - 1/μ2) -> (1 - 1/μ1) in A; ε2 = μ1/σ² instead of μ2/σ²; B's q̃^(1/(μ1-1)) ->
+    q̃^(1/μ1); the (1 - q̃) weight dropped from the first term; orders < μ1 -> orders <= μ1 + 1.
+    """
+    applied = 0
+    for counts, sigma in GNMAX_CASES:
+        c = np.array(counts, dtype=float)
+        q = _q_gnmax_mp(counts, sigma)
+        assert math.exp(log_q_gnmax(c, sigma)) == pytest.approx(float(q), rel=1e-12)
+        got = rdp_data_dependent(log_q_gnmax(c, sigma), sigma, np.array(THM6_ORDERS))
+        for lam, g in zip(THM6_ORDERS, got, strict=True):
+            expect, dd = _theorem6_mp(q, sigma, lam)
+            applied += dd
+            assert g == pytest.approx(expect, rel=1e-10, abs=0), (counts, sigma, lam)
+    assert applied >= 20  # most cases exercise the data-dependent branch, not the fallback
+    # 200 unanimous teachers, σ2 = 20 (Flocks' setting): the query is nearly free
+    assert rdp_data_dependent(log_q_gnmax(np.array([200.0, 0, 0]), 20.0), 20.0,
+                              np.array([10.0]))[0] < 1e-10
+
+
+def test_threshold_theorem6_against_mpmath():
+    """The threshold check: Theorem 6 with q̃ = the less likely of answered / not answered
+    (Pr[answered] = Φ((max n - T) / σ1)) and s = √2 σ1 (sensitivity-1 Gaussian, λ/(2σ1²)).
+    Mutation tried: s = σ1 instead of √2 σ1 in rdp_threshold_data_dependent (fails)."""
+    applied = 0
+    for top, thr, sigma1 in [(30.0, 25.0, 2.0), (190.0, 180.0, 3.0), (20.0, 26.0, 2.0)]:
+        with mp.workdps(60):
+            pa = mp.ncdf((mp.mpf(top) - thr) / sigma1)
+            q = min(pa, 1 - pa)
+        got = rdp_threshold_data_dependent(np.array([top, 0.0]), thr, sigma1,
+                                           np.array(THM6_ORDERS))
+        for lam, g in zip(THM6_ORDERS, got, strict=True):
+            expect, dd = _theorem6_mp(q, math.sqrt(2.0) * sigma1, lam)
+            applied += dd
+            assert g == pytest.approx(expect, rel=1e-10, abs=0), (top, thr, sigma1, lam)
+    assert applied >= 8
 
 
 def test_data_dependent_never_exceeds_independent():
@@ -158,3 +218,40 @@ def test_config_validation():
 def test_vote_counts():
     votes = np.array([[0, 1, -1], [0, 2, 2], [1, 1, 2]])
     np.testing.assert_array_equal(vote_counts(votes, 3), [[2, 1, 0], [0, 2, 1], [0, 0, 2]])
+
+
+def test_unseeded_runs_differ_seeded_runs_repeat():
+    """Privacy noise: OS entropy unless a seed is passed. Ties with σ2 = 1 make every label a
+    coin flip, so two unseeded runs agree on all 200 labels with probability 2^-200."""
+    counts = np.tile([5.0, 5.0], (200, 1))
+    cfg = GNMaxConfig(threshold=0.0, sigma1=1.0, sigma2=1.0)
+    a, b = ConfidentGNMax(cfg), ConfidentGNMax(cfg)
+    assert not a.seeded and not b.seeded
+    ra, rb = a.run(counts), b.run(counts)
+    assert ra.answered.all() and rb.answered.all()
+    assert not np.array_equal(ra.labels, rb.labels)
+    assert not np.array_equal(a.noise.normal((8,)).numpy(), b.noise.normal((8,)).numpy())
+    s1, s2 = ConfidentGNMax(cfg, seed=7), ConfidentGNMax(cfg, seed=7)
+    assert s1.seeded and s2.seeded
+    r1, r2 = s1.run(counts), s2.run(counts)
+    np.testing.assert_array_equal(r1.labels, r2.labels)
+    np.testing.assert_array_equal(r1.answered, r2.answered)
+    assert not np.array_equal(r1.labels, ConfidentGNMax(cfg, seed=8).run(counts).labels)
+
+
+def test_budget_counts_rdp_spent_by_earlier_releases():
+    """spent_rdp: a second release from the same teachers stops once the composition would pass
+    the budget (without it, each release would spend the whole budget on its own)."""
+    counts = np.tile([30.0, 2.0], (20, 1))
+    free = ConfidentGNMax(GNMaxConfig(threshold=0, sigma1=2.0, sigma2=6.0,
+                                      data_dependent=False), seed=0).run(counts)
+    budget = float(free.epsilon_curve[14]) + 1e-9  # exactly 15 queries fit in all
+    cfg = GNMaxConfig(threshold=0, sigma1=2.0, sigma2=6.0, data_dependent=False,
+                      epsilon_budget=budget)
+    first = ConfidentGNMax(cfg, seed=1).run(counts[:10])
+    assert first.queried == 10 and not first.stopped_by_budget
+    second = ConfidentGNMax(cfg, seed=2).run(counts[10:], spent_rdp=first.rdp)
+    assert second.stopped_by_budget and second.queried == 5
+    alone = ConfidentGNMax(cfg, seed=2).run(counts[10:])
+    assert alone.queried == 10  # the per-run budget alone would not have stopped it
+    np.testing.assert_allclose(first.rdp + second.rdp, free.rdp * 15 / 20)  # all answered

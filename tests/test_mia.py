@@ -5,7 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rapt.attacks.mia import mean_roc, prompt_mia, roc_auc, roc_curve, student_mia
+from rapt.attacks.mia import (
+    mean_roc,
+    prompt_mia,
+    roc_auc,
+    roc_curve,
+    student_mia,
+    true_label_scores,
+)
 from rapt.pate import PateInputError, PromptTemplate
 
 TEMPLATE = PromptTemplate("text: {text} label:", (" no", " yes"))
@@ -101,3 +108,29 @@ def test_mia_input_validation():
         prompt_mia(scorer, TEMPLATE, priv, n_prompts=2, shots=1, n_nonmembers=50)
     with pytest.raises(PateInputError):
         student_mia(scorer, TEMPLATE, [], [], priv)
+
+
+def test_true_label_scores_exact():
+    """The attack score is the raw P(true label word) from the prompted model (hand values);
+    normalized=True renormalizes over the label words. Catches reading the wrong column (label
+    index), the wrong row, or calibrating the scores."""
+
+    class Fixed:
+        label_words = [" no", " yes"]
+
+        def __init__(self):
+            self.calls = []
+
+        def label_probs(self, prefix, suffixes):
+            self.calls.append((prefix, list(suffixes)))
+            rows = {"text: a label:": [0.2, 0.6], "text: b label:": [0.3, 0.1]}
+            return np.array([rows[x] for x in suffixes])
+
+    sc = Fixed()
+    demos = [("a", 1, None)]
+    cands = [("a", 1, None), ("b", 0, None), ("b", 1, None)]
+    np.testing.assert_allclose(true_label_scores(sc, TEMPLATE, demos, cands), [0.6, 0.3, 0.1])
+    assert sc.calls[0] == ("text: a label: yes\n\n",
+                           ["text: a label:", "text: b label:", "text: b label:"])
+    np.testing.assert_allclose(true_label_scores(sc, TEMPLATE, demos, cands, normalized=True),
+                               [0.75, 0.75, 0.25])

@@ -9,6 +9,16 @@
    best on a held-out part of the released pairs is the private prompt. Private data is never
    used for selection.
 
+Randomness. Data splits (the teacher partition, student candidate picks) take ``seed`` (default
+0: they need no secrecy, the analysis holds for any fixed partition). The GNMax vote noise is the
+privacy noise: it comes from the OS CSPRNG unless ``noise_seed`` is passed, and a run with a
+noise seed is marked ``seeded: true`` (whoever knows the seed knows the noise: no guarantee).
+
+Reports (:func:`pate_experiment`) keep two sections apart: ``private_release`` (student prompts,
+released-label counts, ε composed over every release from the same teachers, δ, ``seeded``) and
+``diagnostics_not_private`` (ε = ∞: per-query ε curves, consensus, teacher indices, baselines,
+test accuracies), which reads the private votes and data directly and must not be published.
+
 Everything here works on in-memory examples and a :class:`rapt.llm.LabelScorer`; no I/O.
 """
 
@@ -18,8 +28,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+from opacus.accountants.analysis.rdp import get_privacy_spent
 
-from rapt.gnmax import ConfidentGNMax, GNMaxConfig, GNMaxResult, vote_counts
+from rapt.gnmax import (
+    ConfidentGNMax,
+    GNMaxConfig,
+    GNMaxResult,
+    rdp_data_independent_gnmax,
+    rdp_data_independent_threshold,
+    vote_counts,
+)
 from rapt.llm import LabelScorer, normalize
 
 
@@ -199,11 +217,71 @@ def select_student(scorer: LabelScorer, template: PromptTemplate, released: Sequ
                          val_size=len(val), candidate_val_accuracies=accs)
 
 
+# -- accounting over releases --------------------------------------------------------------
+
+PRIVATE_RELEASE_NOTE = (
+    "Covered by (ε, δ)-DP for the private examples in the teacher prompts: the student prompts "
+    "and released labels are post-processing of the Confident-GNMax outputs. 'epsilon' is the "
+    "data-dependent bound (Papernot et al. 2018, Thm. 6) composed over every release from the "
+    "same teachers; it is computed from the private votes, so publishing that number is itself "
+    "NOT differentially private (a smooth-sensitivity release is future work, not implemented). "
+    "'epsilon_data_independent' depends only on σ1, σ2, δ and the numbers of queries processed "
+    "and answered, and may be published. Under a budget stop with data-dependent accounting the "
+    "stopping point depends on the private votes as well.")
+DIAGNOSTICS_NOTE = (
+    "NOT covered by ε (ε = ∞): per-query ε curves, consensus statistics, teacher indices, "
+    "baselines and test accuracies are computed directly from the private votes, the private "
+    "examples or labelled test data. For analysis only; never publish next to the release.")
+SEEDED_WARNING = (
+    "warning: the GNMax vote noise is seeded: whoever knows the seed knows the noise, so this run "
+    "gives NO differential-privacy guarantee (report marked seeded: true). Use a noise seed only "
+    "for tests and benchmarks; omit it to draw the noise from OS entropy.")
+
+
+def epsilon_from_rdp(rdp: np.ndarray, orders: np.ndarray, delta: float) -> tuple[float, float]:
+    """(ε, order) at δ from an RDP vector (opacus' conversion); (0, orders[0]) when nothing was
+    spent (no query processed: no privacy loss)."""
+    rdp = np.asarray(rdp, dtype=np.float64)
+    if not np.any(rdp > 0):
+        return 0.0, float(orders[0])
+    eps, order = get_privacy_spent(orders=np.asarray(orders), rdp=rdp, delta=delta)
+    return float(eps), float(order)
+
+
+def compose_epsilon(rdps: Sequence[np.ndarray], orders: np.ndarray, delta: float
+                    ) -> tuple[float, float]:
+    """ε of several releases from the same teachers (the same private data): RDP composes by
+    summing the vectors order by order; the sum is converted to (ε, δ) once."""
+    if len(rdps) == 0:
+        return 0.0, float(orders[0])
+    return epsilon_from_rdp(np.sum(np.stack([np.asarray(r, np.float64) for r in rdps]), axis=0),
+                            orders, delta)
+
+
+def rdp_data_independent_release(config: GNMaxConfig, queried: int, answered: int
+                                 ) -> np.ndarray:
+    """Data-independent RDP of one Confident-GNMax release: the threshold check on each processed
+    query (λ/(2σ1²)) plus GNMax on each answered one (λ/σ2²). Whether a query was answered is
+    part of the output, so charging GNMax only there is ordinary adaptive composition; nothing
+    else here depends on the votes."""
+    return (queried * rdp_data_independent_threshold(config.sigma1, config.orders)
+            + answered * rdp_data_independent_gnmax(config.sigma2, config.orders))
+
+
+def release_noise_seeds(noise_seed: int | None, n: int) -> list[int | None]:
+    """One noise seed per release: None each (OS entropy) or n independent streams derived from
+    ``noise_seed`` (two releases must never share noise)."""
+    if noise_seed is None:
+        return [None] * n
+    return [int(s.generate_state(1, np.uint64)[0] >> np.uint64(1))
+            for s in np.random.SeedSequence(noise_seed).spawn(n)]
+
+
 # -- the whole pipeline --------------------------------------------------------------------
 
 @dataclass
 class PateRun:
-    """Outcome of one PromptPATE labelling + student selection."""
+    """Outcome of one PromptPATE labelling + student selection (one release)."""
 
     teachers: list[list[int]]
     votes: np.ndarray  # (E, Q)
@@ -212,17 +290,45 @@ class PateRun:
     released: list[Demo]
     student: StudentResult | None
     consensus: np.ndarray  # (Q,) fraction of teachers voting for the plurality label
+    config: GNMaxConfig
+    seeded: bool  # the GNMax noise came from a caller's seed: no privacy guarantee
 
-    def summary(self) -> dict:
+    @property
+    def rdp_data_independent(self) -> np.ndarray:
+        return rdp_data_independent_release(self.config, self.gnmax.queried,
+                                            int(self.gnmax.answered.sum()))
+
+    @property
+    def epsilon_data_independent(self) -> float:
+        return epsilon_from_rdp(self.rdp_data_independent, self.config.orders,
+                                self.config.delta)[0]
+
+    def release(self, template: PromptTemplate | None = None) -> dict:
+        """What may leave the curator (see PRIVATE_RELEASE_NOTE). No ε here: a release's ε is
+        reported only composed with every other release from the same teachers."""
+        g, s = self.gnmax, self.student
+        return {
+            "student_prompt": template.prefix(s.demos) if s and template else None,
+            "student_demos": [list(d) for d in s.demos] if s else None,
+            "released_labels": len(self.released), "queried": g.queried,
+            "stopped_by_budget": g.stopped_by_budget,
+            "student_val_accuracy": s.val_accuracy if s else None,  # on released pairs
+            "seeded": self.seeded,
+        }
+
+    def diagnostics(self) -> dict:
+        """ε = ∞: read straight from the private votes (see DIAGNOSTICS_NOTE). The ε of this
+        release alone is here too: it understates the cost when other releases share teachers."""
         g = self.gnmax
         return {
-            "teachers": len(self.teachers), "queries": int(self.counts.shape[0]),
-            "queried": g.queried, "answered": int(g.answered.sum()),
-            "released": len(self.released), "epsilon": g.epsilon, "order": g.order,
-            "stopped_by_budget": g.stopped_by_budget,
+            "epsilon_alone": g.epsilon,
+            "epsilon_data_independent_alone": self.epsilon_data_independent,
+            "epsilon_curve": g.epsilon_curve.tolist(), "order": g.order,
+            "answered": int(g.answered.sum()),
             "mean_consensus": float(self.consensus.mean()) if len(self.consensus) else None,
-            "student_val_accuracy": self.student.val_accuracy if self.student else None,
-            "student_demos": [list(d) for d in self.student.demos] if self.student else None,
+            "consensus": self.consensus.tolist(),
+            "candidate_val_accuracies": self.student.candidate_val_accuracies
+            if self.student else None,
         }
 
 
@@ -245,11 +351,15 @@ def run_pate(scorer: LabelScorer, template: PromptTemplate, private: Sequence[De
              public: Sequence[tuple[str, str | None]], gnmax: GNMaxConfig, *, n_teachers: int,
              shots: int = 1, calibrated: bool = True, student_shots: int = 1,
              n_candidates: int = 10, val_fraction: float = 0.5, max_val: int | None = None,
-             seed: int = 0, progress: Progress | None = None,
+             seed: int = 0, noise_seed: int | None = None,
+             spent_rdp: np.ndarray | None = None, progress: Progress | None = None,
              votes: np.ndarray | None = None) -> PateRun:
     """Teachers vote on ``public``; Confident-GNMax labels; a student prompt is selected.
 
-    ``votes`` (E, Q) can be passed to reuse teacher votes (e.g. several noise seeds).
+    ``seed`` drives the data splits only (teacher partition, student candidates). The GNMax
+    noise comes from OS entropy unless ``noise_seed`` is given (then the run is ``seeded``).
+    ``spent_rdp``: RDP already spent by earlier releases from the same teachers, so a budget
+    stop applies to the composition. ``votes`` (E, Q) can be passed to reuse teacher votes.
     """
     validate_inputs(len(private), n_teachers, shots, len(public), scorer, template)
     teachers = make_teachers(len(private), n_teachers, shots, seed)
@@ -260,7 +370,8 @@ def run_pate(scorer: LabelScorer, template: PromptTemplate, private: Sequence[De
     c = len(template.label_words)
     counts = vote_counts(votes, c)
     consensus = counts.max(axis=1) / max(1, votes.shape[0])
-    res = ConfidentGNMax(gnmax, seed=seed).run(counts)
+    agg = ConfidentGNMax(gnmax, seed=noise_seed)
+    res = agg.run(counts, spent_rdp=spent_rdp)
     released = [(public[i][0], int(res.labels[i]), public[i][1])
                 for i in range(len(public)) if res.labels[i] >= 0]
     student = None
@@ -270,7 +381,7 @@ def run_pate(scorer: LabelScorer, template: PromptTemplate, private: Sequence[De
                                  max_val=max_val, calibrated=calibrated, seed=seed,
                                  progress=progress)
     return PateRun(teachers=teachers, votes=votes, counts=counts, gnmax=res, released=released,
-                   student=student, consensus=consensus)
+                   student=student, consensus=consensus, config=gnmax, seeded=agg.seeded)
 
 
 @dataclass
@@ -286,40 +397,51 @@ def pate_experiment(scorer: LabelScorer, template: PromptTemplate, private: Sequ
                     test: Sequence[Demo], publics: Sequence[PublicSet], gnmax: GNMaxConfig, *,
                     n_teachers: int, shots: int = 1, calibrated: bool = True,
                     student_shots: int = 1, n_candidates: int = 10, val_fraction: float = 0.5,
-                    max_val: int | None = None, seed: int = 0, baselines: bool = True,
-                    top_token_only: bool = False, progress: Progress | None = None) -> dict:
+                    max_val: int | None = None, seed: int = 0, noise_seed: int | None = None,
+                    baselines: bool = True, top_token_only: bool = False,
+                    progress: Progress | None = None) -> dict:
     """One row of Flocks Table 2: zero-shot, ensemble accuracy (ε=∞), best single private
-    prompt (ε=∞) and, per public set, PromptPATE's ε and student test accuracy.
+    prompt (ε=∞) and, per public set, PromptPATE's student prompt and its test accuracy.
 
-    The ensemble accuracy and the choice of the best private prompt use the true labels of the
-    first labelled public set (an IID sample disjoint from teachers and test); the privately
-    labelled pipeline never sees them. ``top_token_only``: teachers vote with the top next token
-    only (see :func:`teacher_votes`); students and baselines still read label probabilities.
+    Every public set is one release from the same teachers, so the reported ε composes all of
+    them (and ``gnmax.epsilon_budget`` caps the composition). The report has two sections:
+    ``private_release`` and ``diagnostics_not_private`` (see the module docstring). The ensemble
+    accuracy and the choice of the best private prompt use the true labels of the first labelled
+    public set (an IID sample disjoint from teachers and test); the privately labelled pipeline
+    never sees them. ``top_token_only``: teachers vote with the top next token only (see
+    :func:`teacher_votes`); students and baselines still read label probabilities.
     """
     for pub in publics:
         validate_inputs(len(private), n_teachers, shots, len(pub.inputs), scorer, template)
     if not test:
         raise PateInputError("the test set is empty")
     y_test = np.array([y for _, y, _ in test])
-    out: dict = {"teachers": n_teachers, "shots": shots, "test_size": len(test), "runs": {}}
     test_inputs = [(t, p) for t, _, p in test]
+    diag: dict = {"note": DIAGNOSTICS_NOTE, "epsilon": "infinite", "runs": {}}
+    students: dict = {}
     if baselines:
-        out["zero_shot_acc"] = accuracy(scorer, template, [], test, calibrated=calibrated)
+        diag["zero_shot_acc"] = accuracy(scorer, template, [], test, calibrated=calibrated)
         if progress:
             progress(len(test) + int(calibrated))
     teachers = make_teachers(len(private), n_teachers, shots, seed)
-    out["teacher_indices"] = teachers  # indices into ``private`` (for the MIA on the student)
+    diag["teacher_indices"] = teachers  # indices into ``private`` (for the MIA on the student)
     demos = [[private[i] for i in t] for t in teachers]
-    for pub in publics:
+    spent = np.zeros(len(gnmax.orders))
+    rdps, rdps_indep, seeded = [], [], False
+    for pub, nseed in zip(publics, release_noise_seeds(noise_seed, len(publics)), strict=True):
         votes, _ = teacher_votes(scorer, template, demos, pub.inputs, calibrated=calibrated,
                                  top_token_only=top_token_only, progress=progress)
         run = run_pate(scorer, template, private, pub.inputs, gnmax, n_teachers=n_teachers,
                        shots=shots, calibrated=calibrated, student_shots=student_shots,
                        n_candidates=n_candidates, val_fraction=val_fraction, max_val=max_val,
-                       seed=seed, progress=progress, votes=votes)
-        row = run.summary()
-        row["public"] = pub.name
-        row["epsilon_curve"] = run.gnmax.epsilon_curve.tolist()
+                       seed=seed, noise_seed=nseed, spent_rdp=spent, progress=progress,
+                       votes=votes)
+        spent = spent + run.gnmax.rdp
+        rdps.append(run.gnmax.rdp)
+        rdps_indep.append(run.rdp_data_independent)
+        seeded = seeded or run.seeded
+        students[pub.name] = {"public": pub.name, **run.release(template)}
+        row = {"public": pub.name, **run.diagnostics()}
         if pub.labels is not None:
             y = np.array(pub.labels)
             row["ensemble_acc_on_public"] = float(np.mean(run.counts.argmax(axis=1) == y))
@@ -328,12 +450,12 @@ def pate_experiment(scorer: LabelScorer, template: PromptTemplate, private: Sequ
                 if rel.any() else None
             row["consensus_correct"] = float(np.mean(
                 run.counts[np.arange(len(y)), y] / n_teachers))
-            if baselines and "best_private" not in out:
-                out["ensemble_acc"] = row["ensemble_acc_on_public"]
+            if baselines and "best_private" not in diag:
+                diag["ensemble_acc"] = row["ensemble_acc_on_public"]
                 teacher_acc = (votes == y[None, :]).mean(axis=1)
                 best = int(np.argmax(teacher_acc))
-                out["mean_teacher_acc_on_public"] = float(teacher_acc.mean())
-                out["best_private"] = {
+                diag["mean_teacher_acc_on_public"] = float(teacher_acc.mean())
+                diag["best_private"] = {
                     "teacher": best, "public_acc": float(teacher_acc[best]),
                     "test_acc": accuracy(scorer, template, demos[best], test,
                                          calibrated=calibrated)}
@@ -347,5 +469,20 @@ def pate_experiment(scorer: LabelScorer, template: PromptTemplate, private: Sequ
                 progress(len(test) + int(calibrated))
         else:
             row["student_test_acc"] = None
-        out["runs"][pub.name] = row
-    return out
+        diag["runs"][pub.name] = row
+    eps, order = compose_epsilon(rdps, gnmax.orders, gnmax.delta)
+    eps_indep, _ = compose_epsilon(rdps_indep, gnmax.orders, gnmax.delta)
+    diag["composed_order"] = order
+    private_release = {
+        "note": PRIVATE_RELEASE_NOTE,
+        "releases_composed": len(rdps), "teachers": n_teachers,
+        "epsilon": eps,
+        "accounting": "data-dependent" if gnmax.data_dependent else "data-independent",
+        "epsilon_data_independent": eps_indep, "delta": gnmax.delta,
+        "epsilon_budget": gnmax.epsilon_budget, "seeded": seeded,
+        "students": students,
+    }
+    if seeded:
+        private_release["warning"] = SEEDED_WARNING
+    return {"teachers": n_teachers, "shots": shots, "test_size": len(test), "seeded": seeded,
+            "private_release": private_release, "diagnostics_not_private": diag}

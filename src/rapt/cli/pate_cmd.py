@@ -139,18 +139,25 @@ def pate(
     no_calibration: bool = typer.Option(False, help="skip contextual calibration"),
     top_token_only: bool = typer.Option(False, help="teachers vote with the top next token only"),
     no_baselines: bool = typer.Option(False, help="skip zero-shot / ensemble / best-private"),
-    seed: int = typer.Option(0),
+    seed: int = typer.Option(0, help="data splits only: public/test picks, teacher partition, "
+                                     "student candidates (not the GNMax noise)"),
+    noise_seed: int | None = typer.Option(
+        None, help="seed the GNMax vote noise: repeatable but NOT private (report marked "
+                   "seeded: true); default: OS entropy"),
     out: Path | None = typer.Option(None, help="write the JSON report here (default stdout)"),
 ) -> None:
     """PromptPATE: teachers vote on public inputs, Confident-GNMax labels them, a student prompt
-    is selected; reports ε at δ and test accuracies next to the Flocks Table 2 baselines."""
+    is selected. The report keeps the private release (student prompts, ε composed over every
+    release from the same teachers, δ) apart from diagnostics that are not covered by ε."""
     from tqdm import tqdm
 
     from rapt.gnmax import GNMaxConfig
-    from rapt.pate import PateInputError, pate_experiment, validate_inputs
+    from rapt.pate import SEEDED_WARNING, PateInputError, pate_experiment, validate_inputs
 
     if queries < 1 and public != "none":
         _fail("--queries must be >= 1: the public set is empty")
+    if noise_seed is not None:
+        typer.echo(SEEDED_WARNING, err=True)
     data = load_task(task, n_public=queries, test_size=test_size, public=public,
                      max_words=max_words, seed=seed)
     t = _template(task, template, label_words, len(data["label_names"]))
@@ -173,14 +180,33 @@ def pate(
         res = pate_experiment(scorer, t, data["private"], data["test"], data["publics"], cfg,
                               n_teachers=teachers, shots=shots, calibrated=not no_calibration,
                               n_candidates=candidates, max_val=max_val, seed=seed,
-                              baselines=not no_baselines, top_token_only=top_token_only,
-                              progress=bar.update)
+                              noise_seed=noise_seed, baselines=not no_baselines,
+                              top_token_only=top_token_only, progress=bar.update)
     res.update({"task": task, "backbone": backbone, "delta": delta, "threshold": cfg.threshold,
                 "sigma1": cfg.sigma1, "sigma2": cfg.sigma2, "budget": budget,
                 "data_dependent_epsilon": cfg.data_dependent, "private_pool": len(data["private"]),
-                "top_token_only": top_token_only,
+                "top_token_only": top_token_only, "seed": seed, "noise_seed": noise_seed,
                 "label_words": list(t.label_words), "command": " ".join(sys.argv)})
     _write(res, out)
+    typer.echo(epsilon_summary(res["private_release"]), err=True)
+
+
+def epsilon_summary(rel: dict) -> str:
+    """The privacy lines printed after `rapt pate` (stderr)."""
+    n = rel["releases_composed"]
+    lines = [
+        f"PromptPATE: {n} release{'s' if n != 1 else ''} from the same {rel['teachers']} "
+        f"teachers, composed, at δ = {rel['delta']:g}:",
+        f"  ε (data-dependent)   = {rel['epsilon']:.4g}  -- computed from the private votes: "
+        "publishing this number is itself not private (smooth sensitivity not implemented)",
+        f"  ε (data-independent) = {rel['epsilon_data_independent']:.4g}  -- depends only on "
+        "σ1, σ2 and the numbers of queries processed and answered",
+        "  'diagnostics_not_private' (ε curves, consensus, teacher indices, baselines) is not "
+        "covered by ε.",
+    ]
+    if rel["seeded"]:
+        lines.append("  SEEDED noise: this run gives no privacy guarantee.")
+    return "\n".join(lines)
 
 
 @app.command()
