@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from _tiny import TOY_WORDS, make_bert, make_llama, make_tokenizer
@@ -26,8 +28,8 @@ def bb(request, tok):
     return _bert(tok) if request.param == "bert" else _llama(tok)
 
 
-def _toy(n: int = 48):
-    g = torch.Generator().manual_seed(0)
+def _toy(n: int = 48, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
     texts, labels = [], []
     for i in range(n):
         y = i % 2
@@ -39,19 +41,52 @@ def _toy(n: int = 48):
 
 
 LR = {"prompt": 3e-2, "prefix": 3e-2, "lora": 1e-2, "full": 3e-3}
+# Enough to separate the toy set with every method on both tiny backbones.
+LEARN_LR = {"prompt": 5e-2, "prefix": 3e-2, "lora": 3e-2, "full": 3e-3}
+
+
+def _accuracy(pred: list[int], gold: list[int]) -> float:
+    return sum(int(a == b) for a, b in zip(pred, gold, strict=True)) / len(gold)
 
 
 @pytest.mark.parametrize("method", METHODS)
 def test_loss_decreases(bb, method):
+    """Each method learns the separable toy task (held-out accuracy ≥ 0.9) and, as a negative
+    control, stays at chance when the labels carry no information about the text.
+
+    Control: every training text appears once with label 0 and once with label 1, so no model
+    can beat cross-entropy log 2 on it (−½(log p + log(1 − p)) ≥ log 2 for each text) and the
+    learned probabilities must stay near ½.
+
+    Mutations tried (each made this test fail): ``opt.step()`` removed from the trainer (accuracy
+    ≈ 0.5); the trainer training on ``labels[::-1]`` (rows and labels misaligned: accuracy
+    ≈ 0); the trainer ignoring ``labels`` and using ``[i % 2 for i in range(N)]`` (the toy
+    pattern: the positive check passes, the control learns the sentiment and fails).
+    """
     texts, labels = _toy()
+    test_texts, test_labels = _toy(40, seed=1)
     rows = build_rows(bb.tokenizer, texts, 32)
-    cfg = TuneConfig(method=method, num_virtual_tokens=4, lr=LR[method], epochs=6,
+    test_rows = build_rows(bb.tokenizer, test_texts, 32)
+    cfg = TuneConfig(method=method, num_virtual_tokens=4, lr=LEARN_LR[method], epochs=8,
                      batch_size=16, warmup_ratio=0.0)
     out = tune(bb, rows, labels, 2, cfg)
     h = out.meta["history"]
     first = sum(r["loss"] for r in h[:3]) / 3
     last = sum(r["loss"] for r in h[-3:]) / 3
     assert last < first - 0.02, (first, last)
+    acc = _accuracy(out.predict(bb, test_rows), test_labels)
+    assert acc >= 0.9, acc
+
+    # Negative control: the same texts, each with both labels.
+    half = texts[:24]
+    ctrl = tune(bb, build_rows(bb.tokenizer, half + half, 32), [0] * 24 + [1] * 24, 2, cfg)
+    probs = ctrl.predict_proba(bb, test_rows)
+    ctrl_acc = _accuracy(probs.argmax(-1).tolist(), test_labels)
+    assert ctrl_acc < 0.8, ctrl_acc  # no sentiment learned from label noise
+    assert float((probs[:, 1] - 0.5).abs().max()) < 0.2, probs  # ≈ chance confidence
+    p_train = ctrl.predict_proba(bb, build_rows(bb.tokenizer, half + half, 32))
+    ce = -p_train[torch.arange(48), torch.tensor([0] * 24 + [1] * 24)].log().mean()
+    assert math.log(2) - 1e-4 <= float(ce) < math.log(2) + 0.05, float(ce)
 
 
 def test_reconstruction_learns_plain_tokens_and_is_discarded(bb):
@@ -103,14 +138,40 @@ def test_repeatable_and_save_load_identical_predictions(bb, method, tmp_path):
 
 
 def test_verbalizer_for_causal(tok):
+    """Verbalizer logits are the LM head's logits of the label words at the last position.
+
+    Oracle: the tiny Llama's own ``forward(inputs_embeds=[prompt; embeddings])`` (LM head and
+    all), row by row without padding, read at the label words' vocabulary ids. Swapping the
+    label words must swap the probability columns.
+
+    Mutations tried (each made this test fail): ``Verbalizer`` reading ``head.weight[:C]``
+    (the first C vocabulary rows) instead of the label ids; pooling ``"mean"`` instead of
+    ``"last"``; ``label_token_ids`` returning the ids sorted (order of the words lost).
+    """
+    from dataclasses import replace
+
     bb = _llama(tok)
     texts, labels = _toy(24)
     rows = build_rows(tok, texts, 32)
+    words = ["bad", "good"]
     cfg = TuneConfig(method="prompt", num_virtual_tokens=3, lr=3e-2, epochs=3, batch_size=8,
-                     label_words=["bad", "good"])
+                     label_words=words)
     out = tune(bb, rows, labels, 2, cfg)
     assert not any(k.startswith("head.") for k in out.tensors)  # the LM head is borrowed
-    assert out.predict_proba(bb, rows).shape == (24, 2)
+    probs = out.predict_proba(bb, rows)
+    assert probs.shape == (24, 2)
+    word_ids = tok.convert_tokens_to_ids(words)
+    prompt = out.tensors["tuner.prompt"]
+    with torch.no_grad():
+        for i in (0, 1, 5, 10):
+            embeds = bb.model.get_input_embeddings()(torch.tensor([rows[i]]))
+            lm = bb.model(inputs_embeds=torch.cat([prompt[None], embeds], 1)).logits[0, -1]
+            torch.testing.assert_close(probs[i], lm[word_ids].softmax(-1))
+            # the degenerate answers differ: other vocabulary columns, or a uniform split
+            assert not torch.allclose(probs[i], lm[:2].softmax(-1), atol=1e-4)
+            assert abs(float(probs[i, 0]) - 0.5) > 1e-4
+    swapped = TunedPrompt(replace(out.config, label_words=words[::-1]), out.tensors, out.meta)
+    torch.testing.assert_close(swapped.predict_proba(bb, rows), probs.flip(-1))
     with pytest.raises(ValueError, match="first token"):
         tune(bb, rows, labels, 2, TuneConfig(label_words=["good", "good"]))
 
