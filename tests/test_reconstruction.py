@@ -61,7 +61,7 @@ def test_privatize_rows_keeps_specials_and_layout(tok):
                       sample_plain_tokens(tok, 4, seed=0))
     special = tok.all_special_ids
     strong = Privatizer(emb, 0.5, special_ids=special, seed=0)
-    out = privatize_rows(rows, strong, torch.Generator().manual_seed(0))
+    out = privatize_rows(rows, strong, NoiseSource(0))
     assert [len(r) for r in out] == [len(r) for r in rows]
     for r, o in zip(rows, out, strict=True):
         assert o[0] == r[0] == tok.cls_token_id and o[-1] == r[-1] == tok.sep_token_id
@@ -130,3 +130,22 @@ def test_loss_values_against_hand_computed_cross_entropy():
                                                                             rel=1e-12)
     # The degenerate answer is far off: a loss of 0 (or log |T|) is not what eq. 7 gives here.
     assert sum(by_hand) > 0.5 and abs(sum(by_hand) / 2 - math.log(3)) > 0.1
+
+
+@pytest.mark.xfail(strict=True, reason="plain_offset probes with the text 'a'; when 'a' is not "
+                   "in the vocabulary it tokenizes to [UNK], which is a special token, so the "
+                   "offset counts [CLS] [UNK] [SEP] = 3 and k lands inside the text")
+def test_plain_offset_without_the_probe_word(tmp_path):
+    """Plain tokens go right after [CLS] whatever the vocabulary (found while checking
+    attribute features by hand: with a vocabulary lacking "a", build_rows put k after the
+    first two text tokens). Negative control: the same vocabulary plus "a" gives 1."""
+    from rapt.reconstruction import plain_offset
+
+    (tmp_path / "with_a").mkdir()
+    assert plain_offset(make_tokenizer(tmp_path / "with_a", ["good", "movie", "a"])) == 1
+    tok = make_tokenizer(tmp_path, ["good", "movie"])
+    k = tok.convert_tokens_to_ids(["movie"])
+    rows = build_rows(tok, ["good movie"], 16, k)
+    assert plain_offset(tok) == 1
+    assert rows[0] == [tok.cls_token_id, *k, *tok.convert_tokens_to_ids(["good", "movie"]),
+                       tok.sep_token_id]
