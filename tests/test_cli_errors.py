@@ -1,0 +1,142 @@
+"""User errors on `rapt tune`, `rapt predict` and `rapt attack attribute` with a tiny saved model:
+each exits with status 2 and one `error:` line that names the problem (file, column, line,
+label, folder), never a traceback.
+
+Mutations tried (each made the parametrized test fail on the cases it covers):
+``tune_cmd._load_data`` catching ``FileNotFoundError`` only (DataError escapes: traceback,
+exit 1 for bad file / column / label); ``tune_cmd._load_backbone`` not catching
+``BackboneNotFoundError`` (exit 1 for the missing model folder); ``_app.fail`` exiting with
+status 1; ``predict`` not catching ``ArtifactError``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from _tiny import TOY_WORDS, make_bert, make_tokenizer, save_backbone
+from typer.testing import CliRunner
+
+from rapt.cli import app
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    """A tiny BERT folder, a few small data files and a prompt tuned on them by `rapt tune`."""
+    tmp = tmp_path_factory.mktemp("cli_errors")
+    tok = make_tokenizer(tmp, TOY_WORDS)
+    files = {
+        "bb": save_backbone(make_bert(tok), tmp / "bb"),
+        "missing": tmp / "no_such.csv",
+        "nomodel": tmp / "no_model_here",
+        "noart": tmp / "no_artifact_here",
+        "art": tmp / "artifact",
+    }
+    contents = {
+        "good": "text,label\ngood film,pos\nbad film,neg\nfun plot,pos\nboring plot,neg\n",
+        "nolabel": "text,label\ngood film,pos\nbad film,\n",  # line 3: empty label
+        "unknown": "text,label\ngood film,pos\nfun film,maybe\n",  # a label the prompt lacks
+        "onlypos": "text,label\ngood film,pos\nfun film,pos\ngreat plot,pos\n",
+        "attr": "text,gender\ngood film,0\nbad film,1\nfun plot,0\nboring plot,1\n",
+        "attrbad": "text,gender\ngood film,0\nbad film,\n",
+    }
+    for name, text in contents.items():
+        files[name] = tmp / f"{name}.csv"
+        files[name].write_text(text)
+    r = CliRunner().invoke(app, ["tune", str(files["good"]), "--out", str(files["art"]),
+                                 "--backbone", str(files["bb"]), "--epochs", "1",
+                                 "--no-reconstruction", "--num-virtual-tokens", "2"])
+    assert r.exit_code == 0, r.output  # positive control: the valid call works
+    return files
+
+
+def _run(env, argv):
+    return CliRunner().invoke(app, [str(env.get(a, a)) if isinstance(a, str) else str(a)
+                                    for a in argv])
+
+
+B = ["--backbone", "bb"]
+CASES = {
+    # name: (argv with env keys for paths, substrings the error line must hold)
+    "tune bad file": (["tune", "missing", "--out", "out", *B], ["no_such.csv", "no such file"]),
+    "tune bad text column": (["tune", "good", "--out", "out", *B, "--text-column", "review"],
+                             ["good.csv", "missing column 'review'"]),
+    "tune bad label column": (["tune", "good", "--out", "out", *B, "--label-column", "stars"],
+                              ["good.csv", "missing column 'stars'"]),
+    "tune bad label": (["tune", "nolabel", "--out", "out", *B],
+                       ["nolabel.csv", "line 3", "empty label"]),
+    "tune missing model folder": (["tune", "good", "--out", "out", "--backbone", "nomodel"],
+                                  ["no_model_here", "cannot load backbone"]),
+    "predict missing artifact": (["predict", "noart", "good"], ["no_artifact_here", "missing"]),
+    "predict bad file": (["predict", "art", "missing"], ["no_such.csv", "no such file"]),
+    "predict bad text column": (["predict", "art", "good", "--text-column", "review"],
+                                ["good.csv", "missing column 'review'"]),
+    "predict missing model folder": (["predict", "art", "good", "--backbone", "nomodel"],
+                                     ["no_model_here", "cannot load backbone"]),
+    "attribute bad file": (["attack", "attribute", "--data", "missing", *B],
+                           ["no_such.csv", "no such file"]),
+    "attribute bad column": (["attack", "attribute", "--data", "good", *B],
+                             ["good.csv", "missing column 'gender'"]),
+    "attribute bad label": (["attack", "attribute", "--data", "attrbad", *B],
+                            ["attrbad.csv", "line 3", "empty label"]),
+    "attribute bad attribute": (["attack", "attribute", "--data", "attr", *B, "--attribute",
+                                 "race"], ["--attribute", "race"]),
+    "attribute missing model folder": (["attack", "attribute", "--data", "attr", "--backbone",
+                                        "nomodel"], ["no_model_here", "cannot load backbone"]),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_user_errors_exit_2_naming_the_problem(env, case, tmp_path):
+    argv, needles = CASES[case]
+    argv = [str(tmp_path / "out") if a == "out" else a for a in argv]
+    r = _run(env, argv)
+    assert r.exit_code == 2, (r.exit_code, r.output, r.exception)
+    errors = [line for line in r.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in r.output, r.output
+    for needle in needles:
+        assert needle in errors[0], (needle, errors[0])
+    assert not (tmp_path / "out").exists()
+
+
+def test_valid_calls_succeed(env, tmp_path):
+    """Negative control for the error cases: the same commands with good inputs exit 0."""
+    preds = tmp_path / "preds.jsonl"
+    r = _run(env, ["predict", "art", "good", "--no-privatize", "--out", str(preds)])
+    assert r.exit_code == 0, r.output
+    assert "accuracy" in r.output and len(preds.read_text().splitlines()) == 4
+    r = _run(env, ["attack", "attribute", "--data", "attr", *B])
+    assert r.exit_code == 0, r.output
+    assert "| input embeddings |" in r.output
+
+
+@pytest.mark.xfail(strict=True, reason="attack attribute calls TunedPrompt.load without "
+                   "catching ArtifactError: a missing --artifact folder ends in a traceback "
+                   "(exit 1)")
+def test_attribute_missing_artifact_exits_2(env):
+    r = _run(env, ["attack", "attribute", "--data", "attr", *B, "--artifact", "noart"])
+    assert r.exit_code == 2 and "no_artifact_here" in r.output, (r.exit_code, r.exception)
+
+
+@pytest.mark.xfail(strict=True, reason="predict maps the query file's labels by the file's own "
+                   "sorted label set, not the prompt's label_names: an unknown label ('maybe') "
+                   "is scored as if it were a known class, with exit 0")
+def test_predict_unknown_label_exits_2(env):
+    r = _run(env, ["predict", "art", "unknown", "--no-privatize"])
+    assert r.exit_code == 2 and "maybe" in r.output, r.output
+
+
+@pytest.mark.xfail(strict=True, reason="predict maps the query file's labels by the file's own "
+                   "sorted label set: in a file holding only 'pos', 'pos' becomes id 0 (the "
+                   "prompt's 'neg') and the accuracy printed is wrong")
+def test_predict_accuracy_uses_the_prompts_label_names(env, tmp_path):
+    """The accuracy printed must agree with the predictions written (by name) next to it.
+    Negative control: on a file holding both labels the two agree."""
+    for name in ("good", "onlypos"):
+        preds = tmp_path / f"{name}.jsonl"
+        r = _run(env, ["predict", "art", name, "--no-privatize", "--out", str(preds)])
+        assert r.exit_code == 0, r.output
+        gold = [line.split(",")[1] for line in env[name].read_text().splitlines()[1:]]
+        pred = [json.loads(line)["prediction"] for line in preds.read_text().splitlines()]
+        acc = sum(a == b for a, b in zip(pred, gold, strict=True)) / len(gold)
+        assert f"accuracy {acc:.4f}" in r.output, (name, pred, gold, r.output)
