@@ -73,7 +73,7 @@ def main() -> None:
     if pate_json.exists():
         pate = json.loads(pate_json.read_text())
         for task, r in pate.get("tasks", {}).items():
-            for name, row in r["runs"].items():
+            for name, row in r.get("diagnostics_not_private", r)["runs"].items():
                 if "student_mia_auc" in row:
                     student[f"{task} / {name}"] = row["student_mia_auc"]
     report["student_prompt_auc"] = student

@@ -29,6 +29,8 @@ import numpy as np
 from opacus.accountants.analysis.rdp import get_privacy_spent
 from scipy.special import log_ndtr
 
+from rapt.noise import NoiseSource
+
 # Fractional orders matter: the data-dependent bound is only valid below μ1, which can be small.
 DEFAULT_ORDERS = np.concatenate([np.arange(1.25, 10.0, 0.25), np.arange(10.0, 100.0, 1.0),
                                  np.logspace(2.0, np.log10(1000.0), 40)])
@@ -163,8 +165,11 @@ class ConfidentGNMax:
     """Confident-GNMax over vote histograms with sequential RDP accounting and a budget stop."""
 
     def __init__(self, config: GNMaxConfig, *, seed: int | None = None) -> None:
+        """``seed`` makes the vote noise repeatable and marks the run ``seeded``; None (the
+        default, and the only private choice) draws it from the OS CSPRNG."""
         self.config = config
-        self.rng = np.random.default_rng(seed)
+        self.noise = NoiseSource(seed)
+        self.seeded = self.noise.seeded
 
     def query_rdp(self, counts: np.ndarray, answered: bool) -> np.ndarray:
         """RDP paid for one query: threshold check always, GNMax only when it answered."""
@@ -185,11 +190,13 @@ class ConfidentGNMax:
         eps, order = get_privacy_spent(orders=self.config.orders, rdp=rdp, delta=self.config.delta)
         return float(eps), float(order)
 
-    def run(self, counts: np.ndarray) -> GNMaxResult:
+    def run(self, counts: np.ndarray, *, spent_rdp: np.ndarray | None = None) -> GNMaxResult:
         """Label queries in order until done or the budget would be exceeded.
 
         ``counts``: (Q, C) vote histograms. The budget check assumes the query will be answered
-        (the larger cost), so it never depends on the noise drawn.
+        (the larger cost), so it never depends on the noise drawn. ``spent_rdp``: RDP already
+        spent on the same private data by earlier releases; the budget caps their composition
+        with this run (the result's ``rdp``, ``epsilon`` and curve are this run's alone).
         """
         counts = np.asarray(counts, dtype=np.float64)
         if counts.ndim != 2 or counts.shape[1] < 2:
@@ -199,19 +206,20 @@ class ConfidentGNMax:
         labels = np.full(q_total, -1, dtype=np.int64)
         answered = np.zeros(q_total, dtype=bool)
         rdp = np.zeros(len(cfg.orders))
+        spent = np.zeros(len(cfg.orders)) if spent_rdp is None else np.asarray(spent_rdp, float)
         curve: list[float] = []
         eps, order = 0.0, float(cfg.orders[0])
         stopped = False
         for i in range(q_total):
             n = counts[i]
             if cfg.epsilon_budget is not None:
-                worst, _ = self.epsilon(rdp + self.query_rdp(n, answered=True))
+                worst, _ = self.epsilon(spent + rdp + self.query_rdp(n, answered=True))
                 if worst > cfg.epsilon_budget:
                     stopped = True
                     break
-            ok = float(n.max()) + self.rng.normal(0.0, cfg.sigma1) >= cfg.threshold
+            ok = float(n.max()) + float(self.noise.normal((1,), std=cfg.sigma1)) >= cfg.threshold
             if ok:
-                labels[i] = int(np.argmax(n + self.rng.normal(0.0, cfg.sigma2, size=n.shape)))
+                labels[i] = int(np.argmax(n + self.noise.normal(n.shape, std=cfg.sigma2).numpy()))
                 answered[i] = True
             rdp = rdp + self.query_rdp(n, answered=ok)
             eps, order = self.epsilon(rdp)
