@@ -71,7 +71,7 @@ def test_feature_extractors(tmp_path):
 
     (tmp_path / "vocab.txt").write_text(
         "\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "good", "bad", "movie", "a"])
-        + "\n")  # "a": plain_offset probes with it (see test_reconstruction's xfail)
+        + "\n")
     tok = BertTokenizerFast.from_pretrained(str(tmp_path))
     torch.manual_seed(0)
     bb = from_model(BertModel(BertConfig(vocab_size=len(tok), hidden_size=16,

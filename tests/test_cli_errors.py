@@ -110,25 +110,16 @@ def test_valid_calls_succeed(env, tmp_path):
     assert "| input embeddings |" in r.output
 
 
-@pytest.mark.xfail(strict=True, reason="attack attribute calls TunedPrompt.load without "
-                   "catching ArtifactError: a missing --artifact folder ends in a traceback "
-                   "(exit 1)")
 def test_attribute_missing_artifact_exits_2(env):
     r = _run(env, ["attack", "attribute", "--data", "attr", *B, "--artifact", "noart"])
     assert r.exit_code == 2 and "no_artifact_here" in r.output, (r.exit_code, r.exception)
 
 
-@pytest.mark.xfail(strict=True, reason="predict maps the query file's labels by the file's own "
-                   "sorted label set, not the prompt's label_names: an unknown label ('maybe') "
-                   "is scored as if it were a known class, with exit 0")
 def test_predict_unknown_label_exits_2(env):
     r = _run(env, ["predict", "art", "unknown", "--no-privatize"])
     assert r.exit_code == 2 and "maybe" in r.output, r.output
 
 
-@pytest.mark.xfail(strict=True, reason="predict maps the query file's labels by the file's own "
-                   "sorted label set: in a file holding only 'pos', 'pos' becomes id 0 (the "
-                   "prompt's 'neg') and the accuracy printed is wrong")
 def test_predict_accuracy_uses_the_prompts_label_names(env, tmp_path):
     """The accuracy printed must agree with the predictions written (by name) next to it.
     Negative control: on a file holding both labels the two agree."""

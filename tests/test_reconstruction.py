@@ -132,9 +132,6 @@ def test_loss_values_against_hand_computed_cross_entropy():
     assert sum(by_hand) > 0.5 and abs(sum(by_hand) / 2 - math.log(3)) > 0.1
 
 
-@pytest.mark.xfail(strict=True, reason="plain_offset probes with the text 'a'; when 'a' is not "
-                   "in the vocabulary it tokenizes to [UNK], which is a special token, so the "
-                   "offset counts [CLS] [UNK] [SEP] = 3 and k lands inside the text")
 def test_plain_offset_without_the_probe_word(tmp_path):
     """Plain tokens go right after [CLS] whatever the vocabulary (found while checking
     attribute features by hand: with a vocabulary lacking "a", build_rows put k after the

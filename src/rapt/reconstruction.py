@@ -26,13 +26,16 @@ _UNUSED = re.compile(r"^(\[unused\d+\]|<unused\d+>|<\|.*\|>|<.*>|\[.*\])$")
 
 
 def plain_offset(tokenizer) -> int:
-    """How many special tokens the tokenizer puts before the text (where k starts)."""
-    ids = tokenizer("a", add_special_tokens=True)["input_ids"]
-    special = set(tokenizer.all_special_ids)
-    n = 0
-    while n < len(ids) and ids[n] in special:
-        n += 1
-    return n
+    """How many special tokens the tokenizer puts before the text (where k starts): where the
+    bare tokenization of a probe text begins inside its tokenization with specials. (Counting
+    leading special ids instead would also count an [UNK] for a probe word missing from the
+    vocabulary.)"""
+    with_specials = tokenizer("a", add_special_tokens=True)["input_ids"]
+    bare = tokenizer("a", add_special_tokens=False)["input_ids"]
+    for n in range(len(with_specials) - len(bare) + 1):
+        if with_specials[n:n + len(bare)] == bare:
+            return n
+    raise ValueError("cannot locate the text inside the tokenizer's special-token template")
 
 
 def candidate_plain_ids(tokenizer) -> list[int]:

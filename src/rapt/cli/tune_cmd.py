@@ -15,12 +15,13 @@ from rapt.cli._app import fail as _fail
 
 
 def _load_data(data: str, split: str, limit: int | None, text_column: str | None,
-               label_column: str | None, attribute: str | None = None):
+               label_column: str | None, attribute: str | None = None,
+               label_names: list[str] | None = None):
     from rapt.data import DataError, load_dataset
 
     try:
         return load_dataset(data, split, text_column=text_column, label_column=label_column,
-                            attribute=attribute, limit=limit)
+                            attribute=attribute, limit=limit, label_names=label_names)
     except (DataError, FileNotFoundError) as e:
         _fail(str(e))
 
@@ -224,7 +225,12 @@ def predict(
         tuned = TunedPrompt.load(artifact)
     except ArtifactError as e:
         _fail(str(e))
-    ds = _load_data(data, split, limit, text_column, label_column)
+    from rapt.data import BUILTINS
+
+    # Gold labels of a user file are read by the prompt's own label names, so that ids mean
+    # the same classes (built-ins have fixed names already).
+    ds = _load_data(data, split, limit, text_column, label_column,
+                    label_names=None if data in BUILTINS else tuned.meta.get("label_names"))
     bb = _load_backbone(backbone or tuned.meta.get("backbone", "minilm"))
     eta = None if no_privatize else (eta if eta is not None else tuned.meta.get("eta"))
     if eta is None and not no_privatize:
@@ -352,7 +358,12 @@ def _register_attack() -> None:
         tr = _load_data(data, train_split, limit, None, None, attribute=attribute)
         te = _load_data(data, test_split, limit, None, None, attribute=attribute)
         bb = _load_backbone(backbone)
-        tuned = TunedPrompt.load(artifact) if artifact is not None else None
+        from rapt.artifacts import ArtifactError
+
+        try:
+            tuned = TunedPrompt.load(artifact) if artifact is not None else None
+        except ArtifactError as e:
+            _fail(str(e))
         if tuned is not None:
             rtr, rte = tuned.encode(bb, tr.texts), tuned.encode(bb, te.texts)
         else:
