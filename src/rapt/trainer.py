@@ -23,7 +23,14 @@ import torch
 from torch import Tensor, nn
 
 from rapt import __version__
-from rapt.heads import ClassificationHead, Verbalizer, label_token_ids
+from rapt.heads import (
+    DEFAULT_TEMPERATURE,
+    ClassificationHead,
+    LabelDescriptionHead,
+    Verbalizer,
+    encode_descriptions,
+    label_token_ids,
+)
 from rapt.models import Backbone
 from rapt.noise import NoiseSource
 from rapt.reconstruction import (
@@ -65,6 +72,15 @@ class TuneConfig:
     weight_decay: float = 0.0
     warmup_ratio: float = 0.06
     checkpoint_every: int = 0  # steps between checkpoint() calls; 0 = end of every epoch
+    # Task head (see rapt.heads). "auto" keeps the old behaviour: the verbalizer for a causal
+    # LM given label_words, the label-description head given label_descriptions, else a new
+    # linear head on pooled states (a linear probe: the prompt barely matters; a control).
+    head: Literal["auto", "linear", "label-description", "verbalizer"] = "auto"
+    label_descriptions: list[str] | None = None  # one per label, e.g. "a negative review"
+    head_temperature: float = DEFAULT_TEMPERATURE  # label-description head: cos / temperature
+    # Head-only control: the prompt/prefix (or LoRA / full weights) stay at their init and only
+    # the head trains; with a frozen head nothing trains and the result is the prompt at init.
+    freeze_prompt: bool = False
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -78,6 +94,22 @@ class TuneConfig:
             raise ValueError(f"TuneConfig.lr must be > 0 (got {self.lr})")
         if self.rec_weight < 0:
             raise ValueError(f"TuneConfig.rec_weight must be >= 0 (got {self.rec_weight})")
+        if self.head not in HEADS:
+            raise ValueError(f"TuneConfig.head must be one of {', '.join(HEADS)} "
+                             f"(got {self.head!r})")
+        if not (self.head_temperature > 0 and math.isfinite(self.head_temperature)):
+            raise ValueError(f"TuneConfig.head_temperature must be > 0 "
+                             f"(got {self.head_temperature})")
+        if self.label_descriptions is not None and (
+                len(self.label_descriptions) < 2
+                or any(not isinstance(d, str) or not d.strip() for d in self.label_descriptions)):
+            raise ValueError("TuneConfig.label_descriptions must hold one non-empty text per "
+                             f"label, at least 2 (got {self.label_descriptions!r})")
+        if self.head == "label-description" and not self.label_descriptions:
+            raise ValueError("TuneConfig.head='label-description' needs label_descriptions, one "
+                             "text per label (e.g. ['a negative review', 'a positive review'])")
+        if self.head == "verbalizer" and not self.label_words:
+            raise ValueError("TuneConfig.head='verbalizer' needs label_words, one per label")
 
     def to_dict(self) -> dict:
         d = asdict(self) if self.dp is None else {**asdict(_replace_dp(self)), "dp": _dp_dict(
@@ -99,6 +131,20 @@ class TuneConfig:
             except ImportError:  # keep the record readable without the DP module
                 pass
         return cls(**d)
+
+
+HEADS: tuple[str, ...] = ("auto", "linear", "label-description", "verbalizer")
+
+
+def resolve_head(kind: str, config: TuneConfig) -> str:
+    """The head ``config`` builds on a backbone of ``kind``: ``head`` unless it is "auto"."""
+    if config.head != "auto":
+        return config.head
+    if kind == "causal" and config.label_words:
+        return "verbalizer"
+    if config.label_descriptions:
+        return "label-description"
+    return "linear"
 
 
 def _replace_dp(c: TuneConfig) -> TuneConfig:
@@ -133,15 +179,34 @@ class RaptModel(nn.Module):
                                         prefix_projection=config.prefix_projection,
                                         lora_r=config.lora_r, seed=config.seed)
         torch.manual_seed(config.seed)
-        if backbone.kind == "causal" and config.label_words:
+        self.head_kind = resolve_head(backbone.kind, config)
+        pooling = config.pooling if backbone.kind == "encoder" else "last"
+        if self.head_kind == "verbalizer":
+            if backbone.kind != "causal":
+                raise ValueError("head='verbalizer' needs a causal LM (it scores label words with "
+                                 "the LM head); encoders such as minilm ship none: use "
+                                 "head='label-description'")
             if len(config.label_words) != num_labels:
                 raise ValueError(f"{len(config.label_words)} label words for {num_labels} labels")
             lm_head = self.tuner.model.get_output_embeddings()
             self.head: nn.Module = Verbalizer(
                 lm_head, label_token_ids(backbone.tokenizer, config.label_words))
+        elif self.head_kind == "label-description":
+            if len(config.label_descriptions) != num_labels:
+                raise ValueError(f"{len(config.label_descriptions)} label descriptions for "
+                                 f"{num_labels} labels")
+            # Encoded by the shared backbone without the prompt (for LoRA/full: before training).
+            emb = encode_descriptions(backbone, config.label_descriptions, pooling)
+            self.head = LabelDescriptionHead(emb, pooling, config.head_temperature)
         else:
-            pooling = config.pooling if backbone.kind == "encoder" else "last"
             self.head = ClassificationHead(backbone.hidden_size, num_labels, pooling)
+        # What is saved: the tuner's and the head's trainable parameters plus the head's
+        # persistent buffers (the label-description embeddings), fixed before freeze_prompt.
+        self._saved = {n for n, p in self.named_parameters() if p.requires_grad}
+        self._saved |= {f"head.{k}" for k in self.head.state_dict()}
+        if config.freeze_prompt:
+            for p in self.tuner.parameters():
+                p.requires_grad_(False)
         self.plain_len = plain_len
         self.offset = offset
         self.rec_head: ReconstructionHead | None = None
@@ -165,9 +230,10 @@ class RaptModel(nn.Module):
         return logits, rec, hidden
 
     def trainable_tensors(self) -> dict[str, Tensor]:
-        """Everything that is saved: trainable parameters of tuner and task head."""
-        return {n: p for n, p in self.named_parameters()
-                if p.requires_grad and not n.startswith("rec_head.")}
+        """Everything that is saved: the tuner's and the task head's trainable parameters (also
+        when ``freeze_prompt`` kept them at init) and the head's buffers (label embeddings);
+        never the reconstruction head."""
+        return {n: t for n, t in self.state_dict(keep_vars=True).items() if n in self._saved}
 
 
 def pad_batch(rows: Sequence[Sequence[int]], pad_id: int,
@@ -344,7 +410,9 @@ def _tune(backbone, input_ids, labels, num_labels, config: TuneConfig, seqs, pla
     N = len(input_ids)
     special = set(backbone.special_ids)
     rec_vocab = None
-    if config.reconstruction and config.dp is not None:
+    if config.reconstruction and config.freeze_prompt:
+        pass  # L_rec acts only through the prompt: with the prompt frozen there is no rec head
+    elif config.reconstruction and config.dp is not None:
         rec_vocab = public_rec_vocabulary(backbone.tokenizer, seqs, config.rec_vocab_size)
     elif config.reconstruction:
         rec_vocab = rec_vocabulary(input_ids, seqs, config.rec_vocab_size, special)
@@ -360,6 +428,9 @@ def _tune(backbone, input_ids, labels, num_labels, config: TuneConfig, seqs, pla
     pad = backbone.tokenizer.pad_token_id
 
     params = [p for p in model.parameters() if p.requires_grad]
+    if not params:  # freeze_prompt with a frozen head: nothing trains, the prompt stays at init
+        return _result(backbone, config, model, num_labels, seqs, m, off, rec_vocab, N, 0, 0,
+                       False, 0.0, None, [])
     opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
 
     engine = None
@@ -483,6 +554,12 @@ def _tune(backbone, input_ids, labels, num_labels, config: TuneConfig, seqs, pla
         if engine is not None:
             engine.close()
             model.tuner.track_per_example = False
+    return _result(backbone, config, model, num_labels, seqs, m, off, rec_vocab, N, step, total,
+                   stopped, time.perf_counter() - t0, engine, history)
+
+
+def _result(backbone, config: TuneConfig, model: RaptModel, num_labels, seqs, m, off, rec_vocab,
+            N, step, total, stopped, seconds, engine, history) -> TunedPrompt:
     model.eval()
     meta = {
         "rapt_version": __version__,
@@ -491,6 +568,8 @@ def _tune(backbone, input_ids, labels, num_labels, config: TuneConfig, seqs, pla
         "hidden_size": backbone.hidden_size,
         "num_labels": num_labels,
         "method": config.method,
+        "head": model.head_kind,
+        "freeze_prompt": config.freeze_prompt,
         "seed": config.seed,
         "plain_ids": (seqs[0] if len(seqs) == 1 else seqs) if seqs else None,
         "plain_len": m,
@@ -500,7 +579,7 @@ def _tune(backbone, input_ids, labels, num_labels, config: TuneConfig, seqs, pla
         "steps": step,
         "total_steps": total,
         "stopped": stopped,
-        "train_seconds": round(time.perf_counter() - t0, 3),
+        "train_seconds": round(seconds, 3),
         "dp": engine.record() if engine is not None else None,
     }
     if engine is None:
