@@ -112,13 +112,14 @@ def test_cuda_exact_matches_cpu():
 @pytest.mark.integration
 def test_fast_equals_exact_on_minilm():
     from rapt.models import load_backbone
+    from rapt.noise import NoiseSource
     from rapt.privatization import sample_noise
 
     E = load_backbone("minilm").embeddings.detach()
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(1000, E.shape[0], (768,), generator=g)
     for eta in (60.0, 150.0):
-        y = E[ids] + sample_noise(len(ids), E.shape[1], eta, g)
+        y = E[ids] + sample_noise(len(ids), E.shape[1], eta, NoiseSource(0))
         fast = FastIndex(E)
         assert torch.equal(fast.search(y), ExactIndex(E).search(y))
         assert fast.stats["certified"] / fast.stats["queries"] > 0.98

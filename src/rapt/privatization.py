@@ -63,6 +63,10 @@ def sample_noise(n: int, d: int, eta: float | Tensor, noise: NoiseSource | None 
     """
     dev = torch.device(device) if device is not None else torch.device("cpu")
     noise = noise if noise is not None else NoiseSource()
+    if not isinstance(noise, NoiseSource):
+        raise TypeError(f"noise must be a rapt.noise.NoiseSource, got {type(noise).__name__} "
+                        "(privacy noise no longer takes a torch.Generator: pass "
+                        "NoiseSource(seed) for a repeatable run)")
     gamma = noise.gamma(float(d), n, device=dev)
     g = noise.normal((n, d), device=dev, dtype=torch.float32)
     v = g / g.norm(dim=1, keepdim=True)
