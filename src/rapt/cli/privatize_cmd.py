@@ -10,7 +10,7 @@ from pathlib import Path
 
 import typer
 
-from rapt.cli._app import app
+from rapt.cli._app import app, warn_if_seeded
 from rapt.cli._app import fail as _fail
 
 attack_app = typer.Typer(help="Simulated attacks that measure empirical privacy.",
@@ -169,7 +169,6 @@ def privatize(
     Prints the measured replacement probability P and the throughput."""
     from tqdm import tqdm
 
-    from rapt.cli.tune_cmd import warn_if_seeded
     from rapt.privatization import (
         Privatizer,
         calibrate_eta_public,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import typer
 
-from rapt.cli._app import app
+from rapt.cli._app import app, warn_if_seeded
 from rapt.cli._app import fail as _fail
 
 
@@ -55,13 +55,6 @@ def _privatizer(bb, eta: float | None, target_p: float | None, noise_seed: int |
     warn_if_seeded(noise_seed)
     return Privatizer(bb.embeddings, eta, special_ids=bb.special_ids, candidate_ids=cand,
                       mode=mode, seed=noise_seed), float(eta)
-
-
-def warn_if_seeded(noise_seed: int | None) -> None:
-    if noise_seed is not None:
-        typer.echo(f"warning: --noise-seed {noise_seed} makes the privacy noise reproducible by "
-                   "anyone who knows it; such a run has no privacy guarantee (seeded: true). "
-                   "Use it for tests and benchmarks only.", err=True)
 
 
 def _privatize_with_bar(rows, privatizer):
