@@ -134,9 +134,11 @@ def test_eta_scale():
     assert DEFAULT_ETA_MULTIPLIER == 2.0
     assert eta_scale(ids, torch.tensor([9]), multiplier=3.5)[0, 2].item() == 3.5
     assert (eta_scale(ids, []) == 1).all()
-    for bad in (0.5, float("inf"), float("nan")):
+    for bad in (0.5, float("nan")):
         with pytest.raises(ValueError, match="multiplier"):
             eta_scale(ids, [7], multiplier=bad)
+    # SAP Algorithm 1: no noise on contributing tokens (privatize_with_scale passes them)
+    assert torch.isinf(eta_scale(ids, [7], multiplier=float("inf"))[0, 1])
 
 
 def test_result_eta_scale_and_privatizer_weaker_noise():

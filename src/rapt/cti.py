@@ -10,9 +10,22 @@ of the per-class top-k sets covers at most 1% of all (non-special) token occurre
 data (SAP §5.2). The privatizer then perturbs those tokens less: :func:`eta_scale` turns the
 set into a per-token multiplier of η for ``Privatizer.privatize_ids(..., eta_scale=...)``.
 
-The contributing set is computed from the user's private labelled data and stays with the
-user; only its effect (less noise on those tokens) reaches the provider, and each such token is
-still dχ-private at η·multiplier.
+What privacy statement still holds (be precise, it is weaker than plain dχ-privacy):
+
+* The contributing set is computed from the customer's *private labelled* data. It stays with
+  the customer, but it is not itself privatized: which tokens get less noise is a function of
+  the private data, and the released text reflects it (with ``multiplier=inf`` an observer sees
+  contributing tokens pass through untouched far more often than other tokens, and so can
+  learn label-indicative words of the customer's data).
+* Given a fixed contributing set, each token position is privatized at η (others) or
+  η·multiplier (contributing). A per-token guarantee P[M(x)=w] ≤ exp(η'·d(x, x'))·P[M(x')=w]
+  then holds only for pairs x, x' that are *both* non-contributing (η' = η) or both
+  contributing (η' = η·multiplier). A mixture of two η values is **not** ηdχ-private for
+  pairs that straddle the set: the two output distributions are centred with different noise
+  scales, and for ``multiplier=inf`` a contributing token is released deterministically, so
+  no finite bound holds at all for it (SAP Algorithm 1 does exactly this).
+* With a finite multiplier every token is dχ-private at η·multiplier at worst (the weaker
+  parameter bounds both groups): that is the only uniform statement.
 
 Pure functions on token ids and labels; no I/O.
 """
@@ -30,6 +43,7 @@ __all__ = [
     "CTIResult",
     "contributing_tokens",
     "eta_scale",
+    "privatize_with_scale",
     "token_class_counts",
     "utility_importance",
 ]
@@ -38,15 +52,15 @@ DEFAULT_COVERAGE = 0.01
 """Largest fraction of token occurrences the contributing tokens may cover (SAP §5.2)."""
 
 DEFAULT_ETA_MULTIPLIER = 2.0
-"""η multiplier for contributing tokens.
+"""η multiplier for contributing tokens when none is given.
 
-SAP's Algorithm 1 adds no noise at all to contributing tokens (multiplier ∞), which removes
-every guarantee for them: anyone can read those words off the privatized text. We keep them
-dχ-private with a weaker parameter instead. With noise density ∝ exp(-η‖z‖) the noise norm is
-Gamma(d, 1/η), so E‖z‖ = d/η: a multiplier of 2 halves the expected displacement (the
-replacement probability of those tokens falls sharply, e.g. from P ≈ 0.5 towards the P of 2η),
-while the per-token bound of equation 1 becomes exp(2η·d(x, x')), a documented, finite
-privacy cost on ≤ 1% of the token occurrences.
+SAP's Algorithm 1 adds no noise at all to contributing tokens (multiplier ∞, allowed: pass
+``math.inf``), which removes every guarantee for them: anyone can read those words off the
+privatized text. The default keeps them dχ-private with a weaker parameter instead. With noise
+density ∝ exp(-η‖z‖) the noise norm is Gamma(d, 1/η), so E‖z‖ = d/η: a multiplier of 2 halves
+the expected displacement, while the per-token bound of equation 1 becomes exp(2η·d(x, x')),
+a documented, finite privacy cost on ≤ 1% of the token occurrences (see the module docstring
+for what holds for pairs across the two groups).
 """
 
 
@@ -210,15 +224,37 @@ def eta_scale(ids: torch.Tensor, contributing: Iterable[int] | torch.Tensor,
               multiplier: float = DEFAULT_ETA_MULTIPLIER) -> torch.Tensor:
     """Per-token η multiplier, same shape as ``ids`` (float32, on ``ids``' device).
 
-    ``multiplier`` (≥ 1) where the id is a contributing token, 1 elsewhere. A larger η means
-    smaller noise, i.e. weaker perturbation; see :data:`DEFAULT_ETA_MULTIPLIER` for the default
-    and its privacy cost. Pass the result as ``eta_scale=`` to ``Privatizer.privatize_ids``.
+    ``multiplier`` (≥ 1, ``inf`` allowed) where the id is a contributing token, 1 elsewhere. A
+    larger η means smaller noise. ``inf`` means *no* perturbation (SAP Algorithm 1 line 12):
+    ``Privatizer.privatize_ids`` refuses an infinite scale, so pass the result to
+    :func:`privatize_with_scale`, which lets those positions through unchanged.
     """
-    if not multiplier >= 1.0 or multiplier == float("inf"):
-        raise ValueError(f"multiplier must be a finite number >= 1, got {multiplier}")
+    if not multiplier >= 1.0:  # also rejects NaN
+        raise ValueError(f"multiplier must be >= 1 (inf = no noise), got {multiplier}")
     ids = torch.as_tensor(ids)
     contrib = torch.as_tensor(list(contributing) if not isinstance(contributing, torch.Tensor)
                               else contributing, dtype=ids.dtype, device=ids.device)
     hit = torch.isin(ids, contrib)
     out = torch.ones(ids.shape, dtype=torch.float32, device=ids.device)
     return out.masked_fill(hit, float(multiplier))
+
+
+def privatize_with_scale(privatizer, ids: torch.Tensor, scale: torch.Tensor | None = None,
+                         noise=None) -> torch.Tensor:
+    """``privatizer.privatize_ids`` with a per-token η multiplier that may be ``inf``.
+
+    Positions whose scale is ``inf`` are returned unchanged and draw no noise; the others go
+    through the mechanism at η·scale. ``ids`` any shape -> same shape (CPU LongTensor)."""
+    ids = torch.as_tensor(ids, dtype=torch.long)
+    if scale is None:
+        return privatizer.privatize_ids(ids, noise=noise).cpu()
+    scale = torch.as_tensor(scale, dtype=torch.float64)
+    if scale.shape != ids.shape:
+        raise ValueError(f"scale must have the ids' shape {tuple(ids.shape)}, got "
+                         f"{tuple(scale.shape)}")
+    free = torch.isinf(scale)
+    out = ids.clone()
+    keep = ~free
+    if bool(keep.any()):
+        out[keep] = privatizer.privatize_ids(ids[keep], eta_scale=scale[keep], noise=noise).cpu()
+    return out

@@ -1,0 +1,73 @@
+"""Split-and-Privatize (SAP, Shen et al. 2023): split learning with dχ-privatized releases.
+
+The provider cuts its backbone after n blocks (:func:`split_backbone`), keeps and tunes the top
+(LoRA by default), and hands the bottom (embedding layer + n blocks) to the customer.
+
+What each party sees and keeps private:
+
+* **Customer** keeps its text, token ids, labels, the contributing tokens (CTI, computed from
+  its labelled rows), its output layer (g -> classes, with the label names) and, when
+  trained, its bottom's updated weights. It sees the bottom's weights (part of the model),
+  the top's output g for its own batches and, with an unfrozen bottom, ∂l/∂hidden.
+* **Provider** keeps the top's weights and its tuned adapter. It sees, per training step,
+  :class:`Activations` (the bottom's output on *privatized* token ids: dχ noise on each token
+  embedding, then the nearest vocabulary token, then the bottom; plus the padding mask, hence
+  the row lengths) and :class:`OutputGrad` (∂l/∂g). It never receives labels. Note that ∂l/∂g
+  still depends on the labels (label leakage through gradients is a known split-learning
+  risk that SAP does not address), and with a frozen bottom every example is released once;
+  with an unfrozen bottom it is released afresh every epoch, so an attacker gets E looks.
+
+Privacy statement: each released token position is ηdχ-private given the (private) choice
+of contributing tokens; see :mod:`rapt.cti` for what CTI weakens. The blocks after the
+mechanism are post-processing, so splitting deeper never weakens the guarantee, it only makes
+inversion harder in practice (SAP Table 4). Noise comes from :class:`rapt.noise.NoiseSource`
+(OS entropy unless ``SplitConfig.noise_seed`` is set).
+
+In-process use::
+
+    customer, provider = setup_split(bb, SplitConfig(split_layer=2, eta=60.0, cti=True), C, N)
+    customer.fit_cti(rows, labels); customer.load(rows, labels)
+    train_split(customer, provider)
+    probs = predict_split(customer, provider, test_rows)
+"""
+
+from rapt.split.config import SPLIT_METHODS, SplitConfig
+from rapt.split.customer import (
+    SplitCustomer,
+    encode_texts,
+    predict_split,
+    setup_split,
+    total_steps,
+    train_split,
+)
+from rapt.split.model import Bottom, Top, split_backbone
+from rapt.split.protocol import (
+    ActivationGrad,
+    Activations,
+    OutputGrad,
+    SplitProtocolError,
+    TopOutput,
+)
+from rapt.split.provider import ProviderSession, load_top, tune_top
+
+__all__ = [
+    "SPLIT_METHODS",
+    "ActivationGrad",
+    "Activations",
+    "Bottom",
+    "OutputGrad",
+    "ProviderSession",
+    "SplitConfig",
+    "SplitCustomer",
+    "SplitProtocolError",
+    "Top",
+    "TopOutput",
+    "encode_texts",
+    "load_top",
+    "predict_split",
+    "setup_split",
+    "split_backbone",
+    "total_steps",
+    "train_split",
+    "tune_top",
+]

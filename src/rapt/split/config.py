@@ -1,0 +1,125 @@
+"""Split-and-Privatize settings (SAP §4, §5.1)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Literal
+
+__all__ = ["SPLIT_METHODS", "SplitConfig"]
+
+SPLIT_METHODS: tuple[str, ...] = ("lora", "prompt")
+
+
+@dataclass
+class SplitConfig:
+    """What each party runs and trains.
+
+    ``split_layer`` n: the customer's bottom is the embedding layer plus the first n
+    transformer blocks (0 = embedding layer only, SAP Algorithm 1); the provider's top is the
+    remaining blocks plus pooling. ``eta``: dχ privacy parameter on the token embeddings
+    (None = no privatization, the "None" column of SAP Table 4). ``cti``: contributing-token
+    identification from the customer's labelled rows; contributing tokens get η multiplied by
+    ``cti_multiplier`` (``inf`` = no noise at all on them, as SAP Algorithm 1 does).
+    ``unfreeze_bottom``: the customer trains its bottom with the gradient the top returns, and
+    privatizes afresh every iteration (SAP §5.3). ``method``: how the provider tunes the top
+    ("lora" = peft LoRA on the attention query/value projections, the paper's choice;
+    "prompt" = trainable vectors prepended at the top's input). ``seed`` drives weight init
+    and data order only; the privacy noise is seeded only by ``noise_seed`` (None = OS
+    entropy, as any real use must).
+    """
+
+    split_layer: int = 0
+    eta: float | None = None
+    cti: bool = False
+    cti_multiplier: float = math.inf
+    cti_coverage: float = 0.01
+    unfreeze_bottom: bool = False
+    method: Literal["lora", "prompt"] = "lora"
+    lora_r: int = 8
+    lora_alpha: int = 16
+    num_virtual_tokens: int = 10
+    pooling: Literal["auto", "mean", "last"] = "auto"
+    lr: float = 1e-3
+    head_lr: float | None = None  # customer's output layer; None = lr
+    bottom_lr: float | None = None  # customer's bottom when unfrozen; None = lr
+    weight_decay: float = 0.0
+    warmup_ratio: float = 0.06
+    epochs: int = 3
+    batch_size: int = 32
+    max_length: int = 64
+    seed: int = 0
+    noise_seed: int | None = None
+    privatizer_mode: Literal["exact", "fast", "annoy"] = "fast"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.split_layer, bool) or not isinstance(self.split_layer, int) \
+                or self.split_layer < 0:
+            raise ValueError(f"SplitConfig.split_layer must be an integer >= 0 (the number of "
+                             f"transformer blocks the customer runs), got {self.split_layer!r}")
+        if self.eta is not None and not (math.isfinite(self.eta) and self.eta > 0):
+            raise ValueError(f"SplitConfig.eta must be a positive finite number, or None for no "
+                             f"privatization (got {self.eta!r})")
+        if not self.cti_multiplier >= 1.0:  # also rejects NaN
+            raise ValueError(f"SplitConfig.cti_multiplier must be >= 1 (η on contributing "
+                             f"tokens is multiplied by it; inf = no noise on them), got "
+                             f"{self.cti_multiplier!r}")
+        if not 0.0 < self.cti_coverage <= 1.0:
+            raise ValueError(f"SplitConfig.cti_coverage must be in (0, 1], got "
+                             f"{self.cti_coverage!r}")
+        if self.cti and self.eta is None:
+            raise ValueError("SplitConfig.cti=True needs eta: CTI only decides which tokens get "
+                             "less noise, and without privatization there is none")
+        if self.method not in SPLIT_METHODS:
+            hint = (" (prefix tuning would put key/value prefixes into the customer's blocks "
+                    "too; use lora or prompt)" if self.method == "prefix" else "")
+            raise ValueError(f"SplitConfig.method must be one of {', '.join(SPLIT_METHODS)}, "
+                             f"got {self.method!r}{hint}")
+        if self.pooling not in ("auto", "mean", "last"):
+            raise ValueError(f"SplitConfig.pooling must be auto, mean or last, got "
+                             f"{self.pooling!r}")
+        if self.privatizer_mode not in ("exact", "fast", "annoy"):
+            raise ValueError(f"SplitConfig.privatizer_mode must be exact, fast or annoy, got "
+                             f"{self.privatizer_mode!r}")
+        for name in ("lora_r", "lora_alpha", "num_virtual_tokens", "epochs", "batch_size",
+                     "max_length"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"SplitConfig.{name} must be an integer >= 1, got {v!r}")
+        if self.max_length < 3:
+            raise ValueError(f"SplitConfig.max_length must be >= 3 (room for the special "
+                             f"tokens and one word), got {self.max_length}")
+        for name in ("lr", "head_lr", "bottom_lr"):
+            v = getattr(self, name)
+            if v is not None and not (math.isfinite(v) and v > 0):
+                raise ValueError(f"SplitConfig.{name} must be a positive finite number, got "
+                                 f"{v!r}")
+        if not self.weight_decay >= 0:
+            raise ValueError(f"SplitConfig.weight_decay must be >= 0, got {self.weight_decay!r}")
+        if not 0.0 <= self.warmup_ratio < 1.0:
+            raise ValueError(f"SplitConfig.warmup_ratio must be in [0, 1), got "
+                             f"{self.warmup_ratio!r}")
+
+    def check_layers(self, num_layers: int) -> None:
+        """Refuse a split the backbone cannot make (the top needs at least one block)."""
+        if self.split_layer > num_layers - 1:
+            raise ValueError(f"SplitConfig.split_layer={self.split_layer} but the backbone has "
+                             f"{num_layers} blocks: choose 0..{num_layers - 1} (the provider's "
+                             "top keeps at least one block)")
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        if math.isinf(d["cti_multiplier"]):
+            d["cti_multiplier"] = "inf"  # JSON has no infinity
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> SplitConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"SplitConfig: unknown field(s) {', '.join(sorted(unknown))}")
+        d = dict(d)
+        if d.get("cti_multiplier") == "inf":
+            d["cti_multiplier"] = math.inf
+        return cls(**d)

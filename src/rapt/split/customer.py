@@ -1,0 +1,330 @@
+"""The customer's half of split training, and the in-process driver.
+
+The customer holds the text, the labels, the bottom model, the privatizer, the contributing
+tokens (CTI) and its own output layer (a linear map from the top's output g to the classes):
+the loss is computed here (SAP Algorithm 1 lines 23-26), so the provider never learns the
+labels, the number of classes or their names.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from rapt.cti import CTIResult, contributing_tokens, privatize_with_scale
+from rapt.models import Backbone
+from rapt.privatization import Privatizer, candidate_ids_from_tokenizer
+from rapt.split.config import SplitConfig
+from rapt.split.model import Bottom, split_backbone
+from rapt.split.protocol import ActivationGrad, Activations, OutputGrad, TopOutput
+from rapt.split.provider import ProviderSession, linear_schedule, tune_top
+
+__all__ = ["SplitCustomer", "encode_texts", "predict_split", "setup_split", "total_steps",
+           "train_split"]
+
+
+def total_steps(n_examples: int, config: SplitConfig) -> int:
+    return math.ceil(n_examples / config.batch_size) * config.epochs
+
+
+def encode_texts(tokenizer, texts: Sequence[str], max_length: int) -> list[list[int]]:
+    """Token ids with the tokenizer's special tokens, truncated to ``max_length``."""
+    enc = tokenizer(list(texts), add_special_tokens=True, truncation=True, max_length=max_length)
+    rows = [list(r) for r in enc["input_ids"]]
+    for i, r in enumerate(rows):
+        if not r:
+            raise ValueError(f"text {i} encodes to no tokens")
+    return rows
+
+
+def _pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor]:
+    n = max(len(r) for r in rows)
+    ids = torch.full((len(rows), n), int(pad_id), dtype=torch.long)
+    mask = torch.zeros((len(rows), n), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, :len(r)] = torch.as_tensor(list(r), dtype=torch.long)
+        mask[i, :len(r)] = 1
+    return ids, mask
+
+
+class SplitCustomer:
+    """Privatizes, runs the bottom, keeps the labels and computes the loss.
+
+    ``privatizer`` (None = no privatization) works over the backbone's *initial* (public)
+    embedding matrix and draws its noise from its own NoiseSource (OS entropy unless it was
+    built with a seed). With ``config.cti`` call :meth:`fit_cti` on the training rows first.
+    """
+
+    def __init__(self, bottom: Bottom, config: SplitConfig, num_labels: int, *,
+                 hidden_size: int, pad_id: int, special_ids: Sequence[int] = (),
+                 privatizer: Privatizer | None = None) -> None:
+        if num_labels < 2:
+            raise ValueError(f"num_labels must be >= 2, got {num_labels}")
+        if (privatizer is None) != (config.eta is None):
+            raise ValueError("pass a privatizer exactly when config.eta is set")
+        self.bottom = bottom
+        self.config = config
+        self.num_labels = int(num_labels)
+        self.pad_id = int(pad_id)
+        self.special_ids = sorted({int(i) for i in special_ids} | {self.pad_id})
+        self.privatizer = privatizer
+        self.cti: CTIResult | None = None
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(config.seed)
+            self.head = nn.Linear(hidden_size, num_labels)
+        self.head_opt = torch.optim.AdamW(self.head.parameters(),
+                                          lr=config.head_lr or config.lr,
+                                          weight_decay=config.weight_decay)
+        self.bottom_opt: torch.optim.Optimizer | None = None
+        if config.unfreeze_bottom:
+            for p in bottom.parameters():
+                p.requires_grad_(True)
+            self.bottom_opt = torch.optim.AdamW(bottom.parameters(),
+                                                lr=config.bottom_lr or config.lr,
+                                                weight_decay=config.weight_decay)
+        self._scheds: list = []
+        self._rows: list[list[int]] = []
+        self._labels: Tensor = torch.zeros(0, dtype=torch.long)
+        self._cache_ids: list[Tensor] | None = None
+        self._cache_hidden: list[Tensor] | None = None
+        self._pending: tuple[int, list[int], Tensor | None] | None = None
+        self.replaced = 0  # privatized tokens that changed, over all releases
+        self.perturbable = 0  # tokens that went through the mechanism or CTI
+
+    # ------------------------------------------------------------------ privatization
+
+    def fit_cti(self, rows: Sequence[Sequence[int]], labels: Sequence[int]) -> CTIResult:
+        """Contributing tokens from the customer's private labelled rows (SAP §4.4)."""
+        vocab = int(self.bottom.word_embeddings.weight.shape[0])
+        self.cti = contributing_tokens(rows, labels, num_classes=self.num_labels,
+                                       vocab_size=vocab, special_ids=self.special_ids,
+                                       coverage=self.config.cti_coverage)
+        return self.cti
+
+    def privatize(self, ids: Tensor) -> Tensor:
+        """Privatized ids, same shape; specials (padding included) pass through. With CTI the
+        contributing tokens get η·multiplier (``inf``: they pass through unchanged)."""
+        if self.privatizer is None:
+            return ids.clone()
+        if self.config.cti and self.cti is None:
+            raise RuntimeError("config.cti is set: call fit_cti(rows, labels) first")
+        scale = None
+        if self.cti is not None and self.config.cti:
+            scale = self.cti.eta_scale(ids, self.config.cti_multiplier)
+        out = privatize_with_scale(self.privatizer, ids, scale)
+        counted = ~torch.isin(ids, torch.tensor(self.special_ids, dtype=torch.long))
+        self.perturbable += int(counted.sum())
+        self.replaced += int((out != ids)[counted].sum())
+        return out
+
+    @property
+    def measured_p(self) -> float:
+        """Fraction of released non-special tokens that the mechanism replaced."""
+        return self.replaced / self.perturbable if self.perturbable else 0.0
+
+    # ------------------------------------------------------------------ data
+
+    @property
+    def num_examples(self) -> int:
+        return len(self._rows)
+
+    def load(self, rows: Sequence[Sequence[int]], labels: Sequence[int], *,
+             total: int | None = None) -> None:
+        """Keep the training rows and labels here. A frozen bottom privatizes and encodes them
+        once now (SAP §4.2); an unfrozen one does it afresh for every batch."""
+        if len(rows) != len(labels) or not rows:
+            raise ValueError(f"need as many labels as rows, at least one ({len(rows)} rows, "
+                             f"{len(labels)} labels)")
+        for i, y in enumerate(labels):
+            if not 0 <= int(y) < self.num_labels:
+                raise ValueError(f"label of row {i} is {y}, outside 0..{self.num_labels - 1}")
+        self._rows = [list(r) for r in rows]
+        self._labels = torch.as_tensor([int(y) for y in labels], dtype=torch.long)
+        steps = total or total_steps(len(rows), self.config)
+        f = linear_schedule(steps, self.config.warmup_ratio)
+        self._scheds = [torch.optim.lr_scheduler.LambdaLR(self.head_opt, f)]
+        if self.bottom_opt is not None:
+            self._scheds.append(torch.optim.lr_scheduler.LambdaLR(self.bottom_opt, f))
+        if self.config.unfreeze_bottom:
+            return
+        ids, _ = _pad(self._rows, self.pad_id)
+        priv = self.privatize(ids)
+        self._cache_ids = [priv[i, :len(r)] for i, r in enumerate(self._rows)]
+        if self.bottom.num_blocks:
+            self._cache_hidden = []
+            with torch.no_grad():
+                for s in range(0, len(rows), 64):
+                    chunk = self._cache_ids[s:s + 64]
+                    h = self._run_bottom(*_pad(chunk, self.pad_id))
+                    self._cache_hidden += [h[i, :len(c)].clone() for i, c in enumerate(chunk)]
+
+    def _device(self) -> torch.device:
+        return self.bottom.word_embeddings.weight.device
+
+    def _run_bottom(self, ids: Tensor, mask: Tensor) -> Tensor:
+        dev = self._device()
+        return self.bottom(ids.to(dev), mask.to(dev))
+
+    # ------------------------------------------------------------------ protocol
+
+    def release(self, idx: Sequence[int], step: int) -> Activations:
+        """Activations for training rows ``idx`` (the message for step ``step``)."""
+        idx = [int(i) for i in idx]
+        if self.config.unfreeze_bottom:
+            ids, mask = _pad([self._rows[i] for i in idx], self.pad_id)
+            h = self._run_bottom(self.privatize(ids), mask)
+            self._pending = (step, idx, h)
+            return Activations(step, h.detach().float().cpu(), mask)
+        assert self._cache_ids is not None, "call load(rows, labels) first"
+        ids, mask = _pad([self._cache_ids[i] for i in idx], self.pad_id)
+        if self._cache_hidden is not None:
+            n, d = ids.shape[1], self._cache_hidden[0].shape[-1]
+            h = torch.zeros(len(idx), n, d)
+            for j, i in enumerate(idx):
+                h[j, :len(self._cache_hidden[i])] = self._cache_hidden[i]
+        else:
+            with torch.no_grad():
+                h = self._run_bottom(ids, mask)
+        self._pending = (step, idx, None)
+        return Activations(step, h.detach().float().cpu(), mask)
+
+    def loss_grad(self, out: TopOutput) -> tuple[OutputGrad, dict]:
+        """The customer's loss on the top's output: CE(head(g), y); updates the head and
+        returns ∂l/∂g for the provider."""
+        if self._pending is None or out.step != self._pending[0]:
+            raise ValueError(f"TopOutput for step {out.step} does not answer the pending "
+                             f"release {self._pending[0] if self._pending else None}")
+        idx = self._pending[1]
+        if out.output.shape != (len(idx), self.head.in_features):
+            raise ValueError(f"TopOutput.output has shape {tuple(out.output.shape)}, expected "
+                             f"{(len(idx), self.head.in_features)}")
+        g = out.output.detach().float().requires_grad_(True)
+        logits = self.head(g)
+        y = self._labels[idx]
+        loss = nn.functional.cross_entropy(logits, y)
+        loss.backward()
+        self.head_opt.step()
+        self.head_opt.zero_grad(set_to_none=True)
+        acc = float((logits.argmax(-1) == y).float().mean())
+        if self._pending[2] is None:
+            self._step_scheds()
+            self._pending = None
+        return OutputGrad(out.step, g.grad.detach()), {"loss": loss.item(), "acc": acc}
+
+    def apply(self, msg: ActivationGrad) -> None:
+        """Unfrozen bottom: backpropagate the provider's input gradient and update."""
+        if self._pending is None or self._pending[2] is None or msg.step != self._pending[0]:
+            raise ValueError(f"ActivationGrad for step {msg.step} answers no pending release")
+        h = self._pending[2]
+        if tuple(msg.grad.shape) != tuple(h.shape):
+            raise ValueError(f"ActivationGrad.grad shape {tuple(msg.grad.shape)} != "
+                             f"{tuple(h.shape)}")
+        h.backward(msg.grad.to(h.device, h.dtype))
+        assert self.bottom_opt is not None
+        self.bottom_opt.step()
+        self.bottom_opt.zero_grad(set_to_none=True)
+        self._step_scheds()
+        self._pending = None
+
+    def _step_scheds(self) -> None:
+        for s in self._scheds:
+            s.step()
+
+    @torch.no_grad()
+    def encode(self, rows: Sequence[Sequence[int]], step: int = 0) -> Activations:
+        """Inference release: fresh privatization of ``rows`` (SAP §4.5), no graph kept."""
+        ids, mask = _pad(rows, self.pad_id)
+        h = self._run_bottom(self.privatize(ids), mask)
+        return Activations(step, h.float().cpu(), mask)
+
+    @torch.no_grad()
+    def probabilities(self, out: TopOutput) -> Tensor:
+        """Class probabilities (B, C) from the top's output."""
+        return self.head(out.output.float()).softmax(-1)
+
+    def state_dict(self) -> dict:
+        """What the customer keeps after training: its output layer, its bottom when trained,
+        the contributing tokens."""
+        state = {"head": {k: v.detach().cpu().clone() for k, v in self.head.state_dict().items()},
+                 "cti_tokens": list(self.cti.token_ids) if self.cti is not None else None}
+        if self.config.unfreeze_bottom:
+            state["bottom"] = {k: v.detach().cpu().clone()
+                               for k, v in self.bottom.state_dict().items()}
+        return state
+
+
+def setup_split(bb: Backbone, config: SplitConfig, num_labels: int, n_examples: int
+                ) -> tuple[SplitCustomer, ProviderSession]:
+    """Both parties for a job on ``bb``: the provider splits the model, keeps and tunes the
+    top, hands the bottom to the customer; the customer builds its privatizer (over the public
+    initial embeddings; noise seeded only by ``config.noise_seed``)."""
+    body_layers = bb.model.config.num_hidden_layers
+    config.check_layers(int(body_layers))
+    bottom, top = split_backbone(bb, config.split_layer, pooling=config.pooling)
+    tune_top(top, config, bb.embeddings.detach())
+    steps = total_steps(n_examples, config)
+    provider = ProviderSession(top, config, steps)
+    privatizer = None
+    if config.eta is not None:
+        cand = candidate_ids_from_tokenizer(bb.tokenizer, bb.embeddings.shape[0])
+        privatizer = Privatizer(bb.embeddings.detach(), config.eta, special_ids=bb.special_ids,
+                                candidate_ids=cand, mode=config.privatizer_mode,
+                                seed=config.noise_seed)
+    customer = SplitCustomer(bottom, config, num_labels, hidden_size=bb.hidden_size,
+                             pad_id=bb.tokenizer.pad_token_id, special_ids=bb.special_ids,
+                             privatizer=privatizer)
+    return customer, provider
+
+
+def train_split(customer: SplitCustomer, provider: ProviderSession, *,
+                progress: Callable[[dict], None] | None = None,
+                observe: Callable[[list[int], Activations], None] | None = None,
+                should_stop: Callable[[], bool] | None = None) -> list[dict]:
+    """Run the message exchange for ``config.epochs`` epochs over the loaded rows.
+
+    Every value that crosses between the parties is a protocol message; the same loop runs
+    over HTTP once the two calls on ``provider`` become requests. ``observe(idx, acts)`` sees
+    each release with the rows it came from (a measurement hook for the attack benchmarks:
+    it is what the provider receives, plus the ground-truth row index)."""
+    cfg = customer.config
+    N = customer.num_examples
+    if N == 0:
+        raise ValueError("no training rows: call customer.load(rows, labels) first")
+    history: list[dict] = []
+    step = provider._last_step + 1
+    for epoch in range(cfg.epochs):
+        g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + epoch)
+        for idx in torch.randperm(N, generator=g).split(cfg.batch_size):
+            if should_stop is not None and should_stop():
+                return history
+            rows = idx.tolist()
+            acts = customer.release(rows, step)
+            if observe is not None:
+                observe(rows, acts)
+            out = provider.forward(acts)
+            grad, stats = customer.loss_grad(out)
+            back = provider.backward(grad)
+            if back is not None:
+                customer.apply(back)
+            rec = {"step": step, "epoch": epoch, **stats}
+            history.append(rec)
+            if progress is not None:
+                progress(rec)
+            step += 1
+    return history
+
+
+def predict_split(customer: SplitCustomer, provider: ProviderSession,
+                  rows: Sequence[Sequence[int]], batch_size: int = 64) -> Tensor:
+    """Class probabilities (N, C): customer privatizes and encodes, provider runs the top,
+    customer applies its output layer."""
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
+    out = torch.empty(len(rows), customer.num_labels)
+    for s in range(0, len(order), batch_size):
+        idx = order[s:s + batch_size]
+        top_out = provider.forward(customer.encode([rows[i] for i in idx]), train=False)
+        out[idx] = customer.probabilities(top_out)
+    return out

@@ -1,0 +1,126 @@
+"""The messages between customer and provider, checked on arrival.
+
+Training step k (SAP Algorithm 1 lines 21-27, plus §4.2's unfrozen bottom):
+
+    customer -> provider   Activations(step=k, hidden (B, n, h), mask (B, n))
+    provider -> customer   TopOutput(step=k, output (B, h))          the top's output g
+    customer -> provider   OutputGrad(step=k, grad (B, h))           ∂l/∂g; labels stay home
+    provider -> customer   ActivationGrad(step=k, grad (B, n, h))    only when the bottom trains
+
+Every message is untrusted input to the side that receives it: ``__post_init__`` checks types,
+shapes, dtypes, finiteness and the step id and raises :class:`SplitProtocolError` naming the
+field, so a malformed message fails where it arrives (an HTTP route answers 422).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = ["ActivationGrad", "Activations", "OutputGrad", "SplitProtocolError", "TopOutput"]
+
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_MASKS = (torch.bool, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+
+
+class SplitProtocolError(ValueError):
+    """A split-learning message is malformed or out of order; ``field`` names the culprit."""
+
+    def __init__(self, message: str, field: str, problem: str) -> None:
+        self.message_type = message
+        self.field = field
+        self.problem = problem
+        super().__init__(f"{message}.{field}: {problem}")
+
+
+def _step(msg: str, step: object) -> None:
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise SplitProtocolError(msg, "step", f"must be an integer >= 0, got {step!r}")
+
+
+def _float_tensor(msg: str, name: str, t: object, dims: int) -> None:
+    if not isinstance(t, Tensor):
+        raise SplitProtocolError(msg, name, f"must be a tensor, got {type(t).__name__}")
+    if t.dtype not in _FLOATS:
+        raise SplitProtocolError(msg, name, f"must be a floating tensor, got {t.dtype}")
+    if t.dim() != dims:
+        raise SplitProtocolError(msg, name, f"must have {dims} dimensions, got shape "
+                                            f"{tuple(t.shape)}")
+    if any(s == 0 for s in t.shape):
+        raise SplitProtocolError(msg, name, f"is empty (shape {tuple(t.shape)})")
+    if not bool(torch.isfinite(t).all()):
+        raise SplitProtocolError(msg, name, "contains NaN or infinite values")
+
+
+@dataclass(frozen=True)
+class Activations:
+    """Customer -> provider: the (privatized) output of the bottom for one batch.
+
+    ``hidden`` (B, n, h) float; ``mask`` (B, n) 0/1, right-padded, each row with >= 1 token.
+    There is deliberately no label field."""
+
+    step: int
+    hidden: Tensor
+    mask: Tensor
+
+    def __post_init__(self) -> None:
+        _step("Activations", self.step)
+        _float_tensor("Activations", "hidden", self.hidden, 3)
+        m = self.mask
+        if not isinstance(m, Tensor):
+            raise SplitProtocolError("Activations", "mask",
+                                     f"must be a tensor, got {type(m).__name__}")
+        if m.dtype not in _MASKS:
+            raise SplitProtocolError("Activations", "mask",
+                                     f"must be a bool or integer tensor, got {m.dtype}")
+        if tuple(m.shape) != tuple(self.hidden.shape[:2]):
+            raise SplitProtocolError("Activations", "mask",
+                                     f"shape {tuple(m.shape)} does not match hidden's first two "
+                                     f"dimensions {tuple(self.hidden.shape[:2])}")
+        mi = m.long()
+        if bool(((mi != 0) & (mi != 1)).any()):
+            raise SplitProtocolError("Activations", "mask", "values must be 0 or 1")
+        if bool((mi.sum(1) == 0).any()):
+            raise SplitProtocolError("Activations", "mask", "a row has no valid position")
+        # Right padding: positions and pooling assume the valid tokens come first.
+        if bool((mi[:, 1:] > mi[:, :-1]).any()):
+            raise SplitProtocolError("Activations", "mask",
+                                     "must be right-padded (1s, then 0s, in every row)")
+
+
+@dataclass(frozen=True)
+class TopOutput:
+    """Provider -> customer: the top's output g for the batch of ``step``, (B, h) float."""
+
+    step: int
+    output: Tensor
+
+    def __post_init__(self) -> None:
+        _step("TopOutput", self.step)
+        _float_tensor("TopOutput", "output", self.output, 2)
+
+
+@dataclass(frozen=True)
+class OutputGrad:
+    """Customer -> provider: ∂l/∂g for the batch of ``step``, (B, h) float."""
+
+    step: int
+    grad: Tensor
+
+    def __post_init__(self) -> None:
+        _step("OutputGrad", self.step)
+        _float_tensor("OutputGrad", "grad", self.grad, 2)
+
+
+@dataclass(frozen=True)
+class ActivationGrad:
+    """Provider -> customer (unfrozen bottom only): ∂l/∂hidden, (B, n, h) float."""
+
+    step: int
+    grad: Tensor
+
+    def __post_init__(self) -> None:
+        _step("ActivationGrad", self.step)
+        _float_tensor("ActivationGrad", "grad", self.grad, 3)

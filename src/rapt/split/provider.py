@@ -1,0 +1,205 @@
+"""The provider's half of split training: the top model, its tuner and its optimizer."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import Tensor, nn
+
+from rapt.split.config import SplitConfig
+from rapt.split.model import Top
+from rapt.split.protocol import (
+    ActivationGrad,
+    Activations,
+    OutputGrad,
+    SplitProtocolError,
+    TopOutput,
+)
+
+__all__ = ["ProviderSession", "linear_schedule", "load_top", "tune_top"]
+
+STATE_KIND = "split-top"
+
+
+def linear_schedule(total_steps: int, warmup_ratio: float):
+    """LR multiplier: linear warm-up, then linear decay to 0 (SAP §5.1: AdamW, linear)."""
+    warm = int(warmup_ratio * total_steps)
+
+    def f(step: int) -> float:
+        if step < warm:
+            return (step + 1) / (warm + 1)
+        return max(0.0, (total_steps - step) / max(1, total_steps - warm))
+
+    return f
+
+
+def tune_top(top: Top, config: SplitConfig, init_embeddings: Tensor | None = None) -> None:
+    """Make the top trainable the way ``config.method`` says (in place).
+
+    "lora": peft LoRA (r, alpha) on the attention query/value projections of the top's blocks
+    only (the bottom's blocks are the customer's and stay frozen). "prompt": ``top.prompt``
+    (N, h), initialised from random rows of ``init_embeddings`` (seeded by ``config.seed``)."""
+    if config.method == "lora":
+        from peft import LoraConfig, inject_adapter_in_model
+
+        mtype = top.blocks.config.model_type
+        targets = ["query", "value"] if mtype in {"bert", "roberta"} else ["q_proj", "v_proj"]
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(config.seed)
+            inject_adapter_in_model(LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha,
+                                               lora_dropout=0.0, target_modules=targets),
+                                    top.blocks)
+        for name, p in top.named_parameters():
+            p.requires_grad_("lora_" in name)
+    else:
+        if init_embeddings is None:
+            raise ValueError("prompt tuning the top needs init_embeddings (V, h)")
+        g = torch.Generator().manual_seed(config.seed)
+        pick = torch.randint(init_embeddings.shape[0], (config.num_virtual_tokens,), generator=g)
+        top.add_prompt(config.num_virtual_tokens, init_embeddings[pick])
+    top.eval()  # no dropout: a step is a deterministic function of the messages
+
+
+class ProviderSession:
+    """Runs the top for one customer's job: forward on received activations, update on the
+    returned output gradient.
+
+    The provider sees ``Activations`` (privatized representations and the padding mask) and
+    ``OutputGrad`` (∂l/∂g); it never sees text, token ids, labels or the customer's output
+    layer. One training step is in flight at a time: ``forward`` keeps the graph until the
+    ``backward`` with the same step id arrives."""
+
+    def __init__(self, top: Top, config: SplitConfig, total_steps: int) -> None:
+        if total_steps < 1:
+            raise ValueError(f"total_steps must be >= 1, got {total_steps}")
+        self.top = top
+        self.config = config
+        self.total_steps = int(total_steps)
+        self.hidden_size = int(top.blocks.config.hidden_size)
+        params = [p for p in top.parameters() if p.requires_grad]
+        if not params:
+            raise ValueError("the top has nothing to train: call tune_top(top, config) first")
+        self.optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, linear_schedule(self.total_steps, config.warmup_ratio))
+        self.step = 0  # optimizer steps taken
+        self._pending: tuple[int, Tensor, Tensor] | None = None  # (step, input leaf, output)
+        self._last_step = -1
+
+    def _device(self) -> torch.device:
+        return next(iter(self.top.parameters())).device
+
+    def _check(self, acts: Activations) -> None:
+        if not isinstance(acts, Activations):
+            raise SplitProtocolError("Activations", "type",
+                                     f"expected Activations, got {type(acts).__name__}")
+        if acts.hidden.shape[-1] != self.hidden_size:
+            raise SplitProtocolError("Activations", "hidden",
+                                     f"last dimension is {acts.hidden.shape[-1]}, this top "
+                                     f"expects {self.hidden_size}")
+
+    def forward(self, acts: Activations, *, train: bool = True) -> TopOutput:
+        """Top forward on a batch. ``train=False`` (inference) keeps no graph and needs no
+        step order."""
+        self._check(acts)
+        dev = self._device()
+        dtype = next(iter(self.top.parameters())).dtype
+        if not train:
+            with torch.no_grad():
+                g = self.top(acts.hidden.to(dev, dtype), acts.mask.to(dev).long())
+            return TopOutput(acts.step, g.detach().float().cpu())
+        if self._pending is not None:
+            raise SplitProtocolError("Activations", "step",
+                                     f"step {self._pending[0]} still waits for its OutputGrad")
+        if acts.step <= self._last_step:
+            raise SplitProtocolError("Activations", "step",
+                                     f"step {acts.step} is not after step {self._last_step}")
+        x = acts.hidden.detach().to(dev, dtype).requires_grad_(self.config.unfreeze_bottom)
+        g = self.top(x, acts.mask.to(dev).long())
+        self._pending = (acts.step, x, g)
+        self._last_step = acts.step
+        return TopOutput(acts.step, g.detach().float().cpu())
+
+    def backward(self, msg: OutputGrad) -> ActivationGrad | None:
+        """Apply ∂l/∂g: backpropagate through the top, take one AdamW step. Returns the
+        gradient at the top's input when the customer's bottom trains, else None."""
+        if not isinstance(msg, OutputGrad):
+            raise SplitProtocolError("OutputGrad", "type",
+                                     f"expected OutputGrad, got {type(msg).__name__}")
+        if self._pending is None:
+            raise SplitProtocolError("OutputGrad", "step",
+                                     f"step {msg.step}: no forward pass is waiting for it")
+        step, x, g = self._pending
+        if msg.step != step:
+            raise SplitProtocolError("OutputGrad", "step",
+                                     f"got step {msg.step}, the pending forward is step {step}")
+        if tuple(msg.grad.shape) != tuple(g.shape):
+            raise SplitProtocolError("OutputGrad", "grad",
+                                     f"shape {tuple(msg.grad.shape)} != output shape "
+                                     f"{tuple(g.shape)}")
+        self._pending = None
+        g.backward(msg.grad.to(g.device, g.dtype))
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        if self.config.unfreeze_bottom:
+            return ActivationGrad(step, x.grad.detach().float().cpu())
+        return None
+
+    def discard(self) -> None:
+        """Drop a pending step (the customer gave up on it)."""
+        self._pending = None
+
+    def trainable_state(self) -> dict[str, Tensor]:
+        names = {n for n, p in self.top.named_parameters() if p.requires_grad}
+        return {k: v.detach().cpu().clone() for k, v in self.top.state_dict().items()
+                if k in names}
+
+    def state_dict(self) -> dict:
+        """Everything to resume: trainable top tensors, optimizer, scheduler, step count."""
+        return {"kind": STATE_KIND, "method": self.config.method,
+                "split_layer": self.config.split_layer, "total_steps": self.total_steps,
+                "step": self.step, "last_step": self._last_step,
+                "top": self.trainable_state(),
+                "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+                "scheduler": copy.deepcopy(self.scheduler.state_dict())}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume from :meth:`state_dict`; refuses a state of another kind, method, split or
+        length, and loads the top's tensors strictly."""
+        if state.get("kind") != STATE_KIND:
+            raise ValueError(f"not a provider session state (kind {state.get('kind')!r}, "
+                             f"expected {STATE_KIND!r})")
+        for key, mine in (("method", self.config.method),
+                          ("split_layer", self.config.split_layer),
+                          ("total_steps", self.total_steps)):
+            if state.get(key) != mine:
+                raise ValueError(f"state has {key}={state.get(key)!r}, this session "
+                                 f"{key}={mine!r}")
+        load_top(self.top, state["top"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step = int(state["step"])
+        self._last_step = int(state.get("last_step", -1))
+        self._pending = None
+
+
+def load_top(top: nn.Module, tensors: dict[str, Tensor]) -> None:
+    """Load the trainable tensors of a tuned top; every trainable name must be present and
+    nothing else may be."""
+    names = {n for n, p in top.named_parameters() if p.requires_grad}
+    missing, extra = names - set(tensors), set(tensors) - names
+    if missing or extra:
+        raise ValueError(f"top tensors do not fit: missing {sorted(missing)}, unexpected "
+                         f"{sorted(extra)}")
+    with torch.no_grad():
+        params = dict(top.named_parameters())
+        for k, v in tensors.items():
+            if params[k].shape != v.shape:
+                raise ValueError(f"top tensor {k}: shape {tuple(v.shape)} != "
+                                 f"{tuple(params[k].shape)}")
+            params[k].copy_(v)
+
+
