@@ -372,7 +372,8 @@ def test_real_shared_data(shared_data, monkeypatch, name, split):
         assert ds.report["unlabelled"] == 0
         assert sum(ds.report["per_label"].values()) == len(ds)
         assert all(v > 0 for v in ds.report["per_label"].values())
-    assert set(BUILTINS) == {"sst2", "sst2-sentences", "trec", "cb", "trustpilot"}
+    assert set(BUILTINS) == {"sst2", "sst2-sentences", "trec", "cb", "trustpilot",
+                             "financial_phrasebank"}
 
 
 def test_real_trustpilot_attributes(shared_data, monkeypatch):

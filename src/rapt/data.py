@@ -16,6 +16,7 @@ name                      splits                                          format
 ``trec``                  train, test                                     ``COARSE:fine text``
 ``cb``                    train, val, test (test has no labels)           JSONL pairs
 ``trustpilot``            a / train (``www2015_a.csv``), b / test (``_b``) CSV, no header
+``financial_phrasebank``  train, dev, test (seeded split of one file)     ``SENTENCE@LABEL``
 ========================  ==============================================  ====================
 
 ``validation`` and ``dev`` are accepted for each other (``val`` too).
@@ -461,6 +462,22 @@ def _parse_label_text(text: str, path: Path, spec: _Spec, labels: _LabelMap
     return _per_line(text, parse)
 
 
+def _parse_text_at_label(text: str, path: Path, spec: _Spec, labels: _LabelMap
+                         ) -> tuple[list[_Row], int]:
+    """``SENTENCE@LABEL`` per line (Financial PhraseBank); the label follows the *last* ``@``,
+    since sentences may contain ``@`` themselves."""
+    def parse(line: int, s: str) -> _Row:
+        sentence, at, raw = s.rpartition("@")
+        if not at:
+            raise DataError("expected 'SENTENCE@LABEL' (no '@' on this line)", path=path,
+                            line=line, field="label")
+        raw = raw.strip()
+        labels.check(raw, path, line, "label")
+        return (line, _clean_text(sentence, path, line, "text"), None, raw, {})
+
+    return _per_line(text, parse)
+
+
 TREC_COARSE = ["ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM"]
 
 
@@ -531,6 +548,7 @@ FORMATS: dict[str, _Parser] = {
     "tsv": lambda t, p, s, lm: _parse_table(t, p, s, lm, "\t"),
     "jsonl": _parse_jsonl,
     "label-text": _parse_label_text,
+    "text-at-label": _parse_text_at_label,
     "trec": _parse_trec,
     "trustpilot": _parse_trustpilot,
     "lines": _parse_lines,
@@ -551,6 +569,9 @@ class _Builtin:
     raw_labels: tuple[str, ...]  # raw value in the file for each label id
     unlabelled_splits: tuple[str, ...] = ()
     columns: tuple[str | None, str | None, str | None] = (None, None, None)  # text, pair, label
+    # One file cut into named splits by a fixed-seed shuffle: ((split, size), ...); the last
+    # split named with size None takes the rest.
+    seeded_splits: tuple[tuple[str, int | None], ...] = ()
 
 
 BUILTINS: dict[str, _Builtin] = {
@@ -569,12 +590,29 @@ BUILTINS: dict[str, _Builtin] = {
     "trustpilot": _Builtin(
         "trustpilot", {"a": "www2015_a.csv", "b": "www2015_b.csv"}, "trustpilot",
         ("1", "2", "3", "4", "5"), ("1", "2", "3", "4", "5")),
+    # SAP (Shen et al. 2023) Table 1: 1,808 / 226 / 226. The file has 2,264 sentences; test and
+    # dev get the paper's sizes, train the rest (1,812).
+    "financial_phrasebank": _Builtin(
+        "financial_phrasebank", {"all": "Sentences_AllAgree.txt"}, "text-at-label",
+        ("negative", "neutral", "positive"), ("negative", "neutral", "positive"),
+        seeded_splits=(("test", 226), ("dev", 226), ("train", None))),
 }
+SEEDED_SPLIT_SEED = 0  # fixed: the split is part of the benchmark's definition
 _SPLIT_ALIASES = {"validation": ["dev", "val"], "dev": ["val"], "val": ["dev"],
                   "train": ["a"], "test": ["b"]}
 
 
 def _builtin_file(name: str, b: _Builtin, split: str) -> tuple[Path, str]:
+    if b.seeded_splits:
+        names = [n for n, _ in b.seeded_splits]
+        want = next((s for s in [split, *_SPLIT_ALIASES.get(split, [])] if s in names), None)
+        if want is None:
+            raise DataError(f"dataset '{name}' has no split '{split}'; splits: {sorted(names)}")
+        path = data_dir() / b.folder / next(iter(b.files.values()))
+        if not path.is_file():
+            raise DataError(f"built-in dataset '{name}' needs this file, which is missing "
+                            "(set RAPT_DATA_DIR to the data folder)", path=path)
+        return path, want
     for s in [split, *_SPLIT_ALIASES.get(split, [])]:
         if s in b.files:
             path = data_dir() / b.folder / b.files[s]
@@ -587,6 +625,20 @@ def _builtin_file(name: str, b: _Builtin, split: str) -> tuple[Path, str]:
                      if t in b.files and a not in b.files)
     raise DataError(f"dataset '{name}' has no split '{split}'; splits: {sorted(b.files)}"
                     + (f" (aliases: {', '.join(aliases)})" if aliases else ""))
+
+
+def _seeded_split(examples: list[Example], sizes: tuple[tuple[str, int | None], ...],
+                  split: str) -> list[Example]:
+    """The examples of ``split`` under a shuffle with :data:`SEEDED_SPLIT_SEED`, in file order."""
+    perm = list(range(len(examples)))
+    random.Random(SEEDED_SPLIT_SEED).shuffle(perm)
+    start = 0
+    for name, size in sizes:
+        stop = len(perm) if size is None else start + size
+        if name == split:
+            return [examples[i] for i in sorted(perm[start:stop])]
+        start = stop
+    raise DataError(f"no split '{split}'")  # _builtin_file already checked the name
 
 
 # --------------------------------------------------------------------------- entry point
@@ -607,7 +659,9 @@ def load_dataset(
     """Load a built-in dataset by name, or a user's file.
 
     Built-in names (``split`` picks the file): ``sst2`` (train/dev), ``sst2-sentences``
-    (train/dev/test), ``trec`` (train/test; labels ABBR, DESC, ENTY, HUM, LOC, NUM, the fine
+    (train/dev/test), ``financial_phrasebank`` (train/dev/test = 1,812 / 226 / 226, a
+    fixed-seed split of ``Sentences_AllAgree.txt``; labels negative/neutral/positive),
+    ``trec`` (train/test; labels ABBR, DESC, ENTY, HUM, LOC, NUM, the fine
     class in ``attrs["fine"]``), ``cb`` (train/val/test; ``text`` = premise, ``text_pair`` =
     hypothesis, labels entailment/contradiction/neutral; test is unlabelled) and
     ``trustpilot``: split ``a`` (alias ``train``) = ``www2015_a.csv``, ``b`` (alias ``test``)
@@ -700,6 +754,9 @@ def load_dataset(
     examples = [Example(text=t, label=i, text_pair=tp, attrs=attrs, line=line)
                 for (line, t, tp, _raw, attrs), i in zip(rows, ids, strict=True)]
     read = len(examples)
+    seeded = BUILTINS[name].seeded_splits if name in BUILTINS else ()
+    if seeded:
+        examples = _seeded_split(examples, seeded, split)
     if limit is not None:
         examples = examples[:limit]
     report = {

@@ -1,0 +1,410 @@
+"""Split-and-Privatize (rapt.split): the split is exact, one protocol step equals one step of
+the unsplit model, messages are checked, labels stay with the customer, CTI ∞ passes
+contributing tokens, privacy noise is seeded only on request."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from rapt.models import from_model
+from rapt.split import (
+    ActivationGrad,
+    Activations,
+    OutputGrad,
+    SplitConfig,
+    SplitProtocolError,
+    TopOutput,
+    encode_texts,
+    predict_split,
+    setup_split,
+    split_backbone,
+    train_split,
+)
+from rapt.split.customer import _pad
+from rapt.tuners import base_model
+
+TEXTS = ["the movie was good and fun", "bad plot and awful actors", "great story",
+         "boring and dull film", "a brilliant and funny scene", "the worst movie ever",
+         "really nice music", "terrible and weak plot"]
+LABELS = [1, 0, 1, 0, 1, 0, 1, 0]
+
+
+def _bert(tok, layers: int = 3, seed: int = 0):
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(seed)
+    cfg = BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=layers,
+                     num_attention_heads=4, intermediate_size=64, max_position_embeddings=64)
+    return from_model(BertModel(cfg).eval(), tok, name="tiny-bert3", kind="encoder")
+
+
+def _llama(tok, layers: int = 3, seed: int = 0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+                      max_position_embeddings=64, pad_token_id=tok.pad_token_id)
+    return from_model(LlamaForCausalLM(cfg).eval(), tok, name="tiny-llama3", kind="causal")
+
+
+BUILDERS = {"encoder": _bert, "causal": _llama}
+
+
+def _rows(bb):
+    return encode_texts(bb.tokenizer, TEXTS, 16)
+
+
+def _pool(h, mask, kind):
+    if kind == "causal":
+        last = mask.sum(1) - 1
+        return h[torch.arange(h.shape[0]), last]
+    m = mask.float().unsqueeze(-1)
+    return (h * m).sum(1) / m.sum(1)
+
+
+@pytest.mark.parametrize("kind", ["encoder", "causal"])
+@pytest.mark.parametrize("n", [0, 1, 2])
+def test_split_forward_equals_unsplit(tiny_tokenizer, kind, n):
+    bb = BUILDERS[kind](tiny_tokenizer)
+    ids, mask = _pad(_rows(bb), bb.tokenizer.pad_token_id)
+    want = _pool(base_model(bb.model)(input_ids=ids, attention_mask=mask).last_hidden_state,
+                 mask, kind)
+    bottom, top = split_backbone(bb, n)
+    assert bottom.num_blocks == n and top.num_blocks == 3 - n
+    g = top(bottom(ids, mask), mask)
+    assert torch.allclose(g, want, atol=1e-5), (g - want).abs().max()
+    # the bottom stops where it should: a deeper cut changes what is released
+    if n:
+        other, _ = split_backbone(bb, n - 1)
+        assert not torch.allclose(other(ids, mask), bottom(ids, mask), atol=1e-3)
+
+
+def test_split_refuses_bad_layer(tiny_tokenizer):
+    bb = _bert(tiny_tokenizer)
+    for bad in (-1, 3, True):
+        with pytest.raises(ValueError, match="split layer"):
+            split_backbone(bb, bad)
+    with pytest.raises(ValueError, match="0..2"):
+        setup_split(bb, SplitConfig(split_layer=3), 2, 8)
+
+
+def _reference_step(bb, n, top, head, rows, labels, cfg, unfreeze):
+    """One AdamW step of the *unsplit* model (HF body with LoRA on the same top blocks)."""
+    from peft import LoraConfig, inject_adapter_in_model
+
+    model = copy.deepcopy(base_model(bb.model))
+    for p in model.parameters():
+        p.requires_grad_(False)
+    top_idx = "|".join(str(i) for i in range(n, 3))
+    targets = (rf".*encoder\.layer\.({top_idx})\.attention\.self\.(query|value)"
+               if bb.kind == "encoder" else rf".*layers\.({top_idx})\.self_attn\.(q_proj|v_proj)")
+    inject_adapter_in_model(LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha,
+                                       target_modules=targets), model)
+    layers = model.encoder.layer if bb.kind == "encoder" else model.layers
+    top_state = {k: v for k, v in top.state_dict().items() if "lora_" in k}
+    with torch.no_grad():
+        mine = dict(model.named_parameters())
+        for k, v in top_state.items():
+            i, rest = k.removeprefix("blocks.layers.").split(".", 1)
+            mine[f"{'encoder.layer' if bb.kind == 'encoder' else 'layers'}.{int(i) + n}."
+                 f"{rest}"].copy_(v)
+    lora = [p for name, p in model.named_parameters() if "lora_" in name]
+    for p in lora:
+        p.requires_grad_(True)
+    embed = model.embeddings if bb.kind == "encoder" else model.embed_tokens
+    bottom_params = list(embed.parameters()) + [p for layer in layers[:n]
+                                                for p in layer.parameters()]
+    if unfreeze:
+        for p in bottom_params:
+            p.requires_grad_(True)
+    head = copy.deepcopy(head)
+    ids, mask = _pad(rows, bb.tokenizer.pad_token_id)
+    captured = {}
+    cut = embed if n == 0 else layers[n - 1]
+
+    def grab(module, inputs, out):
+        # a frozen bottom's output is a leaf here, so its gradient can be read
+        out = out if out.requires_grad else out.detach().requires_grad_(True)
+        out.retain_grad()
+        captured["h"] = out
+        return out
+
+    hook = cut.register_forward_hook(grab)
+    hidden = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    hook.remove()
+    g = _pool(hidden, mask, bb.kind)
+    g.retain_grad()
+    loss = nn.functional.cross_entropy(head(g), torch.tensor(labels))
+    loss.backward()
+    grads = {"g": g.grad.clone(), "h": captured["h"].grad.clone(),
+             "lora": [p.grad.clone() for p in lora],
+             "bottom": [p.grad.clone() if p.grad is not None else None for p in bottom_params]}
+    params = lora + list(head.parameters()) + (bottom_params if unfreeze else [])
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    opt.step()
+    return grads, lora, head, bottom_params
+
+
+@pytest.mark.parametrize("kind", ["encoder", "causal"])
+@pytest.mark.parametrize("n,unfreeze", [(0, False), (1, True), (2, False), (0, True)])
+def test_one_split_step_matches_unsplit_model(tiny_tokenizer, kind, n, unfreeze):
+    bb = BUILDERS[kind](tiny_tokenizer)
+    rows = _rows(bb)
+    cfg = SplitConfig(split_layer=n, unfreeze_bottom=unfreeze, lr=1e-2, warmup_ratio=0.0,
+                      batch_size=len(rows), epochs=1)
+    customer, provider = setup_split(bb, cfg, 2, len(rows))
+    with torch.no_grad():  # LoRA B starts at 0; make the step exercise both factors
+        for name, p in provider.top.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1)
+    top0 = copy.deepcopy(provider.top)
+    head0 = copy.deepcopy(customer.head)
+    ref_grads, ref_lora, ref_head, ref_bottom = _reference_step(bb, n, top0, head0, rows, LABELS,
+                                                                cfg, unfreeze)
+    seen: dict[int, torch.Tensor] = {}
+    lora = [p for name, p in provider.top.named_parameters() if "lora_" in name]
+    hooks = [p.register_hook(lambda gr, i=i: seen.__setitem__(i, gr.clone()))
+             for i, p in enumerate(lora)]
+    seen_bottom: dict[int, torch.Tensor] = {}
+    if unfreeze:
+        hooks += [p.register_hook(lambda gr, i=i: seen_bottom.__setitem__(i, gr.clone()))
+                  for i, p in enumerate(customer.bottom.parameters())]
+    customer.load(rows, LABELS)
+    acts = customer.release(list(range(len(rows))), 0)
+    out = provider.forward(acts)
+    grad, _ = customer.loss_grad(out)
+    back = provider.backward(grad)
+    if back is not None:
+        customer.apply(back)
+    for h in hooks:
+        h.remove()
+    assert torch.allclose(grad.grad, ref_grads["g"], atol=1e-6)
+    # same LoRA parameters in the same module order on both sides
+    assert len(seen) == len(ref_grads["lora"]) == 2 * 2 * (3 - n)
+    for i, rg in enumerate(ref_grads["lora"]):
+        assert rg.abs().sum() > 0
+        assert torch.allclose(seen[i], rg, atol=1e-6), f"LoRA gradient {i} differs"
+    for p, q in zip(lora, ref_lora, strict=True):
+        assert torch.allclose(p, q, atol=1e-6)
+    for p, q in zip(customer.head.parameters(), ref_head.parameters(), strict=True):
+        assert torch.allclose(p, q, atol=1e-6)
+    if unfreeze:
+        assert isinstance(back, ActivationGrad)
+        valid = acts.mask.bool()
+        assert torch.allclose(back.grad[valid], ref_grads["h"][valid], atol=1e-6)
+        for i, rg in enumerate(ref_grads["bottom"]):
+            assert torch.allclose(seen_bottom[i], rg, atol=1e-6), f"bottom gradient {i} differs"
+        for (name, p), q in zip(customer.bottom.named_parameters(), ref_bottom, strict=True):
+            assert torch.allclose(p, q, atol=1e-6), (name, (p - q).abs().max())
+        # and the bottom really moved (the check above is not trivially true)
+        fresh, _ = split_backbone(bb, n)
+        assert any(not torch.equal(a, b) for a, b in zip(customer.bottom.parameters(),
+                                                         fresh.parameters(), strict=True))
+    else:
+        assert back is None
+
+
+def test_protocol_messages_are_checked():
+    h, m = torch.randn(2, 3, 4), torch.tensor([[1, 1, 0], [1, 1, 1]])
+    Activations(0, h, m)
+    bad = [
+        (dict(step=-1), "step"), (dict(step=True), "step"), (dict(step=1.0), "step"),
+        (dict(hidden=h.double().numpy()), "hidden"), (dict(hidden=h[0]), "hidden"),
+        (dict(hidden=h.long()), "hidden"), (dict(hidden=h.clone().index_fill_(0,
+         torch.tensor([1]), float("nan"))), "hidden"),
+        (dict(hidden=torch.zeros(2, 0, 4), mask=torch.zeros(2, 0, dtype=torch.long)), "hidden"),
+        (dict(mask=m[:, :2]), "mask"), (dict(mask=m.float()), "mask"),
+        (dict(mask=m * 2), "mask"), (dict(mask=torch.tensor([[0, 0, 0], [1, 1, 1]])), "mask"),
+        (dict(mask=torch.tensor([[0, 1, 1], [1, 1, 1]])), "mask"),
+    ]
+    for change, fld in bad:
+        kw = {"step": 0, "hidden": h, "mask": m, **change}
+        with pytest.raises(SplitProtocolError, match=f"Activations.{fld}") as e:
+            Activations(**kw)
+        assert e.value.field == fld and isinstance(e.value, ValueError)
+    with pytest.raises(SplitProtocolError, match="TopOutput.output"):
+        TopOutput(0, torch.tensor([[float("inf")]]))
+    with pytest.raises(SplitProtocolError, match="OutputGrad.grad"):
+        OutputGrad(0, torch.randn(2, 3, 4))
+    with pytest.raises(SplitProtocolError, match="ActivationGrad.grad"):
+        ActivationGrad(0, torch.randn(2, 4))
+
+
+def test_provider_refuses_out_of_order_and_misshapen_messages(tiny_tokenizer):
+    bb = _bert(tiny_tokenizer)
+    customer, provider = setup_split(bb, SplitConfig(split_layer=1), 2, 8)
+    customer.load(_rows(bb), LABELS)
+    with pytest.raises(SplitProtocolError, match="hidden.*expects 32"):
+        provider.forward(Activations(0, torch.randn(1, 2, 31), torch.ones(1, 2, dtype=torch.long)))
+    with pytest.raises(SplitProtocolError, match="OutputGrad.step.*no forward"):
+        provider.backward(OutputGrad(0, torch.randn(2, 32)))
+    acts = customer.release([0, 1], 0)
+    provider.forward(acts)
+    with pytest.raises(SplitProtocolError, match="Activations.step.*still waits"):
+        provider.forward(customer.release([2, 3], 1))
+    with pytest.raises(SplitProtocolError, match="OutputGrad.step.*pending forward is step 0"):
+        provider.backward(OutputGrad(5, torch.randn(2, 32)))
+    with pytest.raises(SplitProtocolError, match="OutputGrad.grad.*shape"):
+        provider.backward(OutputGrad(0, torch.randn(3, 32)))
+    assert provider.step == 0  # nothing was applied
+    provider.backward(OutputGrad(0, torch.randn(2, 32)))
+    assert provider.step == 1
+    with pytest.raises(SplitProtocolError, match="not after step 0"):
+        provider.forward(acts)
+
+
+def test_cti_infinite_multiplier_passes_contributing_tokens(tiny_tokenizer):
+    bb = _bert(tiny_tokenizer)
+    rows = _rows(bb)
+    cfg = SplitConfig(eta=1.0, cti=True, cti_coverage=0.2, noise_seed=0)
+    customer, _ = setup_split(bb, cfg, 2, len(rows))
+    cti = customer.fit_cti(rows, LABELS)
+    assert cti.token_ids, "the toy data must have contributing tokens"
+    ids, mask = _pad(rows, bb.tokenizer.pad_token_id)
+    priv = customer.privatize(ids)
+    contrib = torch.isin(ids, torch.tensor(cti.token_ids))
+    special = torch.isin(ids, torch.tensor(customer.special_ids))
+    other = ~contrib & ~special
+    assert contrib.any() and other.any()
+    assert torch.equal(priv[contrib], ids[contrib])
+    assert torch.equal(priv[special], ids[special])
+    # η = 1 on 32-dim embeddings: the others are all but certainly replaced
+    assert (priv[other] != ids[other]).float().mean() > 0.8
+    # finite multiplier: contributing tokens get noise too (η·2 = 2 is still tiny)
+    finite, _ = setup_split(bb, SplitConfig(eta=1.0, cti=True, cti_coverage=0.2,
+                                            cti_multiplier=2.0, noise_seed=0), 2, len(rows))
+    finite.fit_cti(rows, LABELS)
+    assert (finite.privatize(ids)[contrib] != ids[contrib]).any()
+
+
+def _recording(provider):
+    log = []
+    fwd, bwd = provider.forward, provider.backward
+    provider.forward = lambda a, **k: (log.append(a), fwd(a, **k))[1]
+    provider.backward = lambda g: (log.append(g), bwd(g))[1]
+    return log
+
+
+def test_labels_never_reach_the_provider(tiny_tokenizer):
+    bb = _bert(tiny_tokenizer)
+    rows = _rows(bb)
+    logs = []
+    for labels in (LABELS, [1 - y for y in LABELS]):
+        cfg = SplitConfig(split_layer=1, eta=20.0, noise_seed=5, epochs=2, batch_size=4)
+        customer, provider = setup_split(bb, cfg, 2, len(rows))
+        log = _recording(provider)
+        customer.load(rows, labels)
+        train_split(customer, provider)
+        logs.append(log)
+        assert {type(m) for m in log} == {Activations, OutputGrad}
+        for m in log:
+            fields = set(vars(m))
+            assert fields in ({"step", "hidden", "mask"}, {"step", "grad"})
+    acts = [[m for m in log if isinstance(m, Activations)] for log in logs]
+    grads = [[m for m in log if isinstance(m, OutputGrad)] for log in logs]
+    # what the provider receives forward does not depend on the labels at all ...
+    assert all(torch.equal(a.hidden, b.hidden) and torch.equal(a.mask, b.mask)
+               for a, b in zip(*acts, strict=True))
+    # ... while the customer's loss really used them (so the test could fail)
+    assert not torch.allclose(grads[0][0].grad, grads[1][0].grad)
+
+
+@pytest.mark.parametrize("kind", ["encoder", "causal"])
+def test_split_training_learns(tiny_tokenizer, kind):
+    bb = BUILDERS[kind](tiny_tokenizer)
+    rows = _rows(bb)
+    cfg = SplitConfig(split_layer=1, lr=3e-2, epochs=25, batch_size=4, warmup_ratio=0.0,
+                      method="lora", lora_r=4)
+    customer, provider = setup_split(bb, cfg, 2, len(rows))
+    customer.load(rows, LABELS)
+    hist = train_split(customer, provider)
+    assert len(hist) == 2 * 25 and provider.step == 50
+    first = sum(h["loss"] for h in hist[:2]) / 2
+    last = sum(h["loss"] for h in hist[-2:]) / 2
+    assert last < 0.5 * first
+    pred = predict_split(customer, provider, rows).argmax(-1).tolist()
+    assert sum(int(a == b) for a, b in zip(pred, LABELS, strict=True)) >= 7
+
+
+def test_prompt_method_trains_only_the_prompt(tiny_tokenizer):
+    bb = _llama(tiny_tokenizer)
+    cfg = SplitConfig(split_layer=1, method="prompt", num_virtual_tokens=3, epochs=1,
+                      batch_size=8)
+    customer, provider = setup_split(bb, cfg, 2, 8)
+    assert [n for n, p in provider.top.named_parameters() if p.requires_grad] == ["prompt"]
+    before = provider.top.prompt.detach().clone()
+    customer.load(_rows(bb), LABELS)
+    train_split(customer, provider)
+    assert not torch.equal(before, provider.top.prompt)
+
+
+def _first_release(bb, noise_seed):
+    cfg = SplitConfig(split_layer=0, eta=10.0, noise_seed=noise_seed, batch_size=8)
+    customer, _ = setup_split(bb, cfg, 2, 8)
+    customer.load(_rows(bb), LABELS)
+    return customer.release(list(range(8)), 0).hidden
+
+
+def test_noise_is_seeded_only_on_request(tiny_tokenizer):
+    bb = _bert(tiny_tokenizer)
+    assert torch.equal(_first_release(bb, 7), _first_release(bb, 7))
+    assert not torch.equal(_first_release(bb, 7), _first_release(bb, 8))
+    assert not torch.equal(_first_release(bb, None), _first_release(bb, None))
+
+
+def test_unfrozen_bottom_privatizes_afresh_every_release(tiny_tokenizer):
+    bb = _bert(tiny_tokenizer)
+    for unfreeze, differ in ((False, False), (True, True)):
+        cfg = SplitConfig(eta=10.0, unfreeze_bottom=unfreeze, noise_seed=1, batch_size=8)
+        customer, _ = setup_split(bb, cfg, 2, 8)
+        customer.load(_rows(bb), LABELS)
+        a = customer.release(list(range(8)), 0).hidden
+        customer._pending = None
+        b = customer.release(list(range(8)), 1).hidden
+        assert (not torch.equal(a, b)) == differ
+
+
+def test_provider_state_round_trip(tiny_tokenizer):
+    bb = _bert(tiny_tokenizer)
+    rows = _rows(bb)
+    cfg = SplitConfig(split_layer=1, epochs=2, batch_size=4)
+    customer, provider = setup_split(bb, cfg, 2, len(rows))
+    customer.load(rows, LABELS)
+    train_split(customer, provider)
+    state = provider.state_dict()
+    _, fresh = setup_split(bb, cfg, 2, len(rows))
+    acts = customer.encode(rows)
+    assert not torch.equal(fresh.forward(acts, train=False).output,
+                           provider.forward(acts, train=False).output)
+    fresh.load_state_dict(state)
+    assert torch.equal(fresh.forward(acts, train=False).output,
+                       provider.forward(acts, train=False).output)
+    assert fresh.step == provider.step == 4
+    with pytest.raises(ValueError, match="kind"):
+        fresh.load_state_dict({**state, "kind": "tune"})
+    _, other = setup_split(bb, SplitConfig(split_layer=2, epochs=2, batch_size=4), 2, len(rows))
+    with pytest.raises(ValueError, match="split_layer"):
+        other.load_state_dict(state)
+    with pytest.raises(ValueError, match="missing"):
+        fresh.load_state_dict({**state, "top": {}})
+
+
+def test_split_config_validation():
+    SplitConfig(eta=50.0, cti=True, cti_multiplier=math.inf)
+    for kw, word in [(dict(split_layer=-1), "split_layer"), (dict(eta=0.0), "eta"),
+                     (dict(eta=math.inf), "eta"), (dict(cti=True), "cti=True needs eta"),
+                     (dict(eta=1.0, cti_multiplier=0.5), "cti_multiplier"),
+                     (dict(cti_multiplier=math.nan), "cti_multiplier"),
+                     (dict(method="prefix"), "prefix"), (dict(method="full"), "method"),
+                     (dict(epochs=0), "epochs"), (dict(lr=-1.0), "lr"),
+                     (dict(cti_coverage=0.0), "cti_coverage"), (dict(max_length=2), "max_length")]:
+        with pytest.raises(ValueError, match=word):
+            SplitConfig(**kw)
+    c = SplitConfig(eta=3.0, cti=True)
+    assert SplitConfig.from_dict(c.to_dict()) == c
