@@ -256,19 +256,22 @@ class SplitCustomer:
         return state
 
 
-def setup_split(bb: Backbone, config: SplitConfig, num_labels: int, n_examples: int
-                ) -> tuple[SplitCustomer, ProviderSession]:
+def setup_split(bb: Backbone, config: SplitConfig, num_labels: int, n_examples: int, *,
+                privatizer: Privatizer | None = None) -> tuple[SplitCustomer, ProviderSession]:
     """Both parties for a job on ``bb``: the provider splits the model, keeps and tunes the
     top, hands the bottom to the customer; the customer builds its privatizer (over the public
-    initial embeddings; noise seeded only by ``config.noise_seed``)."""
+    initial embeddings; noise seeded only by ``config.noise_seed``). A ``privatizer`` passed in
+    (same η) is reused, e.g. to share one search index across benchmark runs."""
     body_layers = bb.model.config.num_hidden_layers
     config.check_layers(int(body_layers))
     bottom, top = split_backbone(bb, config.split_layer, pooling=config.pooling)
     tune_top(top, config, bb.embeddings.detach())
     steps = total_steps(n_examples, config)
     provider = ProviderSession(top, config, steps)
-    privatizer = None
-    if config.eta is not None:
+    if privatizer is not None and (config.eta is None or privatizer.eta != config.eta):
+        raise ValueError(f"the privatizer's η ({privatizer.eta}) is not config.eta "
+                         f"({config.eta})")
+    if privatizer is None and config.eta is not None:
         cand = candidate_ids_from_tokenizer(bb.tokenizer, bb.embeddings.shape[0])
         privatizer = Privatizer(bb.embeddings.detach(), config.eta, special_ids=bb.special_ids,
                                 candidate_ids=cand, mode=config.privatizer_mode,

@@ -1,0 +1,416 @@
+"""SAP (Shen et al. 2023) on MiniLM: Figure 2, Table 3, Table 4 and the attribute attack.
+
+* Figure 2: utility accuracy (UA) and empirical privacy (EP, nearest-neighbour inversion of
+  the released embedding-layer outputs) against η, SAP vs SAP-CTI (CTI multiplier ∞, as in
+  Algorithm 1), on Financial PhraseBank and SST-2 (whole sentences); frozen embedding layer.
+* Table 3: frozen vs unfrozen embedding layer on SST-2 across η; the unfrozen release is
+  fresh every epoch and EP is the union of the per-epoch attack successes (SAP §5.3).
+* Table 4: split after n = 0..5 blocks × η (and no privatization): EP by the optimisation
+  inversion of Song & Raghunathan (n >= 1) or nearest neighbour (n = 0), and UA.
+* AIA: a 2-layer MLP on mean-pooled released representations predicts TrustPilot gender /
+  age, next to the majority rate and the no-privatization release.
+
+η grid: MiniLM's η values are chosen by replacement probability P on rapt's public text sample
+(``calibrate_eta_public``); tables show both P and η. Privacy noise is seeded (a benchmark must
+repeat; seeded runs carry no guarantee), so are init and data order.
+
+    python benchmarks/bench_sap.py --profile quick   # reduced CPU run (~30 min, 1 thread)
+    python benchmarks/bench_sap.py                   # CPU profile (< 2 h on 2 free cores)
+    python benchmarks/bench_sap.py --profile paper   # full data, full-vocabulary attack: GPU
+
+Results: benchmarks/results/sap.{json,md,png} (``--name`` changes the stem); the JSON is
+rewritten after every run, so an interrupted run keeps what it finished.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from rapt.attacks.attribute import attribute_attack
+from rapt.attacks.split_inversion import (
+    candidate_hits,
+    invert_by_optimization,
+    invert_embedding_layer,
+)
+from rapt.data import load_dataset
+from rapt.models import load_backbone
+from rapt.privatization import Privatizer, calibrate_eta_public, candidate_ids_from_tokenizer
+from rapt.split import (
+    SplitConfig,
+    encode_texts,
+    predict_split,
+    setup_split,
+    split_backbone,
+    train_split,
+)
+from rapt.split.customer import _pad
+
+PROFILES = {
+    # Reduced: ~25 min on one shared thread (a training step of 32 rows is ~1 s there).
+    "quick": dict(train=400, test=226, max_length=40, epochs=3, batch_size=32, lr=2e-3,
+                  head_lr=1e-2, seeds=2, levels=(0.6, 0.3), tasks=("fp", "sst2"),
+                  t3_levels=(0.6, 0.3), t3_seeds=1, t4_splits=(1, 3, 5),
+                  t4_levels=(0.3,), t4_seeds=1, attack_rows=32, attack_k=32,
+                  attack_steps=60, aia_train=600, aia_test=400),
+    "cpu": dict(train=1200, test=400, max_length=48, epochs=3, batch_size=32, lr=2e-3,
+                head_lr=1e-2, seeds=3, levels=(0.8, 0.6, 0.4, 0.2), tasks=("fp", "sst2"),
+                t3_levels=(0.8, 0.6, 0.4, 0.2), t3_seeds=2, t4_splits=(0, 1, 2, 3, 4, 5),
+                t4_levels=(0.6, 0.3), t4_seeds=2, attack_rows=64, attack_k=64,
+                attack_steps=100, aia_train=1000, aia_test=1000),
+    "paper": dict(train=None, test=None, max_length=64, epochs=3, batch_size=32, lr=1e-3,
+                  head_lr=1e-2, seeds=3, levels=(0.9, 0.8, 0.6, 0.4, 0.2, 0.1),
+                  tasks=("fp", "sst2"), t3_levels=(0.9, 0.8, 0.6, 0.4, 0.2, 0.1), t3_seeds=3,
+                  t4_splits=(0, 1, 2, 3, 4, 5), t4_levels=(0.8, 0.6, 0.4, 0.2), t4_seeds=3,
+                  attack_rows=500, attack_k=None, attack_steps=300, aia_train=2000,
+                  aia_test=2000),
+}
+TASKS = {"fp": ("financial_phrasebank", "train", "test"),
+         "sst2": ("sst2-sentences", "train", "dev")}
+
+
+def _machine() -> dict:
+    return {"platform": platform.platform(), "python": platform.python_version(),
+            "cpu_count": os.cpu_count(), "torch": torch.__version__,
+            "threads": torch.get_num_threads(), "loadavg_start": list(os.getloadavg())}
+
+
+def _mean_sd(xs: list[float]) -> tuple[float, float]:
+    return (statistics.fmean(xs), statistics.stdev(xs) if len(xs) > 1 else 0.0)
+
+
+class Bench:
+    def __init__(self, prof: dict, res: dict, save) -> None:
+        self.prof, self.res, self.save = prof, res, save
+        self.bb = load_backbone("minilm")
+        self.tok = self.bb.tokenizer
+        self.special = self.bb.special_ids
+        self.cand = candidate_ids_from_tokenizer(self.tok, self.bb.embeddings.shape[0])
+        self.etas: dict[float, float] = {}
+        self.privatizers: dict[float, Privatizer] = {}
+        self.data: dict = {}
+
+    def eta(self, p: float | None) -> float | None:
+        if p is None:
+            return None
+        if p not in self.etas:
+            self.etas[p] = calibrate_eta_public(self.bb, p, candidate_ids=self.cand, mode="fast")
+            self.res["eta_for_p"][str(p)] = self.etas[p]
+            print(f"P {p}: η = {self.etas[p]:.2f}", flush=True)
+        return self.etas[p]
+
+    def privatizer(self, eta: float, seed: int) -> Privatizer:
+        # One search index per η; the noise stream is re-seeded per run (seeded on purpose).
+        if eta not in self.privatizers:
+            self.privatizers[eta] = Privatizer(self.bb.embeddings.detach(), eta,
+                                               special_ids=self.special,
+                                               candidate_ids=self.cand, mode="fast", seed=0)
+        pz = self.privatizers[eta]
+        from rapt.noise import NoiseSource
+
+        pz.noise = NoiseSource(1000 + seed)
+        return pz
+
+    def task(self, task: str):
+        if task not in self.data:
+            name, tr_s, te_s = TASKS[task]
+            tr, te = load_dataset(name, tr_s), load_dataset(name, te_s)
+            if self.prof["train"]:
+                tr = tr.subset(min(self.prof["train"], len(tr)), seed=0)
+            if self.prof["test"]:
+                te = te.subset(min(self.prof["test"], len(te)), seed=0)
+            L = self.prof["max_length"]
+            self.data[task] = (tr, te, encode_texts(self.tok, tr.texts, L),
+                               encode_texts(self.tok, te.texts, L))
+            self.res["majority_rate"][task] = max(te.labels.count(c) for c in set(te.labels)) \
+                / len(te)
+        return self.data[task]
+
+    def run(self, table: str, task: str, p: float | None, seed: int, *, cti: bool = False,
+            split: int = 0, unfreeze: bool = False) -> dict:
+        prof = self.prof
+        tr, te, rtr, rte = self.task(task)
+        eta = self.eta(p)
+        cfg = SplitConfig(split_layer=split, eta=eta, cti=cti, unfreeze_bottom=unfreeze,
+                          lr=prof["lr"], head_lr=prof["head_lr"], bottom_lr=prof["lr"] / 10,
+                          epochs=prof["epochs"], batch_size=prof["batch_size"],
+                          max_length=prof["max_length"], seed=seed, noise_seed=1000 + seed)
+        t = time.perf_counter()
+        customer, provider = setup_split(
+            self.bb, cfg, tr.num_labels, len(rtr),
+            privatizer=self.privatizer(eta, seed) if eta is not None else None)
+        if cti:
+            customer.fit_cti(rtr, tr.labels)
+        A = prof["attack_rows"]
+        seen: list[tuple[list[int], object]] = []
+
+        def observe(idx, acts):
+            if unfreeze or not seen or len(seen) < math.ceil(len(rtr) / cfg.batch_size):
+                seen.append((idx, acts))
+
+        customer.load(rtr, tr.labels)
+        hist = train_split(customer, provider, observe=observe)
+        probs = predict_split(customer, provider, rte)
+        ua = float((probs.argmax(-1) == torch.tensor(te.labels)).float().mean())
+        ep, recall = self.attack(seen, rtr, split, A, seed)
+        tail = hist[-max(1, len(hist) // 5):]
+        run = {"table": table, "task": task, "P_target": p, "eta": eta, "seed": seed,
+               "setting": "SAP-CTI" if cti else "SAP", "split": split, "unfreeze": unfreeze,
+               "UA": ua, "EP": ep, "attack_candidate_recall": recall,
+               "P_measured": customer.measured_p if eta is not None else 0.0,
+               "cti_tokens": len(customer.cti.token_ids) if customer.cti else 0,
+               "cti_coverage": customer.cti.coverage if customer.cti else 0.0,
+               "steps": provider.step, "final_loss": statistics.fmean(h["loss"] for h in tail),
+               "seconds": round(time.perf_counter() - t, 1)}
+        self.res["runs"].append(run)
+        print(json.dumps(run), flush=True)
+        self.save()
+        return run
+
+    def attack(self, seen, rows, split: int, A: int, seed: int) -> tuple[float, float]:
+        """EP over the first A training rows: union of successes over every release of them
+        (one release per row when the bottom is frozen, one per epoch when it trains)."""
+        items = []  # (row index, released states (len, h))
+        for idx, acts in seen:
+            for j, i in enumerate(idx):
+                if i < A:
+                    n = int(acts.mask[j].sum())
+                    items.append((i, acts.hidden[j, :n]))
+        if not items:
+            return float("nan"), float("nan")
+        L = max(h.shape[0] for _, h in items)
+        hid = torch.zeros(len(items), L, items[0][1].shape[-1])
+        for b, (_, h) in enumerate(items):
+            hid[b, :h.shape[0]] = h
+        orig, mask = _pad([rows[i] for i, _ in items], self.tok.pad_token_id)
+        bottom = split_backbone(self.bb, split)[0]  # the attacker's copy: initial weights
+        if split == 0:
+            rec, seen_c = invert_embedding_layer(bottom, hid, mask, candidate_ids=self.cand), None
+        else:
+            special = torch.tensor(self.special)
+            # the row format is public: the attacker knows where the special tokens sit
+            known = torch.where(torch.isin(orig, special), orig, torch.full_like(orig, -1))
+            rec, cands = invert_by_optimization(
+                bottom, hid, mask, known=known, candidate_ids=self.cand, k=self.prof["attack_k"],
+                steps=self.prof["attack_steps"], seed=seed)
+            seen_c = candidate_hits(orig, cands) if cands is not None else None
+        keep = mask.bool() & ~torch.isin(orig, torch.tensor(self.special))
+        hit: dict[tuple[int, int], bool] = {}
+        in_c: dict[tuple[int, int], bool] = {}
+        for b, pos in keep.nonzero().tolist():
+            key = (items[b][0], pos)
+            hit[key] = hit.get(key, False) or bool(rec[b, pos] == orig[b, pos])
+            c = True if seen_c is None else bool(seen_c[b, pos])
+            in_c[key] = in_c.get(key, False) or c
+        n = len(hit)
+        return 1.0 - sum(hit.values()) / n, sum(in_c.values()) / n
+
+    def aia(self, levels) -> None:
+        prof = self.prof
+        for attr in ("gender", "age"):
+            tr = load_dataset("trustpilot", "a", attribute=attr)
+            te = load_dataset("trustpilot", "b", attribute=attr)
+            tr = tr.subset(min(prof["aia_train"], len(tr)), seed=0)
+            te = te.subset(min(prof["aia_test"], len(te)), seed=0)
+            L = prof["max_length"]
+            rtr, rte = (encode_texts(self.tok, d.texts, L) for d in (tr, te))
+            for p in (None, *levels):
+                eta = self.eta(p)
+                cfg = SplitConfig(eta=eta, noise_seed=7)
+                customer, _ = setup_split(self.bb, cfg, 2, 1, privatizer=self.privatizer(
+                    eta, 7) if eta is not None else None)
+                feats = []
+                for rows in (rtr, rte):
+                    out = []
+                    for s in range(0, len(rows), 64):
+                        acts = customer.encode(rows[s:s + 64])
+                        m = acts.mask.float().unsqueeze(-1)
+                        out.append((acts.hidden * m).sum(1) / m.sum(1))
+                    feats.append(torch.cat(out))
+                r = attribute_attack(feats[0], tr.labels, feats[1], te.labels, attribute=attr,
+                                     feature="released n=0")
+                row = {"attribute": attr, "P_target": p, "eta": eta, **r.as_dict()}
+                self.res["aia"].append(row)
+                print(json.dumps(row), flush=True)
+                self.save()
+
+
+def summarize(res: dict) -> list[dict]:
+    groups: dict[tuple, list[dict]] = {}
+    for r in res["runs"]:
+        key = (r["table"], r["task"], r["setting"], r["split"], r["unfreeze"], r["P_target"])
+        groups.setdefault(key, []).append(r)
+    out = []
+    for (table, task, setting, split, unfreeze, p), rs in groups.items():
+        ua, ua_sd = _mean_sd([r["UA"] for r in rs])
+        ep, ep_sd = _mean_sd([r["EP"] for r in rs])
+        out.append({"table": table, "task": task, "setting": setting, "split": split,
+                    "unfreeze": unfreeze, "P_target": p, "eta": rs[0]["eta"],
+                    "P_measured": statistics.fmean(r["P_measured"] for r in rs),
+                    "UA": ua, "UA_sd": ua_sd, "EP": ep, "EP_sd": ep_sd, "n": len(rs),
+                    "recall": statistics.fmean(r["attack_candidate_recall"] for r in rs)})
+    return out
+
+
+def _p_key(p):
+    return -1.0 if p is None else -p  # no privacy first, then decreasing P (= increasing η)
+
+
+def markdown(res: dict) -> str:
+    s = res.get("summary") or summarize(res)
+    lines = [f"# SAP on MiniLM — profile `{res['profile']}`", "",
+             f"Command: `{res['command']}`  ", f"Machine: {res['machine']}  ",
+             f"Elapsed: {res.get('elapsed_s', 0) / 60:.1f} min", "",
+             "Settings: " + json.dumps(res["settings"]), "",
+             "UA = test accuracy (%), EP = 1 − token accuracy of the inversion attack (%), "
+             "mean ± sd over seeds (n). P = replacement probability targeted on rapt's public "
+             "sample (measured on the released training rows in column P meas.). "
+             "Privacy noise seeded: benchmark rows carry no guarantee.", ""]
+    if res.get("reduced_note"):
+        lines += [f"**{res['reduced_note']}**", ""]
+    maj = res.get("majority_rate", {})
+    for table, title in (("fig2", "Figure 2: SAP vs SAP-CTI, frozen embedding layer"),
+                         ("table3", "Table 3: frozen vs unfrozen embedding layer (SST-2)"),
+                         ("table4", "Table 4: split position × η (SST-2, frozen bottom)")):
+        rows = [r for r in s if r["table"] == table]
+        if not rows:
+            continue
+        lines += [f"## {title}", "",
+                  "| task | setting | split n | bottom | P | η | P meas. | UA | EP | "
+                  "attack cand. recall | n |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        rows.sort(key=lambda r: (r["task"], r["split"], r["unfreeze"], r["setting"],
+                                 _p_key(r["P_target"])))
+        for r in rows:
+            p = "none" if r["P_target"] is None else f"{r['P_target']:.2f}"
+            eta = "∞" if r["eta"] is None else f"{r['eta']:.1f}"
+            lines.append(f"| {r['task']} | {r['setting']} | {r['split']} | "
+                         f"{'unfrozen' if r['unfreeze'] else 'frozen'} | {p} | {eta} | "
+                         f"{r['P_measured']:.3f} | {100 * r['UA']:.1f} ± {100 * r['UA_sd']:.1f} "
+                         f"| {100 * r['EP']:.1f} ± {100 * r['EP_sd']:.1f} | "
+                         f"{r['recall']:.3f} | {r['n']} |")
+        lines += ["", "Majority-class test rate: " + ", ".join(
+            f"{k} {100 * v:.1f}%" for k, v in maj.items()), ""]
+    if res.get("aia"):
+        lines += ["## Attribute inference on released representations (TrustPilot, n = 0)", "",
+                  "| attribute | P | η | attack accuracy | EP | majority rate | train / test |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in res["aia"]:
+            p = "none (no privatization)" if r["P_target"] is None else f"{r['P_target']:.2f}"
+            eta = "∞" if r["eta"] is None else f"{r['eta']:.1f}"
+            lines.append(f"| {r['attribute']} | {p} | {eta} | {100 * r['accuracy']:.1f} | "
+                         f"{100 * r['empirical_privacy']:.1f} | {100 * r['majority_rate']:.1f} "
+                         f"| {r['n_train']} / {r['n_test']} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(res: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    s = [r for r in (res.get("summary") or summarize(res)) if r["table"] == "fig2"]
+    tasks = sorted({r["task"] for r in s})
+    if not tasks:
+        return
+    fig, axes = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 4), squeeze=False)
+    for ax, task in zip(axes[0], tasks, strict=True):
+        for setting, style in (("SAP", "-"), ("SAP-CTI", "--")):
+            rows = sorted((r for r in s if r["task"] == task and r["setting"] == setting
+                           and r["eta"] is not None), key=lambda r: r["eta"])
+            if not rows:
+                continue
+            x = [r["eta"] for r in rows]
+            for metric, color in (("UA", "tab:blue"), ("EP", "tab:red")):
+                ax.errorbar(x, [100 * r[metric] for r in rows],
+                            yerr=[100 * r[f"{metric}_sd"] for r in rows], color=color,
+                            linestyle=style, marker="o", capsize=3,
+                            label=f"{metric} {setting}")
+        none = [r for r in s if r["task"] == task and r["eta"] is None]
+        if none:
+            ax.axhline(100 * none[0]["UA"], color="gray", linestyle=":", label="UA no privacy")
+        ax.set_xlabel("η (P targets: " + ", ".join(
+            f"{r['P_target']}" for r in sorted(rows, key=lambda r: r["eta"])) + ")")
+        ax.set_ylabel("%")
+        ax.set_title(f"{task}: UA and EP vs η (MiniLM, n = 0)")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--profile", choices=sorted(PROFILES), default="cpu")
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--name", default="sap", help="result file stem")
+    ap.add_argument("--parts", default="fig2,table3,table4,aia")
+    ap.add_argument("--seeds", type=int, default=None)
+    ap.add_argument("--render", action="store_true", help="re-render .md/.png from the .json")
+    args = ap.parse_args()
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if args.render:
+        res = json.loads((out_dir / f"{args.name}.json").read_text())
+        res["summary"] = summarize(res)
+        (out_dir / f"{args.name}.md").write_text(markdown(res) + "\n")
+        plot(res, out_dir / f"{args.name}.png")
+        return
+    prof = dict(PROFILES[args.profile])
+    if args.seeds is not None:
+        prof["seeds"] = args.seeds
+    parts = args.parts.split(",")
+    res: dict = {"command": " ".join([sys.executable, *sys.argv]), "machine": _machine(),
+                 "profile": args.profile, "settings": prof, "parts": parts, "eta_for_p": {},
+                 "majority_rate": {}, "runs": [], "aia": []}
+    if args.profile == "quick":
+        res["reduced_note"] = ("Reduced profile (--profile quick): training subsets, fewer η, "
+                               "seeds and split positions than the cpu profile; the attack "
+                               "uses a candidate-pruned optimisation (see recall column).")
+    t0 = time.perf_counter()
+
+    def save() -> None:
+        res["elapsed_s"] = time.perf_counter() - t0
+        res["machine"]["loadavg_end"] = list(os.getloadavg())
+        res["summary"] = summarize(res)
+        (out_dir / f"{args.name}.json").write_text(json.dumps(res, indent=1) + "\n")
+
+    b = Bench(prof, res, save)
+    # Seeds outermost within each part: an interrupted run has whole grids for seed 0.
+    if "fig2" in parts:
+        for seed in range(prof["seeds"]):
+            for task in prof["tasks"]:
+                b.run("fig2", task, None, seed)
+                for p in prof["levels"]:
+                    for cti in (False, True):
+                        b.run("fig2", task, p, seed, cti=cti)
+    if "table3" in parts:
+        for seed in range(prof["t3_seeds"]):
+            for p in prof["t3_levels"]:
+                for unfreeze in (False, True):
+                    b.run("table3", "sst2", p, seed, unfreeze=unfreeze)
+    if "table4" in parts:
+        for seed in range(prof["t4_seeds"]):
+            for n in prof["t4_splits"]:
+                for p in (None, *prof["t4_levels"]):
+                    b.run("table4", "sst2", p, seed, split=n)
+    if "aia" in parts:
+        b.aia(prof["levels"])
+    save()
+    (out_dir / f"{args.name}.md").write_text(markdown(res) + "\n")
+    plot(res, out_dir / f"{args.name}.png")
+    print(markdown(res))
+
+
+if __name__ == "__main__":
+    main()
