@@ -1,0 +1,296 @@
+"""`rapt sap tune|predict|attack`: Split-and-Privatize on a dataset or the user's own file.
+
+Both parties run in this process (the wire comes with the service); the artifact folder holds
+each party's half apart: ``provider.safetensors`` (the top's tuned adapter) and
+``customer.safetensors`` (the customer's output layer, and its bottom when trained), with
+``sap.json`` (split config, labels, η, contributing tokens). Privacy noise comes from OS
+entropy unless ``--noise-seed`` is given (with a warning).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import typer
+
+from rapt.cli._app import app, fail, warn_if_seeded
+
+sap_app = typer.Typer(help="Split-and-Privatize: split the backbone, privatize the bottom's "
+                           "release, keep the labels local.", no_args_is_help=True)
+app.add_typer(sap_app, name="sap")
+
+FORMAT = "rapt-sap"
+VERSION = 1
+
+
+def _data(data: str, split: str, limit: int | None, text_column: str | None,
+          label_column: str | None, label_names: list[str] | None = None):
+    from rapt.data import DataError, load_dataset
+
+    try:
+        return load_dataset(data, split, text_column=text_column, label_column=label_column,
+                            limit=limit, label_names=label_names)
+    except (DataError, FileNotFoundError) as e:
+        fail(str(e))
+
+
+def _backbone(name: str):
+    from rapt.models import BackboneNotFoundError, load_backbone
+
+    try:
+        return load_backbone(name)
+    except BackboneNotFoundError as e:
+        fail(str(e))
+
+
+def _eta(bb, eta: float | None, target_p: float | None) -> float | None:
+    from rapt.privatization import calibrate_eta_public, candidate_ids_from_tokenizer
+
+    if eta is not None and target_p is not None:
+        fail("give --eta or --target-p, not both")
+    if target_p is not None:
+        if not 0 < target_p < 1:
+            fail(f"--target-p must lie strictly between 0 and 1 (got {target_p})")
+        cand = candidate_ids_from_tokenizer(bb.tokenizer, bb.embeddings.shape[0])
+        eta = calibrate_eta_public(bb, target_p, candidate_ids=cand, mode="fast")
+        typer.echo(f"η = {eta:.4g} (calibrated for P ≈ {target_p} on rapt's public text "
+                   "sample, not on your data)")
+    if eta is not None and not (math.isfinite(eta) and eta > 0):
+        fail(f"--eta must be a positive finite number (got {eta})")
+    return eta
+
+
+def _config(**kw):
+    from rapt.split import SplitConfig
+
+    try:
+        return SplitConfig(**kw)
+    except ValueError as e:
+        fail(str(e).replace("SplitConfig.", "--").replace("_", "-"))
+
+
+@sap_app.command("tune")
+def sap_tune(
+    data: str = typer.Argument(..., help="dataset name (financial_phrasebank, sst2-sentences, "
+                                         "...) or a CSV/TSV/JSONL file"),
+    out: Path = typer.Option(Path("runs/sap"), "--out", "-o", help="artifact folder"),
+    backbone: str = typer.Option("minilm", help="backbone name or path"),
+    split_layer: int = typer.Option(0, help="blocks the customer runs after the embedding "
+                                            "layer (0 = embedding layer only)"),
+    eta: float | None = typer.Option(None, help="dχ privacy parameter (none: no privatization)"),
+    target_p: float | None = typer.Option(None, help="or the η giving this replacement "
+                                                     "probability on rapt's public sample"),
+    cti: bool = typer.Option(False, "--cti/--no-cti", help="contributing-token identification"),
+    cti_multiplier: float = typer.Option(math.inf, help="η multiplier on contributing tokens "
+                                                        "(inf = no noise, SAP Algorithm 1)"),
+    cti_coverage: float = typer.Option(0.01, help="max share of token occurrences they cover"),
+    unfreeze_bottom: bool = typer.Option(False, "--unfreeze-bottom/--freeze-bottom",
+                                         help="train the bottom too (fresh noise every step)"),
+    method: str = typer.Option("lora", help="how the provider tunes the top: lora | prompt"),
+    lr: float = typer.Option(2e-3),
+    head_lr: float | None = typer.Option(1e-2, help="customer's output layer"),
+    epochs: int = typer.Option(3),
+    batch_size: int = typer.Option(32),
+    max_length: int = typer.Option(64),
+    split: str = typer.Option("train"),
+    limit: int | None = typer.Option(None, help="use the first N examples"),
+    text_column: str | None = typer.Option(None),
+    label_column: str | None = typer.Option(None),
+    seed: int = typer.Option(0, help="init and data order (not privacy noise)"),
+    noise_seed: int | None = typer.Option(
+        None, help="seed the privacy noise: tests/benchmarks only, voids the guarantee"),
+) -> None:
+    """Train a split model: the customer privatizes and runs the bottom, the provider tunes the
+    top, the labels never leave the customer."""
+    from safetensors.torch import save_file
+    from tqdm import tqdm
+
+    from rapt.split import encode_texts, setup_split, train_split
+
+    ds = _data(data, split, limit, text_column, label_column)
+    if len(ds) == 0:
+        fail(f"{data}: no examples to train on")
+    if ds.report.get("label_source") is None:
+        fail(f"{data}: the examples have no labels (give --label-column)")
+    if ds.num_labels < 2:
+        fail(f"{data}: found {ds.num_labels} label value(s) {ds.label_names}; need at least 2")
+    bb = _backbone(backbone)
+    e = _eta(bb, eta, target_p)
+    cfg = _config(split_layer=split_layer, eta=e, cti=cti, cti_multiplier=cti_multiplier,
+                  cti_coverage=cti_coverage, unfreeze_bottom=unfreeze_bottom, method=method,
+                  lr=lr, head_lr=head_lr, epochs=epochs, batch_size=batch_size,
+                  max_length=max_length, seed=seed, noise_seed=noise_seed)
+    if e is None:
+        typer.echo("warning: no --eta/--target-p: the bottom's release is not privatized", err=True)
+    warn_if_seeded(noise_seed)
+    try:
+        rows = encode_texts(bb.tokenizer, ds.texts, max_length)
+        customer, provider = setup_split(bb, cfg, ds.num_labels, len(rows))
+    except ValueError as err:
+        fail(str(err))
+    if cti:
+        res = customer.fit_cti(rows, ds.labels)
+        typer.echo(f"CTI: {len(res.token_ids)} contributing tokens (k = {res.k} per class, "
+                   f"{100 * res.coverage:.2f}% of token occurrences)")
+    customer.load(rows, ds.labels)
+    bar = tqdm(total=provider.total_steps, desc="sap tune", unit="step", file=sys.stderr)
+
+    def progress(r: dict) -> None:
+        bar.set_postfix(loss=f"{r['loss']:.3f}")
+        bar.update(1)
+
+    hist = train_split(customer, provider, progress=progress)
+    bar.close()
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(provider.trainable_state(), str(out / "provider.safetensors"))
+    cstate = customer.state_dict()
+    tensors = {f"head.{k}": v for k, v in cstate["head"].items()}
+    tensors.update({f"bottom.{k}": v for k, v in cstate.get("bottom", {}).items()})
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "customer.safetensors"))
+    doc = {"format": FORMAT, "version": VERSION, "config": cfg.to_dict(), "backbone": backbone,
+           "label_names": ds.label_names, "num_labels": ds.num_labels, "dataset": str(data),
+           "cti_tokens": cstate["cti_tokens"], "measured_p": customer.measured_p,
+           "seeded": noise_seed is not None, "steps": provider.step,
+           "final_loss": hist[-1]["loss"] if hist else None}
+    (out / "sap.json").write_text(json.dumps(doc, indent=2) + "\n")
+    typer.echo(f"saved SAP model (split after {split_layer} blocks, {method}) to {out}"
+               + (f"; measured P = {customer.measured_p:.3f}" if e is not None else ""))
+
+
+def _load_artifact(folder: Path, noise_seed: int | None):
+    import torch
+    from safetensors.torch import load_file
+
+    from rapt.split import SplitConfig, load_top, setup_split
+
+    meta_path = folder / "sap.json"
+    for p in (meta_path, folder / "provider.safetensors", folder / "customer.safetensors"):
+        if not p.is_file():
+            fail(f"{p}: missing (not a `rapt sap tune` folder?)")
+    try:
+        doc = json.loads(meta_path.read_text())
+        if doc.get("format") != FORMAT:
+            raise ValueError(f"field 'format' must be {FORMAT!r}")
+        cfg = SplitConfig.from_dict({**doc["config"], "noise_seed": noise_seed})
+    except (ValueError, KeyError, TypeError) as e:
+        fail(f"{meta_path}: {e}")
+    bb = _backbone(doc["backbone"])
+    customer, provider = setup_split(bb, cfg, int(doc["num_labels"]), 1)
+    try:
+        load_top(provider.top, load_file(str(folder / "provider.safetensors")))
+        ct = load_file(str(folder / "customer.safetensors"))
+        customer.head.load_state_dict({k[5:]: v for k, v in ct.items() if k.startswith("head.")})
+        bottom = {k[7:]: v for k, v in ct.items() if k.startswith("bottom.")}
+        if bottom:
+            customer.bottom.load_state_dict(bottom)
+    except (ValueError, RuntimeError) as e:
+        fail(f"{folder}: tensors do not fit this backbone and config ({e})")
+    if doc.get("cti_tokens") is not None and cfg.cti:
+        from rapt.cti import CTIResult
+
+        empty = torch.zeros(0)
+        customer.cti = CTIResult(0, list(doc["cti_tokens"]), [], 0.0, empty, empty, empty)
+    return bb, doc, cfg, customer, provider
+
+
+@sap_app.command("predict")
+def sap_predict(
+    artifact: Path = typer.Argument(..., help="folder written by `rapt sap tune`"),
+    data: str = typer.Argument(..., help="dataset name or file with texts (labels optional)"),
+    split: str = typer.Option("test"),
+    limit: int | None = typer.Option(None),
+    text_column: str | None = typer.Option(None),
+    label_column: str | None = typer.Option(None),
+    out: Path | None = typer.Option(None, help="write one JSON line per text here"),
+    noise_seed: int | None = typer.Option(None, help="seed the query privatization (tests)"),
+) -> None:
+    """Predict with a split model; queries are privatized afresh, as in training (SAP §4.5)."""
+    from rapt.split import encode_texts, predict_split
+
+    warn_if_seeded(noise_seed)
+    bb, doc, cfg, customer, provider = _load_artifact(artifact, noise_seed)
+    ds = _data(data, split, limit, text_column, label_column, label_names=doc["label_names"])
+    if len(ds) == 0:
+        fail(f"{data}: no texts")
+    rows = encode_texts(bb.tokenizer, ds.texts, cfg.max_length)
+    probs = predict_split(customer, provider, rows)
+    pred = probs.argmax(-1).tolist()
+    names = doc["label_names"]
+    if out is not None:
+        with out.open("w") as f:
+            for t, y, p in zip(ds.texts, pred, probs.tolist(), strict=True):
+                f.write(json.dumps({"text": t, "label": names[y], "probs": p}) + "\n")
+    labelled = ds.report.get("label_source") is not None and all(
+        e.label is not None for e in ds.examples)
+    msg = f"{len(pred)} predictions"
+    if labelled:
+        acc = sum(int(a == b) for a, b in zip(pred, ds.labels, strict=True)) / len(pred)
+        msg += f"; accuracy {acc:.4f}"
+    typer.echo(msg + (f"; written to {out}" if out else ""))
+
+
+@sap_app.command("attack")
+def sap_attack(
+    data: str = typer.Argument(..., help="dataset name or file whose texts are released"),
+    backbone: str = typer.Option("minilm"),
+    split_layer: int = typer.Option(0),
+    eta: float | None = typer.Option(None),
+    target_p: float | None = typer.Option(None),
+    split: str = typer.Option("train"),
+    limit: int = typer.Option(64, help="rows attacked"),
+    text_column: str | None = typer.Option(None),
+    max_length: int = typer.Option(64),
+    candidates: int = typer.Option(64, help="optimisation attack: candidates per position "
+                                            "(0 = whole vocabulary)"),
+    steps: int = typer.Option(100, help="optimisation attack: Adam steps"),
+    noise_seed: int | None = typer.Option(None),
+) -> None:
+    """Embedding inversion on the bottom's (privatized) release, as the provider would run it:
+    nearest neighbour through the embedding layer (split 0) or the optimisation attack of Song
+    & Raghunathan (deeper splits). Prints EP = 1 − token accuracy."""
+    import torch
+
+    from rapt.attacks.split_inversion import (
+        candidate_hits,
+        invert_by_optimization,
+        invert_embedding_layer,
+        score_inversion,
+    )
+    from rapt.privatization import candidate_ids_from_tokenizer
+    from rapt.split import encode_texts, setup_split, split_backbone
+
+    warn_if_seeded(noise_seed)
+    ds = _data(data, split, limit, text_column, None)
+    if len(ds) == 0:
+        fail(f"{data}: no texts")
+    bb = _backbone(backbone)
+    e = _eta(bb, eta, target_p)
+    cfg = _config(split_layer=split_layer, eta=e, max_length=max_length, noise_seed=noise_seed)
+    try:
+        customer, _ = setup_split(bb, cfg, 2, 1)
+    except ValueError as err:
+        fail(str(err))
+    rows = encode_texts(bb.tokenizer, ds.texts, max_length)
+    acts = customer.encode(rows)
+    from rapt.split.customer import _pad
+
+    orig, _ = _pad(rows, bb.tokenizer.pad_token_id)
+    bottom = split_backbone(bb, split_layer)[0]
+    cand = candidate_ids_from_tokenizer(bb.tokenizer, bb.embeddings.shape[0])
+    seen = None
+    if split_layer == 0:
+        rec = invert_embedding_layer(bottom, acts.hidden, acts.mask, candidate_ids=cand)
+    else:
+        special = torch.tensor(bb.special_ids)
+        known = torch.where(torch.isin(orig, special), orig, torch.full_like(orig, -1))
+        rec, cands = invert_by_optimization(bottom, acts.hidden, acts.mask, known=known,
+                                            candidate_ids=cand, k=candidates or None,
+                                            steps=steps)
+        seen = candidate_hits(orig, cands) if cands is not None else None
+    r = score_inversion(rec, orig, acts.mask, bb.special_ids, seen)
+    typer.echo(json.dumps({"split_layer": split_layer, "eta": e,
+                           "measured_p": customer.measured_p if e is not None else 0.0,
+                           **r.as_dict()}))
