@@ -56,8 +56,8 @@ def score_inversion(recovered: Tensor, original: Tensor, mask: Tensor,
     """Success over positions with mask 1 whose original token is not special."""
     keep = mask.bool() & ~torch.isin(original, torch.tensor(list(special_ids), dtype=torch.long))
     n = int(keep.sum())
-    acc = float((recovered[keep] == original[keep]).float().mean()) if n else 0.0
-    recall = float(seen[keep].float().mean()) if (seen is not None and n) else 1.0
+    acc = int((recovered[keep] == original[keep]).sum()) / n if n else 0.0
+    recall = int(seen[keep].sum()) / n if (seen is not None and n) else 1.0
     return SplitInversionResult(acc, 1.0 - acc, n, recall)
 
 
