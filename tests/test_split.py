@@ -408,3 +408,40 @@ def test_split_config_validation():
             SplitConfig(**kw)
     c = SplitConfig(eta=3.0, cti=True)
     assert SplitConfig.from_dict(c.to_dict()) == c
+
+
+@pytest.mark.parametrize("split", [0, 1])
+def test_resume_is_bit_exact_for_a_frozen_bottom(tiny_tokenizer, split):
+    bb = _bert(tiny_tokenizer)
+    rows = _rows(bb)
+    cfg = SplitConfig(split_layer=split, eta=30.0, cti=True, cti_coverage=0.2, epochs=3,
+                      batch_size=3, noise_seed=4)
+
+    def parties():
+        c, p = setup_split(bb, cfg, 2, len(rows))
+        c.fit_cti(rows, LABELS)
+        c.load(rows, LABELS)
+        return c, p
+
+    c_a, p_a = parties()
+    train_split(c_a, p_a)
+    c_b, p_b = parties()
+    train_split(c_b, p_b, should_stop=lambda: p_b.step >= 4)  # mid-epoch 2
+    assert p_b.step == 4
+    pst, cst = p_b.state_dict(), c_b.state_dict()
+    # a fresh customer draws other noise (another seed here) -- the saved release must win
+    c_c, p_c = setup_split(bb, SplitConfig(**{**cfg.to_dict(), "noise_seed": 99,
+                                              "cti_multiplier": math.inf}), 2, len(rows))
+    c_c.fit_cti(rows, LABELS)
+    c_c.load(rows, LABELS)
+    c_c.load_state_dict(cst)
+    p_c.load_state_dict(pst)
+    train_split(c_c, p_c)
+    assert p_c.step == p_a.step == 9
+    for (k, a), b in zip(p_a.trainable_state().items(), p_c.trainable_state().values(),
+                         strict=True):
+        assert torch.equal(a, b), k
+    for a, b in zip(c_a.head.parameters(), c_c.head.parameters(), strict=True):
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="kind"):
+        c_c.load_state_dict(pst)

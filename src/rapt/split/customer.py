@@ -8,6 +8,7 @@ labels, the number of classes or their names.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Sequence
 
@@ -152,12 +153,16 @@ class SplitCustomer:
             return
         ids, _ = _pad(self._rows, self.pad_id)
         priv = self.privatize(ids)
-        self._cache_ids = [priv[i, :len(r)] for i, r in enumerate(self._rows)]
+        self._encode_cache([priv[i, :len(r)] for i, r in enumerate(self._rows)])
+
+    def _encode_cache(self, released: list[Tensor]) -> None:
+        self._cache_ids = released
+        self._cache_hidden = None
         if self.bottom.num_blocks:
             self._cache_hidden = []
             with torch.no_grad():
-                for s in range(0, len(rows), 64):
-                    chunk = self._cache_ids[s:s + 64]
+                for s in range(0, len(released), 64):
+                    chunk = released[s:s + 64]
                     h = self._run_bottom(*_pad(chunk, self.pad_id))
                     self._cache_hidden += [h[i, :len(c)].clone() for i, c in enumerate(chunk)]
 
@@ -246,14 +251,48 @@ class SplitCustomer:
         return self.head(out.output.float()).softmax(-1)
 
     def state_dict(self) -> dict:
-        """What the customer keeps after training: its output layer, its bottom when trained,
-        the contributing tokens."""
-        state = {"head": {k: v.detach().cpu().clone() for k, v in self.head.state_dict().items()},
-                 "cti_tokens": list(self.cti.token_ids) if self.cti is not None else None}
+        """What the customer keeps (locally, never sent): its output layer, its bottom when
+        trained, the contributing tokens, optimizer and schedule states, and, for a frozen
+        bottom, the privatized ids already released, so a resumed run re-sends the *same*
+        release instead of drawing a second one (which would give the provider another look at
+        every row). Privacy-noise generator state is never saved (rapt.noise)."""
+        state = {"kind": "split-customer", "split_layer": self.config.split_layer,
+                 "head": {k: v.detach().cpu().clone() for k, v in self.head.state_dict().items()},
+                 "head_opt": copy.deepcopy(self.head_opt.state_dict()),
+                 "scheds": [copy.deepcopy(x.state_dict()) for x in self._scheds],
+                 "cti_tokens": list(self.cti.token_ids) if self.cti is not None else None,
+                 "released_ids": [t.clone() for t in self._cache_ids]
+                 if self._cache_ids is not None else None,
+                 "replaced": self.replaced, "perturbable": self.perturbable}
         if self.config.unfreeze_bottom:
             state["bottom"] = {k: v.detach().cpu().clone()
                                for k, v in self.bottom.state_dict().items()}
+            assert self.bottom_opt is not None
+            state["bottom_opt"] = copy.deepcopy(self.bottom_opt.state_dict())
         return state
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume after :meth:`load` (same rows and labels): restores everything
+        :meth:`state_dict` saved and re-encodes the saved release."""
+        if state.get("kind") != "split-customer":
+            raise ValueError(f"not a customer state (kind {state.get('kind')!r})")
+        if state.get("split_layer") != self.config.split_layer:
+            raise ValueError(f"state has split_layer={state.get('split_layer')}, this customer "
+                             f"{self.config.split_layer}")
+        self.head.load_state_dict(state["head"])
+        self.head_opt.load_state_dict(state["head_opt"])
+        for sched, st in zip(self._scheds, state["scheds"], strict=True):
+            sched.load_state_dict(st)
+        if "bottom" in state:
+            self.bottom.load_state_dict(state["bottom"])
+            assert self.bottom_opt is not None
+            self.bottom_opt.load_state_dict(state["bottom_opt"])
+        self.replaced, self.perturbable = int(state["replaced"]), int(state["perturbable"])
+        if state.get("released_ids") is not None:
+            if len(state["released_ids"]) != len(self._rows):
+                raise ValueError(f"state released {len(state['released_ids'])} rows, "
+                                 f"{len(self._rows)} are loaded")
+            self._encode_cache([t.clone() for t in state["released_ids"]])
 
 
 def setup_split(bb: Backbone, config: SplitConfig, num_labels: int, n_examples: int, *,
@@ -291,16 +330,22 @@ def train_split(customer: SplitCustomer, provider: ProviderSession, *,
     Every value that crosses between the parties is a protocol message; the same loop runs
     over HTTP once the two calls on ``provider`` become requests. ``observe(idx, acts)`` sees
     each release with the rows it came from (a measurement hook for the attack benchmarks:
-    it is what the provider receives, plus the ground-truth row index)."""
+    it is what the provider receives, plus the ground-truth row index). After both parties
+    loaded a checkpoint it continues where ``provider.step`` says: data order depends only on
+    ``config.seed`` and the epoch, so the remaining batches are the same ones."""
     cfg = customer.config
     N = customer.num_examples
     if N == 0:
         raise ValueError("no training rows: call customer.load(rows, labels) first")
     history: list[dict] = []
     step = provider._last_step + 1
+    done = provider.step
     for epoch in range(cfg.epochs):
         g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + epoch)
         for idx in torch.randperm(N, generator=g).split(cfg.batch_size):
+            if done > 0:
+                done -= 1
+                continue
             if should_stop is not None and should_stop():
                 return history
             rows = idx.tolist()
