@@ -257,6 +257,14 @@ def test_provider_refuses_out_of_order_and_misshapen_messages(tiny_tokenizer):
     assert provider.step == 1
     with pytest.raises(SplitProtocolError, match="not after step 0"):
         provider.forward(acts)
+    # the customer checks what comes back from the provider just as strictly
+    customer.release([4, 5], 1)
+    with pytest.raises(SplitProtocolError, match="TopOutput.step"):
+        customer.loss_grad(TopOutput(0, torch.randn(2, 32)))
+    with pytest.raises(SplitProtocolError, match="TopOutput.output"):
+        customer.loss_grad(TopOutput(1, torch.randn(2, 31)))
+    with pytest.raises(SplitProtocolError, match="ActivationGrad.step"):
+        customer.apply(ActivationGrad(1, torch.randn(2, 3, 32)))
 
 
 def test_cti_infinite_multiplier_passes_contributing_tokens(tiny_tokenizer):

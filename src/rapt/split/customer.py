@@ -20,7 +20,13 @@ from rapt.models import Backbone
 from rapt.privatization import Privatizer, candidate_ids_from_tokenizer
 from rapt.split.config import SplitConfig
 from rapt.split.model import Bottom, split_backbone
-from rapt.split.protocol import ActivationGrad, Activations, OutputGrad, TopOutput
+from rapt.split.protocol import (
+    ActivationGrad,
+    Activations,
+    OutputGrad,
+    SplitProtocolError,
+    TopOutput,
+)
 from rapt.split.provider import ProviderSession, linear_schedule, tune_top
 
 __all__ = ["SplitCustomer", "encode_texts", "predict_split", "setup_split", "total_steps",
@@ -200,12 +206,14 @@ class SplitCustomer:
         """The customer's loss on the top's output: CE(head(g), y); updates the head and
         returns ∂l/∂g for the provider."""
         if self._pending is None or out.step != self._pending[0]:
-            raise ValueError(f"TopOutput for step {out.step} does not answer the pending "
-                             f"release {self._pending[0] if self._pending else None}")
+            raise SplitProtocolError("TopOutput", "step",
+                                     f"step {out.step} does not answer the pending release "
+                                     f"{self._pending[0] if self._pending else None}")
         idx = self._pending[1]
         if out.output.shape != (len(idx), self.head.in_features):
-            raise ValueError(f"TopOutput.output has shape {tuple(out.output.shape)}, expected "
-                             f"{(len(idx), self.head.in_features)}")
+            raise SplitProtocolError("TopOutput", "output",
+                                     f"shape {tuple(out.output.shape)}, expected "
+                                     f"{(len(idx), self.head.in_features)}")
         g = out.output.detach().float().requires_grad_(True)
         logits = self.head(g)
         y = self._labels[idx]
@@ -222,11 +230,12 @@ class SplitCustomer:
     def apply(self, msg: ActivationGrad) -> None:
         """Unfrozen bottom: backpropagate the provider's input gradient and update."""
         if self._pending is None or self._pending[2] is None or msg.step != self._pending[0]:
-            raise ValueError(f"ActivationGrad for step {msg.step} answers no pending release")
+            raise SplitProtocolError("ActivationGrad", "step",
+                                     f"step {msg.step} answers no pending release")
         h = self._pending[2]
         if tuple(msg.grad.shape) != tuple(h.shape):
-            raise ValueError(f"ActivationGrad.grad shape {tuple(msg.grad.shape)} != "
-                             f"{tuple(h.shape)}")
+            raise SplitProtocolError("ActivationGrad", "grad",
+                                     f"shape {tuple(msg.grad.shape)} != {tuple(h.shape)}")
         h.backward(msg.grad.to(h.device, h.dtype))
         assert self.bottom_opt is not None
         self.bottom_opt.step()
