@@ -453,3 +453,19 @@ def test_resume_is_bit_exact_for_a_frozen_bottom(tiny_tokenizer, split):
         assert torch.equal(a, b)
     with pytest.raises(ValueError, match="kind"):
         c_c.load_state_dict(pst)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("name,n", [("minilm", 3), ("smollm2-135m", 4)])
+def test_real_backbones_split_exactly(name, n):
+    from rapt.models import load_backbone
+
+    bb = load_backbone(name)
+    rows = encode_texts(bb.tokenizer, ["The company reported strong profit growth .",
+                                       "Sales fell ."], 32)
+    ids, mask = _pad(rows, bb.tokenizer.pad_token_id)
+    with torch.no_grad():
+        want = _pool(base_model(bb.model)(input_ids=ids, attention_mask=mask).last_hidden_state,
+                     mask, bb.kind)
+        bottom, top = split_backbone(bb, n)
+        assert torch.allclose(top(bottom(ids, mask), mask), want, atol=1e-4)
