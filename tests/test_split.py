@@ -352,6 +352,18 @@ def test_prompt_method_trains_only_the_prompt(tiny_tokenizer):
     assert not torch.equal(before, provider.top.prompt)
 
 
+def test_padding_positions_are_released_as_zeros(tiny_tokenizer):
+    bb = _bert(tiny_tokenizer)
+    for unfreeze in (False, True):
+        customer, _ = setup_split(bb, SplitConfig(split_layer=1, unfreeze_bottom=unfreeze),
+                                  2, 8)
+        customer.load(_rows(bb), LABELS)
+        for acts in (customer.release(list(range(8)), 0), customer.encode(_rows(bb))):
+            pad = ~acts.mask.bool()
+            assert pad.any() and (acts.hidden[pad] == 0).all()
+            assert (acts.hidden[~pad].abs().sum(-1) > 0).all()
+
+
 def _first_release(bb, noise_seed):
     cfg = SplitConfig(split_layer=0, eta=10.0, noise_seed=noise_seed, batch_size=8)
     customer, _ = setup_split(bb, cfg, 2, 8)

@@ -177,7 +177,11 @@ class SplitCustomer:
 
     def _run_bottom(self, ids: Tensor, mask: Tensor) -> Tensor:
         dev = self._device()
-        return self.bottom(ids.to(dev), mask.to(dev))
+        mask = mask.to(dev)
+        h = self.bottom(ids.to(dev), mask)
+        # Padding positions are zeroed before release: after a block they attend to the real
+        # tokens, so their states would be extra views of the private row.
+        return h * mask.unsqueeze(-1).to(h.dtype)
 
     # ------------------------------------------------------------------ protocol
 
