@@ -287,7 +287,11 @@ def markdown(res: dict) -> str:
     lines = [f"# SAP on MiniLM — profile `{res['profile']}`", "",
              f"Command: `{res['command']}`  ", f"Machine: {res['machine']}  ",
              f"Elapsed: {res.get('elapsed_s', 0) / 60:.1f} min", "",
-             "Settings: " + json.dumps(res["settings"]), "",
+             "Settings: " + json.dumps(res["settings"]), ""]
+    for a in res.get("appended", []):
+        lines += [f"Appended with `{a['command']}` (load at start "
+                  f"{a['machine']['loadavg_start']})", ""]
+    lines += [
              "UA = test accuracy (%), EP = 1 − token accuracy of the inversion attack (%), "
              "mean ± sd over seeds (n). P = replacement probability targeted on rapt's public "
              "sample (measured on the released training rows in column P meas.). "
@@ -375,6 +379,10 @@ def main() -> None:
     ap.add_argument("--name", default="sap", help="result file stem")
     ap.add_argument("--parts", default="fig2,table3,table4,aia")
     ap.add_argument("--seeds", type=int, default=None)
+    ap.add_argument("--seed-offset", type=int, default=0, help="first seed (with --append)")
+    ap.add_argument("--tasks", default=None, help="comma list (default: the profile's)")
+    ap.add_argument("--append", action="store_true",
+                    help="add runs to the existing JSON (its profile must match)")
     ap.add_argument("--render", action="store_true", help="re-render .md/.png from the .json")
     args = ap.parse_args()
     out_dir = Path(args.out)
@@ -388,28 +396,38 @@ def main() -> None:
     prof = dict(PROFILES[args.profile])
     if args.seeds is not None:
         prof["seeds"] = args.seeds
+    if args.tasks:
+        prof["tasks"] = tuple(args.tasks.split(","))
     parts = args.parts.split(",")
-    res: dict = {"command": " ".join([sys.executable, *sys.argv]), "machine": _machine(),
+    command = " ".join([sys.executable, *sys.argv])
+    res: dict = {"command": command, "machine": _machine(),
                  "profile": args.profile, "settings": prof, "parts": parts, "eta_for_p": {},
                  "majority_rate": {}, "runs": [], "aia": []}
+    path = out_dir / f"{args.name}.json"
+    if args.append:
+        old = json.loads(path.read_text())
+        if old["profile"] != args.profile:
+            raise SystemExit(f"{path} holds profile {old['profile']!r}, not {args.profile!r}")
+        old.setdefault("appended", []).append({"command": command, "machine": _machine()})
+        res = old
     if args.profile == "quick":
         res["reduced_note"] = ("Reduced profile (--profile quick): training subsets, fewer η, "
                                "seeds and split positions than the cpu profile; the attack "
                                "uses a candidate-pruned optimisation (see recall column). CTI "
                                "tokens are computed on the whole training split (1,812 FP / "
                                "6,920 SST-2 rows), training uses the subset.")
-    t0 = time.perf_counter()
+    t0 = time.perf_counter() - res.get("elapsed_s", 0.0)
 
     def save() -> None:
         res["elapsed_s"] = time.perf_counter() - t0
         res["machine"]["loadavg_end"] = list(os.getloadavg())
         res["summary"] = summarize(res)
-        (out_dir / f"{args.name}.json").write_text(json.dumps(res, indent=1) + "\n")
+        path.write_text(json.dumps(res, indent=1) + "\n")
 
     b = Bench(prof, res, save)
     # Seeds outermost within each part: an interrupted run has whole grids for seed 0.
     if "fig2" in parts:
-        for seed in range(prof["seeds"]):
+        for seed in range(args.seed_offset, args.seed_offset + prof["seeds"]):
             for task in prof["tasks"]:
                 b.run("fig2", task, None, seed)
                 for p in prof["levels"]:
