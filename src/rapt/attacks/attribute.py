@@ -30,6 +30,7 @@ class AttributeResult:
     majority_rate: float
     n_train: int
     n_test: int
+    balanced_accuracy: float = float("nan")  # mean per-class recall: 1 / classes = blind
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -115,7 +116,12 @@ def attribute_attack(train_x: Tensor, train_y: Sequence[int], test_x: Tensor,
             loss.backward()
             opt.step()
     with torch.no_grad():
-        acc = float((mlp(xte).argmax(-1) == yte).float().mean())
+        pred = mlp(xte).argmax(-1)
+        acc = float((pred == yte).float().mean())
+        # Accuracy alone rewards always answering the majority class on skewed attributes.
+        balanced = float(torch.stack([(pred[yte == c] == c).float().mean()
+                                      for c in yte.unique()]).mean())
     # The rate of a blind attacker that always answers the training split's majority class.
     majority = float((yte == torch.bincount(ytr, minlength=n_classes).argmax()).float().mean())
-    return AttributeResult(attribute, feature, acc, 1.0 - acc, majority, len(ytr), len(yte))
+    return AttributeResult(attribute, feature, acc, 1.0 - acc, majority, len(ytr), len(yte),
+                           balanced)
