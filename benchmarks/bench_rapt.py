@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import statistics
@@ -34,7 +33,8 @@ from pathlib import Path
 import torch
 
 from rapt.attacks.attribute import attribute_attack, embedding_features, hidden_features
-from rapt.data import load_dataset
+from rapt.data import label_descriptions_for, load_dataset
+from rapt.demo import plain_tokens_for
 from rapt.models import load_backbone
 from rapt.noise import NoiseSource
 from rapt.privatization import (
@@ -43,7 +43,15 @@ from rapt.privatization import (
     candidate_ids_from_tokenizer,
     replacement_probability,
 )
-from rapt.reconstruction import build_rows, plain_offset, privatize_rows, sample_plain_tokens
+from rapt.reconstruction import (
+    build_rows,
+    drop_plain,
+    plain_offset,
+    privatize_rows,
+    sample_plain_tokens,
+    text_length_for,
+)
+from rapt.stats import effect_word, mean_ci, paired_difference
 from rapt.trainer import TuneConfig, tune
 
 
@@ -110,7 +118,8 @@ PROFILES = {
                 head="label-description", rec_reduction="sum", whole_fraction=0.95,
                 control_seeds=3, control_level=0.4,
                 controls=("head only", "+plain tokens, no L_rec", "+reconstruction (mean)",
-                          "+privatization (linear head)", "+reconstruction (linear head)"),
+                          "+privatization (linear head)", "+reconstruction (linear head)",
+                          "+reconstruction, 16 plain sequences"),
                 plain_len_ablation=(10, 20), attack_train=3000, attack_test=1000),
     # The paper's setting (BERT-base there): full data, 4 epochs, batch 128, prompt 150 /
     # prefix 10, m = 40, eq. 7's sum, 5 seeds, three levels; for a GPU.
@@ -120,7 +129,8 @@ PROFILES = {
                   lr={"prompt": 3e-2, "prefix": 1e-2}, head="label-description",
                   rec_reduction="sum", whole_fraction=0.95, control_seeds=5, control_level=0.4,
                   controls=("head only", "+plain tokens, no L_rec", "+reconstruction (mean)",
-                            "+privatization (linear head)", "+reconstruction (linear head)"),
+                            "+privatization (linear head)", "+reconstruction (linear head)",
+                            "+reconstruction, 16 plain sequences"),
                   plain_len_ablation=(10, 20, 80), attack_train=3000, attack_test=1000),
     # A few steps of everything, to check the script end to end (numbers mean nothing).
     "smoke": dict(tasks=("sst2",), methods=("prefix",), train=48, test=40, plain_len=8,
@@ -129,14 +139,12 @@ PROFILES = {
                   head="label-description", rec_reduction="sum", whole_fraction=0.95,
                   control_seeds=1, control_level=0.4,
                   controls=("head only", "+plain tokens, no L_rec", "+reconstruction (mean)",
-                            "+privatization (linear head)"),
+                            "+privatization (linear head)", "+reconstruction, 3 plain sequences"),
                   plain_len_ablation=(4,), attack_train=60, attack_test=40),
 }
 # (dataset, train split, test split, label descriptions for the label-description head)
-TASKS = {"sst2": ("sst2-sentences", "train", "dev",
-                  ["a negative review", "a positive review"]),
-         "trustpilot": ("trustpilot", "a", "b",
-                        [f"a {n}-star review" for n in ("one", "two", "three", "four", "five")])}
+TASKS = {"sst2": ("sst2-sentences", "train", "dev", label_descriptions_for("sst2-sentences")),
+         "trustpilot": ("trustpilot", "a", "b", label_descriptions_for("trustpilot"))}
 # Main settings: (rows: clean | private | private with k, L_rec on, reduction, head)
 MAIN = ("no privacy", "+privatization", "+reconstruction")
 
@@ -149,25 +157,6 @@ def _machine() -> dict:
     return {"platform": platform.platform(), "python": platform.python_version(),
             "cpu_count": os.cpu_count(), "torch": torch.__version__,
             "threads": torch.get_num_threads(), "loadavg_start": list(os.getloadavg())}
-
-
-def text_length_for(tokenizer, texts, fraction: float) -> tuple[int, float]:
-    """The smallest row length (with specials, without plain tokens) that keeps ``fraction``
-    of the rows whole -> (length, fraction actually kept whole)."""
-    lens = sorted(len(r) for r in tokenizer(list(texts), add_special_tokens=True)["input_ids"])
-    n = lens[min(len(lens) - 1, math.ceil(fraction * len(lens)) - 1)]
-    return n, sum(1 for x in lens if x <= n) / len(lens)
-
-
-def mean_ci(xs: list[float], level: float = 0.95) -> tuple[float, float]:
-    """(mean, half-width of the Student-t confidence interval); half-width 0 for n = 1."""
-    from scipy import stats
-
-    m = statistics.mean(xs)
-    if len(xs) < 2:
-        return m, 0.0
-    return m, float(stats.t.ppf(0.5 + level / 2, len(xs) - 1) * statistics.stdev(xs)
-                    / math.sqrt(len(xs)))
 
 
 def main() -> None:
@@ -211,8 +200,8 @@ def main() -> None:
                  "timing": None, "attack": []}
     if path.exists() and not args.fresh and not args.timing_only:
         old = json.loads(path.read_text())
-        if old.get("profile") == args.profile and old.get("settings") == json.loads(
-                json.dumps(settings)):
+        if old.get("profile") == args.profile and _run_defining(old.get("settings", {})) == \
+                _run_defining(json.loads(json.dumps(settings))):
             res["runs"], res["attack"] = old.get("runs", []), old.get("attack", [])
             res["timing"] = old.get("timing")
             res["elapsed_before_s"] = old.get("elapsed_s", 0)
@@ -270,47 +259,53 @@ def main() -> None:
 
     cache: dict = {}
 
-    def rows_for(task: str, seed: int, p: float | None, plain_len: int):
-        """(train rows, test rows, plain, off) for one seed: with plain tokens k when
-        plain_len > 0, privatized at level p (noise seeded by the seed, so settings that share
-        a seed see the same privatized text: the comparison is paired)."""
-        key = (task, seed, p, plain_len)
+    def rows_for(task: str, seed: int, p: float | None, plain_len: int, n_seq: int = 1):
+        """(train rows, test rows, plain, plain_index) for one seed: with plain tokens k when
+        plain_len > 0 (n_seq > 1: one of n_seq sequences drawn per training row, test rows get
+        the first), privatized at level p (noise seeded by the seed, so settings that share a
+        seed see the same privatized text: the comparison is paired)."""
+        key = (task, seed, p, plain_len, n_seq)
         if key in cache:
             return cache[key]
         tr, te, n_text = data[task]
-        plain = sample_plain_tokens(tok, plain_len, seed=seed) if plain_len else None
-        rows = [build_rows(tok, d.texts, n_text + plain_len, plain) for d in (tr, te)]
-        off = plain_offset(tok)
+        plain, index = None, None
+        if plain_len and n_seq > 1:
+            plain, index = plain_tokens_for(tok, plain_len, n_seq, len(tr), seed)
+        elif plain_len:
+            plain = sample_plain_tokens(tok, plain_len, seed=seed)
+        rows = [build_rows(tok, tr.texts, n_text + plain_len, plain, index),
+                build_rows(tok, te.texts, n_text + plain_len, plain,
+                           None if index is None else [0] * len(te))]
         if p is not None:
             pz = Privatizer(bb.embeddings, etas[p], special_ids=bb.special_ids,
                             candidate_ids=cand, mode="fast")
             # Seeded on purpose: a benchmark must be repeatable (its rows carry no guarantee).
             # Drawn with k and then dropped for the rows without k: the mechanism noises every
             # token independently, so the text tokens are privatized identically in both.
-            base = cache.get((task, seed, p, m)) if plain_len == 0 else None
+            base = cache.get((task, seed, p, m, 1)) if plain_len == 0 else None
             if base is not None:
-                rows = [[r[:off] + r[off + m:] for r in rs] for rs in base[:2]]
+                rows = [drop_plain(rs, tok, m) for rs in base[:2]]
             else:
                 g = NoiseSource(10_000 + seed)
                 rows = [privatize_rows(r, pz, g) for r in rows]
-            if plain_len == m:
+            if plain_len == m and n_seq == 1:
                 clean = rows_for(task, seed, None, 0)
-                measured = replacement_probability(
-                    clean[0], [r[:off] + r[off + m:] for r in rows[0]], bb.special_ids)
+                measured = replacement_probability(clean[0], drop_plain(rows[0], tok, m),
+                                                   bb.special_ids)
                 res["levels"].setdefault(task, {}).setdefault(str(p), {
                     "eta": etas[p], "P_by_seed": {}})["P_by_seed"][str(seed)] = measured
-        cache[key] = (rows[0], rows[1], plain, off)
+        cache[key] = (rows[0], rows[1], plain, index)
         return cache[key]
 
     def run(task: str, method: str, setting: str, p: float | None, seed: int, *,
             private: bool, plain_len: int = 0, rec: bool = False, reduction: str | None = None,
-            head: str | None = None, freeze: bool = False) -> None:
+            head: str | None = None, freeze: bool = False, n_seq: int = 1) -> None:
         if (task, method, setting, p, seed) in done:
             return
         tr, te, _ = data[task]
         if private and plain_len and p is not None:
             rows_for(task, seed, p, m)  # the shared draw the rows without k are cut from
-        rtr, rte, plain, _ = rows_for(task, seed, p if private else None, plain_len)
+        rtr, rte, plain, index = rows_for(task, seed, p if private else None, plain_len, n_seq)
         head = head or prof["head"]
         kw = dict(head=head, label_descriptions=TASKS[task][3]) \
             if head == "label-description" else dict(head=head)
@@ -321,13 +316,15 @@ def main() -> None:
                          rec_reduction=reduction or prof["rec_reduction"],
                          freeze_prompt=freeze, **kw)
         t = time.perf_counter()
-        tuned = tune(bb, rtr, tr.labels, len(tr.label_names), cfg, plain_ids=plain)
+        tuned = tune(bb, rtr, tr.labels, len(tr.label_names), cfg, plain_ids=plain,
+                     plain_index=index)
         acc = _acc(tuned.predict(bb, rte), te.labels)
         hist = tuned.meta.get("history") or []
         tail = hist[-max(1, len(hist) // 5):]
         r = {"task": task, "method": method, "setting": setting, "P": p,
              "eta": etas.get(p), "seed": seed, "accuracy": acc, "steps": tuned.meta["steps"],
-             "plain_len": plain_len, "rec": rec, "head": head, "freeze_prompt": freeze,
+             "plain_len": plain_len, "plain_sequences": n_seq, "rec": rec, "head": head,
+             "freeze_prompt": freeze,
              "rec_reduction": cfg.rec_reduction if rec else None,
              "train_s": round(time.perf_counter() - t, 1)}
         if tail:
@@ -371,6 +368,11 @@ def main() -> None:
                         elif c == "+reconstruction (linear head)":
                             run(task, method, c, cl, seed, private=True, plain_len=m, rec=True,
                                 head="linear")
+                        elif c.startswith("+reconstruction, ") and c.endswith(" sequences"):
+                            # Fig. 4a: a different plain sequence per row, so L_rec cannot be
+                            # solved from the position alone
+                            run(task, method, c, cl, seed, private=True, plain_len=m, rec=True,
+                                n_seq=int(c.split()[1]))
             if "ablation" in phases:
                 for seed in range(prof["control_seeds"]):
                     for pl in prof["plain_len_ablation"]:
@@ -381,6 +383,13 @@ def main() -> None:
         save()
     _write(res, out_dir, args.name)
     print(markdown(res))
+
+
+def _run_defining(settings: dict) -> dict:
+    """The settings a finished run depends on: adding a control or an ablation to a profile
+    keeps the runs already done valid for a resume."""
+    return {k: v for k, v in settings.items()
+            if k not in ("controls", "plain_len_ablation", "control_seeds")}
 
 
 def _write(res: dict, out_dir: Path, name: str) -> None:
@@ -469,16 +478,15 @@ def paired(res: dict) -> list[dict]:
             else "+privatization"
         if setting == base_setting:
             continue
-        diffs = [a - acc[(task, method, base_setting, p, s)]
-                 for (t, mt, st, pp, s), a in acc.items()
-                 if (t, mt, st, pp) == (task, method, setting, p)
-                 and (task, method, base_setting, p, s) in acc]
-        if not diffs:
+        seeds = sorted(s for (t, mt, st, pp, s) in acc
+                       if (t, mt, st, pp) == (task, method, setting, p)
+                       and (task, method, base_setting, p, s) in acc)
+        if not seeds:
             continue
-        mean, ci = mean_ci(diffs)
+        d = paired_difference([acc[(task, method, setting, p, s)] for s in seeds],
+                              [acc[(task, method, base_setting, p, s)] for s in seeds])
         out.append({"task": task, "method": method, "setting": setting, "baseline":
-                    base_setting, "P": p, "mean_diff": mean, "ci95": ci, "n": len(diffs),
-                    "excludes_zero": len(diffs) > 1 and abs(mean) > ci})
+                    base_setting, "P": p, **d})
     return sorted(out, key=lambda d: (d["task"], d["method"], d["P"], d["setting"]))
 
 
@@ -496,8 +504,7 @@ def verdict(res: dict, task: str = "sst2", method: str = "prefix") -> str:
         return "no paired +reconstruction runs yet"
     parts = []
     for d in sorted(rows, key=lambda d: -d["P"]):
-        word = ("helped" if d["mean_diff"] > 0 else "hurt") if d["excludes_zero"] \
-            else "made no significant difference"
+        word = effect_word(d)
         parts.append(f"P≈{d['P']}: {100 * d['mean_diff']:+.1f} ± {100 * d['ci95']:.1f} points "
                      f"({word}, n={d['n']})")
     goal = all(d["excludes_zero"] and d["mean_diff"] >= 0.05 for d in rows)

@@ -30,6 +30,22 @@ def test_attack_without_signal_is_near_majority():
     xte, yte = _data(200, 0.0, 1)
     r = attribute_attack(xtr, ytr, xte, yte, epochs=20, hidden=64)
     assert r.accuracy < r.majority_rate + 0.08
+    assert abs(r.balanced_accuracy - 0.5) < 0.1  # no signal: a blind attacker's 1 / classes
+
+
+def test_balanced_accuracy_is_mean_per_class_recall():
+    """An attacker that always answers the majority class scores its rate in accuracy but
+    exactly 1 / classes in balanced accuracy; with a signal both are high."""
+    xtr, ytr = _data(400, 3.0, 0)
+    xte, yte = _data(200, 3.0, 1)
+    r = attribute_attack(xtr, ytr, xte, yte, epochs=20, hidden=64)
+    yt = torch.tensor(yte)
+    assert r.balanced_accuracy > 0.85 and r.balanced_accuracy <= 1.0
+    # a constant attacker (zero features, so the MLP can only learn the prior)
+    r0 = attribute_attack(torch.zeros(400, 16), ytr, torch.zeros(200, 16), yte, epochs=20,
+                          hidden=64)
+    assert r0.accuracy == pytest.approx(float((yt == 0).float().mean()))
+    assert r0.balanced_accuracy == pytest.approx(0.5)
 
 
 def test_attack_input_checks():

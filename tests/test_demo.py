@@ -49,13 +49,21 @@ def test_run_demo_tiny(small_bert, shared_data, monkeypatch):
 
     monkeypatch.setenv("RAPT_DATA_DIR", str(shared_data))
     cfg = DemoConfig(train_size=48, test_size=24, max_length=24, plain_len=4, epochs=1,
-                     batch_size=16, target_p=0.5, privatizer_mode="exact", noise_seed=0)
+                     batch_size=16, target_p=0.5, privatizer_mode="exact", noise_seed=0,
+                     seeds=2)
     steps: list[tuple[str, dict]] = []
     res = run_demo(cfg, log=lambda s: None, progress=lambda s, r: steps.append((s, r)),
                    backbone=small_bert)
-    assert [r["setting"] for r in res.rows] == ["no privacy", "+privatization",
+    assert [r["setting"] for r in res.rows] == ["no privacy", "head only", "+privatization",
                                                 "+reconstruction"]
-    assert all(0.0 <= r["accuracy"] <= 1.0 and r["steps"] == 3 for r in res.rows)
+    assert all(len(r["accuracies"]) == 2 and 0.0 <= r["accuracy"] <= 1.0 for r in res.rows)
+    assert [r["steps"] for r in res.rows] == [3, 0, 3, 3]  # head only: nothing trains
+    # the paired difference is the mean of the per-seed differences
+    rec, priv = res.rows[3]["accuracies"], res.rows[2]["accuracies"]
+    assert res.paired["n"] == 2
+    assert res.paired["mean_diff"] == pytest.approx((rec[0] - priv[0] + rec[1] - priv[1]) / 2)
+    assert res.verdict.startswith("reconstruction ") and "2 paired seeds" in res.verdict
+    assert res.head == "label-description"  # RAPT's encoder default: the prompt carries the task
     assert abs(res.p - 0.5) <= 0.05 and res.eta > 0, res.p  # η calibrated for P = 0.5
     # the inversion attack recovers exactly the unreplaced tokens (same embedding matrix), so
     # its empirical privacy is the test rows' P: the same rate, measured on other tokens
@@ -65,10 +73,12 @@ def test_run_demo_tiny(small_bert, shared_data, monkeypatch):
     se = math.sqrt(res.p * (1 - res.p) * (1 / n_train + 1 / n_test))
     assert abs(res.inversion_privacy - res.p) < 4 * se, (res.inversion_privacy, res.p, se)
     assert 0.25 < res.inversion_privacy < 0.75  # not the degenerate 0 (or 1) of a broken attack
-    assert {s for s, _ in steps} == {"no privacy", "+privatization", "+reconstruction"}
-    assert "rec_acc_end" in res.rows[2]
+    assert {s for s, _ in steps} == {f"{n}, seed {i}" for i in (0, 1)
+                                     for n in ("no privacy", "+privatization", "+reconstruction")}
+    assert len(res.rows[3]["rec_acc_end"]) == 2
     table = format_table(res)
-    assert "+reconstruction" in table and "| P |" not in table.splitlines()[2]
+    assert "+reconstruction" in table and res.verdict in table
+    assert "| 0 | 0 |" in table.splitlines()[2]  # the no-privacy row claims no privacy
     make_plot(res)
     json.dumps(res.as_dict())
 
@@ -83,8 +93,33 @@ def test_demo_cli_minilm(tmp_path, shared_data, monkeypatch):
     out = tmp_path / "demo"
     r = CliRunner().invoke(app, ["demo", "--out", str(out), "--train-size", "32",
                                  "--test-size", "16", "--epochs", "1", "--max-length", "24",
-                                 "--plain-len", "4", "--eta", "60"])
+                                 "--plain-len", "4", "--eta", "60", "--seeds", "2"])
     assert r.exit_code == 0, r.output
-    assert "+reconstruction" in r.output
+    assert "+reconstruction" in r.output and "2 paired seeds" in r.output
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["config"]["train_size"] == 32 and saved["config"]["plain_len"] == 4
     for f in ("results.json", "results.md", "demo.png"):
         assert (out / f).is_file()
+
+
+def test_demo_config_benchmark_and_validation():
+    from rapt.demo import DemoConfig
+
+    b = DemoConfig.benchmark(seeds=2)
+    assert (b.train_size, b.test_size, b.epochs, b.batch_size, b.seeds) == (1000, 400, 4, 8, 2)
+    assert (b.plain_len, b.rec_reduction, b.head, b.method) == (40, "sum", "auto", "prefix")
+    d = DemoConfig()
+    assert d.train_size * d.epochs // d.batch_size * d.seeds <= 400  # sized for ≤ 5 min
+    with pytest.raises(ValueError, match="target_p"):
+        DemoConfig(target_p=1.0)
+    with pytest.raises(ValueError, match="seeds"):
+        DemoConfig(seeds=0)
+
+
+def test_demo_cli_bad_head_is_a_clear_error(tmp_path):
+    from typer.testing import CliRunner
+
+    from rapt.cli import app
+
+    r = CliRunner().invoke(app, ["demo", "--out", str(tmp_path / "d"), "--head", "mlm"])
+    assert r.exit_code != 0 and "--head must be" in r.output and "Traceback" not in r.output

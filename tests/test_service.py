@@ -296,6 +296,10 @@ BAD_JOBS = [
     ("batch too big", {"batch_size": 10**6}, "batch_size"),
     ("dp both", {"dp": {"target_epsilon": 1.0, "noise_multiplier": 1.0}}, "dp"),
     ("unknown option", {"momentum": 0.9}, "momentum"),
+    ("descriptions per label", {"label_descriptions": ["a", "b", "c"]}, "label_descriptions"),
+    ("description head without them", {"head": "label-description"}, "label_descriptions"),
+    ("unknown head", {"head": "mlm"}, "head"),
+    ("rec reduction", {"rec_reduction": "max"}, "rec_reduction"),
 ]
 
 

@@ -572,15 +572,19 @@ class _Builtin:
     # One file cut into named splits by a fixed-seed shuffle: ((split, size), ...); the last
     # split named with size None takes the rest.
     seeded_splits: tuple[tuple[str, int | None], ...] = ()
+    # One sentence per label for the frozen label-description head (rapt.heads); () = none.
+    descriptions: tuple[str, ...] = ()
 
 
 BUILTINS: dict[str, _Builtin] = {
     "sst2": _Builtin("sst2", {"train": "train.tsv", "dev": "dev.tsv"}, "tsv",
-                     ("negative", "positive"), ("0", "1"), columns=("sentence", None, "label")),
+                     ("negative", "positive"), ("0", "1"), columns=("sentence", None, "label"),
+                     descriptions=("a negative review", "a positive review")),
     "sst2-sentences": _Builtin(
         "sst2", {"train": "stsa.binary.train", "dev": "stsa.binary.dev",
                  "test": "stsa.binary.test"}, "label-text",
-        ("negative", "positive"), ("0", "1")),
+        ("negative", "positive"), ("0", "1"),
+        descriptions=("a negative review", "a positive review")),
     "trec": _Builtin("trec", {"train": "train.txt", "test": "test.txt"}, "trec",
                      tuple(TREC_COARSE), tuple(TREC_COARSE)),
     "cb": _Builtin("cb", {"train": "train.jsonl", "val": "val.jsonl", "test": "test.jsonl"},
@@ -589,15 +593,26 @@ BUILTINS: dict[str, _Builtin] = {
                    columns=("premise", "hypothesis", "label")),
     "trustpilot": _Builtin(
         "trustpilot", {"a": "www2015_a.csv", "b": "www2015_b.csv"}, "trustpilot",
-        ("1", "2", "3", "4", "5"), ("1", "2", "3", "4", "5")),
+        ("1", "2", "3", "4", "5"), ("1", "2", "3", "4", "5"),
+        descriptions=tuple(f"a {n}-star review" for n in ("one", "two", "three", "four",
+                                                           "five"))),
     # SAP (Shen et al. 2023) Table 1: 1,808 / 226 / 226. The file has 2,264 sentences; test and
     # dev get the paper's sizes, train the rest (1,812).
     "financial_phrasebank": _Builtin(
         "financial_phrasebank", {"all": "Sentences_AllAgree.txt"}, "text-at-label",
         ("negative", "neutral", "positive"), ("negative", "neutral", "positive"),
-        seeded_splits=(("test", 226), ("dev", 226), ("train", None))),
+        seeded_splits=(("test", 226), ("dev", 226), ("train", None)),
+        descriptions=("negative financial news", "neutral financial news",
+                      "positive financial news")),
 }
 SEEDED_SPLIT_SEED = 0  # fixed: the split is part of the benchmark's definition
+
+
+def label_descriptions_for(name: str) -> list[str] | None:
+    """The built-in dataset ``name``'s label descriptions (one per label, for the frozen
+    label-description head), or None for files and built-ins without them."""
+    b = BUILTINS.get(str(name))
+    return list(b.descriptions) if b is not None and b.descriptions else None
 _SPLIT_ALIASES = {"validation": ["dev", "val"], "dev": ["val"], "val": ["dev"],
                   "train": ["a"], "test": ["b"]}
 

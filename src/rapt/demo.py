@@ -1,59 +1,103 @@
-"""The main job behind ``rapt demo``: RAPT end to end on a small SST-2 subset.
+"""The main job behind ``rapt demo``: RAPT end to end on a small SST-2 subset, in the regime
+``benchmarks/bench_rapt.py`` measures (issue 9), on a few paired seeds.
 
-1. The user side tokenizes sentences, prepends the plain tokens k (for the RAPT row) and
-   privatizes everything with the dχ-privacy mechanism at η (calibrated to a target
-   replacement probability P unless η is given).
-2. The provider side tunes three prompts: on clean text (no privacy), on privatized text
-   (+privatization), and on privatized text with privatized token reconstruction
-   (+reconstruction); the reconstruction head is dropped afterwards.
+1. The user side tokenizes sentences, inserts the plain tokens k and privatizes every token
+   with the dχ-privacy mechanism at η (calibrated to a target replacement probability P on
+   public text unless η is given). The rows without k are the same privatized rows with k cut
+   out (the mechanism noises tokens independently), so +privatization and +reconstruction see
+   the same privatized text and the same truncation: the comparison is paired.
+2. The provider side tunes a prefix through a frozen label-description head (the prompt has to
+   carry the task; a trainable linear head would be a linear probe that L_rec cannot help) in
+   four settings: no privacy, head only (the prefix at its init: what the head alone scores),
+   +privatization, and +reconstruction (eq. 7's summed L_rec; the reconstruction head is
+   dropped afterwards).
 3. Inference privatizes each test query the same way (same η) before prediction.
 4. The embedding inversion attack scores what the provider could recover from the tokens.
+5. Per setting: mean accuracy ± 95 % CI over the seeds, and one verdict line from the paired
+   difference +reconstruction − +privatization (rapt.stats, the benchmark's rule).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
 
+from rapt.stats import effect_word, mean_ci, paired_difference
+
 DEFAULT_LR = {"prompt": 2e-2, "prefix": 1e-2, "lora": 1e-3, "full": 3e-5}
+SETTINGS = ("no privacy", "head only", "+privatization", "+reconstruction")
 
 
 @dataclass
 class DemoConfig:
-    """Defaults finish in a few minutes on 2 CPU cores; raise sizes/epochs to scale up."""
+    """Defaults: the benchmark's regime (prefix tuning, frozen label-description head, m = 40,
+    eq. 7's summed L_rec, text cut where 95 % of training rows stay whole) sized to finish in
+    about 5 minutes on 2 CPU cores: 3 paired seeds of 120 optimizer steps.
+    ``DemoConfig.benchmark()`` is ``benchmarks/bench_rapt.py``'s cpu profile at P 0.4."""
 
     backbone: str = "minilm"
     dataset: str = "sst2-sentences"
-    train_size: int = 512
-    test_size: int = 200
-    max_length: int = 48
+    train_size: int = 480
+    test_size: int = 300
+    max_length: int | None = None  # text tokens per row, k excluded; None: keep whole_fraction
+    whole_fraction: float = 0.95
     method: str = "prefix"
     num_virtual_tokens: int = 10
     lr: float | None = None  # None: DEFAULT_LR[method]
     epochs: int = 2
-    batch_size: int = 32
-    plain_len: int = 16
+    batch_size: int = 8
+    plain_len: int = 40
     plain_sequences: int = 1  # > 1: each training row gets one of that many plain sequences
-    target_p: float = 0.3
+    target_p: float = 0.4
     eta: float | None = None  # overrides target_p
     rec_weight: float = 1.0
-    seed: int = 0  # data subset, init, plain tokens: not privacy noise
+    rec_reduction: str = "sum"  # eq. 7; "mean" divides by the number of positions
+    head: str = "auto"  # RAPT's: label-description (encoders), verbalizer (causal LMs) | linear
+    label_descriptions: list[str] | None = None  # None: the built-in dataset's
+    seeds: int = 3  # paired seeds seed, seed + 1, ...
+    seed: int = 0  # data subset (fixed) and the first seed's init, order and plain tokens
     noise_seed: int | None = None  # privacy noise: OS entropy unless set (then "seeded")
     privatizer_mode: str = "fast"
+
+    def __post_init__(self) -> None:
+        for name in ("train_size", "test_size", "epochs", "batch_size", "seeds",
+                     "num_virtual_tokens", "plain_len"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"DemoConfig.{name} must be >= 1 (got {getattr(self, name)})")
+        if self.max_length is not None and self.max_length < 3:
+            raise ValueError(f"DemoConfig.max_length must be >= 3 text tokens "
+                             f"(got {self.max_length})")
+        if not 0 < self.whole_fraction <= 1:
+            raise ValueError(f"DemoConfig.whole_fraction must lie in (0, 1] "
+                             f"(got {self.whole_fraction})")
+        if self.eta is None and not 0 < self.target_p < 1:
+            raise ValueError(f"DemoConfig.target_p must lie strictly between 0 and 1 "
+                             f"(got {self.target_p})")
+
+    @classmethod
+    def benchmark(cls, **overrides: Any) -> DemoConfig:
+        """benchmarks/bench_rapt.py's cpu profile at P 0.4: 1,000 training / 400 test rows,
+        4 epochs at batch 8 (500 steps), 5 paired seeds (about 40 minutes on 2 cores)."""
+        return replace(cls(train_size=1000, test_size=400, epochs=4, seeds=5), **overrides)
 
 
 @dataclass
 class DemoResult:
     config: dict
     eta: float
-    p: float
+    p: float  # measured replacement probability on the training text, mean over seeds
     inversion_privacy: float
     seeded: bool = False
-    rows: list[dict] = field(default_factory=list)  # one per setting
+    rows: list[dict] = field(default_factory=list)  # one per setting, accuracies per seed
+    paired: dict = field(default_factory=dict)  # +reconstruction − +privatization
+    verdict: str = ""
+    text_length: int = 0
+    head: str = ""  # the head the runs used (config.head resolved)
+    rows_whole: float = 1.0
     seconds: float = 0.0
 
     def as_dict(self) -> dict:
@@ -76,10 +120,25 @@ def _accuracy(pred: list[int], gold: list[int]) -> float:
     return float(sum(int(a == b) for a, b in zip(pred, gold, strict=True))) / max(1, len(gold))
 
 
+def _head_options(config: DemoConfig, bb, label_names: list[str]) -> dict:
+    """TuneConfig keywords for the task head; "auto" is RAPT's default (rapt.trainer): the
+    verbalizer over a causal LM's head, the frozen label-description head on an encoder."""
+    from rapt.data import label_descriptions_for
+
+    if bb.kind == "causal":
+        return {"head": config.head, "label_words": list(label_names)}
+    desc = config.label_descriptions or label_descriptions_for(config.dataset)
+    if config.head in ("auto", "label-description") and not desc:
+        raise ValueError(f"{config.dataset}: no built-in label descriptions; give "
+                         "label_descriptions (one text per label) or head='linear'")
+    return {"head": config.head, "label_descriptions": desc}
+
+
 def run_demo(config: DemoConfig, log: Callable[[str], None] = print,
              progress: Callable[[str, dict], None] | None = None,
              backbone: Any = None) -> DemoResult:
-    """Run the demo; ``progress(setting, step_record)`` is called after each training step."""
+    """Run the demo; ``progress(setting, step_record)`` is called after each training step
+    (the setting named "<setting>, seed <s>")."""
     from rapt.attacks.inversion import inversion_attack
     from rapt.data import load_dataset
     from rapt.models import load_backbone
@@ -89,7 +148,7 @@ def run_demo(config: DemoConfig, log: Callable[[str], None] = print,
         candidate_ids_from_tokenizer,
         replacement_probability,
     )
-    from rapt.reconstruction import build_rows, privatize_rows
+    from rapt.reconstruction import build_rows, drop_plain, privatize_rows, text_length_for
     from rapt.trainer import TuneConfig, tune
 
     t0 = time.perf_counter()
@@ -100,105 +159,149 @@ def run_demo(config: DemoConfig, log: Callable[[str], None] = print,
     train = train.subset(min(config.train_size, len(train)), seed=config.seed)
     test = test.subset(min(config.test_size, len(test)), seed=config.seed)
     log(f"data: {len(train)} training / {len(test)} test examples of {config.dataset}")
+    head_kw = _head_options(config, bb, list(train.label_names))
 
-    special = bb.special_ids
+    # One text length for every setting (the rows with k are m tokens longer), so no setting
+    # sees more of a sentence than another.
+    n_text, whole = text_length_for(tok, train.texts, config.whole_fraction)
+    if config.max_length is not None:
+        n_text = config.max_length
+        whole = sum(len(r) <= n_text for r in tok(train.texts)["input_ids"]) / len(train)
+    log(f"rows cut at {n_text} text tokens ({whole:.0%} of training rows whole) + "
+        f"{config.plain_len} plain tokens")
+    m = config.plain_len
     cand = candidate_ids_from_tokenizer(tok, bb.embeddings.shape[0])
-    clean_rows = build_rows(tok, train.texts, config.max_length)
-    clean_test = build_rows(tok, test.texts, config.max_length)
     eta = config.eta
     if eta is None:
         eta = calibrate_eta_public(bb, config.target_p, candidate_ids=cand,
                                    mode=config.privatizer_mode)
         log(f"η = {eta:.3g} (calibrated for P ≈ {config.target_p} on the public text sample)")
-    privatizer = Privatizer(bb.embeddings, eta, special_ids=special, candidate_ids=cand,
+    privatizer = Privatizer(bb.embeddings, eta, special_ids=bb.special_ids, candidate_ids=cand,
                             mode=config.privatizer_mode, seed=config.noise_seed)
-    plain, plain_index = plain_tokens_for(tok, config.plain_len, config.plain_sequences,
-                                          len(train), config.seed)
-    rapt_rows = build_rows(tok, train.texts, config.max_length, plain, plain_index)
-    rapt_test = build_rows(tok, test.texts, config.max_length, plain,
-                           [0] * len(test) if plain_index is not None else None)
-
-    priv_rows = privatize_rows(clean_rows, privatizer)
-    priv_test = privatize_rows(clean_test, privatizer)
-    priv_rapt = privatize_rows(rapt_rows, privatizer)
-    priv_rapt_test = privatize_rows(rapt_test, privatizer)
-    p = replacement_probability(clean_rows, priv_rows, special)
-    flat_o = torch.tensor([t for r in clean_test for t in r])
-    flat_p = torch.tensor([t for r in priv_test for t in r])
-    inv = inversion_attack(flat_o, bb.embeddings, private_ids=flat_p, special_ids=special,
-                           candidate_ids=cand, mode=config.privatizer_mode)
-    log(f"privatized with η = {eta:.3g}: P = {p:.3f}, inversion empirical privacy = "
-        f"{inv.empirical_privacy:.3f}")
-
     lr = config.lr if config.lr is not None else DEFAULT_LR.get(config.method, 1e-2)
     base = dict(method=config.method, num_virtual_tokens=config.num_virtual_tokens, lr=lr,
                 epochs=config.epochs, batch_size=config.batch_size,
-                max_length=config.max_length, seed=config.seed, rec_weight=config.rec_weight)
-    settings = [
-        ("no privacy", clean_rows, clean_test, False),
-        ("+privatization", priv_rows, priv_test, False),
-        ("+reconstruction", priv_rapt, priv_rapt_test, True),
-    ]
-    result = DemoResult(config=asdict(config), eta=float(eta), p=float(p),
-                        inversion_privacy=float(inv.empirical_privacy),
-                        seeded=privatizer.seeded)
-    for name, rows, test_rows, rec in settings:
-        t = time.perf_counter()
-        cfg = TuneConfig(**base, reconstruction=rec)
-        cb = (lambda r, name=name: progress(name, r)) if progress is not None else None
-        tuned = tune(bb, rows, train.labels, len(train.label_names), cfg,
-                     plain_ids=plain if rec else None,
-                     plain_index=plain_index if rec else None, progress=cb)
-        acc = _accuracy(tuned.predict(bb, test_rows), test.labels)
-        hist = tuned.meta["history"]
-        row = {"setting": name, "accuracy": acc, "train_seconds": time.perf_counter() - t,
-               "steps": tuned.meta["steps"], "loss_curve": [h["loss"] for h in hist]}
-        if rec:
-            tail = hist[-max(1, len(hist) // 5):]
-            row["rec_acc_end"] = sum(h.get("rec_acc", 0.0) for h in tail) / len(tail)
-        result.rows.append(row)
-        log(f"{name:16s} accuracy {acc:.3f}  ({row['train_seconds']:.0f} s)")
+                rec_weight=config.rec_weight, rec_reduction=config.rec_reduction, **head_kw)
+    result = DemoResult(config=asdict(config), eta=float(eta), p=0.0, inversion_privacy=0.0,
+                        seeded=privatizer.seeded, text_length=n_text, rows_whole=whole)
+    acc: dict[str, list[float]] = {s: [] for s in SETTINGS}
+    info: dict[str, dict] = {s: {} for s in SETTINGS}
+    ps = []
+    for i in range(config.seeds):
+        seed = config.seed + i
+        plain, plain_index = plain_tokens_for(tok, m, config.plain_sequences, len(train), seed)
+        k_rows = build_rows(tok, train.texts, n_text + m, plain, plain_index)
+        k_test = build_rows(tok, test.texts, n_text + m, plain,
+                            [0] * len(test) if plain_index is not None else None)
+        priv_k, priv_k_test = privatize_rows(k_rows, privatizer), privatize_rows(k_test,
+                                                                                  privatizer)
+        clean = (drop_plain(k_rows, tok, m), drop_plain(k_test, tok, m))
+        priv = (drop_plain(priv_k, tok, m), drop_plain(priv_k_test, tok, m))
+        ps.append(replacement_probability(clean[0], priv[0], bb.special_ids))
+        if i == 0:
+            flat_o = torch.tensor([t for r in clean[1] for t in r])
+            flat_p = torch.tensor([t for r in priv[1] for t in r])
+            inv = inversion_attack(flat_o, bb.embeddings, private_ids=flat_p,
+                                   special_ids=bb.special_ids, candidate_ids=cand,
+                                   mode=config.privatizer_mode)
+            result.inversion_privacy = float(inv.empirical_privacy)
+            log(f"privatized with η = {eta:.3g}: P = {ps[0]:.3f}, inversion empirical "
+                f"privacy = {inv.empirical_privacy:.3f}")
+        runs = [("no privacy", clean, False, False), ("head only", priv, False, True),
+                ("+privatization", priv, False, False),
+                ("+reconstruction", (priv_k, priv_k_test), True, False)]
+        for name, (rows, test_rows), rec, freeze in runs:
+            t = time.perf_counter()
+            cfg = TuneConfig(**base, seed=seed, max_length=n_text + (m if rec else 0),
+                             reconstruction=rec, freeze_prompt=freeze)
+            cb = (lambda r, name=f"{name}, seed {seed}": progress(name, r)) \
+                if progress is not None else None
+            tuned = tune(bb, rows, train.labels, len(train.label_names), cfg,
+                         plain_ids=plain if rec else None,
+                         plain_index=plain_index if rec else None, progress=cb)
+            a = _accuracy(tuned.predict(bb, test_rows), test.labels)
+            acc[name].append(a)
+            hist = tuned.meta["history"]
+            d = info[name]
+            d["steps"] = tuned.meta["steps"]
+            result.head = tuned.meta["head"]
+            d["train_seconds"] = d.get("train_seconds", 0.0) + time.perf_counter() - t
+            if i == 0:
+                d["loss_curve"] = [h["loss"] for h in hist]
+            if rec and hist:
+                tail = hist[-max(1, len(hist) // 5):]
+                d.setdefault("rec_acc_end", []).append(
+                    sum(h.get("rec_acc", 0.0) for h in tail) / len(tail))
+            log(f"seed {seed}: {name:16s} accuracy {a:.3f}  ({time.perf_counter() - t:.0f} s)")
+    result.p = sum(ps) / len(ps)
+    for name in SETTINGS:
+        mean, ci = mean_ci(acc[name])
+        result.rows.append({"setting": name, "accuracy": mean, "ci95": ci,
+                            "accuracies": acc[name], **info[name]})
+    result.paired = paired_difference(acc["+reconstruction"], acc["+privatization"])
+    result.verdict = verdict_line(result.paired, config.target_p if config.eta is None
+                                  else None, result.p)
+    log(result.verdict)
     result.seconds = time.perf_counter() - t0
     return result
 
 
+def verdict_line(d: dict, target_p: float | None, p: float) -> str:
+    """One line from the paired difference (the benchmark's rule: the 95 % CI must exclude 0)."""
+    level = f"P≈{target_p}" if target_p is not None else f"P={p:.2f}"
+    return (f"reconstruction {effect_word(d)} here: +reconstruction − +privatization = "
+            f"{100 * d['mean_diff']:+.1f} ± {100 * d['ci95']:.1f} points (95 % CI, {d['n']} "
+            f"paired seeds, {level})")
+
+
 def format_table(result: DemoResult) -> str:
-    """A small Markdown table of the demo's numbers."""
-    lines = ["| setting | accuracy | P | inversion empirical privacy |", "|---|---|---|---|"]
+    """A small Markdown table of the demo's numbers, then the verdict line."""
+    lines = ["| setting | accuracy (mean ± 95 % CI) | per seed | P | inversion empirical "
+             "privacy |", "|---|---|---|---|---|"]
     for r in result.rows:
         private = r["setting"] != "no privacy"
-        lines.append(f"| {r['setting']} | {r['accuracy']:.3f} | "
-                     f"{result.p:.3f} | {result.inversion_privacy:.3f} |" if private else
-                     f"| {r['setting']} | {r['accuracy']:.3f} | 0 | 0 |")
+        seeds = ", ".join(f"{a:.3f}" for a in r["accuracies"])
+        lines.append(f"| {r['setting']} | {r['accuracy']:.3f} ± {r['ci95']:.3f} | {seeds} | "
+                     + (f"{result.p:.3f} | {result.inversion_privacy:.3f} |" if private
+                        else "0 | 0 |"))
     c = result.config
-    lines.append("")
-    lines.append(f"{c['method']} tuning of {c['backbone']} on {c['train_size']} {c['dataset']} "
-                 f"sentences, {c['epochs']} epochs, η = {result.eta:.3g}, "
-                 f"{c['plain_len']} plain tokens; {result.seconds:.0f} s in all.")
+    steps = result.rows[-1].get("steps", 0)
+    lines += ["", f"{c['method']} tuning of {c['backbone']} (head: {result.head}) on "
+              f"{c['train_size']} {c['dataset']} sentences, {steps} steps per run, "
+              f"η = {result.eta:.3g}, {c['plain_len']} plain tokens, rows cut at "
+              f"{result.text_length} text tokens ({result.rows_whole:.0%} whole), "
+              f"{c['seeds']} paired seeds; {result.seconds:.0f} s in all. Head only = the "
+              "prefix kept at its init (only a trainable head, if any, trains).",
+              "", result.verdict]
     return "\n".join(lines)
 
 
 def make_plot(result: DemoResult):
-    """Accuracy bars and training-loss curves -> matplotlib Figure."""
+    """Accuracy bars with CIs (seeds as dots) and seed-0 training-loss curves -> Figure."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     names = [r["setting"] for r in result.rows]
-    accs = [r["accuracy"] for r in result.rows]
-    bars = ax1.bar(names, accs, color=["#999999", "#d62728", "#2ca02c"][:len(names)])
-    for b, a in zip(bars, accs, strict=True):
-        ax1.text(b.get_x() + b.get_width() / 2, a + 0.01, f"{a:.2f}", ha="center")
+    means = [r["accuracy"] for r in result.rows]
+    colors = ["#999999", "#cccccc", "#d62728", "#2ca02c"][:len(names)]
+    ax1.bar(names, means, yerr=[r["ci95"] for r in result.rows], capsize=4, color=colors)
+    for j, r in enumerate(result.rows):
+        ax1.plot([j] * len(r["accuracies"]), r["accuracies"], "k.", alpha=0.6)
+        ax1.text(j, min(1.0, means[j] + r["ci95"] + 0.02), f"{means[j]:.3f}", ha="center")
     ax1.set_ylim(0, 1.05)
     ax1.set_ylabel("test accuracy (privatized queries)")
     ax1.set_title(f"η = {result.eta:.3g}, P = {result.p:.2f}, "
-                  f"inversion privacy = {result.inversion_privacy:.2f}")
+                  f"inversion privacy = {result.inversion_privacy:.2f}", fontsize=10)
+    ax1.tick_params(axis="x", labelsize=8)
     for r in result.rows:
-        ax2.plot(r["loss_curve"], label=r["setting"])
-    ax2.set_xlabel("step")
+        if r.get("loss_curve"):
+            ax2.plot(r["loss_curve"], label=r["setting"])
+    ax2.set_xlabel("step (first seed)")
     ax2.set_ylabel("training loss (task [+ reconstruction])")
     ax2.legend()
+    fig.suptitle(result.verdict, fontsize=8)
     fig.tight_layout()
     return fig

@@ -13,6 +13,7 @@ provider sees only the privatized rows and the public plain tokens k (the recons
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from collections.abc import Sequence
@@ -95,6 +96,27 @@ def build_rows(tokenizer, texts: Sequence[str], max_length: int = 128,
         k = seqs[plain_index[i] if plain_index is not None else 0]
         rows.append(list(r[:off]) + list(k) + list(r[off:]))
     return rows
+
+
+def text_length_for(tokenizer, texts: Sequence[str], fraction: float = 0.95) -> tuple[int, float]:
+    """The smallest row length (specials included, plain tokens not) that keeps ``fraction`` of
+    the rows whole -> (length in tokens, fraction actually kept whole). Comparing settings at
+    this text length plus m for the rows with k truncates the text identically in all of them."""
+    if not 0 < fraction <= 1:
+        raise ValueError(f"fraction must lie in (0, 1] (got {fraction})")
+    if len(texts) == 0:
+        raise ValueError("text_length_for needs at least one text")
+    lens = sorted(len(r) for r in tokenizer(list(texts), add_special_tokens=True)["input_ids"])
+    n = lens[min(len(lens) - 1, math.ceil(fraction * len(lens)) - 1)]
+    return n, sum(1 for x in lens if x <= n) / len(lens)
+
+
+def drop_plain(rows: Sequence[Sequence[int]], tokenizer, m: int) -> list[list[int]]:
+    """Rows built with m plain tokens -> the same rows without them. The dχ mechanism noises
+    every token independently, so cutting k out of a privatized row gives a row privatized
+    exactly as if it had been built without k: settings compared on the same draw are paired."""
+    off = plain_offset(tokenizer)
+    return [list(r[:off]) + list(r[off + m:]) for r in rows]
 
 
 def _as_sequences(plain_ids) -> list[list[int]]:

@@ -94,6 +94,9 @@ class TuneConfig:
             raise ValueError(f"TuneConfig.lr must be > 0 (got {self.lr})")
         if self.rec_weight < 0:
             raise ValueError(f"TuneConfig.rec_weight must be >= 0 (got {self.rec_weight})")
+        if self.rec_reduction not in ("mean", "sum"):
+            raise ValueError(f"TuneConfig.rec_reduction must be 'mean' or 'sum' "
+                             f"(got {self.rec_reduction!r})")
         if self.head not in HEADS:
             raise ValueError(f"TuneConfig.head must be one of {', '.join(HEADS)} "
                              f"(got {self.head!r})")

@@ -89,7 +89,8 @@ def tune(
     plain_len: int = typer.Option(40, help="number of plain tokens m"),
     plain_tokens: str | None = typer.Option(None, help="plain tokens as text (default: random)"),
     plain_sequences: int = typer.Option(1, help="random plain sequences, one drawn per row"),
-    num_virtual_tokens: int = typer.Option(20),
+    num_virtual_tokens: int | None = typer.Option(
+        None, help="default: 150 for prompt, 10 for prefix tuning (the RAPT paper's)"),
     prefix_projection: bool = typer.Option(False),
     lr: float | None = typer.Option(None, help="default depends on the method"),
     epochs: int = typer.Option(3),
@@ -98,6 +99,18 @@ def tune(
     rec_hidden: int = typer.Option(96),
     rec_vocab_size: int = typer.Option(7630),
     rec_weight: float = typer.Option(1.0),
+    rec_reduction: str = typer.Option("sum", help="L_rec over the m plain positions: sum "
+                                      "(eq. 7) | mean"),
+    head: str = typer.Option(
+        "auto", help="auto (label-description on encoders, verbalizer on causal LMs: frozen, "
+        "the prompt carries the task) | label-description | verbalizer | linear (a trainable "
+        "probe; a control)"),
+    label_descriptions: str | None = typer.Option(
+        None, help="'|'-separated, one per label, e.g. 'a negative review|a positive review' "
+        "(default: the built-in dataset's)"),
+    head_temperature: float = typer.Option(0.05, help="label-description head: cos / T"),
+    freeze_prompt: bool = typer.Option(False, help="control: keep the prompt at its init, "
+                                       "train only a trainable head"),
     label_words: str | None = typer.Option(
         None, help="causal LMs: comma-separated verbalizer words (default: the label names)"),
     seed: int = typer.Option(0, help="init, data order and plain tokens (not privacy noise)"),
@@ -115,6 +128,7 @@ def tune(
     """Privatize a dataset locally, tune a prompt on it and save the artifact."""
     from tqdm import tqdm
 
+    from rapt.data import label_descriptions_for
     from rapt.demo import DEFAULT_LR, plain_tokens_for
     from rapt.reconstruction import build_rows, parse_plain_tokens
     from rapt.trainer import TuneConfig
@@ -144,12 +158,25 @@ def tune(
         except ValueError as e:
             _fail(str(e))
     try:
+        if num_virtual_tokens is None:
+            num_virtual_tokens = {"prompt": 150, "prefix": 10}.get(method, 20)
+        descs = ([d.strip() for d in label_descriptions.split("|")] if label_descriptions
+                 else label_descriptions_for(data) if bb.kind == "encoder" else None)
+        if head == "label-description" and not descs:
+            _fail(f"--head label-description: {data} has no built-in label descriptions; give "
+                  "--label-descriptions 'text for label 0|text for label 1|...'")
+        if descs and head in ("auto", "label-description") and len(descs) != len(
+                ds.label_names):
+            _fail(f"--label-descriptions: {len(descs)} given for {len(ds.label_names)} labels "
+                  f"({', '.join(ds.label_names)})")
         cfg = TuneConfig(method=method, num_virtual_tokens=num_virtual_tokens,
                          prefix_projection=prefix_projection,
                          lr=lr if lr is not None else DEFAULT_LR.get(method, 1e-2),
                          epochs=epochs, batch_size=batch_size, max_length=max_length, seed=seed,
                          reconstruction=reconstruction, rec_hidden=rec_hidden,
                          rec_vocab_size=rec_vocab_size, rec_weight=rec_weight, dp=dp,
+                         rec_reduction=rec_reduction, head=head, label_descriptions=descs,
+                         head_temperature=head_temperature, freeze_prompt=freeze_prompt,
                          label_words=label_words.split(",") if label_words else (
                              list(ds.label_names) if bb.kind == "causal" else None))
         rows = build_rows(bb.tokenizer, ds.texts, max_length, plain, plain_index)
@@ -256,38 +283,64 @@ def predict(
 @app.command()
 def demo(
     out: Path = typer.Option(Path("runs/demo"), "--out", "-o", help="output folder"),
-    backbone: str = typer.Option("minilm"),
-    dataset: str = typer.Option("sst2-sentences"),
-    train_size: int = typer.Option(512),
-    test_size: int = typer.Option(200),
-    method: str = typer.Option("prefix"),
-    epochs: int = typer.Option(2),
-    lr: float | None = typer.Option(None),
-    batch_size: int = typer.Option(32),
-    max_length: int = typer.Option(48),
-    plain_len: int = typer.Option(16),
-    plain_sequences: int = typer.Option(1, help="random plain sequences, one drawn per row"),
-    num_virtual_tokens: int = typer.Option(10),
-    target_p: float = typer.Option(0.3, help="privacy level as replacement probability P"),
+    benchmark_config: bool = typer.Option(
+        False, "--benchmark-config", help="run benchmarks/bench_rapt.py's cpu configuration "
+        "at P 0.4 (1,000 rows, 500 steps, 5 seeds; about 40 min on 2 cores); other options "
+        "override it"),
+    backbone: str | None = typer.Option(None, help="default minilm"),
+    dataset: str | None = typer.Option(None, help="default sst2-sentences"),
+    train_size: int | None = typer.Option(None, help="default 480"),
+    test_size: int | None = typer.Option(None, help="default 300"),
+    method: str | None = typer.Option(None, help="default prefix"),
+    epochs: int | None = typer.Option(None, help="default 2"),
+    lr: float | None = typer.Option(None, help="default depends on the method"),
+    batch_size: int | None = typer.Option(None, help="default 8"),
+    max_length: int | None = typer.Option(
+        None, help="text tokens per row, plain tokens excluded (default: the length that "
+        "keeps 95 % of training rows whole)"),
+    plain_len: int | None = typer.Option(None, help="plain tokens m (default 40)"),
+    plain_sequences: int | None = typer.Option(None, help="random plain sequences, one drawn "
+                                               "per row (default 1)"),
+    num_virtual_tokens: int | None = typer.Option(None, help="default 10"),
+    head: str | None = typer.Option(
+        None, help="auto (default: label-description on encoders, verbalizer on causal LMs; "
+        "frozen, the prompt carries the task) | label-description | verbalizer | linear (a "
+        "trainable probe, a control)"),
+    label_descriptions: str | None = typer.Option(
+        None, help="'|'-separated, one per label (default: the built-in dataset's)"),
+    rec_reduction: str | None = typer.Option(None, help="sum (eq. 7, default) | mean"),
+    target_p: float | None = typer.Option(None, help="privacy level as replacement "
+                                          "probability P (default 0.4)"),
     eta: float | None = typer.Option(None, help="η (overrides --target-p)"),
-    seed: int = typer.Option(0, help="data subset, init and plain tokens (not privacy noise)"),
+    seeds: int | None = typer.Option(None, help="paired seeds (default 3)"),
+    seed: int | None = typer.Option(None, help="data subset and first seed's init and plain "
+                                    "tokens, not privacy noise (default 0)"),
     noise_seed: int | None = typer.Option(
         None, help="seed the privatization noise (repeatable table, no guarantee); default: OS "
         "entropy"),
 ) -> None:
-    """RAPT end to end on a small SST-2 subset: privatize, tune (no privacy / +privatization /
-    +reconstruction), privatized inference, inversion attack; prints a table, writes a plot."""
+    """RAPT end to end on a small SST-2 subset: privatize, tune (no privacy / head only /
+    +privatization / +reconstruction) on paired seeds, privatized inference, inversion attack;
+    prints a table with CIs and a one-line verdict, writes a plot."""
     from tqdm import tqdm
 
     from rapt.demo import DemoConfig, format_table, make_plot, run_demo
+    from rapt.trainer import HEADS
 
+    given = {k: v for k, v in dict(
+        backbone=backbone, dataset=dataset, train_size=train_size, test_size=test_size,
+        method=method, epochs=epochs, lr=lr, batch_size=batch_size, max_length=max_length,
+        plain_len=plain_len, plain_sequences=plain_sequences,
+        num_virtual_tokens=num_virtual_tokens, head=head, rec_reduction=rec_reduction,
+        target_p=target_p, eta=eta, seeds=seeds, seed=seed, noise_seed=noise_seed,
+        label_descriptions=[d.strip() for d in label_descriptions.split("|")]
+        if label_descriptions else None).items() if v is not None}
+    if head is not None and head not in HEADS:
+        _fail(f"--head must be one of {', '.join(HEADS)} (got {head!r})")
+    if rec_reduction is not None and rec_reduction not in ("sum", "mean"):
+        _fail(f"--rec-reduction must be sum or mean (got {rec_reduction!r})")
     try:
-        cfg = DemoConfig(backbone=backbone, dataset=dataset, train_size=train_size,
-                         test_size=test_size, method=method, epochs=epochs, lr=lr,
-                         batch_size=batch_size, max_length=max_length, plain_len=plain_len,
-                         plain_sequences=plain_sequences,
-                         num_virtual_tokens=num_virtual_tokens, target_p=target_p, eta=eta,
-                         seed=seed, noise_seed=noise_seed)
+        cfg = DemoConfig.benchmark(**given) if benchmark_config else DemoConfig(**given)
     except ValueError as e:
         _fail(str(e))
     warn_if_seeded(noise_seed)

@@ -514,6 +514,11 @@ def create_app(config: ServiceConfig, *, backbones: dict[str, Any] | None = None
         if body.reconstruction and not ds["plain_ids"]:
             raise ServiceError(422, "validation_error",
                                "reconstruction needs a dataset uploaded with plain_ids")
+        if body.label_descriptions is not None and len(body.label_descriptions) != \
+                ds["num_labels"]:
+            raise ServiceError(422, "validation_error",
+                               f"label_descriptions: {len(body.label_descriptions)} given, "
+                               f"dataset '{ds['id']}' has {ds['num_labels']} labels")
         if body.dp is not None and body.method not in ("prompt", "prefix"):
             raise ServiceError(422, "validation_error",
                                f"dp: PromptDPSGD covers prompt and prefix tuning only "

@@ -152,6 +152,13 @@ class JobCreate(BaseModel):
     rec_hidden: int = Field(96, ge=1, le=4096)
     rec_vocab_size: int = Field(7630, ge=2, le=1_000_000)
     rec_weight: float = Field(1.0, ge=0, le=100)
+    rec_reduction: Literal["mean", "sum"] = "mean"
+    # Task head (rapt.heads). Label descriptions are public task metadata ("a positive
+    # review"), not the user's data; "auto" picks the label-description head when given them.
+    head: Literal["auto", "linear", "label-description"] = "auto"
+    label_descriptions: list[Annotated[Text, Field(min_length=1, max_length=200)]] | None = \
+        Field(None, min_length=2, max_length=1000)
+    head_temperature: float = Field(0.05, gt=0, le=10)
     dp: DPOptions | None = None
 
 
