@@ -118,8 +118,8 @@ PROFILES = {
                 head="label-description", rec_reduction="sum", whole_fraction=0.95,
                 control_seeds=3, control_level=0.4,
                 controls=("head only", "+plain tokens, no L_rec", "+reconstruction (mean)",
-                          "+privatization (linear head)", "+reconstruction (linear head)",
-                          "+reconstruction, 16 plain sequences"),
+                          "+reconstruction, 16 plain sequences", "+privatization (linear head)",
+                          "+reconstruction (linear head)"),
                 plain_len_ablation=(10, 20), attack_train=3000, attack_test=1000),
     # The paper's setting (BERT-base there): full data, 4 epochs, batch 128, prompt 150 /
     # prefix 10, m = 40, eq. 7's sum, 5 seeds, three levels; for a GPU.
@@ -299,8 +299,11 @@ def main() -> None:
 
     def run(task: str, method: str, setting: str, p: float | None, seed: int, *,
             private: bool, plain_len: int = 0, rec: bool = False, reduction: str | None = None,
-            head: str | None = None, freeze: bool = False, n_seq: int = 1) -> None:
-        if (task, method, setting, p, seed) in done:
+            head: str | None = None, freeze: bool = False, n_seq: int = 1,
+            keep_only: bool = False) -> None:
+        """One run, recorded in res["runs"]; ``keep_only``: retrain a finished run only to
+        keep its model for the attack (a resumed run lost it), recording nothing."""
+        if (task, method, setting, p, seed) in done and not keep_only:
             return
         tr, te, _ = data[task]
         if private and plain_len and p is not None:
@@ -331,10 +334,11 @@ def main() -> None:
             r["final_task_loss"] = sum(h["task_loss"] for h in tail) / len(tail)
         if rec and tail:
             r["final_rec_acc"] = sum(h["rec_acc"] for h in tail) / len(tail)
-        res["runs"].append(r)
-        done.add((task, method, setting, p, seed))
-        print(json.dumps(r), flush=True)
-        save()
+        if not keep_only:
+            res["runs"].append(r)
+            done.add((task, method, setting, p, seed))
+            print(json.dumps(r), flush=True)
+            save()
         if task == "sst2" and method == "prefix" and seed == 0 and "attack" in phases:
             models[(setting, p)] = tuned
 
@@ -379,6 +383,14 @@ def main() -> None:
                         run(task, method, f"+reconstruction, m={pl}", cl, seed, private=True,
                             plain_len=pl, rec=True)
     if "attack" in phases and "sst2" in tasks and "prefix" in methods and not res["attack"]:
+        for setting, p in [("no privacy", None)] + [(s, p) for p in levels
+                                                    for s in ("+privatization",
+                                                              "+reconstruction")]:
+            if (setting, p) not in models:  # resumed after seed 0: retrain it, same seed
+                print(f"attack: retraining the seed-0 {setting} model (P {p})", flush=True)
+                run("sst2", "prefix", setting, p, 0, private=p is not None,
+                    plain_len=m if setting == "+reconstruction" else 0,
+                    rec=setting == "+reconstruction", keep_only=True)
         res["attack"] = attack_grid(bb, models, etas, prof, cand, data["sst2"][2])
         save()
     _write(res, out_dir, args.name)

@@ -237,7 +237,7 @@ def test_cli_tune_then_predict_minilm(tmp_path):
     r = CliRunner().invoke(app, ["tune", str(csv), "--out", str(art), "--method", "prefix",
                                  "--eta", "80", "--epochs", "1", "--batch-size", "8",
                                  "--max-length", "24", "--plain-len", "4",
-                                 "--num-virtual-tokens", "2"])
+                                 "--num-virtual-tokens", "2", "--reconstruction"])
     assert r.exit_code == 0, r.output
     loaded = TunedPrompt.load(art)
     assert loaded.meta["eta"] == 80 and loaded.meta["label_names"] == ["neg", "pos"]
@@ -249,3 +249,13 @@ def test_cli_tune_then_predict_minilm(tmp_path):
     assert "accuracy" in r.output and len(preds.read_text().splitlines()) == 16
     r = CliRunner().invoke(app, ["predict", str(tmp_path / "nope"), str(csv)])
     assert r.exit_code == 2 and "missing" in r.output
+
+
+def test_cli_tune_reconstruction_is_off_by_default():
+    """Issue 13 item 5: reconstruction measured no better (issue 9), so the default is off."""
+    import inspect
+
+    from rapt.cli import tune_cmd
+
+    opt = inspect.signature(tune_cmd.tune).parameters["reconstruction"].default
+    assert opt.default is False and "off by default" in opt.help

@@ -85,7 +85,10 @@ def tune(
     target_p: float | None = typer.Option(
         None, help="or the η that gives this replacement probability P on rapt's public text "
         "sample (never calibrated on your data)"),
-    reconstruction: bool = typer.Option(True, help="RAPT privatized token reconstruction"),
+    reconstruction: bool = typer.Option(
+        False, help="RAPT privatized token reconstruction: m plain tokens per row and a second "
+        "loss, about 2x the step time; no accuracy gain measured at our scale (see "
+        "benchmarks/results/rapt.md), so off by default"),
     plain_len: int = typer.Option(40, help="number of plain tokens m"),
     plain_tokens: str | None = typer.Option(None, help="plain tokens as text (default: random)"),
     plain_sequences: int = typer.Option(1, help="random plain sequences, one drawn per row"),
