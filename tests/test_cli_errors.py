@@ -39,10 +39,24 @@ def env(tmp_path_factory):
         "onlypos": "text,label\ngood film,pos\nfun film,pos\ngreat plot,pos\n",
         "attr": "text,gender\ngood film,0\nbad film,1\nfun plot,0\nboring plot,1\n",
         "attrbad": "text,gender\ngood film,0\nbad film,\n",
+        "nolabelcol": "text,stars\ngood film,pos\nbad film,neg\n",  # label column not named
+        "notext": "review,label\ngood film,pos\nbad film,neg\n",
     }
     for name, text in contents.items():
         files[name] = tmp / f"{name}.csv"
         files[name].write_text(text)
+    words = ["good", "bad", "fun", "boring", "great", "awful", "nice", "dull", "fine", "poor"]
+    line_files = {
+        "lines.txt": "good film\nbad film\n",  # unlabelled: normal for inference
+        "at.txt": "good film@pos\nbad film@neg\nfun plot@pos\nboring plot@neg\n",
+        "manyat.data": "".join(f"{w} film@{'pos' if i % 2 else 'neg'}\n"
+                               for i, w in enumerate(words)),
+        "ones.csv": "text,label\ngood film,1\nfun plot,1\n",
+        "onebased.csv": "text,label\ngood film,2\nbad film,1\nfun plot,2\nboring plot,1\n",
+    }
+    for fname, text in line_files.items():
+        files[fname.split(".")[0]] = tmp / fname
+        files[fname.split(".")[0]].write_text(text)
     r = CliRunner().invoke(app, ["tune", str(files["good"]), "--out", str(files["art"]),
                                  "--backbone", str(files["bb"]), "--epochs", "1",
                                  "--no-reconstruction", "--num-virtual-tokens", "2"])
@@ -60,7 +74,20 @@ CASES = {
     # name: (argv with env keys for paths, substrings the error line must hold)
     "tune bad file": (["tune", "missing", "--out", "out", *B], ["no_such.csv", "no such file"]),
     "tune bad text column": (["tune", "good", "--out", "out", *B, "--text-column", "review"],
-                             ["good.csv", "missing column 'review'"]),
+                             ["good.csv", "missing column 'review'", "--text-column"]),
+    # issue 13: flag names, not Python keywords; no traceback when no label column is found
+    "tune no text column": (["tune", "notext", "--out", "out", *B],
+                            ["notext.csv", "choose one with --text-column"]),
+    "tune no label column": (["tune", "nolabelcol", "--out", "out", *B],
+                             ["nolabelcol.csv", "stars", "--label-column"]),
+    "tune unlabelled lines": (["tune", "lines", "--out", "out", *B],
+                              ["lines.txt", "--format text-at-label"]),
+    "tune bad format": (["tune", "good", "--out", "out", *B, "--format", "xml"],
+                        ["unknown format 'xml'"]),
+    "tune label-text misread": (["tune", "manyat", "--out", "out", *B, "--format", "label-text"],
+                                ["manyat.data", "distinct labels", "--format text-at-label"]),
+    "tune ambiguous label ids": (["tune", "ones", "--out", "out", *B, "--label-names",
+                                  "neg,pos"], ["ones.csv", "--label-base 0", "--label-base 1"]),
     "tune bad label column": (["tune", "good", "--out", "out", *B, "--label-column", "stars"],
                               ["good.csv", "missing column 'stars'"]),
     "tune bad label": (["tune", "nolabel", "--out", "out", *B],
@@ -131,3 +158,61 @@ def test_predict_accuracy_uses_the_prompts_label_names(env, tmp_path):
         pred = [json.loads(line)["prediction"] for line in preds.read_text().splitlines()]
         acc = sum(a == b for a, b in zip(pred, gold, strict=True)) / len(gold)
         assert f"accuracy {acc:.4f}" in r.output, (name, pred, gold, r.output)
+
+
+def test_predict_unlabelled_file_prints_label_names(env, tmp_path):
+    """Issue 13 item 1: predicting needs no labels. Without --out the predictions are printed
+    by name; with --out they are written; no accuracy, exit 0, no traceback."""
+    for data in ("lines", "nolabelcol"):
+        r = _run(env, ["predict", "art", data, "--no-privatize"])
+        assert r.exit_code == 0, (data, r.output, r.exception)
+        printed = [line.split("\t") for line in r.stdout.splitlines() if "\t" in line]
+        assert [t for _, t in printed] == ["good film", "bad film"], r.stdout
+        assert {p for p, _ in printed} <= {"neg", "pos"}, r.stdout
+        assert "accuracy" not in r.output and "Traceback" not in r.output
+    preds = tmp_path / "p.jsonl"
+    r = _run(env, ["predict", "art", "lines", "--no-privatize", "--out", str(preds)])
+    assert r.exit_code == 0, (r.output, r.exception)
+    rows = [json.loads(line) for line in preds.read_text().splitlines()]
+    assert [x["text"] for x in rows] == ["good film", "bad film"]
+    assert {x["prediction"] for x in rows} <= {"neg", "pos"} and "accuracy" not in r.output
+
+
+def test_predict_label_names_must_match_the_artifact(env):
+    r = _run(env, ["predict", "art", "good", "--no-privatize", "--label-names", "a,b"])
+    assert r.exit_code == 2 and "--label-names" in r.output and "neg,pos" in r.output, r.output
+    r = _run(env, ["predict", "art", "good", "--no-privatize", "--label-names", "neg,pos"])
+    assert r.exit_code == 0 and "accuracy" in r.output, r.output
+
+
+def test_tune_text_at_label_file_then_predict(env, tmp_path):
+    """Issue 13 item 2: a .txt of 'sentence@label' lines is tuned on as labelled data."""
+    art = tmp_path / "art"
+    r = _run(env, ["tune", "at", "--out", str(art), *B, "--epochs", "1", "--no-reconstruction",
+                   "--num-virtual-tokens", "2"])
+    assert r.exit_code == 0, (r.output, r.exception)
+    assert "text-at-label" in r.output  # the guess is announced
+    meta = json.loads((art / "config.json").read_text())["meta"]
+    assert meta["label_names"] == ["neg", "pos"]
+    r = _run(env, ["predict", str(art), "at", "--no-privatize"])
+    assert r.exit_code == 0 and "accuracy" in r.output and "on 4 examples" in r.output, r.output
+
+
+def test_tune_one_based_label_ids_with_label_names(env, tmp_path):
+    """Issue 13 item 4: labels 1..K with K --label-names are read 1-based, with a note; the
+    artifact keeps names and base, so predict needs neither again."""
+    art = tmp_path / "art"
+    r = _run(env, ["tune", "onebased", "--out", str(art), *B, "--epochs", "1",
+                   "--no-reconstruction", "--num-virtual-tokens", "2", "--label-names",
+                   "neg,pos"])
+    assert r.exit_code == 0, (r.output, r.exception)
+    assert "1-based" in r.output and "1=neg" in r.output and "--label-base 0" in r.output
+    meta = json.loads((art / "config.json").read_text())["meta"]
+    assert meta["label_names"] == ["neg", "pos"] and meta["label_base"] == 1
+    preds = tmp_path / "p.jsonl"
+    r = _run(env, ["predict", str(art), "onebased", "--no-privatize", "--out", str(preds)])
+    assert r.exit_code == 0 and "on 4 examples" in r.output, (r.output, r.exception)
+    gold = ["pos", "neg", "pos", "neg"]
+    pred = [json.loads(line)["prediction"] for line in preds.read_text().splitlines()]
+    acc = sum(a == b for a, b in zip(pred, gold, strict=True)) / 4
+    assert f"accuracy {acc:.4f}" in r.output, (pred, r.output)

@@ -402,3 +402,73 @@ def test_cli_data_check(tmp_path):
     r = CliRunner().invoke(app, ["data", "check", str(bad)])
     assert r.exit_code == 2
     assert "b.csv" in r.output and "line 3" in r.output and "empty text" in r.output
+
+
+# --------------------------------------------------------------------------- issue 13: user path
+
+
+def test_text_at_label_user_files_explicit_and_guessed(tmp_path):
+    """'sentence@label' lines (issue 13 item 2): selectable with format=, and guessed for .txt
+    files whose lines end in '@word' (before: read silently as unlabelled text)."""
+    body = "great movie@positive\nawful plot@negative\nan @ sign inside@positive\n"
+    ds = load_dataset(write(tmp_path / "r.data", body), format="text-at-label")
+    assert ds.texts[2] == "an @ sign inside" and ds.label_names == ["negative", "positive"]
+    g = load_dataset(write(tmp_path / "r.txt", body))
+    assert g.report["format"] == "text-at-label" and g.report["format_guessed"]
+    assert g.labels == [1, 0, 1] and g.texts == ds.texts
+    # Negative control: plain lines (an e-mail address inside one) stay unlabelled lines.
+    plain = load_dataset(write(tmp_path / "p.txt", "mail me at a@b.com please\nhello\n"))
+    assert plain.report["format"] == "lines" and not plain.report["format_guessed"]
+    assert plain.report["unlabelled"] == 2
+    # A line without '@' in a guessed file names the way out.
+    bad = write(tmp_path / "b.txt", "good@pos\nbad@neg\nfun@pos\nok@pos\nno label here\n")
+    expect_error(["b.txt", "line 5", "format='lines'"], load_dataset, bad)
+
+
+def test_line_formats_with_too_many_distinct_labels_are_rejected(tmp_path):
+    """'great movie@positive' read as label-text gives one label per line: a clear error
+    naming the likely format instead of a silent 12-class dataset."""
+    words = ["great", "awful", "fine", "bad", "nice", "dull", "fun", "poor", "good", "weak",
+             "cool", "meh"]
+    p = write(tmp_path / "s.data", "".join(f"{w} movie@{'positive' if i % 2 else 'negative'}\n"
+                                           for i, w in enumerate(words)))
+    expect_error(["s.data", "12 distinct labels in 12 lines", "format='text-at-label'"],
+                 load_dataset, p, format="label-text")
+    # Negative control: the right format loads, and a real label-text file is fine.
+    assert load_dataset(p, format="text-at-label").num_labels == 2
+    q = write(tmp_path / "q.data", "".join(f"{'pos' if i % 2 else 'neg'} {w} movie\n"
+                                           for i, w in enumerate(words)))
+    assert load_dataset(q, format="label-text").label_names == ["neg", "pos"]
+
+
+def test_label_names_one_based_ids_are_explicit(tmp_path):
+    """Integer labels 1..K with K names are read 1-based (with a note), not shifted silently
+    into an 'unknown label K' error or the wrong class; ambiguous files ask for label_base."""
+    one = write(tmp_path / "one.csv", "text,label\na,2\nb,1\nc,2\n")
+    ds = load_dataset(one, label_names=["neg", "pos"])
+    assert ds.labels == [1, 0, 1] and ds.report["label_base"] == 1
+    assert ds.report["notes"] and "1-based" in ds.report["notes"][0]
+    zero = write(tmp_path / "zero.csv", "text,label\na,1\nb,0\n")
+    z = load_dataset(zero, label_names=["neg", "pos"])
+    assert z.labels == [1, 0] and z.report["label_base"] == 0 and not z.report["notes"]
+    amb = write(tmp_path / "amb.csv", "text,label\na,1\nb,1\n")
+    expect_error(["amb.csv", "could be 0-based or 1-based", "label_base=0", "label_base=1"],
+                 load_dataset, amb, label_names=["neg", "pos"])
+    assert load_dataset(amb, label_names=["neg", "pos"], label_base=1).labels == [0, 0]
+    assert load_dataset(amb, label_names=["neg", "pos"], label_base=0).labels == [1, 1]
+    expect_error(["zero.csv", "line 3", "unknown label '0'", "1-based"], load_dataset, zero,
+                 label_names=["neg", "pos"], label_base=1)
+
+
+def test_cli_message_speaks_flags():
+    from rapt.data import cli_message
+
+    assert cli_message("x; choose one with text_column=") == "x; choose one with --text-column"
+    assert cli_message("pass format= one of ['csv']") == "pass --format one of ['csv']"
+    assert cli_message("say which with label_base=0") == "say which with --label-base 0"
+    assert cli_message("pass format='lines' to") == "pass --format lines to"
+    assert (cli_message("'a' given as label_column (columns")
+            == "'a' given as --label-column (columns")
+    # paths and words that merely contain the names are left alone
+    path = "/tmp/test_label_column0/f.csv: format"
+    assert cli_message(path) == path

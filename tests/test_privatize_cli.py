@@ -80,8 +80,12 @@ TRUSTPILOT = ("reviews.csv", "\"this is the best coffee maker i have owned, it h
               "united_kingdom\nthe sole started to peel after three weeks,2,0,1,denmark\n"
               "customer service offered a refund,4,1,1,united_states\n",
               ["--format", "trustpilot"], {"format": "trustpilot"})
+# issue 13: 'sentence@label' lines in a .txt are read (format guessed) and written as such
+AT_LABEL = ("news.txt", "the film opens with a long shot@positive\n"
+            "shares in the company fell sharply@negative\n\n"
+            "customer service offered a refund@positive\n", [], {})
 FORMATS = {"pairs-csv": PAIRS_CSV, "pairs-jsonl": PAIRS_JSONL, "trec": TREC,
-           "trustpilot": TRUSTPILOT}
+           "trustpilot": TRUSTPILOT, "text-at-label": AT_LABEL}
 
 
 def _raw_records(name: str, body: str) -> list[list[str]]:
@@ -91,6 +95,8 @@ def _raw_records(name: str, body: str) -> list[list[str]]:
         return [[json.dumps({k: v for k, v in json.loads(line).items()
                              if k not in ("premise", "hypothesis")})]
                 for line in body.splitlines() if line.strip()]
+    if name == "news.txt":  # the label after the last '@'
+        return [[line.rpartition("@")[2]] for line in body.splitlines() if line.strip()]
     if name.endswith(".txt"):  # TREC: the "COARSE:fine" tag
         return [[line.split(" ", 1)[0]] for line in body.splitlines() if line.strip()]
     rows = [r for r in csv.reader(io.StringIO(body)) if r]

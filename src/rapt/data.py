@@ -29,6 +29,7 @@ import io
 import json
 import os
 import random
+import re
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -264,26 +265,70 @@ class _LabelMap:
     """Raw label strings -> ids.
 
     Fixed names (built-ins, or the user's ``label_names``): a raw value must be one of them,
-    or, for user names, an integer index into them. Otherwise ids follow the sorted order of
+    or, for user names, an integer id into them. Otherwise ids follow the sorted order of
     the raw values seen in the file (numeric order when they are all integers).
+
+    Integer ids into user names are 0-based (``base=0``) or 1-based (``base=1``). With
+    ``base=None`` the file decides: 1-based when every label is an integer and they are exactly
+    1..K for K names (``note`` says so), an error when every label is an integer in 1..K-1
+    (0-based and 1-based would both fit), else 0-based.
     """
 
-    def __init__(self, names: Sequence[str] | None, *, allow_index: bool = True) -> None:
+    def __init__(self, names: Sequence[str] | None, *, allow_index: bool = True,
+                 base: int | None = None) -> None:
+        if base not in (None, 0, 1):
+            raise DataError(f"label_base must be 0 or 1, got {base}")
         self.fixed = names is not None
         self.names = [str(n) for n in names] if names is not None else []
         self.allow_index = allow_index
+        self.base = base
+        self.note: str | None = None
+        self._first: dict[str, tuple[Path, int, str]] = {}  # raw -> where it first appears
 
     def check(self, raw: str, path: Path, line: int, fld: str) -> None:
         if not raw:
             raise DataError("empty label", path=path, line=line, field=fld)
-        if self.fixed and raw not in self.names and self._index(raw) is None:
-            raise DataError(f"unknown label {raw!r}; expected one of {self.names}",
-                            path=path, line=line, field=fld)
+        self._first.setdefault(raw, (path, line, fld))
+        if not self.fixed or raw in self.names:
+            return
+        # Before the whole file is seen, an id may be 0-based or 1-based: accept 0..K.
+        lo, hi = (0, len(self.names)) if self.base is None else (self.base,
+                                                                  self.base + len(self.names) - 1)
+        n = self._int(raw)
+        if n is None or not lo <= n <= hi:
+            raise DataError(self._unknown(raw), path=path, line=line, field=fld)
 
-    def _index(self, raw: str) -> int | None:
-        if self.allow_index and raw.lstrip("-").isdigit() and 0 <= int(raw) < len(self.names):
+    def _unknown(self, raw: str) -> str:
+        msg = f"unknown label {raw!r}; expected one of {self.names}"
+        if self.allow_index and self._int(raw) is not None:
+            base = 0 if self.base is None else self.base
+            msg += (f" or an integer id {base}..{base + len(self.names) - 1} into them "
+                    f"({base}-based)")
+        return msg
+
+    def _int(self, raw: str) -> int | None:
+        if self.allow_index and raw.lstrip("-").isdigit():
             return int(raw)
         return None
+
+    def _resolve_base(self, seen: set[str]) -> int:
+        if self.base is not None:
+            return self.base
+        k = len(self.names)
+        ints = {self._int(r) for r in seen}
+        if not seen or None in ints or seen & set(self.names):
+            return 0  # names (or nothing) in the file: integers are 0-based ids
+        if ints == set(range(1, k + 1)):
+            self.note = (f"labels 1..{k} read as 1-based ids into the {k} label names "
+                         f"({', '.join(f'{i + 1}={n}' for i, n in enumerate(self.names))}); "
+                         "pass label_base=0 if that is wrong")
+            return 1
+        if ints and min(ints) >= 1 and max(ints) <= k - 1:
+            raise DataError(
+                f"the file's labels {sorted(ints)} are integers that could be 0-based or "
+                f"1-based ids into the label names {self.names}; say which with label_base=0 "
+                "or label_base=1", path=next(iter(self._first.values()))[0])
+        return 0
 
     def finalize(self, raws: Sequence[str | None]) -> list[int | None]:
         if not self.fixed:
@@ -291,6 +336,8 @@ class _LabelMap:
             numeric = all(r.lstrip("-").isdigit() for r in seen)
             self.names = sorted(seen, key=(lambda r: (int(r), r)) if numeric else None)
         ids = {n: i for i, n in enumerate(self.names)}
+        base = self._resolve_base({r for r in raws if r is not None}) if self.fixed else 0
+        self.base = base
         out: list[int | None] = []
         for r in raws:
             if r is None:
@@ -298,7 +345,11 @@ class _LabelMap:
             elif r in ids:
                 out.append(ids[r])
             else:
-                out.append(self._index(r))
+                n = self._int(r)
+                if n is None or not 0 <= n - base < len(self.names):
+                    path, line, fld = self._first.get(r, (None, None, None))
+                    raise DataError(self._unknown(r), path=path, line=line, field=fld)
+                out.append(n - base)
         return out
 
 
@@ -329,6 +380,7 @@ class _Spec:
     text_pair_column: str | None = None
     label_column: str | None = None
     label_required: bool | None = None  # None: labelled iff the label column/key exists
+    guessed: bool = False  # the format was guessed from the file's lines
 
 
 def _parse_table(text: str, path: Path, spec: _Spec, labels: _LabelMap, delimiter: str
@@ -356,7 +408,7 @@ def _parse_table(text: str, path: Path, spec: _Spec, labels: _LabelMap, delimite
     if text_col is None or text_col not in cols:
         want = spec.text_column or "text' or 'sentence"
         raise DataError(f"missing column '{want}' (columns: {header}); "
-                        "choose one with text_column=", path=path, line=header_line)
+                        f"choose one with {_opt('text_column')}", path=path, line=header_line)
     for opt, c in (("text_pair_column", spec.text_pair_column),
                    ("label_column", spec.label_column)):
         if c is not None and c not in cols:
@@ -412,7 +464,7 @@ def _parse_jsonl(text: str, path: Path, spec: _Spec, labels: _LabelMap
             text_key = next((k for k in ("text", "sentence") if k in obj), None)
             if text_key is None:
                 raise DataError(f"missing field 'text' (keys: {sorted(obj)}); "
-                                "choose one with text_column=", path=path, line=line)
+                                f"choose one with {_opt('text_column')}", path=path, line=line)
         for k in (text_key, pair_key):
             if k is not None and k not in obj:
                 raise DataError(f"missing field (keys: {sorted(obj)})", path=path, line=line,
@@ -469,8 +521,11 @@ def _parse_text_at_label(text: str, path: Path, spec: _Spec, labels: _LabelMap
     def parse(line: int, s: str) -> _Row:
         sentence, at, raw = s.rpartition("@")
         if not at:
-            raise DataError("expected 'SENTENCE@LABEL' (no '@' on this line)", path=path,
-                            line=line, field="label")
+            raise DataError("expected 'SENTENCE@LABEL' (no '@' on this line)"
+                            + ("; the format was guessed from the other lines: pass "
+                               "format='lines' to read every line as unlabelled text"
+                               if spec.guessed else ""),
+                            path=path, line=line, field="label")
         raw = raw.strip()
         labels.check(raw, path, line, "label")
         return (line, _clean_text(sentence, path, line, "text"), None, raw, {})
@@ -553,6 +608,55 @@ FORMATS: dict[str, _Parser] = {
     "trustpilot": _parse_trustpilot,
     "lines": _parse_lines,
 }
+_AT_LABEL = re.compile(r"\S\s*@\s*[\w-]+$")
+
+
+def _looks_text_at_label(text: str) -> bool:
+    """True when at least 80 % of the (first 1,000) non-blank lines end in ``@word``."""
+    lines = [s.strip() for _, s in _lines(text) if s.strip()][:1000]
+    return bool(lines) and sum(bool(_AT_LABEL.search(s)) for s in lines) >= 0.8 * len(lines)
+
+
+def _opt(name: str) -> str:
+    """A load_dataset keyword as messages write it (``text_column=``); the CLI rewrites these
+    into its flags with :func:`cli_message`."""
+    return f"{name}="
+
+
+_CLI_FLAGS = ("text_column", "text_pair_column", "label_column", "label_names", "label_base",
+              "format", "attribute", "limit")
+
+
+def cli_message(msg: str) -> str:
+    """``msg`` with load_dataset's keywords (``text_column=``, ``label_column``) written as the
+    CLI's flags (``--text-column``, ``--label-column``)."""
+    words = "|".join(_CLI_FLAGS)
+    # name='value' and name=value -> --name value; a bare name= -> --name
+    msg = re.sub(rf"(?<![-\w])({words})=(?:'([^'\s]+)'|(\S?))",
+                 lambda m: "--" + m.group(1).replace("_", "-")
+                 + (" " + (m.group(2) or m.group(3)) if m.group(2) or m.group(3) else ""), msg)
+    cols = "|".join(w for w in _CLI_FLAGS if "_" in w)
+    return re.sub(rf"(?<![-\w])({cols})(?![\w=])",
+                  lambda m: "--" + m.group(1).replace("_", "-"), msg)
+
+
+def _check_label_spread(fmt: str, ids: Sequence[int | None], names: Sequence[str],
+                        path: Path) -> None:
+    """A line format whose labels are nearly all distinct is almost surely read wrongly."""
+    labelled = sum(i is not None for i in ids)
+    if fmt not in ("label-text", "text-at-label") or labelled < 10:
+        return
+    if len(names) > labelled / 2:
+        other = "text-at-label" if fmt == "label-text" else "label-text"
+        where = ("the first word of each line" if fmt == "label-text"
+                 else "the word after the last '@'")
+        raise DataError(
+            f"{len(names)} distinct labels in {labelled} lines (e.g. {list(names)[:3]}): "
+            f"format {fmt} takes {where} as its label, which does not look like a label "
+            f"here; pass format='{other}' ('sentence@label' lines: text-at-label, "
+            "'LABEL sentence': label-text) or format='lines' for unlabelled text", path=path)
+
+
 _EXTENSIONS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl",
                ".txt": "lines"}
 
@@ -670,6 +774,7 @@ def load_dataset(
     attribute: str | None = None,
     limit: int | None = None,
     format: str | None = None,
+    label_base: int | None = None,
 ) -> Dataset:
     """Load a built-in dataset by name, or a user's file.
 
@@ -685,12 +790,20 @@ def load_dataset(
     attribute the label (names female/male, born_1960_or_later/born_before_1960).
 
     A path is read in ``format`` (default from the extension: .csv, .tsv, .jsonl/.ndjson, .txt
-    = one unlabelled text per line; also ``label-text``, ``trec``, ``trustpilot``). CSV/TSV
+    = one unlabelled text per line; also ``label-text`` (``LABEL sentence``),
+    ``text-at-label`` (``sentence@label``), ``trec``, ``trustpilot``). A .txt file (or one with
+    an unknown extension) whose non-blank lines at least 80 % end in ``@word`` is read as
+    ``text-at-label`` (``report["format_guessed"]`` is then True). A ``label-text`` or
+    ``text-at-label`` file with more distinct labels than half its lines (10 or more) is
+    rejected: its format was almost surely wrong. CSV/TSV
     need a header. ``text_column`` defaults to ``text`` or ``sentence``, ``label_column`` to
     ``label`` when present (else the examples are unlabelled, counted in the report).
     ``attribute`` on a file names a column to use as the label instead of ``label_column``
     (which then stays in ``attrs``). Label strings map to ids in sorted order (numeric when all
-    are integers), or to their index in ``label_names`` (integers are accepted as indexes).
+    are integers), or to their index in ``label_names``. Integers are accepted as ids into
+    ``label_names``: 0-based, or 1-based with ``label_base=1``; by default (None) 1-based
+    exactly when every label is an integer and they are 1..K for K names (recorded in
+    ``report["notes"]``), an error when they all lie in 1..K-1 (either would fit), else 0-based.
 
     Texts are stripped of surrounding whitespace. CSV follows RFC 4180 quoting (quoted fields
     may span lines; ``Example.line`` is the record's first line); TSV is read as GLUE does, with
@@ -699,17 +812,18 @@ def load_dataset(
     ``limit`` keeps the first ``limit`` records after reading and checking the whole file.
     Raises DataError naming file, line and problem for anything malformed.
     """
+    guessed = False
     if limit is not None and limit < 0:
         raise DataError(f"limit must be >= 0, got {limit}")
     name = str(name_or_path)
     if name in BUILTINS:
         user_opts = {"text_column": text_column, "text_pair_column": text_pair_column,
                      "label_column": label_column, "label_names": label_names,
-                     "format": format}
+                     "format": format, "label_base": label_base}
         given = [k for k, v in user_opts.items() if v is not None]
         if given:
-            raise DataError(f"{', '.join(given)} apply to your own files; built-in dataset "
-                            f"'{name}' has a fixed layout")
+            raise DataError(f"{', '.join(_opt(k) for k in given)} apply to your own files; "
+                            f"built-in dataset '{name}' has a fixed layout")
         b = BUILTINS[name]
         path, split = _builtin_file(name, b, split)
         fmt = b.format
@@ -735,9 +849,12 @@ def load_dataset(
             raise DataError(f"no such file, and not a built-in dataset ({', '.join(BUILTINS)})",
                             path=path)
         fmt = format or _EXTENSIONS.get(path.suffix.lower())
+        if format is None and fmt in (None, "lines") and path.is_file():
+            if _looks_text_at_label(_read_text(path)):
+                fmt, guessed = "text-at-label", True
         if fmt is None:
             raise DataError(f"cannot tell the format from the extension '{path.suffix}'; "
-                            f"pass format= one of {sorted(FORMATS)}", path=path)
+                            f"pass {_opt('format')} one of {sorted(FORMATS)}", path=path)
         if fmt not in FORMATS:
             raise DataError(f"unknown format '{fmt}'; formats: {sorted(FORMATS)}", path=path)
         if fmt == "trustpilot":
@@ -752,12 +869,12 @@ def load_dataset(
         else:
             label_col = attribute or label_column
             spec = _Spec(text_column, text_pair_column, label_col,
-                         label_required=True if label_col else None)
+                         label_required=True if label_col else None, guessed=guessed)
             if fmt == "trec" and label_names is None:
                 # TREC's coarse classes have a fixed order, whichever of them a file holds.
                 lmap = _LabelMap(TREC_COARSE, allow_index=False)
             else:
-                lmap = _LabelMap(label_names)
+                lmap = _LabelMap(label_names, base=label_base)
             names = None
         display = path.stem
 
@@ -766,6 +883,8 @@ def load_dataset(
     ids = lmap.finalize([r[3] for r in rows])
     if names is None:
         names = list(lmap.names)
+    if name not in BUILTINS and label_names is None:
+        _check_label_spread(fmt, ids, names, path)
     examples = [Example(text=t, label=i, text_pair=tp, attrs=attrs, line=line)
                 for (line, t, tp, _raw, attrs), i in zip(rows, ids, strict=True)]
     read = len(examples)
@@ -782,6 +901,9 @@ def load_dataset(
         "kept": len(examples),
         "limit": limit,
         "blank_lines": blank,
+        "format_guessed": guessed,
+        "label_base": lmap.base if lmap.fixed and lmap.allow_index else None,
+        "notes": [lmap.note] if lmap.note else [],
         **_label_counts(examples, names),
         # which field the labels came from (None when the records carry no labels)
         "label_source": (attribute or spec.label_column

@@ -16,16 +16,23 @@ app.add_typer(data_app, name="data")
 
 def _load(name: str, split: str, text_column: str | None, text_pair_column: str | None,
           label_column: str | None, label_names: str | None, attribute: str | None,
-          limit: int | None, fmt: str | None):
-    from rapt.data import DataError, load_dataset
+          limit: int | None, fmt: str | None, label_base: int | None = None):
+    from rapt.data import DataError, cli_message, load_dataset
 
     names = [s.strip() for s in label_names.split(",")] if label_names else None
     try:
-        return load_dataset(name, split, text_column=text_column,
-                            text_pair_column=text_pair_column, label_column=label_column,
-                            label_names=names, attribute=attribute, limit=limit, format=fmt)
+        ds = load_dataset(name, split, text_column=text_column,
+                          text_pair_column=text_pair_column, label_column=label_column,
+                          label_names=names, attribute=attribute, limit=limit, format=fmt,
+                          label_base=label_base)
     except DataError as e:
-        _fail(str(e))
+        _fail(cli_message(str(e)))
+    if ds.report.get("format_guessed"):
+        typer.echo(f"note: {ds.source}: lines end in '@label', read as text-at-label "
+                   "(pass --format lines for unlabelled text)", err=True)
+    for note in ds.report.get("notes", []):
+        typer.echo(f"note: {cli_message(note)}", err=True)
+    return ds
 
 
 _NAME = typer.Argument(..., help="built-in name (sst2, sst2-sentences, trec, cb, trustpilot) "
@@ -34,11 +41,18 @@ _SPLIT = typer.Option("train", "--split", "-s", help="split of a built-in datase
 _TEXT = typer.Option(None, "--text-column", help="text column/key of your file")
 _PAIR = typer.Option(None, "--text-pair-column", help="second text column/key (pair tasks)")
 _LABEL = typer.Option(None, "--label-column", help="label column/key of your file")
-_NAMES = typer.Option(None, "--label-names", help="comma-separated label names, in id order")
+_NAMES = typer.Option(None, "--label-names", help="comma-separated label names, in id order; "
+                      "integer labels in the file are ids into them: 0-based, except that "
+                      "labels exactly 1..K for K names are read 1-based (a note says so); "
+                      "labels all in 1..K-1 need --label-base")
+_BASE = typer.Option(None, "--label-base", help="integer labels are 0-based or 1-based ids into "
+                     "--label-names (default: see there)")
 _ATTR = typer.Option(None, "--attribute", help="use a private attribute as label (gender, age)")
 _LIMIT = typer.Option(None, "--limit", help="keep the first N records (all are checked)")
 _FORMAT = typer.Option(None, "--format", help="file format if the extension does not tell: "
-                       "csv, tsv, jsonl, lines, label-text, trec, trustpilot")
+                       "csv, tsv, jsonl, lines, label-text ('LABEL sentence'), text-at-label "
+                       "('sentence@label'), trec, trustpilot (.txt files whose lines end in "
+                       "'@label' are read as text-at-label)")
 
 
 @data_app.command("check")
@@ -52,12 +66,13 @@ def check(
     attribute: str | None = _ATTR,
     limit: int | None = _LIMIT,
     fmt: str | None = _FORMAT,
+    label_base: int | None = _BASE,
     show: int = typer.Option(3, "--show", help="print the first N examples"),
     as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
 ) -> None:
     """Load a dataset, validate every record and print the counts (exit 2 on bad input)."""
     ds = _load(name, split, text_column, text_pair_column, label_column, label_names,
-               attribute, limit, fmt)
+               attribute, limit, fmt, label_base)
     r = ds.report
     if as_json:
         typer.echo(json.dumps({"name": ds.name, "label_names": ds.label_names, **r}, indent=2))

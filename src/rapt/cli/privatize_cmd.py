@@ -17,18 +17,18 @@ attack_app = typer.Typer(help="Simulated attacks that measure empirical privacy.
                          no_args_is_help=True)
 app.add_typer(attack_app, name="attack")
 
-_LINE_FORMATS = ("label-text", "trec", "lines")
+_LINE_FORMATS = ("label-text", "text-at-label", "trec", "lines")
 
 
 def _load(name: str, split: str, fmt: str | None, text_column: str | None,
           text_pair_column: str | None, limit: int | None = None):
-    from rapt.data import DataError, load_dataset
+    from rapt.data import DataError, cli_message, load_dataset
 
     try:
         return load_dataset(name, split, text_column=text_column,
                             text_pair_column=text_pair_column, limit=limit, format=fmt)
     except DataError as e:
-        _fail(str(e))
+        _fail(cli_message(str(e)))
 
 
 def _resolve_format(name: str, fmt: str | None) -> str:
@@ -64,8 +64,11 @@ def _rewrite(src: Path, name: str, fmt: str, n_records: int, texts: list[str],
             if not line.strip():
                 out.append(line)
                 continue
-            prefix = "" if fmt == "lines" else line.strip().partition(" ")[0] + " "
-            out.append(prefix + texts[k])
+            if fmt == "text-at-label":  # the label follows the last '@'
+                out.append(texts[k] + "@" + line.strip().rpartition("@")[2])
+            else:
+                prefix = "" if fmt == "lines" else line.strip().partition(" ")[0] + " "
+                out.append(prefix + texts[k])
             k += 1
         body = "\n".join(out) + "\n"
     elif fmt == "tsv":
@@ -190,7 +193,8 @@ def privatize(
     src = Path(ds.source)
     if output.resolve() == src.resolve():
         _fail(f"{output}: output would overwrite the input")
-    fmt_used = _resolve_format(input, format_opt)
+    # the loader's format: a .txt of 'sentence@label' lines is read (and written) as such
+    fmt_used = ds.report.get("format") or _resolve_format(input, format_opt)
 
     bb = _backbone(backbone)
     emb = bb.embeddings.detach()

@@ -28,13 +28,13 @@ VERSION = 1
 
 def _data(data: str, split: str, limit: int | None, text_column: str | None,
           label_column: str | None, label_names: list[str] | None = None):
-    from rapt.data import DataError, load_dataset
+    from rapt.data import DataError, cli_message, load_dataset
 
     try:
         return load_dataset(data, split, text_column=text_column, label_column=label_column,
                             limit=limit, label_names=label_names)
     except (DataError, FileNotFoundError) as e:
-        fail(str(e))
+        fail(cli_message(str(e)))
 
 
 def _backbone(name: str):

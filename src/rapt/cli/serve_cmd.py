@@ -211,13 +211,13 @@ def _privacy_warnings():
 def _guard(fn):
     """Run fn; errors the user can act on become one line and exit code 2."""
     from rapt.client import ClientError, ServiceError
-    from rapt.data import DataError
+    from rapt.data import DataError, cli_message
 
     try:
         with _privacy_warnings():
             return fn()
     except (ClientError, ServiceError, DataError, FileNotFoundError) as e:
-        raise _fail(str(e)) from e
+        raise _fail(cli_message(str(e)) if isinstance(e, DataError) else str(e)) from e
 
 
 def _echo_privacy(c) -> None:

@@ -16,14 +16,48 @@ from rapt.cli._app import fail as _fail
 
 def _load_data(data: str, split: str, limit: int | None, text_column: str | None,
                label_column: str | None, attribute: str | None = None,
-               label_names: list[str] | None = None):
-    from rapt.data import DataError, load_dataset
+               label_names: list[str] | None = None, fmt: str | None = None,
+               label_base: int | None = None):
+    from rapt.data import DataError, cli_message, load_dataset
 
     try:
-        return load_dataset(data, split, text_column=text_column, label_column=label_column,
-                            attribute=attribute, limit=limit, label_names=label_names)
+        ds = load_dataset(data, split, text_column=text_column, label_column=label_column,
+                          attribute=attribute, limit=limit, label_names=label_names,
+                          format=fmt, label_base=label_base)
     except (DataError, FileNotFoundError) as e:
-        _fail(str(e))
+        _fail(cli_message(str(e)))
+    if ds.report.get("format_guessed"):
+        typer.echo(f"note: {ds.source}: lines end in '@label', read as text-at-label "
+                   "(pass --format lines for unlabelled text)", err=True)
+    for note in ds.report.get("notes", []):
+        typer.echo(f"note: {cli_message(note)}", err=True)
+    return ds
+
+
+def _split_names(label_names: str | None) -> list[str] | None:
+    return [s.strip() for s in label_names.split(",")] if label_names else None
+
+
+def _no_labels_hint(ds) -> str:
+    """Why a file gave no labels and which flag fixes it."""
+    fmt = ds.report.get("format")
+    if fmt in ("csv", "tsv", "jsonl"):
+        what = "column" if fmt != "jsonl" else "field"
+        others = sorted(ds.examples[0].attrs) if ds.examples else []
+        return (f"{ds.source}: no label {what} ('label' not found"
+                + (f"; other {what}s: {', '.join(others)}" if others else "")
+                + "); name it with --label-column")
+    return (f"{ds.source}: read as unlabelled text (format {fmt}); for 'sentence@label' lines "
+            "pass --format text-at-label, for 'LABEL sentence' lines --format label-text")
+
+
+_FORMAT_HELP = ("file format if the extension does not tell: csv, tsv, jsonl, lines, "
+                "label-text ('LABEL sentence'), text-at-label ('sentence@label'), trec, "
+                "trustpilot (.txt files whose lines end in '@label' are read as text-at-label)")
+_NAMES_HELP = ("comma-separated label names, in id order; integer labels in the file are ids "
+               "into them: 0-based, except that labels exactly 1..K for K names are read "
+               "1-based (a note says so); labels all in 1..K-1 need --label-base")
+_BASE_HELP = "integer labels are 0-based or 1-based ids into --label-names (default: see there)"
 
 
 def _load_backbone(name: str):
@@ -81,6 +115,9 @@ def tune(
     limit: int | None = typer.Option(None, help="use the first N examples"),
     text_column: str | None = typer.Option(None),
     label_column: str | None = typer.Option(None),
+    fmt: str | None = typer.Option(None, "--format", help=_FORMAT_HELP),
+    label_names: str | None = typer.Option(None, help=_NAMES_HELP),
+    label_base: int | None = typer.Option(None, help=_BASE_HELP),
     eta: float | None = typer.Option(None, help="privatize locally with this η"),
     target_p: float | None = typer.Option(
         None, help="or the η that gives this replacement probability P on rapt's public text "
@@ -137,11 +174,16 @@ def tune(
     from rapt.trainer import TuneConfig
     from rapt.trainer import tune as run_tune
 
-    ds = _load_data(data, split, limit, text_column, label_column)
+    ds = _load_data(data, split, limit, text_column, label_column,
+                    label_names=_split_names(label_names), fmt=fmt, label_base=label_base)
     if len(ds) == 0:
         _fail(f"{data}: no examples to train on")
-    if any(y is None for y in ds.labels):
-        _fail(f"{data}: some examples have no label (give --label-column)")
+    unlabelled = [e.line for e in ds.examples if e.label is None]
+    if len(unlabelled) == len(ds):
+        _fail(_no_labels_hint(ds))
+    if unlabelled:
+        _fail(f"{ds.source}: {len(unlabelled)} examples have no label (first at line "
+              f"{unlabelled[0]}); tuning needs a label on every example")
     bb = _load_backbone(backbone)
     try:
         from rapt.dp import dp_config_from_options
@@ -210,6 +252,8 @@ def tune(
         bar.close()
         _fail(str(e))
     bar.close()
+    if ds.report.get("label_base") is not None:
+        tuned.meta["label_base"] = ds.report["label_base"]
     tuned.meta.update({"eta": eta_used, "label_names": ds.label_names, "dataset": str(data),
                        "privatizer_mode": privatizer_mode if privatizer else None,
                        "seeded": noise_seed is not None})
@@ -232,15 +276,23 @@ def predict(
     split: str = typer.Option("dev"),
     limit: int | None = typer.Option(None),
     text_column: str | None = typer.Option(None),
-    label_column: str | None = typer.Option(None),
+    label_column: str | None = typer.Option(None, help="gold labels, if any: accuracy is "
+                                            "printed when every example has one"),
+    fmt: str | None = typer.Option(None, "--format", help=_FORMAT_HELP),
+    label_names: str | None = typer.Option(
+        None, help="default: the names stored in the artifact by `rapt tune` (give them only "
+        "for an artifact without; they must match the artifact's)"),
+    label_base: int | None = typer.Option(None, help=_BASE_HELP + "; default: as in tune"),
     backbone: str | None = typer.Option(None, help="default: the artifact's backbone"),
     eta: float | None = typer.Option(None, help="default: the artifact's η (same as training)"),
     no_privatize: bool = typer.Option(False, help="send clean queries (no local privacy)"),
-    out: Path | None = typer.Option(None, help="write predictions as JSONL"),
+    out: Path | None = typer.Option(None, help="write predictions as JSONL (default: print "
+                                    "'label<TAB>text' lines)"),
     noise_seed: int | None = typer.Option(
         None, help="seed the query privatization noise (tests only; default: OS entropy)"),
 ) -> None:
-    """Privatize queries locally (same η as training) and predict with a tuned prompt."""
+    """Privatize queries locally (same η as training) and predict with a tuned prompt. The data
+    need no labels; accuracy is reported when every example has one."""
     from rapt.artifacts import ArtifactError
     from rapt.trainer import TunedPrompt
 
@@ -250,10 +302,20 @@ def predict(
         _fail(str(e))
     from rapt.data import BUILTINS
 
+    stored = tuned.meta.get("label_names")
+    given = _split_names(label_names)
+    if given is not None and stored and list(given) != list(stored):
+        _fail(f"--label-names {','.join(given)} differ from the names stored in {artifact} "
+              f"({','.join(stored)}); leave --label-names out to use the stored ones")
+    names = stored or given
+    if label_base is None:
+        label_base = tuned.meta.get("label_base")
     # Gold labels of a user file are read by the prompt's own label names, so that ids mean
     # the same classes (built-ins have fixed names already).
+    user_file = data not in BUILTINS
     ds = _load_data(data, split, limit, text_column, label_column,
-                    label_names=None if data in BUILTINS else tuned.meta.get("label_names"))
+                    label_names=names if user_file else None, fmt=fmt,
+                    label_base=label_base if user_file and names else None)
     bb = _load_backbone(backbone or tuned.meta.get("backbone", "minilm"))
     eta = None if no_privatize else (eta if eta is not None else tuned.meta.get("eta"))
     if eta is None and not no_privatize:
@@ -268,7 +330,7 @@ def predict(
         rows = _privatize_with_bar(rows, privatizer)
     probs = tuned.predict_proba(bb, rows)
     pred = probs.argmax(-1).tolist()
-    names = tuned.meta.get("label_names") or [str(i) for i in range(probs.shape[1])]
+    names = names or [str(i) for i in range(probs.shape[1])]
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         with out.open("w") as f:
@@ -276,7 +338,10 @@ def predict(
                 f.write(json.dumps({"text": ex.text, "prediction": names[p],
                                     "probabilities": pr}) + "\n")
         typer.echo(f"wrote {len(pred)} predictions to {out}")
-    gold = ds.labels
+    else:
+        for ex, p in zip(ds.examples, pred, strict=True):
+            typer.echo(f"{names[p]}\t{ex.text}")
+    gold = [e.label for e in ds.examples]
     if gold and all(y is not None for y in gold):
         acc = sum(int(a == b) for a, b in zip(pred, gold, strict=True)) / len(gold)
         typer.echo(f"accuracy {acc:.4f} on {len(gold)} examples"
