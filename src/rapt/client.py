@@ -208,18 +208,11 @@ class RaptClient:
     def _rows(self, texts: Sequence[str], pairs: Sequence[str | None] | None,
               plain: Sequence[int] | None, max_length: int) -> list[list[int]]:
         """Token id rows ``[leading specials] k x [trailing specials]`` (rapt.reconstruction's
-        layout); sentence pairs are encoded as the tokenizer pairs them."""
-        from rapt.reconstruction import build_rows, plain_offset
+        layout, sentence pairs included)."""
+        from rapt.reconstruction import build_rows
 
-        tok = self.backbone.tokenizer
-        if not pairs or all(p is None for p in pairs):
-            return build_rows(tok, list(texts), max_length=max_length,
-                              plain_ids=list(plain) if plain else None)
-        m = len(plain) if plain else 0
-        enc = tok(list(texts), [p or "" for p in pairs], truncation=True,
-                  max_length=max_length - m)["input_ids"]
-        off = plain_offset(tok)
-        return [list(r[:off]) + list(plain or []) + list(r[off:]) for r in enc]
+        return build_rows(self.backbone.tokenizer, list(texts), max_length=max_length,
+                          plain_ids=list(plain) if plain else None, text_pairs=pairs)
 
     def privatize(self, rows: list[list[int]]) -> list[list[int]]:
         """Apply the mechanism to every non-special token (identity with no_privacy)."""
@@ -345,14 +338,16 @@ class RaptClient:
 
     def predict(self, prompt_id: str, texts: Sequence[str] | str | Path | Any, *,
                 text_pairs: Sequence[str | None] | None = None, max_length: int = 128,
-                chunk: int = 256) -> Prediction:
-        """Privatize each query here (fresh noise) and ask the service for labels."""
+                chunk: int = 256, text_column: str | None = None,
+                text_pair_column: str | None = None) -> Prediction:
+        """Privatize each query here (fresh noise) and ask the service for labels. A file's
+        columns are read as ``upload`` reads them (sentence pairs detected or named)."""
         self._check_privacy()
         names = None
         if isinstance(texts, str | Path) and Path(texts).exists():
             from rapt.data import load_dataset
 
-            ds = load_dataset(texts)
+            ds = load_dataset(texts, text_column=text_column, text_pair_column=text_pair_column)
             texts, text_pairs, names = ds.texts, ds.text_pairs, ds.label_names
         elif hasattr(texts, "texts"):
             texts, text_pairs, names = texts.texts, texts.text_pairs, texts.label_names

@@ -315,13 +315,16 @@ class TunedPrompt:
         return self.predict_proba(backbone, input_ids, batch_size).argmax(-1).tolist()
 
     def encode(self, backbone: Backbone, texts: Sequence[str], privatizer=None,
-               noise: NoiseSource | None = None) -> list[list[int]]:
-        """User side: texts -> rows in this prompt's layout (plain tokens included when it was
-        trained with them), privatized when a privatizer is given."""
+               noise: NoiseSource | None = None, *,
+               text_pairs: Sequence[str | None] | None = None) -> list[list[int]]:
+        """User side: texts (or sentence pairs with ``text_pairs``) -> rows in this prompt's
+        layout (plain tokens included when it was trained with them), privatized when a
+        privatizer is given."""
         plain = self.plain_ids
         seqs = _as_sequences(plain)
         index = [0] * len(texts) if len(seqs) > 1 else None
-        rows = build_rows(backbone.tokenizer, texts, self.config.max_length, plain, index)
+        rows = build_rows(backbone.tokenizer, texts, self.config.max_length, plain, index,
+                          text_pairs=text_pairs)
         return privatize_rows(rows, privatizer, noise) if privatizer is not None else rows
 
     def save(self, folder: str | Path) -> Path:

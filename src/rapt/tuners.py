@@ -15,6 +15,11 @@ in the forward pass and the gradient of that expanded tensor is the per-example 
 Prefix key/values are injected with a pre-filled ``transformers.DynamicCache``, which both
 ``BertModel`` and the Llama family accept; positions of the real tokens stay 0..n-1.
 LoRA uses ``peft.inject_adapter_in_model`` on a private copy of the backbone.
+
+Sentence pairs on BERT-style bodies (a token-type embedding with 2+ types) get the segment ids
+their tokenizer gives them, 0 for ``[CLS] a [SEP]`` and 1 for ``b [SEP]``, recomputed from the
+row's [SEP] ids (:func:`segment_ids`): rows travel as ids only, and specials are never
+privatized, so user, trainer and service derive the same ids. Single texts get all 0, as before.
 """
 
 from __future__ import annotations
@@ -40,6 +45,22 @@ def base_model(model: nn.Module) -> nn.Module:
     return model
 
 
+def segment_ids(input_ids: Tensor, attention_mask: Tensor, sep_id: int) -> Tensor:
+    """BERT token type ids (B, n) of rows ``[CLS] (k) a [SEP] b [SEP]``: 1 from the token after
+    the first [SEP] on, 0 before it and on padding; all 0 for a single text."""
+    is_sep = (input_ids == sep_id).long()
+    before = is_sep.cumsum(1) - is_sep
+    return ((before > 0) & attention_mask.bool()).long()
+
+
+def segment_sep_id(backbone: Backbone) -> int | None:
+    """The separator that starts segment 1, or None when the body has no token types (causal
+    LMs, RoBERTa's single type)."""
+    types = getattr(backbone.model.config, "type_vocab_size", None) or 0
+    sep = getattr(backbone.tokenizer, "sep_token_id", None)
+    return int(sep) if types >= 2 and sep is not None else None
+
+
 def _freeze(model: nn.Module) -> None:
     for p in model.parameters():
         p.requires_grad_(False)
@@ -56,6 +77,7 @@ class Tuner(nn.Module):
         self._model = [backbone.model]  # a list hides it from nn.Module registration
         self.track_per_example = False
         self._per_example: list[tuple[nn.Parameter, Tensor]] = []
+        self.sep_id = segment_sep_id(backbone)
 
     @property
     def model(self) -> nn.Module:
@@ -78,6 +100,16 @@ class Tuner(nn.Module):
             e.retain_grad()
             self._per_example.append((p, e))
         return e
+
+    def segments(self, input_ids: Tensor, attention_mask: Tensor, virtual: int = 0) -> dict:
+        """``{"token_type_ids": (B, virtual + n)}`` for a body with token types (virtual prompt
+        positions get type 0), else ``{}``."""
+        if self.sep_id is None:
+            return {}
+        types = segment_ids(input_ids, attention_mask, self.sep_id)
+        if virtual:
+            types = torch.cat([types.new_zeros(types.shape[0], virtual), types], dim=1)
+        return {"token_type_ids": types}
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         raise NotImplementedError
@@ -110,7 +142,7 @@ class PromptTuner(Tuner):
         prompt = self._broadcast(self.prompt, B).to(embeds.dtype)
         mask = torch.cat([attention_mask.new_ones(B, N), attention_mask], dim=1)
         out = self.body(inputs_embeds=torch.cat([prompt, embeds], dim=1), attention_mask=mask,
-                        use_cache=False)
+                        use_cache=False, **self.segments(input_ids, attention_mask, N))
         return out.last_hidden_state[:, N:]
 
 
@@ -174,7 +206,8 @@ class PrefixTuner(Tuner):
         # Explicit positions keep the real tokens at 0..n-1 (a cache would otherwise shift them).
         pos = torch.arange(n, device=input_ids.device).unsqueeze(0).expand(B, n)
         out = self.body(input_ids=input_ids, attention_mask=mask, past_key_values=cache,
-                        position_ids=pos, use_cache=False)
+                        position_ids=pos, use_cache=False,
+                        **self.segments(input_ids, attention_mask))
         return out.last_hidden_state
 
 
@@ -189,8 +222,8 @@ class _WholeModelTuner(Tuner):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         self._per_example = []
-        return self.body(input_ids=input_ids, attention_mask=attention_mask,
-                         use_cache=False).last_hidden_state
+        return self.body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
+                         **self.segments(input_ids, attention_mask)).last_hidden_state
 
     def trainable_state(self) -> dict[str, Tensor]:
         return {k: v for k, v in self.state_dict().items()

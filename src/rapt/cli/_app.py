@@ -32,6 +32,25 @@ def fail(msg: str) -> NoReturn:
     raise typer.Exit(2)
 
 
+def echo_data_notes(ds) -> None:
+    """What the loader guessed about a dataset (format, label base, sentence-pair columns), one
+    stderr note each, in the CLI's flag names."""
+    from rapt.data import cli_message
+
+    if ds.report.get("format_guessed"):
+        typer.echo(f"note: {ds.source}: lines end in '@label', read as text-at-label "
+                   "(pass --format lines for unlabelled text)", err=True)
+    for note in ds.report.get("notes", []):
+        typer.echo(f"note: {cli_message(note)}", err=True)
+
+
+# Shared by every command that reads a user's file with sentence pairs.
+TEXT_PAIR_OPT = typer.Option(
+    None, "--text-pair-column", help="second text column/key of sentence pairs, privatized "
+    "like the first (default: detected when both columns of sentence1/sentence2, "
+    "premise/hypothesis, question1/question2 or question/sentence are present)")
+
+
 def warn_if_seeded(noise_seed: int | None) -> None:
     """One stderr warning when a command's privacy noise is seeded (--noise-seed)."""
     if noise_seed is not None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import typer
 
-from rapt.cli._app import app, warn_if_seeded
+from rapt.cli._app import TEXT_PAIR_OPT, app, echo_data_notes, warn_if_seeded
 from rapt.cli._app import fail as _fail
 
 attack_app = typer.Typer(help="Simulated attacks that measure empirical privacy.",
@@ -25,10 +25,12 @@ def _load(name: str, split: str, fmt: str | None, text_column: str | None,
     from rapt.data import DataError, cli_message, load_dataset
 
     try:
-        return load_dataset(name, split, text_column=text_column,
-                            text_pair_column=text_pair_column, limit=limit, format=fmt)
+        ds = load_dataset(name, split, text_column=text_column,
+                          text_pair_column=text_pair_column, limit=limit, format=fmt)
     except DataError as e:
         _fail(cli_message(str(e)))
+    echo_data_notes(ds)
+    return ds
 
 
 def _resolve_format(name: str, fmt: str | None) -> str:
@@ -158,8 +160,7 @@ def privatize(
                             "jsonl, trustpilot"),
     split: str = typer.Option("train", "--split", help="split of a built-in dataset"),
     text_column: str | None = typer.Option(None, "--text-column", help="text column/key"),
-    text_pair_column: str | None = typer.Option(None, "--text-pair-column",
-                                                help="second text column/key, also privatized"),
+    text_pair_column: str | None = TEXT_PAIR_OPT,
     all_tokens: bool = typer.Option(
         False, "--all-tokens", help="allow every vocabulary row as output (by default special "
         "and [unused] tokens are excluded)"),
@@ -219,8 +220,10 @@ def privatize(
         [t if p is not None else None for t, p in zip(res.texts[len(texts):], pairs,
                                                        strict=True)]
         if has_pairs else [None] * len(texts))
-    body = _rewrite(src, input, fmt_used, len(ds), out_texts, out_pairs, text_column,
-                    text_pair_column)
+    # The loader's columns: it may have detected a sentence pair the flags did not name.
+    body = _rewrite(src, input, fmt_used, len(ds), out_texts, out_pairs,
+                    ds.report.get("text_column") or text_column,
+                    ds.report.get("text_pair_column") or text_pair_column)
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text(body, encoding="utf-8")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import typer
 
-from rapt.cli._app import app
+from rapt.cli._app import TEXT_PAIR_OPT, app, echo_data_notes
 
 serve_app = typer.Typer(help="Run the provider service (HTTP API) or manage its API keys.",
                         invoke_without_command=True, no_args_is_help=False)
@@ -234,6 +234,7 @@ def client_upload(
     file: str = typer.Argument(..., help="labelled CSV / TSV / JSONL file (or a built-in name)"),
     eta: float | None = ETA_OPT, no_privacy: bool = NOPRIV_OPT, backbone: str = BB_OPT,
     text_column: str | None = typer.Option(None), label_column: str | None = typer.Option(None),
+    text_pair_column: str | None = TEXT_PAIR_OPT,
     reconstruction: bool = typer.Option(False, help="prepend plain tokens (RAPT §3.2.2)"),
     max_length: int = typer.Option(128), limit: int | None = typer.Option(None),
     seed: int | None = typer.Option(None, "--noise-seed", "--seed",
@@ -242,10 +243,13 @@ def client_upload(
     url: str | None = URL_OPT, key: str | None = KEY_OPT,
 ) -> None:
     """Privatize FILE here and upload only the privatized token ids; prints the dataset id."""
+    from rapt.data import load_dataset
+
     c = _client(url, key, backbone, eta, no_privacy, seed, min_p)
-    ds = _guard(lambda: c.upload(file, text_column=text_column, label_column=label_column,
-                                 reconstruction=reconstruction, max_length=max_length,
-                                 limit=limit))
+    data = _guard(lambda: load_dataset(file, text_column=text_column, label_column=label_column,
+                                       text_pair_column=text_pair_column, limit=limit))
+    echo_data_notes(data)
+    ds = _guard(lambda: c.upload(data, reconstruction=reconstruction, max_length=max_length))
     _echo_privacy(c)
     typer.echo(ds)
 
@@ -301,12 +305,20 @@ def client_predict(
     inputs: list[str] = typer.Argument(..., help="a file of queries, or query texts"),
     eta: float | None = ETA_OPT, no_privacy: bool = NOPRIV_OPT, backbone: str = BB_OPT,
     min_p: float = MIN_P_OPT,
+    text_column: str | None = typer.Option(None, help="text column/key of a query file"),
+    text_pair_column: str | None = TEXT_PAIR_OPT,
     url: str | None = URL_OPT, key: str | None = KEY_OPT,
 ) -> None:
     """Privatize each query here, classify it with a tuned prompt; prints label + probabilities
     per line (JSON)."""
+    from rapt.data import load_dataset
+
     c = _client(url, key, backbone, eta, no_privacy, min_p=min_p)
     src = inputs[0] if len(inputs) == 1 and os.path.exists(inputs[0]) else inputs
+    if not isinstance(src, list):
+        src = _guard(lambda: load_dataset(src, text_column=text_column,
+                                          text_pair_column=text_pair_column))
+        echo_data_notes(src)
     pred = _guard(lambda: c.predict(prompt_id, src))
     _echo_privacy(c)
     for i, (y, p) in enumerate(zip(pred.labels, pred.probabilities, strict=True)):

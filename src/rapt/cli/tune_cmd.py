@@ -10,27 +10,23 @@ from pathlib import Path
 
 import typer
 
-from rapt.cli._app import app, warn_if_seeded
+from rapt.cli._app import TEXT_PAIR_OPT, app, echo_data_notes, warn_if_seeded
 from rapt.cli._app import fail as _fail
 
 
 def _load_data(data: str, split: str, limit: int | None, text_column: str | None,
                label_column: str | None, attribute: str | None = None,
                label_names: list[str] | None = None, fmt: str | None = None,
-               label_base: int | None = None):
+               label_base: int | None = None, text_pair_column: str | None = None):
     from rapt.data import DataError, cli_message, load_dataset
 
     try:
         ds = load_dataset(data, split, text_column=text_column, label_column=label_column,
                           attribute=attribute, limit=limit, label_names=label_names,
-                          format=fmt, label_base=label_base)
+                          format=fmt, label_base=label_base, text_pair_column=text_pair_column)
     except (DataError, FileNotFoundError) as e:
         _fail(cli_message(str(e)))
-    if ds.report.get("format_guessed"):
-        typer.echo(f"note: {ds.source}: lines end in '@label', read as text-at-label "
-                   "(pass --format lines for unlabelled text)", err=True)
-    for note in ds.report.get("notes", []):
-        typer.echo(f"note: {cli_message(note)}", err=True)
+    echo_data_notes(ds)
     return ds
 
 
@@ -114,6 +110,7 @@ def tune(
     split: str = typer.Option("train"),
     limit: int | None = typer.Option(None, help="use the first N examples"),
     text_column: str | None = typer.Option(None),
+    text_pair_column: str | None = TEXT_PAIR_OPT,
     label_column: str | None = typer.Option(None),
     fmt: str | None = typer.Option(None, "--format", help=_FORMAT_HELP),
     label_names: str | None = typer.Option(None, help=_NAMES_HELP),
@@ -175,7 +172,8 @@ def tune(
     from rapt.trainer import tune as run_tune
 
     ds = _load_data(data, split, limit, text_column, label_column,
-                    label_names=_split_names(label_names), fmt=fmt, label_base=label_base)
+                    label_names=_split_names(label_names), fmt=fmt, label_base=label_base,
+                    text_pair_column=text_pair_column)
     if len(ds) == 0:
         _fail(f"{data}: no examples to train on")
     unlabelled = [e.line for e in ds.examples if e.label is None]
@@ -224,7 +222,8 @@ def tune(
                          head_temperature=head_temperature, freeze_prompt=freeze_prompt,
                          label_words=label_words.split(",") if label_words else (
                              list(ds.label_names) if bb.kind == "causal" else None))
-        rows = build_rows(bb.tokenizer, ds.texts, max_length, plain, plain_index)
+        rows = build_rows(bb.tokenizer, ds.texts, max_length, plain, plain_index,
+                          text_pairs=ds.text_pairs)
     except ValueError as e:
         _fail(str(e))
     privatizer, eta_used = _privatizer(bb, eta, target_p, noise_seed, privatizer_mode)
@@ -256,7 +255,10 @@ def tune(
         tuned.meta["label_base"] = ds.report["label_base"]
     tuned.meta.update({"eta": eta_used, "label_names": ds.label_names, "dataset": str(data),
                        "privatizer_mode": privatizer_mode if privatizer else None,
-                       "seeded": noise_seed is not None})
+                       "seeded": noise_seed is not None,
+                       # the columns read (given or detected), reused by `rapt predict`
+                       "text_column": ds.report.get("text_column"),
+                       "text_pair_column": ds.report.get("text_pair_column")})
     tuned.save(out)
     msg = f"saved {method} prompt to {out}"
     if tuned.meta.get("dp"):
@@ -269,13 +271,43 @@ def tune(
     typer.echo(msg)
 
 
+def _stored_columns(meta: dict, data: str, fmt: str | None) -> tuple[str | None, str | None]:
+    """The text (and pair) columns `rapt tune` read, when ``data`` has them all; else (None,
+    None), and the loader guesses as usual."""
+    from rapt.data import columns_of
+
+    want = (meta.get("text_column"), meta.get("text_pair_column"))
+    present = columns_of(data, fmt)
+    if want[0] is None or present is None or any(c not in present for c in want if c):
+        return None, None
+    return want
+
+
+def _check_pairs(meta: dict, artifact: Path, ds) -> None:
+    """A prompt tuned on sentence pairs reads pairs, one tuned on single texts single texts."""
+    if "text_pair_column" not in meta:  # artifacts from before pairs were recorded
+        return
+    tuned_pairs = meta["text_pair_column"] is not None
+    has_pairs = ds.report.get("text_pair_column") is not None
+    if tuned_pairs and not has_pairs:
+        _fail(f"{artifact} was tuned on sentence pairs ('{meta['text_column']}' + "
+              f"'{meta['text_pair_column']}') but {ds.source} was read as single texts; name "
+              "its two text columns with --text-column and --text-pair-column")
+    if has_pairs and not tuned_pairs:
+        _fail(f"{artifact} was tuned on single texts but {ds.source} was read as sentence pairs "
+              f"('{ds.report['text_column']}' + '{ds.report['text_pair_column']}'); name the "
+              "text column with --text-column")
+
+
 @app.command()
 def predict(
     artifact: Path = typer.Argument(..., help="folder written by `rapt tune`"),
     data: str = typer.Argument(..., help="dataset name or file"),
     split: str = typer.Option("dev"),
     limit: int | None = typer.Option(None),
-    text_column: str | None = typer.Option(None),
+    text_column: str | None = typer.Option(None, help="default: the column `rapt tune` read, "
+                                           "when the file has it"),
+    text_pair_column: str | None = TEXT_PAIR_OPT,
     label_column: str | None = typer.Option(None, help="gold labels, if any: accuracy is "
                                             "printed when every example has one"),
     fmt: str | None = typer.Option(None, "--format", help=_FORMAT_HELP),
@@ -313,9 +345,13 @@ def predict(
     # Gold labels of a user file are read by the prompt's own label names, so that ids mean
     # the same classes (built-ins have fixed names already).
     user_file = data not in BUILTINS
+    if user_file and text_column is None and text_pair_column is None:
+        text_column, text_pair_column = _stored_columns(tuned.meta, data, fmt)
     ds = _load_data(data, split, limit, text_column, label_column,
                     label_names=names if user_file else None, fmt=fmt,
-                    label_base=label_base if user_file and names else None)
+                    label_base=label_base if user_file and names else None,
+                    text_pair_column=text_pair_column)
+    _check_pairs(tuned.meta, artifact, ds)
     bb = _load_backbone(backbone or tuned.meta.get("backbone", "minilm"))
     eta = None if no_privatize else (eta if eta is not None else tuned.meta.get("eta"))
     if eta is None and not no_privatize:
@@ -325,7 +361,7 @@ def predict(
         typer.echo("warning: --no-privatize: queries are used in clear text", err=True)
     privatizer, _ = _privatizer(bb, eta, None, noise_seed, tuned.meta.get("privatizer_mode")
                                 or "fast")
-    rows = tuned.encode(bb, ds.texts)
+    rows = tuned.encode(bb, ds.texts, text_pairs=ds.text_pairs)
     if privatizer is not None:
         rows = _privatize_with_bar(rows, privatizer)
     probs = tuned.predict_proba(bb, rows)
@@ -335,12 +371,14 @@ def predict(
         out.parent.mkdir(parents=True, exist_ok=True)
         with out.open("w") as f:
             for ex, p, pr in zip(ds.examples, pred, probs.tolist(), strict=True):
-                f.write(json.dumps({"text": ex.text, "prediction": names[p],
+                pair = {"text_pair": ex.text_pair} if ex.text_pair is not None else {}
+                f.write(json.dumps({"text": ex.text, **pair, "prediction": names[p],
                                     "probabilities": pr}) + "\n")
         typer.echo(f"wrote {len(pred)} predictions to {out}")
     else:
         for ex, p in zip(ds.examples, pred, strict=True):
-            typer.echo(f"{names[p]}\t{ex.text}")
+            pair = f"\t{ex.text_pair}" if ex.text_pair is not None else ""
+            typer.echo(f"{names[p]}\t{ex.text}{pair}")
     gold = [e.label for e in ds.examples]
     if gold and all(y is not None for y in gold):
         acc = sum(int(a == b) for a, b in zip(pred, gold, strict=True)) / len(gold)

@@ -84,9 +84,9 @@ def _one_pass(backbone: Any, models: Sequence[Any], rows: Sequence[Sequence[list
     embeds = backbone.model.get_input_embeddings()(ids)
     prompts = torch.stack([models[i].tuner.prompt.to(embeds.dtype) for i, _ in picks])
     full_mask = torch.cat([mask.new_ones(len(picks), N), mask], dim=1)
-    hidden = models[0].tuner.body(inputs_embeds=torch.cat([prompts, embeds], 1),
-                                  attention_mask=full_mask,
-                                  use_cache=False).last_hidden_state[:, N:]
+    tuner = models[0].tuner
+    hidden = tuner.body(inputs_embeds=torch.cat([prompts, embeds], 1), attention_mask=full_mask,
+                        use_cache=False, **tuner.segments(ids, mask, N)).last_hidden_state[:, N:]
     by_item: dict[int, list[int]] = collections.defaultdict(list)
     for k, (i, _) in enumerate(picks):
         by_item[i].append(k)

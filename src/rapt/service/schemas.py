@@ -66,6 +66,9 @@ class DatasetUpload(BaseModel):
     input_ids: TokenIds | None = Field(None, min_length=1)
     texts: list[Text] | None = Field(None, min_length=1,
                                      description="privatized texts, instead of input_ids")
+    text_pairs: list[Text] | None = Field(
+        None, min_length=1, description="privatized second texts of sentence pairs, one per "
+        "text (encoded as rapt.reconstruction.encode_texts pairs them)")
     labels: list[int] = Field(min_length=1)
     num_labels: int = Field(ge=2, le=1000)
     privacy: PrivacyDeclaration
@@ -76,7 +79,7 @@ class DatasetUpload(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> DatasetUpload:
-        rows = _one_of(self.input_ids, self.texts)
+        rows = _one_of(self.input_ids, self.texts, self.text_pairs)
         if self.texts is not None and self.plain_ids is not None:
             raise ValueError("plain_ids need input_ids (the plain tokens' positions are only "
                              "defined for token id rows)")
@@ -88,10 +91,21 @@ class DatasetUpload(BaseModel):
         return self
 
 
-def _one_of(input_ids: TokenIds | None, texts: list[str] | None) -> int:
-    """Exactly one of input_ids / texts, no empty row; returns the number of rows."""
+def _one_of(input_ids: TokenIds | None, texts: list[str] | None,
+            text_pairs: list[str] | None = None) -> int:
+    """Exactly one of input_ids / texts, no empty row, text_pairs only with as many texts;
+    returns the number of rows."""
     if (input_ids is None) == (texts is None):
         raise ValueError("give exactly one of input_ids and texts")
+    if text_pairs is not None:
+        if texts is None:
+            raise ValueError("text_pairs need texts (token id rows hold both texts already)")
+        if len(text_pairs) != len(texts):
+            raise ValueError(f"text_pairs has {len(text_pairs)} entries but texts has "
+                             f"{len(texts)}")
+        for i, t in enumerate(text_pairs):
+            if not t.strip():
+                raise ValueError(f"text_pairs[{i}] is empty")
     if input_ids is not None:
         for i, row in enumerate(input_ids):
             if not row:
@@ -204,10 +218,12 @@ class PredictRequest(BaseModel):
     prompt_id: Text = Field(max_length=64)
     input_ids: TokenIds | None = Field(None, min_length=1)
     texts: list[Text] | None = Field(None, min_length=1)
+    text_pairs: list[Text] | None = Field(None, min_length=1,
+                                          description="second texts of sentence pairs")
 
     @model_validator(mode="after")
     def _rows(self) -> PredictRequest:
-        _one_of(self.input_ids, self.texts)
+        _one_of(self.input_ids, self.texts, self.text_pairs)
         return self
 
 
