@@ -102,7 +102,7 @@ def test_nothing_private_leaves_the_device(service, tmp_path):
         assert w not in blob
     assert not leaked_ngrams(sent, bb.tokenizer)
     assert uploads[0]["privacy"] == {"mechanism": "dchi-text2text", "eta": 5.0,
-                                     "embedding": "tiny", "nn_mode": "exact"}
+                                     "embedding": "tiny", "nn_mode": "fast"}  # the default
 
 
 def test_leak_detector_catches_unprivatized_uploads(service, tmp_path):
@@ -121,9 +121,11 @@ def test_refuses_without_privatization(service, tmp_path):
     c = RaptClient(api_key=key, backbone=bb, remote_backbone="tiny", http=tc)
     with pytest.raises(PrivacyNotConfiguredError, match="no_privacy=True"):
         c.upload(write_csv(tmp_path / "p.csv"))
-    with pytest.raises(PrivacyNotConfiguredError, match="eta"):
-        c.predict("pr_x", ["a query"])
     assert sent == []
+    # predict first asks the service for the η recorded with the prompt (a GET, no body)
+    with pytest.raises(ServiceError, match="not_found"):
+        c.predict("pr_x", ["a query"])
+    assert sent == [b""]
     with pytest.raises(ClientError, match="not both"):
         RaptClient(api_key=key, backbone=bb, http=tc, eta=1.0, no_privacy=True)
 

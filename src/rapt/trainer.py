@@ -15,16 +15,15 @@ import copy
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
 from rapt import __version__
+from rapt.config import HEADS, TuneConfig  # noqa: F401  (re-exported; defaults live there)
 from rapt.heads import (
-    DEFAULT_TEMPERATURE,
     ClassificationHead,
     LabelDescriptionHead,
     Verbalizer,
@@ -43,100 +42,7 @@ from rapt.reconstruction import (
     rec_vocabulary,
     reconstruction_loss,
 )
-from rapt.tuners import METHODS, Tuner, build_tuner
-
-
-@dataclass
-class TuneConfig:
-    """Tuning settings. ``lr`` is per method in practice: prompt ≈ 1e-2..3e-2, prefix ≈ 5e-3..1e-2,
-    LoRA ≈ 1e-3, full ≈ 2e-5 (the paper's 6e-5 is for BERT-base with 4 epochs at batch 128)."""
-
-    method: Literal["prompt", "prefix", "lora", "full"] = "prompt"
-    num_virtual_tokens: int = 20
-    prefix_projection: bool = False
-    lr: float = 1e-2
-    epochs: int = 3
-    batch_size: int = 32
-    max_length: int = 128
-    seed: int = 0
-    reconstruction: bool = False
-    rec_hidden: int = 96
-    rec_vocab_size: int = 7630
-    rec_weight: float = 1.0
-    dp: Any = None  # rapt.dp.DPConfig | None
-    # --- beyond the contract (all optional) ---
-    rec_reduction: Literal["mean", "sum"] = "mean"  # "sum" = eq. 7 literally
-    pooling: Literal["mean", "cls", "last"] = "mean"  # encoder head pooling
-    label_words: list[str] | None = None  # causal LMs: verbalizer words, one per label
-    lora_r: int = 8
-    weight_decay: float = 0.0
-    warmup_ratio: float = 0.06
-    checkpoint_every: int = 0  # steps between checkpoint() calls; 0 = end of every epoch
-    # Task head (see rapt.heads). "auto" keeps the old behaviour: the verbalizer for a causal
-    # LM given label_words, the label-description head given label_descriptions, else a new
-    # linear head on pooled states (a linear probe: the prompt barely matters; a control).
-    head: Literal["auto", "linear", "label-description", "verbalizer"] = "auto"
-    label_descriptions: list[str] | None = None  # one per label, e.g. "a negative review"
-    head_temperature: float = DEFAULT_TEMPERATURE  # label-description head: cos / temperature
-    # Head-only control: the prompt/prefix (or LoRA / full weights) stay at their init and only
-    # the head trains; with a frozen head nothing trains and the result is the prompt at init.
-    freeze_prompt: bool = False
-
-    def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise ValueError(f"TuneConfig.method must be one of {', '.join(METHODS)} "
-                             f"(got {self.method!r})")
-        for name in ("num_virtual_tokens", "epochs", "batch_size", "max_length", "rec_hidden",
-                     "rec_vocab_size"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"TuneConfig.{name} must be >= 1 (got {getattr(self, name)})")
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ValueError(f"TuneConfig.lr must be > 0 (got {self.lr})")
-        if self.rec_weight < 0:
-            raise ValueError(f"TuneConfig.rec_weight must be >= 0 (got {self.rec_weight})")
-        if self.rec_reduction not in ("mean", "sum"):
-            raise ValueError(f"TuneConfig.rec_reduction must be 'mean' or 'sum' "
-                             f"(got {self.rec_reduction!r})")
-        if self.head not in HEADS:
-            raise ValueError(f"TuneConfig.head must be one of {', '.join(HEADS)} "
-                             f"(got {self.head!r})")
-        if not (self.head_temperature > 0 and math.isfinite(self.head_temperature)):
-            raise ValueError(f"TuneConfig.head_temperature must be > 0 "
-                             f"(got {self.head_temperature})")
-        if self.label_descriptions is not None and (
-                len(self.label_descriptions) < 2
-                or any(not isinstance(d, str) or not d.strip() for d in self.label_descriptions)):
-            raise ValueError("TuneConfig.label_descriptions must hold one non-empty text per "
-                             f"label, at least 2 (got {self.label_descriptions!r})")
-        if self.head == "label-description" and not self.label_descriptions:
-            raise ValueError("TuneConfig.head='label-description' needs label_descriptions, one "
-                             "text per label (e.g. ['a negative review', 'a positive review'])")
-        if self.head == "verbalizer" and not self.label_words:
-            raise ValueError("TuneConfig.head='verbalizer' needs label_words, one per label")
-
-    def to_dict(self) -> dict:
-        d = asdict(self) if self.dp is None else {**asdict(_replace_dp(self)), "dp": _dp_dict(
-            self.dp)}
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> TuneConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise ValueError(f"TuneConfig: unknown field(s) {', '.join(sorted(unknown))}")
-        d = dict(d)
-        if isinstance(d.get("dp"), dict):
-            try:
-                from rapt.dp import DPConfig
-
-                d["dp"] = DPConfig(**d["dp"])
-            except ImportError:  # keep the record readable without the DP module
-                pass
-        return cls(**d)
-
-
-HEADS: tuple[str, ...] = ("auto", "linear", "label-description", "verbalizer")
+from rapt.tuners import Tuner, build_tuner
 
 
 def resolve_head(kind: str, config: TuneConfig) -> str:
@@ -148,18 +54,6 @@ def resolve_head(kind: str, config: TuneConfig) -> str:
     if config.label_descriptions:
         return "label-description"
     return "linear"
-
-
-def _replace_dp(c: TuneConfig) -> TuneConfig:
-    from dataclasses import replace
-
-    return replace(c, dp=None)
-
-
-def _dp_dict(dp: Any) -> dict:
-    if hasattr(dp, "to_dict"):
-        return dp.to_dict()
-    return asdict(dp) if hasattr(dp, "__dataclass_fields__") else dict(dp)
 
 
 # --------------------------------------------------------------------------- model

@@ -30,10 +30,10 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from rapt.config import METHODS  # noqa: F401  (one list, shared with TuneConfig)
 from rapt.models import Backbone
 
 Method = Literal["prompt", "prefix", "lora", "full"]
-METHODS: tuple[str, ...] = ("prompt", "prefix", "lora", "full")
 
 
 def base_model(model: nn.Module) -> nn.Module:

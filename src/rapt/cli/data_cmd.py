@@ -6,10 +6,10 @@ import json
 
 import typer
 
-from rapt.cli._app import TEXT_PAIR_OPT, app, echo_data_notes
+from rapt.cli._app import TEXT_PAIR_OPT, app, echo_data_notes, sub_app
 from rapt.cli._app import fail as _fail
 
-data_app = typer.Typer(help="Inspect datasets: load checks and contributing tokens (CTI).",
+data_app = sub_app(help="Inspect datasets: load checks and contributing tokens (CTI).",
                        no_args_is_help=True)
 app.add_typer(data_app, name="data")
 

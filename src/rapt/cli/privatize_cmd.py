@@ -10,14 +10,25 @@ from pathlib import Path
 
 import typer
 
-from rapt.cli._app import TEXT_PAIR_OPT, app, echo_data_notes, warn_if_seeded
+from rapt.cli._app import (
+    TARGET_P_HELP,
+    TEXT_PAIR_OPT,
+    app,
+    echo_data_notes,
+    echo_privacy,
+    resolve_eta,
+    sub_app,
+    warn_if_seeded,
+)
 from rapt.cli._app import fail as _fail
+from rapt.config import DEFAULT_PRIVATIZER_MODE
 
-attack_app = typer.Typer(help="Simulated attacks that measure empirical privacy.",
+attack_app = sub_app(help="Simulated attacks that measure empirical privacy.",
                          no_args_is_help=True)
 app.add_typer(attack_app, name="attack")
 
 _LINE_FORMATS = ("label-text", "text-at-label", "trec", "lines")
+DEFAULT_ETA = 100.0  # `rapt privatize` without --eta / --target-p
 
 
 def _load(name: str, split: str, fmt: str | None, text_column: str | None,
@@ -143,13 +154,13 @@ def _backbone(name: str):
 def privatize(
     input: str = typer.Argument(..., help="input file, or a built-in dataset name"),
     output: Path = typer.Argument(..., help="privatized file, written in the input's format"),
-    eta: float = typer.Option(100.0, "--eta", help="privacy parameter η (smaller = more noise)"),
-    target_p: float | None = typer.Option(
-        None, "--target-p", help="instead of --eta: the η that gives P ≈ this value on rapt's "
-        "public text sample (never calibrated on the input)"),
+    eta: float | None = typer.Option(
+        None, "--eta", help=f"privacy parameter η (smaller = more noise); default {DEFAULT_ETA:g} "
+        "unless --target-p is given"),
+    target_p: float | None = typer.Option(None, "--target-p", help=TARGET_P_HELP),
     backbone: str = typer.Option("minilm", "--backbone", "-b",
                                  help="embedding model: minilm, smollm2-135m, hub id or path"),
-    mode: str = typer.Option("exact", "--mode",
+    mode: str = typer.Option(DEFAULT_PRIVATIZER_MODE, "--mode",
                              help="nearest-neighbour search: exact, fast (certified exact), "
                              "annoy (approximate reference)"),
     seed: int | None = typer.Option(
@@ -170,21 +181,24 @@ def privatize(
 ) -> None:
     """Privatize a text file with dχ-privacy: each token -> nearest token to its noised embedding.
 
-    Prints the measured replacement probability P and the throughput."""
+    Prints η, the measured replacement probability P, the nearest-neighbour inversion success
+    and the throughput."""
     from tqdm import tqdm
 
     from rapt.privatization import (
         Privatizer,
-        calibrate_eta_public,
         candidate_ids_from_tokenizer,
+        privacy_report,
         privatize_texts_detailed,
         tokenize_texts,
     )
 
-    if not math.isfinite(eta) or eta <= 0:
+    if eta is not None and (not math.isfinite(eta) or eta <= 0):
         _fail(f"--eta must be a positive number, got {eta}")
     if target_p is not None and not 0 < target_p < 1:
         _fail(f"--target-p must lie strictly between 0 and 1, got {target_p}")
+    if eta is not None and target_p is not None:
+        _fail("give --eta or --target-p, not both")
     if mode not in ("exact", "fast", "annoy"):
         _fail(f"--mode must be exact, fast or annoy, got {mode!r}")
     if chunk_size < 1:
@@ -204,9 +218,8 @@ def privatize(
     pairs = ds.text_pairs
     has_pairs = any(p is not None for p in pairs)
     all_texts = texts + ([p or "" for p in pairs] if has_pairs else [])
+    eta = resolve_eta(bb, eta, target_p)[0] or DEFAULT_ETA
     if target_p is not None:
-        eta = calibrate_eta_public(bb, target_p, candidate_ids=cand,
-                                   mode="fast" if mode == "fast" else "exact")
         typer.echo(f"calibrated eta = {eta:.3f} for target P = {target_p} on rapt's public text "
                    "sample (P on this input is measured below)", err=True)
     warn_if_seeded(seed)
@@ -230,16 +243,20 @@ def privatize(
     except OSError as e:
         _fail(f"{output}: cannot write: {e}")
     st = res.stats
+    privacy = privacy_report(res.original_ids, res.private_ids, priv, target_p=target_p)
     report = {"input": str(src), "output": str(output), "format": fmt_used,
               "examples": len(ds), "tokens": int(st.get("tokens", 0)), "eta": eta,
-              "p": res.p, "mode": mode, "backbone": backbone, "seed": seed,
+              "p": res.p, "inversion_success": privacy["inversion_success"], "mode": mode,
+              "backbone": backbone, "seed": seed,
               "seeded": seed is not None, "calibrated_on": "public sample" if target_p else None,
-              "seconds": st.get("seconds", 0.0), "tokens_per_s": st.get("tokens_per_s", 0.0)}
+              "seconds": st.get("seconds", 0.0), "tokens_per_s": st.get("tokens_per_s", 0.0),
+              "privacy": privacy}
     if mode == "fast":
         report["fast_search"] = dict(priv.index.stats)
     typer.echo(f"privatized {len(ds)} records, {report['tokens']} tokens -> {output}")
     typer.echo(f"eta = {eta:g}  P (replaced tokens) = {res.p:.4f}  "
                f"throughput = {report['tokens_per_s']:,.0f} tokens/s ({mode} search)")
+    echo_privacy(privacy)
     if json_report:
         typer.echo(json.dumps(report))
 
@@ -252,7 +269,9 @@ def invert(
                                 help="text: attack privatized tokens; vectors: attack the noised "
                                 "embeddings themselves (SAP)"),
     backbone: str = typer.Option("minilm", "--backbone", "-b", help="embedding model"),
-    mode: str = typer.Option("exact", "--mode", help="search used by mechanism and attacker"),
+    mode: str = typer.Option(DEFAULT_PRIVATIZER_MODE, "--mode",
+                             help="search used by mechanism and attacker: exact, fast "
+                             "(certified exact), annoy"),
     seed: int | None = typer.Option(None, "--noise-seed", "--seed",
                                     help="seed the simulated privacy noise (default: OS entropy)"),
     fmt: str = typer.Option("auto", "--format", help="input format (see rapt privatize)"),

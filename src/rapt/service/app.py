@@ -540,6 +540,9 @@ def create_app(config: ServiceConfig, *, backbones: dict[str, Any] | None = None
             # Rows are at most max_seq_len long already (checked at upload).
             params = body.model_dump()
             params["max_length"] = min(body.max_length, svc.limits.max_seq_len)
+            # The prompt keeps the data's declared η, so queries default to it even after the
+            # dataset is deleted (which erases the dataset's own copy).
+            params["privacy"] = ds["privacy"]
             jid = svc.store.create_job(me, ds["id"], ds["backbone"], params)
             try:
                 svc.worker.submit(jid)

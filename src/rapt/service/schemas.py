@@ -6,6 +6,9 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from rapt.config import LR_HELP, VIRTUAL_TOKENS_HELP, default_lr, default_virtual_tokens
+from rapt.config import tune_default as _d
+
 TokenIds = list[list[int]]
 
 
@@ -149,31 +152,44 @@ class DPOptions(BaseModel):
 
 
 class JobCreate(BaseModel):
-    """A tuning job over an uploaded dataset; ranges are what the service accepts."""
+    """A tuning job over an uploaded dataset; ranges are what the service accepts. Defaults
+    are ``rapt.config.TuneConfig``'s (the same as `rapt tune` and `rapt client tune`); lr and
+    num_virtual_tokens left out take the method's default."""
 
     model_config = REQUEST
 
     dataset_id: Text = Field(max_length=64)
-    method: Literal["prompt", "prefix", "lora"] = "prompt"
-    reconstruction: bool = False
-    num_virtual_tokens: int = Field(20, ge=1, le=512)
-    prefix_projection: bool = False
-    lr: float = Field(1e-3, gt=0, le=1.0)
-    epochs: int = Field(1, ge=1, le=100)
-    batch_size: int = Field(32, ge=1, le=1024)
-    max_length: int = Field(128, ge=4, le=4096)
-    seed: int = Field(0, ge=0, le=2**31 - 1)
-    rec_hidden: int = Field(96, ge=1, le=4096)
-    rec_vocab_size: int = Field(7630, ge=2, le=1_000_000)
-    rec_weight: float = Field(1.0, ge=0, le=100)
-    rec_reduction: Literal["mean", "sum"] = "mean"
+    method: Literal["prompt", "prefix", "lora"] = _d("method")
+    reconstruction: bool = _d("reconstruction")
+    num_virtual_tokens: int | None = Field(
+        None, ge=1, le=512, description=VIRTUAL_TOKENS_HELP)
+    prefix_projection: bool = _d("prefix_projection")
+    lr: float | None = Field(None, gt=0, le=1.0,
+                             description=LR_HELP)
+    epochs: int = Field(_d("epochs"), ge=1, le=100)
+    batch_size: int = Field(_d("batch_size"), ge=1, le=1024)
+    max_length: int = Field(_d("max_length"), ge=4, le=4096)
+    seed: int = Field(_d("seed"), ge=0, le=2**31 - 1)
+    rec_hidden: int = Field(_d("rec_hidden"), ge=1, le=4096)
+    rec_vocab_size: int = Field(_d("rec_vocab_size"), ge=2, le=1_000_000)
+    rec_weight: float = Field(_d("rec_weight"), ge=0, le=100)
+    rec_reduction: Literal["mean", "sum"] = _d("rec_reduction")
     # Task head (rapt.heads). Label descriptions are public task metadata ("a positive
     # review"), not the user's data; "auto" picks the label-description head when given them.
-    head: Literal["auto", "linear", "label-description"] = "auto"
+    head: Literal["auto", "linear", "label-description"] = _d("head")
     label_descriptions: list[Annotated[Text, Field(min_length=1, max_length=200)]] | None = \
         Field(None, min_length=2, max_length=1000)
-    head_temperature: float = Field(0.05, gt=0, le=10)
+    head_temperature: float = Field(_d("head_temperature"), gt=0, le=10)
     dp: DPOptions | None = None
+
+    @model_validator(mode="after")
+    def _method_defaults(self) -> JobCreate:
+        # Resolved here so that the stored job records the values it really trains with.
+        if self.lr is None:
+            self.lr = default_lr(self.method)
+        if self.num_virtual_tokens is None:
+            self.num_virtual_tokens = default_virtual_tokens(self.method)
+        return self
 
 
 JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
@@ -206,6 +222,10 @@ class PromptInfo(BaseModel):
     method: str
     reconstruction: bool
     plain_ids: list[int] | None
+    privacy: PrivacyDeclaration | None = Field(
+        None, description="what the training data's uploader declared (η, embedding, search "
+        "mode): clients privatize queries with the same η by default; None for prompts from "
+        "before it was recorded")
     created: float
 
 
