@@ -97,3 +97,24 @@ def make_bpe_tokenizer(folder: Path | None = None, merges: tuple[str, ...] = ())
         tok.save_pretrained(folder)
         tok = PreTrainedTokenizerFast.from_pretrained(folder)
     return tok
+
+
+def random_prompt(backbone, seed: int, num_labels: int = 2, *, plain_len: int = 0,
+                  plain_offset: int = 0, scale: float = 0.3, **config):
+    """A TunedPrompt with random weights instead of trained ones (``config``: TuneConfig
+    fields): every tuned tensor N(0, scale²), LoRA's B divided by peft's scaling so the update
+    stays O(scale²) whatever the rank. Prompts then differ visibly, and the mixed-pass tests
+    need no training."""
+    from rapt.trainer import RaptModel, TuneConfig, TunedPrompt
+    from rapt.tuners import lora_scaling
+
+    cfg = TuneConfig(seed=seed, **config)
+    model = RaptModel(backbone, cfg, num_labels, plain_len=plain_len, offset=plain_offset)
+    g = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for k, v in model.trainable_tensors().items():
+        t = torch.randn(v.shape, generator=g) * scale
+        tensors[k] = t / lora_scaling(cfg.lora_r) if ".lora_B." in k else t
+    meta = {"backbone": backbone.name, "hidden_size": backbone.hidden_size,
+            "num_labels": num_labels, "plain_len": plain_len, "plain_offset": plain_offset}
+    return TunedPrompt(cfg, tensors, meta)

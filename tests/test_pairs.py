@@ -197,7 +197,7 @@ def test_service_mixed_batch_of_pair_rows_matches_each_prompt(tok):
                     TuneConfig(num_virtual_tokens=2, epochs=1, batch_size=4, seed=seed))
                for seed in (0, 1)]
     items = [(p, rows) for p in prompts]
-    assert mixed.supports(bb, prompts)
+    assert all(mixed.mixable(bb, p) is not None for p in prompts)
     for (p, r), probs in zip(items, mixed.forward(bb, items), strict=True):
         assert torch.allclose(probs, p.predict_proba(bb, r), atol=1e-5)
 

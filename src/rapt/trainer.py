@@ -76,27 +76,7 @@ class RaptModel(nn.Module):
                                         prefix_projection=config.prefix_projection,
                                         lora_r=config.lora_r, seed=config.seed)
         torch.manual_seed(config.seed)
-        self.head_kind = resolve_head(backbone.kind, config)
-        pooling = config.pooling if backbone.kind == "encoder" else "last"
-        if self.head_kind == "verbalizer":
-            if backbone.kind != "causal":
-                raise ValueError("head='verbalizer' needs a causal LM (it scores label words with "
-                                 "the LM head); encoders such as minilm ship none: use "
-                                 "head='label-description'")
-            if len(config.label_words) != num_labels:
-                raise ValueError(f"{len(config.label_words)} label words for {num_labels} labels")
-            lm_head = self.tuner.model.get_output_embeddings()
-            self.head: nn.Module = Verbalizer(
-                lm_head, label_token_ids(backbone.tokenizer, config.label_words))
-        elif self.head_kind == "label-description":
-            if len(config.label_descriptions) != num_labels:
-                raise ValueError(f"{len(config.label_descriptions)} label descriptions for "
-                                 f"{num_labels} labels")
-            # Encoded by the shared backbone without the prompt (for LoRA/full: before training).
-            emb = encode_descriptions(backbone, config.label_descriptions, pooling)
-            self.head = LabelDescriptionHead(emb, pooling, config.head_temperature)
-        else:
-            self.head = ClassificationHead(backbone.hidden_size, num_labels, pooling)
+        self.head_kind, self.head = make_head(backbone, config, num_labels, self.tuner.model)
         # What is saved: the tuner's and the head's trainable parameters plus the head's
         # persistent buffers (the label-description embeddings), fixed before freeze_prompt.
         self._saved = {n for n, p in self.named_parameters() if p.requires_grad}
@@ -115,15 +95,10 @@ class RaptModel(nn.Module):
                 with_rec: bool = True) -> tuple[Tensor, Tensor | None, Tensor]:
         """-> (task logits (B, C), reconstruction logits (B, m, |T|) or None, hidden (B, n, h))."""
         hidden = self.tuner(input_ids, attention_mask)
-        task_mask = attention_mask
-        lo, hi = self.offset, self.offset + self.plain_len
-        if self.plain_len:
-            task_mask = attention_mask.clone()
-            task_mask[:, lo:hi] = 0  # the task reads G_{m:m+n}, not the plain-token states
-        logits = self.head(hidden, task_mask)
+        logits = self.head(hidden, task_mask(attention_mask, self.plain_len, self.offset))
         rec = None
         if with_rec and self.rec_head is not None and self.plain_len:
-            rec = self.rec_head(hidden[:, lo:hi])
+            rec = self.rec_head(hidden[:, self.offset:self.offset + self.plain_len])
         return logits, rec, hidden
 
     def trainable_tensors(self) -> dict[str, Tensor]:
@@ -131,6 +106,40 @@ class RaptModel(nn.Module):
         when ``freeze_prompt`` kept them at init) and the head's buffers (label embeddings);
         never the reconstruction head."""
         return {n: t for n, t in self.state_dict(keep_vars=True).items() if n in self._saved}
+
+
+def make_head(backbone: Backbone, config: TuneConfig, num_labels: int,
+              lm_model: nn.Module) -> tuple[str, nn.Module]:
+    """(head kind, task head) of ``config``; a verbalizer borrows ``lm_model``'s LM head."""
+    kind = resolve_head(backbone.kind, config)
+    pooling = config.pooling if backbone.kind == "encoder" else "last"
+    if kind == "verbalizer":
+        if backbone.kind != "causal":
+            raise ValueError("head='verbalizer' needs a causal LM (it scores label words with "
+                             "the LM head); encoders such as minilm ship none: use "
+                             "head='label-description'")
+        if len(config.label_words) != num_labels:
+            raise ValueError(f"{len(config.label_words)} label words for {num_labels} labels")
+        return kind, Verbalizer(lm_model.get_output_embeddings(),
+                                label_token_ids(backbone.tokenizer, config.label_words))
+    if kind == "label-description":
+        if len(config.label_descriptions) != num_labels:
+            raise ValueError(f"{len(config.label_descriptions)} label descriptions for "
+                             f"{num_labels} labels")
+        # Encoded by the shared backbone without the prompt (for LoRA/full: before training).
+        emb = encode_descriptions(backbone, config.label_descriptions, pooling)
+        return kind, LabelDescriptionHead(emb, pooling, config.head_temperature)
+    return kind, ClassificationHead(backbone.hidden_size, num_labels, pooling)
+
+
+def task_mask(attention_mask: Tensor, plain_len: int, offset: int) -> Tensor:
+    """(B, n) mask of the positions the task head reads: the input without the plain tokens
+    (RAPT's G_{m:m+n}) at ``offset .. offset + plain_len``."""
+    if not plain_len:
+        return attention_mask
+    mask = attention_mask.clone()
+    mask[:, offset:offset + plain_len] = 0
+    return mask
 
 
 def pad_batch(rows: Sequence[Sequence[int]], pad_id: int,
@@ -162,19 +171,23 @@ class TunedPrompt:
 
     def __post_init__(self) -> None:
         self._cache: tuple[int, RaptModel] | None = None
+        self._head_cache: tuple[int, nn.Module] | None = None
 
     @property
     def plain_ids(self) -> list[int] | list[list[int]] | None:
         return self.meta.get("plain_ids")
 
-    def build(self, backbone: Backbone) -> RaptModel:
-        """The inference model on ``backbone`` (cached per backbone model object)."""
-        if self._cache is not None and self._cache[0] == id(backbone.model):
-            return self._cache[1]
+    def _check_backbone(self, backbone: Backbone) -> None:
         if backbone.hidden_size != self.meta.get("hidden_size", backbone.hidden_size):
             raise ValueError(f"this prompt was tuned on {self.meta.get('backbone')!r} (hidden "
                              f"size {self.meta['hidden_size']}), not on {backbone.name!r} "
                              f"(hidden size {backbone.hidden_size})")
+
+    def build(self, backbone: Backbone) -> RaptModel:
+        """The inference model on ``backbone`` (cached per backbone model object)."""
+        if self._cache is not None and self._cache[0] == id(backbone.model):
+            return self._cache[1]
+        self._check_backbone(backbone)
         model = RaptModel(backbone, self.config, int(self.meta["num_labels"]),
                           plain_len=int(self.meta.get("plain_len", 0)),
                           offset=int(self.meta.get("plain_offset", 0)))
@@ -187,6 +200,22 @@ class TunedPrompt:
         model.eval()
         self._cache = (id(backbone.model), model)
         return model
+
+    def build_head(self, backbone: Backbone) -> nn.Module:
+        """The task head alone, for passes that apply the tuned weights themselves (the
+        service's mixed LoRA pass): no tuner, so no private copy of the backbone for LoRA.
+        Cached per backbone model object like ``build``."""
+        if self._head_cache is not None and self._head_cache[0] == id(backbone.model):
+            return self._head_cache[1]
+        self._check_backbone(backbone)
+        with torch.random.fork_rng(devices=[]):  # the linear head's init is overwritten below
+            _, head = make_head(backbone, self.config, int(self.meta["num_labels"]),
+                                backbone.model)
+        state = {k[len("head."):]: v for k, v in self.tensors.items() if k.startswith("head.")}
+        head.load_state_dict(state, strict=True)
+        head.to(next(iter(backbone.model.parameters())).device).eval()
+        self._head_cache = (id(backbone.model), head)
+        return head
 
     @torch.no_grad()
     def predict_proba(self, backbone: Backbone, input_ids: Sequence[Sequence[int]],
