@@ -22,7 +22,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,7 +29,7 @@ from pathlib import Path
 
 import httpx
 import torch
-from bench_service import free_port, load, summarize, tiny_backbone
+from bench_service import Server, load, summarize, tiny_backbone
 
 RESULTS = Path(__file__).resolve().parent / "results"
 METHODS = {"prompt": {"num_virtual_tokens": 20}, "prefix": {"num_virtual_tokens": 10},
@@ -154,32 +153,10 @@ def serve(args: argparse.Namespace) -> None:
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
 
 
-class Server:
-    def __init__(self, forward: str, db: Path, backbone: str, log: Path):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-        self.proc = subprocess.Popen(
-            [sys.executable, __file__, "--serve", forward, "--port", str(self.port), "--db",
-             str(db), "--backbone", backbone], env=env, stdout=log.open("ab"),
-            stderr=subprocess.STDOUT)
-        t0 = time.time()
-        while time.time() - t0 < 180:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"server exited; see {log}")
-            try:
-                if httpx.get(self.url + "/v1/health", timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                time.sleep(0.3)
-        raise SystemExit(f"server did not start; see {log}")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+def mixed_serve(forward: str, db: Path, backbone: str) -> list[str]:
+    """This script in server mode (port appended by bench_service.Server)."""
+    return [sys.executable, __file__, "--serve", forward, "--db", str(db), "--backbone",
+            backbone]
 
 
 def service_bench(backbone: str, rows: list[list[int]], n_prompts: int, threads: int,
@@ -193,7 +170,7 @@ def service_bench(backbone: str, rows: list[list[int]], n_prompts: int, threads:
     key = auth.new_key()
     store.add_key("bench", auth.hash_key(key), admin=True)  # /v1/stats needs an admin key
     store.close()
-    before = Server("per-prompt", db, backbone, tmp / "before.log")
+    before = Server(mixed_serve("per-prompt", db, backbone), tmp / "before.log")
     try:
         http = httpx.Client(base_url=before.url, headers={"Authorization": f"Bearer {key}"},
                             timeout=120)
@@ -210,7 +187,7 @@ def service_bench(backbone: str, rows: list[list[int]], n_prompts: int, threads:
                 raise SystemExit(f"job failed: {st}")
             prompts.append(st["prompt_id"])
         http.close()
-        after = Server("mixed", db, backbone, tmp / "after.log")
+        after = Server(mixed_serve("mixed", db, backbone), tmp / "after.log")
         try:
             parts: dict[str, list[dict]] = {"before": [], "after": []}
             for r in range(rounds):  # the two servers take turns
