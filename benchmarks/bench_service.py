@@ -42,17 +42,18 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, db: Path, backbone: str, log: Path, extra: list[str]):
+    """A service subprocess on a free loopback port: ``cmd`` gets ``--port PORT`` appended;
+    waits (≤ 180 s) until /v1/health answers."""
+
+    def __init__(self, cmd: list[str], log: Path):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         # One intra-op thread by default: on a shared 2-core machine more threads make
         # OpenMP spin against other processes (10-100x slower single-row passes).
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
                "TOKENIZERS_PARALLELISM": "false"}
-        self.proc = subprocess.Popen(
-            RAPT + ["serve", "--host", "127.0.0.1", "--port", str(self.port), "--db", str(db),
-                    "--backbone", backbone, *extra],
-            env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen([*cmd, "--port", str(self.port)], env=env,
+                                     stdout=log.open("ab"), stderr=subprocess.STDOUT)
         t0 = time.time()
         while time.time() - t0 < 180:
             if self.proc.poll() is not None:
@@ -70,6 +71,12 @@ class Server:
             self.proc.wait(60)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+
+
+def rapt_serve(db: Path, backbone: str, *extra: str) -> list[str]:
+    """The `rapt serve` command line of a benchmark server (port appended by Server)."""
+    return RAPT + ["serve", "--host", "127.0.0.1", "--db", str(db), "--backbone", backbone,
+                   *extra]
 
 
 def tiny_backbone(folder: Path) -> str:
@@ -190,7 +197,7 @@ def main() -> None:
     train = load_dataset("sst2", "train").subset(args.train_examples, seed=0)
     queries = load_dataset("sst2", "dev").subset(64, seed=1).texts
 
-    srv = Server(db, backbone, tmp / "server.log", [])
+    srv = Server(rapt_serve(db, backbone), tmp / "server.log")
     try:
         c = RaptClient(srv.url, key, backbone=backbone, eta=args.eta, seed=0)
         ds = c.upload(train, max_length=64)
@@ -209,7 +216,8 @@ def main() -> None:
         threads = [int(x) for x in args.threads.split(",")]
         # Both servers stay up and take turns in short rounds, so a change in the machine's
         # load hits both settings alike.
-        off = Server(db, backbone, tmp / "server-nobatch.log", ["--max-batch-rows", "1"])
+        off = Server(rapt_serve(db, backbone, "--max-batch-rows", "1"),
+                     tmp / "server-nobatch.log")
         try:
             batched, unbatched = [], []
             for k in threads:

@@ -73,3 +73,48 @@ def save_backbone(bb, folder: Path) -> Path:
     bb.model.save_pretrained(folder)
     bb.tokenizer.save_pretrained(folder)
     return folder
+
+
+def make_bpe_tokenizer(folder: Path | None = None, merges: tuple[str, ...] = ()):
+    """A byte-level BPE tokenizer in the style of GPT-2 / SmolLM2: the 256 byte symbols plus
+    ``merges`` ("Ġ p" -> "Ġp"). Without a merge, " 0" is "Ġ" + "0", so every label word with a
+    leading space starts with the same token "Ġ" (SmolLM2's " 0" / " 1": [216, 32] / [216, 33]).
+    Written to and read from ``folder`` when given."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<unk>", "<s>", "</s>"]
+    vocab = {t: i for i, t in enumerate(specials + sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    pairs = [tuple(m.split(" ")) for m in merges]
+    for a, b in pairs:
+        vocab.setdefault(a + b, len(vocab))
+    bpe = Tokenizer(models.BPE(vocab=vocab, merges=pairs, unk_token="<unk>"))
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>", unk_token="<unk>",
+                                  bos_token="<s>", eos_token="</s>")
+    if folder is not None:
+        tok.save_pretrained(folder)
+        tok = PreTrainedTokenizerFast.from_pretrained(folder)
+    return tok
+
+
+def random_prompt(backbone, seed: int, num_labels: int = 2, *, plain_len: int = 0,
+                  plain_offset: int = 0, scale: float = 0.3, **config):
+    """A TunedPrompt with random weights instead of trained ones (``config``: TuneConfig
+    fields): every tuned tensor N(0, scale²), LoRA's B divided by peft's scaling so the update
+    stays O(scale²) whatever the rank. Prompts then differ visibly, and the mixed-pass tests
+    need no training."""
+    from rapt.trainer import RaptModel, TuneConfig, TunedPrompt
+    from rapt.tuners import lora_scaling
+
+    cfg = TuneConfig(seed=seed, **config)
+    model = RaptModel(backbone, cfg, num_labels, plain_len=plain_len, offset=plain_offset)
+    g = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for k, v in model.trainable_tensors().items():
+        t = torch.randn(v.shape, generator=g) * scale
+        tensors[k] = t / lora_scaling(cfg.lora_r) if ".lora_B." in k else t
+    meta = {"backbone": backbone.name, "hidden_size": backbone.hidden_size,
+            "num_labels": num_labels, "plain_len": plain_len, "plain_offset": plain_offset}
+    return TunedPrompt(cfg, tensors, meta)

@@ -205,6 +205,75 @@ def test_noise_has_sigma_c_over_qn_std():
     assert not torch.equal(m3.prompt.grad, model.prompt.grad)
 
 
+class KnownGradPrompt(nn.Module):
+    """Broadcast-protocol module whose per-example gradient is exactly the row fed in:
+    example b's loss is <prompt, x_b>, so d loss_b / d prompt = x_b."""
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        super().__init__()
+        self.prompt = nn.Parameter(torch.zeros(shape))
+        self._pe: list[tuple[nn.Parameter, torch.Tensor]] = []
+
+    def per_example_tensors(self) -> list[tuple[nn.Parameter, torch.Tensor]]:
+        return self._pe
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        e = self.prompt.unsqueeze(0).expand(x.shape[0], *self.prompt.shape)
+        e.retain_grad()
+        self._pe = [(self.prompt, e)]
+        return (e * x).flatten(1).sum(1)
+
+
+def test_noise_once_per_logical_step_across_micro_batches():
+    """One logical step spread over several physical micro-batches, per-example gradients known
+    (half of them clipped): the written gradient is (Σ_b clip_C(g_b) + N(0, σ²C²)) / (q·N), the
+    engine's documented normalization, so z = (grad·qN - Σ clip(g_b)) / (σC) must be N(0, 1) per
+    coordinate. Two logical steps (12 examples in 4 micro-batches of 3, then 7 in 3, 3, 1),
+    100,000 coordinates, KS at alpha 1e-4 (seeded, so the outcome is fixed); the test has power:
+    a σ off by 10 % either way is rejected at p < 1e-6.
+
+    Mutations caught: noise drawn in accumulate() (per micro-batch: std 2σC and √3σC here);
+    dividing by the realized batch size (12, 7) instead of q·N = 10; noise std σ instead of σC;
+    clipped gradients dropped or left unclipped (the residual is then ~C/σC off in 12 coords only,
+    so that one is caught by the exact comparison, not the KS)."""
+    sigma, c, q, n = 1.3, 0.5, 0.01, 1000
+    shape = (100, 500)
+    model = KnownGradPrompt(shape)
+    cfg = DPConfig(noise_multiplier=sigma, max_grad_norm=c, sample_rate=q, physical_batch_size=3)
+    dp = DPSGD(model, cfg, n_examples=n, steps=10, seed=2024)
+    g = torch.Generator().manual_seed(7)
+    zs = []
+    for batch in (12, 7):
+        x = torch.randn(batch, *shape, generator=g)
+        # Alternate norms 0.2C (kept) and 3C (clipped to C).
+        target = torch.tensor([0.2 * c if b % 2 else 3.0 * c for b in range(batch)])
+        x = x * (target / x.flatten(1).norm(dim=1)).view(-1, 1, 1)
+        norms = x.flatten(1).norm(dim=1)
+        expected = (x * (c / (norms + 1e-6)).clamp(max=1.0).view(-1, 1, 1)).sum(0)
+        mbs = dp.micro_batches(torch.arange(batch))
+        assert len(mbs) == (4 if batch == 12 else 3)
+        for mb in mbs:
+            model(x[mb]).sum().backward()
+            dp.accumulate()
+        dp.finalize()
+        zs.append(((model.prompt.grad * (q * n) - expected) / (sigma * c)).reshape(-1))
+        model.prompt.grad = None
+    z = torch.cat(zs).double().numpy()
+    assert dp.steps == 2 and dp.examples_seen == 19
+    assert stats.kstest(z, "norm").pvalue > 1e-4
+    for wrong in (0.9, 1.1):
+        assert stats.kstest(z / wrong, "norm").pvalue < 1e-6
+    # Zero noise: the same steps give exactly the clipped sum over q·N (no per-batch rescaling).
+    quiet = KnownGradPrompt(shape)
+    dp0 = DPSGD(quiet, DPConfig(noise_multiplier=0.0, max_grad_norm=c, sample_rate=q,
+                                physical_batch_size=3), n_examples=n, steps=10, seed=0)
+    for mb in dp0.micro_batches(torch.arange(7)):
+        quiet(x[mb]).sum().backward()
+        dp0.accumulate()
+    dp0.finalize()
+    torch.testing.assert_close(quiet.prompt.grad * (q * n), expected, rtol=1e-5, atol=1e-7)
+
+
 def test_epsilon_tracks_steps_and_target(setup):
     model, _ = setup
     cfg = DPConfig(target_epsilon=3.0, sample_rate=0.1)

@@ -103,6 +103,109 @@ def test_theorem6_against_mpmath():
                               np.array([10.0]))[0] < 1e-10
 
 
+def test_theorem6_reference_value_in_a_nontrivial_regime():
+    """Counts [150, 40, 10], σ2 = 20, λ = 10: data-dependent RDP 1.10503e-4 (Papernot et al.
+    2018, Theorem 6 with Proposition 7's q̃ and Proposition 10's orders), 226x below the
+    data-independent 10/400 = 0.025. The bound here is ~1e-4, not < 1e-9 as in the unanimous
+    case, so every term of A and B shows in the digits compared. Computed straight from the
+    paper in 50-digit mpmath, independent of rapt.gnmax; the intermediate values are written
+    out so that a wrong q̃ or μ cannot hide behind a matching final number.
+
+    Mutations of rapt.gnmax tried by hand, each made this test fail: μ1 = μ2 + 2; ε2 = μ1/σ²;
+    exponent (μ2-1)/μ2 -> (μ1-1)/μ1 in A; the (1 - q̃) weight dropped; q̃ without the ½."""
+    with mp.workdps(50):
+        sigma, lam = mp.mpf(20), mp.mpf(10)
+        n_star, others = 150, (40, 10)
+        q = mp.fsum(mp.erfc((n_star - n) / (2 * sigma)) / 2 for n in others)
+        mu2 = sigma * mp.sqrt(mp.log(1 / q))
+        mu1 = mu2 + 1
+        eps1, eps2 = mu1 / sigma**2, mu2 / sigma**2
+        # Theorem 6 applies: q̃ < 1, μ1, μ2 > 1, λ <= μ1, q̃ e^ε2 < 1 (A > 0) and the bound on
+        # q̃ that keeps it in the range where the bound increases with q̃.
+        assert q < 1 and mu2 > 1 and lam <= mu1 and q * mp.exp(eps2) < 1
+        assert q <= mp.exp((mu2 - 1) * eps2) / ((mu1 / (mu1 - 1)) * (mu2 / (mu2 - 1))) ** mu2
+        a = (1 - q) / (1 - (mp.exp(eps2) * q) ** ((mu2 - 1) / mu2))
+        b = mp.exp(eps1) / q ** (1 / (mu1 - 1))
+        bound = mp.log((1 - q) * a ** (lam - 1) + q * b ** (lam - 1)) / (lam - 1)
+    assert float(q) == pytest.approx(5.068251e-5, rel=1e-6)
+    assert float(mu2) == pytest.approx(62.896517, rel=1e-7)
+    assert float(bound) == pytest.approx(1.10503e-4, abs=5e-10)  # the figure of issue 15
+    assert float(bound) < 10 / 400
+    c = np.array([150.0, 40.0, 10.0])
+    assert math.exp(log_q_gnmax(c, 20.0)) == pytest.approx(float(q), rel=1e-12)
+    got = rdp_data_dependent(log_q_gnmax(c, 20.0), 20.0, np.array([10.0, 2.0, 30.0]))
+    assert got[0] == pytest.approx(float(bound), rel=1e-9)
+    # The order grid the accountant uses contains λ = 10 and gives the same value there.
+    i10 = int(np.flatnonzero(DEFAULT_ORDERS == 10.0)[0])
+    assert rdp_data_dependent(log_q_gnmax(c, 20.0), 20.0, DEFAULT_ORDERS)[i10] == got[0]
+
+
+def _theorem6_formula_mp(q, s, lam):
+    """Theorem 6's expression, evaluated even where its conditions fail (None if A <= 0)."""
+    with mp.workdps(50):
+        q, s, lam = mp.mpf(q), mp.mpf(s), mp.mpf(lam)
+        mu2 = s * mp.sqrt(mp.log(1 / q))
+        mu1 = mu2 + 1
+        eps1, eps2 = mu1 / s**2, mu2 / s**2
+        a = (1 - q) / (1 - (q * mp.exp(eps2)) ** ((mu2 - 1) / mu2))
+        b = mp.exp(eps1) / q ** (1 / (mu1 - 1))
+        if a <= 0:
+            return None
+        return float(mp.log((1 - q) * a ** (lam - 1) + q * b ** (lam - 1)) / (lam - 1))
+
+
+def test_theorem6_conditions_fall_back_to_data_independent():
+    """Outside Theorem 6's conditions the data-dependent bound is not a bound; the
+    implementation must return the data-independent λ/σ² there, even where the formula,
+    evaluated anyway, would give less.
+
+    (a) λ >= μ1 (the reference case, μ1 = 63.90): at λ = 65, 70, 100 the formula gives 0.16245,
+        0.1737, 0.2171 < λ/400. Mutation caught: dropping the ``orders < μ1`` mask.
+    (b) μ2 <= 1 (counts [2, 1], σ = 0.5: q̃ = 0.0786, μ2 = 0.80): the formula gives 3.67 and
+        5.59 < λ/σ² = 5, 6 at λ = 1.25, 1.5. Mutation caught: dropping the ``μ2 > 1`` check.
+        (For μ2 > 0, q̃ e^ε2 < 1 is the same condition as μ2 > 1: -log q̃ > μ2/σ² <=>
+        σ·sqrt(log 1/q̃) > 1, so (b) also covers A > 0.)
+    (c) μ2 > 1 but q̃ above the theorem's bound (σ = 1, log q̃ = -1.21, μ2 = 1.1): λ/σ² is
+        returned. Dropping only this check is not observable here: wherever it fails and
+        μ2 > 1, the formula came out above λ/σ² in a scan of σ in [0.2, 100], μ2 in (1, 2.5],
+        λ in (1, μ1), so the minimum with λ/σ² hides it.
+    (d) q̃ = 1 (log q̃ = 0): λ/σ²; q̃ > 1 is refused."""
+    # (a)
+    c = np.array([150.0, 40.0, 10.0])
+    log_q = log_q_gnmax(c, 20.0)
+    mu1 = 20.0 * math.sqrt(-log_q) + 1
+    high = np.array([65.0, 70.0, 100.0])
+    assert np.all(high > mu1)
+    np.testing.assert_array_equal(rdp_data_dependent(log_q, 20.0, high), high / 400)
+    for lam in high:
+        assert _theorem6_formula_mp(math.exp(log_q), 20.0, lam) < lam / 400 - 1e-5
+    below = np.array([60.0, 63.0])  # just inside: the data-dependent bound is used
+    assert np.all(rdp_data_dependent(log_q, 20.0, below) < below / 400)
+    # (b)
+    c = np.array([2.0, 1.0])
+    log_q = log_q_gnmax(c, 0.5)
+    assert 0.5 * math.sqrt(-log_q) < 1
+    lams = np.array([1.25, 1.5])
+    np.testing.assert_array_equal(rdp_data_dependent(log_q, 0.5, lams), lams / 0.25)
+    for lam in lams:
+        assert _theorem6_formula_mp(math.exp(log_q), 0.5, lam) < lam / 0.25 - 0.3
+    # (c)
+    log_q = -(1.1**2)
+    with mp.workdps(50):
+        mu2 = mp.mpf(1.1)
+        mu1 = mu2 + 1
+        eps2 = mu2
+        assert mp.exp(log_q) > mp.exp((mu2 - 1) * eps2) / ((mu1 / (mu1 - 1))
+                                                           * (mu2 / (mu2 - 1))) ** mu2
+        assert mp.exp(log_q) * mp.exp(eps2) < 1
+    lams = np.array([1.25, 1.5, 2.0])
+    np.testing.assert_array_equal(rdp_data_dependent(log_q, 1.0, lams), lams)
+    # (d)
+    np.testing.assert_array_equal(rdp_data_dependent(0.0, 3.0, lams), lams / 9)
+    with pytest.raises(ValueError, match="log q"):
+        rdp_data_dependent(0.1, 3.0, lams)
+
+
 def test_threshold_theorem6_against_mpmath():
     """The threshold check: Theorem 6 with q̃ = the less likely of answered / not answered
     (Pr[answered] = Φ((max n - T) / σ1)) and s = √2 σ1 (sensitivity-1 Gaussian, λ/(2σ1²)).

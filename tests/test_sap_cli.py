@@ -58,8 +58,8 @@ def test_sap_tune_predict_attack(setup):
     (["--text-column", "body", "--label-column", "sentiment"], "body"),
     (["--text-column", "review", "--label-column", "stars"], "stars"),
     (["--text-column", "review", "--label-column", "sentiment", "--split-layer", "2"],
-     "split_layer=2"),
-    (["--text-column", "review", "--label-column", "sentiment", "--cti"], "cti=True needs eta"),
+     "--split-layer 2"),  # issue 13: flag names, not split_layer=2
+    (["--text-column", "review", "--label-column", "sentiment", "--cti"], "--cti needs eta"),
     (["--text-column", "review", "--label-column", "sentiment", "--eta", "5",
       "--cti-multiplier", "0.5"], "cti-multiplier"),
 ])

@@ -421,7 +421,7 @@ def test_mixed_prompts_one_forward_pass_matches_per_prompt(tiny_bert):
                              TuneConfig(num_virtual_tokens=4, epochs=1, batch_size=4, seed=seed,
                                         reconstruction=pl is not None, rec_vocab_size=20),
                              plain_ids=pl), rows))
-    assert mixed.supports(tiny_bert, [p for p, _ in prompts])
+    assert len({mixed.mixable(tiny_bert, p).family for p, _ in prompts}) == 1
     items = [(p, rows[i:i + 2 + i % 2]) for i, (p, rows) in enumerate(prompts)]
     got = mixed.forward(tiny_bert, items)
     for (p, rows), probs in zip(items, got, strict=True):
@@ -441,9 +441,8 @@ def test_mixed_prompts_one_forward_pass_matches_per_prompt(tiny_bert):
 
     passes = []
     hook = base_model(tiny_bert.model).register_forward_hook(lambda *a: passes.append(1))
-    models = [p.build(tiny_bert) for p, _ in items]
-    one = mixed.prompt_group_forward(tiny_bert, models, [r for _, r in items],
-                                     max_padding=float("inf"))
+    specs = [mixed.mixable(tiny_bert, p) for p, _ in items]
+    one = mixed.group_forward(tiny_bert, specs, [r for _, r in items], max_padding=float("inf"))
     hook.remove()
     assert len(passes) == 1  # all rows of all three prompts in a single pass
     for a, b in zip(one, got, strict=True):
@@ -672,6 +671,55 @@ def test_cross_tenant_failure_isolation_over_http(tmp_path, tiny_bert):
         assert ra.status_code == 500
         assert "alice-secret" not in ra.text and "513" not in ra.text
         assert batcher.stats.max_prompts_in_batch >= 2  # they did share a micro-batch
+
+
+def test_mixed_prefix_and_lora_customers_match_their_requests_alone(tmp_path, tiny_bert):
+    """Issue 14: requests of two customers' prefix (lengths 2 and 5) and LoRA (ranks 2 and 4)
+    prompts that share one micro-batch, and so mixed passes, get what each gets alone and
+    what the per-prompt path gives."""
+    from _tiny import random_prompt
+
+    overrides: dict = {}
+
+    def loader(folder):
+        return overrides.get(Path(folder).name) or FakePrompt.load(folder)
+
+    alice, bob = add_key(tmp_path, "alice"), add_key(tmp_path, "bob")
+    app = make_app(tmp_path, tiny_bert, prompt_loader=loader)
+    with TestClient(app) as c:
+        tenants = []
+        for k, (key, cfg) in enumerate([
+                (alice, {"method": "prefix", "num_virtual_tokens": 2}),
+                (bob, {"method": "prefix", "num_virtual_tokens": 5, "prefix_projection": True}),
+                (alice, {"method": "lora", "lora_r": 2}), (bob, {"method": "lora", "lora_r": 4})]):
+            pid = make_prompt(c, key, seed=k)
+            overrides[pid] = random_prompt(tiny_bert, seed=k, num_labels=2 + k % 2, **cfg)
+            tenants.append((key, pid, upload_body(1 + k, L=3 + 4 * k)["input_ids"]))
+        pg = make_prompt(c, bob, seed=9)
+        overrides[pg] = gate = GatePrompt(torch.zeros(64, 2))
+        batcher = app.state.svc.batchers["tiny"]
+
+        def post(key, pid, rows):
+            r = c.post("/v1/predict", json={"prompt_id": pid, "input_ids": rows},
+                       headers=hdr(key))
+            assert r.status_code == 200, r.text
+            return torch.tensor(r.json()["probabilities"])
+
+        alone = [post(*t) for t in tenants]
+        with ThreadPoolExecutor(5) as ex:
+            f_gate = ex.submit(post, bob, pg, upload_body(1)["input_ids"])
+            assert gate.entered.wait(10)  # the batcher is busy; the next four queue together
+            futures = [ex.submit(post, *t) for t in tenants]
+            t0 = time.time()
+            while len(batcher._pending) < len(tenants) and time.time() - t0 < 10:
+                time.sleep(0.01)
+            gate.release.set()
+            together = [f.result() for f in futures]
+            f_gate.result()
+        assert batcher.stats.max_prompts_in_batch == len(tenants)
+        for (_, pid, rows), a, t in zip(tenants, alone, together, strict=True):
+            ref = overrides[pid].predict_proba(tiny_bert, rows)
+            assert torch.allclose(t, a, atol=1e-5) and torch.allclose(t, ref, atol=1e-5)
 
 
 # -- item 8: invalid Unicode and non-finite numbers ---------------------------------------------

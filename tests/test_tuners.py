@@ -122,3 +122,31 @@ def test_rec_head_reads_plain_positions(bb, method):
 def test_unknown_method(tok):
     with pytest.raises(ValueError, match="unknown tuning method"):
         build_tuner(_bert(tok), "adapterz")
+
+
+@pytest.mark.parametrize("method", ["lora", "full"])
+def test_private_copy_leaves_out_hooks_on_the_shared_backbone(bb, method):
+    """Old behaviour: the service's pass counter (a forward hook bound to an object holding
+    locks) sat on the shared backbone, and the deep copy of LoRA / full tuning failed with
+    "cannot pickle '_thread.RLock' object", so those prompts could be neither tuned nor served
+    while the service ran."""
+    import threading
+
+    class Counter:
+        def __init__(self):
+            self.lock, self.n = threading.RLock(), 0
+
+        def __call__(self, *args):
+            self.n += 1
+
+    counter = Counter()
+    handle = bb.model.register_forward_hook(counter)
+    try:
+        tuner = build_tuner(bb, method)
+        ids = torch.tensor([[2, 7, 8, 3]])
+        tuner(ids, torch.ones_like(ids))
+        assert counter.n == 0 and not tuner.copy._forward_hooks  # the copy is not counted
+        bb.model(input_ids=ids)
+        assert counter.n == 1  # the shared backbone keeps its hook
+    finally:
+        handle.remove()

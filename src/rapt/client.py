@@ -5,15 +5,16 @@ Everything that leaves the machine is privatized token ids (dχ-privacy text-to-
 mechanism metadata (η, embedding, search mode). Raw text and original token ids never do.
 Without a configured η the client refuses to send anything unless ``no_privacy=True``.
 
-    c = RaptClient("http://127.0.0.1:8000", key, backbone="minilm", eta=100.0)
-    ds = c.upload("reviews.csv", reconstruction=True)
-    job = c.tune(ds, method="prompt", epochs=2)
+    c = RaptClient("http://127.0.0.1:8000", key, backbone="minilm", target_p=0.4)
+    ds = c.upload("reviews.csv")           # η calibrated on rapt's public text sample
+    job = c.tune(ds, method="prompt")      # TuneConfig's defaults (rapt.config)
     status = c.wait(job)                   # tqdm progress bar
-    out = c.predict(status["prompt_id"], ["a private query"])
+    out = c.predict(status["prompt_id"], ["a private query"])  # the training data's η
 """
 
 from __future__ import annotations
 
+import math
 import os
 import time
 import warnings
@@ -23,9 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import torch
 
-DEFAULT_PLAIN_TOKENS = 40  # RAPT §4.1: m = 40
+from rapt.config import DEFAULT_PLAIN_TOKENS, DEFAULT_PRIVATIZER_MODE
 
 
 class ClientError(RuntimeError):
@@ -86,7 +86,8 @@ class RaptClient:
 
     def __init__(self, url: str | None = None, api_key: str | None = None, *,
                  backbone: Any = "minilm", remote_backbone: str | None = None,
-                 eta: float | None = None, no_privacy: bool = False, mode: str = "exact",
+                 eta: float | None = None, target_p: float | None = None,
+                 no_privacy: bool = False, mode: str = DEFAULT_PRIVATIZER_MODE,
                  seed: int | None = None, plain_tokens: int | Sequence[int] = DEFAULT_PLAIN_TOKENS,
                  min_p: float = DEFAULT_MIN_P, timeout: float = 120.0,
                  http: httpx.Client | None = None) -> None:
@@ -98,13 +99,22 @@ class RaptClient:
             raise ClientError("no API key: pass --key or set RAPT_API_KEY")
         if url and http is None:
             _warn_plain_http(url)
-        if eta is not None and eta <= 0:
-            raise ClientError(f"eta must be > 0, got {eta}")
-        if eta is not None and no_privacy:
-            raise ClientError("give either eta or no_privacy=True, not both")
+        if eta is not None and not (eta > 0 and math.isfinite(eta)):
+            raise ClientError(f"eta must be a positive finite number, got {eta}")
+        if target_p is not None and not 0 < target_p < 1:
+            raise ClientError(f"target_p must lie strictly between 0 and 1, got {target_p}")
+        if eta is not None and target_p is not None:
+            raise ClientError("give either eta= or target_p=, not both")
+        if (eta is not None or target_p is not None) and no_privacy:
+            raise ClientError("give either eta= (or target_p=) or no_privacy=True, not both")
         if not 0.0 <= min_p <= 1.0:
             raise ClientError(f"min_p must lie in [0, 1], got {min_p}")
         self.eta, self.no_privacy, self.mode, self.seed = eta, no_privacy, mode, seed
+        # η given (or calibrated from target_p) by the user wins; otherwise predict uses the η
+        # the service recorded with the prompt's training data.
+        self.target_p = target_p
+        self._eta_chosen = eta is not None or target_p is not None
+        self.eta_source = "given" if eta is not None else None
         self.min_p = float(min_p)
         if seed is not None:
             warnings.warn(f"privatization noise seeded with {seed}: anyone who knows the seed can "
@@ -146,41 +156,52 @@ class RaptClient:
             self._backbone = load_backbone(self._backbone_arg)
         return self._backbone
 
-    def _check_privacy(self) -> None:
+    def _check_privacy(self, why: str = "") -> None:
+        if self.eta is None and self.target_p is not None and not self.no_privacy:
+            from rapt.privatization import calibrate_eta_public
+
+            self._set_eta(calibrate_eta_public(self.backbone, self.target_p), "target_p")
         if self.eta is None and not self.no_privacy:
             raise PrivacyNotConfiguredError(
-                "refusing to send: no privatization is configured. Set eta (the dχ-privacy "
-                "parameter, e.g. --eta 100) or, to send your data unprotected, pass "
-                "no_privacy=True (--no-privacy) explicitly")
+                f"refusing to send: no privatization is configured{why}. Set eta (the "
+                "dχ-privacy parameter, e.g. eta=100) or target_p (e.g. target_p=0.4, η "
+                "calibrated on rapt's public text sample), or, to send your data unprotected, "
+                "pass no_privacy=True explicitly")
 
-    def _measure(self, rows: list[list[int]], private: list[list[int]], what: str) -> dict:
-        """P and the nearest-neighbour inversion success on what is about to be sent; warns
-        when P is below ``min_p``. The result stays on this machine (``last_privacy``)."""
-        from rapt.attacks.inversion import inversion_attack
-        from rapt.privatization import replacement_probability
+    def _set_eta(self, eta: float, source: str) -> None:
+        if eta != self.eta:
+            self.eta, self._privatizer = float(eta), None
+        self.eta_source = source
 
-        bb = self.backbone
+    def _measure(self, rows: list[list[int]], private: list[list[int]], what: str,
+                 plain_len: int = 0) -> dict:
+        """η, P and the nearest-neighbour inversion success on what is about to be sent
+        (``rapt.privatization.privacy_report``), over the text positions (the plain tokens
+        are public); warns when P is below ``min_p``. The result stays on this machine
+        (``last_privacy``)."""
+        if plain_len:
+            from rapt.reconstruction import drop_plain
+
+            tok = self.backbone.tokenizer
+            rows, private = drop_plain(rows, tok, plain_len), drop_plain(private, tok, plain_len)
         report: dict[str, Any] = {"what": what, "rows": len(rows), "eta": self.eta,
-                                  "no_privacy": self.no_privacy, "min_p": self.min_p}
+                                  "eta_source": self.eta_source, "no_privacy": self.no_privacy,
+                                  "min_p": self.min_p}
         if self.no_privacy:
             report.update(replacement_probability=0.0, inversion_success=1.0,
                           n_tokens=sum(len(r) for r in rows))
         else:
-            orig = torch.tensor([t for r in rows for t in r], dtype=torch.long)
-            priv = torch.tensor([t for r in private for t in r], dtype=torch.long)
-            inv = inversion_attack(orig, bb.embeddings, private_ids=priv,
-                                   special_ids=bb.special_ids,
-                                   candidate_ids=self.privatizer.candidate_ids,
-                                   index=self.privatizer.index)
-            report.update(replacement_probability=replacement_probability(
-                orig, priv, bb.special_ids), inversion_success=inv.success_rate,
-                n_tokens=inv.n_tokens)
+            from rapt.privatization import privacy_report
+
+            report.update(privacy_report(rows, private, self.privatizer,
+                                         target_p=self.target_p))
             if report["replacement_probability"] < self.min_p:
                 warnings.warn(
                     f"weak privacy on this {what}: only {report['replacement_probability']:.1%} "
                     f"of tokens were replaced (P < min_p = {self.min_p:g}) and a nearest-"
-                    f"neighbour attack recovers {inv.success_rate:.1%} of them; lower eta "
-                    f"(now {self.eta:g}) for more privacy", PrivacyWarning, stacklevel=3)
+                    f"neighbour attack recovers {report['inversion_success']:.1%} of them; "
+                    f"lower eta (now {self.eta:g}) for more privacy", PrivacyWarning,
+                    stacklevel=3)
         self.last_privacy = report
         return report
 
@@ -208,18 +229,11 @@ class RaptClient:
     def _rows(self, texts: Sequence[str], pairs: Sequence[str | None] | None,
               plain: Sequence[int] | None, max_length: int) -> list[list[int]]:
         """Token id rows ``[leading specials] k x [trailing specials]`` (rapt.reconstruction's
-        layout); sentence pairs are encoded as the tokenizer pairs them."""
-        from rapt.reconstruction import build_rows, plain_offset
+        layout, sentence pairs included)."""
+        from rapt.reconstruction import build_rows
 
-        tok = self.backbone.tokenizer
-        if not pairs or all(p is None for p in pairs):
-            return build_rows(tok, list(texts), max_length=max_length,
-                              plain_ids=list(plain) if plain else None)
-        m = len(plain) if plain else 0
-        enc = tok(list(texts), [p or "" for p in pairs], truncation=True,
-                  max_length=max_length - m)["input_ids"]
-        off = plain_offset(tok)
-        return [list(r[:off]) + list(plain or []) + list(r[off:]) for r in enc]
+        return build_rows(self.backbone.tokenizer, list(texts), max_length=max_length,
+                          plain_ids=list(plain) if plain else None, text_pairs=pairs)
 
     def privatize(self, rows: list[list[int]]) -> list[list[int]]:
         """Apply the mechanism to every non-special token (identity with no_privacy)."""
@@ -282,7 +296,7 @@ class RaptClient:
         plain = self.plain_ids() if reconstruction else None
         rows = self._rows(ds.texts, ds.text_pairs, plain, max_length)
         private = self.privatize(rows)
-        p = self._measure(rows, private, "upload")["replacement_probability"]
+        p = self._measure(rows, private, "upload", len(plain or []))["replacement_probability"]
         num_labels = max(len(ds.label_names), max(labels) + 1, 2)
         body = {"backbone": self.remote_backbone, "input_ids": private, "labels": labels,
                 "num_labels": num_labels, "privacy": self._declaration(), "plain_ids": plain}
@@ -296,11 +310,13 @@ class RaptClient:
              reconstruction: bool | None = None, **hyper: Any) -> str:
         """Create a tuning job; returns its id. ``reconstruction`` defaults to whether the
         dataset was uploaded with plain tokens. Other keywords: lr, epochs, batch_size,
-        num_virtual_tokens, max_length, seed, dp={...} (see the service's JobCreate)."""
+        num_virtual_tokens, max_length, seed, dp={...} (see the service's JobCreate); those
+        left out or None take ``rapt.config.TuneConfig``'s defaults on the service."""
         if reconstruction is None:
             reconstruction = bool(self.dataset(dataset_id).get("plain_ids"))
+        given = {k: v for k, v in hyper.items() if v is not None}
         job = self._call("POST", "/v1/jobs", {"dataset_id": dataset_id, "method": method,
-                                              "reconstruction": reconstruction, **hyper})
+                                              "reconstruction": reconstruction, **given})
         return job["id"]
 
     def dataset(self, dataset_id: str) -> dict:
@@ -345,14 +361,26 @@ class RaptClient:
 
     def predict(self, prompt_id: str, texts: Sequence[str] | str | Path | Any, *,
                 text_pairs: Sequence[str | None] | None = None, max_length: int = 128,
-                chunk: int = 256) -> Prediction:
-        """Privatize each query here (fresh noise) and ask the service for labels."""
-        self._check_privacy()
+                chunk: int = 256, text_column: str | None = None,
+                text_pair_column: str | None = None) -> Prediction:
+        """Privatize each query here (fresh noise) and ask the service for labels. A file's
+        columns are read as ``upload`` reads them (sentence pairs detected or named). Without
+        an η (or target_p) given to the client, the queries get the η recorded with the
+        prompt's training data."""
+        why = ""
+        if not self._eta_chosen and not self.no_privacy:
+            decl = self.prompt(prompt_id).get("privacy") or {}
+            if decl.get("mechanism") == "dchi-text2text" and decl.get("eta"):
+                self._set_eta(float(decl["eta"]), f"prompt {prompt_id}")
+            else:
+                why = (f" (prompt {prompt_id} was tuned on unprivatized data" if decl
+                       else f" (the service recorded no η for prompt {prompt_id}") + ")"
+        self._check_privacy(why)
         names = None
         if isinstance(texts, str | Path) and Path(texts).exists():
             from rapt.data import load_dataset
 
-            ds = load_dataset(texts)
+            ds = load_dataset(texts, text_column=text_column, text_pair_column=text_pair_column)
             texts, text_pairs, names = ds.texts, ds.text_pairs, ds.label_names
         elif hasattr(texts, "texts"):
             texts, text_pairs, names = texts.texts, texts.text_pairs, texts.label_names
@@ -362,7 +390,7 @@ class RaptClient:
         plain = info.get("plain_ids")  # queries take the training rows' layout
         clear = self._rows(list(texts), text_pairs, plain, max_length)
         rows = self.privatize(clear)
-        self._measure(clear, rows, "predict")
+        self._measure(clear, rows, "predict", len(plain or []))
         labels, probs = [], []
         for i in range(0, len(rows), chunk):
             out = self._call("POST", "/v1/predict",

@@ -39,9 +39,11 @@ from typing import Any
 __all__ = [
     "BUILTINS",
     "FORMATS",
+    "PAIR_COLUMNS",
     "DataError",
     "Dataset",
     "Example",
+    "columns_of",
     "data_dir",
     "load_dataset",
 ]
@@ -381,6 +383,35 @@ class _Spec:
     label_column: str | None = None
     label_required: bool | None = None  # None: labelled iff the label column/key exists
     guessed: bool = False  # the format was guessed from the file's lines
+    # Set by the parser: the text / pair columns it read, and whether it detected the pair.
+    used_text: str | None = None
+    used_pair: str | None = None
+    pair_detected: bool = False
+
+
+# Text columns/keys guessed when none is given; sentence pairs are detected first, from these
+# (first, second) names (GLUE / SuperGLUE: MRPC, STS-B, RTE; MNLI, CB; QQP; QNLI), in order.
+TEXT_COLUMNS = ("text", "sentence")
+PAIR_COLUMNS = (("sentence1", "sentence2"), ("premise", "hypothesis"),
+                ("question1", "question2"), ("question", "sentence"))
+
+
+def _pick_text_columns(spec: _Spec, present: Sequence[str] | dict) -> tuple[str | None,
+                                                                            str | None]:
+    """(text column, pair column) for a record with these columns/keys; records the choice in
+    ``spec``. A pair is detected only when neither is given and both of its names are present;
+    a given pair column alone takes its partner from :data:`PAIR_COLUMNS` as the first text."""
+    text, pair = spec.text_column, spec.text_pair_column
+    if text is None and pair is None:
+        found = next(((a, b) for a, b in PAIR_COLUMNS if a in present and b in present), None)
+        if found is not None:
+            text, pair = found
+            spec.pair_detected = True
+    if text is None:
+        partner = next((a for a, b in PAIR_COLUMNS if b == pair and a in present), None)
+        text = partner or next((c for c in TEXT_COLUMNS if c in present), None)
+    spec.used_text, spec.used_pair = text, pair
+    return text, pair
 
 
 def _parse_table(text: str, path: Path, spec: _Spec, labels: _LabelMap, delimiter: str
@@ -404,21 +435,23 @@ def _parse_table(text: str, path: Path, spec: _Spec, labels: _LabelMap, delimite
     if dup:
         raise DataError(f"duplicate column names {dup}", path=path, line=header_line)
     cols = {h: i for i, h in enumerate(header)}
-    text_col = spec.text_column or next((c for c in ("text", "sentence") if c in cols), None)
+    text_col, pair_col = _pick_text_columns(spec, cols)
+    for opt, c in (("text_pair_column", pair_col), ("label_column", spec.label_column)):
+        if c is not None and c not in cols:
+            raise DataError(f"missing column '{c}' given as {opt} (columns: {header})",
+                            path=path, line=header_line)
     if text_col is None or text_col not in cols:
         want = spec.text_column or "text' or 'sentence"
         raise DataError(f"missing column '{want}' (columns: {header}); "
                         f"choose one with {_opt('text_column')}", path=path, line=header_line)
-    for opt, c in (("text_pair_column", spec.text_pair_column),
-                   ("label_column", spec.label_column)):
-        if c is not None and c not in cols:
-            raise DataError(f"missing column '{c}' given as {opt} (columns: {header})",
-                            path=path, line=header_line)
+    if pair_col == text_col:
+        raise DataError(f"column '{text_col}' is both the text and the text_pair_column",
+                        path=path, line=header_line)
     label_col = spec.label_column or ("label" if "label" in cols else None)
     if spec.label_required and label_col is None:
         raise DataError(f"missing column 'label' (columns: {header})", path=path,
                         line=header_line)
-    used = {text_col, spec.text_pair_column, label_col}
+    used = {text_col, pair_col, label_col}
     rows: list[_Row] = []
     for line, row in records:
         if not row or (len(row) == 1 and not row[0].strip()):
@@ -428,8 +461,7 @@ def _parse_table(text: str, path: Path, spec: _Spec, labels: _LabelMap, delimite
             raise DataError(f"wrong number of fields: expected {len(header)} ({header}), "
                             f"got {len(row)}", path=path, line=line)
         t = _clean_text(row[cols[text_col]], path, line, text_col)
-        tp = (_clean_text(row[cols[spec.text_pair_column]], path, line, spec.text_pair_column)
-              if spec.text_pair_column else None)
+        tp = _clean_text(row[cols[pair_col]], path, line, pair_col) if pair_col else None
         raw = None
         if label_col is not None:
             raw = row[cols[label_col]].strip()
@@ -441,9 +473,10 @@ def _parse_table(text: str, path: Path, spec: _Spec, labels: _LabelMap, delimite
 
 def _parse_jsonl(text: str, path: Path, spec: _Spec, labels: _LabelMap
                  ) -> tuple[list[_Row], int]:
-    text_key = spec.text_column
+    text_key: str | None = None
+    pair_key: str | None = None
+    picked = False  # the first record picks the text keys; the others must have them too
     label_key = spec.label_column or "label"
-    pair_key = spec.text_pair_column
     # True: every record needs a label; None: the first record decides, the rest must agree.
     labelled: bool | None = True if spec.label_required else None
     rows: list[_Row] = []
@@ -460,15 +493,20 @@ def _parse_jsonl(text: str, path: Path, spec: _Spec, labels: _LabelMap
         if not isinstance(obj, dict):
             raise DataError(f"expected a JSON object, got {type(obj).__name__}",
                             path=path, line=line)
-        if text_key is None:
-            text_key = next((k for k in ("text", "sentence") if k in obj), None)
-            if text_key is None:
-                raise DataError(f"missing field 'text' (keys: {sorted(obj)}); "
-                                f"choose one with {_opt('text_column')}", path=path, line=line)
-        for k in (text_key, pair_key):
+        if not picked:
+            text_key, pair_key = _pick_text_columns(spec, obj)
+            picked = True
+        for k, opt in ((pair_key, "text_pair_column"), (text_key, "text_column")):
             if k is not None and k not in obj:
-                raise DataError(f"missing field (keys: {sorted(obj)})", path=path, line=line,
-                                field=k)
+                given = f" given as {opt}" if k == getattr(spec, opt) else ""
+                raise DataError(f"missing field{given} (keys: {sorted(obj)})", path=path,
+                                line=line, field=k)
+        if text_key is None:
+            raise DataError(f"missing field 'text' (keys: {sorted(obj)}); "
+                            f"choose one with {_opt('text_column')}", path=path, line=line)
+        if pair_key == text_key:
+            raise DataError(f"key '{text_key}' is both the text and the text_pair_column",
+                            path=path, line=line)
         t = _clean_text(obj[text_key], path, line, text_key)
         tp = _clean_text(obj[pair_key], path, line, pair_key) if pair_key else None
         has = label_key in obj and obj[label_key] is not None
@@ -669,6 +707,31 @@ def _looks_text_at_label(text: str) -> bool:
     return bool(lines) and sum(bool(_AT_LABEL.search(s)) for s in lines) >= 0.8 * len(lines)
 
 
+def columns_of(name_or_path: str | Path, format: str | None = None) -> list[str] | None:
+    """The column names (CSV/TSV header) or the first record's keys (JSONL) of a user's file;
+    None for built-in names, line formats and files that cannot be read (loading them reports
+    why)."""
+    name = str(name_or_path)
+    path = Path(name).expanduser()
+    fmt = format or _EXTENSIONS.get(path.suffix.lower())
+    if name in BUILTINS or fmt not in ("csv", "tsv", "jsonl") or not path.is_file():
+        return None
+    try:
+        text = _read_text(path)
+        if fmt == "jsonl":
+            first = next((s for _, s in _lines(text) if s.strip()), None)
+            obj = json.loads(first) if first is not None else None
+            return sorted(obj) if isinstance(obj, dict) else None
+        delimiter = "," if fmt == "csv" else "\t"
+        quoting = csv.QUOTE_MINIMAL if fmt == "csv" else csv.QUOTE_NONE
+        for _, row in _csv_records(text, path, delimiter, quoting):
+            if row and not (len(row) == 1 and not row[0].strip()):
+                return [h.strip() for h in row]
+    except (DataError, json.JSONDecodeError):
+        return None
+    return None
+
+
 def _opt(name: str) -> str:
     """A load_dataset keyword as messages write it (``text_column=``); the CLI rewrites these
     into its flags with :func:`cli_message`."""
@@ -848,8 +911,14 @@ def load_dataset(
     ``text-at-label`` (``report["format_guessed"]`` is then True). A ``label-text`` or
     ``text-at-label`` file with more distinct labels than half its lines (10 or more) is
     rejected: its format was almost surely wrong. CSV/TSV
-    need a header. ``text_column`` defaults to ``text`` or ``sentence``, ``label_column`` to
-    ``label`` when present (else the examples are unlabelled, counted in the report).
+    need a header. With neither ``text_column`` nor ``text_pair_column`` given, sentence pairs
+    are detected from the columns/keys ``sentence1``/``sentence2``, ``premise``/``hypothesis``,
+    ``question1``/``question2`` or ``question``/``sentence`` (both present; a note in
+    ``report["notes"]`` names them); otherwise ``text_column`` defaults to ``text`` or
+    ``sentence`` (or, given ``text_pair_column`` alone, to its partner in those pairs).
+    ``report["text_column"]`` / ``["text_pair_column"]`` name the columns read.
+    ``label_column`` defaults to ``label`` when present (else the examples are unlabelled,
+    counted in the report).
     ``attribute`` on a file names a column to use as the label instead of ``label_column``
     (which then stays in ``attrs``). Label strings map to ids in sorted order (numeric when all
     are integers), or to their index in ``label_names``. Integers are accepted as ids into
@@ -973,11 +1042,20 @@ def load_dataset(
         "format_guessed": guessed,
         "label_base": lmap.base if lmap.fixed and lmap.allow_index else None,
         "notes": [lmap.note] if lmap.note else [],
+        # the columns/keys the texts came from (None for line formats)
+        "text_column": spec.used_text,
+        "text_pair_column": spec.used_pair,
+        "pair_detected": spec.pair_detected,
         **_label_counts(examples, names),
         # which field the labels came from (None when the records carry no labels)
         "label_source": (attribute or spec.label_column
                          or ("rating" if fmt == "trustpilot" else "label"))
         if any(i is not None for i in ids) else None,
     }
+    if spec.pair_detected:
+        report["notes"].append(
+            f"{path}: sentence pairs, first text from '{spec.used_text}', second from "
+            f"'{spec.used_pair}' (detected; text_column= and text_pair_column= choose "
+            "others)")
     return Dataset(name=display, examples=examples, label_names=list(names), source=str(path),
                    report=report)

@@ -26,9 +26,13 @@ from typing import Any
 
 import torch
 
+from rapt.config import (
+    DEFAULT_PLAIN_TOKENS,
+    DEFAULT_PRIVATIZER_MODE,
+    default_lr,
+)
 from rapt.stats import effect_word, mean_ci, paired_difference
 
-DEFAULT_LR = {"prompt": 2e-2, "prefix": 1e-2, "lora": 1e-3, "full": 3e-5}
 SETTINGS = ("no privacy", "head only", "+privatization", "+reconstruction")
 
 
@@ -47,10 +51,10 @@ class DemoConfig:
     whole_fraction: float = 0.95
     method: str = "prefix"
     num_virtual_tokens: int = 10
-    lr: float | None = None  # None: DEFAULT_LR[method]
+    lr: float | None = None  # None: rapt.config.DEFAULT_LR[method]
     epochs: int = 2
     batch_size: int = 8
-    plain_len: int = 40
+    plain_len: int = DEFAULT_PLAIN_TOKENS
     plain_sequences: int = 1  # > 1: each training row gets one of that many plain sequences
     target_p: float = 0.4
     eta: float | None = None  # overrides target_p
@@ -61,7 +65,7 @@ class DemoConfig:
     seeds: int = 3  # paired seeds seed, seed + 1, ...
     seed: int = 0  # data subset (fixed) and the first seed's init, order and plain tokens
     noise_seed: int | None = None  # privacy noise: OS entropy unless set (then "seeded")
-    privatizer_mode: str = "fast"
+    privatizer_mode: str = DEFAULT_PRIVATIZER_MODE
 
     def __post_init__(self) -> None:
         for name in ("train_size", "test_size", "epochs", "batch_size", "seeds",
@@ -90,7 +94,9 @@ class DemoResult:
     config: dict
     eta: float
     p: float  # measured replacement probability on the training text, mean over seeds
-    inversion_privacy: float
+    inversion_privacy: float  # 1 − inversion_success
+    inversion_success: float = 0.0  # nearest-neighbour inversion on the first seed's queries
+    target_p: float | None = None  # the P η was calibrated for (None: η given)
     seeded: bool = False
     rows: list[dict] = field(default_factory=list)  # one per setting, accuracies per seed
     paired: dict = field(default_factory=dict)  # +reconstruction − +privatization
@@ -139,13 +145,13 @@ def run_demo(config: DemoConfig, log: Callable[[str], None] = print,
              backbone: Any = None) -> DemoResult:
     """Run the demo; ``progress(setting, step_record)`` is called after each training step
     (the setting named "<setting>, seed <s>")."""
-    from rapt.attacks.inversion import inversion_attack
     from rapt.data import load_dataset
     from rapt.models import load_backbone
     from rapt.privatization import (
         Privatizer,
         calibrate_eta_public,
         candidate_ids_from_tokenizer,
+        privacy_report,
         replacement_probability,
     )
     from rapt.reconstruction import build_rows, drop_plain, privatize_rows, text_length_for
@@ -173,17 +179,17 @@ def run_demo(config: DemoConfig, log: Callable[[str], None] = print,
     cand = candidate_ids_from_tokenizer(tok, bb.embeddings.shape[0])
     eta = config.eta
     if eta is None:
-        eta = calibrate_eta_public(bb, config.target_p, candidate_ids=cand,
-                                   mode=config.privatizer_mode)
+        eta = calibrate_eta_public(bb, config.target_p)  # the calibration every command uses
         log(f"η = {eta:.3g} (calibrated for P ≈ {config.target_p} on the public text sample)")
     privatizer = Privatizer(bb.embeddings, eta, special_ids=bb.special_ids, candidate_ids=cand,
                             mode=config.privatizer_mode, seed=config.noise_seed)
-    lr = config.lr if config.lr is not None else DEFAULT_LR.get(config.method, 1e-2)
+    lr = config.lr if config.lr is not None else default_lr(config.method)
     base = dict(method=config.method, num_virtual_tokens=config.num_virtual_tokens, lr=lr,
                 epochs=config.epochs, batch_size=config.batch_size,
                 rec_weight=config.rec_weight, rec_reduction=config.rec_reduction, **head_kw)
     result = DemoResult(config=asdict(config), eta=float(eta), p=0.0, inversion_privacy=0.0,
-                        seeded=privatizer.seeded, text_length=n_text, rows_whole=whole)
+                        seeded=privatizer.seeded, text_length=n_text, rows_whole=whole,
+                        target_p=config.target_p if config.eta is None else None)
     acc: dict[str, list[float]] = {s: [] for s in SETTINGS}
     info: dict[str, dict] = {s: {} for s in SETTINGS}
     ps = []
@@ -199,14 +205,12 @@ def run_demo(config: DemoConfig, log: Callable[[str], None] = print,
         priv = (drop_plain(priv_k, tok, m), drop_plain(priv_k_test, tok, m))
         ps.append(replacement_probability(clean[0], priv[0], bb.special_ids))
         if i == 0:
-            flat_o = torch.tensor([t for r in clean[1] for t in r])
-            flat_p = torch.tensor([t for r in priv[1] for t in r])
-            inv = inversion_attack(flat_o, bb.embeddings, private_ids=flat_p,
-                                   special_ids=bb.special_ids, candidate_ids=cand,
-                                   mode=config.privatizer_mode)
-            result.inversion_privacy = float(inv.empirical_privacy)
-            log(f"privatized with η = {eta:.3g}: P = {ps[0]:.3f}, inversion empirical "
-                f"privacy = {inv.empirical_privacy:.3f}")
+            rep = privacy_report(clean[1], priv[1], privatizer, target_p=result.target_p)
+            result.inversion_success = float(rep["inversion_success"])
+            result.inversion_privacy = 1.0 - result.inversion_success
+            log(f"privatized with η = {eta:.3g}: measured P = {ps[0]:.3f} (training rows); "
+                f"nearest-neighbour inversion recovers {result.inversion_success:.1%} of the "
+                f"test queries' tokens (empirical privacy {result.inversion_privacy:.3f})")
         runs = [("no privacy", clean, False, False), ("head only", priv, False, True),
                 ("+privatization", priv, False, False),
                 ("+reconstruction", (priv_k, priv_k_test), True, False)]

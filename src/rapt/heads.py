@@ -20,6 +20,8 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from rapt.config import DEFAULT_TEMPERATURE
+
 Pooling = Literal["mean", "cls", "last"]
 
 
@@ -64,8 +66,8 @@ class ClassificationHead(nn.Module):
 class Verbalizer(nn.Module):
     """Label words scored by the (frozen) LM head at the last input position.
 
-    ``label_token_ids[c]`` is the first token of label word c (with a leading space, as it
-    would follow the input). The LM head is borrowed, not registered, so it is not saved.
+    ``label_token_ids[c]`` is the first token of label word c (see :func:`label_token_ids`).
+    The LM head is borrowed, not registered, so it is not saved.
     """
 
     def __init__(self, lm_head: nn.Module, label_token_ids: list[int]) -> None:
@@ -90,14 +92,25 @@ class Verbalizer(nn.Module):
 
 
 def label_token_ids(tokenizer, label_words: list[str]) -> list[int]:
-    """First token id of " word" for each label word."""
-    out = []
-    for w in label_words:
-        ids = tokenizer(" " + w.strip(), add_special_tokens=False)["input_ids"]
-        if not ids:
-            raise ValueError(f"label word {w!r} tokenizes to nothing")
-        out.append(int(ids[0]))
-    return out
+    """First token id of each label word as the LM would continue the input: " word" (with a
+    leading space) when those first tokens are all distinct, else "word" when those are (a
+    GPT-2-style tokenizer such as SmolLM2's splits " 0" and " 1" into " " + digit, so with the
+    space every digit label starts with the same token). A ValueError names both attempts
+    when neither works."""
+    tried = []
+    for prefix in (" ", ""):
+        ids = []
+        for w in label_words:
+            enc = tokenizer(prefix + w.strip(), add_special_tokens=False)["input_ids"]
+            if not enc:
+                raise ValueError(f"label word {w!r} tokenizes to nothing")
+            ids.append(int(enc[0]))
+        if len(set(ids)) == len(ids):
+            return ids
+        tried.append(ids)
+    raise ValueError(f"label words {', '.join(repr(w) for w in label_words)} share a first "
+                     f"token with a leading space ({tried[0]}) and without one ({tried[1]}), so "
+                     "the verbalizer cannot tell them apart")
 
 
 # Which encoder head lets the prompt carry the task. Measured on minilm (all-MiniLM-L6-v2),
@@ -119,7 +132,7 @@ def label_token_ids(tokenizer, label_words: list[str]) -> list[int]:
 # the probe overfits the noisy rows, training loss 0.17). MiniLM has no MLM head, and its
 # output states at [MASK] do not live in the input-embedding space ("terrible"/"great"), so the
 # tied-embedding verbalizer barely learns. Descriptions "a negative review" / "a positive review".
-DEFAULT_TEMPERATURE = 0.05
+# DEFAULT_TEMPERATURE (0.05) lives in rapt.config with the other defaults.
 
 
 class LabelDescriptionHead(nn.Module):

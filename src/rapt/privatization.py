@@ -36,6 +36,8 @@ __all__ = [
     "candidate_ids_from_tokenizer",
     "public_sample_ids",
     "measure_p",
+    "privacy_line",
+    "privacy_report",
     "privatize_texts",
     "privatize_texts_detailed",
     "replacement_probability",
@@ -413,10 +415,47 @@ def public_sample_ids(tokenizer, special_ids: Sequence[int] = ()) -> Tensor:
 
 
 def calibrate_eta_public(backbone, target_p: float, *, candidate_ids: Tensor | None = None,
-                         mode: SearchMode = "exact") -> float:
+                         mode: SearchMode = "fast") -> float:
     """η for replacement probability ``target_p`` measured on the bundled public sample
-    (:func:`public_sample_ids`), never on private rows. The P measured on a user's own text
-    will differ by the sample's standard error and by how the text differs from the sample."""
+    (:func:`public_sample_ids`), never on private rows. Every command calls this with the
+    defaults (the tokenizer's candidate tokens, the certified-exact "fast" search), so the same
+    ``--target-p`` gives the same η everywhere for one backbone, whatever search the mechanism
+    then uses. The P measured on a user's own text will differ by the sample's standard error
+    and by how the text differs from the sample."""
+    if candidate_ids is None:
+        candidate_ids = candidate_ids_from_tokenizer(backbone.tokenizer,
+                                                     backbone.embeddings.shape[0])
     sample = public_sample_ids(backbone.tokenizer, backbone.special_ids)
     return calibrate_eta(backbone.embeddings, target_p, sample, backbone.special_ids,
                          candidate_ids=candidate_ids, mode=mode)
+
+
+def privacy_report(original_ids: Tensor | Sequence[Sequence[int]],
+                   private_ids: Tensor | Sequence[Sequence[int]], privatizer: Privatizer, *,
+                   target_p: float | None = None) -> dict:
+    """The privacy of one release, measured where the text is (never sent): η, the replacement
+    probability P (share of non-special tokens that changed) and the success rate of the
+    nearest-neighbour inversion attack (``rapt.attacks.inversion``) by an attacker who holds the
+    same embeddings and candidate vocabulary. ``target_p``: the P that η was calibrated for
+    on the public sample, recorded alongside."""
+    from rapt.attacks.inversion import inversion_attack
+
+    orig, priv = _flatten_ids(original_ids), _flatten_ids(private_ids)
+    special = privatizer.special_ids.cpu().tolist()
+    inv = inversion_attack(orig, privatizer.embeddings, private_ids=priv, special_ids=special,
+                           candidate_ids=privatizer.candidate_ids, index=privatizer.index)
+    return {"eta": privatizer.eta, "replacement_probability": replacement_probability(
+                orig, priv, special),
+            "inversion_success": inv.success_rate, "n_tokens": inv.n_tokens,
+            "target_p": target_p,
+            "eta_calibrated_on": "rapt public sample" if target_p is not None else None,
+            "mode": privatizer.mode, "seeded": privatizer.seeded}
+
+
+def privacy_line(report: dict) -> str:
+    """One line for a :func:`privacy_report`: η, measured P, inversion success."""
+    calibrated = (f" (calibrated for P ≈ {report['target_p']:g} on rapt's public text sample)"
+                  if report.get("target_p") is not None else "")
+    return (f"privacy: η = {report['eta']:.4g}{calibrated}; measured P = "
+            f"{report['replacement_probability']:.3f} of {report['n_tokens']:,} tokens replaced; "
+            f"nearest-neighbour inversion recovers {report['inversion_success']:.1%}")

@@ -5,6 +5,11 @@ Row layout (the one convention every RAPT caller shares)::
     [leading specials] k_1 .. k_m  x_1 .. x_n  [trailing specials]
     e.g. BERT:  [CLS] k x [SEP]        Llama (no BOS added): k x        Llama with BOS: <s> k x
 
+Sentence pairs (a, b) fill x as the tokenizer pairs them when its pair template puts something
+between the texts (BERT: ``[CLS] k a [SEP] b [SEP]``); a tokenizer that just concatenates them
+(GPT-2 style BPE, e.g. SmolLM2) gets ``a`` newline ``b``: the texts joined by a newline token,
+privatized like the text. Truncation shortens the longer text first and keeps both.
+
 The plain tokens k start at ``plain_offset(tokenizer)`` = the number of special tokens the
 tokenizer puts before the text (1 for BERT's [CLS]). The user side builds such rows with
 :func:`build_rows` and privatizes every token except specials with :func:`privatize_rows`; the
@@ -26,17 +31,86 @@ from rapt.noise import NoiseSource
 _UNUSED = re.compile(r"^(\[unused\d+\]|<unused\d+>|<\|.*\|>|<.*>|\[.*\])$")
 
 
-def plain_offset(tokenizer) -> int:
-    """How many special tokens the tokenizer puts before the text (where k starts): where the
-    bare tokenization of a probe text begins inside its tokenization with specials. (Counting
+def _template(tokenizer) -> tuple[list[int], list[int]]:
+    """(ids before, ids after) the text in the tokenizer's single-text template: where the
+    bare tokenization of a probe text lies inside its tokenization with specials. (Counting
     leading special ids instead would also count an [UNK] for a probe word missing from the
     vocabulary.)"""
-    with_specials = tokenizer("a", add_special_tokens=True)["input_ids"]
-    bare = tokenizer("a", add_special_tokens=False)["input_ids"]
+    with_specials = list(tokenizer("a", add_special_tokens=True)["input_ids"])
+    bare = list(tokenizer("a", add_special_tokens=False)["input_ids"])
     for n in range(len(with_specials) - len(bare) + 1):
         if with_specials[n:n + len(bare)] == bare:
-            return n
+            return with_specials[:n], with_specials[n + len(bare):]
     raise ValueError("cannot locate the text inside the tokenizer's special-token template")
+
+
+def plain_offset(tokenizer) -> int:
+    """How many special tokens the tokenizer puts before the text (where k starts)."""
+    return len(_template(tokenizer)[0])
+
+
+def pairs_separated(tokenizer) -> bool:
+    """True when the tokenizer's pair template puts tokens between the two texts (BERT's
+    [SEP]); False when it just concatenates them (GPT-2 style BPE), which would fuse them."""
+    before, _ = _template(tokenizer)
+    a = list(tokenizer("a", add_special_tokens=False)["input_ids"])
+    b = list(tokenizer("b", add_special_tokens=False)["input_ids"])
+    pair = list(tokenizer("a", "b", add_special_tokens=True)["input_ids"])
+    start = len(before) + len(a)
+    return pair[start:start + len(b)] != b
+
+
+def _longest_first(a: list[int], b: list[int], budget: int) -> tuple[list[int], list[int]]:
+    """Cut tokens off the end of the longer of a, b until both fit in ``budget`` (what the
+    tokenizers' ``truncation="longest_first"`` does); neither is dropped entirely."""
+    if budget < 2:
+        raise ValueError(f"max_length leaves {budget} tokens for a sentence pair; need >= 2")
+    la, lb = len(a), len(b)
+    while la + lb > budget:
+        if la > lb:
+            la -= 1
+        else:
+            lb -= 1
+    return a[:la], b[:lb]
+
+
+def encode_texts(tokenizer, texts: Sequence[str],
+                 text_pairs: Sequence[str | None] | None = None,
+                 max_length: int | None = None) -> list[list[int]]:
+    """Texts (and second texts of sentence pairs; all None = single texts) -> token id rows
+    with the tokenizer's specials, at most ``max_length`` ids each (None: no truncation).
+    Pairs are encoded as the module docstring says; their truncation cuts the longer text
+    first."""
+    texts = list(texts)
+    cut = {} if max_length is None else {"truncation": True, "max_length": max_length}
+    # Dataset.text_pairs is all None for single texts: callers pass it either way.
+    if text_pairs is None or all(p is None for p in text_pairs):
+        return [list(r) for r in tokenizer(texts, add_special_tokens=True, **cut)["input_ids"]]
+    pairs = list(text_pairs)
+    if len(pairs) != len(texts):
+        raise ValueError(f"{len(texts)} texts but {len(pairs)} second texts of pairs")
+    if any(p is None for p in pairs):
+        raise ValueError("every text of a pair dataset needs its second text (got None)")
+    if pairs_separated(tokenizer):
+        if max_length is not None:
+            cut["truncation"] = "longest_first"
+        return [list(r) for r in
+                tokenizer(texts, pairs, add_special_tokens=True, **cut)["input_ids"]]
+    before, after = _template(tokenizer)
+    # A tokenizer that strips whitespace tokenizes "\n" to nothing: its EOS marks the
+    # boundary then (a special, so it stays in clear like BERT's [SEP]).
+    sep = list(tokenizer("\n", add_special_tokens=False)["input_ids"])
+    if not sep and tokenizer.eos_token_id is not None:
+        sep = [int(tokenizer.eos_token_id)]
+    first = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    second = tokenizer(pairs, add_special_tokens=False)["input_ids"]
+    rows = []
+    for a, b in zip(first, second, strict=True):
+        a, b = list(a), list(b)
+        if max_length is not None:
+            a, b = _longest_first(a, b, max_length - len(before) - len(after) - len(sep))
+        rows.append(before + a + sep + b + after)
+    return rows
 
 
 def candidate_plain_ids(tokenizer) -> list[int]:
@@ -76,21 +150,23 @@ def parse_plain_tokens(tokenizer, text: str) -> list[int]:
     return list(ids)
 
 
-def build_rows(tokenizer, texts: Sequence[str], max_length: int = 128,
+def build_rows(tokenizer, texts: Sequence[str], max_length: int | None = 128,
                plain_ids: Sequence[int] | Sequence[Sequence[int]] | None = None,
-               plain_index: Sequence[int] | None = None) -> list[list[int]]:
-    """Tokenize texts into rows of at most ``max_length`` ids, with the plain tokens inserted
-    after the leading specials. With several plain sequences, ``plain_index[i]`` picks row i's.
-    The text (not k) is truncated when the row would be too long."""
+               plain_index: Sequence[int] | None = None,
+               text_pairs: Sequence[str | None] | None = None) -> list[list[int]]:
+    """Tokenize texts (or sentence pairs ``texts[i]``, ``text_pairs[i]``) into rows of at most
+    ``max_length`` ids (None: no limit), with the plain tokens inserted after the leading
+    specials. With several plain sequences, ``plain_index[i]`` picks row i's. The text (not k)
+    is truncated when the row would be too long."""
     seqs = _as_sequences(plain_ids)
     m = len(seqs[0]) if seqs else 0
-    if m and max_length <= m + 2:
+    if m and max_length is not None and max_length <= m + 2:
         raise ValueError(f"max_length {max_length} leaves no room for {m} plain tokens")
-    off = plain_offset(tokenizer)
-    enc = tokenizer(list(texts), add_special_tokens=True, truncation=True,
-                    max_length=max_length - m)["input_ids"]
+    enc = encode_texts(tokenizer, texts, text_pairs,
+                       None if max_length is None else max_length - m)
     if not seqs:
-        return [list(r) for r in enc]
+        return enc
+    off = plain_offset(tokenizer)
     rows = []
     for i, r in enumerate(enc):
         k = seqs[plain_index[i] if plain_index is not None else 0]

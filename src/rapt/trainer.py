@@ -15,16 +15,15 @@ import copy
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
 from rapt import __version__
+from rapt.config import HEADS, TuneConfig  # noqa: F401  (re-exported; defaults live there)
 from rapt.heads import (
-    DEFAULT_TEMPERATURE,
     ClassificationHead,
     LabelDescriptionHead,
     Verbalizer,
@@ -43,100 +42,7 @@ from rapt.reconstruction import (
     rec_vocabulary,
     reconstruction_loss,
 )
-from rapt.tuners import METHODS, Tuner, build_tuner
-
-
-@dataclass
-class TuneConfig:
-    """Tuning settings. ``lr`` is per method in practice: prompt ≈ 1e-2..3e-2, prefix ≈ 5e-3..1e-2,
-    LoRA ≈ 1e-3, full ≈ 2e-5 (the paper's 6e-5 is for BERT-base with 4 epochs at batch 128)."""
-
-    method: Literal["prompt", "prefix", "lora", "full"] = "prompt"
-    num_virtual_tokens: int = 20
-    prefix_projection: bool = False
-    lr: float = 1e-2
-    epochs: int = 3
-    batch_size: int = 32
-    max_length: int = 128
-    seed: int = 0
-    reconstruction: bool = False
-    rec_hidden: int = 96
-    rec_vocab_size: int = 7630
-    rec_weight: float = 1.0
-    dp: Any = None  # rapt.dp.DPConfig | None
-    # --- beyond the contract (all optional) ---
-    rec_reduction: Literal["mean", "sum"] = "mean"  # "sum" = eq. 7 literally
-    pooling: Literal["mean", "cls", "last"] = "mean"  # encoder head pooling
-    label_words: list[str] | None = None  # causal LMs: verbalizer words, one per label
-    lora_r: int = 8
-    weight_decay: float = 0.0
-    warmup_ratio: float = 0.06
-    checkpoint_every: int = 0  # steps between checkpoint() calls; 0 = end of every epoch
-    # Task head (see rapt.heads). "auto" keeps the old behaviour: the verbalizer for a causal
-    # LM given label_words, the label-description head given label_descriptions, else a new
-    # linear head on pooled states (a linear probe: the prompt barely matters; a control).
-    head: Literal["auto", "linear", "label-description", "verbalizer"] = "auto"
-    label_descriptions: list[str] | None = None  # one per label, e.g. "a negative review"
-    head_temperature: float = DEFAULT_TEMPERATURE  # label-description head: cos / temperature
-    # Head-only control: the prompt/prefix (or LoRA / full weights) stay at their init and only
-    # the head trains; with a frozen head nothing trains and the result is the prompt at init.
-    freeze_prompt: bool = False
-
-    def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise ValueError(f"TuneConfig.method must be one of {', '.join(METHODS)} "
-                             f"(got {self.method!r})")
-        for name in ("num_virtual_tokens", "epochs", "batch_size", "max_length", "rec_hidden",
-                     "rec_vocab_size"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"TuneConfig.{name} must be >= 1 (got {getattr(self, name)})")
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ValueError(f"TuneConfig.lr must be > 0 (got {self.lr})")
-        if self.rec_weight < 0:
-            raise ValueError(f"TuneConfig.rec_weight must be >= 0 (got {self.rec_weight})")
-        if self.rec_reduction not in ("mean", "sum"):
-            raise ValueError(f"TuneConfig.rec_reduction must be 'mean' or 'sum' "
-                             f"(got {self.rec_reduction!r})")
-        if self.head not in HEADS:
-            raise ValueError(f"TuneConfig.head must be one of {', '.join(HEADS)} "
-                             f"(got {self.head!r})")
-        if not (self.head_temperature > 0 and math.isfinite(self.head_temperature)):
-            raise ValueError(f"TuneConfig.head_temperature must be > 0 "
-                             f"(got {self.head_temperature})")
-        if self.label_descriptions is not None and (
-                len(self.label_descriptions) < 2
-                or any(not isinstance(d, str) or not d.strip() for d in self.label_descriptions)):
-            raise ValueError("TuneConfig.label_descriptions must hold one non-empty text per "
-                             f"label, at least 2 (got {self.label_descriptions!r})")
-        if self.head == "label-description" and not self.label_descriptions:
-            raise ValueError("TuneConfig.head='label-description' needs label_descriptions, one "
-                             "text per label (e.g. ['a negative review', 'a positive review'])")
-        if self.head == "verbalizer" and not self.label_words:
-            raise ValueError("TuneConfig.head='verbalizer' needs label_words, one per label")
-
-    def to_dict(self) -> dict:
-        d = asdict(self) if self.dp is None else {**asdict(_replace_dp(self)), "dp": _dp_dict(
-            self.dp)}
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> TuneConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise ValueError(f"TuneConfig: unknown field(s) {', '.join(sorted(unknown))}")
-        d = dict(d)
-        if isinstance(d.get("dp"), dict):
-            try:
-                from rapt.dp import DPConfig
-
-                d["dp"] = DPConfig(**d["dp"])
-            except ImportError:  # keep the record readable without the DP module
-                pass
-        return cls(**d)
-
-
-HEADS: tuple[str, ...] = ("auto", "linear", "label-description", "verbalizer")
+from rapt.tuners import Tuner, build_tuner
 
 
 def resolve_head(kind: str, config: TuneConfig) -> str:
@@ -148,18 +54,6 @@ def resolve_head(kind: str, config: TuneConfig) -> str:
     if config.label_descriptions:
         return "label-description"
     return "linear"
-
-
-def _replace_dp(c: TuneConfig) -> TuneConfig:
-    from dataclasses import replace
-
-    return replace(c, dp=None)
-
-
-def _dp_dict(dp: Any) -> dict:
-    if hasattr(dp, "to_dict"):
-        return dp.to_dict()
-    return asdict(dp) if hasattr(dp, "__dataclass_fields__") else dict(dp)
 
 
 # --------------------------------------------------------------------------- model
@@ -182,27 +76,7 @@ class RaptModel(nn.Module):
                                         prefix_projection=config.prefix_projection,
                                         lora_r=config.lora_r, seed=config.seed)
         torch.manual_seed(config.seed)
-        self.head_kind = resolve_head(backbone.kind, config)
-        pooling = config.pooling if backbone.kind == "encoder" else "last"
-        if self.head_kind == "verbalizer":
-            if backbone.kind != "causal":
-                raise ValueError("head='verbalizer' needs a causal LM (it scores label words with "
-                                 "the LM head); encoders such as minilm ship none: use "
-                                 "head='label-description'")
-            if len(config.label_words) != num_labels:
-                raise ValueError(f"{len(config.label_words)} label words for {num_labels} labels")
-            lm_head = self.tuner.model.get_output_embeddings()
-            self.head: nn.Module = Verbalizer(
-                lm_head, label_token_ids(backbone.tokenizer, config.label_words))
-        elif self.head_kind == "label-description":
-            if len(config.label_descriptions) != num_labels:
-                raise ValueError(f"{len(config.label_descriptions)} label descriptions for "
-                                 f"{num_labels} labels")
-            # Encoded by the shared backbone without the prompt (for LoRA/full: before training).
-            emb = encode_descriptions(backbone, config.label_descriptions, pooling)
-            self.head = LabelDescriptionHead(emb, pooling, config.head_temperature)
-        else:
-            self.head = ClassificationHead(backbone.hidden_size, num_labels, pooling)
+        self.head_kind, self.head = make_head(backbone, config, num_labels, self.tuner.model)
         # What is saved: the tuner's and the head's trainable parameters plus the head's
         # persistent buffers (the label-description embeddings), fixed before freeze_prompt.
         self._saved = {n for n, p in self.named_parameters() if p.requires_grad}
@@ -221,15 +95,10 @@ class RaptModel(nn.Module):
                 with_rec: bool = True) -> tuple[Tensor, Tensor | None, Tensor]:
         """-> (task logits (B, C), reconstruction logits (B, m, |T|) or None, hidden (B, n, h))."""
         hidden = self.tuner(input_ids, attention_mask)
-        task_mask = attention_mask
-        lo, hi = self.offset, self.offset + self.plain_len
-        if self.plain_len:
-            task_mask = attention_mask.clone()
-            task_mask[:, lo:hi] = 0  # the task reads G_{m:m+n}, not the plain-token states
-        logits = self.head(hidden, task_mask)
+        logits = self.head(hidden, task_mask(attention_mask, self.plain_len, self.offset))
         rec = None
         if with_rec and self.rec_head is not None and self.plain_len:
-            rec = self.rec_head(hidden[:, lo:hi])
+            rec = self.rec_head(hidden[:, self.offset:self.offset + self.plain_len])
         return logits, rec, hidden
 
     def trainable_tensors(self) -> dict[str, Tensor]:
@@ -237,6 +106,40 @@ class RaptModel(nn.Module):
         when ``freeze_prompt`` kept them at init) and the head's buffers (label embeddings);
         never the reconstruction head."""
         return {n: t for n, t in self.state_dict(keep_vars=True).items() if n in self._saved}
+
+
+def make_head(backbone: Backbone, config: TuneConfig, num_labels: int,
+              lm_model: nn.Module) -> tuple[str, nn.Module]:
+    """(head kind, task head) of ``config``; a verbalizer borrows ``lm_model``'s LM head."""
+    kind = resolve_head(backbone.kind, config)
+    pooling = config.pooling if backbone.kind == "encoder" else "last"
+    if kind == "verbalizer":
+        if backbone.kind != "causal":
+            raise ValueError("head='verbalizer' needs a causal LM (it scores label words with "
+                             "the LM head); encoders such as minilm ship none: use "
+                             "head='label-description'")
+        if len(config.label_words) != num_labels:
+            raise ValueError(f"{len(config.label_words)} label words for {num_labels} labels")
+        return kind, Verbalizer(lm_model.get_output_embeddings(),
+                                label_token_ids(backbone.tokenizer, config.label_words))
+    if kind == "label-description":
+        if len(config.label_descriptions) != num_labels:
+            raise ValueError(f"{len(config.label_descriptions)} label descriptions for "
+                             f"{num_labels} labels")
+        # Encoded by the shared backbone without the prompt (for LoRA/full: before training).
+        emb = encode_descriptions(backbone, config.label_descriptions, pooling)
+        return kind, LabelDescriptionHead(emb, pooling, config.head_temperature)
+    return kind, ClassificationHead(backbone.hidden_size, num_labels, pooling)
+
+
+def task_mask(attention_mask: Tensor, plain_len: int, offset: int) -> Tensor:
+    """(B, n) mask of the positions the task head reads: the input without the plain tokens
+    (RAPT's G_{m:m+n}) at ``offset .. offset + plain_len``."""
+    if not plain_len:
+        return attention_mask
+    mask = attention_mask.clone()
+    mask[:, offset:offset + plain_len] = 0
+    return mask
 
 
 def pad_batch(rows: Sequence[Sequence[int]], pad_id: int,
@@ -268,19 +171,23 @@ class TunedPrompt:
 
     def __post_init__(self) -> None:
         self._cache: tuple[int, RaptModel] | None = None
+        self._head_cache: tuple[int, nn.Module] | None = None
 
     @property
     def plain_ids(self) -> list[int] | list[list[int]] | None:
         return self.meta.get("plain_ids")
 
-    def build(self, backbone: Backbone) -> RaptModel:
-        """The inference model on ``backbone`` (cached per backbone model object)."""
-        if self._cache is not None and self._cache[0] == id(backbone.model):
-            return self._cache[1]
+    def _check_backbone(self, backbone: Backbone) -> None:
         if backbone.hidden_size != self.meta.get("hidden_size", backbone.hidden_size):
             raise ValueError(f"this prompt was tuned on {self.meta.get('backbone')!r} (hidden "
                              f"size {self.meta['hidden_size']}), not on {backbone.name!r} "
                              f"(hidden size {backbone.hidden_size})")
+
+    def build(self, backbone: Backbone) -> RaptModel:
+        """The inference model on ``backbone`` (cached per backbone model object)."""
+        if self._cache is not None and self._cache[0] == id(backbone.model):
+            return self._cache[1]
+        self._check_backbone(backbone)
         model = RaptModel(backbone, self.config, int(self.meta["num_labels"]),
                           plain_len=int(self.meta.get("plain_len", 0)),
                           offset=int(self.meta.get("plain_offset", 0)))
@@ -293,6 +200,22 @@ class TunedPrompt:
         model.eval()
         self._cache = (id(backbone.model), model)
         return model
+
+    def build_head(self, backbone: Backbone) -> nn.Module:
+        """The task head alone, for passes that apply the tuned weights themselves (the
+        service's mixed LoRA pass): no tuner, so no private copy of the backbone for LoRA.
+        Cached per backbone model object like ``build``."""
+        if self._head_cache is not None and self._head_cache[0] == id(backbone.model):
+            return self._head_cache[1]
+        self._check_backbone(backbone)
+        with torch.random.fork_rng(devices=[]):  # the linear head's init is overwritten below
+            _, head = make_head(backbone, self.config, int(self.meta["num_labels"]),
+                                backbone.model)
+        state = {k[len("head."):]: v for k, v in self.tensors.items() if k.startswith("head.")}
+        head.load_state_dict(state, strict=True)
+        head.to(next(iter(backbone.model.parameters())).device).eval()
+        self._head_cache = (id(backbone.model), head)
+        return head
 
     @torch.no_grad()
     def predict_proba(self, backbone: Backbone, input_ids: Sequence[Sequence[int]],
@@ -315,13 +238,16 @@ class TunedPrompt:
         return self.predict_proba(backbone, input_ids, batch_size).argmax(-1).tolist()
 
     def encode(self, backbone: Backbone, texts: Sequence[str], privatizer=None,
-               noise: NoiseSource | None = None) -> list[list[int]]:
-        """User side: texts -> rows in this prompt's layout (plain tokens included when it was
-        trained with them), privatized when a privatizer is given."""
+               noise: NoiseSource | None = None, *,
+               text_pairs: Sequence[str | None] | None = None) -> list[list[int]]:
+        """User side: texts (or sentence pairs with ``text_pairs``) -> rows in this prompt's
+        layout (plain tokens included when it was trained with them), privatized when a
+        privatizer is given."""
         plain = self.plain_ids
         seqs = _as_sequences(plain)
         index = [0] * len(texts) if len(seqs) > 1 else None
-        rows = build_rows(backbone.tokenizer, texts, self.config.max_length, plain, index)
+        rows = build_rows(backbone.tokenizer, texts, self.config.max_length, plain, index,
+                          text_pairs=text_pairs)
         return privatize_rows(rows, privatizer, noise) if privatizer is not None else rows
 
     def save(self, folder: str | Path) -> Path:

@@ -15,20 +15,29 @@ in the forward pass and the gradient of that expanded tensor is the per-example 
 Prefix key/values are injected with a pre-filled ``transformers.DynamicCache``, which both
 ``BertModel`` and the Llama family accept; positions of the real tokens stay 0..n-1.
 LoRA uses ``peft.inject_adapter_in_model`` on a private copy of the backbone.
+
+Sentence pairs on BERT-style bodies (a token-type embedding with 2+ types) get the segment ids
+their tokenizer gives them, 0 for ``[CLS] a [SEP]`` and 1 for ``b [SEP]``, recomputed from the
+row's [SEP] ids (:func:`segment_ids`): rows travel as ids only, and specials are never
+privatized, so user, trainer and service derive the same ids. Single texts get all 0, as before.
+
+``prompt_forward`` and ``prefix_forward`` take per-row prompts / key/values, so the service's
+mixed-task passes (``rapt.service.mixed``) run rows of many prompts through the same code.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 from typing import Literal
 
 import torch
 from torch import Tensor, nn
 
+from rapt.config import METHODS  # noqa: F401  (one list, shared with TuneConfig)
 from rapt.models import Backbone
 
 Method = Literal["prompt", "prefix", "lora", "full"]
-METHODS: tuple[str, ...] = ("prompt", "prefix", "lora", "full")
 
 
 def base_model(model: nn.Module) -> nn.Module:
@@ -38,6 +47,72 @@ def base_model(model: nn.Module) -> nn.Module:
         if body is not None:
             return body
     return model
+
+
+def segment_ids(input_ids: Tensor, attention_mask: Tensor, sep_id: int) -> Tensor:
+    """BERT token type ids (B, n) of rows ``[CLS] (k) a [SEP] b [SEP]``: 1 from the token after
+    the first [SEP] on, 0 before it and on padding; all 0 for a single text."""
+    is_sep = (input_ids == sep_id).long()
+    before = is_sep.cumsum(1) - is_sep
+    return ((before > 0) & attention_mask.bool()).long()
+
+
+def segment_sep_id(backbone: Backbone) -> int | None:
+    """The separator that starts segment 1, or None when the body has no token types (causal
+    LMs, RoBERTa's single type)."""
+    types = getattr(backbone.model.config, "type_vocab_size", None) or 0
+    sep = getattr(backbone.tokenizer, "sep_token_id", None)
+    return int(sep) if types >= 2 and sep is not None else None
+
+
+def copy_without_hooks(model: nn.Module) -> nn.Module:
+    """``copy.deepcopy(model)`` minus forward/backward hooks: hooks that others registered on the
+    shared backbone (the service's pass counter, a bound method of an object holding locks) can
+    neither be copied nor belong on a private copy."""
+    memo: dict[int, object] = {}
+    for m in model.modules():
+        for name in ("_forward_hooks", "_forward_hooks_with_kwargs",
+                     "_forward_hooks_always_called", "_forward_pre_hooks",
+                     "_forward_pre_hooks_with_kwargs", "_backward_hooks", "_backward_pre_hooks"):
+            hooks = getattr(m, name, None)
+            if hooks is not None:
+                memo[id(hooks)] = type(hooks)()
+    return copy.deepcopy(model, memo)
+
+
+def prompt_forward(body: nn.Module, prompts: Tensor, input_ids: Tensor,
+                   attention_mask: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
+    """Soft prompts ``prompts`` (B, N, h), row b's prepended to row b -> hidden states of the
+    input positions (B, n, h). ``token_type_ids`` (B, N + n) for a pair-aware body, or None."""
+    B, N = prompts.shape[:2]
+    embeds = body.get_input_embeddings()(input_ids)
+    mask = torch.cat([attention_mask.new_ones(B, N), attention_mask], dim=1)
+    seg = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
+    out = body(inputs_embeds=torch.cat([prompts.to(embeds.dtype), embeds], dim=1),
+               attention_mask=mask, use_cache=False, **seg)
+    return out.last_hidden_state[:, N:]
+
+
+def prefix_forward(body: nn.Module, key_values: Tensor, prefix_mask: Tensor, input_ids: Tensor,
+                   attention_mask: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
+    """Prefix ``key_values`` (L, 2, B, kv_heads, N, head_dim) in the first N past slots of every
+    layer; ``prefix_mask`` (B, N) is 0 on slots row b must not see (a shorter prefix, left-padded)
+    -> hidden states of the input positions (B, n, h). ``token_type_ids``: (B, n) or None."""
+    from transformers import DynamicCache
+
+    B, n = input_ids.shape
+    kv = key_values.to(body.get_input_embeddings().weight.dtype)
+    cache = DynamicCache(config=body.config)
+    for layer in range(kv.shape[0]):
+        cache.update(kv[layer, 0], kv[layer, 1], layer)
+    mask = torch.cat([prefix_mask.to(attention_mask.dtype), attention_mask], 1)
+    # Explicit positions keep the real tokens at 0..n-1 whatever the prefix length (a cache
+    # would otherwise shift them by N).
+    pos = torch.arange(n, device=input_ids.device).unsqueeze(0).expand(B, n)
+    seg = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
+    out = body(input_ids=input_ids, attention_mask=mask, past_key_values=cache,
+               position_ids=pos, use_cache=False, **seg)
+    return out.last_hidden_state
 
 
 def _freeze(model: nn.Module) -> None:
@@ -56,6 +131,7 @@ class Tuner(nn.Module):
         self._model = [backbone.model]  # a list hides it from nn.Module registration
         self.track_per_example = False
         self._per_example: list[tuple[nn.Parameter, Tensor]] = []
+        self.sep_id = segment_sep_id(backbone)
 
     @property
     def model(self) -> nn.Module:
@@ -78,6 +154,16 @@ class Tuner(nn.Module):
             e.retain_grad()
             self._per_example.append((p, e))
         return e
+
+    def segments(self, input_ids: Tensor, attention_mask: Tensor, virtual: int = 0) -> dict:
+        """``{"token_type_ids": (B, virtual + n)}`` for a body with token types (virtual prompt
+        positions get type 0), else ``{}``."""
+        if self.sep_id is None:
+            return {}
+        types = segment_ids(input_ids, attention_mask, self.sep_id)
+        if virtual:
+            types = torch.cat([types.new_zeros(types.shape[0], virtual), types], dim=1)
+        return {"token_type_ids": types}
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         raise NotImplementedError
@@ -104,14 +190,10 @@ class PromptTuner(Tuner):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         self._per_example = []
-        B, n = input_ids.shape
-        N = self.num_virtual_tokens
-        embeds = self.model.get_input_embeddings()(input_ids)
-        prompt = self._broadcast(self.prompt, B).to(embeds.dtype)
-        mask = torch.cat([attention_mask.new_ones(B, N), attention_mask], dim=1)
-        out = self.body(inputs_embeds=torch.cat([prompt, embeds], dim=1), attention_mask=mask,
-                        use_cache=False)
-        return out.last_hidden_state[:, N:]
+        B, N = input_ids.shape[0], self.num_virtual_tokens
+        prompts = self._broadcast(self.prompt, B)
+        return prompt_forward(self.body, prompts, input_ids, attention_mask,
+                              **self.segments(input_ids, attention_mask, N))
 
 
 class PrefixTuner(Tuner):
@@ -137,7 +219,6 @@ class PrefixTuner(Tuner):
                             or cfg.hidden_size // cfg.num_attention_heads)
         self.num_virtual_tokens = num_virtual_tokens
         self.prefix_projection = prefix_projection
-        self._config = cfg
         out_dim = self.num_layers * 2 * self.num_heads * self.head_dim
         g = torch.Generator().manual_seed(seed)
         if prefix_projection:
@@ -150,7 +231,7 @@ class PrefixTuner(Tuner):
             # so training starts from (almost) the backbone's own function.
             self.prefix = nn.Parameter(0.02 * torch.randn(num_virtual_tokens, out_dim, generator=g))
 
-    def _key_values(self, batch: int) -> Tensor:
+    def key_values(self, batch: int) -> Tensor:
         """(L, 2, B, kv_heads, N, head_dim)."""
         if self.prefix_projection:
             flat = self.mlp(self._broadcast(self.prefix_embedding, batch))
@@ -161,21 +242,11 @@ class PrefixTuner(Tuner):
         return kv.permute(2, 3, 0, 4, 1, 5)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        from transformers import DynamicCache
-
         self._per_example = []
-        B, n = input_ids.shape
-        dtype = self.model.get_input_embeddings().weight.dtype
-        kv = self._key_values(B).to(dtype)
-        cache = DynamicCache(config=self._config)
-        for layer in range(self.num_layers):
-            cache.update(kv[layer, 0], kv[layer, 1], layer)
-        mask = torch.cat([attention_mask.new_ones(B, self.num_virtual_tokens), attention_mask], 1)
-        # Explicit positions keep the real tokens at 0..n-1 (a cache would otherwise shift them).
-        pos = torch.arange(n, device=input_ids.device).unsqueeze(0).expand(B, n)
-        out = self.body(input_ids=input_ids, attention_mask=mask, past_key_values=cache,
-                        position_ids=pos, use_cache=False)
-        return out.last_hidden_state
+        B = input_ids.shape[0]
+        return prefix_forward(self.body, self.key_values(B),
+                              attention_mask.new_ones(B, self.num_virtual_tokens), input_ids,
+                              attention_mask, **self.segments(input_ids, attention_mask))
 
 
 class _WholeModelTuner(Tuner):
@@ -184,23 +255,34 @@ class _WholeModelTuner(Tuner):
 
     def __init__(self, backbone: Backbone) -> None:
         super().__init__(backbone)
-        self.copy = copy.deepcopy(backbone.model)
+        self.copy = copy_without_hooks(backbone.model)
         self._model = [self.copy]
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         self._per_example = []
-        return self.body(input_ids=input_ids, attention_mask=attention_mask,
-                         use_cache=False).last_hidden_state
+        return self.body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
+                         **self.segments(input_ids, attention_mask)).last_hidden_state
 
     def trainable_state(self) -> dict[str, Tensor]:
         return {k: v for k, v in self.state_dict().items()
                 if k in {n for n, p in self.named_parameters() if p.requires_grad}}
 
 
+LORA_ALPHA = 16
+
+
+def lora_scaling(r: int, alpha: float = LORA_ALPHA, rslora: bool = False) -> float:
+    """The factor peft puts on B·A (``peft.tuners.lora.layer.LoraLayer.update_layer``)."""
+    return alpha / (math.sqrt(r) if rslora else r)
+
+
 class LoraTuner(_WholeModelTuner):
+    """peft LoRA (scaling ``lora_scaling(r, alpha)``) on the attention query and value
+    projections of a private copy of the backbone."""
+
     method = "lora"
 
-    def __init__(self, backbone: Backbone, r: int = 8, alpha: int = 16,
+    def __init__(self, backbone: Backbone, r: int = 8, alpha: int = LORA_ALPHA,
                  dropout: float = 0.0) -> None:
         from peft import LoraConfig, inject_adapter_in_model
 

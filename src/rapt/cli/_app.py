@@ -1,8 +1,17 @@
 """The one Typer application; each CLI module adds its commands to it."""
 
-from typing import NoReturn
+import re
+from typing import Any, NoReturn
 
 import typer
+
+# Plain click help: rich markup would eat "[unused]" and the like as style tags, and rich's
+# option tables cut long option names ("--num-virtual-toke…") on 80-column terminals. Help is
+# laid out up to 120 columns, never wider than the terminal.
+TYPER_SETTINGS: dict[str, Any] = {
+    "rich_markup_mode": None,
+    "context_settings": {"max_content_width": 120},
+}
 
 app = typer.Typer(
     name="rapt",
@@ -10,7 +19,13 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    **TYPER_SETTINGS,
 )
+
+
+def sub_app(**kwargs: Any) -> typer.Typer:
+    """A command group with the application's help settings."""
+    return typer.Typer(**TYPER_SETTINGS, **kwargs)
 
 
 @app.callback()
@@ -26,10 +41,70 @@ def version() -> None:
     typer.echo(__version__)
 
 
+# Shared help texts of the privacy options: one calibration for every command.
+TARGET_P_HELP = ("instead of --eta: the η that gives this replacement probability P (0 < P < "
+                 "1) on rapt's bundled public text sample, never on your data; the same "
+                 "--target-p gives the same η in every command for one backbone")
+
+
+def flag_words(msg: str) -> str:
+    """``msg`` with the running command's parameter names written as its flags, so errors
+    raised by the Python API read as the command line: ``TuneConfig.lr`` → ``--lr``,
+    ``no_privacy=True`` → ``--no-privacy``, ``head='verbalizer'`` → ``--head verbalizer``,
+    ``label_words`` → ``--label-words`` (bare names only when they hold an underscore)."""
+    ctx = _current_context()
+    if ctx is None:
+        return msg
+    flags = {}
+    for p in ctx.command.params:
+        longs = [o for o in getattr(p, "opts", []) if o.startswith("--")]
+        if getattr(p, "param_type_name", "") == "option" and longs and p.name:
+            flags[p.name] = longs[0]
+    for name in sorted(flags, key=len, reverse=True):
+        flag = flags[name]
+        msg = re.sub(rf"\b[A-Z]\w*Config\.{name}(?==)", name, msg)
+        msg = re.sub(rf"\b[A-Z]\w*Config\.{name}\b", flag, msg)
+        msg = re.sub(rf"(?<![-\w.]){name}=True\b", flag, msg)
+        msg = re.sub(rf"(?<![-\w.]){name}=(?:'([^'\s]*)'|\"([^\"\s]*)\"|([^\s,;)'\"]+))",
+                     lambda m, f=flag: f"{f} {m.group(1) or m.group(2) or m.group(3)}", msg)
+        msg = re.sub(rf"(?<![-\w.]){name}=", flag, msg)
+        if "_" in name:  # not inside a path or file name ("/tmp/text_column.csv")
+            msg = re.sub(rf"(?<![-\w./\\]){name}(?![\w/-]|\.\w)", flag, msg)
+    return msg
+
+
+def _current_context() -> Any:
+    """The running command's click context (typer vendors its own copy of click)."""
+    try:
+        from typer._click.globals import get_current_context
+    except ImportError:  # an older typer on the real click
+        from click import get_current_context
+    return get_current_context(silent=True)
+
+
 def fail(msg: str) -> NoReturn:
     """Print one clear error line for a problem the user caused and exit with status 2."""
-    typer.echo(f"error: {msg}", err=True)
+    typer.echo(f"error: {flag_words(msg)}", err=True)
     raise typer.Exit(2)
+
+
+def echo_data_notes(ds) -> None:
+    """What the loader guessed about a dataset (format, label base, sentence-pair columns), one
+    stderr note each, in the CLI's flag names."""
+    from rapt.data import cli_message
+
+    if ds.report.get("format_guessed"):
+        typer.echo(f"note: {ds.source}: lines end in '@label', read as text-at-label "
+                   "(pass --format lines for unlabelled text)", err=True)
+    for note in ds.report.get("notes", []):
+        typer.echo(f"note: {cli_message(note)}", err=True)
+
+
+# Shared by every command that reads a user's file with sentence pairs.
+TEXT_PAIR_OPT = typer.Option(
+    None, "--text-pair-column", help="second text column/key of sentence pairs, privatized "
+    "like the first (default: detected when both columns of sentence1/sentence2, "
+    "premise/hypothesis, question1/question2 or question/sentence are present)")
 
 
 def warn_if_seeded(noise_seed: int | None) -> None:
@@ -38,3 +113,29 @@ def warn_if_seeded(noise_seed: int | None) -> None:
         typer.echo(f"warning: --noise-seed {noise_seed} makes the privacy noise reproducible by "
                    "anyone who knows it; such a run has no privacy guarantee (seeded: true). "
                    "Use it for tests and benchmarks only.", err=True)
+
+
+def resolve_eta(bb: Any, eta: float | None, target_p: float | None) -> tuple[float | None, bool]:
+    """(η, calibrated): ``eta`` as given, or the η calibrated for ``target_p`` on rapt's
+    public text sample (the same call everywhere, so the same P gives the same η); (None,
+    False) when neither is given. Bad values and both given are user errors."""
+    import math
+
+    if eta is not None and target_p is not None:
+        fail("give --eta or --target-p, not both")
+    if target_p is not None:
+        if not 0 < target_p < 1:
+            fail(f"--target-p must lie strictly between 0 and 1 (got {target_p})")
+        from rapt.privatization import calibrate_eta_public
+
+        return calibrate_eta_public(bb, target_p), True
+    if eta is not None and not (math.isfinite(eta) and eta > 0):
+        fail(f"--eta must be a positive finite number (got {eta})")
+    return eta, False
+
+
+def echo_privacy(report: dict, *, err: bool = False, prefix: str = "") -> None:
+    """The privacy line of a release (η, measured P, nearest-neighbour inversion success)."""
+    from rapt.privatization import privacy_line
+
+    typer.echo(prefix + privacy_line(report), err=err)

@@ -6,10 +6,10 @@ import json
 
 import typer
 
-from rapt.cli._app import app
+from rapt.cli._app import TEXT_PAIR_OPT, app, echo_data_notes, sub_app
 from rapt.cli._app import fail as _fail
 
-data_app = typer.Typer(help="Inspect datasets: load checks and contributing tokens (CTI).",
+data_app = sub_app(help="Inspect datasets: load checks and contributing tokens (CTI).",
                        no_args_is_help=True)
 app.add_typer(data_app, name="data")
 
@@ -27,11 +27,7 @@ def _load(name: str, split: str, text_column: str | None, text_pair_column: str 
                           label_base=label_base)
     except DataError as e:
         _fail(cli_message(str(e)))
-    if ds.report.get("format_guessed"):
-        typer.echo(f"note: {ds.source}: lines end in '@label', read as text-at-label "
-                   "(pass --format lines for unlabelled text)", err=True)
-    for note in ds.report.get("notes", []):
-        typer.echo(f"note: {cli_message(note)}", err=True)
+    echo_data_notes(ds)
     return ds
 
 
@@ -39,7 +35,7 @@ _NAME = typer.Argument(..., help="built-in name (sst2, sst2-sentences, trec, cb,
                        "or a file path (.csv/.tsv with header, .jsonl, .txt)")
 _SPLIT = typer.Option("train", "--split", "-s", help="split of a built-in dataset")
 _TEXT = typer.Option(None, "--text-column", help="text column/key of your file")
-_PAIR = typer.Option(None, "--text-pair-column", help="second text column/key (pair tasks)")
+_PAIR = TEXT_PAIR_OPT
 _LABEL = typer.Option(None, "--label-column", help="label column/key of your file")
 _NAMES = typer.Option(None, "--label-names", help="comma-separated label names, in id order; "
                       "integer labels in the file are ids into them: 0-based, except that "

@@ -136,9 +136,11 @@ def pate(
     label_words: str | None = typer.Option(None, help="comma-separated label words"),
     max_words: int = typer.Option(40, help="truncate OOD public texts to this many words"),
     batch_size: int = typer.Option(32, min=1, help="queries per forward pass"),
-    no_calibration: bool = typer.Option(False, help="skip contextual calibration"),
+    no_calibration: bool = typer.Option(False, "--no-calibration",
+                                        help="skip contextual calibration"),
     top_token_only: bool = typer.Option(False, help="teachers vote with the top next token only"),
-    no_baselines: bool = typer.Option(False, help="skip zero-shot / ensemble / best-private"),
+    no_baselines: bool = typer.Option(False, "--no-baselines",
+                                      help="skip zero-shot / ensemble / best-private"),
     seed: int = typer.Option(0, help="data splits only: public/test picks, teacher partition, "
                                      "student candidates (not the GNMax noise)"),
     noise_seed: int | None = typer.Option(

@@ -10,14 +10,25 @@ from pathlib import Path
 
 import typer
 
-from rapt.cli._app import app, warn_if_seeded
+from rapt.cli._app import (
+    TARGET_P_HELP,
+    TEXT_PAIR_OPT,
+    app,
+    echo_data_notes,
+    echo_privacy,
+    resolve_eta,
+    sub_app,
+    warn_if_seeded,
+)
 from rapt.cli._app import fail as _fail
+from rapt.config import DEFAULT_PRIVATIZER_MODE
 
-attack_app = typer.Typer(help="Simulated attacks that measure empirical privacy.",
+attack_app = sub_app(help="Simulated attacks that measure empirical privacy.",
                          no_args_is_help=True)
 app.add_typer(attack_app, name="attack")
 
 _LINE_FORMATS = ("label-text", "text-at-label", "trec", "lines")
+DEFAULT_ETA = 100.0  # `rapt privatize` without --eta / --target-p
 
 
 def _load(name: str, split: str, fmt: str | None, text_column: str | None,
@@ -25,10 +36,12 @@ def _load(name: str, split: str, fmt: str | None, text_column: str | None,
     from rapt.data import DataError, cli_message, load_dataset
 
     try:
-        return load_dataset(name, split, text_column=text_column,
-                            text_pair_column=text_pair_column, limit=limit, format=fmt)
+        ds = load_dataset(name, split, text_column=text_column,
+                          text_pair_column=text_pair_column, limit=limit, format=fmt)
     except DataError as e:
         _fail(cli_message(str(e)))
+    echo_data_notes(ds)
+    return ds
 
 
 def _resolve_format(name: str, fmt: str | None) -> str:
@@ -141,13 +154,13 @@ def _backbone(name: str):
 def privatize(
     input: str = typer.Argument(..., help="input file, or a built-in dataset name"),
     output: Path = typer.Argument(..., help="privatized file, written in the input's format"),
-    eta: float = typer.Option(100.0, "--eta", help="privacy parameter η (smaller = more noise)"),
-    target_p: float | None = typer.Option(
-        None, "--target-p", help="instead of --eta: the η that gives P ≈ this value on rapt's "
-        "public text sample (never calibrated on the input)"),
+    eta: float | None = typer.Option(
+        None, "--eta", help=f"privacy parameter η (smaller = more noise); default {DEFAULT_ETA:g} "
+        "unless --target-p is given"),
+    target_p: float | None = typer.Option(None, "--target-p", help=TARGET_P_HELP),
     backbone: str = typer.Option("minilm", "--backbone", "-b",
                                  help="embedding model: minilm, smollm2-135m, hub id or path"),
-    mode: str = typer.Option("exact", "--mode",
+    mode: str = typer.Option(DEFAULT_PRIVATIZER_MODE, "--mode",
                              help="nearest-neighbour search: exact, fast (certified exact), "
                              "annoy (approximate reference)"),
     seed: int | None = typer.Option(
@@ -158,8 +171,7 @@ def privatize(
                             "jsonl, trustpilot"),
     split: str = typer.Option("train", "--split", help="split of a built-in dataset"),
     text_column: str | None = typer.Option(None, "--text-column", help="text column/key"),
-    text_pair_column: str | None = typer.Option(None, "--text-pair-column",
-                                                help="second text column/key, also privatized"),
+    text_pair_column: str | None = TEXT_PAIR_OPT,
     all_tokens: bool = typer.Option(
         False, "--all-tokens", help="allow every vocabulary row as output (by default special "
         "and [unused] tokens are excluded)"),
@@ -169,21 +181,24 @@ def privatize(
 ) -> None:
     """Privatize a text file with dχ-privacy: each token -> nearest token to its noised embedding.
 
-    Prints the measured replacement probability P and the throughput."""
+    Prints η, the measured replacement probability P, the nearest-neighbour inversion success
+    and the throughput."""
     from tqdm import tqdm
 
     from rapt.privatization import (
         Privatizer,
-        calibrate_eta_public,
         candidate_ids_from_tokenizer,
+        privacy_report,
         privatize_texts_detailed,
         tokenize_texts,
     )
 
-    if not math.isfinite(eta) or eta <= 0:
+    if eta is not None and (not math.isfinite(eta) or eta <= 0):
         _fail(f"--eta must be a positive number, got {eta}")
     if target_p is not None and not 0 < target_p < 1:
         _fail(f"--target-p must lie strictly between 0 and 1, got {target_p}")
+    if eta is not None and target_p is not None:
+        _fail("give --eta or --target-p, not both")
     if mode not in ("exact", "fast", "annoy"):
         _fail(f"--mode must be exact, fast or annoy, got {mode!r}")
     if chunk_size < 1:
@@ -203,9 +218,8 @@ def privatize(
     pairs = ds.text_pairs
     has_pairs = any(p is not None for p in pairs)
     all_texts = texts + ([p or "" for p in pairs] if has_pairs else [])
+    eta = resolve_eta(bb, eta, target_p)[0] or DEFAULT_ETA
     if target_p is not None:
-        eta = calibrate_eta_public(bb, target_p, candidate_ids=cand,
-                                   mode="fast" if mode == "fast" else "exact")
         typer.echo(f"calibrated eta = {eta:.3f} for target P = {target_p} on rapt's public text "
                    "sample (P on this input is measured below)", err=True)
     warn_if_seeded(seed)
@@ -219,24 +233,30 @@ def privatize(
         [t if p is not None else None for t, p in zip(res.texts[len(texts):], pairs,
                                                        strict=True)]
         if has_pairs else [None] * len(texts))
-    body = _rewrite(src, input, fmt_used, len(ds), out_texts, out_pairs, text_column,
-                    text_pair_column)
+    # The loader's columns: it may have detected a sentence pair the flags did not name.
+    body = _rewrite(src, input, fmt_used, len(ds), out_texts, out_pairs,
+                    ds.report.get("text_column") or text_column,
+                    ds.report.get("text_pair_column") or text_pair_column)
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text(body, encoding="utf-8")
     except OSError as e:
         _fail(f"{output}: cannot write: {e}")
     st = res.stats
+    privacy = privacy_report(res.original_ids, res.private_ids, priv, target_p=target_p)
     report = {"input": str(src), "output": str(output), "format": fmt_used,
               "examples": len(ds), "tokens": int(st.get("tokens", 0)), "eta": eta,
-              "p": res.p, "mode": mode, "backbone": backbone, "seed": seed,
+              "p": res.p, "inversion_success": privacy["inversion_success"], "mode": mode,
+              "backbone": backbone, "seed": seed,
               "seeded": seed is not None, "calibrated_on": "public sample" if target_p else None,
-              "seconds": st.get("seconds", 0.0), "tokens_per_s": st.get("tokens_per_s", 0.0)}
+              "seconds": st.get("seconds", 0.0), "tokens_per_s": st.get("tokens_per_s", 0.0),
+              "privacy": privacy}
     if mode == "fast":
         report["fast_search"] = dict(priv.index.stats)
     typer.echo(f"privatized {len(ds)} records, {report['tokens']} tokens -> {output}")
     typer.echo(f"eta = {eta:g}  P (replaced tokens) = {res.p:.4f}  "
                f"throughput = {report['tokens_per_s']:,.0f} tokens/s ({mode} search)")
+    echo_privacy(privacy)
     if json_report:
         typer.echo(json.dumps(report))
 
@@ -249,7 +269,9 @@ def invert(
                                 help="text: attack privatized tokens; vectors: attack the noised "
                                 "embeddings themselves (SAP)"),
     backbone: str = typer.Option("minilm", "--backbone", "-b", help="embedding model"),
-    mode: str = typer.Option("exact", "--mode", help="search used by mechanism and attacker"),
+    mode: str = typer.Option(DEFAULT_PRIVATIZER_MODE, "--mode",
+                             help="search used by mechanism and attacker: exact, fast "
+                             "(certified exact), annoy"),
     seed: int | None = typer.Option(None, "--noise-seed", "--seed",
                                     help="seed the simulated privacy noise (default: OS entropy)"),
     fmt: str = typer.Option("auto", "--format", help="input format (see rapt privatize)"),

@@ -16,9 +16,17 @@ from pathlib import Path
 
 import typer
 
-from rapt.cli._app import app, fail, warn_if_seeded
+from rapt.cli._app import (
+    TARGET_P_HELP,
+    app,
+    echo_privacy,
+    fail,
+    resolve_eta,
+    sub_app,
+    warn_if_seeded,
+)
 
-sap_app = typer.Typer(help="Split-and-Privatize: split the backbone, privatize the bottom's "
+sap_app = sub_app(help="Split-and-Privatize: split the backbone, privatize the bottom's "
                            "release, keep the labels local.", no_args_is_help=True)
 app.add_typer(sap_app, name="sap")
 
@@ -47,19 +55,10 @@ def _backbone(name: str):
 
 
 def _eta(bb, eta: float | None, target_p: float | None) -> float | None:
-    from rapt.privatization import calibrate_eta_public, candidate_ids_from_tokenizer
-
-    if eta is not None and target_p is not None:
-        fail("give --eta or --target-p, not both")
-    if target_p is not None:
-        if not 0 < target_p < 1:
-            fail(f"--target-p must lie strictly between 0 and 1 (got {target_p})")
-        cand = candidate_ids_from_tokenizer(bb.tokenizer, bb.embeddings.shape[0])
-        eta = calibrate_eta_public(bb, target_p, candidate_ids=cand, mode="fast")
+    eta, calibrated = resolve_eta(bb, eta, target_p)
+    if calibrated:
         typer.echo(f"η = {eta:.4g} (calibrated for P ≈ {target_p} on rapt's public text "
                    "sample, not on your data)")
-    if eta is not None and not (math.isfinite(eta) and eta > 0):
-        fail(f"--eta must be a positive finite number (got {eta})")
     return eta
 
 
@@ -69,7 +68,7 @@ def _config(**kw):
     try:
         return SplitConfig(**kw)
     except ValueError as e:
-        fail(str(e).replace("SplitConfig.", "--").replace("_", "-"))
+        fail(str(e))  # fail() writes SplitConfig.split_layer as --split-layer
 
 
 @sap_app.command("tune")
@@ -81,8 +80,7 @@ def sap_tune(
     split_layer: int = typer.Option(0, help="blocks the customer runs after the embedding "
                                             "layer (0 = embedding layer only)"),
     eta: float | None = typer.Option(None, help="dχ privacy parameter (none: no privatization)"),
-    target_p: float | None = typer.Option(None, help="or the η giving this replacement "
-                                                     "probability on rapt's public sample"),
+    target_p: float | None = typer.Option(None, help=TARGET_P_HELP),
     cti: bool = typer.Option(False, "--cti/--no-cti", help="contributing-token identification"),
     cti_multiplier: float = typer.Option(math.inf, help="η multiplier on contributing tokens "
                                                         "(inf = no noise, SAP Algorithm 1)"),
@@ -144,6 +142,9 @@ def sap_tune(
 
     hist = train_split(customer, provider, progress=progress)
     bar.close()
+    privacy = customer.privacy_report(rows, target_p=target_p)
+    if privacy is not None:
+        echo_privacy(privacy)
     out.mkdir(parents=True, exist_ok=True)
     save_file(provider.trainable_state(), str(out / "provider.safetensors"))
     cstate = customer.state_dict()
@@ -153,6 +154,7 @@ def sap_tune(
     doc = {"format": FORMAT, "version": VERSION, "config": cfg.to_dict(), "backbone": backbone,
            "label_names": ds.label_names, "num_labels": ds.num_labels, "dataset": str(data),
            "cti_tokens": cstate["cti_tokens"], "measured_p": customer.measured_p,
+           "privacy": privacy,
            "seeded": noise_seed is not None, "steps": provider.step,
            "final_loss": hist[-1]["loss"] if hist else None}
     (out / "sap.json").write_text(json.dumps(doc, indent=2) + "\n")
@@ -238,7 +240,7 @@ def sap_attack(
     backbone: str = typer.Option("minilm"),
     split_layer: int = typer.Option(0),
     eta: float | None = typer.Option(None),
-    target_p: float | None = typer.Option(None),
+    target_p: float | None = typer.Option(None, help=TARGET_P_HELP),
     split: str = typer.Option("train"),
     limit: int = typer.Option(64, help="rows attacked"),
     text_column: str | None = typer.Option(None),

@@ -10,12 +10,14 @@ from pathlib import Path
 
 import typer
 
-from rapt.cli._app import app
+from rapt.cli._app import TARGET_P_HELP, TEXT_PAIR_OPT, app, echo_data_notes, flag_words, sub_app
+from rapt.config import DEFAULT_PLAIN_TOKENS, LR_HELP, VIRTUAL_TOKENS_HELP
+from rapt.config import tune_default as _d
 
-serve_app = typer.Typer(help="Run the provider service (HTTP API) or manage its API keys.",
+serve_app = sub_app(help="Run the provider service (HTTP API) or manage its API keys.",
                         invoke_without_command=True, no_args_is_help=False)
-keys_app = typer.Typer(help="API keys of the service (stored hashed).", no_args_is_help=True)
-client_app = typer.Typer(help="User side: privatize locally, then upload / tune / predict.",
+keys_app = sub_app(help="API keys of the service (stored hashed).", no_args_is_help=True)
+client_app = sub_app(help="User side: privatize locally, then upload / tune / predict.",
                          no_args_is_help=True)
 serve_app.add_typer(keys_app, name="keys")
 app.add_typer(serve_app, name="serve")
@@ -25,7 +27,7 @@ DB_HELP = "SQLite file of the service (env RAPT_DB; default ./rapt-service.db)"
 
 
 def _fail(msg: str) -> typer.Exit:
-    typer.echo(msg, err=True)
+    typer.echo(flag_words(msg), err=True)
     return typer.Exit(2)
 
 
@@ -170,6 +172,10 @@ def keys_revoke(ctx: typer.Context,
 URL_OPT = typer.Option(None, "--url", help="service URL (env RAPT_URL)")
 KEY_OPT = typer.Option(None, "--key", help="API key (env RAPT_API_KEY)")
 ETA_OPT = typer.Option(None, "--eta", help="dχ-privacy parameter η used to privatize locally")
+TARGET_P_OPT = typer.Option(None, "--target-p", help=TARGET_P_HELP)
+JSON_OPT = typer.Option(False, "--json-report", help="also print one JSON line with the privacy "
+                        "report (η, measured P, nearest-neighbour inversion success); it stays "
+                        "on this machine")
 NOPRIV_OPT = typer.Option(False, "--no-privacy",
                           help="send token ids unprivatized (explicit opt-out)")
 BB_OPT = typer.Option("minilm", "--backbone",
@@ -178,13 +184,15 @@ MIN_P_OPT = typer.Option(0.5, "--min-p", help="warn when fewer than this fractio
                          "are replaced (P) in what is sent")
 
 
-def _client(url, key, backbone="minilm", eta=None, no_privacy=False, seed=None, min_p=0.5):
+def _client(url, key, backbone="minilm", eta=None, no_privacy=False, seed=None, min_p=0.5,
+            target_p=None, plain_tokens=DEFAULT_PLAIN_TOKENS):
     from rapt.client import ClientError, RaptClient
 
     try:
         with _privacy_warnings():
-            return RaptClient(url, key, backbone=backbone, eta=eta, no_privacy=no_privacy,
-                              seed=seed, min_p=min_p)
+            return RaptClient(url, key, backbone=backbone, eta=eta, target_p=target_p,
+                              no_privacy=no_privacy, seed=seed, min_p=min_p,
+                              plain_tokens=plain_tokens)
     except ClientError as e:
         raise _fail(str(e)) from e
 
@@ -220,13 +228,17 @@ def _guard(fn):
         raise _fail(cli_message(str(e)) if isinstance(e, DataError) else str(e)) from e
 
 
-def _echo_privacy(c) -> None:
+def _echo_privacy(c, json_report: bool = False) -> None:
+    from rapt.privatization import privacy_line
+
     r = c.last_privacy
     if r and not r["no_privacy"]:
-        typer.echo(f"{r['what']}: {r['rows']} rows privatized at eta={r['eta']:g}: P = "
-                   f"{r['replacement_probability']:.3f} of {r['n_tokens']} tokens replaced; "
-                   f"nearest-neighbour inversion recovers {r['inversion_success']:.1%}",
+        src = r.get("eta_source") or ""
+        note = f" (η recorded on the service with {src})" if src.startswith("prompt") else ""
+        typer.echo(f"{r['what']}: {r['rows']} rows privatized; {privacy_line(r)}{note}",
                    err=True)
+    if json_report and r:
+        typer.echo(json.dumps({"privacy": r}))
 
 
 @client_app.command("upload")
@@ -234,33 +246,50 @@ def client_upload(
     file: str = typer.Argument(..., help="labelled CSV / TSV / JSONL file (or a built-in name)"),
     eta: float | None = ETA_OPT, no_privacy: bool = NOPRIV_OPT, backbone: str = BB_OPT,
     text_column: str | None = typer.Option(None), label_column: str | None = typer.Option(None),
-    reconstruction: bool = typer.Option(False, help="prepend plain tokens (RAPT §3.2.2)"),
-    max_length: int = typer.Option(128), limit: int | None = typer.Option(None),
+    text_pair_column: str | None = TEXT_PAIR_OPT,
+    target_p: float | None = TARGET_P_OPT,
+    reconstruction: bool = typer.Option(
+        _d("reconstruction"), help="prepend m plain tokens to every row for RAPT's privatized "
+        "token reconstruction (RAPT §3.2.2; `rapt client tune` then trains with it); off by "
+        "default, as in `rapt tune`"),
+    plain_len: int = typer.Option(DEFAULT_PLAIN_TOKENS, help="number of plain tokens m"),
+    max_length: int = typer.Option(_d("max_length")), limit: int | None = typer.Option(None),
     seed: int | None = typer.Option(None, "--noise-seed", "--seed",
                                     help="seed the privatization noise (tests only)"),
-    min_p: float = MIN_P_OPT,
+    min_p: float = MIN_P_OPT, json_report: bool = JSON_OPT,
     url: str | None = URL_OPT, key: str | None = KEY_OPT,
 ) -> None:
-    """Privatize FILE here and upload only the privatized token ids; prints the dataset id."""
-    c = _client(url, key, backbone, eta, no_privacy, seed, min_p)
-    ds = _guard(lambda: c.upload(file, text_column=text_column, label_column=label_column,
-                                 reconstruction=reconstruction, max_length=max_length,
-                                 limit=limit))
-    _echo_privacy(c)
+    """Privatize FILE here and upload only the privatized token ids; prints the dataset id,
+    and on stderr η, the measured P and the nearest-neighbour inversion success."""
+    from rapt.data import load_dataset
+
+    c = _client(url, key, backbone, eta, no_privacy, seed, min_p, target_p=target_p,
+                plain_tokens=plain_len)
+    data = _guard(lambda: load_dataset(file, text_column=text_column, label_column=label_column,
+                                       text_pair_column=text_pair_column, limit=limit))
+    echo_data_notes(data)
+    ds = _guard(lambda: c.upload(data, reconstruction=reconstruction, max_length=max_length))
     typer.echo(ds)
+    _echo_privacy(c, json_report)
 
 
 @client_app.command("tune")
 def client_tune(
     dataset_id: str,
-    method: str = typer.Option("prompt", help="prompt | prefix | lora"),
-    reconstruction: bool | None = typer.Option(None, "--reconstruction/--no-reconstruction"),
-    epochs: int = typer.Option(1), lr: float = typer.Option(1e-3),
-    batch_size: int = typer.Option(32), num_virtual_tokens: int = typer.Option(20),
-    max_length: int = typer.Option(128), seed: int = typer.Option(0),
+    method: str = typer.Option(_d("method"), help="prompt | prefix | lora"),
+    reconstruction: bool | None = typer.Option(
+        None, "--reconstruction/--no-reconstruction", help="default: on when the dataset was "
+        "uploaded with --reconstruction (plain tokens), else off"),
+    epochs: int = typer.Option(_d("epochs")),
+    lr: float | None = typer.Option(None, help=LR_HELP),
+    batch_size: int = typer.Option(_d("batch_size")),
+    num_virtual_tokens: int | None = typer.Option(
+        None, help=VIRTUAL_TOKENS_HELP),
+    max_length: int = typer.Option(_d("max_length")), seed: int = typer.Option(_d("seed")),
     dp_epsilon: float | None = typer.Option(None, help="PromptDPSGD: target ε (δ = 1/N)"),
     dp_noise: float | None = typer.Option(None, help="PromptDPSGD: noise multiplier σ"),
-    dp_clip: float = typer.Option(1.0, help="PromptDPSGD: per-example clipping norm C"),
+    dp_clip: float | None = typer.Option(None, help="PromptDPSGD: per-example clipping norm C "
+                                         "(default 1)"),
     wait: bool = typer.Option(False, help="poll with a progress bar until the job ends"),
     url: str | None = URL_OPT, key: str | None = KEY_OPT,
 ) -> None:
@@ -268,8 +297,8 @@ def client_tune(
     c = _client(url, key)
     dp = None
     if dp_epsilon is not None or dp_noise is not None:
-        dp = {"target_epsilon": dp_epsilon, "noise_multiplier": dp_noise,
-              "max_grad_norm": dp_clip}
+        dp = {k: v for k, v in (("target_epsilon", dp_epsilon), ("noise_multiplier", dp_noise),
+                                ("max_grad_norm", dp_clip)) if v is not None}
     job = _guard(lambda: c.tune(dataset_id, method=method, reconstruction=reconstruction,
                                 epochs=epochs, lr=lr, batch_size=batch_size,
                                 num_virtual_tokens=num_virtual_tokens, max_length=max_length,
@@ -299,15 +328,27 @@ def client_status(job_id: str, wait: bool = typer.Option(False), cancel: bool = 
 def client_predict(
     prompt_id: str,
     inputs: list[str] = typer.Argument(..., help="a file of queries, or query texts"),
-    eta: float | None = ETA_OPT, no_privacy: bool = NOPRIV_OPT, backbone: str = BB_OPT,
-    min_p: float = MIN_P_OPT,
+    eta: float | None = typer.Option(
+        None, "--eta", help="dχ-privacy parameter η used to privatize the queries locally "
+        "(default: the η recorded on the service with the prompt's training data)"),
+    no_privacy: bool = NOPRIV_OPT, backbone: str = BB_OPT,
+    min_p: float = MIN_P_OPT, json_report: bool = JSON_OPT,
+    text_column: str | None = typer.Option(None, help="text column/key of a query file"),
+    text_pair_column: str | None = TEXT_PAIR_OPT,
     url: str | None = URL_OPT, key: str | None = KEY_OPT,
 ) -> None:
     """Privatize each query here, classify it with a tuned prompt; prints label + probabilities
-    per line (JSON)."""
+    per line (JSON), and on stderr η, the measured P and the nearest-neighbour inversion
+    success."""
+    from rapt.data import load_dataset
+
     c = _client(url, key, backbone, eta, no_privacy, min_p=min_p)
     src = inputs[0] if len(inputs) == 1 and os.path.exists(inputs[0]) else inputs
+    if not isinstance(src, list):
+        src = _guard(lambda: load_dataset(src, text_column=text_column,
+                                          text_pair_column=text_pair_column))
+        echo_data_notes(src)
     pred = _guard(lambda: c.predict(prompt_id, src))
-    _echo_privacy(c)
     for i, (y, p) in enumerate(zip(pred.labels, pred.probabilities, strict=True)):
         typer.echo(json.dumps({"row": i, "label": y, "probabilities": [round(v, 4) for v in p]}))
+    _echo_privacy(c, json_report)

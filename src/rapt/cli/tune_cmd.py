@@ -4,33 +4,43 @@ rapt.trainer, rapt.demo and rapt.attacks.attribute."""
 from __future__ import annotations
 
 import json
-import math
 import sys
 from pathlib import Path
 
 import typer
 
-from rapt.cli._app import app, warn_if_seeded
+from rapt.cli._app import (
+    TARGET_P_HELP,
+    TEXT_PAIR_OPT,
+    app,
+    echo_data_notes,
+    echo_privacy,
+    resolve_eta,
+    warn_if_seeded,
+)
 from rapt.cli._app import fail as _fail
+from rapt.config import (
+    DEFAULT_PLAIN_TOKENS,
+    DEFAULT_PRIVATIZER_MODE,
+    LR_HELP,
+    VIRTUAL_TOKENS_HELP,
+)
+from rapt.config import tune_default as _d
 
 
 def _load_data(data: str, split: str, limit: int | None, text_column: str | None,
                label_column: str | None, attribute: str | None = None,
                label_names: list[str] | None = None, fmt: str | None = None,
-               label_base: int | None = None):
+               label_base: int | None = None, text_pair_column: str | None = None):
     from rapt.data import DataError, cli_message, load_dataset
 
     try:
         ds = load_dataset(data, split, text_column=text_column, label_column=label_column,
                           attribute=attribute, limit=limit, label_names=label_names,
-                          format=fmt, label_base=label_base)
+                          format=fmt, label_base=label_base, text_pair_column=text_pair_column)
     except (DataError, FileNotFoundError) as e:
         _fail(cli_message(str(e)))
-    if ds.report.get("format_guessed"):
-        typer.echo(f"note: {ds.source}: lines end in '@label', read as text-at-label "
-                   "(pass --format lines for unlabelled text)", err=True)
-    for note in ds.report.get("notes", []):
-        typer.echo(f"note: {cli_message(note)}", err=True)
+    echo_data_notes(ds)
     return ds
 
 
@@ -71,24 +81,44 @@ def _load_backbone(name: str):
 
 def _privatizer(bb, eta: float | None, target_p: float | None, noise_seed: int | None,
                 mode: str):
-    """Privatizer at η (or at the η that gives P ≈ target on public text); None when neither is
-    given. Its noise comes from OS entropy unless ``noise_seed`` is given (with a warning)."""
-    from rapt.privatization import Privatizer, calibrate_eta_public, candidate_ids_from_tokenizer
+    """Privatizer at η (or at the η that gives P ≈ target on rapt's public text sample); None
+    when neither is given. Its noise comes from OS entropy unless ``noise_seed`` is given (with
+    a warning)."""
+    from rapt.privatization import Privatizer, candidate_ids_from_tokenizer
 
-    if eta is None and target_p is None:
+    eta, _ = resolve_eta(bb, eta, target_p)
+    if eta is None:
         return None, None
     cand = candidate_ids_from_tokenizer(bb.tokenizer, bb.embeddings.shape[0])
-    if eta is None:
-        if not 0 < target_p < 1:
-            _fail(f"--target-p must lie strictly between 0 and 1 (got {target_p})")
-        eta = calibrate_eta_public(bb, target_p, candidate_ids=cand, mode=mode)
-        typer.echo(f"η = {eta:.4g} (calibrated for P ≈ {target_p} on rapt's public text "
-                   "sample, not on your data)")
-    if not math.isfinite(eta) or eta <= 0:
-        _fail(f"--eta must be a positive finite number (got {eta})")
     warn_if_seeded(noise_seed)
     return Privatizer(bb.embeddings, eta, special_ids=bb.special_ids, candidate_ids=cand,
                       mode=mode, seed=noise_seed), float(eta)
+
+
+def _measured(rows, private, privatizer, target_p: float | None, plain_len: int, bb) -> dict:
+    """The privacy report of privatized rows, on the text positions (the plain tokens of
+    reconstruction are public, so they are left out of P and the inversion rate)."""
+    from rapt.privatization import privacy_report
+    from rapt.reconstruction import drop_plain
+
+    if plain_len:
+        rows, private = (drop_plain(rows, bb.tokenizer, plain_len),
+                         drop_plain(private, bb.tokenizer, plain_len))
+    return privacy_report(rows, private, privatizer, target_p=target_p)
+
+
+def _check_label_words(bb, words: list[str] | None) -> None:
+    """The verbalizer's words must start with distinct tokens: fail before any work with a
+    fix the user can type."""
+    from rapt.heads import label_token_ids
+
+    if bb.kind != "causal" or not words:
+        return
+    try:
+        label_token_ids(bb.tokenizer, words)
+    except ValueError as e:
+        _fail(f"{e}; pass distinct words with --label-words, one per label in id order, "
+              "e.g. --label-words negative,positive")
 
 
 def _privatize_with_bar(rows, privatizer):
@@ -110,54 +140,57 @@ def tune(
                                          "trustpilot) or a CSV/TSV/JSONL file"),
     out: Path = typer.Option(Path("runs/prompt"), "--out", "-o", help="artifact folder"),
     backbone: str = typer.Option("minilm", help="backbone name or path"),
-    method: str = typer.Option("prompt", help="prompt | prefix | lora | full"),
+    method: str = typer.Option(_d("method"), help="prompt | prefix | lora | full"),
     split: str = typer.Option("train"),
     limit: int | None = typer.Option(None, help="use the first N examples"),
     text_column: str | None = typer.Option(None),
+    text_pair_column: str | None = TEXT_PAIR_OPT,
     label_column: str | None = typer.Option(None),
     fmt: str | None = typer.Option(None, "--format", help=_FORMAT_HELP),
     label_names: str | None = typer.Option(None, help=_NAMES_HELP),
     label_base: int | None = typer.Option(None, help=_BASE_HELP),
     eta: float | None = typer.Option(None, help="privatize locally with this η"),
-    target_p: float | None = typer.Option(
-        None, help="or the η that gives this replacement probability P on rapt's public text "
-        "sample (never calibrated on your data)"),
+    target_p: float | None = typer.Option(None, help=TARGET_P_HELP),
     reconstruction: bool = typer.Option(
-        False, help="RAPT privatized token reconstruction: m plain tokens per row and a second "
-        "loss, about 2x the step time; no accuracy gain measured at our scale (see "
-        "benchmarks/results/rapt.md), so off by default"),
-    plain_len: int = typer.Option(40, help="number of plain tokens m"),
+        _d("reconstruction"), help="RAPT privatized token reconstruction: m plain tokens per "
+        "row and a second loss, about 2x the step time; no accuracy gain measured at our scale "
+        "(see benchmarks/results/rapt.md), so off by default"),
+    plain_len: int = typer.Option(DEFAULT_PLAIN_TOKENS, help="number of plain tokens m"),
     plain_tokens: str | None = typer.Option(None, help="plain tokens as text (default: random)"),
     plain_sequences: int = typer.Option(1, help="random plain sequences, one drawn per row"),
     num_virtual_tokens: int | None = typer.Option(
-        None, help="default: 150 for prompt, 10 for prefix tuning (the RAPT paper's)"),
-    prefix_projection: bool = typer.Option(False),
-    lr: float | None = typer.Option(None, help="default depends on the method"),
-    epochs: int = typer.Option(3),
-    batch_size: int = typer.Option(32),
-    max_length: int = typer.Option(128),
-    rec_hidden: int = typer.Option(96),
-    rec_vocab_size: int = typer.Option(7630),
-    rec_weight: float = typer.Option(1.0),
-    rec_reduction: str = typer.Option("sum", help="L_rec over the m plain positions: sum "
-                                      "(eq. 7) | mean"),
+        None, help=VIRTUAL_TOKENS_HELP),
+    prefix_projection: bool = typer.Option(_d("prefix_projection")),
+    lr: float | None = typer.Option(None, help=LR_HELP),
+    epochs: int = typer.Option(_d("epochs")),
+    batch_size: int = typer.Option(_d("batch_size")),
+    max_length: int = typer.Option(_d("max_length")),
+    rec_hidden: int = typer.Option(_d("rec_hidden")),
+    rec_vocab_size: int = typer.Option(_d("rec_vocab_size")),
+    rec_weight: float = typer.Option(_d("rec_weight")),
+    rec_reduction: str = typer.Option(_d("rec_reduction"), help="L_rec over the m plain "
+                                      "positions: sum (eq. 7) | mean"),
     head: str = typer.Option(
-        "auto", help="auto (label-description on encoders, verbalizer on causal LMs: frozen, "
+        _d("head"), help="auto (label-description on encoders, verbalizer on causal LMs: frozen, "
         "the prompt carries the task) | label-description | verbalizer | linear (a trainable "
         "probe; a control)"),
     label_descriptions: str | None = typer.Option(
         None, help="'|'-separated, one per label, e.g. 'a negative review|a positive review' "
         "(default: the built-in dataset's)"),
-    head_temperature: float = typer.Option(0.05, help="label-description head: cos / T"),
-    freeze_prompt: bool = typer.Option(False, help="control: keep the prompt at its init, "
-                                       "train only a trainable head"),
+    head_temperature: float = typer.Option(_d("head_temperature"),
+                                           help="label-description head: cos / T"),
+    freeze_prompt: bool = typer.Option(_d("freeze_prompt"), help="control: keep the prompt at "
+                                       "its init, train only a trainable head"),
     label_words: str | None = typer.Option(
-        None, help="causal LMs: comma-separated verbalizer words (default: the label names)"),
-    seed: int = typer.Option(0, help="init, data order and plain tokens (not privacy noise)"),
+        None, help="causal LMs: comma-separated verbalizer words, one per label (default: the "
+        "label names, with a leading space or without, whichever starts with distinct tokens)"),
+    seed: int = typer.Option(_d("seed"), help="init, data order and plain tokens (not privacy "
+                             "noise)"),
     noise_seed: int | None = typer.Option(
         None, help="seed the privacy noise (dχ and DP-SGD): tests/benchmarks only, voids the "
         "guarantee; default: OS entropy"),
-    privatizer_mode: str = typer.Option("fast", help="exact | fast | annoy"),
+    privatizer_mode: str = typer.Option(DEFAULT_PRIVATIZER_MODE,
+                                        help="exact | fast (certified exact) | annoy"),
     dp_epsilon: float | None = typer.Option(None, help="PromptDPSGD target ε"),
     dp_noise: float | None = typer.Option(None, help="PromptDPSGD noise multiplier σ"),
     dp_clip: float | None = typer.Option(None, help="PromptDPSGD clipping norm C (default 1)"),
@@ -169,13 +202,14 @@ def tune(
     from tqdm import tqdm
 
     from rapt.data import label_descriptions_for
-    from rapt.demo import DEFAULT_LR, plain_tokens_for
+    from rapt.demo import plain_tokens_for
     from rapt.reconstruction import build_rows, parse_plain_tokens
-    from rapt.trainer import TuneConfig
+    from rapt.trainer import TuneConfig, resolve_head
     from rapt.trainer import tune as run_tune
 
     ds = _load_data(data, split, limit, text_column, label_column,
-                    label_names=_split_names(label_names), fmt=fmt, label_base=label_base)
+                    label_names=_split_names(label_names), fmt=fmt, label_base=label_base,
+                    text_pair_column=text_pair_column)
     if len(ds) == 0:
         _fail(f"{data}: no examples to train on")
     unlabelled = [e.line for e in ds.examples if e.label is None]
@@ -203,8 +237,6 @@ def tune(
         except ValueError as e:
             _fail(str(e))
     try:
-        if num_virtual_tokens is None:
-            num_virtual_tokens = {"prompt": 150, "prefix": 10}.get(method, 20)
         descs = ([d.strip() for d in label_descriptions.split("|")] if label_descriptions
                  else label_descriptions_for(data) if bb.kind == "encoder" else None)
         if head == "label-description" and not descs:
@@ -216,7 +248,7 @@ def tune(
                   f"({', '.join(ds.label_names)})")
         cfg = TuneConfig(method=method, num_virtual_tokens=num_virtual_tokens,
                          prefix_projection=prefix_projection,
-                         lr=lr if lr is not None else DEFAULT_LR.get(method, 1e-2),
+                         lr=lr,
                          epochs=epochs, batch_size=batch_size, max_length=max_length, seed=seed,
                          reconstruction=reconstruction, rec_hidden=rec_hidden,
                          rec_vocab_size=rec_vocab_size, rec_weight=rec_weight, dp=dp,
@@ -224,14 +256,21 @@ def tune(
                          head_temperature=head_temperature, freeze_prompt=freeze_prompt,
                          label_words=label_words.split(",") if label_words else (
                              list(ds.label_names) if bb.kind == "causal" else None))
-        rows = build_rows(bb.tokenizer, ds.texts, max_length, plain, plain_index)
+        rows = build_rows(bb.tokenizer, ds.texts, max_length, plain, plain_index,
+                          text_pairs=ds.text_pairs)
     except ValueError as e:
         _fail(str(e))
+    if resolve_head(bb.kind, cfg) == "verbalizer":
+        _check_label_words(bb, cfg.label_words)
     privatizer, eta_used = _privatizer(bb, eta, target_p, noise_seed, privatizer_mode)
     if dp is not None and privatizer is None:
         warn_if_seeded(noise_seed)
+    privacy = None
     if privatizer is not None:
-        rows = _privatize_with_bar(rows, privatizer)
+        clean, rows = rows, _privatize_with_bar(rows, privatizer)
+        m = len(plain[0]) if plain and isinstance(plain[0], list) else len(plain or [])
+        privacy = _measured(clean, rows, privatizer, target_p, m, bb)
+        echo_privacy(privacy)
     else:
         typer.echo("warning: no --eta/--target-p given: training on clean (unprivatized) text",
                    err=True)
@@ -256,9 +295,12 @@ def tune(
         tuned.meta["label_base"] = ds.report["label_base"]
     tuned.meta.update({"eta": eta_used, "label_names": ds.label_names, "dataset": str(data),
                        "privatizer_mode": privatizer_mode if privatizer else None,
-                       "seeded": noise_seed is not None})
+                       "seeded": noise_seed is not None, "privacy": privacy,
+                       # the columns read (given or detected), reused by `rapt predict`
+                       "text_column": ds.report.get("text_column"),
+                       "text_pair_column": ds.report.get("text_pair_column")})
     tuned.save(out)
-    msg = f"saved {method} prompt to {out}"
+    msg = f"saved the {method}-tuned model to {out}"
     if tuned.meta.get("dp"):
         msg += f" (ε = {tuned.meta['dp']['epsilon']:.3g}, δ = {tuned.meta['dp']['delta']:.3g})"
         log = out.parent / f"{out.name}.train-log.NOT-PRIVATE.json"
@@ -269,13 +311,43 @@ def tune(
     typer.echo(msg)
 
 
+def _stored_columns(meta: dict, data: str, fmt: str | None) -> tuple[str | None, str | None]:
+    """The text (and pair) columns `rapt tune` read, when ``data`` has them all; else (None,
+    None), and the loader guesses as usual."""
+    from rapt.data import columns_of
+
+    want = (meta.get("text_column"), meta.get("text_pair_column"))
+    present = columns_of(data, fmt)
+    if want[0] is None or present is None or any(c not in present for c in want if c):
+        return None, None
+    return want
+
+
+def _check_pairs(meta: dict, artifact: Path, ds) -> None:
+    """A prompt tuned on sentence pairs reads pairs, one tuned on single texts single texts."""
+    if "text_pair_column" not in meta:  # artifacts from before pairs were recorded
+        return
+    tuned_pairs = meta["text_pair_column"] is not None
+    has_pairs = ds.report.get("text_pair_column") is not None
+    if tuned_pairs and not has_pairs:
+        _fail(f"{artifact} was tuned on sentence pairs ('{meta['text_column']}' + "
+              f"'{meta['text_pair_column']}') but {ds.source} was read as single texts; name "
+              "its two text columns with --text-column and --text-pair-column")
+    if has_pairs and not tuned_pairs:
+        _fail(f"{artifact} was tuned on single texts but {ds.source} was read as sentence pairs "
+              f"('{ds.report['text_column']}' + '{ds.report['text_pair_column']}'); name the "
+              "text column with --text-column")
+
+
 @app.command()
 def predict(
     artifact: Path = typer.Argument(..., help="folder written by `rapt tune`"),
     data: str = typer.Argument(..., help="dataset name or file"),
     split: str = typer.Option("dev"),
     limit: int | None = typer.Option(None),
-    text_column: str | None = typer.Option(None),
+    text_column: str | None = typer.Option(None, help="default: the column `rapt tune` read, "
+                                           "when the file has it"),
+    text_pair_column: str | None = TEXT_PAIR_OPT,
     label_column: str | None = typer.Option(None, help="gold labels, if any: accuracy is "
                                             "printed when every example has one"),
     fmt: str | None = typer.Option(None, "--format", help=_FORMAT_HELP),
@@ -285,14 +357,19 @@ def predict(
     label_base: int | None = typer.Option(None, help=_BASE_HELP + "; default: as in tune"),
     backbone: str | None = typer.Option(None, help="default: the artifact's backbone"),
     eta: float | None = typer.Option(None, help="default: the artifact's η (same as training)"),
-    no_privatize: bool = typer.Option(False, help="send clean queries (no local privacy)"),
+    no_privatize: bool = typer.Option(False, "--no-privatize",
+                                      help="send clean queries (no local privacy)"),
     out: Path | None = typer.Option(None, help="write predictions as JSONL (default: print "
                                     "'label<TAB>text' lines)"),
     noise_seed: int | None = typer.Option(
         None, help="seed the query privatization noise (tests only; default: OS entropy)"),
+    json_report: bool = typer.Option(
+        False, "--json-report", help="print one JSON line at the end: examples, accuracy and "
+        "the queries' privacy (η, measured P, inversion success)"),
 ) -> None:
     """Privatize queries locally (same η as training) and predict with a tuned prompt. The data
-    need no labels; accuracy is reported when every example has one."""
+    need no labels; accuracy is reported when every example has one. Prints η, the measured P
+    and the nearest-neighbour inversion success of the privatized queries."""
     from rapt.artifacts import ArtifactError
     from rapt.trainer import TunedPrompt
 
@@ -313,9 +390,13 @@ def predict(
     # Gold labels of a user file are read by the prompt's own label names, so that ids mean
     # the same classes (built-ins have fixed names already).
     user_file = data not in BUILTINS
+    if user_file and text_column is None and text_pair_column is None:
+        text_column, text_pair_column = _stored_columns(tuned.meta, data, fmt)
     ds = _load_data(data, split, limit, text_column, label_column,
                     label_names=names if user_file else None, fmt=fmt,
-                    label_base=label_base if user_file and names else None)
+                    label_base=label_base if user_file and names else None,
+                    text_pair_column=text_pair_column)
+    _check_pairs(tuned.meta, artifact, ds)
     bb = _load_backbone(backbone or tuned.meta.get("backbone", "minilm"))
     eta = None if no_privatize else (eta if eta is not None else tuned.meta.get("eta"))
     if eta is None and not no_privatize:
@@ -324,10 +405,17 @@ def predict(
     elif no_privatize:
         typer.echo("warning: --no-privatize: queries are used in clear text", err=True)
     privatizer, _ = _privatizer(bb, eta, None, noise_seed, tuned.meta.get("privatizer_mode")
-                                or "fast")
-    rows = tuned.encode(bb, ds.texts)
+                                or DEFAULT_PRIVATIZER_MODE)
+    rows = tuned.encode(bb, ds.texts, text_pairs=ds.text_pairs)
+    privacy = None
     if privatizer is not None:
-        rows = _privatize_with_bar(rows, privatizer)
+        clean, rows = rows, _privatize_with_bar(rows, privatizer)
+        trained = tuned.meta.get("privacy") or {}
+        # η is the training's; "calibrated for" is said only when it is still that η.
+        target = trained.get("target_p") if trained.get("eta") == eta else None
+        privacy = _measured(clean, rows, privatizer, target,
+                            int(tuned.meta.get("plain_len") or 0), bb)
+        echo_privacy(privacy, err=True)
     probs = tuned.predict_proba(bb, rows)
     pred = probs.argmax(-1).tolist()
     names = names or [str(i) for i in range(probs.shape[1])]
@@ -335,17 +423,23 @@ def predict(
         out.parent.mkdir(parents=True, exist_ok=True)
         with out.open("w") as f:
             for ex, p, pr in zip(ds.examples, pred, probs.tolist(), strict=True):
-                f.write(json.dumps({"text": ex.text, "prediction": names[p],
+                pair = {"text_pair": ex.text_pair} if ex.text_pair is not None else {}
+                f.write(json.dumps({"text": ex.text, **pair, "prediction": names[p],
                                     "probabilities": pr}) + "\n")
         typer.echo(f"wrote {len(pred)} predictions to {out}")
     else:
         for ex, p in zip(ds.examples, pred, strict=True):
-            typer.echo(f"{names[p]}\t{ex.text}")
+            pair = f"\t{ex.text_pair}" if ex.text_pair is not None else ""
+            typer.echo(f"{names[p]}\t{ex.text}{pair}")
     gold = [e.label for e in ds.examples]
+    acc = None
     if gold and all(y is not None for y in gold):
         acc = sum(int(a == b) for a, b in zip(pred, gold, strict=True)) / len(gold)
         typer.echo(f"accuracy {acc:.4f} on {len(gold)} examples"
                    + (f" (queries privatized with η = {eta:.4g})" if eta else ""))
+    if json_report:
+        typer.echo(json.dumps({"artifact": str(artifact), "examples": len(pred),
+                               "accuracy": acc, "eta": eta, "privacy": privacy}))
 
 
 @app.command()
@@ -361,7 +455,7 @@ def demo(
     test_size: int | None = typer.Option(None, help="default 300"),
     method: str | None = typer.Option(None, help="default prefix"),
     epochs: int | None = typer.Option(None, help="default 2"),
-    lr: float | None = typer.Option(None, help="default depends on the method"),
+    lr: float | None = typer.Option(None, help=LR_HELP),
     batch_size: int | None = typer.Option(None, help="default 8"),
     max_length: int | None = typer.Option(
         None, help="text tokens per row, plain tokens excluded (default: the length that "
@@ -377,8 +471,7 @@ def demo(
     label_descriptions: str | None = typer.Option(
         None, help="'|'-separated, one per label (default: the built-in dataset's)"),
     rec_reduction: str | None = typer.Option(None, help="sum (eq. 7, default) | mean"),
-    target_p: float | None = typer.Option(None, help="privacy level as replacement "
-                                          "probability P (default 0.4)"),
+    target_p: float | None = typer.Option(None, help=TARGET_P_HELP + " (default 0.4)"),
     eta: float | None = typer.Option(None, help="η (overrides --target-p)"),
     seeds: int | None = typer.Option(None, help="paired seeds (default 3)"),
     seed: int | None = typer.Option(None, help="data subset and first seed's init and plain "
@@ -483,7 +576,7 @@ def _register_attack() -> None:
         else:
             rtr = build_rows(bb.tokenizer, tr.texts, max_length)
             rte = build_rows(bb.tokenizer, te.texts, max_length)
-        privatizer, _ = _privatizer(bb, eta, None, noise_seed, "fast")
+        privatizer, _ = _privatizer(bb, eta, None, noise_seed, DEFAULT_PRIVATIZER_MODE)
         if privatizer is not None:
             rtr, rte = _privatize_with_bar(rtr, privatizer), _privatize_with_bar(rte, privatizer)
         feats = {"input embeddings": (embedding_features(bb, rtr), embedding_features(bb, rte)),

@@ -311,15 +311,18 @@ class Service:
 
     def rows_of(self, backbone: str, input_ids: list[list[int]] | None,
                 texts: list[str] | None, max_rows: int, max_rows_name: str,
-                prompt_tokens: int = 0) -> list[list[int]]:
-        """Checked token id rows, tokenizing (privatized) texts with the backbone's tokenizer."""
+                prompt_tokens: int = 0, text_pairs: list[str] | None = None
+                ) -> list[list[int]]:
+        """Checked token id rows, tokenizing (privatized) texts, or sentence pairs, with the
+        backbone's tokenizer as the user side does (rapt.reconstruction.encode_texts)."""
+        from rapt.reconstruction import encode_texts
+
         field = "input_ids"
         if texts is not None:
             if len(texts) > max_rows:
                 raise ServiceError(422, "limit_exceeded", f"texts has {len(texts)} rows; the "
                                    f"limit is {max_rows_name}={max_rows}")
-            tok = self.backbones[backbone].tokenizer
-            input_ids = [list(r) for r in tok(texts, add_special_tokens=True)["input_ids"]]
+            input_ids = encode_texts(self.backbones[backbone].tokenizer, texts, text_pairs)
             field = "texts (tokenized)"
         self.check_rows(backbone, input_ids, field, max_rows, max_rows_name, prompt_tokens)
         return input_ids
@@ -455,7 +458,7 @@ def create_app(config: ServiceConfig, *, backbones: dict[str, Any] | None = None
         svc = svc_of(request)
         name = svc.backbone_name(body.backbone)
         ids = svc.rows_of(name, body.input_ids, body.texts, svc.limits.max_examples,
-                          "max_examples")
+                          "max_examples", text_pairs=body.text_pairs)
         if body.plain_ids is not None:
             vocab = int(svc.backbones[name].embeddings.shape[0])
             bad = [j for j, t in enumerate(body.plain_ids) if not 0 <= t < vocab]
@@ -537,6 +540,9 @@ def create_app(config: ServiceConfig, *, backbones: dict[str, Any] | None = None
             # Rows are at most max_seq_len long already (checked at upload).
             params = body.model_dump()
             params["max_length"] = min(body.max_length, svc.limits.max_seq_len)
+            # The prompt keeps the data's declared η, so queries default to it even after the
+            # dataset is deleted (which erases the dataset's own copy).
+            params["privacy"] = ds["privacy"]
             jid = svc.store.create_job(me, ds["id"], ds["backbone"], params)
             try:
                 svc.worker.submit(jid)
@@ -598,7 +604,7 @@ def create_app(config: ServiceConfig, *, backbones: dict[str, Any] | None = None
         prompt = svc.prompt(row)
         ids = svc.rows_of(row["backbone"], body.input_ids, body.texts,
                           svc.limits.max_predict_rows, "max_predict_rows",
-                          prompt_tokens=prompt_positions(prompt))
+                          prompt_tokens=prompt_positions(prompt), text_pairs=body.text_pairs)
         try:
             fut = svc.batchers[row["backbone"]].submit(prompt, ids)
         except InferenceQueueFullError as e:

@@ -1,9 +1,10 @@
 """Micro-batched inference: concurrent requests for one backbone share forward passes.
 
 Requests wait at most ``max_wait_s`` for company; a batch then holds rows of possibly many
-tuned prompts. ``forward`` turns one batch into per-request probabilities; the default runs one
-forward pass for all rows when every prompt in the batch supports mixed-task batching (a soft
-prompt per row, `rapt.service.mixed`), else one pass per distinct prompt.
+tuned prompts. ``forward`` turns one batch into per-request probabilities; the default sends the
+rows of every prompt that can share a pass (soft prompts, prefixes, LoRA: `rapt.service.mixed`)
+through mixed passes, one family per pass, and runs the rest (full fine-tuning) one pass per
+distinct prompt. This module uses `rapt.service.mixed`, never the reverse.
 """
 
 from __future__ import annotations
@@ -15,14 +16,16 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+if TYPE_CHECKING:
+    from rapt.service.mixed import Item
+
 log = logging.getLogger("rapt.service")
 
-Item = tuple[Any, list[list[int]]]  # (tuned prompt, rows of token ids)
-Forward = Callable[[Any, Sequence[Item]], list[torch.Tensor]]
+Forward = Callable[[Any, Sequence["Item"]], list[torch.Tensor]]
 
 
 class InferenceQueueFullError(RuntimeError):
@@ -60,7 +63,8 @@ def prompt_positions(prompt: Any) -> int:
 
 
 def per_prompt_forward(backbone: Any, items: Sequence[Item]) -> list[torch.Tensor]:
-    """One ``predict_proba`` per distinct prompt over all of its rows in the batch."""
+    """One ``predict_proba`` per distinct prompt over all of its rows in the batch: the
+    reference that the mixed passes equal."""
     by_prompt: dict[int, list[int]] = collections.defaultdict(list)
     for i, (prompt, _) in enumerate(items):
         by_prompt[id(prompt)].append(i)
@@ -78,12 +82,21 @@ def per_prompt_forward(backbone: Any, items: Sequence[Item]) -> list[torch.Tenso
 
 
 def default_forward(backbone: Any, items: Sequence[Item]) -> list[torch.Tensor]:
+    """Mixed passes for the items whose prompts can share one, a pass per prompt for the rest.
+    A lone mixable prompt takes the mixed path too: same cost, and a LoRA prompt then needs no
+    private copy of the backbone."""
+    # Imported here: mixed pulls in transformers (through the tuners), which the service's key
+    # and store commands never need.
     from rapt.service import mixed
 
-    prompts = list({id(p): p for p, _ in items}.values())
-    if len(prompts) > 1 and mixed.supports(backbone, prompts):
-        return mixed.forward(backbone, items)
-    return per_prompt_forward(backbone, items)
+    mix = [i for i, (p, _) in enumerate(items) if mixed.mixable(backbone, p) is not None]
+    rest = sorted(set(range(len(items))) - set(mix))
+    out: list[torch.Tensor | None] = [None] * len(items)
+    for idx, fn in ((mix, mixed.forward), (rest, per_prompt_forward)):
+        if idx:
+            for i, p in zip(idx, fn(backbone, [items[i] for i in idx]), strict=True):
+                out[i] = p
+    return out  # type: ignore[return-value]
 
 
 @dataclass

@@ -6,6 +6,9 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from rapt.config import LR_HELP, VIRTUAL_TOKENS_HELP, default_lr, default_virtual_tokens
+from rapt.config import tune_default as _d
+
 TokenIds = list[list[int]]
 
 
@@ -66,6 +69,9 @@ class DatasetUpload(BaseModel):
     input_ids: TokenIds | None = Field(None, min_length=1)
     texts: list[Text] | None = Field(None, min_length=1,
                                      description="privatized texts, instead of input_ids")
+    text_pairs: list[Text] | None = Field(
+        None, min_length=1, description="privatized second texts of sentence pairs, one per "
+        "text (encoded as rapt.reconstruction.encode_texts pairs them)")
     labels: list[int] = Field(min_length=1)
     num_labels: int = Field(ge=2, le=1000)
     privacy: PrivacyDeclaration
@@ -76,7 +82,7 @@ class DatasetUpload(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> DatasetUpload:
-        rows = _one_of(self.input_ids, self.texts)
+        rows = _one_of(self.input_ids, self.texts, self.text_pairs)
         if self.texts is not None and self.plain_ids is not None:
             raise ValueError("plain_ids need input_ids (the plain tokens' positions are only "
                              "defined for token id rows)")
@@ -88,10 +94,21 @@ class DatasetUpload(BaseModel):
         return self
 
 
-def _one_of(input_ids: TokenIds | None, texts: list[str] | None) -> int:
-    """Exactly one of input_ids / texts, no empty row; returns the number of rows."""
+def _one_of(input_ids: TokenIds | None, texts: list[str] | None,
+            text_pairs: list[str] | None = None) -> int:
+    """Exactly one of input_ids / texts, no empty row, text_pairs only with as many texts;
+    returns the number of rows."""
     if (input_ids is None) == (texts is None):
         raise ValueError("give exactly one of input_ids and texts")
+    if text_pairs is not None:
+        if texts is None:
+            raise ValueError("text_pairs need texts (token id rows hold both texts already)")
+        if len(text_pairs) != len(texts):
+            raise ValueError(f"text_pairs has {len(text_pairs)} entries but texts has "
+                             f"{len(texts)}")
+        for i, t in enumerate(text_pairs):
+            if not t.strip():
+                raise ValueError(f"text_pairs[{i}] is empty")
     if input_ids is not None:
         for i, row in enumerate(input_ids):
             if not row:
@@ -135,31 +152,44 @@ class DPOptions(BaseModel):
 
 
 class JobCreate(BaseModel):
-    """A tuning job over an uploaded dataset; ranges are what the service accepts."""
+    """A tuning job over an uploaded dataset; ranges are what the service accepts. Defaults
+    are ``rapt.config.TuneConfig``'s (the same as `rapt tune` and `rapt client tune`); lr and
+    num_virtual_tokens left out take the method's default."""
 
     model_config = REQUEST
 
     dataset_id: Text = Field(max_length=64)
-    method: Literal["prompt", "prefix", "lora"] = "prompt"
-    reconstruction: bool = False
-    num_virtual_tokens: int = Field(20, ge=1, le=512)
-    prefix_projection: bool = False
-    lr: float = Field(1e-3, gt=0, le=1.0)
-    epochs: int = Field(1, ge=1, le=100)
-    batch_size: int = Field(32, ge=1, le=1024)
-    max_length: int = Field(128, ge=4, le=4096)
-    seed: int = Field(0, ge=0, le=2**31 - 1)
-    rec_hidden: int = Field(96, ge=1, le=4096)
-    rec_vocab_size: int = Field(7630, ge=2, le=1_000_000)
-    rec_weight: float = Field(1.0, ge=0, le=100)
-    rec_reduction: Literal["mean", "sum"] = "mean"
+    method: Literal["prompt", "prefix", "lora"] = _d("method")
+    reconstruction: bool = _d("reconstruction")
+    num_virtual_tokens: int | None = Field(
+        None, ge=1, le=512, description=VIRTUAL_TOKENS_HELP)
+    prefix_projection: bool = _d("prefix_projection")
+    lr: float | None = Field(None, gt=0, le=1.0,
+                             description=LR_HELP)
+    epochs: int = Field(_d("epochs"), ge=1, le=100)
+    batch_size: int = Field(_d("batch_size"), ge=1, le=1024)
+    max_length: int = Field(_d("max_length"), ge=4, le=4096)
+    seed: int = Field(_d("seed"), ge=0, le=2**31 - 1)
+    rec_hidden: int = Field(_d("rec_hidden"), ge=1, le=4096)
+    rec_vocab_size: int = Field(_d("rec_vocab_size"), ge=2, le=1_000_000)
+    rec_weight: float = Field(_d("rec_weight"), ge=0, le=100)
+    rec_reduction: Literal["mean", "sum"] = _d("rec_reduction")
     # Task head (rapt.heads). Label descriptions are public task metadata ("a positive
     # review"), not the user's data; "auto" picks the label-description head when given them.
-    head: Literal["auto", "linear", "label-description"] = "auto"
+    head: Literal["auto", "linear", "label-description"] = _d("head")
     label_descriptions: list[Annotated[Text, Field(min_length=1, max_length=200)]] | None = \
         Field(None, min_length=2, max_length=1000)
-    head_temperature: float = Field(0.05, gt=0, le=10)
+    head_temperature: float = Field(_d("head_temperature"), gt=0, le=10)
     dp: DPOptions | None = None
+
+    @model_validator(mode="after")
+    def _method_defaults(self) -> JobCreate:
+        # Resolved here so that the stored job records the values it really trains with.
+        if self.lr is None:
+            self.lr = default_lr(self.method)
+        if self.num_virtual_tokens is None:
+            self.num_virtual_tokens = default_virtual_tokens(self.method)
+        return self
 
 
 JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
@@ -192,6 +222,10 @@ class PromptInfo(BaseModel):
     method: str
     reconstruction: bool
     plain_ids: list[int] | None
+    privacy: PrivacyDeclaration | None = Field(
+        None, description="what the training data's uploader declared (η, embedding, search "
+        "mode): clients privatize queries with the same η by default; None for prompts from "
+        "before it was recorded")
     created: float
 
 
@@ -204,10 +238,12 @@ class PredictRequest(BaseModel):
     prompt_id: Text = Field(max_length=64)
     input_ids: TokenIds | None = Field(None, min_length=1)
     texts: list[Text] | None = Field(None, min_length=1)
+    text_pairs: list[Text] | None = Field(None, min_length=1,
+                                          description="second texts of sentence pairs")
 
     @model_validator(mode="after")
     def _rows(self) -> PredictRequest:
-        _one_of(self.input_ids, self.texts)
+        _one_of(self.input_ids, self.texts, self.text_pairs)
         return self
 
 

@@ -40,7 +40,7 @@ CREATE TABLE IF NOT EXISTS prompts (
     id TEXT PRIMARY KEY, owner TEXT NOT NULL REFERENCES api_keys(id),
     job_id TEXT NOT NULL REFERENCES jobs(id), backbone TEXT NOT NULL,
     num_labels INTEGER NOT NULL, method TEXT NOT NULL, reconstruction INTEGER NOT NULL,
-    plain_ids TEXT, path TEXT NOT NULL, created REAL NOT NULL);
+    plain_ids TEXT, path TEXT NOT NULL, created REAL NOT NULL, privacy TEXT);
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
 """
 
@@ -50,7 +50,8 @@ TABLES = ("api_keys", "datasets", "jobs", "prompts")
 MIGRATIONS = (("api_keys", "admin", "INTEGER NOT NULL DEFAULT 0"),
               ("api_keys", "revoked", "REAL"),
               ("datasets", "bytes", "INTEGER"),
-              ("datasets", "deleted", "REAL"))
+              ("datasets", "deleted", "REAL"),
+              ("prompts", "privacy", "TEXT"))
 
 
 def new_id(prefix: str) -> str:
@@ -295,14 +296,19 @@ class Store:
 
     def finish_job_with_prompt(self, jid: str, owner: str, backbone: str, num_labels: int,
                                method: str, reconstruction: bool, plain_ids: list[int] | None,
-                               path: str, prompt_id: str, elapsed: float) -> None:
-        """Record the prompt and mark the job succeeded in one transaction."""
+                               path: str, prompt_id: str, elapsed: float,
+                               privacy: dict | None = None) -> None:
+        """Record the prompt (with the privacy declaration of the data it was tuned on) and
+        mark the job succeeded in one transaction."""
         now = time.time()
         with self._transaction() as db:
             db.execute(
-                "INSERT INTO prompts VALUES (?,?,?,?,?,?,?,?,?,?)",
+                "INSERT INTO prompts (id, owner, job_id, backbone, num_labels, method, "
+                "reconstruction, plain_ids, path, created, privacy) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                 (prompt_id, owner, jid, backbone, num_labels, method, int(reconstruction),
-                 json.dumps(plain_ids) if plain_ids is not None else None, path, now))
+                 json.dumps(plain_ids) if plain_ids is not None else None, path, now,
+                 json.dumps(privacy) if privacy is not None else None))
             db.execute(
                 "UPDATE jobs SET state='succeeded', prompt_id=?, finished=?, elapsed=?, "
                 "checkpoint=NULL WHERE id=?", (prompt_id, now, elapsed, jid))
@@ -313,6 +319,7 @@ class Store:
         if row:
             row["plain_ids"] = json.loads(row["plain_ids"]) if row["plain_ids"] else None
             row["reconstruction"] = bool(row["reconstruction"])
+            row["privacy"] = json.loads(row["privacy"]) if row.get("privacy") else None
         return row
 
     def get_prompt(self, pid: str, owner: str) -> dict[str, Any] | None:

@@ -280,7 +280,7 @@ class JobWorker:
                 job_id, job["owner"], job["backbone"], train.num_labels,
                 params.get("method", "prompt"), bool(params.get("reconstruction")),
                 train.plain_ids,
-                str(folder), prompt_id, elapsed)
+                str(folder), prompt_id, elapsed, privacy=params.get("privacy"))
         except Exception as e:
             shutil.rmtree(folder, ignore_errors=True)
             store.update_job(job_id, state="failed", finished=time.time(), elapsed=elapsed,

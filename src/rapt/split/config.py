@@ -6,6 +6,8 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Literal
 
+from rapt.config import DEFAULT_PRIVATIZER_MODE
+
 __all__ = ["SPLIT_METHODS", "SplitConfig"]
 
 SPLIT_METHODS: tuple[str, ...] = ("lora", "prompt")
@@ -50,7 +52,7 @@ class SplitConfig:
     max_length: int = 64
     seed: int = 0
     noise_seed: int | None = None
-    privatizer_mode: Literal["exact", "fast", "annoy"] = "fast"
+    privatizer_mode: Literal["exact", "fast", "annoy"] = DEFAULT_PRIVATIZER_MODE
 
     def __post_init__(self) -> None:
         if isinstance(self.split_layer, bool) or not isinstance(self.split_layer, int) \

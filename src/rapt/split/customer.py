@@ -132,6 +132,28 @@ class SplitCustomer:
         """Fraction of released non-special tokens that the mechanism replaced."""
         return self.replaced / self.perturbable if self.perturbable else 0.0
 
+    def privacy_report(self, rows: Sequence[Sequence[int]], *,
+                       target_p: float | None = None) -> dict | None:
+        """η, P and the nearest-neighbour inversion success of the privatized tokens behind
+        the release of ``rows`` (:func:`rapt.privatization.privacy_report`; what split 0 hands
+        over, deeper splits add the bottom's blocks on top): a frozen bottom's one release, or
+        for an unfrozen one a fresh draw made for the measurement only (every step draws its
+        own). None without privatization."""
+        from rapt.privatization import privacy_report
+
+        if self.privatizer is None:
+            return None
+        if not self.config.unfreeze_bottom and self._cache_ids is not None:
+            released = [t.tolist() for t in self._cache_ids]
+        else:
+            ids, _ = _pad(rows, self.pad_id)
+            scale = (self.cti.eta_scale(ids, self.config.cti_multiplier)
+                     if self.cti is not None and self.config.cti else None)
+            priv = privatize_with_scale(self.privatizer, ids, scale)
+            released = [priv[i, :len(r)].tolist() for i, r in enumerate(rows)]
+        return privacy_report([list(r) for r in rows], released, self.privatizer,
+                              target_p=target_p)
+
     # ------------------------------------------------------------------ data
 
     @property

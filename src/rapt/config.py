@@ -1,0 +1,173 @@
+"""The one set of tuning and privatization defaults.
+
+``TuneConfig`` (the trainer's settings) is the single source: `rapt tune`, `rapt client tune`,
+``RaptClient`` and the service's ``JobCreate`` read their defaults from its field defaults and
+from the per-method tables below, instead of repeating literals. This module imports no torch,
+so the CLI can read the defaults when it builds its options (``rapt --help`` stays fast).
+``rapt.trainer`` re-exports everything here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import MISSING, asdict, dataclass, fields
+from typing import Any, Literal
+
+METHODS: tuple[str, ...] = ("prompt", "prefix", "lora", "full")
+HEADS: tuple[str, ...] = ("auto", "linear", "label-description", "verbalizer")
+
+# Per-method learning rates (AdamW, linear decay): prompt ≈ 1e-2..3e-2, prefix ≈ 5e-3..1e-2,
+# LoRA ≈ 1e-3, full ≈ 2e-5 (the paper's 6e-5 is for BERT-base, 4 epochs at batch 128).
+DEFAULT_LR: dict[str, float] = {"prompt": 2e-2, "prefix": 1e-2, "lora": 1e-3, "full": 3e-5}
+# Virtual tokens: the RAPT paper's prompt length 150 (prompt tuning) and 10 (prefix tuning);
+# LoRA and full tuning have none (the value is recorded but unused).
+DEFAULT_VIRTUAL_TOKENS: dict[str, int] = {"prompt": 150, "prefix": 10, "lora": 20, "full": 20}
+# Label-description head: cos / 0.05, the scale all-MiniLM-L6-v2 was trained with (see
+# rapt.heads for the measurement behind it).
+DEFAULT_TEMPERATURE = 0.05
+# Nearest-neighbour search of the dχ mechanism: "fast" is certified exact (it returns what
+# "exact" returns, faster), so every command and the client use it unless told otherwise.
+DEFAULT_PRIVATIZER_MODE: Literal["exact", "fast", "annoy"] = "fast"
+DEFAULT_PLAIN_TOKENS = 40  # RAPT §4.1: m = 40 plain tokens for reconstruction
+
+
+def default_lr(method: str) -> float:
+    """The learning rate a tuning method gets when none is given."""
+    return DEFAULT_LR.get(method, DEFAULT_LR["prompt"])
+
+
+def default_virtual_tokens(method: str) -> int:
+    """The prompt / prefix length a tuning method gets when none is given."""
+    return DEFAULT_VIRTUAL_TOKENS.get(method, DEFAULT_VIRTUAL_TOKENS["lora"])
+
+
+def per_method(table: dict[str, Any], methods: tuple[str, ...] = METHODS) -> str:
+    """'prompt 0.02, prefix 0.01, ...' for help texts."""
+    return ", ".join(f"{m} {table[m]:g}" for m in methods if m in table)
+
+
+# Help texts of the per-method options, shared by `rapt tune`, `rapt client tune`, JobCreate.
+LR_HELP = f"default per method: {per_method(DEFAULT_LR)}"
+VIRTUAL_TOKENS_HELP = ("default per method: "
+                       f"{per_method(DEFAULT_VIRTUAL_TOKENS, ('prompt', 'prefix'))} (the RAPT "
+                       "paper's; LoRA and full tuning use none)")
+
+
+@dataclass
+class TuneConfig:
+    """Tuning settings. ``lr`` and ``num_virtual_tokens`` left at None take the method's
+    default (``DEFAULT_LR``, ``DEFAULT_VIRTUAL_TOKENS``) when the config is built."""
+
+    method: Literal["prompt", "prefix", "lora", "full"] = "prompt"
+    num_virtual_tokens: int | None = None  # None: DEFAULT_VIRTUAL_TOKENS[method]
+    prefix_projection: bool = False
+    lr: float | None = None  # None: DEFAULT_LR[method]
+    epochs: int = 3
+    batch_size: int = 32
+    max_length: int = 128
+    seed: int = 0
+    # Off by default: no accuracy gain measured at our scale (benchmarks/results/rapt.md) for
+    # about twice the step time.
+    reconstruction: bool = False
+    rec_hidden: int = 96
+    rec_vocab_size: int = 7630
+    rec_weight: float = 1.0
+    dp: Any = None  # rapt.dp.DPConfig | None
+    # --- beyond the contract (all optional) ---
+    rec_reduction: Literal["mean", "sum"] = "sum"  # "sum" = eq. 7 literally
+    pooling: Literal["mean", "cls", "last"] = "mean"  # encoder head pooling
+    label_words: list[str] | None = None  # causal LMs: verbalizer words, one per label
+    lora_r: int = 8
+    weight_decay: float = 0.0
+    warmup_ratio: float = 0.06
+    checkpoint_every: int = 0  # steps between checkpoint() calls; 0 = end of every epoch
+    # Task head (see rapt.heads). "auto": the verbalizer for a causal LM given label_words, the
+    # label-description head given label_descriptions, else a new linear head on pooled states
+    # (a linear probe: the prompt barely matters; a control).
+    head: Literal["auto", "linear", "label-description", "verbalizer"] = "auto"
+    label_descriptions: list[str] | None = None  # one per label, e.g. "a negative review"
+    head_temperature: float = DEFAULT_TEMPERATURE  # label-description head: cos / temperature
+    # Head-only control: the prompt/prefix (or LoRA / full weights) stay at their init and only
+    # the head trains; with a frozen head nothing trains and the result is the prompt at init.
+    freeze_prompt: bool = False
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"TuneConfig.method must be one of {', '.join(METHODS)} "
+                             f"(got {self.method!r})")
+        if self.lr is None:
+            self.lr = default_lr(self.method)
+        if self.num_virtual_tokens is None:
+            self.num_virtual_tokens = default_virtual_tokens(self.method)
+        for name in ("num_virtual_tokens", "epochs", "batch_size", "max_length", "rec_hidden",
+                     "rec_vocab_size"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"TuneConfig.{name} must be >= 1 (got {getattr(self, name)})")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ValueError(f"TuneConfig.lr must be > 0 (got {self.lr})")
+        if self.rec_weight < 0:
+            raise ValueError(f"TuneConfig.rec_weight must be >= 0 (got {self.rec_weight})")
+        if self.rec_reduction not in ("mean", "sum"):
+            raise ValueError(f"TuneConfig.rec_reduction must be 'mean' or 'sum' "
+                             f"(got {self.rec_reduction!r})")
+        if self.head not in HEADS:
+            raise ValueError(f"TuneConfig.head must be one of {', '.join(HEADS)} "
+                             f"(got {self.head!r})")
+        if not (self.head_temperature > 0 and math.isfinite(self.head_temperature)):
+            raise ValueError(f"TuneConfig.head_temperature must be > 0 "
+                             f"(got {self.head_temperature})")
+        if self.label_descriptions is not None and (
+                len(self.label_descriptions) < 2
+                or any(not isinstance(d, str) or not d.strip() for d in self.label_descriptions)):
+            raise ValueError("TuneConfig.label_descriptions must hold one non-empty text per "
+                             f"label, at least 2 (got {self.label_descriptions!r})")
+        if self.head == "label-description" and not self.label_descriptions:
+            raise ValueError("TuneConfig.head='label-description' needs label_descriptions, one "
+                             "text per label (e.g. ['a negative review', 'a positive review'])")
+        if self.head == "verbalizer" and not self.label_words:
+            raise ValueError("TuneConfig.head='verbalizer' needs label_words, one per label")
+
+    def to_dict(self) -> dict:
+        d = asdict(self) if self.dp is None else {**asdict(_replace_dp(self)), "dp": _dp_dict(
+            self.dp)}
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TuneConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"TuneConfig: unknown field(s) {', '.join(sorted(unknown))}")
+        d = dict(d)
+        if isinstance(d.get("dp"), dict):
+            try:
+                from rapt.dp import DPConfig
+
+                d["dp"] = DPConfig(**d["dp"])
+            except ImportError:  # keep the record readable without the DP module
+                pass
+        return cls(**d)
+
+
+def tune_default(name: str, method: str = "prompt") -> Any:
+    """The default of TuneConfig field ``name`` (per-method ones resolved for ``method``)."""
+    if name == "lr":
+        return default_lr(method)
+    if name == "num_virtual_tokens":
+        return default_virtual_tokens(method)
+    f = next((f for f in fields(TuneConfig) if f.name == name), None)
+    if f is None:
+        raise KeyError(f"TuneConfig has no field {name!r}")
+    return f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+
+
+def _replace_dp(c: TuneConfig) -> TuneConfig:
+    from dataclasses import replace
+
+    return replace(c, dp=None)
+
+
+def _dp_dict(dp: Any) -> dict:
+    if hasattr(dp, "to_dict"):
+        return dp.to_dict()
+    return asdict(dp) if hasattr(dp, "__dataclass_fields__") else dict(dp)
