@@ -192,7 +192,7 @@ def main() -> None:
     db = tmp / "svc.db"
     store = Store(db)
     key = auth.new_key()
-    store.add_key("bench", auth.hash_key(key))
+    store.add_key("bench", auth.hash_key(key), admin=True)  # /v1/stats needs an admin key
     store.close()
     train = load_dataset("sst2", "train").subset(args.train_examples, seed=0)
     queries = load_dataset("sst2", "dev").subset(64, seed=1).texts
