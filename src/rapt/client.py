@@ -368,8 +368,9 @@ class RaptClient:
         an η (or target_p) given to the client, the queries get the η recorded with the
         prompt's training data."""
         why = ""
+        info = self.prompt(prompt_id)  # its recorded η (below) and its rows' plain tokens
         if not self._eta_chosen and not self.no_privacy:
-            decl = self.prompt(prompt_id).get("privacy") or {}
+            decl = info.get("privacy") or {}
             if decl.get("mechanism") == "dchi-text2text" and decl.get("eta"):
                 self._set_eta(float(decl["eta"]), f"prompt {prompt_id}")
             else:
@@ -386,7 +387,6 @@ class RaptClient:
             texts, text_pairs, names = texts.texts, texts.text_pairs, texts.label_names
         elif isinstance(texts, str):
             texts = [texts]
-        info = self.prompt(prompt_id)
         plain = info.get("plain_ids")  # queries take the training rows' layout
         clear = self._rows(list(texts), text_pairs, plain, max_length)
         rows = self.privatize(clear)

@@ -115,22 +115,28 @@ def warn_if_seeded(noise_seed: int | None) -> None:
                    "Use it for tests and benchmarks only.", err=True)
 
 
-def resolve_eta(bb: Any, eta: float | None, target_p: float | None) -> tuple[float | None, bool]:
-    """(η, calibrated): ``eta`` as given, or the η calibrated for ``target_p`` on rapt's
-    public text sample (the same call everywhere, so the same P gives the same η); (None,
-    False) when neither is given. Bad values and both given are user errors."""
+def check_eta_options(eta: float | None, target_p: float | None) -> None:
+    """Bad --eta / --target-p values, or both given, are user errors (exit 2); cheap, so a
+    command can check them before it loads anything."""
     import math
 
     if eta is not None and target_p is not None:
         fail("give --eta or --target-p, not both")
+    if target_p is not None and not 0 < target_p < 1:
+        fail(f"--target-p must lie strictly between 0 and 1 (got {target_p})")
+    if eta is not None and not (math.isfinite(eta) and eta > 0):
+        fail(f"--eta must be a positive finite number (got {eta})")
+
+
+def resolve_eta(bb: Any, eta: float | None, target_p: float | None) -> tuple[float | None, bool]:
+    """(η, calibrated): ``eta`` as given, or the η calibrated for ``target_p`` on rapt's
+    public text sample (the same call everywhere, so the same P gives the same η); (None,
+    False) when neither is given. Bad values are refused by :func:`check_eta_options`."""
+    check_eta_options(eta, target_p)
     if target_p is not None:
-        if not 0 < target_p < 1:
-            fail(f"--target-p must lie strictly between 0 and 1 (got {target_p})")
         from rapt.privatization import calibrate_eta_public
 
         return calibrate_eta_public(bb, target_p), True
-    if eta is not None and not (math.isfinite(eta) and eta > 0):
-        fail(f"--eta must be a positive finite number (got {eta})")
     return eta, False
 
 

@@ -14,6 +14,7 @@ from rapt.cli._app import (
     TARGET_P_HELP,
     TEXT_PAIR_OPT,
     app,
+    check_eta_options,
     echo_data_notes,
     echo_privacy,
     resolve_eta,
@@ -193,12 +194,7 @@ def privatize(
         tokenize_texts,
     )
 
-    if eta is not None and (not math.isfinite(eta) or eta <= 0):
-        _fail(f"--eta must be a positive number, got {eta}")
-    if target_p is not None and not 0 < target_p < 1:
-        _fail(f"--target-p must lie strictly between 0 and 1, got {target_p}")
-    if eta is not None and target_p is not None:
-        _fail("give --eta or --target-p, not both")
+    check_eta_options(eta, target_p)
     if mode not in ("exact", "fast", "annoy"):
         _fail(f"--mode must be exact, fast or annoy, got {mode!r}")
     if chunk_size < 1:
