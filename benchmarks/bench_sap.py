@@ -54,6 +54,7 @@ from rapt.split import (
     train_split,
 )
 from rapt.split.customer import _pad
+from rapt.stats import paired_difference
 
 PROFILES = {
     # Reduced: ~25 min on one shared thread (a training step of 32 rows is ~1 s there).
@@ -278,6 +279,46 @@ def summarize(res: dict) -> list[dict]:
     return out
 
 
+def paired_cti(res: dict) -> list[dict]:
+    """SAP-CTI − SAP per (task, P) on Figure 2, paired by seed (same seed = same init, data
+    order and noise stream), UA and EP in points with 95 % CIs over the seeds both ran."""
+    by: dict[tuple, float] = {}
+    for r in res["runs"]:
+        if r["table"] == "fig2" and r["P_target"] is not None:
+            by[(r["task"], r["P_target"], r["setting"], r["seed"])] = r
+    out = []
+    for task, p in sorted({(t, p) for t, p, _, _ in by}, key=lambda k: (k[0], -k[1])):
+        seeds = sorted(s for t, q, st, s in by if (t, q, st) == (task, p, "SAP")
+                       and (task, p, "SAP-CTI", s) in by)
+        if not seeds:
+            continue
+        cti = [by[(task, p, "SAP-CTI", s)] for s in seeds]
+        sap = [by[(task, p, "SAP", s)] for s in seeds]
+        dua = paired_difference([100 * r["UA"] for r in cti], [100 * r["UA"] for r in sap])
+        dep = paired_difference([100 * r["EP"] for r in cti], [100 * r["EP"] for r in sap])
+        out.append({"task": task, "P_target": p, "eta": sap[0]["eta"], "n": len(seeds),
+                    "dUA": dua["mean_diff"], "dUA_ci95": dua["ci95"],
+                    "dUA_excludes_zero": dua["excludes_zero"],
+                    "dEP": dep["mean_diff"], "dEP_ci95": dep["ci95"],
+                    "cti_tokens": cti[0]["cti_tokens"], "cti_coverage": cti[0]["cti_coverage"],
+                    # the issue's goal: better utility at equal EP (within 2 points)
+                    "beats": dua["mean_diff"] > 0 and dua["excludes_zero"]
+                    and abs(dep["mean_diff"]) <= 2.0})
+    return out
+
+
+def cti_goal(paired: list[dict], task: str) -> str:
+    rows = [d for d in paired if d["task"] == task]
+    if not rows:
+        return f"{task}: no paired SAP / SAP-CTI runs"
+    wins = [d for d in rows if d["beats"]]
+    ok = len(wins) >= 2
+    etas = ", ".join(f"{d['eta']:.1f}" for d in wins) or "none"
+    return (f"{task}: SAP-CTI beats SAP (paired ΔUA > 0 with the 95 % CI excluding 0, "
+            f"|ΔEP| ≤ 2) at {len(wins)} of {len(rows)} η ({etas}) — goal (≥ 2 η) "
+            + ("met" if ok else "NOT met"))
+
+
 def _p_key(p):
     return -1.0 if p is None else -p  # no privacy first, then decreasing P (= increasing η)
 
@@ -320,6 +361,21 @@ def markdown(res: dict) -> str:
                          f"{r['recall']:.3f} | {r['n']} |")
         lines += ["", "Majority-class test rate: " + ", ".join(
             f"{k} {100 * v:.1f}%" for k, v in maj.items()), ""]
+    pc = res.get("paired_cti") or paired_cti(res)
+    if pc:
+        lines += ["## SAP-CTI − SAP, paired by seed (Figure 2)", "",
+                  "ΔUA and ΔEP in points, mean ± 95 % CI (Student t) over the seeds both ran. "
+                  "CTI tokens: the union of the per-class top-k (k uniform over classes, the "
+                  "largest with ≤ 1 % of token occurrences), computed on the whole training "
+                  "split; they are released unperturbed (multiplier ∞, Algorithm 1).", "",
+                  "| task | P | η | n | ΔUA | ΔEP | CTI tokens | coverage | beats SAP |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for d in pc:
+            lines.append(f"| {d['task']} | {d['P_target']:.2f} | {d['eta']:.1f} | {d['n']} | "
+                         f"{d['dUA']:+.1f} ± {d['dUA_ci95']:.1f} | "
+                         f"{d['dEP']:+.1f} ± {d['dEP_ci95']:.1f} | {d['cti_tokens']} | "
+                         f"{100 * d['cti_coverage']:.2f} % | {'yes' if d['beats'] else 'no'} |")
+        lines += [""] + [f"- {cti_goal(pc, t)}" for t in sorted({d["task"] for d in pc})] + [""]
     if res.get("aia"):
         lines += ["## Attribute inference on released representations (TrustPilot, n = 0)", "",
                   "Attacker: 2-layer MLP (768, ReLU) on mean-pooled released vectors, trained "
@@ -384,12 +440,32 @@ def main() -> None:
     ap.add_argument("--append", action="store_true",
                     help="add runs to the existing JSON (its profile must match)")
     ap.add_argument("--render", action="store_true", help="re-render .md/.png from the .json")
+    ap.add_argument("--merge", default=None, metavar="STEM,STEM",
+                    help="combine result stems of the same profile (runs made in parallel "
+                         "processes) into --name, then render")
     args = ap.parse_args()
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if args.merge:
+        parts_res = [json.loads((out_dir / f"{m}.json").read_text())
+                     for m in args.merge.split(",")]
+        if len({r["profile"] for r in parts_res}) != 1:
+            raise SystemExit("--merge: the stems hold different profiles")
+        res = dict(parts_res[0])
+        res["appended"] = [a for r in parts_res for a in
+                           [{"command": r["command"], "machine": r["machine"]},
+                            *r.get("appended", [])]][1:]
+        res["elapsed_s"] = max(r.get("elapsed_s", 0.0) for r in parts_res)
+        for key in ("runs", "aia"):
+            res[key] = [x for r in parts_res for x in r.get(key, [])]
+        for key in ("eta_for_p", "majority_rate"):
+            res[key] = {k: v for r in parts_res for k, v in r.get(key, {}).items()}
+        res["merged_from"] = args.merge.split(",")
+        (out_dir / f"{args.name}.json").write_text(json.dumps(res, indent=1) + "\n")
+        args.render = True
     if args.render:
         res = json.loads((out_dir / f"{args.name}.json").read_text())
-        res["summary"] = summarize(res)
+        res["summary"], res["paired_cti"] = summarize(res), paired_cti(res)
         (out_dir / f"{args.name}.md").write_text(markdown(res) + "\n")
         plot(res, out_dir / f"{args.name}.png")
         return
@@ -421,7 +497,7 @@ def main() -> None:
     def save() -> None:
         res["elapsed_s"] = time.perf_counter() - t0
         res["machine"]["loadavg_end"] = list(os.getloadavg())
-        res["summary"] = summarize(res)
+        res["summary"], res["paired_cti"] = summarize(res), paired_cti(res)
         path.write_text(json.dumps(res, indent=1) + "\n")
 
     b = Bench(prof, res, save)

@@ -8,6 +8,9 @@ the batched / unbatched ratio comes from one run. Writes benchmarks/results/serv
 
     python benchmarks/bench_service.py                  # MiniLM, 300 requests per setting
     python benchmarks/bench_service.py --quick          # tiny random BERT, seconds
+    # issue 14: 16 customers' prefix prompts, mixed passes vs one pass per prompt ("before")
+    python benchmarks/bench_service.py --method prefix --prompts 16 --threads 16 \
+        --baseline per-prompt --out benchmarks/results/service_prefix16
 """
 
 from __future__ import annotations
@@ -167,6 +170,11 @@ def forward_bench(backbone_name: str, prompt_dirs: list[Path], rows: list[list[i
     return out
 
 
+# The second server's extra flags and the two settings' names in the tables.
+BASELINES = {"nobatch": (["--max-batch-rows", "1"], "micro-batching", "on", "off"),
+             "per-prompt": (["--per-prompt-passes"], "passes", "mixed", "per prompt")}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--backbone", default="minilm")
@@ -177,6 +185,10 @@ def main() -> None:
     ap.add_argument("--eta", type=float, default=100.0)
     ap.add_argument("--train-examples", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=5, help="alternations between the servers")
+    ap.add_argument("--method", choices=("prompt", "prefix", "lora"), default="prompt")
+    ap.add_argument("--baseline", choices=tuple(BASELINES), default="nobatch",
+                    help="what the second server turns off: micro-batching, or mixed passes "
+                         "(one pass per prompt within each micro-batch)")
     ap.add_argument("--out", default=str(RESULTS / "service"))
     args = ap.parse_args()
     load_start = os.getloadavg()
@@ -202,8 +214,10 @@ def main() -> None:
         c = RaptClient(srv.url, key, backbone=backbone, eta=args.eta, seed=0)
         ds = c.upload(train, max_length=64)
         t = time.perf_counter()
-        jobs = [c.tune(ds, epochs=1, batch_size=16, num_virtual_tokens=20, lr=0.02, seed=s,
-                       max_length=64) for s in range(args.prompts)]
+        jobs = [c.tune(ds, method=args.method, epochs=1, batch_size=16, seed=s, max_length=64,
+                       num_virtual_tokens=20 if args.method == "prompt" else None,
+                       lr=0.02 if args.method == "prompt" else None)
+                for s in range(args.prompts)]
         prompts = []
         for j in jobs:
             st = c.wait(j, progress=False, timeout=600)
@@ -216,8 +230,8 @@ def main() -> None:
         threads = [int(x) for x in args.threads.split(",")]
         # Both servers stay up and take turns in short rounds, so a change in the machine's
         # load hits both settings alike.
-        off = Server(rapt_serve(db, backbone, "--max-batch-rows", "1"),
-                     tmp / "server-nobatch.log")
+        base_flags, what, on_name, off_name = BASELINES[args.baseline]
+        off = Server(rapt_serve(db, backbone, *base_flags), tmp / "server-baseline.log")
         try:
             batched, unbatched = [], []
             for k in threads:
@@ -242,6 +256,7 @@ def main() -> None:
                     "loadavg_end": os.getloadavg(),
                     "server_omp_threads": os.environ.get("OMP_NUM_THREADS", "1")},
         "settings": {"backbone": "tiny-random-bert" if args.quick else backbone,
+                     "method": args.method, "baseline": args.baseline,
                      "eta": args.eta, "replacement_probability_train": round(p_repl, 4),
                      "prompts": len(prompts), "rows_per_request": 1,
                      "query_len_tokens_mean": round(sum(map(len, rows)) / len(rows), 1),
@@ -252,7 +267,8 @@ def main() -> None:
         "speedup_requests_per_s": [round(b["requests_per_s"] / u["requests_per_s"], 2)
                                    for b, u in zip(batched, unbatched, strict=True)],
         "mixed_task_forward": fwd,
-        "note": "micro-batching on/off = two servers on the same store, alternating in rounds",
+        "note": f"{what} {on_name}/{off_name} = two servers on the same store, alternating in "
+                "rounds",
         "seconds": round(time.time() - t_start, 1),
     }
     out = Path(args.out)
@@ -262,17 +278,17 @@ def main() -> None:
         f"# Service inference on loopback ({result['settings']['backbone']})", "",
         f"`{result['command']}` — {platform.processor() or platform.machine()}, "
         f"{os.cpu_count()} CPUs, load average at start {load_start[0]:.1f}; "
-        f"{len(prompts)} prompts mixed, 1 privatized row per request "
+        f"{len(prompts)} {args.method} prompts mixed, 1 privatized row per request "
         f"(η={args.eta}, P={p_repl:.2f}).", "",
-        "| threads | micro-batching | requests/s | p50 ms | p95 ms | requests per forward pass "
+        f"| threads | {what} | requests/s | p50 ms | p95 ms | requests per forward pass "
         "| errors |", "|---|---|---|---|---|---|---|"]
     for b, u in zip(batched, unbatched, strict=True):
-        for name, r in (("on", b), ("off", u)):
+        for name, r in ((on_name, b), (off_name, u)):
             lines.append(f"| {r['threads']} | {name} | {r['requests_per_s']} | {r['p50_ms']} | "
                          f"{r['p95_ms']} | {r['requests_per_pass']} | {r['errors']} |")
     lines += ["", "With 1 thread both servers run the same path (no request has company), so "
               "their difference is the measurement noise of this shared machine."]
-    lines += ["", "Speed-up of requests/s from micro-batching, per thread count: "
+    lines += ["", f"Speed-up of requests/s, {what} {on_name} over {off_name}, per thread count: "
               + ", ".join(f"{k} threads ×{s}" for k, s in
                           zip(threads, result["speedup_requests_per_s"], strict=True)), ""]
     lines += ["In-process, one backbone pass for rows of several prompts (mixed-task) vs one pass "

@@ -1178,3 +1178,16 @@ def test_backbone_not_loaded_is_503(tmp_path, tiny_bert):
         r = c.post("/v1/jobs", json={"dataset_id": ds}, headers=hdr(key))
         assert r.status_code == 503 and r.json()["error"] == "backbone_unavailable", r.text
         assert c.app.state.svc.store.counts() == before
+
+
+def test_per_prompt_passes_config_selects_the_reference_forward(tmp_path, tiny_bert):
+    """`rapt serve --per-prompt-passes` (the benchmarks' "before") must really switch paths."""
+    from rapt.service.inference import default_forward, per_prompt_forward
+
+    for mixed, expected in ((True, default_forward), (False, per_prompt_forward)):
+        cfg = ServiceConfig(db_path=tmp_path / f"svc{mixed}.db", backbones=["tiny"],
+                            mixed_passes=mixed)
+        app = create_app(cfg, backbones={"tiny": tiny_bert}, runner=FakeRunner(),
+                         prompt_loader=FakePrompt.load)
+        with TestClient(app):
+            assert app.state.svc.batchers["tiny"].forward is expected

@@ -71,6 +71,9 @@ def serve(
                                         "requests, ms (0: group what queued during a pass)"),
     max_batch_rows: int = typer.Option(64, help="rows per inference forward pass "
                                        "(1 = no micro-batching)"),
+    mixed_passes: bool = typer.Option(True, "--mixed-passes/--per-prompt-passes",
+                                      help="rows of different prompts share a forward pass "
+                                      "(per-prompt: one pass per prompt, the reference)"),
     max_datasets_per_key: int = typer.Option(100, help="quota: stored datasets per API key"),
     max_dataset_mb_per_key: float = typer.Option(1024.0, help="quota: stored dataset data per "
                                                  "API key, MiB"),
@@ -94,7 +97,7 @@ def serve(
 
     cfg = ServiceConfig(db_path=_db(db), backbones=list(backbone), device=device,
                         job_threads=job_threads, batch_wait_ms=batch_wait_ms,
-                        max_batch_rows=max_batch_rows,
+                        max_batch_rows=max_batch_rows, mixed_passes=mixed_passes,
                         limits=Limits(max_upload_bytes=int(max_upload_mb * 1024 * 1024),
                                       max_seq_len=max_seq_len,
                                       max_queued_jobs=max_queued_jobs,

@@ -39,6 +39,7 @@ from rapt.service.inference import (
     MicroBatcher,
     backbone_positions,
     default_forward,
+    per_prompt_forward,
     positions_used,
     prompt_positions,
 )
@@ -226,8 +227,9 @@ class Service:
                                 max_queued=self.limits.max_queued_jobs,
                                 threads=config.job_threads,
                                 progress_interval_s=config.progress_interval_s)
+        forward = forward or (default_forward if config.mixed_passes else per_prompt_forward)
         self.batchers = {
-            name: MicroBatcher(bb, forward or default_forward,
+            name: MicroBatcher(bb, forward,
                                max_wait_s=config.batch_wait_ms / 1000,
                                max_rows=config.max_batch_rows,
                                max_pending_rows=self.limits.max_inference_queue)

@@ -32,6 +32,9 @@ class ServiceConfig:
     batch_wait_ms: float = 0.0  # extra wait for more requests (0: take what queued up
     # while the previous pass ran, which adds no latency)
     max_batch_rows: int = 64  # rows per inference forward pass
+    # False: one pass per distinct prompt in a micro-batch (the reference path, and what the
+    # service did before mixed prefix/LoRA passes); kept selectable for benchmarks.
+    mixed_passes: bool = True
     device: str = "cpu"
     progress_interval_s: float = 0.5  # minimum time between progress writes to the store
 
