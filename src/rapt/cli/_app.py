@@ -88,6 +88,17 @@ def fail(msg: str) -> NoReturn:
     raise typer.Exit(2)
 
 
+def load_backbone_or_fail(name: str):
+    """``rapt.models.load_backbone(name)``, or one clear error line (unknown name, unreadable
+    folder, a package that is not installed) and exit status 2."""
+    from rapt.models import BackboneNotFoundError, load_backbone
+
+    try:
+        return load_backbone(name)
+    except (BackboneNotFoundError, OSError, ValueError) as e:
+        fail(str(e))
+
+
 def echo_data_notes(ds) -> None:
     """What the loader guessed about a dataset (format, label base, sentence-pair columns), one
     stderr note each, in the CLI's flag names."""

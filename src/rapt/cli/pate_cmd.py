@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import typer
 
-from rapt.cli._app import app
+from rapt.cli._app import app, load_backbone_or_fail
 from rapt.cli._app import fail as _fail
 
 # Another task's inputs as out-of-distribution public data (Flocks used imdb for sst2, qqp for
@@ -92,12 +92,7 @@ def _template(task: str, template: str | None, label_words: str | None, num_labe
 
 def _scorer(backbone: str, words, batch_size: int):
     from rapt.llm import HFLabelScorer, LabelWordError
-    from rapt.models import BackboneNotFoundError, load_backbone
-
-    try:
-        bb = load_backbone(backbone)
-    except BackboneNotFoundError as e:
-        _fail(str(e))
+    bb = load_backbone_or_fail(backbone)
     if bb.kind != "causal":
         _fail(f"backbone '{backbone}' is an encoder; PromptPATE needs a causal LM")
     try:

@@ -17,6 +17,7 @@ from rapt.cli._app import (
     check_eta_options,
     echo_data_notes,
     echo_privacy,
+    load_backbone_or_fail,
     resolve_eta,
     sub_app,
     warn_if_seeded,
@@ -142,14 +143,6 @@ def _rewrite(src: Path, name: str, fmt: str, n_records: int, texts: list[str],
     return body
 
 
-def _backbone(name: str):
-    from rapt.models import BackboneNotFoundError, load_backbone
-
-    try:
-        return load_backbone(name)
-    except (BackboneNotFoundError, OSError, ValueError) as e:
-        _fail(str(e))
-
 
 @app.command()
 def privatize(
@@ -207,7 +200,7 @@ def privatize(
     # the loader's format: a .txt of 'sentence@label' lines is read (and written) as such
     fmt_used = ds.report.get("format") or _resolve_format(input, format_opt)
 
-    bb = _backbone(backbone)
+    bb = load_backbone_or_fail(backbone)
     emb = bb.embeddings.detach()
     cand = None if all_tokens else candidate_ids_from_tokenizer(bb.tokenizer, emb.shape[0])
     texts = ds.texts
@@ -297,7 +290,7 @@ def invert(
     if any(not math.isfinite(e) or e <= 0 for e in eta):
         _fail(f"--eta values must be positive, got {eta}")
     ds = _load(input, split, None if fmt == "auto" else fmt, text_column, None, limit)
-    bb = _backbone(backbone)
+    bb = load_backbone_or_fail(backbone)
     emb = bb.embeddings.detach()
     cand = candidate_ids_from_tokenizer(bb.tokenizer, emb.shape[0])
     ids = torch.tensor([i for row in tokenize_texts(ds.texts, bb.tokenizer) for i in row])

@@ -21,6 +21,7 @@ from rapt.cli._app import (
     app,
     echo_privacy,
     fail,
+    load_backbone_or_fail,
     resolve_eta,
     sub_app,
     warn_if_seeded,
@@ -44,14 +45,6 @@ def _data(data: str, split: str, limit: int | None, text_column: str | None,
     except (DataError, FileNotFoundError) as e:
         fail(cli_message(str(e)))
 
-
-def _backbone(name: str):
-    from rapt.models import BackboneNotFoundError, load_backbone
-
-    try:
-        return load_backbone(name)
-    except BackboneNotFoundError as e:
-        fail(str(e))
 
 
 def _eta(bb, eta: float | None, target_p: float | None) -> float | None:
@@ -115,7 +108,7 @@ def sap_tune(
         fail(f"{data}: the examples have no labels (give --label-column)")
     if ds.num_labels < 2:
         fail(f"{data}: found {ds.num_labels} label value(s) {ds.label_names}; need at least 2")
-    bb = _backbone(backbone)
+    bb = load_backbone_or_fail(backbone)
     e = _eta(bb, eta, target_p)
     cfg = _config(split_layer=split_layer, eta=e, cti=cti, cti_multiplier=cti_multiplier,
                   cti_coverage=cti_coverage, unfreeze_bottom=unfreeze_bottom, method=method,
@@ -179,7 +172,7 @@ def _load_artifact(folder: Path, noise_seed: int | None):
         cfg = SplitConfig.from_dict({**doc["config"], "noise_seed": noise_seed})
     except (ValueError, KeyError, TypeError) as e:
         fail(f"{meta_path}: {e}")
-    bb = _backbone(doc["backbone"])
+    bb = load_backbone_or_fail(doc["backbone"])
     customer, provider = setup_split(bb, cfg, int(doc["num_labels"]), 1)
     try:
         load_top(provider.top, load_file(str(folder / "provider.safetensors")))
@@ -268,7 +261,7 @@ def sap_attack(
     ds = _data(data, split, limit, text_column, None)
     if len(ds) == 0:
         fail(f"{data}: no texts")
-    bb = _backbone(backbone)
+    bb = load_backbone_or_fail(backbone)
     e = _eta(bb, eta, target_p)
     cfg = _config(split_layer=split_layer, eta=e, max_length=max_length, noise_seed=noise_seed)
     try:

@@ -15,6 +15,7 @@ from rapt.cli._app import (
     app,
     echo_data_notes,
     echo_privacy,
+    load_backbone_or_fail,
     resolve_eta,
     warn_if_seeded,
 )
@@ -69,14 +70,6 @@ _NAMES_HELP = ("comma-separated label names, in id order; integer labels in the 
                "1-based (a note says so); labels all in 1..K-1 need --label-base")
 _BASE_HELP = "integer labels are 0-based or 1-based ids into --label-names (default: see there)"
 
-
-def _load_backbone(name: str):
-    from rapt.models import BackboneNotFoundError, load_backbone
-
-    try:
-        return load_backbone(name)
-    except BackboneNotFoundError as e:
-        _fail(str(e))
 
 
 def _privatizer(bb, eta: float | None, target_p: float | None, noise_seed: int | None,
@@ -218,7 +211,7 @@ def tune(
     if unlabelled:
         _fail(f"{ds.source}: {len(unlabelled)} examples have no label (first at line "
               f"{unlabelled[0]}); tuning needs a label on every example")
-    bb = _load_backbone(backbone)
+    bb = load_backbone_or_fail(backbone)
     try:
         from rapt.dp import dp_config_from_options
 
@@ -397,7 +390,7 @@ def predict(
                     label_base=label_base if user_file and names else None,
                     text_pair_column=text_pair_column)
     _check_pairs(tuned.meta, artifact, ds)
-    bb = _load_backbone(backbone or tuned.meta.get("backbone", "minilm"))
+    bb = load_backbone_or_fail(backbone or tuned.meta.get("backbone", "minilm"))
     eta = None if no_privatize else (eta if eta is not None else tuned.meta.get("eta"))
     if eta is None and not no_privatize:
         typer.echo("warning: this prompt was tuned without privatization and no --eta was "
@@ -564,7 +557,7 @@ def _register_attack() -> None:
             _fail(f"--attribute must be gender or age (got {attribute!r})")
         tr = _load_data(data, train_split, limit, None, None, attribute=attribute)
         te = _load_data(data, test_split, limit, None, None, attribute=attribute)
-        bb = _load_backbone(backbone)
+        bb = load_backbone_or_fail(backbone)
         from rapt.artifacts import ArtifactError
 
         try:
