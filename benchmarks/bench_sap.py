@@ -94,9 +94,14 @@ def _mean_sd(xs: list[float]) -> tuple[float, float]:
     return (statistics.fmean(xs), statistics.stdev(xs) if len(xs) > 1 else 0.0)
 
 
+def _run_key(r: dict) -> tuple:
+    return (r["task"], r["P_target"], r["seed"], r["setting"], r["split"], r["unfreeze"])
+
+
 class Bench:
-    def __init__(self, prof: dict, res: dict, save) -> None:
+    def __init__(self, prof: dict, res: dict, save, reuse: list[Path] = ()) -> None:
         self.prof, self.res, self.save = prof, res, save
+        self.reuse = list(reuse)
         self.bb = load_backbone("minilm")
         self.tok = self.bb.tokenizer
         self.special = self.bb.special_ids
@@ -105,6 +110,24 @@ class Bench:
         self.privatizers: dict[float, Privatizer] = {}
         self.data: dict = {}
         self.cti_rows: dict = {}
+
+    def reusable(self) -> list[dict]:
+        """Runs of the --reuse files, read now: another process may still be adding to them."""
+        runs = []
+        for path in self.reuse:
+            for _ in range(5):
+                try:
+                    old = json.loads(path.read_text())
+                    break
+                except (json.JSONDecodeError, FileNotFoundError):  # caught mid-write
+                    time.sleep(1)
+            else:
+                continue
+            if old["profile"] != self.res["profile"]:
+                raise SystemExit(f"--reuse {path}: profile {old['profile']!r}, "
+                                 f"not {self.res['profile']!r}")
+            runs += [r for r in old["runs"] if "reused_from" not in r]
+        return runs
 
     def eta(self, p: float | None) -> float | None:
         if p is None:
@@ -149,6 +172,20 @@ class Bench:
     def run(self, table: str, task: str, p: float | None, seed: int, *, cti: bool = False,
             split: int = 0, unfreeze: bool = False) -> dict:
         prof = self.prof
+        # The tables share settings (Table 3's frozen rows and Table 4's n = 0 rows are Figure
+        # 2's SST-2 SAP rows): a run already made with the same settings, in this file or a
+        # --reuse file, is copied instead of trained again (same seeds: identical numbers).
+        key = (task, p, seed, "SAP-CTI" if cti else "SAP", split, unfreeze)
+        for old in self.res["runs"]:  # --append resumes: a finished run is not made twice
+            if _run_key(old) == key and old["table"] == table:
+                return old
+        for old in [*self.res["runs"], *self.reusable()]:
+            if _run_key(old) == key:
+                run = {**old, "table": table, "reused_from": old["table"]}
+                self.res["runs"].append(run)
+                print(json.dumps(run), flush=True)
+                self.save()
+                return run
         tr, te, rtr, rte = self.task(task)
         eta = self.eta(p)
         cfg = SplitConfig(split_layer=split, eta=eta, cti=cti, unfreeze_bottom=unfreeze,
@@ -437,8 +474,15 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=None)
     ap.add_argument("--seed-offset", type=int, default=0, help="first seed (with --append)")
     ap.add_argument("--tasks", default=None, help="comma list (default: the profile's)")
+    ap.add_argument("--levels", default=None,
+                    help="comma list of target P for Figure 2 (default: the profile's)")
+    ap.add_argument("--baseline-seeds", type=int, default=None,
+                    help="no-privacy Figure 2 runs only for the first N seeds (default: all)")
     ap.add_argument("--append", action="store_true",
                     help="add runs to the existing JSON (its profile must match)")
+    ap.add_argument("--reuse", default=None, metavar="STEM,STEM",
+                    help="result stems (same profile) whose runs are copied, not re-trained, "
+                         "where a table repeats their settings")
     ap.add_argument("--render", action="store_true", help="re-render .md/.png from the .json")
     ap.add_argument("--merge", default=None, metavar="STEM,STEM",
                     help="combine result stems of the same profile (runs made in parallel "
@@ -474,6 +518,10 @@ def main() -> None:
         prof["seeds"] = args.seeds
     if args.tasks:
         prof["tasks"] = tuple(args.tasks.split(","))
+    if args.levels:
+        prof["levels"] = tuple(float(x) for x in args.levels.split(","))
+    if args.baseline_seeds is not None:
+        prof["baseline_seeds"] = args.baseline_seeds
     parts = args.parts.split(",")
     command = " ".join([sys.executable, *sys.argv])
     res: dict = {"command": command, "machine": _machine(),
@@ -484,7 +532,8 @@ def main() -> None:
         old = json.loads(path.read_text())
         if old["profile"] != args.profile:
             raise SystemExit(f"{path} holds profile {old['profile']!r}, not {args.profile!r}")
-        old.setdefault("appended", []).append({"command": command, "machine": _machine()})
+        old.setdefault("appended", []).append({"command": command, "machine": _machine(),
+                                               "settings": prof})
         res = old
     if args.profile == "quick":
         res["reduced_note"] = ("Reduced profile (--profile quick): training subsets, fewer η, "
@@ -500,25 +549,34 @@ def main() -> None:
         res["summary"], res["paired_cti"] = summarize(res), paired_cti(res)
         path.write_text(json.dumps(res, indent=1) + "\n")
 
-    b = Bench(prof, res, save)
+    b = Bench(prof, res, save,
+              [out_dir / f"{stem}.json" for stem in (args.reuse.split(",") if args.reuse else [])])
     # Seeds outermost within each part: an interrupted run has whole grids for seed 0.
+    plan: list[tuple] = []  # (table, task, P, seed, options)
     if "fig2" in parts:
         for seed in range(args.seed_offset, args.seed_offset + prof["seeds"]):
             for task in prof["tasks"]:
-                b.run("fig2", task, None, seed)
+                if seed < prof.get("baseline_seeds", seed + 1):
+                    plan.append(("fig2", task, None, seed, {}))
                 for p in prof["levels"]:
                     for cti in (False, True):
-                        b.run("fig2", task, p, seed, cti=cti)
+                        plan.append(("fig2", task, p, seed, {"cti": cti}))
     if "table3" in parts:
         for seed in range(prof["t3_seeds"]):
             for p in prof["t3_levels"]:
                 for unfreeze in (False, True):
-                    b.run("table3", "sst2", p, seed, unfreeze=unfreeze)
+                    plan.append(("table3", "sst2", p, seed, {"unfreeze": unfreeze}))
     if "table4" in parts:
         for seed in range(prof["t4_seeds"]):
             for n in prof["t4_splits"]:
                 for p in (None, *prof["t4_levels"]):
-                    b.run("table4", "sst2", p, seed, split=n)
+                    plan.append(("table4", "sst2", p, seed, {"split": n}))
+    # Runs that repeat Figure 2's SST-2 SAP settings (frozen, n = 0) go last, so that a
+    # Figure 2 process running beside this one has made them by then (see --reuse).
+    plan.sort(key=lambda r: r[0] != "fig2" and r[1] == "sst2" and not r[4].get("unfreeze")
+              and not r[4].get("split") and not r[4].get("cti"))
+    for table, task, p, seed, opts in plan:
+        b.run(table, task, p, seed, **opts)
     if "aia" in parts:
         b.aia(prof["levels"])
     save()
