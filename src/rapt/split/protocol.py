@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["ActivationGrad", "Activations", "OutputGrad", "SplitProtocolError", "TopOutput"]
+__all__ = ["ActivationGrad", "Activations", "BatchRef", "OutputGrad", "Release",
+           "SplitProtocolError", "TopOutput"]
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _MASKS = (torch.bool, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
@@ -54,6 +55,26 @@ def _float_tensor(msg: str, name: str, t: object, dims: int) -> None:
         raise SplitProtocolError(msg, name, "contains NaN or infinite values")
 
 
+def _hidden_mask(msg: str, hidden: object, m: object) -> None:
+    """``hidden`` (B, n, h) finite float; ``m`` (B, n) 0/1, right-padded, no empty row."""
+    _float_tensor(msg, "hidden", hidden, 3)
+    if not isinstance(m, Tensor):
+        raise SplitProtocolError(msg, "mask", f"must be a tensor, got {type(m).__name__}")
+    if m.dtype not in _MASKS:
+        raise SplitProtocolError(msg, "mask", f"must be a bool or integer tensor, got {m.dtype}")
+    if tuple(m.shape) != tuple(hidden.shape[:2]):
+        raise SplitProtocolError(msg, "mask", f"shape {tuple(m.shape)} does not match hidden's "
+                                              f"first two dimensions {tuple(hidden.shape[:2])}")
+    mi = m.long()
+    if bool(((mi != 0) & (mi != 1)).any()):
+        raise SplitProtocolError(msg, "mask", "values must be 0 or 1")
+    if bool((mi.sum(1) == 0).any()):
+        raise SplitProtocolError(msg, "mask", "a row has no valid position")
+    # Right padding: positions and pooling assume the valid tokens come first.
+    if bool((mi[:, 1:] > mi[:, :-1]).any()):
+        raise SplitProtocolError(msg, "mask", "must be right-padded (1s, then 0s, in every row)")
+
+
 @dataclass(frozen=True)
 class Activations:
     """Customer -> provider: the (privatized) output of the bottom for one batch.
@@ -67,27 +88,7 @@ class Activations:
 
     def __post_init__(self) -> None:
         _step("Activations", self.step)
-        _float_tensor("Activations", "hidden", self.hidden, 3)
-        m = self.mask
-        if not isinstance(m, Tensor):
-            raise SplitProtocolError("Activations", "mask",
-                                     f"must be a tensor, got {type(m).__name__}")
-        if m.dtype not in _MASKS:
-            raise SplitProtocolError("Activations", "mask",
-                                     f"must be a bool or integer tensor, got {m.dtype}")
-        if tuple(m.shape) != tuple(self.hidden.shape[:2]):
-            raise SplitProtocolError("Activations", "mask",
-                                     f"shape {tuple(m.shape)} does not match hidden's first two "
-                                     f"dimensions {tuple(self.hidden.shape[:2])}")
-        mi = m.long()
-        if bool(((mi != 0) & (mi != 1)).any()):
-            raise SplitProtocolError("Activations", "mask", "values must be 0 or 1")
-        if bool((mi.sum(1) == 0).any()):
-            raise SplitProtocolError("Activations", "mask", "a row has no valid position")
-        # Right padding: positions and pooling assume the valid tokens come first.
-        if bool((mi[:, 1:] > mi[:, :-1]).any()):
-            raise SplitProtocolError("Activations", "mask",
-                                     "must be right-padded (1s, then 0s, in every row)")
+        _hidden_mask("Activations", self.hidden, self.mask)
 
 
 @dataclass(frozen=True)
@@ -124,3 +125,43 @@ class ActivationGrad:
     def __post_init__(self) -> None:
         _step("ActivationGrad", self.step)
         _float_tensor("ActivationGrad", "grad", self.grad, 3)
+
+
+@dataclass(frozen=True)
+class Release:
+    """Customer -> provider, frozen bottom only: rows ``offset`` .. ``offset + B - 1`` of the
+    one release of the training set (SAP §4.2: privatized and encoded once), hidden (B, n, h),
+    mask (B, n). Uploaded in chunks before training; batches then name rows (:class:`BatchRef`),
+    so every example crosses the wire once."""
+
+    offset: int
+    hidden: Tensor
+    mask: Tensor
+
+    def __post_init__(self) -> None:
+        if isinstance(self.offset, bool) or not isinstance(self.offset, int) or self.offset < 0:
+            raise SplitProtocolError("Release", "offset",
+                                     f"must be an integer >= 0, got {self.offset!r}")
+        _hidden_mask("Release", self.hidden, self.mask)
+
+
+@dataclass(frozen=True)
+class BatchRef:
+    """Customer -> provider, frozen bottom: batch ``step`` is rows ``rows`` (B,) of the uploaded
+    :class:`Release` (distinct indices, int32/int64). Stands in for :class:`Activations`."""
+
+    step: int
+    rows: Tensor
+
+    def __post_init__(self) -> None:
+        _step("BatchRef", self.step)
+        r = self.rows
+        if not isinstance(r, Tensor) or r.dtype not in (torch.int32, torch.int64):
+            raise SplitProtocolError("BatchRef", "rows", "must be an int32 or int64 tensor, got "
+                                     f"{getattr(r, 'dtype', type(r).__name__)}")
+        if r.dim() != 1 or r.numel() == 0:
+            raise SplitProtocolError("BatchRef", "rows",
+                                     f"must be 1-dimensional and non-empty, got shape "
+                                     f"{tuple(r.shape)}")
+        if bool((r < 0).any()) or len(set(r.tolist())) != r.numel():
+            raise SplitProtocolError("BatchRef", "rows", "indices must be distinct and >= 0")
