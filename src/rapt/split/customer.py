@@ -371,14 +371,16 @@ def setup_split(bb: Backbone, config: SplitConfig, num_labels: int, n_examples: 
 def make_customer(bb: Backbone, bottom: Bottom, config: SplitConfig, num_labels: int, *,
                   privatizer: Privatizer | None = None) -> SplitCustomer:
     """The customer around ``bottom`` (from :func:`split_backbone`, or downloaded from the
-    provider): ``bb`` gives the tokenizer's pad and special ids and the public embedding matrix
-    the privatizer searches (noise seeded only by ``config.noise_seed``)."""
+    provider): ``bb`` gives the tokenizer's pad, special and candidate ids; the privatizer
+    searches the bottom's token embeddings (noise seeded only by ``config.noise_seed``)."""
     if privatizer is not None and (config.eta is None or privatizer.eta != config.eta):
         raise ValueError(f"the privatizer's η ({privatizer.eta}) is not config.eta "
                          f"({config.eta})")
     if privatizer is None and config.eta is not None:
-        cand = candidate_ids_from_tokenizer(bb.tokenizer, bb.embeddings.shape[0])
-        privatizer = Privatizer(bb.embeddings.detach(), config.eta, special_ids=bb.special_ids,
+        # The bottom's own (initial, public) token embeddings: the ones the release goes through.
+        emb = bottom.word_embeddings.weight.detach().clone()
+        cand = candidate_ids_from_tokenizer(bb.tokenizer, emb.shape[0])
+        privatizer = Privatizer(emb, config.eta, special_ids=bb.special_ids,
                                 candidate_ids=cand, mode=config.privatizer_mode,
                                 seed=config.noise_seed)
     return SplitCustomer(bottom, config, num_labels, hidden_size=bb.hidden_size,

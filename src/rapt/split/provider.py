@@ -91,6 +91,11 @@ class ProviderSession:
     def _device(self) -> torch.device:
         return next(iter(self.top.parameters())).device
 
+    @property
+    def pending_step(self) -> int | None:
+        """Step id of the forward waiting for its OutputGrad (None when none is)."""
+        return self._pending[0] if self._pending is not None else None
+
     def _check(self, acts: Activations) -> None:
         if not isinstance(acts, Activations):
             raise SplitProtocolError("Activations", "type",
