@@ -12,6 +12,7 @@ import httpx
 import pytest
 import torch
 from fastapi.testclient import TestClient
+from safetensors.torch import save
 from test_client import LABELS, TEXTS, leaked_ngrams
 from test_service import add_key, make_bert
 
@@ -27,10 +28,14 @@ from rapt.split import (
     predict_split,
     setup_split,
     train_split,
+    wire,
 )
-from rapt.split import wire
 
 OCTET = {"Content-Type": "application/octet-stream"}
+
+
+def ones(*shape: int) -> torch.Tensor:
+    return torch.ones(*shape, dtype=torch.bool)
 
 
 def cfg(**kw) -> SplitConfig:
@@ -118,7 +123,7 @@ def test_remote_training_equals_in_process_and_wire_is_clean(service, tmp_path, 
     assert not leaked_ngrams([as_json(b) for b in bodies if b], bb.tokenizer, n=3)
     # No labels and nothing derived from them but ∂l/∂g, which is what SAP sends.
     tensor_names, json_keys = set(), set()
-    for path, b in sent:
+    for _, b in sent:
         parts = safetensors_parts(b) if b else None
         if parts is not None:
             assert set(parts[0]) <= {"message", "step", "offset"}
@@ -176,3 +181,211 @@ def same_body(x: bytes, y: bytes) -> bool:
         return x == y
     return px[0] == py[0] and px[1].keys() == py[1].keys() and all(
         torch.equal(px[1][k], py[1][k]) for k in px[1])
+
+
+def _session(tc, key, **kw) -> str:
+    body = {"backbone": "tiny", "n_examples": 8, "split_layer": 1, "epochs": 2, "batch_size": 4,
+            "max_length": 16, **kw}
+    r = tc.post("/v1/sap/sessions", json=body, headers={"Authorization": f"Bearer {key}"})
+    assert r.status_code == 201, r.text
+    return r.json()["id"]
+
+
+def test_bad_messages_are_refused_and_change_nothing(service, tmp_path):
+    tc, (key, bob), bb = service
+    me, other = {"Authorization": f"Bearer {key}"}, {"Authorization": f"Bearer {bob}"}
+    files = Path(str(tmp_path / "svc.db") + ".files") / "sap"
+
+    def post(sid, what, msg, who=me):
+        data = wire.encode(msg) if not isinstance(msg, bytes) else msg
+        return tc.post(f"/v1/sap/sessions/{sid}/{what}", content=data, headers={**who, **OCTET})
+
+    def snapshot(sid):
+        state = files / sid / "state.pt"
+        return (tc.get(f"/v1/sap/sessions/{sid}", headers=me).json(),
+                state.read_bytes() if state.exists() else None,
+                sorted(p.name for p in (files / sid).iterdir()))
+
+    def refused(sid, resp, status, word):
+        before = snapshot(sid)
+        r = resp()
+        assert r.status_code == status and word in r.json()["detail"], (r.status_code, r.text)
+        assert snapshot(sid) == before
+        return r
+
+    # unfrozen: activations with every forward
+    sid = _session(tc, key, unfreeze_bottom=True)
+    mask = ones(4, 6)
+    good = Activations(0, torch.randn(4, 6, 32), mask)
+    assert post(sid, "forward", good).status_code == 200
+    for bad, word in [
+            (Activations(0, torch.randn(4, 6, 16), mask), "expects 32"),  # hidden size
+            (Activations(0, torch.randn(5, 6, 32), ones(5, 6)), "batch_size=4"),
+            (wire.encode(good)[:-7], "safetensors"),  # truncated body
+            (b"\x00" * 64, "safetensors"),
+            (OutputGrad(0, torch.randn(4, 32)), "expected a Activations"),
+            (BatchRef(0, torch.tensor([0, 1])), "expected a Activations")]:
+        refused(sid, lambda b=bad: post(sid, "forward", b), 422, word)
+    # a float64 mask and an integer hidden are refused from the header, before any tensor
+    for tensors, word in [({"hidden": torch.ones(4, 6, 32, dtype=torch.int32), "mask": mask},
+                           "dtype I32"),
+                          ({"hidden": torch.randn(4, 6, 32), "mask": mask.double()},
+                           "dtype F64")]:
+        data = save(tensors, metadata={"message": "Activations", "step": "0"})
+        refused(sid, lambda d=data: post(sid, "forward", d), 422, word)
+    nan = torch.randn(4, 32)
+    nan[1, 3] = float("nan")
+    nan_body = save({"grad": nan}, metadata={"message": "OutputGrad", "step": "0"})
+    refused(sid, lambda: post(sid, "backward", nan_body), 422, "NaN")
+    refused(sid, lambda: post(sid, "backward", OutputGrad(0, torch.randn(3, 32))), 422, "shape")
+    refused(sid, lambda: post(sid, "backward", OutputGrad(1, torch.randn(4, 32))), 409,
+            "skips ahead")
+    # another tenant's session is a missing one, for every route
+    for what in ("forward", "backward", "predict", "release"):
+        refused(sid, lambda w=what: post(sid, w, good, who=other), 404, "no sap session")
+    assert tc.get(f"/v1/sap/sessions/{sid}", headers=other).status_code == 404
+    assert tc.delete(f"/v1/sap/sessions/{sid}", headers=other).status_code == 404
+    assert tc.post(f"/v1/sap/sessions/{sid}/forward", content=wire.encode(good)).status_code \
+        == 401
+    # the pending forward survived all that: the right gradient applies step 0 once
+    r = post(sid, "backward", OutputGrad(0, torch.randn(4, 32)))
+    assert r.status_code == 200 and r.headers["x-rapt-replayed"] == "0"
+    reply = wire.decode(r.content, wire.MESSAGES["ActivationGrad"], max_bytes=1 << 20)
+    assert reply.step == 0 and reply.grad.shape == (4, 6, 32)
+    # a repeated backward (lost reply) is answered from the saved reply, nothing applied twice
+    before = snapshot(sid)
+    r2 = post(sid, "backward", OutputGrad(0, torch.randn(4, 32)))
+    assert r2.status_code == 200 and r2.headers["x-rapt-replayed"] == "1"
+    assert torch.equal(wire.decode(r2.content, wire.MESSAGES["ActivationGrad"],
+                                   max_bytes=1 << 20).grad, reply.grad)
+    assert snapshot(sid) == before and before[0]["last_step"] == 0
+    # a stale forward names the step to resume from
+    r = refused(sid, lambda: post(sid, "forward", good), 409, "already applied")
+    assert r.headers["x-rapt-last-step"] == "0"
+    # no forward pending (e.g. after a restart): 409 no_forward
+    refused(sid, lambda: post(sid, "backward", OutputGrad(1, torch.randn(4, 32))), 409,
+            "no forward of step 1")
+    # a release belongs to a frozen bottom only
+    rel = Release(0, torch.randn(4, 6, 32), mask)
+    refused(sid, lambda: post(sid, "release", rel), 409, "trains the bottom")
+
+    # frozen: the release first, contiguous; batches by index
+    sid = _session(tc, key)
+    refused(sid, lambda: post(sid, "forward", BatchRef(0, torch.tensor([0, 1]))), 409,
+            "upload rows 0..")
+    refused(sid, lambda: post(sid, "release", Release(4, torch.randn(4, 6, 32), mask)), 409,
+            "send offset=0")
+    refused(sid, lambda: post(sid, "release", Release(0, torch.randn(9, 6, 32),
+                                                      ones(9, 6))), 422, "n_examples=8")
+    refused(sid, lambda: post(sid, "release", Release(0, torch.randn(4, 17, 32),
+                                                      ones(4, 17))), 422, "max_length=16")
+    for off in (0, 0, 4):  # the repeated chunk is accepted and changes nothing
+        r = post(sid, "release", Release(off, torch.randn(4, 6, 32), mask))
+        assert r.status_code == 200, r.text
+    assert r.json()["rows_received"] == 8
+    refused(sid, lambda: post(sid, "forward", good), 422, "expected a BatchRef")
+    refused(sid, lambda: post(sid, "forward", BatchRef(0, torch.tensor([0, 8]))), 422,
+            "not a row")
+    dup = save({"rows": torch.tensor([1, 1])}, metadata={"message": "BatchRef", "step": "0"})
+    refused(sid, lambda: post(sid, "forward", dup), 422, "distinct")
+    assert post(sid, "forward", BatchRef(0, torch.tensor([0, 5]))).status_code == 200
+    r = post(sid, "backward", OutputGrad(0, torch.randn(2, 32)))
+    assert r.status_code == 200 and r.json() == {"step": 0, "last_step": 0, "replayed": False}
+    # predict: any time, no step order; shapes checked the same way
+    out = post(sid, "predict", Activations(0, torch.randn(3, 5, 32), ones(3, 5)))
+    assert wire.decode(out.content, wire.MESSAGES["TopOutput"], max_bytes=1 << 20) \
+        .output.shape == (3, 32)
+    refused(sid, lambda: post(sid, "predict", Activations(0, torch.randn(3, 5, 8),
+                                                          ones(3, 5))), 422, "expects 32")
+
+
+def test_session_creation_refuses_labels_and_bad_configs(service):
+    tc, (key, _), bb = service
+    me = {"Authorization": f"Bearer {key}"}
+    base = {"backbone": "tiny", "n_examples": 8}
+    for extra, status, word in [({"labels": [0, 1]}, 422, "labels"),
+                                ({"num_labels": 2}, 422, "num_labels"),
+                                ({"noise_seed": 1}, 422, "noise_seed"),
+                                ({"split_layer": 2}, 422, "0..1"),
+                                ({"backbone": "nope"}, 422, "not loaded"),
+                                ({"method": "prefix"}, 422, "method"),
+                                ({"max_length": 65}, 422, "max_seq_len=64")]:
+        r = tc.post("/v1/sap/sessions", json={**base, **extra}, headers=me)
+        assert r.status_code == status and word in r.text, (extra, r.text)
+    assert tc.app.state.svc.store.counts()["sap_sessions"] == 0
+    c = RaptClient(api_key=key, backbone=bb, remote_backbone="tiny", http=tc)
+    with pytest.raises(PrivacyNotConfiguredError, match="eta"):
+        c.sap_customer(SplitConfig(split_layer=1), 2)
+
+
+def test_bottom_download_is_hashed_cached_and_holds_no_top(service, tmp_path):
+    tc, (key, _), bb = service
+    seen = []
+    tc.event_hooks["response"] = [lambda r: seen.append(r.status_code)]
+    c = RaptClient(api_key=key, backbone=bb, remote_backbone="tiny", http=tc)
+    t1 = c.sap_bottom(1, cache_dir=tmp_path)
+    assert {k.split(".")[0] for k in t1} == {"embed", "blocks"}
+    assert {k.split(".")[2] for k in t1 if k.startswith("blocks.")} == {"0"}  # block 0 only
+    t2 = c.sap_bottom(1, cache_dir=tmp_path)
+    assert seen == [200, 304] and all(torch.equal(t1[k], t2[k]) for k in t1)
+    cached = next((tmp_path / "sap-bottoms").iterdir())
+    cached.write_bytes(cached.read_bytes()[:-4] + b"\0\0\0\0")  # damaged cache: re-downloaded
+    t3 = c.sap_bottom(1, cache_dir=tmp_path)
+    assert seen[-1] == 200 and all(torch.equal(t1[k], t3[k]) for k in t1)
+    r = tc.get("/v1/sap/bottom", params={"backbone": "tiny", "split_layer": 0},
+               headers={"Authorization": f"Bearer {key}"})
+    assert r.headers["x-content-sha256"] == __import__("hashlib").sha256(r.content).hexdigest()
+    assert tc.get("/v1/sap/bottom", params={"backbone": "tiny"},
+                  headers={"Authorization": ""}).status_code == 401
+
+
+def test_end_to_end_over_uvicorn_survives_a_crash_mid_step(tmp_path):
+    """`rapt serve` in a subprocess; the server is killed between a forward and its backward
+    and started again: the session resumes from its files (the pending forward is sent again),
+    every step is applied once, and losses and predictions equal the in-process run."""
+    from test_service_e2e import Server
+    from typer.testing import CliRunner
+
+    from rapt.cli import app
+
+    bb = make_bert()
+    folder = tmp_path / "tiny-bert"
+    bb.model.save_pretrained(folder)
+    bb.tokenizer.save_pretrained(folder)
+    srv = Server(tmp_path / "svc.db", folder, tmp_path / "server.log")
+    out = CliRunner().invoke(app, ["serve", "--db", str(srv.db), "keys", "add", "alice"])
+    key = out.stdout.strip()
+    srv.start()
+    try:
+        c = RaptClient(srv.url, key, backbone=str(folder))
+        sc = cfg(eta=60.0, epochs=12)
+        rows = encode_texts(c.backbone.tokenizer, TEXTS, sc.max_length)
+        customer = c.sap_customer(sc, 2, cache_dir=tmp_path / "cache")
+        customer.load(rows, LABELS)
+        sid = c.sap_session(sc, len(rows))
+        provider = c.sap_provider(sid, customer)
+        provider.upload_release()
+        forward = provider.forward
+
+        def crash_after_forward(acts, train=True):
+            out = forward(acts, train=train)
+            if train and acts.step == 6:
+                srv.proc.kill()  # no shutdown: only what was saved survives
+                srv.proc.wait(10)
+                srv.start()
+                c.http.base_url = httpx.URL(srv.url)
+            return out
+
+        provider.forward = crash_after_forward
+        hist = train_split(customer, provider)
+        assert provider.resent_forwards == 1
+        st = c.sap_status(sid)
+        assert st["steps_done"] == st["total_steps"] == len(hist) == 24
+        assert sum(h["loss"] for h in hist[-4:]) < 0.8 * sum(h["loss"] for h in hist[:4])
+        probs = predict_split(customer, provider, rows)
+        ref_hist, ref_probs = local_run(make_bert(), sc)
+        assert torch.allclose(torch.tensor([h["loss"] for h in hist]),
+                              torch.tensor([h["loss"] for h in ref_hist]), atol=1e-6)
+        assert torch.allclose(probs, ref_probs, atol=1e-5)
+    finally:
+        srv.stop()

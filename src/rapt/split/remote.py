@@ -52,6 +52,7 @@ class RemoteProvider:
         self._forward_body: bytes | None = None
         self.bytes_sent = 0
         self.bytes_received = 0
+        self.resent_forwards = 0  # forwards sent again after a 409 no_forward (restarts)
 
     # -- transport --------------------------------------------------------------------------
     def _post(self, what: str, data: bytes) -> Any:
@@ -131,6 +132,7 @@ class RemoteProvider:
             # The server restarted (or evicted the session) between forward and backward:
             # recompute the same g there, then apply.
             self._post("forward", self._forward_body)
+            self.resent_forwards += 1
             r = self._post("backward", data)
         self.step = int(r.headers.get("x-rapt-last-step", msg.step)) + 1
         self._forward_body = None
