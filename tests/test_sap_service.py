@@ -131,7 +131,7 @@ def test_remote_training_equals_in_process_and_wire_is_clean(service, tmp_path, 
         elif b:
             json_keys |= set(json.loads(b))
     assert tensor_names == ({"hidden", "mask", "grad"} if unfreeze
-                            else {"hidden", "mask", "rows", "grad"})
+                            else {"hidden", "lengths", "mask", "rows", "grad"})
     assert not [k for k in json_keys if "label" in k or "class" in k or k in ("eta",
                                                                               "noise_seed")]
     # A frozen release crosses once: 8 rows uploaded, then batches by index only.
@@ -266,21 +266,26 @@ def test_bad_messages_are_refused_and_change_nothing(service, tmp_path):
     refused(sid, lambda: post(sid, "backward", OutputGrad(1, torch.randn(4, 32))), 409,
             "no forward of step 1")
     # a release belongs to a frozen bottom only
-    rel = Release(0, torch.randn(4, 6, 32), mask)
+    rel = Release(0, torch.randn(24, 32), torch.full((4,), 6))
     refused(sid, lambda: post(sid, "release", rel), 409, "trains the bottom")
 
     # frozen: the release first, contiguous; batches by index
     sid = _session(tc, key)
     refused(sid, lambda: post(sid, "forward", BatchRef(0, torch.tensor([0, 1]))), 409,
             "upload rows 0..")
-    refused(sid, lambda: post(sid, "release", Release(4, torch.randn(4, 6, 32), mask)), 409,
+    refused(sid, lambda: post(sid, "release", Release(4, torch.randn(24, 32),
+                                                      torch.full((4,), 6))), 409,
             "send offset=0")
-    refused(sid, lambda: post(sid, "release", Release(0, torch.randn(9, 6, 32),
-                                                      ones(9, 6))), 422, "n_examples=8")
-    refused(sid, lambda: post(sid, "release", Release(0, torch.randn(4, 17, 32),
-                                                      ones(4, 17))), 422, "max_length=16")
+    refused(sid, lambda: post(sid, "release", Release(0, torch.randn(54, 32),
+                                                      torch.full((9,), 6))), 422, "n_examples=8")
+    refused(sid, lambda: post(sid, "release", Release(0, torch.randn(20, 32),
+                                                      torch.tensor([17, 1, 1, 1]))), 422,
+            "max_length=16")
+    bad = save({"hidden": torch.randn(20, 32), "lengths": torch.tensor([6, 6, 6, 6])},
+               metadata={"message": "Release", "offset": "0"})
+    refused(sid, lambda: post(sid, "release", bad), 422, "sum to 24")
     for off in (0, 0, 4):  # the repeated chunk is accepted and changes nothing
-        r = post(sid, "release", Release(off, torch.randn(4, 6, 32), mask))
+        r = post(sid, "release", Release(off, torch.randn(24, 32), torch.full((4,), 6)))
         assert r.status_code == 200, r.text
     assert r.json()["rows_received"] == 8
     refused(sid, lambda: post(sid, "forward", good), 422, "expected a BatchRef")

@@ -207,9 +207,7 @@ class SplitSessions:
             max_bytes = self.limits.max_sap_release_bytes
             for f in sorted(folder.glob("release-*.safetensors")):
                 data = f.read_bytes()
-                msg = wire.decode(data, Release, max_bytes=max_bytes)
-                live.release += [msg.hidden[i, :int(m.sum())].clone()
-                                 for i, m in enumerate(msg.mask.long())]
+                live.release += wire.decode(data, Release, max_bytes=max_bytes).rows()
                 live.release_bytes += len(data)
         if row["last_step"] != live.last_step or row["rows_received"] != len(live.release):
             # the files are the truth: the row may lag by one step after a crash
@@ -269,8 +267,14 @@ class SplitSessions:
         if live.config.unfreeze_bottom:
             raise SapError(409, "unfrozen_bottom", f"sap session '{sid}' trains the bottom: "
                            "activations come with each forward, there is no release to upload")
-        self._check_acts(live, msg.hidden, "Release", self.limits.max_examples, "max_examples")
-        B = msg.hidden.shape[0]
+        B, h = msg.lengths.numel(), live.provider.hidden_size
+        if msg.hidden.shape[1] != h:
+            raise SapError(422, "invalid_message", f"Release.hidden: last dimension is "
+                           f"{msg.hidden.shape[1]}, this session's top expects {h}")
+        if int(msg.lengths.max()) > live.config.max_length:
+            raise SapError(422, "limit_exceeded", f"Release.lengths: a row of "
+                           f"{int(msg.lengths.max())} positions, over the session's "
+                           f"max_length={live.config.max_length}")
         with live.lock:
             have, n = len(live.release), int(live.row["n_examples"])
             if msg.offset + B > n:
@@ -287,8 +291,7 @@ class SplitSessions:
             folder = Path(live.row["path"])
             _atomic_write(folder / f"release-{msg.offset:012d}.safetensors",
                           lambda p: p.write_bytes(data))
-            live.release += [msg.hidden[i, :int(m.sum())].float().clone()
-                             for i, m in enumerate(msg.mask.long())]
+            live.release += [r.float().clone() for r in msg.rows()]
             live.release_bytes += len(data)
             self.store.update_sap_session(sid, rows_received=len(live.release))
             live.row["rows_received"] = len(live.release)

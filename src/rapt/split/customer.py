@@ -242,14 +242,14 @@ class SplitCustomer:
             raise ValueError("an unfrozen bottom privatizes afresh every step: there is no "
                              "one release to upload")
         assert self._cache_ids is not None, "call load(rows, labels) first"
-        ids, mask = _pad(self._cache_ids[start:stop], self.pad_id)
+        rows = self._cache_ids[start:stop]
         if self._cache_hidden is not None:
-            h = torch.zeros(len(ids), ids.shape[1], self._cache_hidden[0].shape[-1])
-            for j, t in enumerate(self._cache_hidden[start:stop]):
-                h[j, :len(t)] = t
+            parts = self._cache_hidden[start:stop]
         else:
-            h = self._run_bottom(ids, mask)
-        return Release(start, h.float().cpu(), mask)
+            h = self._run_bottom(*_pad(rows, self.pad_id))
+            parts = [h[i, :len(r)] for i, r in enumerate(rows)]
+        lengths = torch.tensor([len(r) for r in rows], dtype=torch.int32)
+        return Release(start, torch.cat(parts).float().cpu(), lengths)
 
     def loss_grad(self, out: TopOutput) -> tuple[OutputGrad, dict]:
         """The customer's loss on the top's output: CE(head(g), y); updates the head and

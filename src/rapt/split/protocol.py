@@ -130,19 +130,34 @@ class ActivationGrad:
 @dataclass(frozen=True)
 class Release:
     """Customer -> provider, frozen bottom only: rows ``offset`` .. ``offset + B - 1`` of the
-    one release of the training set (SAP §4.2: privatized and encoded once), hidden (B, n, h),
-    mask (B, n). Uploaded in chunks before training; batches then name rows (:class:`BatchRef`),
-    so every example crosses the wire once."""
+    one release of the training set (SAP §4.2: privatized and encoded once), packed without
+    padding: ``hidden`` (T, h) holds the rows' valid positions one row after another,
+    ``lengths`` (B,) int the tokens per row (sum T). Uploaded in chunks before training;
+    batches then name rows (:class:`BatchRef`), so every example crosses the wire once."""
 
     offset: int
     hidden: Tensor
-    mask: Tensor
+    lengths: Tensor
 
     def __post_init__(self) -> None:
         if isinstance(self.offset, bool) or not isinstance(self.offset, int) or self.offset < 0:
             raise SplitProtocolError("Release", "offset",
                                      f"must be an integer >= 0, got {self.offset!r}")
-        _hidden_mask("Release", self.hidden, self.mask)
+        _float_tensor("Release", "hidden", self.hidden, 2)
+        n = self.lengths
+        if not isinstance(n, Tensor) or n.dtype not in (torch.int32, torch.int64):
+            raise SplitProtocolError("Release", "lengths", "must be an int32 or int64 tensor, "
+                                     f"got {getattr(n, 'dtype', type(n).__name__)}")
+        if n.dim() != 1 or n.numel() == 0 or bool((n < 1).any()):
+            raise SplitProtocolError("Release", "lengths", "must be 1-dimensional, non-empty "
+                                                           "and >= 1 everywhere")
+        if int(n.sum()) != self.hidden.shape[0]:
+            raise SplitProtocolError("Release", "lengths", f"sum to {int(n.sum())}, hidden has "
+                                                           f"{self.hidden.shape[0]} positions")
+
+    def rows(self) -> list[Tensor]:
+        """The rows' hidden states, (n_i, h) each."""
+        return list(self.hidden.split(self.lengths.tolist()))
 
 
 @dataclass(frozen=True)

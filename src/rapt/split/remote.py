@@ -24,7 +24,6 @@ from rapt.split.protocol import (
     Activations,
     BatchRef,
     OutputGrad,
-    Release,
     SplitProtocolError,
     TopOutput,
 )
@@ -93,9 +92,7 @@ class RemoteProvider:
         per_row = customer.config.max_length * h * 4
         rows = max(1, chunk_bytes // per_row)
         for s in range(start, n, rows):
-            rel = customer.frozen_release(s, min(n, s + rows))
-            self._post("release", wire.encode(Release(rel.offset, rel.hidden,
-                                                      rel.mask.bool())))
+            self._post("release", wire.encode(customer.frozen_release(s, min(n, s + rows))))
         return n - start
 
     def forward(self, acts: Activations, *, train: bool = True) -> TopOutput:

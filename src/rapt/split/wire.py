@@ -39,7 +39,7 @@ _FLOAT = {"F16", "BF16", "F32", "F64"}
 _MASK = {"BOOL", "U8", "I8", "I16", "I32", "I64"}
 # safetensors dtype names allowed per tensor field; anything else is refused from the header.
 _DTYPES = {"hidden": _FLOAT, "output": _FLOAT, "grad": _FLOAT, "mask": _MASK,
-           "rows": {"I32", "I64"}}
+           "rows": {"I32", "I64"}, "lengths": {"I32", "I64"}}
 MAX_HEADER = 64 * 1024  # a message has at most two tensors: a few hundred bytes of header
 
 
