@@ -394,3 +394,44 @@ def test_end_to_end_over_uvicorn_survives_a_crash_mid_step(tmp_path):
         assert torch.allclose(probs, ref_probs, atol=1e-5)
     finally:
         srv.stop()
+
+
+def test_cli_sap_tune_and_predict_against_the_service(service, tmp_path, monkeypatch):
+    """`rapt sap tune --url` trains through the service and keeps only the customer's half;
+    `rapt sap predict` on that folder asks the session; errors are one line naming the flag."""
+    from typer.testing import CliRunner
+
+    import rapt.client as client_mod
+    from rapt.cli import app
+
+    tc, (key, _), bb = service
+    folder = tmp_path / "bb"
+    bb.model.save_pretrained(folder)
+    bb.tokenizer.save_pretrained(folder)
+    init = client_mod.RaptClient.__init__
+    monkeypatch.setattr(client_mod.RaptClient, "__init__",  # CLI -> the in-process service
+                        lambda self, *a, **kw: init(self, *a, **{**kw, "http": tc}))
+    monkeypatch.setenv("RAPT_CACHE", str(tmp_path / "cache"))
+    csv = tmp_path / "reviews.csv"
+    csv.write_text("text,label\n" + "".join(f"{t},{y}\n" for t, y in zip(TEXTS, LABELS,
+                                                                         strict=True)))
+    out = tmp_path / "sap"
+    cli = CliRunner(env={"RAPT_API_KEY": key})
+    common = ["sap", "tune", str(csv), "--backbone", str(folder), "--remote-backbone", "tiny",
+              "--split-layer", "1", "--epochs", "2", "--batch-size", "4", "--out", str(out),
+              "--url", "http://127.0.0.1:1"]
+    r = cli.invoke(app, common)
+    assert r.exit_code == 2 and "--url" in r.output and "--eta" in r.output, r.output
+    r = cli.invoke(app, [*common, "--eta", "30", "--noise-seed", "1"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads((out / "sap.json").read_text())
+    assert doc["remote"]["backbone"] == "tiny" and doc["steps"] == 4
+    assert not (out / "provider.safetensors").exists() and key not in (out / "sap.json") \
+        .read_text()
+    st = tc.get(f"/v1/sap/sessions/{doc['remote']['session']}").json()
+    assert st["steps_done"] == 4
+    r = cli.invoke(app, ["sap", "predict", str(out), str(csv)])
+    assert r.exit_code == 0 and "8 predictions; accuracy" in r.output, r.output
+    tc.delete(f"/v1/sap/sessions/{doc['remote']['session']}")
+    r = cli.invoke(app, ["sap", "predict", str(out), str(csv)])
+    assert r.exit_code == 2 and "no sap session" in r.output and "Traceback" not in r.output
