@@ -7,6 +7,10 @@ Training step k (SAP Algorithm 1 lines 21-27, plus §4.2's unfrozen bottom):
     customer -> provider   OutputGrad(step=k, grad (B, h))           ∂l/∂g; labels stay home
     provider -> customer   ActivationGrad(step=k, grad (B, n, h))    only when the bottom trains
 
+Over HTTP a frozen bottom's rows cross once, before training: ``Release(offset, hidden (T, h),
+lengths (B,))`` chunks, then each step names its rows with ``BatchRef(step=k, rows (B,))`` in
+place of ``Activations`` (:mod:`rapt.split.wire` frames every message as safetensors).
+
 Every message is untrusted input to the side that receives it: ``__post_init__`` checks types,
 shapes, dtypes, finiteness and the step id and raises :class:`SplitProtocolError` naming the
 field, so a malformed message fails where it arrives (an HTTP route answers 422).
