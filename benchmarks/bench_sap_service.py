@@ -49,12 +49,11 @@ def message_bytes(hidden: int, lengths: list[int], config, n_examples: int) -> d
         Release,
         TopOutput,
     )
-    from rapt.split.wire import encode
+    from rapt.split.wire import encode, pad_rows
 
     def acts(cls, first, rows):
-        n = max(lengths[i] for i in rows)
-        return len(encode(cls(first, torch.zeros(len(rows), n, hidden),
-                              torch.ones(len(rows), n, dtype=torch.bool))))
+        return len(encode(cls(first, *pad_rows([torch.zeros(lengths[i], hidden)
+                                                 for i in rows]))))
 
     # release chunks as RemoteProvider.upload_release cuts them (~8 MiB)
     per_chunk = max(1, (8 << 20) // (config.max_length * hidden * 4))
@@ -76,7 +75,9 @@ def message_bytes(hidden: int, lengths: list[int], config, n_examples: int) -> d
         a = acts(Activations, k, rows)
         n = max(lengths[i] for i in rows)
         unfrozen_up += a + grad
-        unfrozen_down += top + len(encode(ActivationGrad(k, torch.zeros(B, n, hidden))))
+        lens = torch.tensor([lengths[i] for i in rows])
+        unfrozen_down += top + len(encode(ActivationGrad(k, torch.zeros(B, n, hidden)),
+                                          lengths=lens))
     N = n_examples
     return {"release_up": release / N,
             "frozen_epoch_up": frozen_up / N, "frozen_epoch_down": frozen_down / N,
@@ -85,15 +86,14 @@ def message_bytes(hidden: int, lengths: list[int], config, n_examples: int) -> d
 
 def query_bytes(hidden: int, lengths: list[int], batch: int) -> dict:
     from rapt.split import Activations, TopOutput
-    from rapt.split.wire import encode
+    from rapt.split.wire import encode, pad_rows
 
     up = down = 0
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])  # as predict_split batches
     for s in range(0, len(order), batch):
         rows = order[s:s + batch]
-        n = max(lengths[i] for i in rows)
-        up += len(encode(Activations(0, torch.zeros(len(rows), n, hidden),
-                                     torch.ones(len(rows), n, dtype=torch.bool))))
+        up += len(encode(Activations(0, *pad_rows([torch.zeros(lengths[i], hidden)
+                                                   for i in rows]))))
         down += len(encode(TopOutput(0, torch.zeros(len(rows), hidden))))
     return {"up": up / len(lengths), "down": down / len(lengths)}
 

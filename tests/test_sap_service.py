@@ -126,12 +126,12 @@ def test_remote_training_equals_in_process_and_wire_is_clean(service, tmp_path, 
     for _, b in sent:
         parts = safetensors_parts(b) if b else None
         if parts is not None:
-            assert set(parts[0]) <= {"message", "step", "offset"}
+            assert set(parts[0]) <= {"message", "step", "offset", "width"}
             tensor_names |= set(parts[1])
         elif b:
             json_keys |= set(json.loads(b))
-    assert tensor_names == ({"hidden", "mask", "grad"} if unfreeze
-                            else {"hidden", "lengths", "mask", "rows", "grad"})
+    assert tensor_names == ({"hidden", "lengths", "grad"} if unfreeze
+                            else {"hidden", "lengths", "rows", "grad"})
     assert not [k for k in json_keys if "label" in k or "class" in k or k in ("eta",
                                                                               "noise_seed")]
     # A frozen release crosses once: 8 rows uploaded, then batches by index only.
@@ -227,11 +227,14 @@ def test_bad_messages_are_refused_and_change_nothing(service, tmp_path):
             (BatchRef(0, torch.tensor([0, 1])), "expected a Activations")]:
         refused(sid, lambda b=bad: post(sid, "forward", b), 422, word)
     # a float64 mask and an integer hidden are refused from the header, before any tensor
-    for tensors, word in [({"hidden": torch.ones(4, 6, 32, dtype=torch.int32), "mask": mask},
+    lens = torch.full((4,), 6)
+    for tensors, word in [({"hidden": torch.ones(24, 32, dtype=torch.int32), "lengths": lens},
                            "dtype I32"),
-                          ({"hidden": torch.randn(4, 6, 32), "mask": mask.double()},
-                           "dtype F64")]:
-        data = save(tensors, metadata={"message": "Activations", "step": "0"})
+                          ({"hidden": torch.randn(24, 32), "lengths": lens.double()},
+                           "dtype F64"),
+                          ({"hidden": torch.randn(24, 32), "mask": mask}, "expected exactly"),
+                          ({"hidden": torch.randn(20, 32), "lengths": lens}, "sum to 24")]:
+        data = save(tensors, metadata={"message": "Activations", "step": "0", "width": "6"})
         refused(sid, lambda d=data: post(sid, "forward", d), 422, word)
     nan = torch.randn(4, 32)
     nan[1, 3] = float("nan")

@@ -75,6 +75,8 @@ class _Live:
     release: list[Tensor] = field(default_factory=list)  # frozen: (n_i, h) per row
     release_bytes: int = 0
     reply: Tensor | None = None  # ActivationGrad.grad of the last applied step (unfrozen)
+    lengths: Tensor | None = None  # valid positions per row of the replied batch
+    pending_lengths: Tensor | None = None  # ... and of the pending forward
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -202,7 +204,7 @@ class SplitSessions:
         if state_path.exists():
             state = torch.load(state_path, map_location="cpu", weights_only=True)
             live.provider.load_state_dict(state["provider"])
-            live.reply = state.get("reply")
+            live.reply, live.lengths = state.get("reply"), state.get("lengths")
         if not cfg.unfreeze_bottom:
             max_bytes = self.limits.max_sap_release_bytes
             for f in sorted(folder.glob("release-*.safetensors")):
@@ -339,6 +341,7 @@ class SplitSessions:
                 out = p.forward(acts)
             except SplitProtocolError as e:
                 raise SapError(422, "invalid_message", str(e)) from None
+            live.pending_lengths = acts.mask.long().sum(1)
             return wire.encode(out)
 
     def backward(self, owner: str, sid: str, data: bytes) -> tuple[bytes | None, bool, int]:
@@ -363,7 +366,8 @@ class SplitSessions:
             except SplitProtocolError as e:
                 raise SapError(422, "invalid_message", str(e)) from None
             live.reply = back.grad if back is not None else None
-            state = {"provider": p.state_dict(), "reply": live.reply}
+            live.lengths = live.pending_lengths
+            state = {"provider": p.state_dict(), "reply": live.reply, "lengths": live.lengths}
             _atomic_write(Path(live.row["path"]) / STATE_FILE, lambda f: torch.save(state, f))
             self.store.update_sap_session(sid, last_step=live.last_step)
             live.row["last_step"] = live.last_step
@@ -375,7 +379,7 @@ class SplitSessions:
 
         if live.reply is None:
             return None
-        return wire.encode(ActivationGrad(step, live.reply))
+        return wire.encode(ActivationGrad(step, live.reply), lengths=live.lengths)
 
     def predict(self, owner: str, sid: str, data: bytes) -> bytes:
         """Inference: Activations of a query batch -> TopOutput bytes (no graph, no step

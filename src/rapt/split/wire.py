@@ -7,6 +7,12 @@ the message type, the exact set of tensor names and their dtypes; then the messa
 ``__post_init__`` checks shapes, masks and finiteness (:mod:`rapt.split.protocol`). Every
 problem is a :class:`SplitProtocolError` naming the field, which the service answers with 422.
 
+Padding never travels: ``Activations`` and ``ActivationGrad`` go packed, the valid positions of
+each row one after another, ``(T, h)``, with ``lengths`` (B,) and the padded ``width`` n in the
+metadata (the mask is right-padded, so lengths say everything it says; the customer zeroes its
+padding positions and the top gives them zero gradient, so nothing is lost). :func:`decode`
+gives back the padded message. ``Release`` is packed by definition.
+
 Bytes per message: ``8 + len(header) + sum(numel * itemsize)``, the header being ~150-250
 bytes of JSON (names, dtypes, shapes, offsets, metadata).
 """
@@ -43,7 +49,12 @@ _DTYPES = {"hidden": _FLOAT, "output": _FLOAT, "grad": _FLOAT, "mask": _MASK,
 MAX_HEADER = 64 * 1024  # a message has at most two tensors: a few hundred bytes of header
 
 
-def _parts(msg: object) -> tuple[str, dict[str, str], dict[str, Tensor]]:
+# Messages whose (B, n, h) tensor travels packed: name of that tensor.
+_PACKED = {"Activations": "hidden", "ActivationGrad": "grad"}
+MAX_WIDTH = 1 << 16  # padded width a packed message may ask for
+
+
+def _parts(msg: object, lengths: Tensor | None) -> tuple[dict[str, str], dict[str, Tensor]]:
     name = type(msg).__name__
     if name not in MESSAGES:
         raise TypeError(f"not a split protocol message: {name}")
@@ -52,17 +63,53 @@ def _parts(msg: object) -> tuple[str, dict[str, str], dict[str, Tensor]]:
         v = getattr(msg, f.name)
         if f.name in _INT_FIELDS:
             meta[f.name] = str(int(v))
-        else:
-            tensors[f.name] = v.detach().cpu().contiguous()
-    return name, meta, tensors
+        elif f.name != "mask":
+            tensors[f.name] = v.detach().cpu()
+    if name in _PACKED:
+        key = _PACKED[name]
+        if name == "Activations":
+            lengths = msg.mask.long().sum(1)
+        elif lengths is None:
+            raise ValueError("encode(ActivationGrad) needs the lengths of its batch's rows")
+        t = tensors[key]
+        valid = torch.arange(t.shape[1]).unsqueeze(0) < lengths.unsqueeze(1)
+        tensors[key] = t[valid]  # (T, h): row after row, valid positions only
+        tensors["lengths"] = lengths.to(torch.int32)
+        meta["width"] = str(int(t.shape[1]))
+    return meta, {k: v.contiguous() for k, v in tensors.items()}
 
 
-def encode(msg: object) -> bytes:
-    """Message -> safetensors bytes (tensors as they are: float32 stays float32)."""
+def encode(msg: object, *, lengths: Tensor | None = None) -> bytes:
+    """Message -> safetensors bytes (float32 stays float32). ``lengths`` (B,): the valid
+    positions per row, needed for an ``ActivationGrad`` (an ``Activations`` has its mask)."""
     from safetensors.torch import save
 
-    _, meta, tensors = _parts(msg)
+    meta, tensors = _parts(msg, lengths)
     return save(tensors, metadata=meta)
+
+
+def _unpack(kind: str, packed: Tensor, lengths: Tensor, width: int,
+            max_bytes: int) -> tuple[Tensor, Tensor]:
+    """(T, h) + lengths (B,) -> padded (B, width, h) and mask (B, width)."""
+    if lengths.dim() != 1 or lengths.numel() == 0 or bool((lengths < 1).any()):
+        raise SplitProtocolError(kind, "lengths", "must be 1-dimensional, non-empty and >= 1")
+    if packed.dim() != 2:
+        raise SplitProtocolError(kind, _PACKED[kind], f"must be packed (T, h), got shape "
+                                                      f"{tuple(packed.shape)}")
+    if int(lengths.sum()) != packed.shape[0]:
+        raise SplitProtocolError(kind, "lengths", f"sum to {int(lengths.sum())}, the packed "
+                                                  f"tensor has {packed.shape[0]} positions")
+    if not int(lengths.max()) <= width <= MAX_WIDTH:
+        raise SplitProtocolError(kind, "width", f"{width} is not between the longest row "
+                                                f"({int(lengths.max())}) and {MAX_WIDTH}")
+    B, h = lengths.numel(), packed.shape[1]
+    if B * width * h * packed.element_size() > 8 * max_bytes:
+        raise SplitProtocolError(kind, "width", f"padding to {width} positions would blow the "
+                                                "message up more than 8x")
+    valid = torch.arange(width).unsqueeze(0) < lengths.long().unsqueeze(1)
+    out = packed.new_zeros(B, width, h)
+    out[valid] = packed
+    return out, valid.long()
 
 
 def _read_header(data: bytes, max_bytes: int) -> dict:
@@ -100,6 +147,8 @@ def decode(data: bytes, expect: type | tuple[type, ...], *, max_bytes: int) -> o
         raise SplitProtocolError(names, "message",
                                  f"expected a {names} message, got {kind!r}")
     want = [f.name for f in fields(cls) if f.name not in _INT_FIELDS]
+    if kind in _PACKED:
+        want = [_PACKED[kind], "lengths"]
     if set(header) != set(want):
         raise SplitProtocolError(kind, "tensors", f"expected exactly {sorted(want)}, got "
                                                   f"{sorted(header)}")
@@ -120,7 +169,17 @@ def decode(data: bytes, expect: type | tuple[type, ...], *, max_bytes: int) -> o
         tensors = load(bytes(data))
     except (SafetensorError, ValueError, RuntimeError) as e:
         raise SplitProtocolError(kind, "body", f"damaged safetensors data ({e})") from None
-    kw.update({k: tensors[k] for k in want})
+    if kind in _PACKED:
+        raw = meta.get("width")
+        if not isinstance(raw, str) or not raw.isdigit() or len(raw) > 9:
+            raise SplitProtocolError(kind, "width", f"must be an integer, got {raw!r}")
+        key = _PACKED[kind]
+        padded, mask = _unpack(kind, tensors[key], tensors["lengths"], int(raw), max_bytes)
+        kw[key] = padded
+        if kind == "Activations":
+            kw["mask"] = mask
+    else:
+        kw.update({k: tensors[k] for k in want})
     return cls(**kw)  # __post_init__: shapes, masks, finiteness
 
 
