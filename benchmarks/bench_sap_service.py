@@ -116,9 +116,9 @@ def timed(customer, provider, stop_at: int, times: list[float]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny random BERT (plumbing check)")
-    ap.add_argument("--steps", type=int, default=14, help="timed steps per path and mode")
+    ap.add_argument("--steps", type=int, default=16, help="timed steps per path and mode")
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--chunk", type=int, default=2, help="steps per interleaved chunk")
+    ap.add_argument("--chunk", type=int, default=1, help="steps per interleaved chunk")
     ap.add_argument("--split", type=int, default=2, help="split position of the timed runs")
     ap.add_argument("--size-examples", type=int, default=2000)
     ap.add_argument("--batch-size", type=int, default=32)
@@ -200,12 +200,17 @@ def main() -> None:
                 "local_median_s": med_l, "remote_median_s": med_r,
                 "local_mean_s": statistics.mean(local), "remote_mean_s": statistics.mean(remote),
                 "overhead_median": med_r / med_l - 1,
+                # step i is the same batch on both paths, run back to back: the paired ratio
+                # cancels most of the load swings between steps
+                "overhead_paired_median": statistics.median(
+                    a / b for a, b in zip(remote, local, strict=True)) - 1,
                 "overhead_mean": statistics.mean(remote) / statistics.mean(local) - 1,
                 "release_upload_s": upload_s,
                 "measured_bytes_up": pr.bytes_sent, "measured_bytes_down": pr.bytes_received,
                 "computed_bytes_up": computed_up, "computed_bytes_down": computed_down}
             print(f"{mode}: in-process {med_l * 1000:.0f} ms, HTTP {med_r * 1000:.0f} ms per "
-                  f"step (median), overhead {100 * runs[mode]['overhead_median']:+.1f} %; "
+                  f"step (median), overhead {100 * runs[mode]['overhead_median']:+.1f} %, "
+                  f"paired {100 * runs[mode]['overhead_paired_median']:+.1f} %; "
                   f"bytes sent {pr.bytes_sent} (computed {computed_up:.0f})", flush=True)
     finally:
         srv.stop()
@@ -259,15 +264,16 @@ def markdown(r: dict) -> str:
             f"## Step latency over loopback (split n = "
             f"{next(iter(r['latency'].values()))['split_layer']}, batch {r['batch_size']}), "
             "interleaved with the in-process loop", "",
-            "| bottom | steps | in-process median (ms) | HTTP median (ms) | overhead (median) "
-            "| overhead (mean) | goal ≤ 25 % | bytes sent: measured = computed? "
-            "(sent / received) |",
-            "|---|---|---|---|---|---|---|---|"]
+            "| bottom | steps | in-process median (ms) | HTTP median (ms) | overhead: ratio of "
+            "medians | overhead: median of paired ratios | overhead: ratio of means | goal ≤ 25 % "
+            "(paired) | bytes sent: measured = computed? (sent / received) |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for mode, x in r["latency"].items():
-        ok = "met" if x["overhead_median"] <= r["goal_overhead"] else "**not met**"
+        ok = "met" if x["overhead_paired_median"] <= r["goal_overhead"] else "**not met**"
         same = x["measured_bytes_up"] == x["computed_bytes_up"]
         out.append(f"| {mode} | {x['steps_timed']} | {1000 * x['local_median_s']:.0f} | "
                    f"{1000 * x['remote_median_s']:.0f} | {100 * x['overhead_median']:+.1f} % | "
+                   f"{100 * x['overhead_paired_median']:+.1f} % | "
                    f"{100 * x['overhead_mean']:+.1f} % | {ok} | "
                    f"{'yes' if same else 'no'} ({x['measured_bytes_up']} / "
                    f"{x['measured_bytes_down']} B) |")
@@ -275,9 +281,10 @@ def markdown(r: dict) -> str:
     if fr:
         out += ["", f"The frozen release upload took {fr['release_upload_s']:.2f} s once "
                 f"(not in the step times)."]
-    out += ["", "The machine is shared (2 cores, another benchmark and another engineer's "
-            "work ran at the same time); the two loops are interleaved in chunks so both see "
-            "the same load, and the median is the figure compared with the goal.", ""]
+    out += ["", "The machine is shared (2 cores; other benchmarks and another engineer's "
+            "work ran at the same time, see the load averages): the two loops alternate step by "
+            "step (the same batch on both paths, back to back), and the median of the per-step "
+            "ratios is the figure compared with the goal.", ""]
     return "\n".join(out)
 
 
