@@ -223,7 +223,7 @@ def test_bad_messages_are_refused_and_change_nothing(service, tmp_path):
             (Activations(0, torch.randn(5, 6, 32), ones(5, 6)), "batch_size=4"),
             (wire.encode(good)[:-7], "safetensors"),  # truncated body
             (b"\x00" * 64, "safetensors"),
-            (OutputGrad(0, torch.randn(4, 32)), "expected a Activations"),
+            (OutputGrad(0, torch.randn(4, 32)), "got 'OutputGrad'"),
             (BatchRef(0, torch.tensor([0, 1])), "expected a Activations")]:
         refused(sid, lambda b=bad: post(sid, "forward", b), 422, word)
     # a float64 mask and an integer hidden are refused from the header, before any tensor
@@ -438,3 +438,39 @@ def test_cli_sap_tune_and_predict_against_the_service(service, tmp_path, monkeyp
     tc.delete(f"/v1/sap/sessions/{doc['remote']['session']}")
     r = cli.invoke(app, ["sap", "predict", str(out), str(csv)])
     assert r.exit_code == 2 and "no sap session" in r.output and "Traceback" not in r.output
+
+
+def test_sessions_evicted_from_memory_resume_exactly(service, tmp_path):
+    """With room for one live session, two trainings alternate step by step: each request
+    reloads its session from its files (the other's pending forward is dropped and sent
+    again), and both still equal the in-process runs."""
+    tc, (key, _), bb = service
+    tc.app.state.svc.sap.max_live = 1
+    c = RaptClient(api_key=key, backbone=bb, remote_backbone="tiny", http=tc)
+    rows = encode_texts(bb.tokenizer, TEXTS, 32)
+    runs = []
+    for sc in (cfg(epochs=1), cfg(epochs=1, unfreeze_bottom=True, seed=1)):
+        customer = c.sap_customer(sc, 2, cache_dir=tmp_path)
+        customer.load(rows, LABELS)
+        provider = c.sap_provider(c.sap_session(sc, len(rows)), customer)
+        if not sc.unfreeze_bottom:
+            provider.upload_release()
+        runs.append((sc, customer, provider, []))
+    a, b = runs[0][2], runs[1][2]
+    forward, probe = a.forward, Activations(0, torch.randn(2, 5, 32), ones(2, 5))
+
+    def forward_then_touch_b(acts, train=True):
+        out = forward(acts, train=train)
+        b.forward(probe, train=False)  # loads B, which evicts A with its pending forward
+        return out
+
+    a.forward = forward_then_touch_b
+    for stop in range(1, 3):
+        for _, customer, provider, hist in runs:
+            hist += train_split(customer, provider, should_stop=lambda p=provider, s=stop:
+                                p.step >= s)
+    for sc, customer, provider, hist in runs:
+        ref_hist, ref_probs = local_run(bb, sc)
+        assert [h["loss"] for h in hist] == [h["loss"] for h in ref_hist]
+        assert torch.allclose(predict_split(customer, provider, rows), ref_probs, atol=1e-6)
+    assert len(tc.app.state.svc.sap._live) == 1 and a.resent_forwards == 2

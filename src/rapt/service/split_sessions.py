@@ -28,6 +28,8 @@ import logging
 import os
 import shutil
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,6 +80,7 @@ class _Live:
     lengths: Tensor | None = None  # valid positions per row of the replied batch
     pending_lengths: Tensor | None = None  # ... and of the pending forward
     lock: threading.Lock = field(default_factory=threading.Lock)
+    evicted: bool = False  # dropped from memory: a newer copy may exist, use none of this one
 
     @property
     def last_step(self) -> int:
@@ -179,13 +182,27 @@ class SplitSessions:
             if live is None:
                 live = self._load(row)
                 self._live[sid] = live
-                for k in [k for k, v in self._live.items() if not v.lock.locked()]:
+                for k, v in list(self._live.items()):
                     if len(self._live) <= self.max_live:
                         break
-                    if k != sid:
+                    # Only an idle session is dropped, and marked under its own lock, so a
+                    # request that already holds it can never act on a stale copy.
+                    if k != sid and v.lock.acquire(blocking=False):
+                        v.evicted = True
+                        v.lock.release()
                         del self._live[k]
             self._live.move_to_end(sid)
         return live
+
+    @contextmanager
+    def _session(self, owner: str, sid: str) -> Iterator[_Live]:
+        """The live session, locked: one message at a time, on the one current copy."""
+        while True:
+            live = self._get(owner, sid)
+            with live.lock:
+                if not live.evicted:
+                    yield live
+                    return
 
     def _load(self, row: dict[str, Any]) -> _Live:
         """Rebuild a session from its config (deterministic init from ``seed``), then its saved
@@ -232,9 +249,10 @@ class SplitSessions:
                 "created": row["created"]}
 
     def delete(self, owner: str, sid: str) -> None:
-        self.row(owner, sid)
-        with self._lock:
-            self._live.pop(sid, None)
+        with self._session(owner, sid) as live:
+            live.evicted = True
+            with self._lock:
+                self._live.pop(sid, None)
         path = self.store.delete_sap_session(sid, owner)
         root = (self.store.files / "sap").resolve()
         if path and Path(path).resolve().parent == root:  # only ever our own folders
@@ -264,8 +282,13 @@ class SplitSessions:
     def upload_release(self, owner: str, sid: str, data: bytes) -> dict[str, Any]:
         """Frozen bottom: store rows ``offset..`` of the release (contiguous; a chunk already
         received is accepted again and changes nothing)."""
-        live = self._get(owner, sid)
-        msg = self._decode(data, Release)
+        with self._session(owner, sid) as live:  # ownership first: another key gets 404
+            msg = self._decode(data, Release)
+            return self._store_release(live, sid, msg, data)
+
+    def _store_release(self, live: _Live, sid: str, msg: Release, data: bytes
+                       ) -> dict[str, Any]:
+        """Under the session's lock: check and keep one chunk."""
         if live.config.unfreeze_bottom:
             raise SapError(409, "unfrozen_bottom", f"sap session '{sid}' trains the bottom: "
                            "activations come with each forward, there is no release to upload")
@@ -277,27 +300,26 @@ class SplitSessions:
             raise SapError(422, "limit_exceeded", f"Release.lengths: a row of "
                            f"{int(msg.lengths.max())} positions, over the session's "
                            f"max_length={live.config.max_length}")
-        with live.lock:
-            have, n = len(live.release), int(live.row["n_examples"])
-            if msg.offset + B > n:
-                raise SapError(422, "invalid_message", f"Release.offset: rows {msg.offset}.."
-                               f"{msg.offset + B - 1} go past the session's n_examples={n}")
-            if msg.offset + B <= have:
-                return self._info(live.row)  # a retried chunk: already stored
-            if msg.offset != have:
-                raise SapError(409, "release_gap", f"Release.offset={msg.offset}: the session "
-                               f"has rows 0..{have - 1}; send offset={have} next")
-            if live.release_bytes + len(data) > self.limits.max_sap_release_bytes:
-                raise SapError(413, "payload_too_large", "the release would exceed the limit "
-                               f"max_sap_release_bytes={self.limits.max_sap_release_bytes}")
-            folder = Path(live.row["path"])
-            _atomic_write(folder / f"release-{msg.offset:012d}.safetensors",
-                          lambda p: p.write_bytes(data))
-            live.release += [r.float().clone() for r in msg.rows()]
-            live.release_bytes += len(data)
-            self.store.update_sap_session(sid, rows_received=len(live.release))
-            live.row["rows_received"] = len(live.release)
-            return self._info(live.row)
+        have, n = len(live.release), int(live.row["n_examples"])
+        if msg.offset + B > n:
+            raise SapError(422, "invalid_message", f"Release.offset: rows {msg.offset}.."
+                           f"{msg.offset + B - 1} go past the session's n_examples={n}")
+        if msg.offset + B <= have:
+            return self._info(live.row)  # a retried chunk: already stored
+        if msg.offset != have:
+            raise SapError(409, "release_gap", f"Release.offset={msg.offset}: the session "
+                           f"has rows 0..{have - 1}; send offset={have} next")
+        if live.release_bytes + len(data) > self.limits.max_sap_release_bytes:
+            raise SapError(413, "payload_too_large", "the release would exceed the limit "
+                           f"max_sap_release_bytes={self.limits.max_sap_release_bytes}")
+        folder = Path(live.row["path"])
+        _atomic_write(folder / f"release-{msg.offset:012d}.safetensors",
+                      lambda p: p.write_bytes(data))
+        live.release += [r.float().clone() for r in msg.rows()]
+        live.release_bytes += len(data)
+        self.store.update_sap_session(sid, rows_received=len(live.release))
+        live.row["rows_received"] = len(live.release)
+        return self._info(live.row)
 
     def _step_conflict(self, live: _Live, what: str, step: int) -> SapError:
         last = live.last_step
@@ -313,11 +335,14 @@ class SplitSessions:
     def forward(self, owner: str, sid: str, data: bytes) -> bytes:
         """Training forward of step ``last_step + 1`` -> TopOutput bytes (the graph is kept
         for the matching backward)."""
-        live = self._get(owner, sid)
-        frozen = not live.config.unfreeze_bottom
-        msg = self._decode(data, BatchRef if frozen else Activations)
-        what = type(msg).__name__
-        with live.lock:
+        with self._session(owner, sid) as live:
+            msg = self._decode(data, (BatchRef, Activations))
+            frozen = not live.config.unfreeze_bottom
+            what = type(msg).__name__
+            if isinstance(msg, BatchRef) != frozen:
+                want = "BatchRef" if frozen else "Activations"
+                raise SapError(422, "invalid_message", f"{what}: expected a {want} message "
+                               f"(this session's bottom is {'frozen' if frozen else 'unfrozen'})")
             p = live.provider
             if msg.step != live.last_step + 1 or msg.step >= p.total_steps:
                 raise self._step_conflict(live, what, msg.step)
@@ -347,9 +372,8 @@ class SplitSessions:
     def backward(self, owner: str, sid: str, data: bytes) -> tuple[bytes | None, bool, int]:
         """Apply ∂l/∂g of the pending step exactly once and save the session. Returns
         (ActivationGrad bytes or None for a frozen bottom, replayed, last_step)."""
-        live = self._get(owner, sid)
-        msg = self._decode(data, OutputGrad)
-        with live.lock:
+        with self._session(owner, sid) as live:
+            msg = self._decode(data, OutputGrad)
             p = live.provider
             last = live.last_step
             if msg.step == last and last >= 0:  # a retry whose reply was lost
@@ -384,11 +408,10 @@ class SplitSessions:
     def predict(self, owner: str, sid: str, data: bytes) -> bytes:
         """Inference: Activations of a query batch -> TopOutput bytes (no graph, no step
         order; any time, also mid-training)."""
-        live = self._get(owner, sid)
-        msg = self._decode(data, Activations)
-        self._check_acts(live, msg.hidden, "Activations", self.limits.max_predict_rows,
-                         "max_predict_rows")
-        with live.lock:
+        with self._session(owner, sid) as live:
+            msg = self._decode(data, Activations)
+            self._check_acts(live, msg.hidden, "Activations", self.limits.max_predict_rows,
+                             "max_predict_rows")
             try:
                 out = live.provider.forward(msg, train=False)
             except SplitProtocolError as e:
