@@ -474,3 +474,30 @@ def test_sessions_evicted_from_memory_resume_exactly(service, tmp_path):
         assert [h["loss"] for h in hist] == [h["loss"] for h in ref_hist]
         assert torch.allclose(predict_split(customer, provider, rows), ref_probs, atol=1e-6)
     assert len(tc.app.state.svc.sap._live) == 1 and a.resent_forwards == 2
+
+
+def test_lost_replies_are_retried_and_applied_once(service, tmp_path, monkeypatch):
+    """The first backward and the forward after it reach the server, but their replies are
+    lost (a dropped connection): the client sends the same step again, the server answers the
+    backward from its saved reply and recomputes the forward, and every step is applied once."""
+    from rapt.client import ServiceError
+
+    tc, (key, _), bb = service
+    request, lost = RaptClient._request, []
+
+    def lose_replies(self, method, path, **kw):
+        r = request(self, method, path, **kw)  # the server acted
+        what = path.rsplit("/", 1)[-1]
+        if what == ("forward" if lost else "backward") and len(lost) < 2:
+            lost.append(what)
+            raise ServiceError(0, "unreachable", "connection dropped")
+        return r
+
+    monkeypatch.setattr(RaptClient, "_request", lose_replies)
+    sc = cfg(unfreeze_bottom=True)
+    c, sid, hist, probs = remote_run(tc, key, bb, tmp_path, sc)
+    assert lost == ["backward", "forward"]
+    ref_hist, ref_probs = local_run(bb, sc)
+    assert [h["loss"] for h in hist] == [h["loss"] for h in ref_hist]
+    assert torch.allclose(probs, ref_probs, atol=1e-6)
+    assert c.sap_status(sid)["steps_done"] == 6
