@@ -67,6 +67,7 @@ class ServiceError(RuntimeError):
     def __init__(self, status: int, error: str, detail: str):
         super().__init__(f"HTTP {status} {error}: {detail}")
         self.status, self.error, self.detail = status, error, detail
+        self.last_step: int | None = None  # a SAP session's last applied step (409s)
 
 
 @dataclass
@@ -260,19 +261,27 @@ class RaptClient:
                 "embedding": self.remote_backbone, "nn_mode": self.mode}
 
     # -- HTTP -----------------------------------------------------------------------------------
-    def _call(self, method: str, path: str, json: Any = None) -> Any:
+    def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        """One request (``kw``: httpx's json / content / params / headers); an error answer
+        raises ServiceError with the service's code and detail."""
         try:
-            r = self.http.request(method, path, json=json)
+            r = self.http.request(method, path, **kw)
         except httpx.TransportError as e:
             raise ServiceError(0, "unreachable", f"{self.http.base_url}: {e}") from e
         if r.status_code >= 400:
+            last = r.headers.get("x-rapt-last-step")
             try:
                 body = r.json()
-                raise ServiceError(r.status_code, body.get("error", "error"),
+                err = ServiceError(r.status_code, body.get("error", "error"),
                                    body.get("detail", r.text))
             except ValueError:
-                raise ServiceError(r.status_code, "error", r.text[:500]) from None
-        return r.json()
+                err = ServiceError(r.status_code, "error", r.text[:500])
+            err.last_step = int(last) if last is not None else None
+            raise err
+        return r
+
+    def _call(self, method: str, path: str, json: Any = None) -> Any:
+        return self._request(method, path, json=json).json()
 
     def upload(self, source: str | Path | Any, *, text_column: str | None = None,
                text_pair_column: str | None = None, label_column: str | None = None,
@@ -399,3 +408,77 @@ class RaptClient:
             probs += out["probabilities"]
         names = names or self.last_upload.get("label_names") or None
         return Prediction(labels, probs, names)
+
+    # -- SAP split training (issue 11) ----------------------------------------------------------
+    def sap_bottom(self, split_layer: int, *, cache_dir: str | Path | None = None
+                   ) -> dict[str, Any]:
+        """The provider's bottom for ``split_layer`` (tensors by name), downloaded once and
+        cached under ``cache_dir`` (default ``$RAPT_CACHE`` or ~/.cache/rapt); its SHA-256 is
+        checked against the service's ``X-Content-SHA256`` on every use."""
+        import hashlib
+
+        from safetensors.torch import load
+
+        root = Path(cache_dir or os.environ.get("RAPT_CACHE") or
+                    Path.home() / ".cache" / "rapt") / "sap-bottoms"
+        # One file per server, backbone and split (the remote name may be a path).
+        tag = hashlib.sha256(f"{self.http.base_url}|{self.remote_backbone}|{split_layer}"
+                             .encode()).hexdigest()[:24]
+        path = root / f"{tag}.safetensors"
+        cached = path.read_bytes() if path.is_file() else None
+        headers = {}
+        if cached is not None:
+            headers["If-None-Match"] = f'"{hashlib.sha256(cached).hexdigest()}"'
+        r = self._request("GET", "/v1/sap/bottom", headers=headers,
+                          params={"backbone": self.remote_backbone, "split_layer": split_layer})
+        want = r.headers.get("x-content-sha256", "")
+        data = cached if r.status_code == 304 else r.content
+        if data is None or hashlib.sha256(data).hexdigest() != want:
+            raise ClientError(f"the bottom for split_layer={split_layer} does not match its "
+                              f"SHA-256 ({want or 'missing'}): damaged download or cache "
+                              f"({path}); nothing was used")
+        if r.status_code != 304:
+            root.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+        return load(data)
+
+    def sap_customer(self, config: Any, num_labels: int, *,
+                     cache_dir: str | Path | None = None) -> Any:
+        """A :class:`rapt.split.SplitCustomer` on the provider's downloaded bottom (the local
+        backbone gives the tokenizer and the architecture). Refuses an unprivatized release
+        unless the client was made with ``no_privacy=True``."""
+        from rapt.split import make_customer, split_backbone
+
+        if config.eta is None and not self.no_privacy:
+            raise PrivacyNotConfiguredError(
+                "refusing to send: SplitConfig.eta is not set, so the bottom's release would "
+                "not be privatized; set eta (e.g. eta=60) or pass no_privacy=True explicitly")
+        bb = self.backbone
+        tensors = self.sap_bottom(config.split_layer, cache_dir=cache_dir)
+        bottom, _ = split_backbone(bb, config.split_layer, pooling=config.pooling)
+        try:
+            bottom.load_state_dict(tensors, strict=True)
+        except RuntimeError as e:
+            raise ClientError(f"the provider's bottom does not fit the local backbone "
+                              f"{self._backbone_arg!r}: {e}") from None
+        return make_customer(bb, bottom, config, num_labels)
+
+    def sap_session(self, config: Any, n_examples: int) -> str:
+        """Create a split-training session from the provider's part of ``config``
+        (``SplitConfig.provider_view``: no η, no noise seed, no labels); returns its id."""
+        body = {"backbone": self.remote_backbone, "n_examples": int(n_examples),
+                **config.provider_view()}
+        return self._call("POST", "/v1/sap/sessions", body)["id"]
+
+    def sap_status(self, session_id: str) -> dict:
+        return self._call("GET", f"/v1/sap/sessions/{session_id}")
+
+    def sap_provider(self, session_id: str, customer: Any = None, *,
+                     retry_s: float = 120.0) -> Any:
+        """A :class:`rapt.split.remote.RemoteProvider` for the session (``customer``: needed
+        for training with a frozen bottom, whose batches are sent as row indices)."""
+        from rapt.split.remote import RemoteProvider
+
+        return RemoteProvider(self, session_id, customer, retry_s=retry_s)

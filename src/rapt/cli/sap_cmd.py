@@ -1,10 +1,13 @@
 """`rapt sap tune|predict|attack`: Split-and-Privatize on a dataset or the user's own file.
 
-Both parties run in this process (the wire comes with the service); the artifact folder holds
-each party's half apart: ``provider.safetensors`` (the top's tuned adapter) and
+Both parties run in this process, or, with ``--url``, the provider is a `rapt serve` service
+(``/v1/sap/...``): the customer downloads the bottom, the top never leaves the server and the
+labels never leave this machine. The artifact folder holds each party's half apart:
+``provider.safetensors`` (the top's tuned adapter; in-process only) and
 ``customer.safetensors`` (the customer's output layer, and its bottom when trained), with
-``sap.json`` (split config, labels, η, contributing tokens). Privacy noise comes from OS
-entropy unless ``--noise-seed`` is given (with a warning).
+``sap.json`` (split config, labels, η, contributing tokens, and for a remote run the service
+URL and session id, which `rapt sap predict` then uses). Privacy noise comes from OS entropy
+unless ``--noise-seed`` is given (with a warning).
 """
 
 from __future__ import annotations
@@ -93,6 +96,12 @@ def sap_tune(
     seed: int = typer.Option(0, help="init and data order (not privacy noise)"),
     noise_seed: int | None = typer.Option(
         None, help="seed the privacy noise: tests/benchmarks only, voids the guarantee"),
+    url: str | None = typer.Option(
+        None, "--url", help="train against this rapt service (the provider keeps the top); "
+        "default: both parties in this process"),
+    key: str | None = typer.Option(None, "--key", help="API key for --url (env RAPT_API_KEY)"),
+    remote_backbone: str | None = typer.Option(
+        None, help="the service's name for the backbone (default: --backbone)"),
 ) -> None:
     """Train a split model: the customer privatizes and runs the bottom, the provider tunes the
     top, the labels never leave the customer."""
@@ -114,12 +123,18 @@ def sap_tune(
                   cti_coverage=cti_coverage, unfreeze_bottom=unfreeze_bottom, method=method,
                   lr=lr, head_lr=head_lr, epochs=epochs, batch_size=batch_size,
                   max_length=max_length, seed=seed, noise_seed=noise_seed)
+    if e is None and url is not None:
+        fail("--url: the bottom's release leaves this machine; give --eta or --target-p")
     if e is None:
         typer.echo("warning: no --eta/--target-p: the bottom's release is not privatized", err=True)
     warn_if_seeded(noise_seed)
+    client = _client(url, key, bb, remote_backbone or backbone) if url else None
     try:
         rows = encode_texts(bb.tokenizer, ds.texts, max_length)
-        customer, provider = setup_split(bb, cfg, ds.num_labels, len(rows))
+        if client is None:
+            customer, provider = setup_split(bb, cfg, ds.num_labels, len(rows))
+        else:
+            customer = _remote(lambda: client.sap_customer(cfg, ds.num_labels))
     except ValueError as err:
         fail(str(err))
     if cti:
@@ -127,19 +142,26 @@ def sap_tune(
         typer.echo(f"CTI: {len(res.token_ids)} contributing tokens (k = {res.k} per class, "
                    f"{100 * res.coverage:.2f}% of token occurrences)")
     customer.load(rows, ds.labels)
+    if client is not None:
+        sid = _remote(lambda: client.sap_session(cfg, len(rows)))
+        typer.echo(f"session {sid} on {url}", err=True)
+        provider = _remote(lambda: client.sap_provider(sid, customer))
+        if not cfg.unfreeze_bottom:
+            _remote(provider.upload_release)
     bar = tqdm(total=provider.total_steps, desc="sap tune", unit="step", file=sys.stderr)
 
     def progress(r: dict) -> None:
         bar.set_postfix(loss=f"{r['loss']:.3f}")
         bar.update(1)
 
-    hist = train_split(customer, provider, progress=progress)
+    hist = _remote(lambda: train_split(customer, provider, progress=progress))
     bar.close()
     privacy = customer.privacy_report(rows, target_p=target_p)
     if privacy is not None:
         echo_privacy(privacy)
     out.mkdir(parents=True, exist_ok=True)
-    save_file(provider.trainable_state(), str(out / "provider.safetensors"))
+    if client is None:
+        save_file(provider.trainable_state(), str(out / "provider.safetensors"))
     cstate = customer.state_dict()
     tensors = {f"head.{k}": v for k, v in cstate["head"].items()}
     tensors.update({f"bottom.{k}": v for k, v in cstate.get("bottom", {}).items()})
@@ -150,19 +172,40 @@ def sap_tune(
            "privacy": privacy,
            "seeded": noise_seed is not None, "steps": provider.step,
            "final_loss": hist[-1]["loss"] if hist else None}
+    if client is not None:  # the key is not written: give it again to `rapt sap predict`
+        doc["remote"] = {"url": url, "session": sid, "backbone": client.remote_backbone}
     (out / "sap.json").write_text(json.dumps(doc, indent=2) + "\n")
     typer.echo(f"saved SAP model (split after {split_layer} blocks, {method}) to {out}"
                + (f"; measured P = {customer.measured_p:.3f}" if e is not None else ""))
 
 
-def _load_artifact(folder: Path, noise_seed: int | None):
+def _client(url: str, key: str | None, bb, remote_backbone: str):
+    from rapt.client import ClientError, RaptClient
+
+    try:
+        return RaptClient(url, key, backbone=bb, remote_backbone=remote_backbone)
+    except ClientError as e:
+        fail(str(e))
+
+
+def _remote(fn):
+    """Run fn; a service or client error becomes one line naming what failed (exit 2)."""
+    from rapt.client import ClientError, ServiceError
+
+    try:
+        return fn()
+    except (ClientError, ServiceError) as e:
+        fail(str(e))
+
+
+def _load_artifact(folder: Path, noise_seed: int | None, key: str | None = None):
     import torch
     from safetensors.torch import load_file
 
     from rapt.split import SplitConfig, load_top, setup_split
 
     meta_path = folder / "sap.json"
-    for p in (meta_path, folder / "provider.safetensors", folder / "customer.safetensors"):
+    for p in (meta_path, folder / "customer.safetensors"):
         if not p.is_file():
             fail(f"{p}: missing (not a `rapt sap tune` folder?)")
     try:
@@ -173,9 +216,18 @@ def _load_artifact(folder: Path, noise_seed: int | None):
     except (ValueError, KeyError, TypeError) as e:
         fail(f"{meta_path}: {e}")
     bb = load_backbone_or_fail(doc["backbone"])
-    customer, provider = setup_split(bb, cfg, int(doc["num_labels"]), 1)
+    remote = doc.get("remote")
+    if remote is None and not (folder / "provider.safetensors").is_file():
+        fail(f"{folder / 'provider.safetensors'}: missing (not a `rapt sap tune` folder?)")
+    if remote is None:
+        customer, provider = setup_split(bb, cfg, int(doc["num_labels"]), 1)
+    else:  # the top stays on the service: its session answers the queries
+        client = _client(remote["url"], key, bb, remote["backbone"])
+        customer = _remote(lambda: client.sap_customer(cfg, int(doc["num_labels"])))
+        provider = _remote(lambda: client.sap_provider(remote["session"]))
     try:
-        load_top(provider.top, load_file(str(folder / "provider.safetensors")))
+        if remote is None:
+            load_top(provider.top, load_file(str(folder / "provider.safetensors")))
         ct = load_file(str(folder / "customer.safetensors"))
         customer.head.load_state_dict({k[5:]: v for k, v in ct.items() if k.startswith("head.")})
         bottom = {k[7:]: v for k, v in ct.items() if k.startswith("bottom.")}
@@ -201,17 +253,20 @@ def sap_predict(
     label_column: str | None = typer.Option(None),
     out: Path | None = typer.Option(None, help="write one JSON line per text here"),
     noise_seed: int | None = typer.Option(None, help="seed the query privatization (tests)"),
+    key: str | None = typer.Option(None, "--key", help="API key of a remote session (a folder "
+                                   "from `rapt sap tune --url`; env RAPT_API_KEY)"),
 ) -> None:
-    """Predict with a split model; queries are privatized afresh, as in training (SAP §4.5)."""
+    """Predict with a split model; queries are privatized afresh, as in training (SAP §4.5).
+    A remote model's top answers from its service session."""
     from rapt.split import encode_texts, predict_split
 
     warn_if_seeded(noise_seed)
-    bb, doc, cfg, customer, provider = _load_artifact(artifact, noise_seed)
+    bb, doc, cfg, customer, provider = _load_artifact(artifact, noise_seed, key)
     ds = _data(data, split, limit, text_column, label_column, label_names=doc["label_names"])
     if len(ds) == 0:
         fail(f"{data}: no texts")
     rows = encode_texts(bb.tokenizer, ds.texts, cfg.max_length)
-    probs = predict_split(customer, provider, rows)
+    probs = _remote(lambda: predict_split(customer, provider, rows))
     pred = probs.argmax(-1).tolist()
     names = doc["label_names"]
     if out is not None:

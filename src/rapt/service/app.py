@@ -54,7 +54,10 @@ from rapt.service.schemas import (
     PredictRequest,
     PredictResponse,
     PromptInfo,
+    SapSessionCreate,
+    SapSessionInfo,
 )
+from rapt.service.split_sessions import SapError, SplitSessions
 from rapt.service.store import QuotaError, Store
 from rapt.service.worker import (
     JobRunner,
@@ -237,6 +240,7 @@ class Service:
         self._prompts: collections.OrderedDict[str, Any] = collections.OrderedDict()
         self._prompt_lock = threading.Lock()
         self.job_lock = threading.Lock()
+        self.sap = SplitSessions(self.store, backbones, self.limits)
         self.worker.start()
 
     def close(self) -> None:
@@ -395,6 +399,13 @@ def create_app(config: ServiceConfig, *, backbones: dict[str, Any] | None = None
     @app.exception_handler(ServiceError)
     async def _service_error(request: Request, exc: ServiceError) -> JSONResponse:
         return _error(exc.status, exc.error, exc.detail)
+
+    @app.exception_handler(SapError)
+    async def _sap_error(request: Request, exc: SapError) -> JSONResponse:
+        resp = _error(exc.status, exc.error, exc.detail)
+        if exc.last_step is not None:
+            resp.headers["X-Rapt-Last-Step"] = str(exc.last_step)
+        return resp
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -621,6 +632,87 @@ def create_app(config: ServiceConfig, *, backbones: dict[str, Any] | None = None
         probs = probs.float().cpu()
         return PredictResponse(prompt_id=row["id"], labels=probs.argmax(-1).tolist(),
                                probabilities=probs.tolist())
+
+    # -- SAP split training (issue 11); semantics in rapt.service.split_sessions ------------
+    octet = "application/octet-stream"
+    binary = {200: {"content": {octet: {}}, "description": "a safetensors message"}}
+
+    @app.get("/v1/sap/bottom", response_class=Response, responses={**ERRORS, **binary})
+    def sap_bottom(request: Request, backbone: str, split_layer: int = 0,
+                   me: str = Depends(owner)) -> Response:
+        """The customer's bottom (embedding layer + ``split_layer`` blocks) as safetensors,
+        with its SHA-256 in ``X-Content-SHA256`` and the ETag (``If-None-Match`` -> 304).
+        Nothing of the top is in it."""
+        data, sha = svc_of(request).sap.bottom(backbone, split_layer)
+        headers = {"X-Content-SHA256": sha, "ETag": f'"{sha}"'}
+        if request.headers.get("if-none-match", "").strip('"') == sha:
+            return Response(status_code=304, headers=headers)
+        return Response(data, media_type=octet, headers=headers)
+
+    @app.post("/v1/sap/sessions", status_code=201, response_model=SapSessionInfo,
+              responses=ERRORS)
+    def sap_create(body: SapSessionCreate, request: Request,
+                   me: str = Depends(owner)) -> SapSessionInfo:
+        """Create a split-training session (per-key quota max_sap_sessions_per_key)."""
+        sap = svc_of(request).sap
+        row = sap.create(me, body.backbone, body.model_dump(), body.n_examples)
+        return SapSessionInfo(**sap.info(me, row["id"]))
+
+    @app.get("/v1/sap/sessions/{session_id}", response_model=SapSessionInfo, responses=ERRORS)
+    def sap_get(session_id: str, request: Request, me: str = Depends(owner)) -> SapSessionInfo:
+        return SapSessionInfo(**svc_of(request).sap.info(me, session_id))
+
+    @app.delete("/v1/sap/sessions/{session_id}", status_code=204, response_class=Response,
+                responses=ERRORS)
+    def sap_delete(session_id: str, request: Request, me: str = Depends(owner)) -> Response:
+        """Delete a session, its top state and its uploaded release."""
+        svc_of(request).sap.delete(me, session_id)
+        return Response(status_code=204)
+
+    @app.post("/v1/sap/sessions/{session_id}/release", response_model=SapSessionInfo,
+              responses=ERRORS)
+    async def sap_release(session_id: str, request: Request,
+                          me: str = Depends(owner)) -> SapSessionInfo:
+        """Frozen bottom: a ``Release`` chunk (safetensors body), contiguous from row 0."""
+        data = await request.body()
+        info = await run_in_threadpool(svc_of(request).sap.upload_release, me, session_id, data)
+        return SapSessionInfo(**info)
+
+    @app.post("/v1/sap/sessions/{session_id}/forward", response_class=Response,
+              responses={**ERRORS, **binary})
+    async def sap_forward(session_id: str, request: Request,
+                          me: str = Depends(owner)) -> Response:
+        """Training step ``last_step + 1``: ``Activations`` (unfrozen bottom) or ``BatchRef``
+        (frozen) in, ``TopOutput`` g out (safetensors)."""
+        data = await request.body()
+        out = await run_in_threadpool(svc_of(request).sap.forward, me, session_id, data)
+        return Response(out, media_type=octet)
+
+    @app.post("/v1/sap/sessions/{session_id}/backward", response_class=Response,
+              responses={**ERRORS, **binary})
+    async def sap_backward(session_id: str, request: Request,
+                           me: str = Depends(owner)) -> Response:
+        """``OutputGrad`` ∂l/∂g in; the update is applied exactly once (a repeat of the last
+        applied step is answered from the saved reply, ``X-Rapt-Replayed: 1``). Out:
+        ``ActivationGrad`` (unfrozen bottom) or JSON ``{"step", "last_step"}``."""
+        data = await request.body()
+        out, replayed, last = await run_in_threadpool(svc_of(request).sap.backward, me,
+                                                      session_id, data)
+        headers = {"X-Rapt-Replayed": str(int(replayed)), "X-Rapt-Last-Step": str(last)}
+        if out is None:
+            return JSONResponse({"step": last, "last_step": last, "replayed": replayed},
+                                headers=headers)
+        return Response(out, media_type=octet, headers=headers)
+
+    @app.post("/v1/sap/sessions/{session_id}/predict", response_class=Response,
+              responses={**ERRORS, **binary})
+    async def sap_predict(session_id: str, request: Request,
+                          me: str = Depends(owner)) -> Response:
+        """Inference: ``Activations`` of privatized queries in, ``TopOutput`` g out; the
+        customer applies its own output layer."""
+        data = await request.body()
+        out = await run_in_threadpool(svc_of(request).sap.predict, me, session_id, data)
+        return Response(out, media_type=octet)
 
     app.state.key_routes = frozenset(
         id(r) for r in app.routes if isinstance(r, APIRoute)

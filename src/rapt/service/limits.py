@@ -19,6 +19,8 @@ class Limits:
     max_inference_queue: int = 4096  # rows waiting for the micro-batcher
     max_datasets_per_key: int = 100  # stored datasets per API key (deleted ones not counted)
     max_dataset_bytes_per_key: int = 1 << 30  # stored token ids + labels per key, bytes (JSON)
+    max_sap_sessions_per_key: int = 16  # SAP split sessions per API key
+    max_sap_release_bytes: int = 1 << 30  # a frozen-bottom session's uploaded release, bytes
 
 
 @dataclass

@@ -259,3 +259,48 @@ class BackboneInfo(BaseModel):
     vocab_size: int
     hidden_size: int
     special_ids: list[int]
+
+
+class SapSessionCreate(BaseModel):
+    """A SAP split-training session: the provider's part of ``rapt.split.SplitConfig``
+    (``PROVIDER_FIELDS``) and the number of training rows. There is no label field, no class
+    count and no η: the output layer and the labels stay with the customer."""
+
+    model_config = REQUEST
+
+    backbone: Text = Field(max_length=500, description="name of a backbone this server loaded")
+    n_examples: int = Field(ge=1, description="training rows (sets total steps with epochs and "
+                                              "batch_size; a frozen bottom uploads this many)")
+    split_layer: int = Field(0, ge=0, description="blocks the customer runs after the "
+                                                  "embedding layer")
+    unfreeze_bottom: bool = False
+    method: Literal["lora", "prompt"] = "lora"
+    lora_r: int = Field(8, ge=1, le=256)
+    lora_alpha: int = Field(16, ge=1, le=4096)
+    num_virtual_tokens: int = Field(10, ge=1, le=512)
+    pooling: Literal["auto", "mean", "last"] = "auto"
+    lr: float = Field(1e-3, gt=0, le=10)
+    weight_decay: float = Field(0.0, ge=0, le=10)
+    warmup_ratio: float = Field(0.06, ge=0, lt=1)
+    epochs: int = Field(3, ge=1, le=10_000)
+    batch_size: int = Field(32, ge=1)
+    max_length: int = Field(64, ge=3)
+    seed: int = Field(0, ge=0, description="top init and data order (never privacy noise)")
+
+
+class SapSessionInfo(BaseModel):
+    """A session's state; ``last_step`` is the last applied step (-1: none yet), the next
+    training step is ``last_step + 1``."""
+
+    id: str
+    backbone: str
+    config: dict
+    split_layer: int
+    method: str
+    unfreeze_bottom: bool
+    n_examples: int
+    total_steps: int
+    last_step: int
+    steps_done: int
+    rows_received: int
+    created: float

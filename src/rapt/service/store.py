@@ -44,7 +44,17 @@ CREATE TABLE IF NOT EXISTS prompts (
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
 """
 
-TABLES = ("api_keys", "datasets", "jobs", "prompts")
+# SAP split sessions (issue 11): one statement of its own. The session's top state and the
+# frozen release live as files under <db>.files/sap/<id>/; last_step mirrors the state file.
+SAP_SCHEMA = """
+CREATE TABLE IF NOT EXISTS sap_sessions (
+    id TEXT PRIMARY KEY, owner TEXT NOT NULL REFERENCES api_keys(id), backbone TEXT NOT NULL,
+    config TEXT NOT NULL, n_examples INTEGER NOT NULL, total_steps INTEGER NOT NULL,
+    last_step INTEGER NOT NULL, rows_received INTEGER NOT NULL, path TEXT NOT NULL,
+    created REAL NOT NULL, updated REAL NOT NULL);
+"""
+
+TABLES = ("api_keys", "datasets", "jobs", "prompts", "sap_sessions")
 
 # Columns added after the first release: (table, column, type), added to older files on open.
 MIGRATIONS = (("api_keys", "admin", "INTEGER NOT NULL DEFAULT 0"),
@@ -99,6 +109,7 @@ class Store:
         self._db.execute("PRAGMA busy_timeout=30000")
         self._db.execute("PRAGMA secure_delete=ON")
         self._db.executescript(SCHEMA)
+        self._db.executescript(SAP_SCHEMA)
         self._migrate()
 
     def _migrate(self) -> None:
@@ -341,6 +352,56 @@ class Store:
             if row is None:
                 return None
             db.execute("DELETE FROM prompts WHERE id=?", (pid,))
+        return row[0]
+
+    # --- SAP split sessions (issue 11) ---
+    def create_sap_session(self, owner: str, backbone: str, config: dict, n_examples: int,
+                           total_steps: int, *, max_count: int | None = None) -> str:
+        """Insert a split session (its files go under ``sap_dir``); raises QuotaError when the
+        owner already has ``max_count`` sessions."""
+        sid = new_id("sap")
+        now = time.time()
+        with self._transaction() as db:
+            (n,) = db.execute("SELECT COUNT(*) FROM sap_sessions WHERE owner=?",
+                              (owner,)).fetchone()
+            if max_count is not None and n + 1 > max_count:
+                raise QuotaError(f"this key already has {n} SAP sessions; the quota is "
+                                 f"max_sap_sessions_per_key={max_count} (delete some with "
+                                 "DELETE /v1/sap/sessions/{id})")
+            db.execute(
+                "INSERT INTO sap_sessions (id, owner, backbone, config, n_examples, total_steps, "
+                "last_step, rows_received, path, created, updated) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                (sid, owner, backbone, json.dumps(config), n_examples, total_steps, -1, 0,
+                 str(self.sap_dir(sid)), now, now))
+        return sid
+
+    def sap_dir(self, sid: str) -> Path:
+        """The folder of a session's files (created 0700 on first use)."""
+        d = self.files / "sap" / sid
+        _private_dir(d)
+        return d
+
+    def get_sap_session(self, sid: str, owner: str) -> dict[str, Any] | None:
+        row = self._one("SELECT * FROM sap_sessions WHERE id=? AND owner=?", (sid, owner))
+        if row:
+            row["config"] = json.loads(row["config"])
+        return row
+
+    def update_sap_session(self, sid: str, **fields: Any) -> None:
+        """Set columns (last_step, rows_received); ``updated`` is set to now."""
+        fields["updated"] = time.time()
+        cols = ", ".join(f"{k}=?" for k in fields)
+        self._exec(f"UPDATE sap_sessions SET {cols} WHERE id=?", (*fields.values(), sid))
+
+    def delete_sap_session(self, sid: str, owner: str) -> str | None:
+        """Delete the row; returns the folder of its files (None when there was none)."""
+        with self._transaction() as db:
+            row = db.execute("SELECT path FROM sap_sessions WHERE id=? AND owner=?",
+                             (sid, owner)).fetchone()
+            if row is None:
+                return None
+            db.execute("DELETE FROM sap_sessions WHERE id=?", (sid,))
         return row[0]
 
 

@@ -29,12 +29,17 @@ In-process use::
     customer.fit_cti(rows, labels); customer.load(rows, labels)
     train_split(customer, provider)
     probs = predict_split(customer, provider, test_rows)
+
+Over HTTP (the provider's service, ``/v1/sap/...``): :class:`rapt.split.remote.RemoteProvider`
+has ProviderSession's interface, so the same ``train_split`` / ``predict_split`` run against
+a session on the server; messages travel as safetensors (:mod:`rapt.split.wire`).
 """
 
-from rapt.split.config import SPLIT_METHODS, SplitConfig
+from rapt.split.config import PROVIDER_FIELDS, SPLIT_METHODS, SplitConfig
 from rapt.split.customer import (
     SplitCustomer,
     encode_texts,
+    make_customer,
     predict_split,
     setup_split,
     total_steps,
@@ -44,19 +49,24 @@ from rapt.split.model import Bottom, Top, split_backbone
 from rapt.split.protocol import (
     ActivationGrad,
     Activations,
+    BatchRef,
     OutputGrad,
+    Release,
     SplitProtocolError,
     TopOutput,
 )
 from rapt.split.provider import ProviderSession, load_top, tune_top
 
 __all__ = [
+    "PROVIDER_FIELDS",
     "SPLIT_METHODS",
     "ActivationGrad",
     "Activations",
+    "BatchRef",
     "Bottom",
     "OutputGrad",
     "ProviderSession",
+    "Release",
     "SplitConfig",
     "SplitCustomer",
     "SplitProtocolError",
@@ -64,6 +74,7 @@ __all__ = [
     "TopOutput",
     "encode_texts",
     "load_top",
+    "make_customer",
     "predict_split",
     "setup_split",
     "split_backbone",

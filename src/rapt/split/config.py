@@ -8,9 +8,16 @@ from typing import Literal
 
 from rapt.config import DEFAULT_PRIVATIZER_MODE
 
-__all__ = ["SPLIT_METHODS", "SplitConfig"]
+__all__ = ["PROVIDER_FIELDS", "SPLIT_METHODS", "SplitConfig"]
 
 SPLIT_METHODS: tuple[str, ...] = ("lora", "prompt")
+# What the provider needs to run and tune the top (a remote session's configuration). The
+# rest stays with the customer: η and CTI (which tokens matter is a statistic of the labelled
+# data), the noise seed, and the learning rates of the customer's own head and bottom.
+PROVIDER_FIELDS: tuple[str, ...] = (
+    "split_layer", "unfreeze_bottom", "method", "lora_r", "lora_alpha", "num_virtual_tokens",
+    "pooling", "lr", "weight_decay", "warmup_ratio", "epochs", "batch_size", "max_length",
+    "seed")
 
 
 @dataclass
@@ -114,6 +121,10 @@ class SplitConfig:
         if math.isinf(d["cti_multiplier"]):
             d["cti_multiplier"] = "inf"  # JSON has no infinity
         return d
+
+    def provider_view(self) -> dict:
+        """The fields of :data:`PROVIDER_FIELDS` (what a remote session is created with)."""
+        return {k: getattr(self, k) for k in PROVIDER_FIELDS}
 
     @classmethod
     def from_dict(cls, d: dict) -> SplitConfig:

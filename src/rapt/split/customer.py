@@ -24,13 +24,14 @@ from rapt.split.protocol import (
     ActivationGrad,
     Activations,
     OutputGrad,
+    Release,
     SplitProtocolError,
     TopOutput,
 )
 from rapt.split.provider import ProviderSession, linear_schedule, tune_top
 
-__all__ = ["SplitCustomer", "encode_texts", "predict_split", "setup_split", "total_steps",
-           "train_split"]
+__all__ = ["SplitCustomer", "encode_texts", "make_customer", "predict_split", "setup_split",
+           "total_steps", "train_split"]
 
 
 def total_steps(n_examples: int, config: SplitConfig) -> int:
@@ -228,6 +229,28 @@ class SplitCustomer:
         self._pending = (step, idx, None)
         return Activations(step, h.detach().float().cpu(), mask)
 
+    @property
+    def pending_rows(self) -> list[int] | None:
+        """Training rows of the release waiting for its TopOutput (None when none is)."""
+        return list(self._pending[1]) if self._pending is not None else None
+
+    @torch.no_grad()
+    def frozen_release(self, start: int, stop: int) -> Release:
+        """Rows ``start:stop`` of the frozen bottom's one release (made by :meth:`load`), the
+        same values :meth:`release` sends: what a remote provider receives once, up front."""
+        if self.config.unfreeze_bottom:
+            raise ValueError("an unfrozen bottom privatizes afresh every step: there is no "
+                             "one release to upload")
+        assert self._cache_ids is not None, "call load(rows, labels) first"
+        rows = self._cache_ids[start:stop]
+        if self._cache_hidden is not None:
+            parts = self._cache_hidden[start:stop]
+        else:
+            h = self._run_bottom(*_pad(rows, self.pad_id))
+            parts = [h[i, :len(r)] for i, r in enumerate(rows)]
+        lengths = torch.tensor([len(r) for r in rows], dtype=torch.int32)
+        return Release(start, torch.cat(parts).float().cpu(), lengths)
+
     def loss_grad(self, out: TopOutput) -> tuple[OutputGrad, dict]:
         """The customer's loss on the top's output: CE(head(g), y); updates the head and
         returns ∂l/∂g for the provider."""
@@ -342,18 +365,27 @@ def setup_split(bb: Backbone, config: SplitConfig, num_labels: int, n_examples: 
     tune_top(top, config, bb.embeddings.detach())
     steps = total_steps(n_examples, config)
     provider = ProviderSession(top, config, steps)
+    return make_customer(bb, bottom, config, num_labels, privatizer=privatizer), provider
+
+
+def make_customer(bb: Backbone, bottom: Bottom, config: SplitConfig, num_labels: int, *,
+                  privatizer: Privatizer | None = None) -> SplitCustomer:
+    """The customer around ``bottom`` (from :func:`split_backbone`, or downloaded from the
+    provider): ``bb`` gives the tokenizer's pad, special and candidate ids; the privatizer
+    searches the bottom's token embeddings (noise seeded only by ``config.noise_seed``)."""
     if privatizer is not None and (config.eta is None or privatizer.eta != config.eta):
         raise ValueError(f"the privatizer's η ({privatizer.eta}) is not config.eta "
                          f"({config.eta})")
     if privatizer is None and config.eta is not None:
-        cand = candidate_ids_from_tokenizer(bb.tokenizer, bb.embeddings.shape[0])
-        privatizer = Privatizer(bb.embeddings.detach(), config.eta, special_ids=bb.special_ids,
+        # The bottom's own (initial, public) token embeddings: the ones the release goes through.
+        emb = bottom.word_embeddings.weight.detach().clone()
+        cand = candidate_ids_from_tokenizer(bb.tokenizer, emb.shape[0])
+        privatizer = Privatizer(emb, config.eta, special_ids=bb.special_ids,
                                 candidate_ids=cand, mode=config.privatizer_mode,
                                 seed=config.noise_seed)
-    customer = SplitCustomer(bottom, config, num_labels, hidden_size=bb.hidden_size,
-                             pad_id=bb.tokenizer.pad_token_id, special_ids=bb.special_ids,
-                             privatizer=privatizer)
-    return customer, provider
+    return SplitCustomer(bottom, config, num_labels, hidden_size=bb.hidden_size,
+                         pad_id=bb.tokenizer.pad_token_id, special_ids=bb.special_ids,
+                         privatizer=privatizer)
 
 
 def train_split(customer: SplitCustomer, provider: ProviderSession, *,

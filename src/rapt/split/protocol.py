@@ -7,6 +7,10 @@ Training step k (SAP Algorithm 1 lines 21-27, plus §4.2's unfrozen bottom):
     customer -> provider   OutputGrad(step=k, grad (B, h))           ∂l/∂g; labels stay home
     provider -> customer   ActivationGrad(step=k, grad (B, n, h))    only when the bottom trains
 
+Over HTTP a frozen bottom's rows cross once, before training: ``Release(offset, hidden (T, h),
+lengths (B,))`` chunks, then each step names its rows with ``BatchRef(step=k, rows (B,))`` in
+place of ``Activations`` (:mod:`rapt.split.wire` frames every message as safetensors).
+
 Every message is untrusted input to the side that receives it: ``__post_init__`` checks types,
 shapes, dtypes, finiteness and the step id and raises :class:`SplitProtocolError` naming the
 field, so a malformed message fails where it arrives (an HTTP route answers 422).
@@ -19,7 +23,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["ActivationGrad", "Activations", "OutputGrad", "SplitProtocolError", "TopOutput"]
+__all__ = ["ActivationGrad", "Activations", "BatchRef", "OutputGrad", "Release",
+           "SplitProtocolError", "TopOutput"]
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _MASKS = (torch.bool, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
@@ -54,6 +59,26 @@ def _float_tensor(msg: str, name: str, t: object, dims: int) -> None:
         raise SplitProtocolError(msg, name, "contains NaN or infinite values")
 
 
+def _hidden_mask(msg: str, hidden: object, m: object) -> None:
+    """``hidden`` (B, n, h) finite float; ``m`` (B, n) 0/1, right-padded, no empty row."""
+    _float_tensor(msg, "hidden", hidden, 3)
+    if not isinstance(m, Tensor):
+        raise SplitProtocolError(msg, "mask", f"must be a tensor, got {type(m).__name__}")
+    if m.dtype not in _MASKS:
+        raise SplitProtocolError(msg, "mask", f"must be a bool or integer tensor, got {m.dtype}")
+    if tuple(m.shape) != tuple(hidden.shape[:2]):
+        raise SplitProtocolError(msg, "mask", f"shape {tuple(m.shape)} does not match hidden's "
+                                              f"first two dimensions {tuple(hidden.shape[:2])}")
+    mi = m.long()
+    if bool(((mi != 0) & (mi != 1)).any()):
+        raise SplitProtocolError(msg, "mask", "values must be 0 or 1")
+    if bool((mi.sum(1) == 0).any()):
+        raise SplitProtocolError(msg, "mask", "a row has no valid position")
+    # Right padding: positions and pooling assume the valid tokens come first.
+    if bool((mi[:, 1:] > mi[:, :-1]).any()):
+        raise SplitProtocolError(msg, "mask", "must be right-padded (1s, then 0s, in every row)")
+
+
 @dataclass(frozen=True)
 class Activations:
     """Customer -> provider: the (privatized) output of the bottom for one batch.
@@ -67,27 +92,7 @@ class Activations:
 
     def __post_init__(self) -> None:
         _step("Activations", self.step)
-        _float_tensor("Activations", "hidden", self.hidden, 3)
-        m = self.mask
-        if not isinstance(m, Tensor):
-            raise SplitProtocolError("Activations", "mask",
-                                     f"must be a tensor, got {type(m).__name__}")
-        if m.dtype not in _MASKS:
-            raise SplitProtocolError("Activations", "mask",
-                                     f"must be a bool or integer tensor, got {m.dtype}")
-        if tuple(m.shape) != tuple(self.hidden.shape[:2]):
-            raise SplitProtocolError("Activations", "mask",
-                                     f"shape {tuple(m.shape)} does not match hidden's first two "
-                                     f"dimensions {tuple(self.hidden.shape[:2])}")
-        mi = m.long()
-        if bool(((mi != 0) & (mi != 1)).any()):
-            raise SplitProtocolError("Activations", "mask", "values must be 0 or 1")
-        if bool((mi.sum(1) == 0).any()):
-            raise SplitProtocolError("Activations", "mask", "a row has no valid position")
-        # Right padding: positions and pooling assume the valid tokens come first.
-        if bool((mi[:, 1:] > mi[:, :-1]).any()):
-            raise SplitProtocolError("Activations", "mask",
-                                     "must be right-padded (1s, then 0s, in every row)")
+        _hidden_mask("Activations", self.hidden, self.mask)
 
 
 @dataclass(frozen=True)
@@ -124,3 +129,58 @@ class ActivationGrad:
     def __post_init__(self) -> None:
         _step("ActivationGrad", self.step)
         _float_tensor("ActivationGrad", "grad", self.grad, 3)
+
+
+@dataclass(frozen=True)
+class Release:
+    """Customer -> provider, frozen bottom only: rows ``offset`` .. ``offset + B - 1`` of the
+    one release of the training set (SAP §4.2: privatized and encoded once), packed without
+    padding: ``hidden`` (T, h) holds the rows' valid positions one row after another,
+    ``lengths`` (B,) int the tokens per row (sum T). Uploaded in chunks before training;
+    batches then name rows (:class:`BatchRef`), so every example crosses the wire once."""
+
+    offset: int
+    hidden: Tensor
+    lengths: Tensor
+
+    def __post_init__(self) -> None:
+        if isinstance(self.offset, bool) or not isinstance(self.offset, int) or self.offset < 0:
+            raise SplitProtocolError("Release", "offset",
+                                     f"must be an integer >= 0, got {self.offset!r}")
+        _float_tensor("Release", "hidden", self.hidden, 2)
+        n = self.lengths
+        if not isinstance(n, Tensor) or n.dtype not in (torch.int32, torch.int64):
+            raise SplitProtocolError("Release", "lengths", "must be an int32 or int64 tensor, "
+                                     f"got {getattr(n, 'dtype', type(n).__name__)}")
+        if n.dim() != 1 or n.numel() == 0 or bool((n < 1).any()):
+            raise SplitProtocolError("Release", "lengths", "must be 1-dimensional, non-empty "
+                                                           "and >= 1 everywhere")
+        if int(n.sum()) != self.hidden.shape[0]:
+            raise SplitProtocolError("Release", "lengths", f"sum to {int(n.sum())}, hidden has "
+                                                           f"{self.hidden.shape[0]} positions")
+
+    def rows(self) -> list[Tensor]:
+        """The rows' hidden states, (n_i, h) each."""
+        return list(self.hidden.split(self.lengths.tolist()))
+
+
+@dataclass(frozen=True)
+class BatchRef:
+    """Customer -> provider, frozen bottom: batch ``step`` is rows ``rows`` (B,) of the uploaded
+    :class:`Release` (distinct indices, int32/int64). Stands in for :class:`Activations`."""
+
+    step: int
+    rows: Tensor
+
+    def __post_init__(self) -> None:
+        _step("BatchRef", self.step)
+        r = self.rows
+        if not isinstance(r, Tensor) or r.dtype not in (torch.int32, torch.int64):
+            raise SplitProtocolError("BatchRef", "rows", "must be an int32 or int64 tensor, got "
+                                     f"{getattr(r, 'dtype', type(r).__name__)}")
+        if r.dim() != 1 or r.numel() == 0:
+            raise SplitProtocolError("BatchRef", "rows",
+                                     f"must be 1-dimensional and non-empty, got shape "
+                                     f"{tuple(r.shape)}")
+        if bool((r < 0).any()) or len(set(r.tolist())) != r.numel():
+            raise SplitProtocolError("BatchRef", "rows", "indices must be distinct and >= 0")

@@ -86,9 +86,15 @@ class ProviderSession:
         self.step = 0  # optimizer steps taken
         self._pending: tuple[int, Tensor, Tensor] | None = None  # (step, input leaf, output)
         self._last_step = -1
+        self._before_pending = -1  # _last_step before the pending forward (discard(rewind))
 
     def _device(self) -> torch.device:
         return next(iter(self.top.parameters())).device
+
+    @property
+    def pending_step(self) -> int | None:
+        """Step id of the forward waiting for its OutputGrad (None when none is)."""
+        return self._pending[0] if self._pending is not None else None
 
     def _check(self, acts: Activations) -> None:
         if not isinstance(acts, Activations):
@@ -118,7 +124,7 @@ class ProviderSession:
         x = acts.hidden.detach().to(dev, dtype).requires_grad_(self.config.unfreeze_bottom)
         g = self.top(x, acts.mask.to(dev).long())
         self._pending = (acts.step, x, g)
-        self._last_step = acts.step
+        self._before_pending, self._last_step = self._last_step, acts.step
         return TopOutput(acts.step, g.detach().float().cpu())
 
     def backward(self, msg: OutputGrad) -> ActivationGrad | None:
@@ -148,8 +154,11 @@ class ProviderSession:
             return ActivationGrad(step, x.grad.detach().float().cpu())
         return None
 
-    def discard(self) -> None:
-        """Drop a pending step (the customer gave up on it)."""
+    def discard(self, *, rewind: bool = False) -> None:
+        """Drop a pending step (the customer gave up on it). ``rewind``: the same step id may be
+        forwarded again (a retried request whose reply was lost); nothing was applied yet."""
+        if rewind and self._pending is not None:
+            self._last_step = self._before_pending
         self._pending = None
 
     def trainable_state(self) -> dict[str, Tensor]:
