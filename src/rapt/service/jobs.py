@@ -60,6 +60,10 @@ class _RayWorker:
                 from rapt.models import load_backbone
 
                 spec = load_backbone(spec, device=device)
+            elif isinstance(spec, bytes):  # a loaded backbone the API process sent
+                from ray import cloudpickle
+
+                spec = cloudpickle.loads(spec)
             spec.model.eval()
             loaded[name] = spec
         if runner is None:
@@ -93,8 +97,14 @@ class RayJobs:
                  threads: int = 1, progress_interval_s: float = 0.5, lease_s: float = 30.0,
                  heartbeat_s: float = 1.0, poll_s: float = 0.5,
                  init_options: dict[str, Any] | None = None):
+        from ray import cloudpickle
+
         self.store = store
-        self.backbones, self.runner = backbones, runner
+        # Serialized now, before the API's micro-batchers hook the models (a hook holds a lock,
+        # which does not pickle); names and paths stay names, loaded by each actor.
+        self.backbones = {n: b if isinstance(b, str) else cloudpickle.dumps(b)
+                          for n, b in backbones.items()}
+        self.runner = runner
         self.max_queued = max_queued
         self.n_actors, self.address, self.device = actors, address, device
         self.actor_options = {"num_cpus": 1, "max_restarts": -1, **(actor_options or {})}

@@ -288,6 +288,12 @@ class Store:
         with self._lock:
             self.engine.dispose()
 
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
     def _rows(self, stmt: Any) -> list[dict[str, Any]]:
         with self._tx() as conn:
             return [dict(r._mapping) for r in conn.execute(stmt)]
@@ -425,8 +431,9 @@ class Store:
         c, j = datasets.c, jobs.c
         with self._tx() as conn:
             # Locked: a job created meanwhile (create_job reads this row FOR SHARE) waits.
-            conn.execute(sa.select(c.id).where(c.id == did, c.owner == owner)
-                         .with_for_update())
+            if conn.execute(sa.select(c.id).where(c.id == did, c.owner == owner)
+                            .with_for_update()).first() is None:
+                return []  # not this owner's: nothing to delete
             active = list(conn.execute(sa.select(j.id).where(
                 j.dataset_id == did, j.state.in_(("queued", "running")))).scalars())
             if active:

