@@ -323,3 +323,44 @@ def test_ray_jobs_end_to_end_with_a_worker_killed_mid_job(tmp_path, tiny_bert, p
         wait_job(c, key, j2, states=("running",), timeout=60)
         assert c.post(f"/v1/jobs/{j2}/cancel", headers=hdr(key)).status_code == 200
         assert wait_job(c, key, j2, timeout=30)["state"] == "cancelled"
+
+
+# -- the command line ----------------------------------------------------------------------------
+def test_cli_store_url_and_job_backend_options(tmp_path, pg_url, monkeypatch):
+    """`rapt serve --store postgresql://... keys add` and `--jobs ray` reach the service
+    config; --db keeps meaning a SQLite file; a bad URL or both options are refused."""
+    import uvicorn
+    from typer.testing import CliRunner
+
+    import rapt.service
+    from rapt.cli import app
+
+    monkeypatch.delenv("RAPT_STORE", raising=False)
+    files = tmp_path / "shared"
+    out = CliRunner().invoke(app, ["serve", "--store", pg_url, "--files", str(files),
+                                   "keys", "add", "alice"])
+    assert out.exit_code == 0, out.output
+    key = out.stdout.strip()
+    out = CliRunner().invoke(app, ["serve", "keys", "list", "--store", pg_url])
+    assert out.exit_code == 0 and "\talice\t" in out.stdout, out.output
+    with Store(pg_url, files=files) as s:
+        assert s.owner_of_hash(auth.hash_key(key)) is not None
+    configs, calls = [], []
+    monkeypatch.setattr(rapt.service, "create_app", lambda cfg: configs.append(cfg))
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: calls.append(kw))
+    out = CliRunner().invoke(app, ["serve", "--store", pg_url, "--files", str(files),
+                                   "--jobs", "ray", "--ray-address", "auto",
+                                   "--ray-actors", "3", "--lease-s", "12"])
+    assert out.exit_code == 0, out.output
+    cfg = configs[-1]
+    assert (cfg.store_url, cfg.files_dir, cfg.jobs) == (pg_url, files, "ray")
+    assert (cfg.ray_address, cfg.ray_actors, cfg.lease_s) == ("auto", 3, 12.0)
+    assert "postgresql" in out.output and "jobs ray" in out.output
+    out = CliRunner().invoke(app, ["serve", "--store", f"sqlite:///{tmp_path / 'a.db'}"])
+    assert out.exit_code == 0 and configs[-1].data_dir == tmp_path / "a.db.files", out.output
+    out = CliRunner().invoke(app, ["serve", "--db", str(tmp_path / "b.db")])
+    assert out.exit_code == 0 and configs[-1].store_url is None
+    for bad in (["--store", "mysql://x/y"], ["--store", pg_url, "--db", "x.db"],
+                ["--jobs", "spark"]):
+        out = CliRunner().invoke(app, ["serve", *bad])
+        assert out.exit_code == 2, (bad, out.output)

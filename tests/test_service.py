@@ -122,6 +122,9 @@ def backend(request, tmp_path):
     _PG_URLS.pop(tmp_path, None)
 
 
+SQLITE_ONLY = pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+
+
 def store_options(tmp_path) -> dict:
     """ServiceConfig fields naming the test's store (and its files beside the SQLite path)."""
     url = _PG_URLS.get(tmp_path)
@@ -400,6 +403,7 @@ def test_restart_resumes_from_checkpoint_or_fails_with_reason(tmp_path, tiny_ber
         assert c.get(f"/v1/prompts/{pid}", headers=hdr(key)).status_code == 200
 
 
+@SQLITE_ONLY  # HTTP and batching behaviour: the store backend plays no part
 def test_concurrent_requests_share_forward_passes(svc):
     a = svc.alice
     prompts = []
@@ -752,6 +756,7 @@ def test_mixed_prefix_and_lora_customers_match_their_requests_alone(tmp_path, ti
 
 
 # -- item 8: invalid Unicode and non-finite numbers ---------------------------------------------
+@SQLITE_ONLY  # HTTP and batching behaviour: the store backend plays no part
 def test_lone_surrogates_and_non_finite_numbers_are_422(svc):
     """Old behaviour: a lone UTF-16 surrogate in `texts` crashed the tokenizer (500); an `eta` of
     Infinity, 1e999 or NaN was accepted and stored."""
@@ -883,6 +888,7 @@ def _asgi(app, method, path, headers, chunks):
     return status, json.loads(body), pulled[0]
 
 
+@SQLITE_ONLY  # HTTP and batching behaviour: the store backend plays no part
 def test_api_key_is_checked_before_the_body_is_read(svc):
     """Old behaviour: the body (anything up to max_upload_bytes) was read and parsed before the
     key was checked: an unauthenticated 31 MiB upload cost 0.5 s and 135 MB."""
@@ -1104,6 +1110,7 @@ def test_database_of_the_previous_schema_is_migrated(tmp_path):
         store.close()
 
 
+@SQLITE_ONLY  # HTTP and batching behaviour: the store backend plays no part
 def test_stats_need_an_admin_key(svc):
     """Old behaviour: any key read /v1/stats, which counts every tenant's requests."""
     r = svc.get("/v1/stats", headers=hdr(svc.alice))
