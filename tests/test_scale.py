@@ -364,3 +364,20 @@ def test_cli_store_url_and_job_backend_options(tmp_path, pg_url, monkeypatch):
                 ["--jobs", "spark"]):
         out = CliRunner().invoke(app, ["serve", *bad])
         assert out.exit_code == 2, (bad, out.output)
+
+
+def test_plain_sql_helpers_run_on_both_backends(target):
+    """Methods added later may use SQL text with ? placeholders (the sqlite3 style)."""
+    from rapt.service.store import sql
+
+    with open_store(target) as store:
+        owner, did, _ = seed(store)
+        assert store._one("SELECT name FROM api_keys WHERE id=?", (owner,)) == {"name": "alice"}
+        assert store._exec("UPDATE datasets SET n_examples=? WHERE id=? AND owner=?",
+                           (5, did, owner)) == 1
+        assert [r["n_examples"] for r in store._rows("SELECT n_examples FROM datasets")] == [5]
+        with store._tx() as conn:
+            assert conn.execute(sql("SELECT COUNT(*) FROM datasets WHERE owner=?",
+                                    (owner,))).scalar() == 1
+        with pytest.raises(ValueError):
+            sql("SELECT ?", ())

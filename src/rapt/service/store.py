@@ -159,6 +159,17 @@ MIGRATIONS: tuple[Migration, ...] = (
 )
 
 
+def sql(text: str, args: tuple | list = ()) -> sa.TextClause:
+    """A plain SQL statement with ``?`` placeholders (the sqlite3 style) as a SQLAlchemy
+    statement that runs on both backends, e.g. ``conn.execute(sql("SELECT x FROM t WHERE
+    id=?", (i,)))``. Write portable SQL; prefer the Core expressions used below."""
+    parts = text.split("?")
+    if len(parts) - 1 != len(args):
+        raise ValueError(f"{len(parts) - 1} placeholders, {len(args)} values: {text}")
+    out = parts[0] + "".join(f":p{i}{p}" for i, p in enumerate(parts[1:]))
+    return sa.text(out).bindparams(**{f"p{i}": v for i, v in enumerate(args)})
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(8)}"
 
@@ -294,17 +305,22 @@ class Store:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def _rows(self, stmt: Any) -> list[dict[str, Any]]:
+    # The three helpers below take a Core statement, or SQL text with ``?`` placeholders and
+    # its values (see ``sql``), and run it in a transaction of its own.
+    def _rows(self, stmt: Any, args: tuple = ()) -> list[dict[str, Any]]:
+        stmt = sql(stmt, args) if isinstance(stmt, str) else stmt
         with self._tx() as conn:
             return [dict(r._mapping) for r in conn.execute(stmt)]
 
-    def _one(self, stmt: Any) -> dict[str, Any] | None:
+    def _one(self, stmt: Any, args: tuple = ()) -> dict[str, Any] | None:
+        stmt = sql(stmt, args) if isinstance(stmt, str) else stmt
         with self._tx() as conn:
             row = conn.execute(stmt).first()
         return dict(row._mapping) if row is not None else None
 
-    def _exec(self, stmt: Any) -> int:
+    def _exec(self, stmt: Any, args: tuple = ()) -> int:
         """Run one statement in its own transaction; returns the rows it changed."""
+        stmt = sql(stmt, args) if isinstance(stmt, str) else stmt
         with self._tx() as conn:
             return conn.execute(stmt).rowcount
 
