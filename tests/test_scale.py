@@ -256,7 +256,7 @@ class StepRunner:
     """A picklable runner for Ray actors: ``steps`` steps of ``step_s`` seconds, a checkpoint
     after each, the steps it ran (and where it resumed) saved with the result."""
 
-    def __init__(self, steps: int = 8, step_s: float = 0.4):
+    def __init__(self, steps: int = 8, step_s: float = 0.25):
         self.steps, self.step_s = steps, step_s
 
     def __call__(self, backbone, data, params, *, progress, should_stop, checkpoint, resume):
