@@ -5,11 +5,9 @@ actors with an actor killed mid-job and its job resumed by another worker."""
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -252,42 +250,33 @@ def test_two_api_processes_share_one_queue(tmp_path, tiny_bert, pg_url):
 
 
 # -- Ray -------------------------------------------------------------------------------------
-class StepRunner:
-    """A picklable runner for Ray actors: ``steps`` steps of ``step_s`` seconds, a checkpoint
-    after each, the steps it ran (and where it resumed) saved with the result."""
+class PausingTrainer:
+    """The real runner (``default_runner``: rapt.trainer.tune), pausing after each checkpoint
+    so that a test can kill its worker mid-job. Module-level, so Ray actors import it."""
 
-    def __init__(self, steps: int = 8, step_s: float = 0.25):
-        self.steps, self.step_s = steps, step_s
+    def __init__(self, pause_s: float = 0.6):
+        self.pause_s = pause_s
 
     def __call__(self, backbone, data, params, *, progress, should_stop, checkpoint, resume):
-        start = int(resume["step"]) if resume else 0
-        ran = list(resume["ran"]) if resume else []
-        for s in range(start + 1, self.steps + 1):
-            if should_stop():
-                break
-            time.sleep(self.step_s)
-            ran.append(s)
-            progress({"step": s, "total_steps": self.steps, "loss": 1.0 / s, "epoch": 0})
-            checkpoint({"step": s, "ran": torch.tensor(ran)})
-        return StepResult(ran, start)
+        from rapt.service.worker import default_runner
 
+        def ck(state):
+            checkpoint(state)
+            t = time.monotonic()
+            while time.monotonic() - t < self.pause_s and not should_stop():
+                time.sleep(0.02)
 
-class StepResult:
-    def __init__(self, ran: list[int], resumed_at: int):
-        self.ran, self.resumed_at = [int(x) for x in ran], resumed_at
-
-    def save(self, folder):
-        Path(folder).mkdir(parents=True, exist_ok=True)
-        (Path(folder) / "steps.json").write_text(json.dumps(
-            {"ran": self.ran, "resumed_at": self.resumed_at}))
+        return default_runner(backbone, data, params, progress=progress,
+                              should_stop=should_stop, checkpoint=ck, resume=resume)
 
 
 def test_ray_jobs_end_to_end_with_a_worker_killed_mid_job(tmp_path, tiny_bert, pg_url,
                                                           ray_local):
-    """`--jobs ray` on PostgreSQL: two actors (processes) run tuning jobs through the API. The
-    actor running a job is killed after a checkpoint; the job's lease is taken back, another
-    worker resumes it from the checkpoint and it ends with every step run once. A cancel sent
-    to the API stops a job running in an actor."""
+    """`--jobs ray` on PostgreSQL: two actors (processes) run real tuning jobs (tiny BERT)
+    submitted through the API. The actor running a job is killed after a checkpoint; the job's
+    lease is taken back, another worker resumes it from the checkpoint, it ends with all its
+    steps, and its prompt answers /v1/predict. A cancel sent to the API stops a job running in
+    an actor."""
     ray = ray_local
     key = auth.new_key()
     with Store(pg_url, files=tmp_path / "files") as s:
@@ -295,31 +284,32 @@ def test_ray_jobs_end_to_end_with_a_worker_killed_mid_job(tmp_path, tiny_bert, p
     cfg = ServiceConfig(store_url=pg_url, files_dir=tmp_path / "files", backbones=["tiny"],
                         progress_interval_s=0.0, jobs="ray", ray_actors=2,
                         ray_actor_options={"num_cpus": 0.5}, lease_s=3.0, heartbeat_s=0.2)
-    app = create_app(cfg, backbones={"tiny": tiny_bert}, runner=StepRunner(),
-                     prompt_loader=FakePrompt.load)
+    app = create_app(cfg, backbones={"tiny": tiny_bert}, runner=PausingTrainer())
+    body = {"epochs": 2, "batch_size": 4, "num_virtual_tokens": 4, "lr": 0.05}  # 4 steps
     with TestClient(app) as c:
         jobs = app.state.svc.jobs
         actors = dict(zip(jobs.worker_ids(), jobs.actors, strict=True))
         store = app.state.svc.store
-        ds = c.post("/v1/datasets", json=upload_body(), headers=hdr(key)).json()["id"]
-        jid = c.post("/v1/jobs", json={"dataset_id": ds}, headers=hdr(key)).json()["id"]
+        ds = c.post("/v1/datasets", json=upload_body(n=8), headers=hdr(key)).json()["id"]
+        jid = c.post("/v1/jobs", json={"dataset_id": ds, **body}, headers=hdr(key)).json()["id"]
         t0 = time.time()
-        while (row := store.get_job(jid, None))["step"] < 2 or not row["checkpoint"]:
-            assert time.time() - t0 < 60, row
-            time.sleep(0.05)
+        while not (row := store.get_job(jid, None))["checkpoint"]:
+            assert row["state"] in ("queued", "running") and time.time() - t0 < 60, row
+            time.sleep(0.02)
         first = row["worker"]
         ray.kill(actors[first], no_restart=False)  # Ray restarts it: a new process
         st = wait_job(c, key, jid, timeout=90)
         assert st["state"] == "succeeded", st
         row = store.get_job(jid, None)
         assert row["attempts"] == 2 and row["worker"] != first
-        assert st["resumed_from_step"] >= 2 and st["step"] == st["total_steps"] == 8
-        out = json.loads((tmp_path / "files" / "prompts" / st["prompt_id"] / "steps.json")
-                         .read_text())
-        assert out["ran"] == list(range(1, 9)) and out["resumed_at"] >= 2  # no step twice
+        assert 1 <= st["resumed_from_step"] < 4 and st["step"] == st["total_steps"] == 4, st
         assert list((tmp_path / "files" / "checkpoints").iterdir()) == []
+        r = c.post("/v1/predict", json={"prompt_id": st["prompt_id"],
+                                        "input_ids": upload_body(n=2)["input_ids"]},
+                   headers=hdr(key))
+        assert r.status_code == 200 and len(r.json()["labels"]) == 2, r.text
         # Cancel through the API: the actor sees it in the store at its next heartbeat.
-        j2 = c.post("/v1/jobs", json={"dataset_id": ds}, headers=hdr(key)).json()["id"]
+        j2 = c.post("/v1/jobs", json={"dataset_id": ds, **body}, headers=hdr(key)).json()["id"]
         wait_job(c, key, j2, states=("running",), timeout=60)
         assert c.post(f"/v1/jobs/{j2}/cancel", headers=hdr(key)).status_code == 200
         assert wait_job(c, key, j2, timeout=30)["state"] == "cancelled"
