@@ -115,6 +115,7 @@ class RayJobs:
                                "heartbeat_s": heartbeat_s, "poll_s": poll_s}
         self.init_options = init_options or {}
         self.actors: list[Any] = []
+        self._backbones_ref: Any = None
         self._started_ray = False
 
     def start(self) -> None:
@@ -129,9 +130,12 @@ class RayJobs:
             self._started_ray = True
         actor_cls = ray.remote(_RayWorker)
         files = str(self.store.files)
+        # Held here for the backend's lifetime: Ray restarts a dead actor from its constructor
+        # arguments, which must still be in the object store then (ray-project/ray#53727).
+        self._backbones_ref = ray.put(self.backbones)
         self.actors = [
-            actor_cls.options(name=None, **self.actor_options).remote(
-                self.store.url, files, self.backbones, self.runner, self.device,
+            actor_cls.options(**self.actor_options).remote(
+                self.store.url, files, self._backbones_ref, self.runner, self.device,
                 {**self.worker_options, "name": f"ray{i}"})
             for i in range(self.n_actors)]
         ids = ray.get([a.worker_id.remote() for a in self.actors], timeout=600)
@@ -150,6 +154,7 @@ class RayJobs:
         for a in self.actors:
             ray.kill(a, no_restart=True)
         self.actors = []
+        self._backbones_ref = None
         if self._started_ray:
             ray.shutdown()
             self._started_ray = False
