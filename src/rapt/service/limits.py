@@ -39,11 +39,27 @@ class ServiceConfig:
     mixed_passes: bool = True
     device: str = "cpu"
     progress_interval_s: float = 0.5  # minimum time between progress writes to the store
+    # Scale-out (docs/SCALING.md): a store URL (sqlite:///path or postgresql://...) instead of
+    # db_path, the folder for prompt tensors and checkpoints (shared by every worker; default
+    # beside the SQLite file), and the job backend.
+    store_url: str | None = None
+    files_dir: Path | None = None
+    jobs: str = "inprocess"  # or "ray"
+    ray_address: str | None = None  # None: a local Ray instance; "auto": the running cluster
+    ray_actors: int = 1  # Ray actors (job processes), each holding the backbones
+    ray_actor_options: dict = field(default_factory=dict)  # e.g. {"num_cpus": 0.5}
+    lease_s: float = 30.0  # a running job whose worker has not renewed its lease this long is
+    # taken back and resumed from its checkpoint by another worker
+    heartbeat_s: float = 1.0  # lease renewal (and cancel polling) interval
 
     @property
     def data_dir(self) -> Path:
-        """Folder beside the database holding prompt tensors and job checkpoints."""
-        p = Path(self.db_path)
+        """Folder holding prompt tensors and job checkpoints (beside a SQLite database)."""
+        if self.files_dir is not None:
+            return Path(self.files_dir)
+        if self.store_url and not self.store_url.startswith("sqlite:///"):
+            return Path(os.environ.get("RAPT_FILES", "rapt-service.files"))
+        p = Path(self.store_url[len("sqlite:///"):] if self.store_url else self.db_path)
         return p.with_name(p.name + ".files")
 
 

@@ -1,67 +1,186 @@
-"""Persistent store: SQLite (WAL) for keys, datasets, jobs and prompts.
+"""Persistent store: keys, datasets, jobs and prompts in SQLite (default) or PostgreSQL.
 
-Prompt tensors live beside the database as safetensors folders (``<db>.files/prompts/<id>``),
-job checkpoints as ``<db>.files/checkpoints/<job id>.pt``. Every lookup of a user object takes
-the owner's key id, so one key can never read another key's rows.
+One ``Store`` class, two backends chosen by the target it is opened on: a path or
+``sqlite:///path`` (the embedded default: one file, WAL) or ``postgresql://user@host/db`` (a
+multi-writer server several API and worker processes share). The queries are SQLAlchemy Core,
+so the same statements run on both; the schema is the ``Table`` list below, created and
+upgraded by the numbered ``MIGRATIONS`` (applied once each, recorded in ``schema_version``).
 
-The database file is created 0600 and the folders the store creates 0700: they hold every
-tenant's data. Deleted rows are overwritten in the file (``secure_delete``).
+Prompt tensors live in a folder beside the rows (``files``: ``<db>.files`` for SQLite, given
+with ``files=`` for PostgreSQL, a shared filesystem when several machines run jobs):
+``prompts/<id>`` safetensors folders and ``checkpoints/<job id>.pt``. Every lookup of a user
+object takes the owner's key id, so one key can never read another key's rows.
+
+Jobs are the queue: a job row is claimed by one worker with a conditional update
+(``state='queued'`` -> ``'running'``, the worker's id, a heartbeat), so two workers, threads or
+processes or machines, never run the same job; a worker whose heartbeat stops (crash, killed
+process, lost machine) loses its jobs to the next worker that looks (``stale_jobs`` /
+``release_stale``), which resumes them from their checkpoint.
+
+SQLite: the database file is created 0600 and the folders the store creates 0700: they hold
+every tenant's data. Deleted rows are overwritten in the file (``secure_delete``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
-import sqlite3
 import threading
 import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS api_keys (
-    id TEXT PRIMARY KEY, name TEXT NOT NULL, key_hash TEXT NOT NULL UNIQUE,
-    created REAL NOT NULL, admin INTEGER NOT NULL DEFAULT 0, revoked REAL);
-CREATE TABLE IF NOT EXISTS datasets (
-    id TEXT PRIMARY KEY, owner TEXT NOT NULL REFERENCES api_keys(id), backbone TEXT NOT NULL,
-    n_examples INTEGER NOT NULL, num_labels INTEGER NOT NULL, max_row_len INTEGER NOT NULL,
-    privacy TEXT NOT NULL, plain_ids TEXT, data TEXT NOT NULL, created REAL NOT NULL,
-    bytes INTEGER, deleted REAL);
-CREATE TABLE IF NOT EXISTS jobs (
-    id TEXT PRIMARY KEY, owner TEXT NOT NULL REFERENCES api_keys(id),
-    dataset_id TEXT NOT NULL REFERENCES datasets(id), backbone TEXT NOT NULL,
-    params TEXT NOT NULL, state TEXT NOT NULL, step INTEGER NOT NULL DEFAULT 0,
-    total_steps INTEGER, loss REAL, epoch REAL, epsilon REAL,
-    elapsed REAL NOT NULL DEFAULT 0,
-    started REAL, finished REAL, checkpoint TEXT, resumed_from_step INTEGER,
-    prompt_id TEXT, error TEXT, created REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS prompts (
-    id TEXT PRIMARY KEY, owner TEXT NOT NULL REFERENCES api_keys(id),
-    job_id TEXT NOT NULL REFERENCES jobs(id), backbone TEXT NOT NULL,
-    num_labels INTEGER NOT NULL, method TEXT NOT NULL, reconstruction INTEGER NOT NULL,
-    plain_ids TEXT, path TEXT NOT NULL, created REAL NOT NULL, privacy TEXT);
-CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
-"""
+import sqlalchemy as sa
+from sqlalchemy import Column, Double, Index, Integer, Text
 
-# SAP split sessions (issue 11): one statement of its own. The session's top state and the
-# frozen release live as files under <db>.files/sap/<id>/; last_step mirrors the state file.
-SAP_SCHEMA = """
-CREATE TABLE IF NOT EXISTS sap_sessions (
-    id TEXT PRIMARY KEY, owner TEXT NOT NULL REFERENCES api_keys(id), backbone TEXT NOT NULL,
-    config TEXT NOT NULL, n_examples INTEGER NOT NULL, total_steps INTEGER NOT NULL,
-    last_step INTEGER NOT NULL, rows_received INTEGER NOT NULL, path TEXT NOT NULL,
-    created REAL NOT NULL, updated REAL NOT NULL);
-"""
+# -- schema: every table in one place ---------------------------------------------------------
+# To add a table: define it here, list it in USER_TABLES if `counts()` should report it, and
+# append a Migration that creates it (see MIGRATIONS below).
+metadata = sa.MetaData()
 
-TABLES = ("api_keys", "datasets", "jobs", "prompts", "sap_sessions")
+api_keys = sa.Table(
+    "api_keys", metadata,
+    Column("id", Text, primary_key=True), Column("name", Text, nullable=False),
+    Column("key_hash", Text, nullable=False, unique=True),
+    Column("created", Double, nullable=False),
+    Column("admin", Integer, nullable=False, server_default="0"), Column("revoked", Double))
 
-# Columns added after the first release: (table, column, type), added to older files on open.
-MIGRATIONS = (("api_keys", "admin", "INTEGER NOT NULL DEFAULT 0"),
-              ("api_keys", "revoked", "REAL"),
-              ("datasets", "bytes", "INTEGER"),
-              ("datasets", "deleted", "REAL"),
-              ("prompts", "privacy", "TEXT"))
+datasets = sa.Table(
+    "datasets", metadata,
+    Column("id", Text, primary_key=True),
+    Column("owner", Text, sa.ForeignKey("api_keys.id"), nullable=False),
+    Column("backbone", Text, nullable=False), Column("n_examples", Integer, nullable=False),
+    Column("num_labels", Integer, nullable=False), Column("max_row_len", Integer, nullable=False),
+    Column("privacy", Text, nullable=False), Column("plain_ids", Text),
+    Column("data", Text, nullable=False), Column("created", Double, nullable=False),
+    Column("bytes", Integer), Column("deleted", Double))
+
+jobs = sa.Table(
+    "jobs", metadata,
+    Column("id", Text, primary_key=True),
+    Column("owner", Text, sa.ForeignKey("api_keys.id"), nullable=False),
+    Column("dataset_id", Text, sa.ForeignKey("datasets.id"), nullable=False),
+    Column("backbone", Text, nullable=False), Column("params", Text, nullable=False),
+    Column("state", Text, nullable=False),
+    Column("step", Integer, nullable=False, server_default="0"),
+    Column("total_steps", Integer), Column("loss", Double), Column("epoch", Double),
+    Column("epsilon", Double), Column("elapsed", Double, nullable=False, server_default="0"),
+    Column("started", Double), Column("finished", Double), Column("checkpoint", Text),
+    Column("resumed_from_step", Integer), Column("prompt_id", Text), Column("error", Text),
+    Column("created", Double, nullable=False),
+    # Leases (migration 2): the worker running the job, its last heartbeat, how many times
+    # the job was claimed, and a cancel request for whichever worker runs it.
+    Column("worker", Text), Column("heartbeat", Double),
+    Column("attempts", Integer, nullable=False, server_default="0"),
+    Column("cancel_requested", Double),
+    Index("jobs_state", "state"))
+
+prompts = sa.Table(
+    "prompts", metadata,
+    Column("id", Text, primary_key=True),
+    Column("owner", Text, sa.ForeignKey("api_keys.id"), nullable=False),
+    Column("job_id", Text, sa.ForeignKey("jobs.id"), nullable=False),
+    Column("backbone", Text, nullable=False), Column("num_labels", Integer, nullable=False),
+    Column("method", Text, nullable=False), Column("reconstruction", Integer, nullable=False),
+    Column("plain_ids", Text), Column("path", Text, nullable=False),
+    Column("created", Double, nullable=False), Column("privacy", Text))
+
+# SAP split sessions (issue 11). The session's top state and the frozen release live as files
+# under <files>/sap/<id>/; last_step mirrors the state file.
+sap_sessions = sa.Table(
+    "sap_sessions", metadata,
+    Column("id", Text, primary_key=True),
+    Column("owner", Text, sa.ForeignKey("api_keys.id"), nullable=False),
+    Column("backbone", Text, nullable=False), Column("config", Text, nullable=False),
+    Column("n_examples", Integer, nullable=False), Column("total_steps", Integer, nullable=False),
+    Column("last_step", Integer, nullable=False), Column("rows_received", Integer, nullable=False),
+    Column("path", Text, nullable=False), Column("created", Double, nullable=False),
+    Column("updated", Double, nullable=False))
+
+# Named rows locked (SELECT ... FOR UPDATE) to serialize a check-then-insert across processes
+# on PostgreSQL; SQLite's write transactions are serialized already.
+locks = sa.Table("locks", metadata, Column("name", Text, primary_key=True))
+
+schema_version = sa.Table(
+    "schema_version", metadata,
+    Column("version", Integer, primary_key=True), Column("name", Text, nullable=False),
+    Column("applied", Double, nullable=False))
+
+USER_TABLES = ("api_keys", "datasets", "jobs", "prompts", "sap_sessions")
+TABLES = USER_TABLES  # the name older callers import
+
+
+# -- migrations: ordered, each applied once, each idempotent -----------------------------------
+def create_tables(*names: str) -> Callable[[sa.Connection], None]:
+    """A migration step creating the named tables (and their indexes) if missing."""
+    def step(conn: sa.Connection) -> None:
+        metadata.create_all(conn, tables=[metadata.tables[n] for n in names], checkfirst=True)
+    return step
+
+
+def add_columns(table: str, *names: str) -> Callable[[sa.Connection], None]:
+    """A migration step adding the named columns (as defined above) where missing."""
+    def step(conn: sa.Connection) -> None:
+        have = {c["name"] for c in sa.inspect(conn).get_columns(table)}
+        for name in names:
+            if name in have:
+                continue
+            col = metadata.tables[table].c[name]
+            ddl = f"ALTER TABLE {table} ADD COLUMN {name} {col.type.compile(conn.dialect)}"
+            if col.server_default is not None:
+                ddl += f" DEFAULT {col.server_default.arg}"
+            if not col.nullable:
+                ddl += " NOT NULL"
+            conn.exec_driver_sql(ddl)
+    return step
+
+
+def insert_rows(table: str, *rows: dict) -> Callable[[sa.Connection], None]:
+    def step(conn: sa.Connection) -> None:
+        t = metadata.tables[table]
+        for row in rows:
+            pk = sa.and_(*(c == row[c.name] for c in t.primary_key.columns))
+            if conn.execute(sa.select(sa.literal(1)).select_from(t).where(pk)).first() is None:
+                conn.execute(t.insert().values(**row))
+    return step
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    steps: tuple[Callable[[sa.Connection], None], ...]
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    # SQLite files of earlier releases hold these tables, maybe without the columns added
+    # after the first release (unversioned then): both are brought up to date here.
+    Migration(1, "keys, datasets, jobs, prompts", (
+        create_tables("api_keys", "datasets", "jobs", "prompts"),
+        add_columns("api_keys", "admin", "revoked"),
+        add_columns("datasets", "bytes", "deleted"),
+        add_columns("prompts", "privacy"))),
+    Migration(2, "job leases (worker, heartbeat, attempts, cancel_requested), locks", (
+        add_columns("jobs", "worker", "heartbeat", "attempts", "cancel_requested"),
+        create_tables("locks"),
+        insert_rows("locks", {"name": "job_queue"}))),
+    Migration(3, "SAP split sessions (issue 11)", (create_tables("sap_sessions"),)),
+)
+
+
+def sql(text: str, args: tuple | list = ()) -> sa.TextClause:
+    """A plain SQL statement with ``?`` placeholders (the sqlite3 style) as a SQLAlchemy
+    statement that runs on both backends, e.g. ``conn.execute(sql("SELECT x FROM t WHERE
+    id=?", (i,)))``. Write portable SQL; prefer the Core expressions used below."""
+    parts = text.split("?")
+    if len(parts) - 1 != len(args):
+        raise ValueError(f"{len(parts) - 1} placeholders, {len(args)} values: {text}")
+    out = parts[0] + "".join(f":p{i}{p}" for i, p in enumerate(parts[1:]))
+    return sa.text(out).bindparams(**{f"p{i}": v for i, v in enumerate(args)})
 
 
 def new_id(prefix: str) -> str:
@@ -70,6 +189,10 @@ def new_id(prefix: str) -> str:
 
 class QuotaError(Exception):
     """A per-key storage quota would be exceeded (message names the quota)."""
+
+
+class QueueFullError(RuntimeError):
+    """The job queue holds ``max_queued`` waiting jobs already."""
 
 
 def _private_dir(path: Path) -> None:
@@ -85,91 +208,178 @@ def _private_file(path: Path) -> None:
     os.chmod(path, 0o600)
 
 
-class Store:
-    """Thread-safe access to the SQLite file (one connection, serialized by a lock)."""
+def store_url(target: str | Path) -> str:
+    """The SQLAlchemy URL of a store target: a path (SQLite), ``sqlite:///path`` or
+    ``postgresql://...`` (driven by psycopg 3)."""
+    s = str(target)
+    if s.startswith(("postgresql://", "postgres://")):
+        return "postgresql+psycopg://" + s.split("://", 1)[1]
+    if s.startswith("postgresql+"):
+        return s
+    if s.startswith("sqlite:///"):
+        s = s[len("sqlite:///"):]
+    elif "://" in s:
+        raise ValueError(f"store '{s}': give a file path, sqlite:///path or postgresql://...")
+    return "sqlite:///" + str(Path(s).expanduser().resolve())
 
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
-        _private_dir(self.path.parent)
-        self.files = self.path.with_name(self.path.name + ".files")
+
+def public_url(url: str) -> str:
+    """The URL without its password (for logs)."""
+    return sa.make_url(url).render_as_string(hide_password=True)
+
+
+class Store:
+    """Thread-safe access to the store (SQLite: one writer at a time, serialized by a lock;
+    PostgreSQL: a connection pool, rows locked by the statements that need it)."""
+
+    def __init__(self, target: str | Path, files: str | Path | None = None):
+        self.url = store_url(target)
+        self.dialect = sa.make_url(self.url).get_backend_name()
+        if self.dialect == "sqlite":
+            self.path: Path | None = Path(self.url[len("sqlite:///"):])
+            _private_dir(self.path.parent)
+            _private_file(self.path)
+            for suffix in ("-wal", "-shm"):  # SQLite creates these with the file's mode
+                side = self.path.with_name(self.path.name + suffix)
+                if side.exists():
+                    os.chmod(side, 0o600)
+            default_files = self.path.with_name(self.path.name + ".files")
+            self._lock: Any = threading.RLock()
+            self.engine = sa.create_engine(
+                self.url, poolclass=sa.pool.StaticPool,
+                connect_args={"check_same_thread": False, "timeout": 30.0})
+
+            @sa.event.listens_for(self.engine, "connect")
+            def _connect(dbapi_conn: Any, _rec: Any) -> None:
+                dbapi_conn.isolation_level = None  # transactions are ours (BEGIN below)
+                for pragma in ("journal_mode=WAL", "foreign_keys=ON", "busy_timeout=30000",
+                               "secure_delete=ON"):
+                    dbapi_conn.execute(f"PRAGMA {pragma}")
+
+            @sa.event.listens_for(self.engine, "begin")
+            def _begin(conn: sa.Connection) -> None:
+                # IMMEDIATE: take the write lock at BEGIN, so a read-then-write transaction
+                # never fails to upgrade when another process wrote in between.
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
+        elif self.dialect == "postgresql":
+            self.path = None
+            default_files = Path(os.environ.get("RAPT_FILES", "rapt-service.files"))
+            self._lock = contextlib.nullcontext()
+            self.engine = sa.create_engine(self.url, pool_size=4, max_overflow=8,
+                                           pool_pre_ping=True)
+        else:
+            raise ValueError(f"store backend '{self.dialect}' is not supported "
+                             "(sqlite or postgresql)")
+        self.files = Path(files).expanduser().resolve() if files else default_files
         for d in (self.files, self.files / "prompts", self.files / "checkpoints"):
             _private_dir(d)
         os.chmod(self.files, 0o700)
-        _private_file(self.path)
-        for suffix in ("-wal", "-shm"):  # SQLite creates these with the database file's mode
-            side = self.path.with_name(self.path.name + suffix)
-            if side.exists():
-                os.chmod(side, 0o600)
-        self._lock = threading.RLock()
-        self._db = sqlite3.connect(str(self.path), check_same_thread=False, timeout=30.0,
-                                   isolation_level=None)
-        self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA foreign_keys=ON")
-        self._db.execute("PRAGMA busy_timeout=30000")
-        self._db.execute("PRAGMA secure_delete=ON")
-        self._db.executescript(SCHEMA)
-        self._db.executescript(SAP_SCHEMA)
-        self._migrate()
+        self.migrate()
 
-    def _migrate(self) -> None:
-        with self._lock:
-            for table, column, kind in MIGRATIONS:
-                have = {r["name"] for r in self._db.execute(f"PRAGMA table_info({table})")}
-                if column not in have:
-                    self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+    def describe(self) -> str:
+        return str(self.path) if self.path is not None else public_url(self.url)
 
-    def _transaction(self):
-        """``with self._transaction():`` one write transaction (BEGIN IMMEDIATE ... COMMIT)."""
-        return _Transaction(self)
+    # -- plumbing ---------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _tx(self) -> Iterator[sa.Connection]:
+        """One transaction (committed on success, rolled back on any exception)."""
+        with self._lock, self.engine.begin() as conn:
+            yield conn
+
+    def _transaction(self):  # the name older code used
+        return self._tx()
+
+    def migrate(self) -> None:
+        """Apply the migrations this store has not seen, in order, in one transaction."""
+        with self._tx() as conn:
+            if self.dialect == "postgresql":  # two processes starting at once: one migrates
+                conn.execute(sa.text("SELECT pg_advisory_xact_lock(7216071)"))
+            create_tables("schema_version")(conn)
+            done = set(conn.execute(sa.select(schema_version.c.version)).scalars())
+            for m in MIGRATIONS:
+                if m.version in done:
+                    continue
+                for step in m.steps:
+                    step(conn)
+                conn.execute(schema_version.insert().values(
+                    version=m.version, name=m.name, applied=time.time()))
+
+    def schema_version(self) -> int:
+        with self._tx() as conn:
+            return int(conn.execute(sa.select(sa.func.max(schema_version.c.version))).scalar())
 
     def close(self) -> None:
         with self._lock:
-            self._db.close()
+            self.engine.dispose()
 
-    def _exec(self, sql: str, args: tuple = ()) -> sqlite3.Cursor:
-        with self._lock:
-            return self._db.execute(sql, args)
+    def __enter__(self) -> Store:
+        return self
 
-    def _one(self, sql: str, args: tuple = ()) -> dict[str, Any] | None:
-        with self._lock:
-            row = self._db.execute(sql, args).fetchone()
-        return dict(row) if row is not None else None
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # The three helpers below take a Core statement, or SQL text with ``?`` placeholders and
+    # its values (see ``sql``), and run it in a transaction of its own.
+    def _rows(self, stmt: Any, args: tuple = ()) -> list[dict[str, Any]]:
+        stmt = sql(stmt, args) if isinstance(stmt, str) else stmt
+        with self._tx() as conn:
+            return [dict(r._mapping) for r in conn.execute(stmt)]
+
+    def _one(self, stmt: Any, args: tuple = ()) -> dict[str, Any] | None:
+        stmt = sql(stmt, args) if isinstance(stmt, str) else stmt
+        with self._tx() as conn:
+            row = conn.execute(stmt).first()
+        return dict(row._mapping) if row is not None else None
+
+    def _exec(self, stmt: Any, args: tuple = ()) -> int:
+        """Run one statement in its own transaction; returns the rows it changed."""
+        stmt = sql(stmt, args) if isinstance(stmt, str) else stmt
+        with self._tx() as conn:
+            return conn.execute(stmt).rowcount
+
+    @staticmethod
+    def _lock_row(conn: sa.Connection, name: str) -> None:
+        """Hold the named lock row until the transaction ends (PostgreSQL; a no-op read on
+        SQLite, whose BEGIN IMMEDIATE serializes writers already)."""
+        conn.execute(sa.select(locks.c.name).where(locks.c.name == name).with_for_update())
 
     def counts(self) -> dict[str, int]:
         """Row count per table (tests compare these before/after a rejected request)."""
-        return {t: self._one(f"SELECT COUNT(*) AS n FROM {t}")["n"] for t in TABLES}
+        with self._tx() as conn:
+            return {t: int(conn.execute(sa.select(sa.func.count()).select_from(
+                metadata.tables[t])).scalar()) for t in USER_TABLES}
 
     # -- keys -------------------------------------------------------------------------------
     def add_key(self, name: str, key_hash: str, admin: bool = False) -> str:
         kid = new_id("key")
-        self._exec("INSERT INTO api_keys (id, name, key_hash, created, admin) "
-                   "VALUES (?,?,?,?,?)", (kid, name, key_hash, time.time(), int(admin)))
+        self._exec(api_keys.insert().values(id=kid, name=name, key_hash=key_hash,
+                                            created=time.time(), admin=int(admin)))
         return kid
 
     def owner_of_hash(self, key_hash: str) -> str | None:
         """The key id of a valid (not revoked) key."""
-        row = self._one("SELECT id FROM api_keys WHERE key_hash=? AND revoked IS NULL",
-                        (key_hash,))
+        row = self._one(sa.select(api_keys.c.id).where(api_keys.c.key_hash == key_hash,
+                                                       api_keys.c.revoked.is_(None)))
         return row["id"] if row else None
 
     def is_admin(self, kid: str) -> bool:
-        row = self._one("SELECT admin FROM api_keys WHERE id=? AND revoked IS NULL", (kid,))
+        row = self._one(sa.select(api_keys.c.admin).where(api_keys.c.id == kid,
+                                                          api_keys.c.revoked.is_(None)))
         return bool(row and row["admin"])
 
     def list_keys(self) -> list[dict[str, Any]]:
-        with self._lock:
-            rows = self._db.execute("SELECT id, name, created, admin, revoked FROM api_keys "
-                                    "ORDER BY created")
-            return [dict(r) for r in rows.fetchall()]
+        c = api_keys.c
+        return self._rows(sa.select(c.id, c.name, c.created, c.admin, c.revoked)
+                          .order_by(c.created))
 
     def revoke_key(self, ref: str) -> dict[str, Any]:
         """Revoke the key with id ``ref``, or the one live key named ``ref``; returns its row.
         Raises LookupError (no such key) or ValueError (the name is ambiguous)."""
-        with self._lock:
-            rows = [dict(r) for r in self._db.execute(
-                "SELECT id, name, revoked FROM api_keys WHERE id=? OR (name=? AND revoked IS "
-                "NULL)", (ref, ref)).fetchall()]
+        c = api_keys.c
+        with self._tx() as conn:
+            rows = [dict(r._mapping) for r in conn.execute(
+                sa.select(c.id, c.name, c.revoked).where(
+                    sa.or_(c.id == ref, sa.and_(c.name == ref, c.revoked.is_(None)))))]
             exact = [r for r in rows if r["id"] == ref]
             rows = exact or rows
             if not rows:
@@ -178,8 +388,8 @@ class Store:
                 raise ValueError(f"several keys are named '{ref}' "
                                  f"({', '.join(r['id'] for r in rows)}); give the key id")
             if rows[0]["revoked"] is None:
-                self._db.execute("UPDATE api_keys SET revoked=? WHERE id=?",
-                                 (time.time(), rows[0]["id"]))
+                conn.execute(api_keys.update().where(c.id == rows[0]["id"])
+                             .values(revoked=time.time()))
             return rows[0]
 
     # -- datasets ---------------------------------------------------------------------------
@@ -192,10 +402,17 @@ class Store:
         did = new_id("ds")
         data = json.dumps({"input_ids": input_ids, "labels": labels}, separators=(",", ":"))
         size = len(data)  # ASCII JSON: characters are bytes
-        with self._transaction() as db:
-            n, used = db.execute(
-                "SELECT COUNT(*), COALESCE(SUM(COALESCE(bytes, LENGTH(data))), 0) FROM datasets "
-                "WHERE owner=? AND deleted IS NULL", (owner,)).fetchone()
+        c = datasets.c
+        with self._tx() as conn:
+            # The owner's key row is the quota's lock: two uploads of one key are checked
+            # one after the other, on every backend.
+            conn.execute(sa.select(api_keys.c.id).where(api_keys.c.id == owner)
+                         .with_for_update())
+            n, used = conn.execute(
+                sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(
+                    sa.func.coalesce(c.bytes, sa.func.length(c.data))), 0))
+                .where(c.owner == owner, c.deleted.is_(None))).one()
+            n, used = int(n), int(used)
             if max_count is not None and n + 1 > max_count:
                 raise QuotaError(f"this key already stores {n} datasets; the quota is "
                                  f"max_datasets_per_key={max_count} (delete some with "
@@ -204,17 +421,16 @@ class Store:
                 raise QuotaError(f"this dataset ({size} bytes) and the {used} bytes this key "
                                  f"already stores exceed the quota max_dataset_bytes_per_key="
                                  f"{max_bytes} (delete some with DELETE /v1/datasets/{{id}})")
-            db.execute(
-                "INSERT INTO datasets (id, owner, backbone, n_examples, num_labels, "
-                "max_row_len, privacy, plain_ids, data, created, bytes) "
-                "VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                (did, owner, backbone, len(labels), num_labels, max(map(len, input_ids)),
-                 json.dumps(privacy), json.dumps(plain_ids) if plain_ids is not None else None,
-                 data, time.time(), size))
+            conn.execute(datasets.insert().values(
+                id=did, owner=owner, backbone=backbone, n_examples=len(labels),
+                num_labels=num_labels, max_row_len=max(map(len, input_ids)),
+                privacy=json.dumps(privacy),
+                plain_ids=json.dumps(plain_ids) if plain_ids is not None else None,
+                data=data, created=time.time(), bytes=size))
         return did
 
-    _DATASET_COLS = ("id, owner, backbone, n_examples, num_labels, max_row_len, privacy, "
-                     "plain_ids, created")
+    _DATASET_COLS = ("id", "owner", "backbone", "n_examples", "num_labels", "max_row_len",
+                     "privacy", "plain_ids", "created")
 
     @staticmethod
     def _dataset(row: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -223,42 +439,48 @@ class Store:
             row["plain_ids"] = json.loads(row["plain_ids"]) if row["plain_ids"] else None
         return row
 
+    def _dataset_select(self) -> sa.Select:
+        return sa.select(*(datasets.c[n] for n in self._DATASET_COLS))
+
     def get_dataset(self, did: str, owner: str) -> dict[str, Any] | None:
-        return self._dataset(self._one(
-            f"SELECT {self._DATASET_COLS} FROM datasets WHERE id=? AND owner=? AND deleted IS "
-            "NULL", (did, owner)))
+        c = datasets.c
+        return self._dataset(self._one(self._dataset_select().where(
+            c.id == did, c.owner == owner, c.deleted.is_(None))))
 
     def list_datasets(self, owner: str) -> list[dict[str, Any]]:
-        with self._lock:
-            rows = self._db.execute(
-                f"SELECT {self._DATASET_COLS} FROM datasets WHERE owner=? AND deleted IS NULL "
-                "ORDER BY created", (owner,)).fetchall()
-        return [self._dataset(dict(r)) for r in rows]
+        c = datasets.c
+        rows = self._rows(self._dataset_select().where(c.owner == owner, c.deleted.is_(None))
+                          .order_by(c.created))
+        return [self._dataset(r) for r in rows]
 
     def delete_dataset(self, did: str, owner: str) -> list[str]:
         """Erase a dataset. Returns the ids of queued or running jobs that still use it (then
         nothing is deleted). A dataset that finished jobs name stays as an empty record (its
         jobs refer to it); its data and privacy declaration are erased all the same."""
-        with self._transaction() as db:
-            active = [r[0] for r in db.execute(
-                "SELECT id FROM jobs WHERE dataset_id=? AND state IN ('queued', 'running')",
-                (did,)).fetchall()]
+        c, j = datasets.c, jobs.c
+        with self._tx() as conn:
+            # Locked: a job created meanwhile (create_job reads this row FOR SHARE) waits.
+            if conn.execute(sa.select(c.id).where(c.id == did, c.owner == owner)
+                            .with_for_update()).first() is None:
+                return []  # not this owner's: nothing to delete
+            active = list(conn.execute(sa.select(j.id).where(
+                j.dataset_id == did, j.state.in_(("queued", "running")))).scalars())
             if active:
                 return active
-            used = db.execute("SELECT 1 FROM jobs WHERE dataset_id=? LIMIT 1",
-                              (did,)).fetchone()
+            used = conn.execute(sa.select(j.id).where(j.dataset_id == did).limit(1)).first()
             if used:
-                db.execute("UPDATE datasets SET data='', privacy='{}', plain_ids=NULL, bytes=0, "
-                           "deleted=? WHERE id=? AND owner=?", (time.time(), did, owner))
+                conn.execute(datasets.update().where(c.id == did, c.owner == owner).values(
+                    data="", privacy="{}", plain_ids=None, bytes=0, deleted=time.time()))
             else:
-                db.execute("DELETE FROM datasets WHERE id=? AND owner=?", (did, owner))
+                conn.execute(datasets.delete().where(c.id == did, c.owner == owner))
         return []
 
     def dataset_data(self, did: str) -> dict[str, Any]:
         """input_ids, labels, num_labels, plain_ids of a dataset (worker use: the owner was
         checked when the job was created)."""
-        row = self._one("SELECT data, num_labels, plain_ids FROM datasets WHERE id=? AND "
-                        "deleted IS NULL", (did,))
+        c = datasets.c
+        row = self._one(sa.select(c.data, c.num_labels, c.plain_ids)
+                        .where(c.id == did, c.deleted.is_(None)))
         if row is None:
             raise LookupError(f"dataset {did} was deleted")
         out = json.loads(row["data"])
@@ -267,62 +489,176 @@ class Store:
         return out
 
     # -- jobs -------------------------------------------------------------------------------
-    def create_job(self, owner: str, dataset_id: str, backbone: str, params: dict) -> str:
+    def create_job(self, owner: str, dataset_id: str, backbone: str, params: dict, *,
+                   max_queued: int | None = None) -> str:
+        """Insert a queued job. With ``max_queued``, raises QueueFullError (nothing stored)
+        when that many jobs wait already (checked and inserted in one transaction, so
+        concurrent API processes cannot overfill the queue). LookupError: the owner has no
+        such dataset (any more)."""
         jid = new_id("job")
-        self._exec("INSERT INTO jobs (id, owner, dataset_id, backbone, params, state, created) "
-                   "VALUES (?,?,?,?,?,?,?)",
-                   (jid, owner, dataset_id, backbone, json.dumps(params), "queued", time.time()))
+        with self._tx() as conn:
+            d = datasets.c
+            found = conn.execute(sa.select(d.id).where(
+                d.id == dataset_id, d.owner == owner, d.deleted.is_(None))
+                .with_for_update(read=True)).first()
+            if found is None:
+                raise LookupError(f"no dataset '{dataset_id}'")
+            if max_queued is not None:
+                self._lock_row(conn, "job_queue")
+                n = conn.execute(sa.select(sa.func.count()).select_from(jobs)
+                                 .where(jobs.c.state == "queued")).scalar()
+                if n >= max_queued:
+                    raise QueueFullError(
+                        f"the job queue is full (limit max_queued_jobs={max_queued} waiting "
+                        "jobs); retry when a job has finished")
+            conn.execute(jobs.insert().values(
+                id=jid, owner=owner, dataset_id=dataset_id, backbone=backbone,
+                params=json.dumps(params), state="queued", created=time.time()))
         return jid
 
     def delete_job(self, jid: str) -> None:
-        self._exec("DELETE FROM jobs WHERE id=? AND state='queued'", (jid,))
+        self._exec(jobs.delete().where(jobs.c.id == jid, jobs.c.state == "queued"))
 
-    def _job(self, row: dict[str, Any] | None) -> dict[str, Any] | None:
+    @staticmethod
+    def _job(row: dict[str, Any] | None) -> dict[str, Any] | None:
         if row:
             row["params"] = json.loads(row["params"])
         return row
 
     def get_job(self, jid: str, owner: str | None) -> dict[str, Any] | None:
         """A job by id; ``owner=None`` only for the worker, which acts for every owner."""
-        if owner is None:
-            return self._job(self._one("SELECT * FROM jobs WHERE id=?", (jid,)))
-        return self._job(self._one("SELECT * FROM jobs WHERE id=? AND owner=?", (jid, owner)))
+        q = sa.select(jobs).where(jobs.c.id == jid)
+        if owner is not None:
+            q = q.where(jobs.c.owner == owner)
+        return self._job(self._one(q))
 
     def list_jobs(self, owner: str) -> list[dict[str, Any]]:
-        with self._lock:
-            rows = self._db.execute("SELECT * FROM jobs WHERE owner=? ORDER BY created",
-                                    (owner,)).fetchall()
-        return [self._job(dict(r)) for r in rows]
+        return [self._job(r) for r in self._rows(
+            sa.select(jobs).where(jobs.c.owner == owner).order_by(jobs.c.created))]
 
     def jobs_in_states(self, *states: str) -> list[dict[str, Any]]:
-        q = ",".join("?" * len(states))
-        with self._lock:
-            rows = self._db.execute(f"SELECT * FROM jobs WHERE state IN ({q}) ORDER BY created",
-                                    states).fetchall()
-        return [self._job(dict(r)) for r in rows]
+        return [self._job(r) for r in self._rows(
+            sa.select(jobs).where(jobs.c.state.in_(states)).order_by(jobs.c.created))]
+
+    def count_jobs(self, state: str) -> int:
+        with self._tx() as conn:
+            return int(conn.execute(sa.select(sa.func.count()).select_from(jobs)
+                                    .where(jobs.c.state == state)).scalar())
 
     def update_job(self, jid: str, **fields: Any) -> None:
-        cols = ", ".join(f"{k}=?" for k in fields)
-        self._exec(f"UPDATE jobs SET {cols} WHERE id=?", (*fields.values(), jid))
+        """Set columns of a job, whoever runs it (see ``update_claimed`` for workers)."""
+        self._exec(jobs.update().where(jobs.c.id == jid).values(**fields))
+
+    # -- the queue: claims, leases, cancellation ----------------------------------------------
+    def claim_job(self, jid: str, worker: str) -> dict[str, Any] | None:
+        """Claim one queued job for ``worker``; None when another worker was first (or the job
+        is no longer queued). Atomic on both backends: the update only matches while the row
+        is still 'queued', and the database applies one update to a row at a time."""
+        with self._tx() as conn:
+            n = conn.execute(jobs.update().where(jobs.c.id == jid, jobs.c.state == "queued")
+                             .values(state="running", worker=worker, heartbeat=time.time(),
+                                     attempts=jobs.c.attempts + 1)).rowcount
+            if n != 1:
+                return None
+            return self._job(dict(conn.execute(sa.select(jobs).where(jobs.c.id == jid))
+                                  .one()._mapping))
+
+    def claim_next(self, worker: str, backbones: list[str] | None = None
+                   ) -> dict[str, Any] | None:
+        """Claim the oldest queued job (of one of ``backbones``) for ``worker``, or None.
+        PostgreSQL skips rows another worker is claiming (FOR UPDATE SKIP LOCKED) instead of
+        waiting on them; the conditional update makes the claim exact on every backend."""
+        for _ in range(8):
+            q = (sa.select(jobs.c.id).where(jobs.c.state == "queued")
+                 .order_by(jobs.c.created).limit(1).with_for_update(skip_locked=True))
+            if backbones is not None:
+                q = q.where(jobs.c.backbone.in_(backbones))
+            with self._tx() as conn:
+                jid = conn.execute(q).scalar()
+                if jid is None:
+                    return None
+                n = conn.execute(
+                    jobs.update().where(jobs.c.id == jid, jobs.c.state == "queued")
+                    .values(state="running", worker=worker, heartbeat=time.time(),
+                            attempts=jobs.c.attempts + 1)).rowcount
+                if n == 1:
+                    return self._job(dict(conn.execute(sa.select(jobs).where(
+                        jobs.c.id == jid)).one()._mapping))
+        return None  # lost eight races in a row: the caller polls again
+
+    def update_claimed(self, jid: str, worker: str, /, **fields: Any) -> bool:
+        """Set columns of a job this worker still holds; False (nothing written) when the
+        job's lease went to another worker or the job ended."""
+        return self._exec(jobs.update().where(
+            jobs.c.id == jid, jobs.c.worker == worker, jobs.c.state == "running")
+            .values(**fields)) == 1
+
+    def heartbeat(self, jid: str, worker: str) -> tuple[bool, bool]:
+        """Renew this worker's lease on a running job: (still held, cancel requested)."""
+        with self._tx() as conn:
+            n = conn.execute(jobs.update().where(
+                jobs.c.id == jid, jobs.c.worker == worker, jobs.c.state == "running")
+                .values(heartbeat=time.time())).rowcount
+            if n != 1:
+                return False, False
+            cancel = conn.execute(sa.select(jobs.c.cancel_requested)
+                                  .where(jobs.c.id == jid)).scalar()
+        return True, cancel is not None
+
+    def request_cancel(self, jid: str) -> str:
+        """Cancel a job: a queued one at once ('cancelled'); a running one is flagged for its
+        worker, which stops at its next step ('running'). Returns the state it was in, or
+        its final state when it had ended already."""
+        with self._tx() as conn:
+            now = time.time()
+            if conn.execute(jobs.update().where(jobs.c.id == jid, jobs.c.state == "queued")
+                            .values(state="cancelled", finished=now, worker=None,
+                                    heartbeat=None)).rowcount == 1:
+                return "cancelled"
+            if conn.execute(jobs.update().where(jobs.c.id == jid, jobs.c.state == "running")
+                            .values(cancel_requested=now)).rowcount == 1:
+                return "running"
+            return conn.execute(sa.select(jobs.c.state).where(jobs.c.id == jid)).scalar()
+
+    def running_jobs(self) -> list[dict[str, Any]]:
+        """id, worker, heartbeat, checkpoint of every running job (for the stale check)."""
+        c = jobs.c
+        return self._rows(sa.select(c.id, c.worker, c.heartbeat, c.checkpoint)
+                          .where(c.state == "running"))
+
+    def release_stale(self, jid: str, worker: str | None, heartbeat: float | None, /,
+                      **fields: Any) -> bool:
+        """Take a running job from a worker found dead (its ``worker`` and ``heartbeat`` as
+        seen): set ``fields`` (state 'queued' to resume it, or 'failed'). False when the
+        worker renewed its lease meanwhile or another worker released it first."""
+        c = jobs.c
+        return self._exec(jobs.update().where(
+            c.id == jid, c.state == "running", c.worker.is_not_distinct_from(worker),
+            c.heartbeat.is_not_distinct_from(heartbeat)).values(**fields)) == 1
 
     def finish_job_with_prompt(self, jid: str, owner: str, backbone: str, num_labels: int,
                                method: str, reconstruction: bool, plain_ids: list[int] | None,
                                path: str, prompt_id: str, elapsed: float,
-                               privacy: dict | None = None) -> None:
+                               privacy: dict | None = None, *, worker: str | None = None
+                               ) -> bool:
         """Record the prompt (with the privacy declaration of the data it was tuned on) and
-        mark the job succeeded in one transaction."""
+        mark the job succeeded in one transaction. With ``worker``, only while that worker
+        still holds the job (False, nothing written, otherwise)."""
         now = time.time()
-        with self._transaction() as db:
-            db.execute(
-                "INSERT INTO prompts (id, owner, job_id, backbone, num_labels, method, "
-                "reconstruction, plain_ids, path, created, privacy) "
-                "VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                (prompt_id, owner, jid, backbone, num_labels, method, int(reconstruction),
-                 json.dumps(plain_ids) if plain_ids is not None else None, path, now,
-                 json.dumps(privacy) if privacy is not None else None))
-            db.execute(
-                "UPDATE jobs SET state='succeeded', prompt_id=?, finished=?, elapsed=?, "
-                "checkpoint=NULL WHERE id=?", (prompt_id, now, elapsed, jid))
+        with self._tx() as conn:
+            q = jobs.update().where(jobs.c.id == jid)
+            if worker is not None:
+                q = q.where(jobs.c.worker == worker, jobs.c.state == "running")
+            n = conn.execute(q.values(state="succeeded", prompt_id=prompt_id, finished=now,
+                                      elapsed=elapsed, checkpoint=None, heartbeat=None)).rowcount
+            if n != 1:
+                return False
+            conn.execute(prompts.insert().values(
+                id=prompt_id, owner=owner, job_id=jid, backbone=backbone,
+                num_labels=num_labels, method=method, reconstruction=int(reconstruction),
+                plain_ids=json.dumps(plain_ids) if plain_ids is not None else None, path=path,
+                created=now, privacy=json.dumps(privacy) if privacy is not None else None))
+        return True
 
     # -- prompts ----------------------------------------------------------------------------
     @staticmethod
@@ -334,25 +670,23 @@ class Store:
         return row
 
     def get_prompt(self, pid: str, owner: str) -> dict[str, Any] | None:
-        return self._prompt(self._one("SELECT * FROM prompts WHERE id=? AND owner=?",
-                                      (pid, owner)))
+        return self._prompt(self._one(sa.select(prompts).where(prompts.c.id == pid,
+                                                               prompts.c.owner == owner)))
 
     def list_prompts(self, owner: str) -> list[dict[str, Any]]:
-        with self._lock:
-            rows = self._db.execute("SELECT * FROM prompts WHERE owner=? ORDER BY created",
-                                    (owner,)).fetchall()
-        return [self._prompt(dict(r)) for r in rows]
+        return [self._prompt(r) for r in self._rows(
+            sa.select(prompts).where(prompts.c.owner == owner).order_by(prompts.c.created))]
 
     def delete_prompt(self, pid: str, owner: str) -> str | None:
         """Delete the row; returns the folder of its files (None when there was no such
         prompt). The caller removes the folder."""
-        with self._transaction() as db:
-            row = db.execute("SELECT path FROM prompts WHERE id=? AND owner=?",
-                             (pid, owner)).fetchone()
-            if row is None:
+        with self._tx() as conn:
+            path = conn.execute(sa.select(prompts.c.path).where(
+                prompts.c.id == pid, prompts.c.owner == owner).with_for_update()).scalar()
+            if path is None:
                 return None
-            db.execute("DELETE FROM prompts WHERE id=?", (pid,))
-        return row[0]
+            conn.execute(prompts.delete().where(prompts.c.id == pid))
+        return path
 
     # --- SAP split sessions (issue 11) ---
     def create_sap_session(self, owner: str, backbone: str, config: dict, n_examples: int,
@@ -361,19 +695,20 @@ class Store:
         owner already has ``max_count`` sessions."""
         sid = new_id("sap")
         now = time.time()
-        with self._transaction() as db:
-            (n,) = db.execute("SELECT COUNT(*) FROM sap_sessions WHERE owner=?",
-                              (owner,)).fetchone()
+        with self._tx() as conn:
+            # The owner's key row is the quota's lock, as for datasets (PostgreSQL).
+            conn.execute(sa.select(api_keys.c.id).where(api_keys.c.id == owner)
+                         .with_for_update())
+            n = int(conn.execute(sa.select(sa.func.count()).select_from(sap_sessions).where(
+                sap_sessions.c.owner == owner)).scalar())
             if max_count is not None and n + 1 > max_count:
                 raise QuotaError(f"this key already has {n} SAP sessions; the quota is "
                                  f"max_sap_sessions_per_key={max_count} (delete some with "
                                  "DELETE /v1/sap/sessions/{id})")
-            db.execute(
-                "INSERT INTO sap_sessions (id, owner, backbone, config, n_examples, total_steps, "
-                "last_step, rows_received, path, created, updated) "
-                "VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                (sid, owner, backbone, json.dumps(config), n_examples, total_steps, -1, 0,
-                 str(self.sap_dir(sid)), now, now))
+            conn.execute(sap_sessions.insert().values(
+                id=sid, owner=owner, backbone=backbone, config=json.dumps(config),
+                n_examples=n_examples, total_steps=total_steps, last_step=-1, rows_received=0,
+                path=str(self.sap_dir(sid)), created=now, updated=now))
         return sid
 
     def sap_dir(self, sid: str) -> Path:
@@ -383,7 +718,8 @@ class Store:
         return d
 
     def get_sap_session(self, sid: str, owner: str) -> dict[str, Any] | None:
-        row = self._one("SELECT * FROM sap_sessions WHERE id=? AND owner=?", (sid, owner))
+        row = self._one(sa.select(sap_sessions).where(sap_sessions.c.id == sid,
+                                                      sap_sessions.c.owner == owner))
         if row:
             row["config"] = json.loads(row["config"])
         return row
@@ -391,37 +727,15 @@ class Store:
     def update_sap_session(self, sid: str, **fields: Any) -> None:
         """Set columns (last_step, rows_received); ``updated`` is set to now."""
         fields["updated"] = time.time()
-        cols = ", ".join(f"{k}=?" for k in fields)
-        self._exec(f"UPDATE sap_sessions SET {cols} WHERE id=?", (*fields.values(), sid))
+        self._exec(sap_sessions.update().where(sap_sessions.c.id == sid).values(**fields))
 
     def delete_sap_session(self, sid: str, owner: str) -> str | None:
         """Delete the row; returns the folder of its files (None when there was none)."""
-        with self._transaction() as db:
-            row = db.execute("SELECT path FROM sap_sessions WHERE id=? AND owner=?",
-                             (sid, owner)).fetchone()
-            if row is None:
+        with self._tx() as conn:
+            path = conn.execute(sa.select(sap_sessions.c.path).where(
+                sap_sessions.c.id == sid, sap_sessions.c.owner == owner).with_for_update()
+            ).scalar()
+            if path is None:
                 return None
-            db.execute("DELETE FROM sap_sessions WHERE id=?", (sid,))
-        return row[0]
-
-
-class _Transaction:
-    """Holds the store's lock and one IMMEDIATE transaction; rolls back on any exception."""
-
-    def __init__(self, store: Store):
-        self.store = store
-
-    def __enter__(self) -> sqlite3.Connection:
-        self.store._lock.acquire()
-        try:
-            self.store._db.execute("BEGIN IMMEDIATE")
-        except BaseException:
-            self.store._lock.release()
-            raise
-        return self.store._db
-
-    def __exit__(self, exc_type: Any, *exc: Any) -> None:
-        try:
-            self.store._db.execute("COMMIT" if exc_type is None else "ROLLBACK")
-        finally:
-            self.store._lock.release()
+            conn.execute(sap_sessions.delete().where(sap_sessions.c.id == sid))
+        return path

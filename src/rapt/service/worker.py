@@ -1,19 +1,22 @@
-"""Background job worker: a bounded queue of tuning jobs run by a small thread pool.
+"""Background job worker: tuning jobs claimed from the store, run by a small thread pool.
 
 The job runner is injected (a callable) so tests can swap the trainer; the default calls
-``rapt.trainer.tune``. Progress and checkpoints go to the store; at startup, jobs that a restart
-interrupted are resumed from their last checkpoint, or marked failed with the reason. A job
-that ends (succeeded, failed or cancelled) leaves no checkpoint on disk.
+``rapt.trainer.tune``. Jobs are claimed from the store (the queue), progress and checkpoints go
+to the store; jobs that a restart or a crashed worker interrupted are resumed from their last
+checkpoint by any worker, or marked failed with the reason. A job that ends (succeeded, failed
+or cancelled) leaves no checkpoint on disk. The same worker runs inside Ray actors
+(``rapt.service.jobs``).
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import logging
 import math
 import os
+import secrets
 import shutil
+import socket
 import threading
 import time
 import traceback
@@ -24,7 +27,7 @@ from typing import Any, Protocol
 
 import torch
 
-from rapt.service.store import Store, new_id
+from rapt.service.store import QueueFullError, Store, new_id
 
 log = logging.getLogger("rapt.service")
 
@@ -81,26 +84,42 @@ def default_runner(backbone: Any, data: TrainData, params: dict[str, Any], *,
                 resume=resume)
 
 
-class QueueFullError(RuntimeError):
-    pass
+__all__ = ["JobRunner", "JobWorker", "QueueFullError", "TrainData", "default_runner",
+           "tune_config"]
 
 
 class JobWorker:
-    """Runs queued jobs in ``threads`` background threads; at most ``max_queued`` waiting."""
+    """Runs queued jobs in ``threads`` background threads (the in-process job backend).
+
+    The queue is the store: each thread claims the oldest queued job atomically, so several
+    workers (threads, API processes, Ray actors, machines) can share one store without running
+    a job twice. A heartbeat thread renews the leases of the jobs this worker runs and picks up
+    cancel requests made through any API process; jobs whose worker stopped renewing (a crash,
+    a killed process) are taken back and resumed from their last checkpoint by whichever
+    worker notices first. ``max_queued`` bounds the jobs waiting in the whole store."""
 
     def __init__(self, store: Store, backbones: dict[str, Any], runner: JobRunner, *,
-                 max_queued: int, threads: int = 1, progress_interval_s: float = 0.5):
+                 max_queued: int, threads: int = 1, progress_interval_s: float = 0.5,
+                 lease_s: float = 30.0, heartbeat_s: float = 1.0, poll_s: float = 0.5,
+                 name: str = ""):
         self.store = store
         self.backbones = backbones
         self.runner = runner
         self.max_queued = max_queued
         self.progress_interval_s = progress_interval_s
-        self._queue: collections.deque[str] = collections.deque()
+        self.lease_s, self.heartbeat_s, self.poll_s = lease_s, heartbeat_s, poll_s
+        # host:pid:random, so a worker on this host can tell a dead process's leases at once.
+        self.worker_id = (f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+                          + (f":{name}" if name else ""))
         self._cond = threading.Condition()
-        self._cancel: dict[str, threading.Event] = {}
+        self._wake = 0
+        self._cancel: dict[str, threading.Event] = {}  # running here: cancel requested
+        self._lost: dict[str, threading.Event] = {}  # running here: lease taken by another
         self._shutdown = threading.Event()
         self._threads = [threading.Thread(target=self._loop, name=f"rapt-job-{i}", daemon=True)
                          for i in range(threads)]
+        self._beat = threading.Thread(target=self._heartbeats, name="rapt-job-heartbeat",
+                                      daemon=True)
         self._live: dict[str, dict[str, Any]] = {}  # job id -> latest progress, not yet stored
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -108,55 +127,86 @@ class JobWorker:
         self.recover()
         for t in self._threads:
             t.start()
+        self._beat.start()
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Ask running jobs to stop at their next step; they stay 'running' in the store so
-        that the next start resumes them from their last checkpoint."""
+        """Ask running jobs to stop at their next step; those with a checkpoint go back to the
+        queue (any worker resumes them), the others are queued to run again from the start."""
         self._shutdown.set()
         with self._cond:
             self._cond.notify_all()
-        for t in self._threads:
+        for t in [*self._threads, self._beat]:
             if t.is_alive():
                 t.join(timeout)
 
     def recover(self) -> None:
-        """Requeue jobs a previous process left queued or running."""
-        for job in self.store.jobs_in_states("queued", "running"):
-            if job["state"] == "running":
-                ck = job["checkpoint"]
-                if not ck or not Path(ck).exists():
-                    self.store.update_job(
-                        job["id"], state="failed", finished=time.time(),
-                        error="interrupted by a server restart before its first checkpoint; "
-                              "submit the job again")
-                    continue
-                self.store.update_job(job["id"], state="queued")
-                log.info("resuming job %s from %s", job["id"], ck)
-            self._queue.append(job["id"])
+        """Take back the jobs of workers that stopped renewing their lease (see
+        ``reap_stale``); queued jobs need nothing: the queue is the store."""
+        self.reap_stale()
+
+    def _dead(self, job: dict[str, Any], now: float) -> bool:
+        hb, w = job["heartbeat"], job["worker"]
+        if hb is None or w is None or hb < now - self.lease_s:
+            return True
+        host, _, rest = w.partition(":")
+        pid = rest.split(":", 1)[0]
+        if host == socket.gethostname() and pid.isdigit() and int(pid) != os.getpid():
+            try:
+                os.kill(int(pid), 0)
+            except ProcessLookupError:
+                return True  # a process of this host that is gone: no need to wait
+            except PermissionError:
+                pass
+        return False
+
+    def reap_stale(self) -> list[str]:
+        """Running jobs whose worker is gone: requeued to resume from their checkpoint, or
+        failed with the reason when they had none. Returns the ids taken back."""
+        now = time.time()
+        taken = []
+        for job in self.store.running_jobs():
+            if job["worker"] == self.worker_id or not self._dead(job, now):
+                continue
+            ck = job["checkpoint"]
+            if ck and Path(ck).exists():
+                fields = {"state": "queued", "worker": None, "heartbeat": None}
+                log.info("job %s: worker %s is gone; resuming from %s", job["id"],
+                         job["worker"], ck)
+            else:
+                fields = {"state": "failed", "finished": time.time(), "worker": None,
+                          "heartbeat": None,
+                          "error": "interrupted (server restart or crash of its worker) before "
+                                   "its first checkpoint; submit the job again"}
+            if self.store.release_stale(job["id"], job["worker"], job["heartbeat"], **fields):
+                taken.append(job["id"])
+                if fields["state"] == "failed":
+                    self._drop_checkpoint(job["id"])
+        if taken:
+            self.wake()
+        return taken
 
     # -- API used by the routes -------------------------------------------------------------
-    def submit(self, job_id: str) -> None:
+    def wake(self) -> None:
         with self._cond:
-            if len(self._queue) >= self.max_queued:
-                raise QueueFullError(
-                    f"the job queue is full (limit max_queued_jobs={self.max_queued} waiting "
-                    "jobs); retry when a job has finished")
-            self._queue.append(job_id)
-            self._cond.notify()
+            self._wake += 1
+            self._cond.notify_all()
+
+    def submit(self, job_id: str) -> None:
+        """The job row is queued in the store already: wake a thread to claim it."""
+        self.wake()
 
     def has_room(self) -> bool:
-        with self._cond:
-            return len(self._queue) < self.max_queued
+        return self.store.count_jobs("queued") < self.max_queued
 
     def cancel(self, job_id: str) -> None:
-        """Queued jobs are cancelled now; running ones stop at their next step."""
-        with self._cond:
-            if job_id in self._queue:
-                self._queue.remove(job_id)
-                self.store.update_job(job_id, state="cancelled", finished=time.time())
-                self._drop_checkpoint(job_id)  # a job resumed after a restart has one
-                return
-            self._cancel.setdefault(job_id, threading.Event()).set()
+        """Queued jobs are cancelled now; running ones (here or in another worker) stop at
+        their next step."""
+        if self.store.request_cancel(job_id) == "cancelled":
+            self._drop_checkpoint(job_id)  # a job resumed after a restart has one
+            return
+        ev = self._cancel.get(job_id)
+        if ev is not None:
+            ev.set()
 
     def _checkpoint_path(self, job_id: str) -> Path:
         return self.store.files / "checkpoints" / f"{job_id}.pt"
@@ -171,42 +221,74 @@ class JobWorker:
     def live_progress(self, job_id: str) -> dict[str, Any] | None:
         return self._live.get(job_id)
 
-    # -- the worker thread ------------------------------------------------------------------
+    # -- the worker threads -----------------------------------------------------------------
+    def _heartbeats(self) -> None:
+        last_reap = time.monotonic()
+        while not self._shutdown.wait(self.heartbeat_s):
+            for job_id in list(self._lost):
+                try:
+                    held, cancel = self.store.heartbeat(job_id, self.worker_id)
+                except Exception:
+                    log.exception("heartbeat of job %s failed", job_id)
+                    continue
+                if not held and job_id in self._lost:
+                    self._lost[job_id].set()
+                if cancel and job_id in self._cancel:
+                    self._cancel[job_id].set()
+            if time.monotonic() - last_reap >= min(self.lease_s / 2, 5.0):
+                last_reap = time.monotonic()
+                try:
+                    self.reap_stale()
+                except Exception:
+                    log.exception("checking for stale jobs failed")
+
     def _loop(self) -> None:
         while not self._shutdown.is_set():
             with self._cond:
-                while not self._queue and not self._shutdown.is_set():
-                    self._cond.wait(0.5)
-                if self._shutdown.is_set():
-                    return
-                job_id = self._queue.popleft()
+                seen = self._wake
             try:
-                self._run(job_id)
+                job = self.store.claim_next(self.worker_id, list(self.backbones))
+            except Exception:
+                log.exception("claiming a job failed")
+                job = None
+            if job is None:
+                with self._cond:
+                    if self._wake == seen and not self._shutdown.is_set():
+                        self._cond.wait(self.poll_s)
+                continue
+            try:
+                self._run(job)
             except Exception:  # the worker must survive any job
-                log.exception("job %s crashed the worker loop", job_id)
+                log.exception("job %s crashed the worker loop", job["id"])
+            finally:
+                self._cancel.pop(job["id"], None)
+                self._lost.pop(job["id"], None)
 
-    def _run(self, job_id: str) -> None:
-        store = self.store
-        job = store.get_job(job_id, None)
-        if job is None or job["state"] != "queued":
-            return
+    def _run(self, job: dict[str, Any]) -> None:
+        """Run a job this worker has claimed (state 'running', its lease)."""
+        store, me, job_id = self.store, self.worker_id, job["id"]
         params = job["params"]
         cancel = self._cancel.setdefault(job_id, threading.Event())
+        lost = self._lost.setdefault(job_id, threading.Event())
+        if job["cancel_requested"] is not None:
+            cancel.set()
         resume = None
         if job["checkpoint"] and Path(job["checkpoint"]).exists():
             try:
                 # The file is the server's own; weights_only still refuses code objects.
                 resume = torch.load(job["checkpoint"], weights_only=True)
             except Exception as e:
-                store.update_job(job_id, state="failed", finished=time.time(),
-                                 error=f"could not read the checkpoint to resume from: {e}")
-                self._drop_checkpoint(job_id)
+                if store.update_claimed(job_id, me, state="failed", finished=time.time(),
+                                        error=f"could not read the checkpoint to resume "
+                                              f"from: {e}"):
+                    self._drop_checkpoint(job_id)
                 return
         elapsed_before = float(job["elapsed"] or 0.0)
         t0 = time.monotonic()
         start_step = int(resume.get("step", 0)) if resume is not None else None
-        store.update_job(job_id, state="running", started=time.time(),
-                         resumed_from_step=start_step)
+        if not store.update_claimed(job_id, me, started=time.time(),
+                                    resumed_from_step=start_step):
+            return
         last_write = [0.0]
 
         def progress(info: dict) -> None:
@@ -221,20 +303,24 @@ class JobWorker:
             self._live[job_id] = rec
             if now - last_write[0] >= self.progress_interval_s:
                 last_write[0] = now
-                store.update_job(job_id, **rec)
+                if not store.update_claimed(job_id, me, **rec):
+                    lost.set()
 
         def checkpoint(state: dict) -> None:
+            if lost.is_set():  # another worker holds the job now: its file, not ours
+                return
             path = self._checkpoint_path(job_id)
             tmp = path.with_suffix(".tmp")
             torch.save(state, tmp)
             os.replace(tmp, path)  # atomic: a crash mid-write keeps the previous checkpoint
             live = self._live.get(job_id, {})
-            store.update_job(job_id, checkpoint=str(path),
-                             **{k: v for k, v in live.items() if k != "elapsed"},
-                             elapsed=elapsed_before + time.monotonic() - t0)
+            if not store.update_claimed(job_id, me, checkpoint=str(path),
+                                        **{k: v for k, v in live.items() if k != "elapsed"},
+                                        elapsed=elapsed_before + time.monotonic() - t0):
+                lost.set()
 
         def should_stop() -> bool:
-            return cancel.is_set() or self._shutdown.is_set()
+            return cancel.is_set() or lost.is_set() or self._shutdown.is_set()
 
         try:
             # Prompt/prefix tuning share the frozen backbone with inference (no mode change);
@@ -248,41 +334,56 @@ class JobWorker:
                                  should_stop=should_stop, checkpoint=checkpoint, resume=resume)
         except Exception as e:
             log.error("job %s failed:\n%s", job_id, traceback.format_exc())
-            store.update_job(job_id, state="failed", finished=time.time(),
-                             elapsed=elapsed_before + time.monotonic() - t0,
-                             error=f"{type(e).__name__}: {e}")
-            self._drop_checkpoint(job_id)
+            self._live.pop(job_id, None)
+            if store.update_claimed(job_id, me, state="failed", finished=time.time(),
+                                    elapsed=elapsed_before + time.monotonic() - t0,
+                                    error=f"{type(e).__name__}: {e}", heartbeat=None):
+                self._drop_checkpoint(job_id)
             return
         finally:
             live = self._live.pop(job_id, None)
             if live:
-                store.update_job(job_id, **{k: v for k, v in live.items() if k != "elapsed"})
+                store.update_claimed(job_id, me,
+                                     **{k: v for k, v in live.items() if k != "elapsed"})
+        if lost.is_set():
+            log.warning("job %s: this worker lost its lease; left to its new worker", job_id)
+            return
         elapsed = elapsed_before + time.monotonic() - t0
         meta = getattr(result, "meta", None)
         stopped = meta.get("stopped", True) if isinstance(meta, dict) else should_stop()
         if cancel.is_set():
-            store.update_job(job_id, state="cancelled", finished=time.time(), elapsed=elapsed)
-            self._drop_checkpoint(job_id)
+            if store.update_claimed(job_id, me, state="cancelled", finished=time.time(),
+                                    elapsed=elapsed, heartbeat=None):
+                self._drop_checkpoint(job_id)
             return
         if self._shutdown.is_set() and stopped:
             ck = store.get_job(job_id, None)["checkpoint"]
-            if ck and Path(ck).exists():  # stays 'running': resumed from it at the next start
-                store.update_job(job_id, elapsed=elapsed)
+            if ck and Path(ck).exists():  # back to the queue: any worker resumes it
+                store.update_claimed(job_id, me, state="queued", worker=None, heartbeat=None,
+                                     elapsed=elapsed)
             else:  # nothing saved yet: run it again from the start
-                store.update_job(job_id, state="queued", step=0, loss=None, epoch=None,
-                                 epsilon=None, elapsed=0.0, started=None)
+                store.update_claimed(job_id, me, state="queued", worker=None, heartbeat=None,
+                                     step=0, loss=None, epoch=None, epsilon=None, elapsed=0.0,
+                                     started=None)
             return
         prompt_id = new_id("pr")
         folder = store.files / "prompts" / prompt_id
         try:
             result.save(folder)
-            store.finish_job_with_prompt(
+            done = store.finish_job_with_prompt(
                 job_id, job["owner"], job["backbone"], train.num_labels,
                 params.get("method", "prompt"), bool(params.get("reconstruction")),
                 train.plain_ids,
-                str(folder), prompt_id, elapsed, privacy=params.get("privacy"))
+                str(folder), prompt_id, elapsed, privacy=params.get("privacy"), worker=me)
         except Exception as e:
             shutil.rmtree(folder, ignore_errors=True)
-            store.update_job(job_id, state="failed", finished=time.time(), elapsed=elapsed,
-                             error=f"could not save the tuned prompt: {type(e).__name__}: {e}")
+            if store.update_claimed(job_id, me, state="failed", finished=time.time(),
+                                    elapsed=elapsed, heartbeat=None,
+                                    error=f"could not save the tuned prompt: "
+                                          f"{type(e).__name__}: {e}"):
+                self._drop_checkpoint(job_id)
+            return
+        if not done:  # the lease went to another worker while this one saved
+            shutil.rmtree(folder, ignore_errors=True)
+            return
         self._drop_checkpoint(job_id)
