@@ -15,6 +15,7 @@ from fastapi.testclient import TestClient
 from safetensors.torch import save
 from test_client import LABELS, TEXTS, leaked_ngrams
 from test_service import add_key, make_bert
+from test_service_e2e import server  # noqa: F401  (the uvicorn fixture)
 
 from rapt.client import PrivacyNotConfiguredError, RaptClient
 from rapt.service import Limits, ServiceConfig, create_app
@@ -347,56 +348,41 @@ def test_bottom_download_is_hashed_cached_and_holds_no_top(service, tmp_path):
                   headers={"Authorization": ""}).status_code == 401
 
 
-def test_end_to_end_over_uvicorn_survives_a_crash_mid_step(tmp_path):
+def test_end_to_end_over_uvicorn_survives_a_crash_mid_step(server, tmp_path):  # noqa: F811
     """`rapt serve` in a subprocess; the server is killed between a forward and its backward
     and started again: the session resumes from its files (the pending forward is sent again),
     every step is applied once, and losses and predictions equal the in-process run."""
-    from test_service_e2e import Server
-    from typer.testing import CliRunner
+    srv, key, folder = server  # test_service_e2e's: `rapt serve` on a saved tiny BERT
+    c = RaptClient(srv.url, key, backbone=str(folder))
+    sc = cfg(eta=60.0, epochs=12)
+    rows = encode_texts(c.backbone.tokenizer, TEXTS, sc.max_length)
+    customer = c.sap_customer(sc, 2, cache_dir=tmp_path / "cache")
+    customer.load(rows, LABELS)
+    sid = c.sap_session(sc, len(rows))
+    provider = c.sap_provider(sid, customer)
+    provider.upload_release()
+    forward = provider.forward
 
-    from rapt.cli import app
+    def crash_after_forward(acts, train=True):
+        out = forward(acts, train=train)
+        if train and acts.step == 6:
+            srv.proc.kill()  # no shutdown: only what was saved survives
+            srv.proc.wait(10)
+            srv.start()
+            c.http.base_url = httpx.URL(srv.url)
+        return out
 
-    bb = make_bert()
-    folder = tmp_path / "tiny-bert"
-    bb.model.save_pretrained(folder)
-    bb.tokenizer.save_pretrained(folder)
-    srv = Server(tmp_path / "svc.db", folder, tmp_path / "server.log")
-    out = CliRunner().invoke(app, ["serve", "--db", str(srv.db), "keys", "add", "alice"])
-    key = out.stdout.strip()
-    srv.start()
-    try:
-        c = RaptClient(srv.url, key, backbone=str(folder))
-        sc = cfg(eta=60.0, epochs=12)
-        rows = encode_texts(c.backbone.tokenizer, TEXTS, sc.max_length)
-        customer = c.sap_customer(sc, 2, cache_dir=tmp_path / "cache")
-        customer.load(rows, LABELS)
-        sid = c.sap_session(sc, len(rows))
-        provider = c.sap_provider(sid, customer)
-        provider.upload_release()
-        forward = provider.forward
-
-        def crash_after_forward(acts, train=True):
-            out = forward(acts, train=train)
-            if train and acts.step == 6:
-                srv.proc.kill()  # no shutdown: only what was saved survives
-                srv.proc.wait(10)
-                srv.start()
-                c.http.base_url = httpx.URL(srv.url)
-            return out
-
-        provider.forward = crash_after_forward
-        hist = train_split(customer, provider)
-        assert provider.resent_forwards == 1
-        st = c.sap_status(sid)
-        assert st["steps_done"] == st["total_steps"] == len(hist) == 24
-        assert sum(h["loss"] for h in hist[-4:]) < 0.8 * sum(h["loss"] for h in hist[:4])
-        probs = predict_split(customer, provider, rows)
-        ref_hist, ref_probs = local_run(make_bert(), sc)
-        assert torch.allclose(torch.tensor([h["loss"] for h in hist]),
-                              torch.tensor([h["loss"] for h in ref_hist]), atol=1e-6)
-        assert torch.allclose(probs, ref_probs, atol=1e-5)
-    finally:
-        srv.stop()
+    provider.forward = crash_after_forward
+    hist = train_split(customer, provider)
+    assert provider.resent_forwards == 1
+    st = c.sap_status(sid)
+    assert st["steps_done"] == st["total_steps"] == len(hist) == 24
+    assert sum(h["loss"] for h in hist[-4:]) < 0.8 * sum(h["loss"] for h in hist[:4])
+    probs = predict_split(customer, provider, rows)
+    ref_hist, ref_probs = local_run(make_bert(), sc)
+    assert torch.allclose(torch.tensor([h["loss"] for h in hist]),
+                          torch.tensor([h["loss"] for h in ref_hist]), atol=1e-6)
+    assert torch.allclose(probs, ref_probs, atol=1e-5)
 
 
 def test_cli_sap_tune_and_predict_against_the_service(service, tmp_path, monkeypatch):
