@@ -1,6 +1,8 @@
 """Membership inference on prompted LLMs (Flocks §3, Figure 2) with SmolLM2-135M.
 
     python benchmarks/bench_mia.py                    # CPU profile: 8 prompts x (1 + 25)
+    python benchmarks/bench_mia.py --profile cpu-50 --out benchmarks/results/mia_50 \
+        --pate-json benchmarks/results/pate_large.json      # 50 prompts x (1 + 50)
     python benchmarks/bench_mia.py --profile paper    # 100 prompts x (1 + 50)
 
 Writes benchmarks/results/mia.{json,md,png}. The table also lists the attack against the
@@ -25,9 +27,12 @@ from rapt.data import load_dataset
 from rapt.llm import HFLabelScorer
 from rapt.models import load_backbone
 from rapt.pate import as_demos, get_template
+from rapt.stats import mean_ci
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PROFILES = {"cpu": dict(prompts=8, nonmembers=25), "cpu-large": dict(prompts=20, nonmembers=50),
+            # issue 15: enough prompts per task for a readable AUC spread (~5 min a task)
+            "cpu-50": dict(prompts=50, nonmembers=50),
             "paper": dict(prompts=100, nonmembers=50),
             "smoke": dict(prompts=2, nonmembers=3)}
 
@@ -87,14 +92,17 @@ def main() -> None:
           "(Flocks: 100 prompts, 1 vs 50). Score = P(true label word) as the next token. "
           f"Command `{report['command']}`; load average at start "
           f"{report['machine']['loadavg_start'][0]:.1f}.", "",
-          "| attacked prompt | prompts | mean AUC | std | mean P(true) members | non-members |",
-          "|---|---|---|---|---|---|"]
+          "| attacked prompt | prompts | mean AUC ± 95 % CI | std | AUC quartiles (25/50/75 %) "
+          "| mean P(true) members | non-members |",
+          "|---|---|---|---|---|---|---|"]
     for task, r in report["tasks"].items():
-        md.append(f"| {task}, private {args.shots}-shot | {r['prompts']} | {r['mean_auc']:.3f} | "
-                  f"{r['std_auc']:.3f} | {r['mean_member_score']:.3f} | "
-                  f"{r['mean_nonmember_score']:.3f} |")
+        _, ci = mean_ci(r["aucs"])
+        q = np.percentile(r["aucs"], [25, 50, 75])
+        md.append(f"| {task}, private {args.shots}-shot | {r['prompts']} | {r['mean_auc']:.3f} "
+                  f"± {ci:.3f} | {r['std_auc']:.3f} | {q[0]:.2f} / {q[1]:.2f} / {q[2]:.2f} | "
+                  f"{r['mean_member_score']:.3f} | {r['mean_nonmember_score']:.3f} |")
     for name, auc in student.items():
-        md.append(f"| PromptPATE student, {name} | 1 | {auc:.3f} | - | - | - |")
+        md.append(f"| PromptPATE student, {name} | 1 | {auc:.3f} | - | - | - | - |")
     md += ["", "Student rows: members = private examples inside teacher prompts, non-members = "
            "other private examples, scored under the released student prompt (from "
            "bench_pate.py). Flocks reports AUC 0.84 on dbpedia with GPT-3 Babbage.", ""]
