@@ -376,6 +376,8 @@ def markdown(res: dict) -> str:
              "Privacy noise seeded: benchmark rows carry no guarantee.", ""]
     if res.get("reduced_note"):
         lines += [f"**{res['reduced_note']}**", ""]
+    if res.get("note"):
+        lines += [f"**{res['note']}**", ""]
     maj = res.get("majority_rate", {})
     for table, title in (("fig2", "Figure 2: SAP vs SAP-CTI, frozen embedding layer"),
                          ("table3", "Table 3: frozen vs unfrozen embedding layer (SST-2)"),
@@ -484,6 +486,8 @@ def main() -> None:
                     help="result stems (same profile) whose runs are copied, not re-trained, "
                          "where a table repeats their settings")
     ap.add_argument("--render", action="store_true", help="re-render .md/.png from the .json")
+    ap.add_argument("--note", default=None,
+                    help="with --merge/--render: a note printed under the settings")
     ap.add_argument("--merge", default=None, metavar="STEM,STEM",
                     help="combine result stems of the same profile (runs made in parallel "
                          "processes) into --name, then render")
@@ -496,6 +500,11 @@ def main() -> None:
         if len({r["profile"] for r in parts_res}) != 1:
             raise SystemExit("--merge: the stems hold different profiles")
         res = dict(parts_res[0])
+        # The settings the runs were last made with (an --append may have narrowed them),
+        # with the tasks of every part.
+        res["settings"] = dict(([a for a in res.get("appended", []) if "settings" in a]
+                                or [res])[-1]["settings"])
+        res["settings"]["tasks"] = [t for r in parts_res for t in r["settings"]["tasks"]]
         res["appended"] = [a for r in parts_res for a in
                            [{"command": r["command"], "machine": r["machine"]},
                             *r.get("appended", [])]][1:]
@@ -510,6 +519,9 @@ def main() -> None:
     if args.render:
         res = json.loads((out_dir / f"{args.name}.json").read_text())
         res["summary"], res["paired_cti"] = summarize(res), paired_cti(res)
+        if args.note:
+            res["note"] = args.note
+            (out_dir / f"{args.name}.json").write_text(json.dumps(res, indent=1) + "\n")
         (out_dir / f"{args.name}.md").write_text(markdown(res) + "\n")
         plot(res, out_dir / f"{args.name}.png")
         return
