@@ -414,7 +414,8 @@ def test_database_of_the_previous_release_is_migrated(tmp_path):
                       "created) VALUES (?, 'key_1', 'ds_1', 'tiny', '{}', ?, 0)", (jid, state))
     with Store(db) as store:
         assert store.schema_version() == MIGRATIONS[-1].version
-        assert store.counts() == {"api_keys": 1, "datasets": 1, "jobs": 2, "prompts": 0}
+        assert store.counts() == {"api_keys": 1, "datasets": 1, "jobs": 2, "prompts": 0,
+                                  "sap_sessions": 0}
         assert store.get_job("job_2", "key_1")["attempts"] == 0
         worker = JobWorker(store, {}, FakeRunner(), max_queued=4)
         assert worker.reap_stale() == ["job_1"]

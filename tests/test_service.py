@@ -20,7 +20,7 @@ from fastapi.testclient import TestClient
 from safetensors.torch import load_file, save_file
 
 from rapt.service import Limits, ServiceConfig, auth, create_app
-from rapt.service.store import Store
+from rapt.service.store import MIGRATIONS, Store
 
 
 class FakePrompt:
@@ -212,7 +212,8 @@ def test_openapi_and_health(svc):
         if svc.store.dialect == "sqlite":
             assert db.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
         hashes = list(db.exec_driver_sql("SELECT key_hash FROM api_keys").scalars())
-        assert db.execute(sa.text("SELECT MAX(version) FROM schema_version")).scalar() == 2
+        assert db.execute(sa.text("SELECT MAX(version) FROM schema_version")).scalar() \
+            == MIGRATIONS[-1].version
     assert auth.hash_key(svc.alice) in hashes and svc.alice not in hashes
     r = svc.get("/v1/nowhere")
     assert r.status_code == 404 and r.json()["error"] == "not_found"
