@@ -478,6 +478,8 @@ def main() -> None:
     ap.add_argument("--tasks", default=None, help="comma list (default: the profile's)")
     ap.add_argument("--levels", default=None,
                     help="comma list of target P for Figure 2 (default: the profile's)")
+    ap.add_argument("--t3-seeds", type=int, default=None, help="Table 3 seeds (default: profile)")
+    ap.add_argument("--t4-seeds", type=int, default=None, help="Table 4 seeds (default: profile)")
     ap.add_argument("--baseline-seeds", type=int, default=None,
                     help="no-privacy Figure 2 runs only for the first N seeds (default: all)")
     ap.add_argument("--append", action="store_true",
@@ -504,7 +506,8 @@ def main() -> None:
         # with the tasks of every part.
         res["settings"] = dict(([a for a in res.get("appended", []) if "settings" in a]
                                 or [res])[-1]["settings"])
-        res["settings"]["tasks"] = [t for r in parts_res for t in r["settings"]["tasks"]]
+        res["settings"]["tasks"] = sorted({x["task"] for r in parts_res for x in r["runs"]
+                                           if x["table"] == "fig2"})
         res["appended"] = [a for r in parts_res for a in
                            [{"command": r["command"], "machine": r["machine"]},
                             *r.get("appended", [])]][1:]
@@ -532,6 +535,9 @@ def main() -> None:
         prof["tasks"] = tuple(args.tasks.split(","))
     if args.levels:
         prof["levels"] = tuple(float(x) for x in args.levels.split(","))
+    for key in ("t3_seeds", "t4_seeds"):
+        if getattr(args, key) is not None:
+            prof[key] = getattr(args, key)
     if args.baseline_seeds is not None:
         prof["baseline_seeds"] = args.baseline_seeds
     parts = args.parts.split(",")
