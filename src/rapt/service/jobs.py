@@ -180,12 +180,15 @@ class RayJobs:
         """The worker id of each actor (waits for a restarted actor to come back)."""
         import ray
 
-        t0 = time.monotonic()
+        deadline = time.monotonic() + timeout
         while True:
             try:
-                return ray.get([a.worker_id.remote() for a in self.actors], timeout=timeout)
-            except ray.exceptions.RayActorError:
-                if time.monotonic() - t0 > timeout:
+                return ray.get([a.worker_id.remote() for a in self.actors],
+                               timeout=max(1.0, deadline - time.monotonic()))
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                # A restarting actor answers ActorUnavailableError until its new process is up
+                # (tens of seconds on a loaded machine: Ray starts its workers niced).
+                if time.monotonic() > deadline:
                     raise
                 time.sleep(0.5)
 
