@@ -209,6 +209,8 @@ def test_linear_head_is_the_default_and_unchanged(tok):
     for k in a.tensors:
         assert torch.equal(a.tensors[k], b.tensors[k]), k
     assert TuneConfig.from_dict({"method": "prompt"}).head == "auto"  # old artifacts
+    with pytest.raises(ValueError, match="TuneConfig: unknown field.*hed"):
+        TuneConfig.from_dict({"method": "prompt", "hed": "linear"})
 
     llama = make_llama(tok)
     m = RaptModel(llama, TuneConfig(), 2)

@@ -428,6 +428,8 @@ def test_split_config_validation():
             SplitConfig(**kw)
     c = SplitConfig(eta=3.0, cti=True)
     assert SplitConfig.from_dict(c.to_dict()) == c
+    with pytest.raises(ValueError, match="SplitConfig: unknown field.*etta"):
+        SplitConfig.from_dict({**c.to_dict(), "etta": 1.0})
 
 
 @pytest.mark.parametrize("split", [0, 1])

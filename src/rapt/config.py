@@ -134,11 +134,7 @@ class TuneConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> TuneConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise ValueError(f"TuneConfig: unknown field(s) {', '.join(sorted(unknown))}")
-        d = dict(d)
+        d = known_fields(cls, d)
         if isinstance(d.get("dp"), dict):
             try:
                 from rapt.dp import DPConfig
@@ -147,6 +143,15 @@ class TuneConfig:
             except ImportError:  # keep the record readable without the DP module
                 pass
         return cls(**d)
+
+
+def known_fields(cls: type, d: dict) -> dict:
+    """A copy of ``d`` after checking that every key is a field of dataclass ``cls`` (a saved
+    record from a newer version, or a typo, fails with the names instead of a TypeError)."""
+    unknown = set(d) - {f.name for f in fields(cls)}
+    if unknown:
+        raise ValueError(f"{cls.__name__}: unknown field(s) {', '.join(sorted(unknown))}")
+    return dict(d)
 
 
 def tune_default(name: str, method: str = "prompt") -> Any:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Literal
 
-from rapt.config import DEFAULT_PRIVATIZER_MODE
+from rapt.config import DEFAULT_PRIVATIZER_MODE, known_fields
 
 __all__ = ["PROVIDER_FIELDS", "SPLIT_METHODS", "SplitConfig"]
 
@@ -128,11 +128,7 @@ class SplitConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> SplitConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise ValueError(f"SplitConfig: unknown field(s) {', '.join(sorted(unknown))}")
-        d = dict(d)
+        d = known_fields(cls, d)
         if d.get("cti_multiplier") == "inf":
             d["cti_multiplier"] = math.inf
         return cls(**d)
