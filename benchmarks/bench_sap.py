@@ -71,6 +71,14 @@ PROFILES = {
                 tasks=("fp", "sst2", "trustpilot"), t3_levels=(0.6, 0.4, 0.2), t3_seeds=2,
                 t4_splits=(0, 1, 2, 3, 4, 5), t4_levels=(0.4,), t4_seeds=2, attack_rows=64,
                 attack_k=64, attack_steps=100, aia_train=(100, 300, 1000), aia_test=1000),
+    # The fair-chance check of CTI on FP (issue 10): the paper's training-set size (the whole
+    # seeded 1,812-row train split, 226 test rows), the P whose EP matches the paper's η = 50
+    # point (EP ≈ 39 %), 5 paired seeds; run with --cti-rules uniform,per-class.
+    "cpu-fp": dict(train=None, test=None, max_length=48, epochs=3, batch_size=32, lr=2e-3,
+                   head_lr=1e-2, seeds=5, levels=(0.4,), tasks=("fp",), t3_levels=(0.4,),
+                   t3_seeds=0, t4_splits=(0,), t4_levels=(0.4,), t4_seeds=0, attack_rows=64,
+                   attack_k=64, attack_steps=100, aia_train=(100,), aia_test=1000,
+                   baseline_seeds=1),
     "paper": dict(train=None, test=None, max_length=64, epochs=3, batch_size=32, lr=1e-3,
                   head_lr=1e-2, seeds=3, levels=(0.9, 0.8, 0.6, 0.4, 0.2, 0.1),
                   tasks=("fp", "sst2", "trustpilot"), t3_levels=(0.9, 0.8, 0.6, 0.4, 0.2, 0.1),
@@ -79,6 +87,8 @@ PROFILES = {
                   attack_rows=500, attack_k=None, attack_steps=300,
                   aia_train=(100, 500, 2032), aia_test=2034),
 }
+# Setting names per CTI rule (rapt.cti.CTI_RULES); "uniform" is the paper's SAP-CTI.
+CTI_SETTINGS = {"uniform": "SAP-CTI", "per-class": "SAP-CTI per-class k"}
 TASKS = {"fp": ("financial_phrasebank", "train", "test"),
          "sst2": ("sst2-sentences", "train", "dev"),
          "trustpilot": ("trustpilot", "a", "b")}  # rating 1-5
@@ -170,12 +180,13 @@ class Bench:
         return self.data[task]
 
     def run(self, table: str, task: str, p: float | None, seed: int, *, cti: bool = False,
-            split: int = 0, unfreeze: bool = False) -> dict:
+            cti_rule: str = "uniform", split: int = 0, unfreeze: bool = False) -> dict:
         prof = self.prof
         # The tables share settings (Table 3's frozen rows and Table 4's n = 0 rows are Figure
         # 2's SST-2 SAP rows): a run already made with the same settings, in this file or a
         # --reuse file, is copied instead of trained again (same seeds: identical numbers).
-        key = (task, p, seed, "SAP-CTI" if cti else "SAP", split, unfreeze)
+        setting = CTI_SETTINGS[cti_rule] if cti else "SAP"
+        key = (task, p, seed, setting, split, unfreeze)
         for old in self.res["runs"]:  # --append resumes: a finished run is not made twice
             if _run_key(old) == key and old["table"] == table:
                 return old
@@ -188,7 +199,8 @@ class Bench:
                 return run
         tr, te, rtr, rte = self.task(task)
         eta = self.eta(p)
-        cfg = SplitConfig(split_layer=split, eta=eta, cti=cti, unfreeze_bottom=unfreeze,
+        cfg = SplitConfig(split_layer=split, eta=eta, cti=cti, cti_rule=cti_rule,
+                          unfreeze_bottom=unfreeze,
                           lr=prof["lr"], head_lr=prof["head_lr"], bottom_lr=prof["lr"] / 10,
                           epochs=prof["epochs"], batch_size=prof["batch_size"],
                           max_length=prof["max_length"], seed=seed, noise_seed=1000 + seed)
@@ -212,11 +224,12 @@ class Bench:
         ep, recall = self.attack(seen, rtr, split, A, seed)
         tail = hist[-max(1, len(hist) // 5):]
         run = {"table": table, "task": task, "P_target": p, "eta": eta, "seed": seed,
-               "setting": "SAP-CTI" if cti else "SAP", "split": split, "unfreeze": unfreeze,
+               "setting": setting, "split": split, "unfreeze": unfreeze,
                "UA": ua, "EP": ep, "attack_candidate_recall": recall,
                "P_measured": customer.measured_p if eta is not None else 0.0,
                "cti_tokens": len(customer.cti.token_ids) if customer.cti else 0,
                "cti_coverage": customer.cti.coverage if customer.cti else 0.0,
+               "cti_k": [len(r) for r in customer.cti.per_class] if customer.cti else [],
                "steps": provider.step, "final_loss": statistics.fmean(h["loss"] for h in tail),
                "seconds": round(time.perf_counter() - t, 1)}
         self.res["runs"].append(run)
@@ -317,23 +330,25 @@ def summarize(res: dict) -> list[dict]:
 
 
 def paired_cti(res: dict) -> list[dict]:
-    """SAP-CTI − SAP per (task, P) on Figure 2, paired by seed (same seed = same init, data
-    order and noise stream), UA and EP in points with 95 % CIs over the seeds both ran."""
+    """Each CTI setting − SAP per (task, P) on Figure 2, paired by seed (same seed = same init,
+    data order and noise stream), UA and EP in points with 95 % CIs over the seeds both ran."""
     by: dict[tuple, float] = {}
     for r in res["runs"]:
         if r["table"] == "fig2" and r["P_target"] is not None:
             by[(r["task"], r["P_target"], r["setting"], r["seed"])] = r
     out = []
-    for task, p in sorted({(t, p) for t, p, _, _ in by}, key=lambda k: (k[0], -k[1])):
+    for task, p, setting in sorted({(t, p, st) for t, p, st, _ in by if st != "SAP"},
+                                   key=lambda k: (k[0], -k[1], k[2])):
         seeds = sorted(s for t, q, st, s in by if (t, q, st) == (task, p, "SAP")
-                       and (task, p, "SAP-CTI", s) in by)
+                       and (task, p, setting, s) in by)
         if not seeds:
             continue
-        cti = [by[(task, p, "SAP-CTI", s)] for s in seeds]
+        cti = [by[(task, p, setting, s)] for s in seeds]
         sap = [by[(task, p, "SAP", s)] for s in seeds]
         dua = paired_difference([100 * r["UA"] for r in cti], [100 * r["UA"] for r in sap])
         dep = paired_difference([100 * r["EP"] for r in cti], [100 * r["EP"] for r in sap])
-        out.append({"task": task, "P_target": p, "eta": sap[0]["eta"], "n": len(seeds),
+        out.append({"task": task, "P_target": p, "setting": setting, "eta": sap[0]["eta"],
+                    "n": len(seeds), "cti_k": cti[0].get("cti_k"),
                     "dUA": dua["mean_diff"], "dUA_ci95": dua["ci95"],
                     "dUA_excludes_zero": dua["excludes_zero"],
                     "dEP": dep["mean_diff"], "dEP_ci95": dep["ci95"],
@@ -344,14 +359,14 @@ def paired_cti(res: dict) -> list[dict]:
     return out
 
 
-def cti_goal(paired: list[dict], task: str) -> str:
-    rows = [d for d in paired if d["task"] == task]
+def cti_goal(paired: list[dict], task: str, setting: str = "SAP-CTI") -> str:
+    rows = [d for d in paired if d["task"] == task and d.get("setting", "SAP-CTI") == setting]
     if not rows:
         return f"{task}: no paired SAP / SAP-CTI runs"
     wins = [d for d in rows if d["beats"]]
     ok = len(wins) >= 2
     etas = ", ".join(f"{d['eta']:.1f}" for d in wins) or "none"
-    return (f"{task}: SAP-CTI beats SAP (paired ΔUA > 0 with the 95 % CI excluding 0, "
+    return (f"{task}: {setting} beats SAP (paired ΔUA > 0 with the 95 % CI excluding 0, "
             f"|ΔEP| ≤ 2) at {len(wins)} of {len(rows)} η ({etas}) — goal (≥ 2 η) "
             + ("met" if ok else "NOT met"))
 
@@ -404,17 +419,25 @@ def markdown(res: dict) -> str:
     if pc:
         lines += ["## SAP-CTI − SAP, paired by seed (Figure 2)", "",
                   "ΔUA and ΔEP in points, mean ± 95 % CI (Student t) over the seeds both ran. "
-                  "CTI tokens: the union of the per-class top-k (k uniform over classes, the "
-                  "largest with ≤ 1 % of token occurrences), computed on the whole training "
-                  "split; they are released unperturbed (multiplier ∞, Algorithm 1).", "",
-                  "| task | P | η | n | ΔUA | ΔEP | CTI tokens | coverage | beats SAP |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  "CTI tokens: SAP-CTI is the paper's rule, the union of the per-class top-k (k "
+                  "uniform over classes, the largest with ≤ 1 % of token occurrences); "
+                  "'SAP-CTI per-class k' is ours, not the paper's (each class fills the same "
+                  "1 % budget in UI order, skipping tokens that would overflow it). Both are "
+                  "computed on the whole training split and released unperturbed (multiplier "
+                  "∞, Algorithm 1).", "",
+                  "| task | setting | P | η | n | ΔUA | ΔEP | CTI tokens (k per class) | "
+                  "coverage | beats SAP |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for d in pc:
-            lines.append(f"| {d['task']} | {d['P_target']:.2f} | {d['eta']:.1f} | {d['n']} | "
+            ks = "/".join(str(k) for k in d.get("cti_k") or [])
+            lines.append(f"| {d['task']} | {d.get('setting', 'SAP-CTI')} | "
+                         f"{d['P_target']:.2f} | {d['eta']:.1f} | {d['n']} | "
                          f"{d['dUA']:+.1f} ± {d['dUA_ci95']:.1f} | "
-                         f"{d['dEP']:+.1f} ± {d['dEP_ci95']:.1f} | {d['cti_tokens']} | "
+                         f"{d['dEP']:+.1f} ± {d['dEP_ci95']:.1f} | {d['cti_tokens']}"
+                         + (f" ({ks})" if ks else "") + " | "
                          f"{100 * d['cti_coverage']:.2f} % | {'yes' if d['beats'] else 'no'} |")
-        lines += [""] + [f"- {cti_goal(pc, t)}" for t in sorted({d["task"] for d in pc})] + [""]
+        lines += [""] + [f"- {cti_goal(pc, t, st)}" for t, st in sorted(
+            {(d["task"], d.get("setting", "SAP-CTI")) for d in pc})] + [""]
     if res.get("aia"):
         lines += ["## Attribute inference on released representations (TrustPilot, n = 0)", "",
                   "Attacker: 2-layer MLP (768, ReLU) on mean-pooled released vectors, trained "
@@ -443,7 +466,7 @@ def plot(res: dict, path: Path) -> None:
         return
     fig, axes = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 4), squeeze=False)
     for ax, task in zip(axes[0], tasks, strict=True):
-        for setting, style in (("SAP", "-"), ("SAP-CTI", "--")):
+        for setting, style in (("SAP", "-"), ("SAP-CTI", "--"), (CTI_SETTINGS["per-class"], "-.")):
             rows = sorted((r for r in s if r["task"] == task and r["setting"] == setting
                            and r["eta"] is not None), key=lambda r: r["eta"])
             if not rows:
@@ -476,6 +499,9 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=None)
     ap.add_argument("--seed-offset", type=int, default=0, help="first seed (with --append)")
     ap.add_argument("--tasks", default=None, help="comma list (default: the profile's)")
+    ap.add_argument("--cti-rules", default="uniform",
+                    help="comma list of CTI rules run in Figure 2 (uniform = the paper's; "
+                         "per-class = ours, a labelled non-paper variant)")
     ap.add_argument("--levels", default=None,
                     help="comma list of target P for Figure 2 (default: the profile's)")
     ap.add_argument("--t3-seeds", type=int, default=None, help="Table 3 seeds (default: profile)")
@@ -577,8 +603,12 @@ def main() -> None:
                 if seed < prof.get("baseline_seeds", seed + 1):
                     plan.append(("fig2", task, None, seed, {}))
                 for p in prof["levels"]:
-                    for cti in (False, True):
-                        plan.append(("fig2", task, p, seed, {"cti": cti}))
+                    plan.append(("fig2", task, p, seed, {}))
+                    for rule in args.cti_rules.split(","):
+                        if rule not in CTI_SETTINGS:
+                            raise SystemExit(f"--cti-rules: unknown rule {rule!r} (choose "
+                                             f"from {', '.join(CTI_SETTINGS)})")
+                        plan.append(("fig2", task, p, seed, {"cti": True, "cti_rule": rule}))
     if "table3" in parts:
         for seed in range(prof["t3_seeds"]):
             for p in prof["t3_levels"]:

@@ -117,6 +117,36 @@ def test_coverage_rule_picks_largest_k_within_one_percent():
     assert loose.coverage <= 0.05
 
 
+def test_per_class_rule_fills_the_budget_past_a_frequent_token():
+    # Class 0's best-ranked token (290) is frequent (like FP's neutral "is"): the paper's uniform
+    # k stops at 0 for every class; the per-class rule skips it and keeps filling.
+    ids, labels = _multi_planted()
+    ids = [([1, 290, 290, 290] + row[1:]) if y == 0 else row for row, y in zip(ids, labels,
+                                                                          strict=True)]
+    special = [0, 1, 2]
+    uni = contributing_tokens(ids, labels, num_classes=2, vocab_size=300, special_ids=special)
+    res = contributing_tokens(ids, labels, num_classes=2, vocab_size=300, special_ids=special,
+                              rule="per-class")
+    counts = token_class_counts(ids, labels, 2, 300, special).sum(0)
+    total = counts.sum().item()
+    assert res.ranking[0, 0].item() == 290 and uni.k == 0
+    assert 290 not in res.token_ids and len(res.token_ids) > len(uni.token_ids)
+    used = sum(counts[t].item() for t in res.token_ids)
+    assert res.coverage == pytest.approx(used / total) and res.coverage <= 0.01
+    for c in range(2):
+        order = [t for t in res.ranking[c].tolist() if t >= 0]
+        pos = [order.index(t) for t in res.per_class[c]]
+        assert pos == sorted(pos)  # taken in UI order
+        assert all(200 + 8 * c <= t < 208 + 8 * c for t in res.per_class[c])
+        # maximal: every ranked token left out is chosen by another class or would overflow
+        for t in order:
+            if t not in res.token_ids:
+                assert used + counts[t].item() > 0.01 * total
+    assert res.token_ids == sorted({t for row in res.per_class for t in row})
+    with pytest.raises(ValueError, match="rule"):
+        contributing_tokens(ids, labels, num_classes=2, vocab_size=300, rule="greedy")
+
+
 def test_k_zero_when_top_tokens_too_frequent():
     # every class's best token is ~half the text: no k >= 1 fits in 1%
     ids = [[3, 3, 5]] * 10 + [[4, 4, 5]] * 10

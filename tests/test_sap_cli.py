@@ -33,8 +33,9 @@ def test_sap_tune_predict_attack(setup):
                             "inf", "--unfreeze-bottom", "--epochs", "2", "--batch-size", "3",
                             "--noise-seed", "1", "--out", str(out)])
     assert r.exit_code == 0, r.output
-    assert "noise-seed 1" in r.output and "CTI:" in r.output
+    assert "noise-seed 1" in r.output and "CTI:" in r.output and "uniform rule" in r.output
     doc = json.loads((out / "sap.json").read_text())
+    assert doc["config"]["cti_rule"] == "uniform"
     assert doc["config"]["cti_multiplier"] == "inf" and doc["seeded"] is True
     assert doc["label_names"] == ["neg", "pos"] and doc["steps"] == 4
     assert (out / "provider.safetensors").is_file() and (out / "customer.safetensors").is_file()
@@ -62,6 +63,8 @@ def test_sap_tune_predict_attack(setup):
     (["--text-column", "review", "--label-column", "sentiment", "--cti"], "--cti needs eta"),
     (["--text-column", "review", "--label-column", "sentiment", "--eta", "5",
       "--cti-multiplier", "0.5"], "cti-multiplier"),
+    (["--text-column", "review", "--label-column", "sentiment", "--eta", "5", "--cti",
+      "--cti-rule", "greedy"], "cti-rule"),
 ])
 def test_sap_tune_user_errors(setup, args, msg):
     tmp, model, csv = setup
@@ -71,3 +74,15 @@ def test_sap_tune_user_errors(setup, args, msg):
     err = [ln for ln in r.output.splitlines() if ln.startswith("error:")]
     assert len(err) == 1 and msg in err[0], r.output
     assert not (tmp / "x").exists()
+
+
+def test_sap_tune_per_class_cti_rule(setup):
+    tmp, model, csv = setup
+    out = tmp / "pc"
+    r = runner.invoke(app, ["sap", "tune", str(csv), "--backbone", model, "--text-column",
+                            "review", "--label-column", "sentiment", "--eta", "20", "--cti",
+                            "--cti-rule", "per-class", "--cti-coverage", "0.3", "--epochs", "1",
+                            "--batch-size", "3", "--noise-seed", "1", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "per-class rule" in r.output
+    assert json.loads((out / "sap.json").read_text())["config"]["cti_rule"] == "per-class"

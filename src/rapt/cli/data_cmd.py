@@ -98,6 +98,9 @@ def cti(
     coverage: float = typer.Option(0.01, "--coverage",
                                    help="max fraction of token occurrences (SAP: 0.01)"),
     k: int | None = typer.Option(None, "--k", help="fixed k instead of the coverage rule"),
+    rule: str = typer.Option("uniform", "--rule",
+                             help="uniform: one k for all classes (SAP's rule); per-class: each "
+                                  "class fills the coverage budget (ours, not the paper's)"),
     top: int = typer.Option(15, "--top", help="tokens to print per class"),
     text_column: str | None = _TEXT,
     text_pair_column: str | None = _PAIR,
@@ -112,10 +115,12 @@ def cti(
     from tqdm import tqdm
     from transformers import AutoTokenizer
 
-    from rapt.cti import contributing_tokens
+    from rapt.cti import CTI_RULES, contributing_tokens
     from rapt.data import DataError
     from rapt.models import BackboneNotFoundError, resolve
 
+    if rule not in CTI_RULES:
+        _fail(f"--rule must be one of {', '.join(CTI_RULES)}, got {rule!r}")
     ds = _load(name, split, text_column, text_pair_column, label_column, label_names,
                attribute, limit, fmt)
     try:
@@ -140,12 +145,16 @@ def cti(
         ids += enc["input_ids"]
     special = set(tok.all_special_ids)
     res = contributing_tokens(ids, labels, num_classes=ds.num_labels, vocab_size=len(tok),
-                              special_ids=special, coverage=coverage, k=k)
+                              special_ids=special, coverage=coverage, k=k, rule=rule)
     n_tok = int(res.counts.sum())
     typer.echo(f"{ds.name} ({split}): {len(ds)} examples, {n_tok} non-special tokens, "
                f"tokenizer '{backbone}'")
-    rule = "fixed k" if k is not None else f"largest k with coverage <= {coverage:.2%}"
-    typer.echo(f"k = {res.k} ({rule}): {len(res.token_ids)} contributing tokens covering "
+    how = ("fixed k" if k is not None else f"largest k with coverage <= {coverage:.2%}"
+           if rule == "uniform" else f"per-class k filling coverage <= {coverage:.2%}")
+    ks = res.k if rule == "uniform" or k is not None else "/".join(
+        str(len(r)) for r in res.per_class)
+    typer.echo(f"k = {ks} ({how}): "
+               f"{len(res.token_ids)} contributing tokens covering "
                f"{res.coverage:.3%} of token occurrences")
     if res.k == 0:
         typer.echo("  even the union of every class's top token exceeds the coverage budget; "

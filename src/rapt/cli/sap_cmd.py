@@ -81,6 +81,8 @@ def sap_tune(
     cti_multiplier: float = typer.Option(math.inf, help="η multiplier on contributing tokens "
                                                         "(inf = no noise, SAP Algorithm 1)"),
     cti_coverage: float = typer.Option(0.01, help="max share of token occurrences they cover"),
+    cti_rule: str = typer.Option("uniform", help="uniform: one k for all classes (SAP's rule); "
+                                 "per-class: each class fills the budget (ours, not the paper's)"),
     unfreeze_bottom: bool = typer.Option(False, "--unfreeze-bottom/--freeze-bottom",
                                          help="train the bottom too (fresh noise every step)"),
     method: str = typer.Option("lora", help="how the provider tunes the top: lora | prompt"),
@@ -120,7 +122,8 @@ def sap_tune(
     bb = load_backbone_or_fail(backbone)
     e = _eta(bb, eta, target_p)
     cfg = _config(split_layer=split_layer, eta=e, cti=cti, cti_multiplier=cti_multiplier,
-                  cti_coverage=cti_coverage, unfreeze_bottom=unfreeze_bottom, method=method,
+                  cti_coverage=cti_coverage, cti_rule=cti_rule,
+                  unfreeze_bottom=unfreeze_bottom, method=method,
                   lr=lr, head_lr=head_lr, epochs=epochs, batch_size=batch_size,
                   max_length=max_length, seed=seed, noise_seed=noise_seed)
     if e is None and url is not None:
@@ -139,8 +142,9 @@ def sap_tune(
         fail(str(err))
     if cti:
         res = customer.fit_cti(rows, ds.labels)
-        typer.echo(f"CTI: {len(res.token_ids)} contributing tokens (k = {res.k} per class, "
-                   f"{100 * res.coverage:.2f}% of token occurrences)")
+        ks = "/".join(str(len(r)) for r in res.per_class)
+        typer.echo(f"CTI: {len(res.token_ids)} contributing tokens ({cti_rule} rule, k = {ks} "
+                   f"per class, {100 * res.coverage:.2f}% of token occurrences)")
     customer.load(rows, ds.labels)
     if client is not None:
         sid = _remote(lambda: client.sap_session(cfg, len(rows)))

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 from typing import Literal
 
 from rapt.config import DEFAULT_PRIVATIZER_MODE, known_fields
+from rapt.cti import CTI_RULES
 
 __all__ = ["PROVIDER_FIELDS", "SPLIT_METHODS", "SplitConfig"]
 
@@ -29,7 +30,9 @@ class SplitConfig:
     remaining blocks plus pooling. ``eta``: dχ privacy parameter on the token embeddings
     (None = no privatization, the "None" column of SAP Table 4). ``cti``: contributing-token
     identification from the customer's labelled rows; contributing tokens get η multiplied by
-    ``cti_multiplier`` (``inf`` = no noise at all on them, as SAP Algorithm 1 does).
+    ``cti_multiplier`` (``inf`` = no noise at all on them, as SAP Algorithm 1 does);
+    ``cti_rule``: "uniform" (the paper's one k for all classes) or "per-class" (ours, not the
+    paper's: each class fills the coverage budget on its own, :data:`rapt.cti.CTI_RULES`).
     ``unfreeze_bottom``: the customer trains its bottom with the gradient the top returns, and
     privatizes afresh every iteration (SAP §5.3). ``method``: how the provider tunes the top
     ("lora" = peft LoRA on the attention query/value projections, the paper's choice;
@@ -43,6 +46,7 @@ class SplitConfig:
     cti: bool = False
     cti_multiplier: float = math.inf
     cti_coverage: float = 0.01
+    cti_rule: Literal["uniform", "per-class"] = "uniform"
     unfreeze_bottom: bool = False
     method: Literal["lora", "prompt"] = "lora"
     lora_r: int = 8
@@ -76,6 +80,9 @@ class SplitConfig:
         if not 0.0 < self.cti_coverage <= 1.0:
             raise ValueError(f"SplitConfig.cti_coverage must be in (0, 1], got "
                              f"{self.cti_coverage!r}")
+        if self.cti_rule not in CTI_RULES:
+            raise ValueError(f"SplitConfig.cti_rule must be one of {', '.join(CTI_RULES)}, "
+                             f"got {self.cti_rule!r}")
         if self.cti and self.eta is None:
             raise ValueError("SplitConfig.cti=True needs eta: CTI only decides which tokens get "
                              "less noise, and without privatization there is none")

@@ -109,7 +109,8 @@ class SplitCustomer:
         vocab = int(self.bottom.word_embeddings.weight.shape[0])
         self.cti = contributing_tokens(rows, labels, num_classes=self.num_labels,
                                        vocab_size=vocab, special_ids=self.special_ids,
-                                       coverage=self.config.cti_coverage)
+                                       coverage=self.config.cti_coverage,
+                                       rule=self.config.cti_rule)
         return self.cti
 
     def privatize(self, ids: Tensor) -> Tensor:
