@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from rapt.attacks.attribute import attribute_attack
+from rapt.attacks.attribute import attribute_attack, hidden_features
 from rapt.attacks.split_inversion import (
     candidate_hits,
     invert_by_optimization,
@@ -70,7 +70,8 @@ PROFILES = {
                 head_lr=1e-2, seeds=3, levels=(0.6, 0.4, 0.2),
                 tasks=("fp", "sst2", "trustpilot"), t3_levels=(0.6, 0.4, 0.2), t3_seeds=2,
                 t4_splits=(0, 1, 2, 3, 4, 5), t4_levels=(0.4,), t4_seeds=2, attack_rows=64,
-                attack_k=64, attack_steps=100, aia_train=(100, 300, 1000), aia_test=1000),
+                attack_k=64, attack_steps=100, aia_train=(100, 300, 1000, 2032),
+                aia_test=1000),
     # The fair-chance check of CTI on FP (issue 10): the paper's training-set size (the whole
     # seeded 1,812-row train split, 226 test rows), the P whose EP matches the paper's η = 50
     # point (EP ≈ 39 %), 5 paired seeds; run with --cti-rules uniform,per-class.
@@ -275,17 +276,34 @@ class Bench:
         n = len(hit)
         return 1.0 - sum(hit.values()) / n, sum(in_c.values()) / n
 
-    def aia(self, levels) -> None:
+    def aia(self, levels, attributes=("gender", "age")) -> None:
         """Attribute attack on the released n = 0 representations with N_l labelled rows
-        (SAP Figure 3), beside the majority rate and the unprivatized release."""
+        (SAP Figure 3), beside the majority rate and the unprivatized release. A control row
+        attacks the whole model's last-layer states (no split, no privacy): if even that does
+        not beat the majority rate at these N_l, the data hold no signal for privacy to hide."""
         prof = self.prof
-        for attr in ("gender", "age"):
+        done = {(r["attribute"], r["P_target"], r["N_l"], r.get("feature"))
+                for r in self.res["aia"]}
+        for attr in attributes:
             tr_all = load_dataset("trustpilot", "a", attribute=attr)
             te = load_dataset("trustpilot", "b", attribute=attr)
             te = te.subset(min(prof["aia_test"], len(te)), seed=0)
             L = prof["max_length"]
             rte = encode_texts(self.tok, te.texts, L)
+            ceiling = "MiniLM last layer, no split, no privacy (control)"
+            if any((attr, None, min(n, len(tr_all)), ceiling) not in done
+                   for n in prof["aia_train"]):
+                x_te = hidden_features(self.bb, rte)
+                for n_l in prof["aia_train"]:
+                    tr = tr_all.subset(min(n_l, len(tr_all)), seed=0)
+                    r = attribute_attack(hidden_features(self.bb, encode_texts(
+                        self.tok, tr.texts, L)), tr.labels, x_te, te.labels, attribute=attr,
+                        feature=ceiling)
+                    self._aia_row(attr, None, None, len(tr), r)
             for p in (None, *levels):
+                if all((attr, p, min(n, len(tr_all)), "released n=0") in done
+                       for n in prof["aia_train"]):
+                    continue
                 eta = self.eta(p)
                 cfg = SplitConfig(eta=eta, noise_seed=7)
                 customer, _ = setup_split(self.bb, cfg, 2, 1, privatizer=self.privatizer(
@@ -305,11 +323,13 @@ class Bench:
                     x_tr = release(encode_texts(self.tok, tr.texts, L))
                     r = attribute_attack(x_tr, tr.labels, x_te, te.labels, attribute=attr,
                                          feature="released n=0")
-                    row = {"attribute": attr, "P_target": p, "eta": eta, "N_l": len(tr),
-                           **r.as_dict()}
-                    self.res["aia"].append(row)
-                    print(json.dumps(row), flush=True)
-                    self.save()
+                    self._aia_row(attr, p, eta, len(tr), r)
+
+    def _aia_row(self, attr: str, p, eta, n_l: int, r) -> None:
+        row = {"attribute": attr, "P_target": p, "eta": eta, "N_l": n_l, **r.as_dict()}
+        self.res["aia"].append(row)
+        print(json.dumps(row), flush=True)
+        self.save()
 
 
 def summarize(res: dict) -> list[dict]:
@@ -441,14 +461,21 @@ def markdown(res: dict) -> str:
     if res.get("aia"):
         lines += ["## Attribute inference on released representations (TrustPilot, n = 0)", "",
                   "Attacker: 2-layer MLP (768, ReLU) on mean-pooled released vectors, trained "
-                  "on N_l labelled rows of TrustPilot split a, tested on split b.", "",
-                  "| attribute | P | η | N_l | attack accuracy | EP | majority rate | test |",
-                  "|---|---|---|---|---|---|---|---|"]
-        for r in res["aia"]:
+                  "on N_l labelled rows of TrustPilot split a, tested on split b. Balanced "
+                  "accuracy = mean per-class recall (50 % = blind on two classes). The control "
+                  "rows attack the whole MiniLM's last-layer states instead of a release.", "",
+                  "| attribute | features | P | η | N_l | attack accuracy | balanced acc. | EP "
+                  "| majority rate | test |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in sorted(res["aia"], key=lambda r: (r["attribute"], r["feature"] != "released "
+                        "n=0", _p_key(r["P_target"]), r["n_train"])):
             p = "none (no privatization)" if r["P_target"] is None else f"{r['P_target']:.2f}"
             eta = "∞" if r["eta"] is None else f"{r['eta']:.1f}"
-            lines.append(f"| {r['attribute']} | {p} | {eta} | {r['n_train']} | "
-                         f"{100 * r['accuracy']:.1f} | {100 * r['empirical_privacy']:.1f} | "
+            bal = r.get("balanced_accuracy")
+            lines.append(f"| {r['attribute']} | {r['feature']} | {p} | {eta} | "
+                         f"{r['n_train']} | {100 * r['accuracy']:.1f} | "
+                         + (f"{100 * bal:.1f}" if bal is not None else "-") + " | "
+                         f"{100 * r['empirical_privacy']:.1f} | "
                          f"{100 * r['majority_rate']:.1f} | {r['n_test']} |")
         lines.append("")
     return "\n".join(lines)
@@ -502,6 +529,8 @@ def main() -> None:
     ap.add_argument("--cti-rules", default="uniform",
                     help="comma list of CTI rules run in Figure 2 (uniform = the paper's; "
                          "per-class = ours, a labelled non-paper variant)")
+    ap.add_argument("--aia-attributes", default="gender,age",
+                    help="TrustPilot attributes of the attribute attack")
     ap.add_argument("--levels", default=None,
                     help="comma list of target P for Figure 2 (default: the profile's)")
     ap.add_argument("--t3-seeds", type=int, default=None, help="Table 3 seeds (default: profile)")
@@ -626,7 +655,7 @@ def main() -> None:
     for table, task, p, seed, opts in plan:
         b.run(table, task, p, seed, **opts)
     if "aia" in parts:
-        b.aia(prof["levels"])
+        b.aia(prof["levels"], tuple(args.aia_attributes.split(",")))
     save()
     (out_dir / f"{args.name}.md").write_text(markdown(res) + "\n")
     plot(res, out_dir / f"{args.name}.png")
