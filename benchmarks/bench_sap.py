@@ -90,6 +90,9 @@ PROFILES = {
 }
 # Setting names per CTI rule (rapt.cti.CTI_RULES); "uniform" is the paper's SAP-CTI.
 CTI_SETTINGS = {"uniform": "SAP-CTI", "per-class": "SAP-CTI per-class k"}
+# The same check on SST-2's whole 6,920-row sentence train split (872 dev rows), 3 paired
+# seeds, the paper's rule only (per-class fills SST-2's budget with the same tokens, 113 vs 112).
+PROFILES["cpu-sst2"] = dict(PROFILES["cpu-fp"], tasks=("sst2",), seeds=3, baseline_seeds=0)
 TASKS = {"fp": ("financial_phrasebank", "train", "test"),
          "sst2": ("sst2-sentences", "train", "dev"),
          "trustpilot": ("trustpilot", "a", "b")}  # rating 1-5
@@ -487,12 +490,29 @@ def plot(res: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    s = [r for r in (res.get("summary") or summarize(res)) if r["table"] == "fig2"]
+    summary = res.get("summary") or summarize(res)
+    s = [r for r in summary if r["table"] == "fig2"]
+    t4 = [r for r in summary if r["table"] == "table4"]
     tasks = sorted({r["task"] for r in s})
-    if not tasks:
+    if not tasks and not t4:
         return
-    fig, axes = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 4), squeeze=False)
-    for ax, task in zip(axes[0], tasks, strict=True):
+    n_ax = len(tasks) + bool(t4)
+    fig, axes = plt.subplots(1, n_ax, figsize=(5.5 * n_ax, 4), squeeze=False)
+    if t4:  # Figure 4: EP and UA against the split position
+        ax = axes[0][-1]
+        for p in sorted({r["P_target"] for r in t4}, key=_p_key):
+            rows = sorted((r for r in t4 if r["P_target"] == p), key=lambda r: r["split"])
+            tag = "no privacy" if p is None else f"P {p}"
+            for metric, color in (("UA", "tab:blue"), ("EP", "tab:red")):
+                ax.errorbar([r["split"] for r in rows], [100 * r[metric] for r in rows],
+                            yerr=[100 * r[f"{metric}_sd"] for r in rows], color=color,
+                            linestyle=":" if p is None else "-", marker="o", capsize=3,
+                            label=f"{metric} {tag}")
+        ax.set_xlabel("split after n blocks (0 = embedding layer only)")
+        ax.set_ylabel("%")
+        ax.set_title("SST-2: split position (Table 4 / Figure 4)")
+        ax.legend(fontsize=7)
+    for ax, task in zip(axes[0], tasks, strict=False):
         for setting, style in (("SAP", "-"), ("SAP-CTI", "--"), (CTI_SETTINGS["per-class"], "-.")):
             rows = sorted((r for r in s if r["task"] == task and r["setting"] == setting
                            and r["eta"] is not None), key=lambda r: r["eta"])
@@ -507,8 +527,9 @@ def plot(res: dict, path: Path) -> None:
         none = [r for r in s if r["task"] == task and r["eta"] is None]
         if none:
             ax.axhline(100 * none[0]["UA"], color="gray", linestyle=":", label="UA no privacy")
-        ax.set_xlabel("η (P targets: " + ", ".join(
-            f"{r['P_target']}" for r in sorted(rows, key=lambda r: r["eta"])) + ")")
+        levels = sorted({(r["eta"], r["P_target"]) for r in s
+                         if r["task"] == task and r["eta"] is not None})
+        ax.set_xlabel("η (P targets: " + ", ".join(f"{p}" for _, p in levels) + ")")
         ax.set_ylabel("%")
         ax.set_title(f"{task}: UA and EP vs η (MiniLM, n = 0)")
         ax.legend(fontsize=7)
