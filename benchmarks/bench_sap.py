@@ -1,4 +1,5 @@
-"""SAP (Shen et al. 2023) on MiniLM: Figure 2, Table 3, Table 4 and the attribute attack.
+"""SAP (Shen et al. 2023) on MiniLM (``--backbone`` for another): Figure 2, Table 3, Table 4 and
+the attribute attack.
 
 * Figure 2: utility accuracy (UA) and empirical privacy (EP, nearest-neighbour inversion of
   the released embedding-layer outputs) against η, SAP vs SAP-CTI (CTI multiplier ∞, as in
@@ -113,10 +114,11 @@ def _run_key(r: dict) -> tuple:
 
 
 class Bench:
-    def __init__(self, prof: dict, res: dict, save, reuse: list[Path] = ()) -> None:
+    def __init__(self, prof: dict, res: dict, save, reuse: list[Path] = (),
+                 backbone: str = "minilm") -> None:
         self.prof, self.res, self.save = prof, res, save
         self.reuse = list(reuse)
-        self.bb = load_backbone("minilm")
+        self.bb = load_backbone(backbone)
         self.tok = self.bb.tokenizer
         self.special = self.bb.special_ids
         self.cand = candidate_ids_from_tokenizer(self.tok, self.bb.embeddings.shape[0])
@@ -140,6 +142,8 @@ class Bench:
             if old["profile"] != self.res["profile"]:
                 raise SystemExit(f"--reuse {path}: profile {old['profile']!r}, "
                                  f"not {self.res['profile']!r}")
+            if old.get("backbone", "minilm") != self.res.get("backbone", "minilm"):
+                raise SystemExit(f"--reuse {path}: another backbone")
             runs += [r for r in old["runs"] if "reused_from" not in r]
         return runs
 
@@ -293,7 +297,7 @@ class Bench:
             te = te.subset(min(prof["aia_test"], len(te)), seed=0)
             L = prof["max_length"]
             rte = encode_texts(self.tok, te.texts, L)
-            ceiling = "MiniLM last layer, no split, no privacy (control)"
+            ceiling = "whole model's last layer, no split, no privacy (control)"
             if any((attr, None, min(n, len(tr_all)), ceiling) not in done
                    for n in prof["aia_train"]):
                 x_te = hidden_features(self.bb, rte)
@@ -400,7 +404,7 @@ def _p_key(p):
 
 def markdown(res: dict) -> str:
     s = res.get("summary") or summarize(res)
-    lines = [f"# SAP on MiniLM — profile `{res['profile']}`", "",
+    lines = [f"# SAP on {res.get('backbone', 'minilm')} — profile `{res['profile']}`", "",
              f"Command: `{res['command']}`  ", f"Machine: {res['machine']}  ",
              f"Elapsed: {res.get('elapsed_s', 0) / 60:.1f} min", "",
              "Settings: " + json.dumps(res["settings"]), ""]
@@ -466,7 +470,7 @@ def markdown(res: dict) -> str:
                   "Attacker: 2-layer MLP (768, ReLU) on mean-pooled released vectors, trained "
                   "on N_l labelled rows of TrustPilot split a, tested on split b. Balanced "
                   "accuracy = mean per-class recall (50 % = blind on two classes). The control "
-                  "rows attack the whole MiniLM's last-layer states instead of a release.", "",
+                  "rows attack the whole model's last-layer states instead of a release.", "",
                   "| attribute | features | P | η | N_l | attack accuracy | balanced acc. | EP "
                   "| majority rate | test |",
                   "|---|---|---|---|---|---|---|---|---|---|"]
@@ -531,7 +535,7 @@ def plot(res: dict, path: Path) -> None:
                          if r["task"] == task and r["eta"] is not None})
         ax.set_xlabel("η (P targets: " + ", ".join(f"{p}" for _, p in levels) + ")")
         ax.set_ylabel("%")
-        ax.set_title(f"{task}: UA and EP vs η (MiniLM, n = 0)")
+        ax.set_title(f"{task}: UA and EP vs η ({res.get('backbone', 'minilm')}, n = 0)")
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -542,6 +546,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", choices=sorted(PROFILES), default="cpu")
     ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--backbone", default="minilm", help="backbone name or path (η is "
+                    "calibrated per backbone by P)")
     ap.add_argument("--name", default="sap", help="result file stem")
     ap.add_argument("--parts", default="fig2,table3,table4,aia")
     ap.add_argument("--seeds", type=int, default=None)
@@ -575,8 +581,8 @@ def main() -> None:
     if args.merge:
         parts_res = [json.loads((out_dir / f"{m}.json").read_text())
                      for m in args.merge.split(",")]
-        if len({r["profile"] for r in parts_res}) != 1:
-            raise SystemExit("--merge: the stems hold different profiles")
+        if len({(r["profile"], r.get("backbone", "minilm")) for r in parts_res}) != 1:
+            raise SystemExit("--merge: the stems hold different profiles or backbones")
         res = dict(parts_res[0])
         # The settings the runs were last made with (an --append may have narrowed them),
         # with the tasks of every part.
@@ -618,7 +624,7 @@ def main() -> None:
         prof["baseline_seeds"] = args.baseline_seeds
     parts = args.parts.split(",")
     command = " ".join([sys.executable, *sys.argv])
-    res: dict = {"command": command, "machine": _machine(),
+    res: dict = {"command": command, "machine": _machine(), "backbone": args.backbone,
                  "profile": args.profile, "settings": prof, "parts": parts, "eta_for_p": {},
                  "majority_rate": {}, "runs": [], "aia": []}
     path = out_dir / f"{args.name}.json"
@@ -626,6 +632,9 @@ def main() -> None:
         old = json.loads(path.read_text())
         if old["profile"] != args.profile:
             raise SystemExit(f"{path} holds profile {old['profile']!r}, not {args.profile!r}")
+        if old.get("backbone", "minilm") != args.backbone:
+            raise SystemExit(f"{path} holds backbone {old.get('backbone', 'minilm')!r}, not "
+                             f"{args.backbone!r}")
         old.setdefault("appended", []).append({"command": command, "machine": _machine(),
                                                "settings": prof})
         res = old
@@ -644,7 +653,8 @@ def main() -> None:
         path.write_text(json.dumps(res, indent=1) + "\n")
 
     b = Bench(prof, res, save,
-              [out_dir / f"{stem}.json" for stem in (args.reuse.split(",") if args.reuse else [])])
+              [out_dir / f"{stem}.json" for stem in (args.reuse.split(",") if args.reuse else [])],
+              backbone=args.backbone)
     # Seeds outermost within each part: an interrupted run has whole grids for seed 0.
     plan: list[tuple] = []  # (table, task, P, seed, options)
     if "fig2" in parts:
