@@ -237,7 +237,7 @@ class Bench:
                "P_measured": customer.measured_p if eta is not None else 0.0,
                "cti_tokens": len(customer.cti.token_ids) if customer.cti else 0,
                "cti_coverage": customer.cti.coverage if customer.cti else 0.0,
-               "cti_k": [len(r) for r in customer.cti.per_class] if customer.cti else [],
+               "cti_k": customer.cti.k_per_class if customer.cti else [],
                "steps": provider.step, "final_loss": statistics.fmean(h["loss"] for h in tail),
                "seconds": round(time.perf_counter() - t, 1)}
         self.res["runs"].append(run)
@@ -656,6 +656,11 @@ def main() -> None:
               [out_dir / f"{stem}.json" for stem in (args.reuse.split(",") if args.reuse else [])],
               backbone=args.backbone)
     # Seeds outermost within each part: an interrupted run has whole grids for seed 0.
+    cti_rules = args.cti_rules.split(",")
+    unknown = [r for r in cti_rules if r not in CTI_SETTINGS]
+    if unknown:
+        raise SystemExit(f"--cti-rules: unknown rule(s) {', '.join(unknown)} (choose from "
+                         f"{', '.join(CTI_SETTINGS)})")
     plan: list[tuple] = []  # (table, task, P, seed, options)
     if "fig2" in parts:
         for seed in range(args.seed_offset, args.seed_offset + prof["seeds"]):
@@ -664,10 +669,7 @@ def main() -> None:
                     plan.append(("fig2", task, None, seed, {}))
                 for p in prof["levels"]:
                     plan.append(("fig2", task, p, seed, {}))
-                    for rule in args.cti_rules.split(","):
-                        if rule not in CTI_SETTINGS:
-                            raise SystemExit(f"--cti-rules: unknown rule {rule!r} (choose "
-                                             f"from {', '.join(CTI_SETTINGS)})")
+                    for rule in cti_rules:
                         plan.append(("fig2", task, p, seed, {"cti": True, "cti_rule": rule}))
     if "table3" in parts:
         for seed in range(prof["t3_seeds"]):

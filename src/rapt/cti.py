@@ -157,6 +157,11 @@ class CTIResult:
     counts: torch.Tensor
     ranking: torch.Tensor
 
+    @property
+    def k_per_class(self) -> list[int]:
+        """How many tokens each class contributed (all ``k`` under the uniform rule)."""
+        return [len(r) for r in self.per_class]
+
     def eta_scale(self, ids: torch.Tensor, multiplier: float = DEFAULT_ETA_MULTIPLIER
                   ) -> torch.Tensor:
         """Per-token η multiplier for ``ids``; see :func:`eta_scale`."""

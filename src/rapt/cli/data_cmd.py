@@ -151,8 +151,7 @@ def cti(
                f"tokenizer '{backbone}'")
     how = ("fixed k" if k is not None else f"largest k with coverage <= {coverage:.2%}"
            if rule == "uniform" else f"per-class k filling coverage <= {coverage:.2%}")
-    ks = res.k if rule == "uniform" or k is not None else "/".join(
-        str(len(r)) for r in res.per_class)
+    ks = res.k if rule == "uniform" or k is not None else "/".join(map(str, res.k_per_class))
     typer.echo(f"k = {ks} ({how}): "
                f"{len(res.token_ids)} contributing tokens covering "
                f"{res.coverage:.3%} of token occurrences")

@@ -142,7 +142,7 @@ def sap_tune(
         fail(str(err))
     if cti:
         res = customer.fit_cti(rows, ds.labels)
-        ks = "/".join(str(len(r)) for r in res.per_class)
+        ks = "/".join(map(str, res.k_per_class))
         typer.echo(f"CTI: {len(res.token_ids)} contributing tokens ({cti_rule} rule, k = {ks} "
                    f"per class, {100 * res.coverage:.2f}% of token occurrences)")
     customer.load(rows, ds.labels)
