@@ -24,16 +24,36 @@ vocabulary (the paper-profile setting, for a GPU).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
+from typing import Protocol
 
 import torch
-from torch import Tensor
-
-from rapt.split.model import Bottom
+from torch import Tensor, nn
 
 __all__ = ["SplitInversionResult", "candidate_hits", "invert_by_optimization",
-           "invert_embedding_layer", "score_inversion"]
+           "invert_embedding_layer", "score_inversion", "WhiteBoxBottom"]
+
+
+class WhiteBoxBottom(Protocol):
+    """What the attack needs of the bottom model it copied (``rapt.split.model.Bottom`` is one).
+
+    A protocol, not an import of ``Bottom``: attacks sit below the method packages, so any model
+    with these members can be attacked without the attack depending on ``rapt.split``."""
+
+    style: str  # "bert" (positions enter the embedding layer) or "llama"
+
+    @property
+    def num_blocks(self) -> int: ...
+
+    @property
+    def word_embeddings(self) -> nn.Embedding: ...
+
+    def token_table(self, position: int, ids: Tensor | None = None) -> Tensor: ...
+
+    def from_word_embeddings(self, x: Tensor, mask: Tensor) -> Tensor: ...
+
+    def parameters(self) -> Iterator[nn.Parameter]: ...
 
 
 @dataclass
@@ -61,7 +81,7 @@ def score_inversion(recovered: Tensor, original: Tensor, mask: Tensor,
     return SplitInversionResult(acc, 1.0 - acc, n, recall)
 
 
-def _vocab(bottom: Bottom, candidate_ids: Tensor | None) -> Tensor:
+def _vocab(bottom: WhiteBoxBottom, candidate_ids: Tensor | None) -> Tensor:
     V = bottom.word_embeddings.weight.shape[0]
     # sorted: the HotFlip refresh looks kept ids up with searchsorted
     return torch.arange(V) if candidate_ids is None else \
@@ -69,7 +89,7 @@ def _vocab(bottom: Bottom, candidate_ids: Tensor | None) -> Tensor:
 
 
 @torch.no_grad()
-def invert_embedding_layer(bottom: Bottom, hidden: Tensor, mask: Tensor, *,
+def invert_embedding_layer(bottom: WhiteBoxBottom, hidden: Tensor, mask: Tensor, *,
                            candidate_ids: Tensor | None = None) -> Tensor:
     """Nearest vocabulary token for each released vector of an n = 0 bottom.
 
@@ -92,7 +112,7 @@ def invert_embedding_layer(bottom: Bottom, hidden: Tensor, mask: Tensor, *,
     return out
 
 
-def _initial_candidates(bottom: Bottom, target: Tensor, mask: Tensor, vocab: Tensor,
+def _initial_candidates(bottom: WhiteBoxBottom, target: Tensor, mask: Tensor, vocab: Tensor,
                         k: int) -> Tensor:
     """(B, L, k) vocabulary ids most cosine-similar to the observed vectors."""
     B, L, _ = target.shape
@@ -107,7 +127,7 @@ def _initial_candidates(bottom: Bottom, target: Tensor, mask: Tensor, vocab: Ten
     return cand
 
 
-def invert_by_optimization(bottom: Bottom, hidden: Tensor, mask: Tensor, *,
+def invert_by_optimization(bottom: WhiteBoxBottom, hidden: Tensor, mask: Tensor, *,
                            known: Tensor | None = None, candidate_ids: Tensor | None = None,
                            k: int | None = 64, steps: int = 150, lr: float = 0.1,
                            refresh: int = 2, batch_size: int = 32,
