@@ -415,8 +415,6 @@ def pate_experiment(scorer: LabelScorer, template: PromptTemplate, private: Sequ
         validate_inputs(len(private), n_teachers, shots, len(pub.inputs), scorer, template)
     if not test:
         raise PateInputError("the test set is empty")
-    y_test = np.array([y for _, y, _ in test])
-    test_inputs = [(t, p) for t, _, p in test]
     diag: dict = {"note": DIAGNOSTICS_NOTE, "epsilon": "infinite", "runs": {}}
     students: dict = {}
     if baselines:
@@ -444,35 +442,68 @@ def pate_experiment(scorer: LabelScorer, template: PromptTemplate, private: Sequ
         row = {"public": pub.name, **run.diagnostics()}
         if pub.labels is not None:
             y = np.array(pub.labels)
-            row["ensemble_acc_on_public"] = float(np.mean(run.counts.argmax(axis=1) == y))
-            rel = run.gnmax.labels >= 0
-            row["released_label_acc"] = float(np.mean(run.gnmax.labels[rel] == y[rel])) \
-                if rel.any() else None
-            row["consensus_correct"] = float(np.mean(
-                run.counts[np.arange(len(y)), y] / n_teachers))
+            row.update(_labelled_public_diagnostics(run, y, n_teachers))
             if baselines and "best_private" not in diag:
                 diag["ensemble_acc"] = row["ensemble_acc_on_public"]
-                teacher_acc = (votes == y[None, :]).mean(axis=1)
-                best = int(np.argmax(teacher_acc))
-                diag["mean_teacher_acc_on_public"] = float(teacher_acc.mean())
-                diag["best_private"] = {
-                    "teacher": best, "public_acc": float(teacher_acc[best]),
-                    "test_acc": accuracy(scorer, template, demos[best], test,
-                                         calibrated=calibrated)}
+                diag.update(_best_private(scorer, template, demos, votes, y, test,
+                                          calibrated=calibrated))
                 if progress:
                     progress(len(test) + int(calibrated))
-        if run.student is not None:
-            p = prompt_probs(scorer, template, run.student.demos, test_inputs,
-                             calibrated=calibrated)
-            row["student_test_acc"] = float(np.mean(p.argmax(axis=1) == y_test))
-            if progress:
-                progress(len(test) + int(calibrated))
-        else:
-            row["student_test_acc"] = None
+        row["student_test_acc"] = _student_test_acc(scorer, template, run, test,
+                                                    calibrated=calibrated, progress=progress)
         diag["runs"][pub.name] = row
+    private_release, diag["composed_order"] = _composed_release(
+        rdps, rdps_indep, gnmax, n_teachers=n_teachers, seeded=seeded, students=students)
+    return {"teachers": n_teachers, "shots": shots, "test_size": len(test), "seeded": seeded,
+            "private_release": private_release, "diagnostics_not_private": diag}
+
+
+def _labelled_public_diagnostics(run: PateRun, y: np.ndarray, n_teachers: int) -> dict:
+    """Non-private accuracies of one release against its public set's true labels ``y`` (n,)."""
+    rel = run.gnmax.labels >= 0
+    return {
+        "ensemble_acc_on_public": float(np.mean(run.counts.argmax(axis=1) == y)),
+        "released_label_acc": float(np.mean(run.gnmax.labels[rel] == y[rel]))
+        if rel.any() else None,
+        "consensus_correct": float(np.mean(run.counts[np.arange(len(y)), y] / n_teachers)),
+    }
+
+
+def _best_private(scorer: LabelScorer, template: PromptTemplate, demos: Sequence[Sequence[Demo]],
+                  votes: np.ndarray, y: np.ndarray, test: Sequence[Demo], *,
+                  calibrated: bool) -> dict:
+    """The ε=∞ baseline: the teacher prompt most accurate on the public labels ``y`` (n,) given
+    the teachers' ``votes`` (teachers, n), with its test accuracy."""
+    teacher_acc = (votes == y[None, :]).mean(axis=1)
+    best = int(np.argmax(teacher_acc))
+    return {
+        "mean_teacher_acc_on_public": float(teacher_acc.mean()),
+        "best_private": {
+            "teacher": best, "public_acc": float(teacher_acc[best]),
+            "test_acc": accuracy(scorer, template, demos[best], test, calibrated=calibrated)},
+    }
+
+
+def _student_test_acc(scorer: LabelScorer, template: PromptTemplate, run: PateRun,
+                      test: Sequence[Demo], *, calibrated: bool,
+                      progress: Progress | None) -> float | None:
+    """The student prompt's test accuracy; None when the run selected no student."""
+    if run.student is None:
+        return None
+    y_test = np.array([y for _, y, _ in test])
+    p = prompt_probs(scorer, template, run.student.demos, [(t, q) for t, _, q in test],
+                     calibrated=calibrated)
+    if progress:
+        progress(len(test) + int(calibrated))
+    return float(np.mean(p.argmax(axis=1) == y_test))
+
+
+def _composed_release(rdps: Sequence[np.ndarray], rdps_indep: Sequence[np.ndarray],
+                      gnmax: GNMaxConfig, *, n_teachers: int, seeded: bool,
+                      students: dict) -> tuple[dict, float]:
+    """(the ``private_release`` section, the Rényi order of its ε) for all releases composed."""
     eps, order = compose_epsilon(rdps, gnmax.orders, gnmax.delta)
     eps_indep, _ = compose_epsilon(rdps_indep, gnmax.orders, gnmax.delta)
-    diag["composed_order"] = order
     private_release = {
         "note": PRIVATE_RELEASE_NOTE,
         "releases_composed": len(rdps), "teachers": n_teachers,
@@ -484,5 +515,4 @@ def pate_experiment(scorer: LabelScorer, template: PromptTemplate, private: Sequ
     }
     if seeded:
         private_release["warning"] = SEEDED_WARNING
-    return {"teachers": n_teachers, "shots": shots, "test_size": len(test), "seeded": seeded,
-            "private_release": private_release, "diagnostics_not_private": diag}
+    return private_release, order

@@ -177,16 +177,6 @@ def privatize(
 
     Prints η, the measured replacement probability P, the nearest-neighbour inversion success
     and the throughput."""
-    from tqdm import tqdm
-
-    from rapt.privatization import (
-        Privatizer,
-        candidate_ids_from_tokenizer,
-        privacy_report,
-        privatize_texts_detailed,
-        tokenize_texts,
-    )
-
     check_eta_options(eta, target_p)
     if mode not in ("exact", "fast", "annoy"):
         _fail(f"--mode must be exact, fast or annoy, got {mode!r}")
@@ -201,17 +191,54 @@ def privatize(
     fmt_used = ds.report.get("format") or _resolve_format(input, format_opt)
 
     bb = load_backbone_or_fail(backbone)
+    eta = resolve_eta(bb, eta, target_p)[0] or DEFAULT_ETA
+    if target_p is not None:
+        typer.echo(f"calibrated eta = {eta:.3f} for target P = {target_p} on rapt's public text "
+                   "sample (P on this input is measured below)", err=True)
+    warn_if_seeded(seed)
+    priv, res, out_texts, out_pairs = _privatize_dataset(
+        bb, ds, eta, seed=seed, mode=mode, chunk_size=chunk_size, all_tokens=all_tokens)
+    # The loader's columns: it may have detected a sentence pair the flags did not name.
+    body = _rewrite(src, input, fmt_used, len(ds), out_texts, out_pairs,
+                    ds.report.get("text_column") or text_column,
+                    ds.report.get("text_pair_column") or text_pair_column)
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(body, encoding="utf-8")
+    except OSError as e:
+        _fail(f"{output}: cannot write: {e}")
+    report = _privatize_report(res, priv, target_p=target_p, src=src, output=output,
+                               fmt=fmt_used, examples=len(ds), eta=eta, mode=mode,
+                               backbone=backbone, seed=seed)
+    typer.echo(f"privatized {len(ds)} records, {report['tokens']} tokens -> {output}")
+    typer.echo(f"eta = {eta:g}  P (replaced tokens) = {res.p:.4f}  "
+               f"throughput = {report['tokens_per_s']:,.0f} tokens/s ({mode} search)")
+    echo_privacy(report["privacy"])
+    if json_report:
+        typer.echo(json.dumps(report))
+
+
+def _privatize_dataset(bb, ds, eta: float, *, seed: int | None, mode: str, chunk_size: int,
+                       all_tokens: bool):
+    """Privatize every text (and pair text) of ``ds`` at ``eta`` with a tqdm bar on stderr.
+
+    Returns (privatizer, detailed result, private texts, private pair texts — None where the
+    record has no pair)."""
+    from tqdm import tqdm
+
+    from rapt.privatization import (
+        Privatizer,
+        candidate_ids_from_tokenizer,
+        privatize_texts_detailed,
+        tokenize_texts,
+    )
+
     emb = bb.embeddings.detach()
     cand = None if all_tokens else candidate_ids_from_tokenizer(bb.tokenizer, emb.shape[0])
     texts = ds.texts
     pairs = ds.text_pairs
     has_pairs = any(p is not None for p in pairs)
     all_texts = texts + ([p or "" for p in pairs] if has_pairs else [])
-    eta = resolve_eta(bb, eta, target_p)[0] or DEFAULT_ETA
-    if target_p is not None:
-        typer.echo(f"calibrated eta = {eta:.3f} for target P = {target_p} on rapt's public text "
-                   "sample (P on this input is measured below)", err=True)
-    warn_if_seeded(seed)
     priv = Privatizer(emb, eta, special_ids=bb.special_ids, candidate_ids=cand, mode=mode,
                       chunk_size=chunk_size, seed=seed)
     n_tok = sum(len(r) for r in tokenize_texts(all_texts, bb.tokenizer))
@@ -222,19 +249,19 @@ def privatize(
         [t if p is not None else None for t, p in zip(res.texts[len(texts):], pairs,
                                                        strict=True)]
         if has_pairs else [None] * len(texts))
-    # The loader's columns: it may have detected a sentence pair the flags did not name.
-    body = _rewrite(src, input, fmt_used, len(ds), out_texts, out_pairs,
-                    ds.report.get("text_column") or text_column,
-                    ds.report.get("text_pair_column") or text_pair_column)
-    try:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(body, encoding="utf-8")
-    except OSError as e:
-        _fail(f"{output}: cannot write: {e}")
+    return priv, res, out_texts, out_pairs
+
+
+def _privatize_report(res, priv, *, target_p: float | None, src: Path, output: Path, fmt: str,
+                      examples: int, eta: float, mode: str, backbone: str,
+                      seed: int | None) -> dict:
+    """The run's report (``--json-report``), with the measured privacy under "privacy"."""
+    from rapt.privatization import privacy_report
+
     st = res.stats
     privacy = privacy_report(res.original_ids, res.private_ids, priv, target_p=target_p)
-    report = {"input": str(src), "output": str(output), "format": fmt_used,
-              "examples": len(ds), "tokens": int(st.get("tokens", 0)), "eta": eta,
+    report = {"input": str(src), "output": str(output), "format": fmt,
+              "examples": examples, "tokens": int(st.get("tokens", 0)), "eta": eta,
               "p": res.p, "inversion_success": privacy["inversion_success"], "mode": mode,
               "backbone": backbone, "seed": seed,
               "seeded": seed is not None, "calibrated_on": "public sample" if target_p else None,
@@ -242,12 +269,7 @@ def privatize(
               "privacy": privacy}
     if mode == "fast":
         report["fast_search"] = dict(priv.index.stats)
-    typer.echo(f"privatized {len(ds)} records, {report['tokens']} tokens -> {output}")
-    typer.echo(f"eta = {eta:g}  P (replaced tokens) = {res.p:.4f}  "
-               f"throughput = {report['tokens_per_s']:,.0f} tokens/s ({mode} search)")
-    echo_privacy(privacy)
-    if json_report:
-        typer.echo(json.dumps(report))
+    return report
 
 
 @attack_app.command("invert")

@@ -107,18 +107,7 @@ def sap_tune(
 ) -> None:
     """Train a split model: the customer privatizes and runs the bottom, the provider tunes the
     top, the labels never leave the customer."""
-    from safetensors.torch import save_file
-    from tqdm import tqdm
-
-    from rapt.split import encode_texts, setup_split, train_split
-
-    ds = _data(data, split, limit, text_column, label_column)
-    if len(ds) == 0:
-        fail(f"{data}: no examples to train on")
-    if ds.report.get("label_source") is None:
-        fail(f"{data}: the examples have no labels (give --label-column)")
-    if ds.num_labels < 2:
-        fail(f"{data}: found {ds.num_labels} label value(s) {ds.label_names}; need at least 2")
+    ds = _labelled_data(data, split, limit, text_column, label_column)
     bb = load_backbone_or_fail(backbone)
     e = _eta(bb, eta, target_p)
     cfg = _config(split_layer=split_layer, eta=e, cti=cti, cti_multiplier=cti_multiplier,
@@ -132,47 +121,16 @@ def sap_tune(
         typer.echo("warning: no --eta/--target-p: the bottom's release is not privatized", err=True)
     warn_if_seeded(noise_seed)
     client = _client(url, key, bb, remote_backbone or backbone) if url else None
-    try:
-        rows = encode_texts(bb.tokenizer, ds.texts, max_length)
-        if client is None:
-            customer, provider = setup_split(bb, cfg, ds.num_labels, len(rows))
-        else:
-            customer = _remote(lambda: client.sap_customer(cfg, ds.num_labels))
-    except ValueError as err:
-        fail(str(err))
-    if cti:
-        res = customer.fit_cti(rows, ds.labels)
-        ks = "/".join(map(str, res.k_per_class))
-        typer.echo(f"CTI: {len(res.token_ids)} contributing tokens ({cti_rule} rule, k = {ks} "
-                   f"per class, {100 * res.coverage:.2f}% of token occurrences)")
-    customer.load(rows, ds.labels)
-    if client is not None:
-        sid = _remote(lambda: client.sap_session(cfg, len(rows)))
-        typer.echo(f"session {sid} on {url}", err=True)
-        provider = _remote(lambda: client.sap_provider(sid, customer))
-        if not cfg.unfreeze_bottom:
-            _remote(provider.upload_release)
-    bar = tqdm(total=provider.total_steps, desc="sap tune", unit="step", file=sys.stderr)
-
-    def progress(r: dict) -> None:
-        bar.set_postfix(loss=f"{r['loss']:.3f}")
-        bar.update(1)
-
-    hist = _remote(lambda: train_split(customer, provider, progress=progress))
-    bar.close()
+    rows, customer, provider, sid = _start_parties(bb, cfg, ds, client, url)
+    hist = _train(customer, provider)
     privacy = customer.privacy_report(rows, target_p=target_p)
     if privacy is not None:
         echo_privacy(privacy)
     out.mkdir(parents=True, exist_ok=True)
-    if client is None:
-        save_file(provider.trainable_state(), str(out / "provider.safetensors"))
-    cstate = customer.state_dict()
-    tensors = {f"head.{k}": v for k, v in cstate["head"].items()}
-    tensors.update({f"bottom.{k}": v for k, v in cstate.get("bottom", {}).items()})
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "customer.safetensors"))
+    cti_tokens = _save_tensors(out, customer, provider if client is None else None)
     doc = {"format": FORMAT, "version": VERSION, "config": cfg.to_dict(), "backbone": backbone,
            "label_names": ds.label_names, "num_labels": ds.num_labels, "dataset": str(data),
-           "cti_tokens": cstate["cti_tokens"], "measured_p": customer.measured_p,
+           "cti_tokens": cti_tokens, "measured_p": customer.measured_p,
            "privacy": privacy,
            "seeded": noise_seed is not None, "steps": provider.step,
            "final_loss": hist[-1]["loss"] if hist else None}
@@ -181,6 +139,81 @@ def sap_tune(
     (out / "sap.json").write_text(json.dumps(doc, indent=2) + "\n")
     typer.echo(f"saved SAP model (split after {split_layer} blocks, {method}) to {out}"
                + (f"; measured P = {customer.measured_p:.3f}" if e is not None else ""))
+
+
+def _labelled_data(data: str, split: str, limit: int | None, text_column: str | None,
+                   label_column: str | None):
+    """The training set, refused (exit 2) when empty, unlabelled or single-class."""
+    ds = _data(data, split, limit, text_column, label_column)
+    if len(ds) == 0:
+        fail(f"{data}: no examples to train on")
+    if ds.report.get("label_source") is None:
+        fail(f"{data}: the examples have no labels (give --label-column)")
+    if ds.num_labels < 2:
+        fail(f"{data}: found {ds.num_labels} label value(s) {ds.label_names}; need at least 2")
+    return ds
+
+
+def _start_parties(bb, cfg, ds, client, url: str | None):
+    """(encoded rows, customer, provider, remote session id or None), ready to train: the
+    customer has run CTI (when asked) and holds the rows and labels; a remote provider has its
+    session and, with a frozen bottom, the customer's release."""
+    from rapt.split import encode_texts, setup_split
+
+    try:
+        rows = encode_texts(bb.tokenizer, ds.texts, cfg.max_length)
+        if client is None:
+            customer, provider = setup_split(bb, cfg, ds.num_labels, len(rows))
+        else:
+            customer = _remote(lambda: client.sap_customer(cfg, ds.num_labels))
+    except ValueError as err:
+        fail(str(err))
+    if cfg.cti:
+        res = customer.fit_cti(rows, ds.labels)
+        ks = "/".join(map(str, res.k_per_class))
+        typer.echo(f"CTI: {len(res.token_ids)} contributing tokens ({cfg.cti_rule} rule, "
+                   f"k = {ks} per class, {100 * res.coverage:.2f}% of token occurrences)")
+    customer.load(rows, ds.labels)
+    sid = None
+    if client is not None:
+        sid = _remote(lambda: client.sap_session(cfg, len(rows)))
+        typer.echo(f"session {sid} on {url}", err=True)
+        provider = _remote(lambda: client.sap_provider(sid, customer))
+        if not cfg.unfreeze_bottom:
+            _remote(provider.upload_release)
+    return rows, customer, provider, sid
+
+
+def _train(customer, provider) -> list[dict]:
+    """Run the split training with a progress bar on stderr; returns the per-step history."""
+    from tqdm import tqdm
+
+    from rapt.split import train_split
+
+    bar = tqdm(total=provider.total_steps, desc="sap tune", unit="step", file=sys.stderr)
+
+    def progress(r: dict) -> None:
+        bar.set_postfix(loss=f"{r['loss']:.3f}")
+        bar.update(1)
+
+    hist = _remote(lambda: train_split(customer, provider, progress=progress))
+    bar.close()
+    return hist
+
+
+def _save_tensors(out: Path, customer, provider) -> list[int] | None:
+    """Write ``provider.safetensors`` (only for an in-process ``provider``; None: the top stays
+    on the service) and ``customer.safetensors`` into ``out``; returns the customer's
+    contributing tokens for ``sap.json``."""
+    from safetensors.torch import save_file
+
+    if provider is not None:
+        save_file(provider.trainable_state(), str(out / "provider.safetensors"))
+    cstate = customer.state_dict()
+    tensors = {f"head.{k}": v for k, v in cstate["head"].items()}
+    tensors.update({f"bottom.{k}": v for k, v in cstate.get("bottom", {}).items()})
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "customer.safetensors"))
+    return cstate["cti_tokens"]
 
 
 def _client(url: str, key: str | None, bb, remote_backbone: str):
