@@ -295,10 +295,14 @@ def test_epsilon_tracks_steps_and_target(setup):
 
 def test_logical_batches_follow_planned_steps_and_state(setup):
     """A checkpoint carries the step count only: no generator state (which would reveal the
-    noise already drawn), so a resumed engine continues the schedule with fresh randomness.
+    noise already drawn). A seeded engine derives step t's batch from (seed, t), so the resumed
+    engine draws exactly the uninterrupted run's batches for the remaining steps and never
+    replays the first ones (issue 29 item 8: resuming used to restart the seeded stream and
+    replay steps 1..k).
 
-    Mutation caught: checkpointing and restoring the noise stream (resumed batches would then
-    equal the uninterrupted run's), or dropping the step count (10 batches, not 9)."""
+    Mutations caught: checkpointing a generator state (the key set), dropping the step count
+    (10 batches, not 9), restarting the seeded stream on resume (resumed[0] == the step-1
+    batch)."""
     model, _ = setup
     cfg = DPConfig(noise_multiplier=1.0, sample_rate=0.5)
     dp = DPSGD(model, cfg, n_examples=200, steps=10, seed=5)
@@ -313,8 +317,52 @@ def test_logical_batches_follow_planned_steps_and_state(setup):
     dp3.load_state_dict(state)
     resumed = [b.tolist() for b in dp3.logical_batches()]
     assert len(resumed) == 9 and dp3.epsilon() == dp2.epsilon()
-    # Seeded from scratch, dp3 replays dp2's stream from its start, not from where dp2 was.
-    assert resumed != rest
+    uninterrupted = [b.tolist() for b in DPSGD(model, cfg, n_examples=200, steps=10,
+                                               seed=5).logical_batches()]
+    assert resumed == rest == uninterrupted[1:]
+    assert resumed[0] != uninterrupted[0]  # step 2's batch, not step 1's again
+
+
+def _noise_steps(dp: DPSGD, n: int) -> list[torch.Tensor]:
+    """The noise of ``n`` finalize() calls with no gradient: p.grad is then noise / (q·N)."""
+    out = []
+    for _ in range(n):
+        dp.finalize()
+        out.append(torch.cat([p.grad.detach().flatten().clone() for p in dp.params]))
+    return out
+
+
+def test_seeded_resume_never_replays_noise_and_repeats(setup):
+    """Issue 29 item 8: a seeded engine resumed at step k = 3 must not add the noise of steps
+    1..3 again, and resuming twice from the same checkpoint gives the same noise (a seeded run
+    stays repeatable; here it even equals the uninterrupted run's steps 4..6).
+
+    Mutation caught (the old code): one seeded stream per engine, restarted on resume, so the
+    resumed step 4 added step 1's noise exactly."""
+    model, _ = setup
+    cfg = DPConfig(noise_multiplier=1.0, sample_rate=0.5)
+    full = _noise_steps(DPSGD(model, cfg, n_examples=20, steps=6, seed=11), 6)
+    first = DPSGD(model, cfg, n_examples=20, steps=6, seed=11)
+    before = _noise_steps(first, 3)
+    state = first.state_dict()
+    resumed = []
+    for _ in range(2):
+        dp = DPSGD(model, cfg, n_examples=20, steps=6, seed=11)
+        dp.load_state_dict(state)
+        assert dp.steps == 3
+        resumed.append(_noise_steps(dp, 3))
+    for a, b in zip(before, full[:3], strict=True):
+        assert torch.equal(a, b)
+    for r in resumed[0]:
+        assert all(not torch.allclose(r, b) for b in before)
+    for a, b, c in zip(resumed[0], resumed[1], full[3:], strict=True):
+        assert torch.equal(a, b) and torch.equal(a, c)
+    # and the sampled batches are not replayed either
+    dp = DPSGD(model, cfg, n_examples=20, steps=6, seed=11)
+    dp.load_state_dict(state)
+    scratch = [b.tolist() for b in DPSGD(model, cfg, n_examples=20, steps=6,
+                                         seed=11).logical_batches()]
+    assert [b.tolist() for b in dp.logical_batches()] == scratch[3:]
 
 
 def test_unseeded_noise_differs_between_engines(setup):

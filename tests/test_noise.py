@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 import torch
 from scipy import stats
+from scipy.special import gammaincinv
 
-from rapt.noise import NoiseSource
+from rapt import noise
+from rapt.noise import NoiseSource, bits_to_uniform
 
 
 @pytest.mark.parametrize("seed", [None, 7])
@@ -56,3 +58,87 @@ def test_seeded_draws_repeat_and_are_marked():
     # odd sizes use half a Box–Muller pair
     assert NoiseSource(1).normal((1,)).shape == (1,)
     assert np.isfinite(NoiseSource(1).gamma(1.0, 3).numpy()).all()
+
+
+def test_uniform_grid_is_open_and_exact():
+    """Issue 29 item 8: the largest integer maps strictly below 1 and the smallest above 0, so
+    the Gamma inverse CDF never sees u = 1 (it returned ∞ there). Mutation caught: 53-bit
+    integers (k + 0.5 rounds up to 2**53 for the top k, u = 1.0)."""
+    top = torch.tensor([2 ** noise.BITS - 1])
+    assert bits_to_uniform(top).item() == noise.U_MAX == 1.0 - 2.0 ** -53 < 1.0
+    assert bits_to_uniform(torch.tensor([0])).item() == noise.U_MIN == 2.0 ** -53 > 0.0
+    # the bit trick equals the textbook (k + ½)·2^-52, bit for bit
+    k = torch.randint(0, 2 ** noise.BITS, (10000,), generator=torch.Generator().manual_seed(0))
+    k = torch.cat([k, torch.tensor([0, 1, 2 ** 51, 2 ** 52 - 2, 2 ** 52 - 1])])
+    assert torch.equal(bits_to_uniform(k), (k.to(torch.float64) + 0.5) * 2.0 ** -noise.BITS)
+    assert np.isfinite(gammaincinv(384.0, noise.U_MAX)) and gammaincinv(1.0, noise.U_MIN) > 0
+
+
+@pytest.mark.parametrize("seed", [None, 7])
+def test_extreme_bits_give_finite_draws(seed, monkeypatch):
+    """Every integer the sources can return stays in [0, 2**52), and the extreme ones give
+    finite gamma, normal and bernoulli draws."""
+    src = NoiseSource(seed)
+    k = src._bits(200000)
+    assert k.dtype == torch.int64 and 0 <= int(k.min()) and int(k.max()) < 2 ** noise.BITS
+    assert int(k.max()) >= 2 ** (noise.BITS - 1)  # the top bit is used
+    for fill in (0, 2 ** noise.BITS - 1):
+        monkeypatch.setattr(src, "_bits", lambda n, fill=fill: torch.full((n,), fill))
+        assert torch.isfinite(src.gamma(384.0, 4)).all() and torch.isfinite(src.gamma(1.0, 4)).all()
+        assert torch.isfinite(src.normal((4,))).all()
+        assert src.bernoulli(1.0, 4).all() and not src.bernoulli(0.0, 4).any()
+
+
+def test_os_bits_are_a_fresh_chacha20_keystream(monkeypatch):
+    """The OS path reads a ChaCha20 keystream keyed by 32 bytes of os.urandom drawn inside the
+    call: with the key forced to zeros it is RFC 8439's keystream (block 0, nonce 0, section
+    2.3.2's all-zero test vector ``76b8e0ad a0f13d90 …``), and each call reads a new key."""
+    calls = []
+
+    def zeros(n: int) -> bytes:
+        calls.append(n)
+        return bytes(n)
+
+    monkeypatch.setattr(noise.os, "urandom", zeros)
+    words = noise._os_bits(2)
+    expect = np.frombuffer(bytes.fromhex("76b8e0ada0f13d90405d6ae55386bd28"), dtype="<u8") >> 12
+    np.testing.assert_array_equal(words, expect.astype(np.int64))
+    noise._os_bits(3)
+    assert calls == [32, 32]  # a fresh key per call, nothing kept between calls
+    monkeypatch.undo()
+    assert not np.array_equal(noise._os_bits(4), noise._os_bits(4))
+
+
+@pytest.mark.parametrize("seed", [None, 3])
+def test_secure_normal_sums_four_draws_and_keeps_the_law(seed, monkeypatch):
+    """The default (secure) normal is (z1+z2+z3+z4)/2 of Box–Muller draws (opacus secure_mode):
+    it reads 4x the bits, still passes a KS test against N(0, std²) with power against a 10 %
+    wrong scale, and ``secure=False`` is one draw per value. Mutations caught: secure ignored
+    (bit count), sum divided by 4 instead of 2 (scale)."""
+    src = NoiseSource(seed)
+    z = src.normal((40000,), std=3.0).numpy()
+    assert stats.kstest(z, "norm", args=(0, 3.0)).pvalue > 1e-3
+    assert stats.kstest(z, "norm", args=(0, 3.3)).pvalue < 1e-3
+    zs = src.normal((40000,), std=3.0, secure=False).numpy()
+    assert stats.kstest(zs, "norm", args=(0, 3.0)).pvalue > 1e-3
+    seen = []
+    real = src._bits
+    monkeypatch.setattr(src, "_bits", lambda n: seen.append(n) or real(n))
+    src.normal((5, 2))
+    src.normal((5, 2), secure=False)
+    assert seen == [4 * 10, 10]
+
+
+def test_derived_streams_are_repeatable_and_distinct():
+    """derive(): a seeded sub-stream depends only on (seed, labels), not on earlier draws; an
+    unseeded source derives itself (fresh draws anyway)."""
+    a, b = NoiseSource(5), NoiseSource(5)
+    a.normal((100,))  # draws on the parent do not move a derived stream
+    x = a.derive("noise", 3).normal((8,))
+    assert torch.equal(x, b.derive("noise", 3).normal((8,)))
+    assert not torch.equal(x, b.derive("noise", 4).normal((8,)))
+    assert not torch.equal(x, b.derive("batch", 3).normal((8,)))
+    assert not torch.equal(x, NoiseSource(6).derive("noise", 3).normal((8,)))
+    assert a.derive("noise", 3).seeded
+    u = NoiseSource()
+    assert u.derive("noise", 3) is u

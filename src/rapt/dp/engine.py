@@ -25,7 +25,7 @@ from torch import nn
 from rapt.dp.accounting import epsilon as _epsilon
 from rapt.dp.accounting import find_noise_multiplier
 from rapt.dp.config import DPConfig, check_n_examples
-from rapt.dp.sampling import micro_batches, poisson_batches
+from rapt.dp.sampling import micro_batches, poisson_batch, poisson_batches
 from rapt.noise import NoiseSource
 
 _NORM_EPS = 1e-6  # same guard as opacus: clip factor C / (‖g‖ + 1e-6) keeps ‖clipped‖ < C
@@ -123,10 +123,18 @@ class DPSGD:
         """Poisson(q) index batches (LongTensor, may be empty) for the remaining planned steps.
 
         The sampling is part of the mechanism (amplification by subsampling assumes the batch
-        is secret), so it draws from the engine's noise source unless one is passed."""
-        n = self.planned_steps - self.steps if steps is None else int(steps)
-        return poisson_batches(self.n_examples, self.sample_rate, max(0, n),
-                               noise if noise is not None else self.noise)
+        is secret), so it draws from the engine's noise source unless one is passed. A seeded
+        engine draws step t's batch from the sub-stream ("batch", t): a run resumed at step k
+        gets the batches an uninterrupted run would have drawn for steps k+1.., never a replay
+        of steps 1..k."""
+        n = max(0, self.planned_steps - self.steps if steps is None else int(steps))
+        if noise is not None:
+            return poisson_batches(self.n_examples, self.sample_rate, n, noise)
+        return self._step_batches(self.steps, n)
+
+    def _step_batches(self, first: int, n: int) -> Iterator[torch.Tensor]:
+        for t in range(first, first + n):
+            yield poisson_batch(self.n_examples, self.sample_rate, self.noise.derive("batch", t))
 
     def micro_batches(self, indices: torch.Tensor) -> list[torch.Tensor]:
         """Split a logical batch into physical micro-batches (empty list for an empty batch)."""
@@ -250,12 +258,16 @@ class DPSGD:
                 f"over {self.planned_steps} steps; plan more steps before training"
             )
         std = self.noise_multiplier * self.max_grad_norm
+        # Seeded: step t's noise is the sub-stream ("noise", t), so resuming at step k neither
+        # replays steps 1..k nor depends on how many draws happened before (see NoiseSource).
+        noise = self.noise.derive("noise", self.steps)
         for p in self.params:
             s = self._sums.pop(id(p), None)
             g = torch.zeros_like(p) if s is None else s
             if std > 0:
-                g = g + self.noise.normal(tuple(p.shape), std=std, device=p.device,
-                                          dtype=p.dtype)
+                # secure: opacus's sum-of-draws defence against floating-point attacks
+                g = g + noise.normal(tuple(p.shape), std=std, device=p.device, dtype=p.dtype,
+                                     secure=True)
             # Dividing by the expected (not the realized) batch size keeps the batch size
             # itself out of the released gradient, as the Poisson analysis assumes.
             p.grad = g / self.expected_batch_size
@@ -295,7 +307,9 @@ class DPSGD:
     # ---------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict:
         """Step count only: a generator state would reveal the noise already added, so a
-        resumed run draws fresh sampling and noise (the accountant needs only the steps)."""
+        resumed run draws fresh sampling and noise (the accountant needs only the steps). A
+        seeded engine needs no generator state either: its step-t draws are derived from
+        (seed, t), so loading the step count is what moves it past the steps already taken."""
         return {"steps": self.steps, "examples_seen": self.examples_seen,
                 "noise_multiplier": self.noise_multiplier}
 
