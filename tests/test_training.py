@@ -53,7 +53,7 @@ CASES: dict[str, tuple[str, dict, bool]] = {
 }
 
 
-def run_case(tok, name: str):
+def run_case(tok, name: str, resume: dict | None = None, **override):
     """-> (TunedPrompt, checkpoints) of pin case ``name`` (fresh tiny backbone each time)."""
     kind, kw, with_plain = CASES[name]
     bb = make_bert(tok) if kind == "bert" else make_llama(tok)
@@ -64,10 +64,11 @@ def run_case(tok, name: str):
     if kw.get("dp") == "dp":
         kw["dp"] = _dp()
     kw = {"num_virtual_tokens": 3, "lr": 3e-2, "epochs": 2, "batch_size": 4, "seed": 2,
-          "checkpoint_every": 3, **kw}
+          "checkpoint_every": 3, **kw, **override}
     cfg = TuneConfig(**kw)
     states: list[dict] = []
-    out = tune(bb, rows, labels, 2, cfg, plain_ids=plain, checkpoint=states.append)
+    out = tune(bb, rows, labels, 2, cfg, plain_ids=plain, checkpoint=states.append,
+               resume=resume)
     return out, states
 
 
@@ -102,6 +103,76 @@ def test_tune_outputs_are_pinned(tok, name):
         for k in w:
             if k not in skip:
                 assert g[k] == pytest.approx(w[k], rel=1e-5, abs=1e-6), (k, g, w)
+
+
+def _roundtrip(state: dict, tmp_path: Path) -> dict:
+    """Through the file, as the service worker stores and reads it."""
+    torch.save(state, tmp_path / "ck.pt")
+    return torch.load(tmp_path / "ck.pt", weights_only=True)
+
+
+@pytest.mark.parametrize("name", ["prefix-rec", "lora", "prompt-llama-rec"])
+def test_resume_mid_epoch_is_exact(tok, name, tmp_path):
+    """A run resumed from a mid-epoch checkpoint (step 2 of 3 in epoch 0) ends bit-equal to the
+    uninterrupted one, history included. Mutations caught: not restoring the RNG, resuming at
+    the epoch start (skip ignored), the optimizer state not loaded."""
+    full, states = run_case(tok, name, checkpoint_every=2)
+    assert [s["step"] for s in states] == [2, 4, 6] and states[0]["kind"] == "tune"
+    resumed, _ = run_case(tok, name, resume=_roundtrip(states[0], tmp_path), checkpoint_every=2)
+    for k, v in full.tensors.items():
+        assert torch.equal(resumed.tensors[k], v), k
+    assert resumed.train_log == full.train_log
+
+
+def test_format1_checkpoint_still_resumes(tok):
+    """Checkpoints written by the trainer before TrainState (flat dict, recorded in
+    ``tests/data/tune_checkpoint_v1.pt`` at step 3) resume: exactly without DP, and under DP
+    with the engine's step count (ε over all 6 steps, not the 3 resumed)."""
+    old = torch.load(PIN.parent / "tune_checkpoint_v1.pt", weights_only=True)
+    assert "kind" not in old["prefix-rec"] and old["prefix-rec"]["step"] == 3
+    full, _ = run_case(tok, "prefix-rec")
+    resumed, _ = run_case(tok, "prefix-rec", resume=old["prefix-rec"])
+    for k, v in full.tensors.items():
+        assert torch.equal(resumed.tensors[k], v), k
+    full_dp, _ = run_case(tok, "prefix-dp-rec")
+    dp, _ = run_case(tok, "prefix-dp-rec", resume=old["prefix-dp-rec"])
+    assert dp.meta["dp"]["steps"] == dp.meta["steps"] == 6
+    assert dp.meta["dp"]["epsilon"] == full_dp.meta["dp"]["epsilon"]
+
+
+def test_checkpoint_of_another_run_is_refused(tok):
+    """TrainState.load_state_dict refuses another kind, method, N or DP setting, a model whose
+    trainable tensors differ, and a newer format; each error names what differs."""
+    _, states = run_case(tok, "prefix")
+    good = states[0]
+    bad = [({**good, "kind": "split-top"}, "kind 'split-top'"),
+           ({**good, "n_examples": 99}, "n_examples 99"),
+           ({**good, "format": 99}, "newer"),
+           ({"step": 3}, "not a rapt training checkpoint")]
+    model = dict(good["components"]["model"])
+    model.pop("tuner.prefix")
+    bad.append(({**good, "components": {**good["components"], "model": model}},
+                r"missing \['tuner.prefix'\]"))
+    for state, match in bad:
+        with pytest.raises(ValueError, match=match):
+            run_case(tok, "prefix", resume=state)
+    with pytest.raises(ValueError, match="method 'prefix'"):
+        run_case(tok, "prompt", resume=good)
+    with pytest.raises(ValueError, match="another DP setting"):
+        run_case(tok, "prompt-dp", resume=run_case(tok, "prompt")[1][0])
+
+
+def test_dp_stats_cover_the_whole_logical_batch(tok):
+    """Under DP, task_loss / rec_loss average every micro-batch of the logical batch, so the
+    reported loss is their weighted sum (the trainer before issue 30 reported the last
+    micro-batch only, which fails this)."""
+    out, _ = run_case(tok, "prefix-dp-rec", rec_weight=0.5)
+    checked = 0
+    for h in out.train_log:
+        if "task_loss" in h:  # an empty Poisson batch has no stats
+            assert h["loss"] == pytest.approx(h["task_loss"] + 0.5 * h["rec_loss"], rel=1e-5)
+            checked += 1
+    assert checked >= 3
 
 
 def _write() -> None:  # pragma: no cover - run by hand, see the module docstring

@@ -11,8 +11,6 @@ clipping through the broadcast protocol).
 
 from __future__ import annotations
 
-import copy
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -40,7 +38,20 @@ from rapt.reconstruction import (
     privatize_rows,
     public_rec_vocabulary,
     rec_vocabulary,
-    reconstruction_loss,
+)
+from rapt.training import (
+    DPStep,
+    GradientStep,
+    MeanStep,
+    ModelOutput,
+    Reconstruction,
+    SummedLoss,
+    TaskCE,
+    TrainableTensors,
+    TrainState,
+    run_loop,
+    upgrade_checkpoint,
+    warmup_linear,
 )
 from rapt.tuners import Tuner, build_tuner
 
@@ -336,160 +347,99 @@ def tune(
 
 def _tune(backbone, input_ids, labels, num_labels, config: TuneConfig, seqs, plain_index, m,
           off, dev, progress, should_stop, checkpoint, resume) -> TunedPrompt:
-    N = len(input_ids)
-    special = set(backbone.special_ids)
-    rec_vocab = None
-    if config.reconstruction and config.freeze_prompt:
-        pass  # L_rec acts only through the prompt: with the prompt frozen there is no rec head
-    elif config.reconstruction and config.dp is not None:
-        rec_vocab = public_rec_vocabulary(backbone.tokenizer, seqs, config.rec_vocab_size)
-    elif config.reconstruction:
-        rec_vocab = rec_vocabulary(input_ids, seqs, config.rec_vocab_size, special)
-    if resume is not None and resume.get("rec_vocab") is not None:
-        rec_vocab = list(resume["rec_vocab"])
+    """build -> :func:`rapt.training.run_loop` -> :func:`_result`."""
+    saved = upgrade_checkpoint(resume) if resume is not None else None
+    rec_vocab = _rec_vocab(backbone, input_ids, config, seqs, saved)
     model = RaptModel(backbone, config, num_labels, rec_vocab, m, off).to(dev)
-    rec_targets = None
-    if rec_vocab is not None:
-        index = {t: j for j, t in enumerate(rec_vocab)}
-        rec_targets = torch.tensor([[index[t] for t in s] for s in seqs], dtype=torch.long)
-    labels_t = torch.as_tensor(labels, dtype=torch.long)
-    pidx = torch.as_tensor(plain_index if plain_index is not None else [0] * N, dtype=torch.long)
-    pad = backbone.tokenizer.pad_token_id
-
+    state = TrainState("tune", config.method, len(input_ids), {}, meta={"rec_vocab": rec_vocab})
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:  # freeze_prompt with a frozen head: nothing trains, the prompt stays at init
-        return _result(backbone, config, model, num_labels, seqs, m, off, rec_vocab, N, 0, 0,
-                       False, 0.0, None, [])
+        return _result(backbone, config, model, num_labels, seqs, m, off, state, None, 0, 0.0)
+    loss_fn = _loss_fn(model, backbone, input_ids, labels, config, seqs, rec_vocab, plain_index,
+                       dev)
     opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
-
-    engine = None
-    if config.dp is not None:
-        try:
-            from rapt.dp import DPSGD
-            from rapt.dp.accounting import steps_for_epochs
-        except ImportError as e:  # pragma: no cover - the DP module ships with rapt
-            raise RuntimeError(f"config.dp is set but rapt.dp is unavailable ({e})") from e
-        q = config.dp.resolve_sample_rate(N, config.batch_size)
-        total = steps_for_epochs(config.epochs, q)
-        model.tuner.track_per_example = True
-        engine = DPSGD(model, config.dp, N, total, batch_size=config.batch_size,
-                       seed=config.dp.noise_seed)
-        steps_per_epoch = max(1, math.ceil(total / config.epochs))
-    else:
-        steps_per_epoch = math.ceil(N / config.batch_size)
-        total = steps_per_epoch * config.epochs
-    warm = int(config.warmup_ratio * total)
-
-    def lr_at(step: int) -> float:
-        if step < warm:
-            return (step + 1) / (warm + 1)
-        return max(0.0, (total - step) / max(1, total - warm))
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
-    step, history = 0, []
-    if resume is not None:
-        model.load_state_dict(resume["model"], strict=False)
-        opt.load_state_dict(resume["optimizer"])
-        sched.load_state_dict(resume["scheduler"])
-        step = int(resume["step"])
-        history = list(resume.get("history", []))
-        torch.set_rng_state(resume["torch_rng"])
-        if engine is not None and resume.get("dp") is not None:
-            engine.load_state_dict(resume["dp"])
-
-    def per_example_loss(idx: Tensor) -> tuple[Tensor, dict]:
-        ids, mask = pad_batch([input_ids[i] for i in idx.tolist()], pad, dev)
-        logits, rec, _ = model(ids, mask)
-        task = nn.functional.cross_entropy(logits.float(), labels_t[idx].to(dev),
-                                           reduction="none")
-        stats = {"task_loss": task.detach().mean().item()}
-        loss = task
-        if rec is not None:
-            tgt = rec_targets[pidx[idx]].to(dev)
-            r = reconstruction_loss(rec.float(), tgt, config.rec_reduction)
-            loss = task + config.rec_weight * r
-            stats["rec_loss"] = r.detach().mean().item()
-            stats["rec_acc"] = (rec.argmax(-1) == tgt).float().mean().item()
-        return loss, stats
-
-    def make_state(epoch: int) -> dict:
-        return {"step": step, "epoch": epoch, "model": {k: v.detach().clone() for k, v in
-                                                        model.state_dict().items()
-                                                        if k in _trainable_names(model)},
-                # deep copies: state_dict() returns live references that later steps mutate
-                "optimizer": copy.deepcopy(opt.state_dict()),
-                "scheduler": copy.deepcopy(sched.state_dict()),
-                "history": list(history), "rec_vocab": rec_vocab,
-                "torch_rng": torch.get_rng_state(),
-                "dp": engine.state_dict() if engine is not None else None}
-
-    model.train()
-    model.tuner.model.eval()  # backbone dropout off: deterministic, and the shared model's
-    # mode is left as it was found (LoRA/full train a private copy, also without dropout)
-    stopped = False
+    step = _gradient_step(model, config, loss_fn, len(input_ids))
+    total = step.plan.total_steps
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, warmup_linear(total, int(config.warmup_ratio * total)))
+    state.components = {"model": TrainableTensors(model), "optimizer": opt, "scheduler": sched,
+                        **step.components()}
+    on_checkpoint = None
+    if checkpoint is not None:
+        def on_checkpoint(s: TrainState) -> None:
+            checkpoint(s.state_dict())
     t0 = time.perf_counter()
     try:
-        start_epoch = step // steps_per_epoch
-        for epoch in range(start_epoch, config.epochs):
-            if engine is not None:
-                left = min((epoch + 1) * steps_per_epoch, total) - step
-                batches = engine.logical_batches(steps=max(0, left))
-                skip = 0
-            else:
-                g = torch.Generator().manual_seed(config.seed * 1_000_003 + epoch)
-                perm = torch.randperm(N, generator=g)
-                batches = list(perm.split(config.batch_size))
-                skip = step - epoch * steps_per_epoch
-            for bi, idx in enumerate(batches):
-                if bi < skip:
-                    continue
-                if should_stop is not None and should_stop():
-                    stopped = True
-                    break
-                stats: dict = {}
-                if engine is None:
-                    loss, stats = per_example_loss(idx)
-                    loss_value = loss.mean()
-                    loss_value.backward()
-                    loss_item = loss_value.item()
-                else:
-                    tot, cnt = 0.0, 0
-                    for mb in engine.micro_batches(idx):
-                        loss, stats = per_example_loss(mb)
-                        loss.sum().backward()
-                        engine.accumulate()
-                        tot, cnt = tot + loss.detach().sum().item(), cnt + len(mb)
-                    engine.finalize()
-                    loss_item = tot / max(1, cnt)
-                opt.step()
-                sched.step()
-                opt.zero_grad(set_to_none=True)
-                step += 1
-                rec = {"step": step, "total_steps": total, "epoch": epoch, "loss": loss_item,
-                       "lr": sched.get_last_lr()[0], **stats}
-                if engine is not None:
-                    rec["epsilon"] = engine.epsilon()
-                history.append({k: v for k, v in rec.items() if k != "total_steps"})
-                if progress is not None:
-                    progress(rec)
-                if checkpoint is not None and config.checkpoint_every and \
-                        step % config.checkpoint_every == 0:
-                    checkpoint(make_state(epoch))
-            if stopped:
-                break
-            if checkpoint is not None and not config.checkpoint_every:
-                checkpoint(make_state(epoch + 1))
+        if saved is not None:
+            state.load_state_dict(saved)
+        model.train()
+        model.tuner.model.eval()  # backbone dropout off: deterministic, and the shared model's
+        # mode is left as it was found (LoRA/full train a private copy, also without dropout)
+        run_loop(step, opt, sched, state, progress=progress, should_stop=should_stop,
+                 checkpoint=on_checkpoint, checkpoint_every=config.checkpoint_every)
     finally:
-        if engine is not None:
-            engine.close()
-            model.tuner.track_per_example = False
-    return _result(backbone, config, model, num_labels, seqs, m, off, rec_vocab, N, step, total,
-                   stopped, time.perf_counter() - t0, engine, history)
+        step.close()
+        model.tuner.track_per_example = False
+    return _result(backbone, config, model, num_labels, seqs, m, off, state, step, total,
+                   time.perf_counter() - t0)
 
 
-def _result(backbone, config: TuneConfig, model: RaptModel, num_labels, seqs, m, off, rec_vocab,
-            N, step, total, stopped, seconds, engine, history) -> TunedPrompt:
+def _rec_vocab(backbone, input_ids, config: TuneConfig, seqs, saved: dict | None
+               ) -> list[int] | None:
+    """The reconstruction vocabulary T (None: no reconstruction head): the resumed run's, else
+    public under DP (T from the rows would leak them), else the rows' most frequent tokens."""
+    if saved is not None and saved["meta"].get("rec_vocab") is not None:
+        return list(saved["meta"]["rec_vocab"])
+    if not config.reconstruction or config.freeze_prompt:
+        return None  # L_rec acts only through the prompt: with it frozen there is no rec head
+    if config.dp is not None:
+        return public_rec_vocabulary(backbone.tokenizer, seqs, config.rec_vocab_size)
+    return rec_vocabulary(input_ids, seqs, config.rec_vocab_size, set(backbone.special_ids))
+
+
+def _loss_fn(model: RaptModel, backbone, input_ids, labels, config: TuneConfig, seqs,
+             rec_vocab, plain_index, dev) -> SummedLoss:
+    """Per-example CE(task) + ``rec_weight`` · L_rec over padded batches of ``input_ids``."""
+    pad = backbone.tokenizer.pad_token_id
+
+    def forward(idx: Tensor) -> ModelOutput:
+        ids, mask = pad_batch([input_ids[i] for i in idx.tolist()], pad, dev)
+        return ModelOutput(*model(ids, mask))
+
+    objectives: list = [TaskCE(torch.as_tensor(labels, dtype=torch.long))]
+    if rec_vocab is not None:
+        index = {t: j for j, t in enumerate(rec_vocab)}
+        targets = torch.tensor([[index[t] for t in s] for s in seqs], dtype=torch.long)
+        which = plain_index if plain_index is not None else [0] * len(input_ids)
+        objectives.append(Reconstruction(targets, torch.as_tensor(which, dtype=torch.long),
+                                         config.rec_weight, config.rec_reduction))
+    return SummedLoss(forward, objectives)
+
+
+def _gradient_step(model: RaptModel, config: TuneConfig, loss_fn: SummedLoss,
+                   n: int) -> GradientStep:
+    """:class:`DPStep` over a :class:`rapt.dp.DPSGD` when ``config.dp`` is set, else
+    :class:`MeanStep`."""
+    if config.dp is None:
+        return MeanStep(loss_fn, n, config.batch_size, config.epochs, config.seed)
+    try:
+        from rapt.dp import DPSGD
+        from rapt.dp.accounting import steps_for_epochs
+    except ImportError as e:  # pragma: no cover - the DP module ships with rapt
+        raise RuntimeError(f"config.dp is set but rapt.dp is unavailable ({e})") from e
+    q = config.dp.resolve_sample_rate(n, config.batch_size)
+    model.tuner.track_per_example = True
+    engine = DPSGD(model, config.dp, n, steps_for_epochs(config.epochs, q),
+                   batch_size=config.batch_size, seed=config.dp.noise_seed)
+    return DPStep(loss_fn, engine, config.epochs)
+
+
+def _result(backbone, config: TuneConfig, model: RaptModel, num_labels, seqs, m, off,
+            state: TrainState, step: GradientStep | None, total: int,
+            seconds: float) -> TunedPrompt:
     model.eval()
+    rec_vocab = state.meta.get("rec_vocab")
+    guarantee = step.record() if step is not None else None
     meta = {
         "rapt_version": __version__,
         "backbone": backbone.name,
@@ -504,21 +454,17 @@ def _result(backbone, config: TuneConfig, model: RaptModel, num_labels, seqs, m,
         "plain_len": m,
         "plain_offset": off,
         "rec_vocab_size": len(rec_vocab) if rec_vocab is not None else None,
-        "n_examples": N,
-        "steps": step,
+        "n_examples": state.n_examples,
+        "steps": state.step,
         "total_steps": total,
-        "stopped": stopped,
+        "stopped": state.stopped,
         "train_seconds": round(seconds, 3),
-        "dp": engine.record() if engine is not None else None,
+        "dp": guarantee,
     }
-    if engine is None:
-        meta["history"] = history
+    if guarantee is None:  # under a guarantee the history (private batches) stays local
+        meta["history"] = state.history
     tensors = {k: v.detach().cpu().clone() for k, v in model.trainable_tensors().items()}
-    result = TunedPrompt(config, tensors, meta, train_log=history)
+    result = TunedPrompt(config, tensors, meta, train_log=state.history)
     model.rec_head = None  # discarded after training (RAPT §3.2.2)
     result._cache = (id(backbone.model), model)
     return result
-
-
-def _trainable_names(model: nn.Module) -> set[str]:
-    return {n for n, p in model.named_parameters() if p.requires_grad}

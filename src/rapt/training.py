@@ -1,0 +1,407 @@
+"""One training loop that knows nothing of DP, in the manner of opacus and HF ``Trainer``.
+
+The loop (:func:`run_loop`) asks a :class:`GradientStep` for the batches of an epoch and for the
+gradients of one logical batch, then steps the optimizer and scheduler, keeps the history and
+hands a :class:`TrainState` to the ``checkpoint`` callable. What a step does with a batch is its
+own affair:
+
+* :class:`MeanStep` backpropagates the batch mean of the per-example loss;
+* :class:`DPStep` wraps :class:`rapt.dp.DPSGD`: Poisson batches, physical micro-batches,
+  per-example clipping, Gaussian noise, ε in ``extra()``.
+
+The per-example loss is a :class:`SummedLoss`: one forward pass, then a weighted sum of
+objectives (:class:`TaskCE`, :class:`Reconstruction`, ...), each with its own statistics, which
+the steps average over the whole logical batch (under DP too, across micro-batches).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Protocol
+
+import torch
+from torch import Tensor, nn
+
+from rapt.reconstruction import reconstruction_loss
+
+#: Format of :meth:`TrainState.state_dict`; version 1 is the trainer's flat dict before it
+#: (``model``, ``optimizer``, ``scheduler``, ``torch_rng``, ``dp``, ``rec_vocab`` at the top).
+STATE_FORMAT = 2
+
+StepStats = dict[str, float]
+"""``{"loss": mean per-example loss, **objective stats}`` of one logical batch."""
+
+
+# --------------------------------------------------------------------------- objectives
+
+
+class ModelOutput(NamedTuple):
+    """One forward pass: task logits (B, C), reconstruction logits (B, m, |T|) or None,
+    hidden states (B, n, h)."""
+
+    logits: Tensor
+    rec: Tensor | None
+    hidden: Tensor
+
+
+class Objective(Protocol):
+    """One summed term of the per-example loss."""
+
+    weight: float
+
+    def __call__(self, out: ModelOutput, idx: Tensor) -> tuple[Tensor, dict[str, Tensor]] | None:
+        """-> (per-example loss (B,), stats tensors with examples first), or None when the
+        term does not apply to this model (e.g. no reconstruction head)."""
+        ...
+
+
+@dataclass
+class TaskCE:
+    """Cross-entropy of the task head; ``labels`` (N,) is indexed by example."""
+
+    labels: Tensor
+    weight: float = 1.0
+
+    def __call__(self, out: ModelOutput, idx: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        task = nn.functional.cross_entropy(out.logits.float(),
+                                           self.labels[idx].to(out.logits.device),
+                                           reduction="none")
+        return task, {"task_loss": task.detach()}
+
+
+@dataclass
+class Reconstruction:
+    """RAPT's L_rec (eq. 7): predict each row's plain tokens from their hidden states.
+
+    ``targets`` (S, m): the plain sequences as indices into the reconstruction vocabulary T;
+    ``sequence`` (N,): which of them example i holds."""
+
+    targets: Tensor
+    sequence: Tensor
+    weight: float = 1.0
+    reduction: str = "mean"
+
+    def __call__(self, out: ModelOutput, idx: Tensor) -> tuple[Tensor, dict[str, Tensor]] | None:
+        if out.rec is None:
+            return None
+        tgt = self.targets[self.sequence[idx]].to(out.rec.device)
+        r = reconstruction_loss(out.rec.float(), tgt, self.reduction)
+        return r, {"rec_loss": r.detach(), "rec_acc": (out.rec.argmax(-1) == tgt).float()}
+
+
+class SummedLoss:
+    """Example indices -> (per-example loss (B,), stats): one ``forward``, then
+    Σ weight · objective over the objectives that apply."""
+
+    def __init__(self, forward: Callable[[Tensor], ModelOutput],
+                 objectives: Sequence[Objective]) -> None:
+        self.forward = forward
+        self.objectives = list(objectives)
+
+    def __call__(self, idx: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        out = self.forward(idx)
+        total: Tensor | None = None
+        stats: dict[str, Tensor] = {}
+        for obj in self.objectives:
+            res = obj(out, idx)
+            if res is None:
+                continue
+            term, s = res
+            term = term if obj.weight == 1.0 else obj.weight * term
+            total = term if total is None else total + term
+            stats.update(s)
+        if total is None:
+            raise ValueError("no objective applies to this model")
+        return total, stats
+
+
+class _Meter:
+    """Averages stats over every example of a logical batch (not just its last micro-batch)."""
+
+    def __init__(self) -> None:
+        self.parts: dict[str, list[Tensor]] = {}
+
+    def add(self, stats: dict[str, Tensor]) -> None:
+        for k, v in stats.items():
+            self.parts.setdefault(k, []).append(v)
+
+    def means(self) -> dict[str, float]:
+        return {k: torch.cat(v).mean().item() for k, v in self.parts.items()}
+
+
+# --------------------------------------------------------------------------- steps
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How many optimizer steps a run makes: ``epochs`` × ``steps_per_epoch``, capped at
+    ``total_steps``."""
+
+    epochs: int
+    steps_per_epoch: int
+    total_steps: int
+
+
+class GradientStep(Protocol):
+    """Turns one logical batch into ``p.grad`` of the trainable parameters."""
+
+    plan: Plan
+
+    def batches(self, epoch: int, skip: int) -> Iterable[Tensor]:
+        """Example-index batches of ``epoch``, less the first ``skip`` (already trained)."""
+        ...
+
+    def compute(self, idx: Tensor) -> StepStats:
+        """Set ``p.grad`` for the batch ``idx``; -> its stats."""
+        ...
+
+    def extra(self) -> dict:
+        """Fields added to every history record (e.g. ``{"epsilon": ...}``)."""
+        ...
+
+    def record(self) -> dict | None:
+        """What the artifact must carry about the step's guarantee; None: no guarantee."""
+        ...
+
+    def components(self) -> dict[str, Any]:
+        """The step's own checkpointed objects (``state_dict``/``load_state_dict``)."""
+        ...
+
+    def close(self) -> None:
+        ...
+
+
+class MeanStep:
+    """Shuffled batches of ``batch_size`` (a fresh permutation per epoch from ``seed``); the
+    gradient of the batch mean of ``loss_fn``."""
+
+    def __init__(self, loss_fn: SummedLoss, n_examples: int, batch_size: int, epochs: int,
+                 seed: int) -> None:
+        self.loss_fn = loss_fn
+        self.n_examples, self.batch_size, self.seed = n_examples, batch_size, seed
+        per_epoch = math.ceil(n_examples / batch_size)
+        self.plan = Plan(epochs, per_epoch, per_epoch * epochs)
+
+    def batches(self, epoch: int, skip: int) -> list[Tensor]:
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        return list(torch.randperm(self.n_examples, generator=g).split(self.batch_size))[skip:]
+
+    def compute(self, idx: Tensor) -> StepStats:
+        loss, stats = self.loss_fn(idx)
+        mean = loss.mean()
+        mean.backward()
+        meter = _Meter()
+        meter.add(stats)
+        return {"loss": mean.item(), **meter.means()}
+
+    def extra(self) -> dict:
+        return {}
+
+    def record(self) -> None:
+        return None
+
+    def components(self) -> dict[str, Any]:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+class DPStep:
+    """DP-SGD through ``engine`` (a :class:`rapt.dp.DPSGD` over the trained module): Poisson
+    logical batches split into micro-batches, summed per-example losses, clipping and noise.
+    ``engine.planned_steps`` are spread over ``epochs``."""
+
+    def __init__(self, loss_fn: SummedLoss, engine: Any, epochs: int) -> None:
+        self.loss_fn, self.engine = loss_fn, engine
+        total = int(engine.planned_steps)
+        self.plan = Plan(epochs, max(1, math.ceil(total / epochs)), total)
+
+    def batches(self, epoch: int, skip: int) -> Iterable[Tensor]:
+        # Fresh Poisson batches: which examples a resumed run skips is not reproducible (the
+        # sampling draws from the noise source), only how many steps are left.
+        per = self.plan.steps_per_epoch
+        left = min((epoch + 1) * per, self.plan.total_steps) - (epoch * per + skip)
+        return self.engine.logical_batches(steps=max(0, left))
+
+    def compute(self, idx: Tensor) -> StepStats:
+        meter = _Meter()
+        tot, cnt = 0.0, 0
+        for mb in self.engine.micro_batches(idx):
+            loss, stats = self.loss_fn(mb)
+            loss.sum().backward()  # a sum, never a mean: the engine clips per example
+            self.engine.accumulate()
+            tot, cnt = tot + loss.detach().sum().item(), cnt + len(mb)
+            meter.add(stats)
+        self.engine.finalize()
+        return {"loss": tot / max(1, cnt), **meter.means()}
+
+    def extra(self) -> dict:
+        return {"epsilon": self.engine.epsilon()}
+
+    def record(self) -> dict:
+        return self.engine.record()
+
+    def components(self) -> dict[str, Any]:
+        return {"dp": self.engine}  # the step count that ε is accounted over
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+# --------------------------------------------------------------------------- state
+
+
+class TrainableTensors:
+    """A module's trainable parameters as a checkpoint component, loaded strictly: the names
+    must be exactly those that train now."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+
+    def names(self) -> set[str]:
+        return {n for n, p in self.module.named_parameters() if p.requires_grad}
+
+    def state_dict(self) -> dict[str, Tensor]:
+        names = self.names()
+        return {k: v.detach().clone() for k, v in self.module.state_dict().items() if k in names}
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        names = self.names()
+        missing, unexpected = sorted(names - set(state)), sorted(set(state) - names)
+        if missing or unexpected:
+            raise ValueError(f"checkpoint does not fit the model: missing {missing}, "
+                             f"unexpected {unexpected}")
+        self.module.load_state_dict(state, strict=False)  # the frozen rest is not saved
+
+
+def upgrade_checkpoint(state: dict) -> dict:
+    """A checkpoint in the current format; format 1 (the trainer's flat dict, which recorded
+    neither method nor N) is converted, those two then unchecked. Raises ValueError otherwise."""
+    if not isinstance(state, dict):
+        raise ValueError(f"a checkpoint is a dict, not {type(state).__name__}")
+    if "kind" in state:
+        if int(state.get("format", 0)) > STATE_FORMAT:
+            raise ValueError(f"checkpoint format {state['format']} is newer than this rapt "
+                             f"reads ({STATE_FORMAT}); upgrade rapt to resume it")
+        return state
+    legacy = {"step", "model", "optimizer", "scheduler", "torch_rng"}
+    if not legacy <= set(state):
+        raise ValueError("not a rapt training checkpoint: no 'kind', and missing "
+                         f"{sorted(legacy - set(state))} of the format-1 fields")
+    comps = {k: state[k] for k in ("model", "optimizer", "scheduler", "dp")
+             if state.get(k) is not None}
+    return {"format": 1, "kind": "tune", "method": None, "n_examples": None,
+            "step": int(state["step"]), "epoch": int(state.get("epoch", 0)),
+            "history": list(state.get("history", [])),
+            "meta": {"rec_vocab": state.get("rec_vocab")}, "rng": state["torch_rng"],
+            "components": comps}
+
+
+@dataclass
+class TrainState:
+    """Everything a run needs to resume exactly (bar privacy noise, see ``DPSGD.state_dict``).
+
+    ``kind`` ("tune", "split-top", ...), ``method`` and ``n_examples`` must match on load;
+    ``components`` are the objects with ``state_dict``/``load_state_dict`` (model tensors,
+    optimizer, scheduler, DP engine); ``rng`` is the torch CPU generator (init, dropout; not
+    noise), taken when saved; ``meta`` holds facts fixed at build time (the rec vocabulary)."""
+
+    kind: str
+    method: str
+    n_examples: int
+    components: dict[str, Any]
+    step: int = 0
+    epoch: int = 0
+    history: list[dict] = field(default_factory=list)
+    meta: dict = field(default_factory=dict)
+    stopped: bool = False
+
+    def state_dict(self) -> dict:
+        return {"format": STATE_FORMAT, "kind": self.kind, "method": self.method,
+                "n_examples": self.n_examples, "step": self.step, "epoch": self.epoch,
+                "history": list(self.history), "meta": copy.deepcopy(self.meta),
+                "rng": torch.get_rng_state(),
+                # deep copies: state_dict()s hold live references that later steps mutate
+                "components": {k: copy.deepcopy(c.state_dict())
+                               for k, c in self.components.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        state = upgrade_checkpoint(state)
+        for key in ("kind", "method", "n_examples"):
+            got, want = state[key], getattr(self, key)
+            if got is not None and got != want:
+                raise ValueError(f"checkpoint is for {key} {got!r}, this run has {want!r}")
+        have, need = set(state["components"]), set(self.components)
+        if have != need:
+            raise ValueError(f"checkpoint holds {sorted(have)}, this run needs {sorted(need)}"
+                             " (was it written with another DP setting?)")
+        for k, c in self.components.items():
+            c.load_state_dict(state["components"][k])
+        self.step, self.epoch = int(state["step"]), int(state["epoch"])
+        self.history = list(state["history"])
+        self.meta = dict(state["meta"])
+        torch.set_rng_state(state["rng"])
+
+
+# --------------------------------------------------------------------------- loop
+
+
+def run_loop(step: GradientStep, optimizer: torch.optim.Optimizer, scheduler: Any,
+             state: TrainState, *, progress: Callable[[dict], None] | None = None,
+             should_stop: Callable[[], bool] | None = None,
+             checkpoint: Callable[[TrainState], None] | None = None,
+             checkpoint_every: int = 0) -> TrainState:
+    """Train from ``state.step`` to ``step.plan.total_steps``; -> ``state`` (``stopped`` set
+    when ``should_stop()`` ended it early).
+
+    ``progress(record)`` after every optimizer step: ``{"step", "total_steps", "epoch", "loss",
+    "lr", **stats, **step.extra()}``; ``checkpoint(state)`` every ``checkpoint_every`` steps,
+    or at each epoch end when it is 0."""
+    plan = step.plan
+    state.stopped = False
+    for epoch in range(state.step // plan.steps_per_epoch, plan.epochs):
+        for idx in step.batches(epoch, state.step - epoch * plan.steps_per_epoch):
+            if should_stop is not None and should_stop():
+                state.stopped = True
+                break
+            stats = step.compute(idx)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            state.step += 1
+            rec = {"step": state.step, "total_steps": plan.total_steps, "epoch": epoch,
+                   "loss": stats.pop("loss"), "lr": scheduler.get_last_lr()[0], **stats,
+                   **step.extra()}
+            state.history.append({k: v for k, v in rec.items() if k != "total_steps"})
+            if progress is not None:
+                progress(rec)
+            if checkpoint is not None and checkpoint_every and \
+                    state.step % checkpoint_every == 0:
+                state.epoch = epoch
+                checkpoint(state)
+        if state.stopped:
+            break
+        if checkpoint is not None and not checkpoint_every:
+            state.epoch = epoch + 1
+            checkpoint(state)
+    return state
+
+
+def warmup_linear(total: int, warmup: int) -> Callable[[int], float]:
+    """LR factor: linear warm-up over ``warmup`` steps, then linear decay to 0 at ``total``."""
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / (warmup + 1)
+        return max(0.0, (total - step) / max(1, total - warmup))
+
+    return factor
+
+
+__all__ = ["STATE_FORMAT", "DPStep", "GradientStep", "MeanStep", "ModelOutput", "Objective",
+           "Plan", "Reconstruction", "StepStats", "SummedLoss", "TaskCE", "TrainState",
+           "TrainableTensors", "run_loop", "upgrade_checkpoint", "warmup_linear"]
