@@ -487,3 +487,117 @@ def test_lost_replies_are_retried_and_applied_once(service, tmp_path, monkeypatc
     assert [h["loss"] for h in hist] == [h["loss"] for h in ref_hist]
     assert torch.allclose(probs, ref_probs, atol=1e-6)
     assert c.sap_status(sid)["steps_done"] == 6
+
+
+def _post(tc, sid, what, msg, who):
+    data = wire.encode(msg) if not isinstance(msg, bytes) else msg
+    return tc.post(f"/v1/sap/sessions/{sid}/{what}", content=data, headers={**who, **OCTET})
+
+
+def test_overflowing_gradient_is_refused_and_a_correct_retry_applies_once(service, tmp_path):
+    """Issue 29 item 1: with an unfrozen bottom, ∂l/∂g = 3e38 overflows on the way back. It
+    is refused (422) before anything changes: the same bad body is refused again (never
+    'replayed'), the correct gradient then applies step 0, the next forward is finite, and a
+    restarted service reads last_step 0 from the files."""
+    tc, (key, _), bb = service
+    me = {"Authorization": f"Bearer {key}"}
+    state = Path(str(tmp_path / "svc.db") + ".files") / "sap"
+    sid = _session(tc, key, unfreeze_bottom=True)
+    acts = Activations(0, torch.randn(4, 6, 32), ones(4, 6))
+    assert _post(tc, sid, "forward", acts, me).status_code == 200
+    for _ in range(2):
+        r = _post(tc, sid, "backward", OutputGrad(0, torch.full((4, 32), 3e38)), me)
+        assert r.status_code == 422 and "NaN or infinite" in r.json()["detail"], r.text
+        assert tc.get(f"/v1/sap/sessions/{sid}", headers=me).json()["last_step"] == -1
+        assert not (state / sid / "state.pt").exists()
+    r = _post(tc, sid, "backward", OutputGrad(0, torch.randn(4, 32)), me)
+    assert r.status_code == 200 and r.headers["x-rapt-replayed"] == "0", r.text
+    assert wire.decode(r.content, wire.MESSAGES["ActivationGrad"], max_bytes=1 << 20).step == 0
+    r = _post(tc, sid, "forward", Activations(1, torch.randn(4, 6, 32), ones(4, 6)), me)
+    assert r.status_code == 200, r.text
+    out = wire.decode(r.content, wire.MESSAGES["TopOutput"], max_bytes=1 << 20)
+    assert bool(torch.isfinite(out.output).all())
+    assert tc.get(f"/v1/sap/sessions/{sid}", headers=me).json()["last_step"] == 0
+    config = ServiceConfig(db_path=tmp_path / "svc.db", backbones=["tiny"],
+                           limits=Limits(max_seq_len=64), progress_interval_s=0.0)
+    with TestClient(create_app(config, backbones={"tiny": bb})) as again:  # a restart
+        assert again.get(f"/v1/sap/sessions/{sid}", headers=me).json()["last_step"] == 0
+        assert _post(again, sid, "forward", Activations(1, torch.randn(4, 6, 32), ones(4, 6)),
+                     me).status_code == 200
+        r = _post(again, sid, "backward", OutputGrad(1, torch.randn(4, 32)), me)
+        assert r.status_code == 200, r.text
+        assert again.get(f"/v1/sap/sessions/{sid}", headers=me).json()["last_step"] == 1
+
+
+def test_unsaved_step_is_never_reported_applied(service, tmp_path, monkeypatch):
+    """A step whose state could not be saved answers an error, and the session (reloaded
+    from its files) still says last_step -1: a retry of that backward is not 'replayed'."""
+    import rapt.service.split_sessions as ss
+
+    tc, (key, _), bb = service
+    tc_raw = TestClient(tc.app, raise_server_exceptions=False)
+    me = {"Authorization": f"Bearer {key}"}
+    sid = _session(tc, key, unfreeze_bottom=True)
+    assert _post(tc, sid, "forward", Activations(0, torch.randn(4, 6, 32), ones(4, 6)),
+                 me).status_code == 200
+    real = ss._atomic_write
+
+    def disk_full(path, write):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(ss, "_atomic_write", disk_full)
+    grad = OutputGrad(0, torch.randn(4, 32))
+    assert _post(tc_raw, sid, "backward", grad, me).status_code == 500
+    monkeypatch.setattr(ss, "_atomic_write", real)
+    assert tc.get(f"/v1/sap/sessions/{sid}", headers=me).json()["last_step"] == -1
+    r = _post(tc, sid, "backward", grad, me)
+    assert r.status_code == 409 and r.json()["error"] == "no_forward", r.text
+    assert r.headers["x-rapt-last-step"] == "-1"
+
+
+def test_backward_under_another_key_is_a_missing_session(service):
+    """Issue 29 item 11c: a well-formed OutputGrad for the pending step, sent with another
+    key, is 404 and applies nothing; the owner's own backward then applies step 0 once."""
+    tc, (key, bob), _ = service
+    me, other = {"Authorization": f"Bearer {key}"}, {"Authorization": f"Bearer {bob}"}
+    sid = _session(tc, key, unfreeze_bottom=True)
+    assert _post(tc, sid, "forward", Activations(0, torch.randn(4, 6, 32), ones(4, 6)),
+                 me).status_code == 200
+    r = _post(tc, sid, "backward", OutputGrad(0, torch.randn(4, 32)), other)
+    assert r.status_code == 404 and r.json()["error"] == "not_found", r.text
+    assert tc.get(f"/v1/sap/sessions/{sid}", headers=me).json()["last_step"] == -1
+    r = _post(tc, sid, "backward", OutputGrad(0, torch.randn(4, 32)), me)
+    assert r.status_code == 200 and r.headers["x-rapt-replayed"] == "0"
+
+
+@pytest.mark.parametrize("field,value", [("seed", 2**64), ("seed", 2**31), ("seed", -1),
+                                         ("n_examples", 2**64), ("batch_size", 2**64),
+                                         ("max_length", 2**64), ("split_layer", 2**64),
+                                         ("epochs", 2**64), ("lora_r", 2**64)])
+def test_session_integers_are_bounded_at_the_door(service, field, value):
+    """Issue 29 item 4: a seed of 2^64 was stored (201), then every forward and DELETE was a
+    500. Every integer field is bounded by the schema: 422 naming it, nothing stored."""
+    tc, (key, _), _ = service
+    r = tc.post("/v1/sap/sessions", json={"backbone": "tiny", "n_examples": 8, field: value},
+                headers={"Authorization": f"Bearer {key}"})
+    assert r.status_code == 422 and field in r.text, r.text
+    assert tc.app.state.svc.store.counts()["sap_sessions"] == 0
+
+
+def test_delete_works_whatever_the_session_state(service, tmp_path):
+    """A session whose files no longer load (here a damaged state.pt) is deleted all the
+    same (204, files gone, out of the quota); so is one in memory mid-training."""
+    tc, (key, _), _ = service
+    me = {"Authorization": f"Bearer {key}"}
+    files = Path(str(tmp_path / "svc.db") + ".files") / "sap"
+    broken, live = _session(tc, key, unfreeze_bottom=True), _session(tc, key)
+    (files / broken / "state.pt").write_bytes(b"not a torch file")
+    assert _post(tc, live, "release", Release(0, torch.randn(24, 32), torch.full((4,), 6)),
+                 me).status_code == 200
+    for sid in (broken, live):
+        assert tc.delete(f"/v1/sap/sessions/{sid}", headers=me).status_code == 204
+        assert not (files / sid).exists()
+        assert tc.get(f"/v1/sap/sessions/{sid}", headers=me).status_code == 404
+        assert tc.delete(f"/v1/sap/sessions/{sid}", headers=me).status_code == 404
+    assert tc.app.state.svc.store.counts()["sap_sessions"] == 0
+    assert not tc.app.state.svc.sap._live

@@ -483,3 +483,78 @@ def test_real_backbones_split_exactly(name, n):
                      mask, bb.kind)
         bottom, top = split_backbone(bb, n)
         assert torch.allclose(top(bottom(ids, mask), mask), want, atol=1e-4)
+
+
+@pytest.mark.parametrize("unfreeze", [False, True])
+def test_overflowing_gradient_changes_nothing_and_the_retry_applies(tiny_tokenizer, unfreeze):
+    """Issue 29 item 1: a finite but huge ∂l/∂g (3e38 overflows float32 on the way back) is
+    refused with the top, optimizer, scheduler and step as they were, the forward still
+    pending; the correct gradient then gives exactly the step a clean run takes."""
+    bb = _bert(tiny_tokenizer)
+    cfg = SplitConfig(split_layer=1, unfreeze_bottom=unfreeze, batch_size=4, epochs=1)
+    rows = _rows(bb)
+    runs = []
+    for _ in range(2):
+        customer, provider = setup_split(bb, cfg, 2, len(rows))
+        customer.load(rows, LABELS)
+        runs.append((customer, provider))
+    acts = runs[0][0].release([0, 1, 2, 3], 0)
+    grad = torch.randn(4, 32)
+    outs = []
+    for i, (_, provider) in enumerate(runs):
+        provider.forward(acts)
+        if i == 1:
+            before = copy.deepcopy(provider.state_dict())
+            with pytest.raises(SplitProtocolError, match="OutputGrad.grad.*NaN or infinite"):
+                provider.backward(OutputGrad(0, torch.full((4, 32), 3e38)))
+            after = provider.state_dict()
+            assert provider.step == 0 and provider.pending_step == 0
+            assert after["scheduler"] == before["scheduler"]
+            assert after["optimizer"]["state"] == before["optimizer"]["state"] == {}
+            assert all(torch.equal(after["top"][k], v) for k, v in before["top"].items())
+        outs.append(provider.backward(OutputGrad(0, grad)))
+    assert runs[1][1].step == 1
+    if unfreeze:
+        assert torch.equal(outs[0].grad, outs[1].grad)
+    ref, got = runs[0][1].state_dict(), runs[1][1].state_dict()
+    assert all(torch.equal(ref["top"][k], got["top"][k]) for k in ref["top"])
+
+
+def test_update_that_overflows_the_moments_is_undone(tiny_tokenizer):
+    """A gradient finite everywhere whose square overflows AdamW's second moment (a silent
+    freeze of every later step) is undone too; that forward is dropped and sent again."""
+    bb = _bert(tiny_tokenizer)
+    customer, provider = setup_split(bb, SplitConfig(split_layer=1, batch_size=2), 2, 8)
+    customer.load(_rows(bb), LABELS)
+    acts = customer.release([0, 1], 0)
+    provider.forward(acts)
+    top = copy.deepcopy(provider.trainable_state())
+    with pytest.raises(SplitProtocolError, match="optimizer state"):
+        provider.backward(OutputGrad(0, torch.full((2, 32), 1e30)))
+    assert provider.step == 0 and provider.pending_step is None
+    assert provider.optimizer.state_dict()["state"] == {}
+    assert all(torch.equal(v, provider.trainable_state()[k]) for k, v in top.items())
+    provider.forward(acts)  # the same step id again (rewound)
+    provider.backward(OutputGrad(0, torch.randn(2, 32)))
+    assert provider.step == 1
+
+
+@pytest.mark.parametrize("raw", ["²", "٣", "1²", "３", " 3", "+3", "-1", "", "3.0"])
+@pytest.mark.parametrize("where", ["step", "width"])
+def test_wire_integers_are_ascii_digits_only(raw, where):
+    """Issue 29 item 5: str.isdigit() takes "²" (int() then raised: a 500) and "٣" (read as
+    3); the metadata integers are ASCII digits or a SplitProtocolError naming the field."""
+    from safetensors.torch import save
+
+    from rapt.split import wire
+
+    meta = {"message": "Activations", "step": "0", "width": "3", where: raw}
+    body = save({"hidden": torch.randn(6, 4), "lengths": torch.tensor([3, 3], dtype=torch.int32)},
+                metadata=meta)
+    with pytest.raises(SplitProtocolError, match=f"Activations.{where}.*ASCII") as e:
+        wire.decode(body, Activations, max_bytes=1 << 20)
+    assert e.value.field == where
+    meta[where] = "3" if where == "width" else "7"
+    msg = wire.decode(save({"hidden": torch.randn(6, 4), "lengths": torch.tensor(
+        [3, 3], dtype=torch.int32)}, metadata=meta), Activations, max_bytes=1 << 20)
+    assert msg.hidden.shape == (2, 3, 4)

@@ -10,6 +10,11 @@ from rapt.config import LR_HELP, VIRTUAL_TOKENS_HELP, default_lr, default_virtua
 from rapt.config import tune_default as _d
 
 TokenIds = list[list[int]]
+# Integer bounds at the door: a value the code behind cannot hold (torch seeds are 64-bit, the
+# customer's data order multiplies its seed by ~1e6; SQLite integers are 64-bit) must be a 422,
+# never a stored row that fails later. The service's Limits are usually tighter.
+MAX_SEED = 2**31 - 1
+MAX_ROWS = 1 << 30
 
 
 def _valid_unicode(text: str) -> str:
@@ -169,7 +174,7 @@ class JobCreate(BaseModel):
     epochs: int = Field(_d("epochs"), ge=1, le=100)
     batch_size: int = Field(_d("batch_size"), ge=1, le=1024)
     max_length: int = Field(_d("max_length"), ge=4, le=4096)
-    seed: int = Field(_d("seed"), ge=0, le=2**31 - 1)
+    seed: int = Field(_d("seed"), ge=0, le=MAX_SEED)
     rec_hidden: int = Field(_d("rec_hidden"), ge=1, le=4096)
     rec_vocab_size: int = Field(_d("rec_vocab_size"), ge=2, le=1_000_000)
     rec_weight: float = Field(_d("rec_weight"), ge=0, le=100)
@@ -269,10 +274,11 @@ class SapSessionCreate(BaseModel):
     model_config = REQUEST
 
     backbone: Text = Field(max_length=500, description="name of a backbone this server loaded")
-    n_examples: int = Field(ge=1, description="training rows (sets total steps with epochs and "
-                                              "batch_size; a frozen bottom uploads this many)")
-    split_layer: int = Field(0, ge=0, description="blocks the customer runs after the "
-                                                  "embedding layer")
+    n_examples: int = Field(ge=1, le=MAX_ROWS,
+                            description="training rows (sets total steps with epochs and "
+                                        "batch_size; a frozen bottom uploads this many)")
+    split_layer: int = Field(0, ge=0, le=1024, description="blocks the customer runs after "
+                                                           "the embedding layer")
     unfreeze_bottom: bool = False
     method: Literal["lora", "prompt"] = "lora"
     lora_r: int = Field(8, ge=1, le=256)
@@ -283,9 +289,10 @@ class SapSessionCreate(BaseModel):
     weight_decay: float = Field(0.0, ge=0, le=10)
     warmup_ratio: float = Field(0.06, ge=0, lt=1)
     epochs: int = Field(3, ge=1, le=10_000)
-    batch_size: int = Field(32, ge=1)
-    max_length: int = Field(64, ge=3)
-    seed: int = Field(0, ge=0, description="top init and data order (never privacy noise)")
+    batch_size: int = Field(32, ge=1, le=MAX_ROWS)
+    max_length: int = Field(64, ge=3, le=1 << 16)
+    seed: int = Field(0, ge=0, le=MAX_SEED,
+                      description="top init and data order (never privacy noise)")
 
 
 class SapSessionInfo(BaseModel):

@@ -248,14 +248,27 @@ class SplitSessions:
                 "steps_done": row["last_step"] + 1, "rows_received": row["rows_received"],
                 "created": row["created"]}
 
+    def _forget(self, sid: str, live: _Live) -> None:
+        """Drop ``live`` (its lock held by the caller) from memory for good."""
+        live.evicted = True
+        with self._lock:
+            if self._live.get(sid) is live:
+                del self._live[sid]
+
     def delete(self, owner: str, sid: str) -> None:
-        with self._session(owner, sid) as live:
-            live.evicted = True
-            with self._lock:
-                self._live.pop(sid, None)
+        """Delete a session whatever its state: nothing is loaded (a session whose files or
+        config no longer load is deleted too), the row goes first, so no new request finds it,
+        then the copy in memory (after the request using it, if any), then the files."""
         path = self.store.delete_sap_session(sid, owner)
+        if path is None:
+            raise SapError(404, "not_found", f"no sap session '{sid}'")
+        with self._lock:
+            live = self._live.pop(sid, None)
+        if live is not None:
+            with live.lock:  # waits for a message being applied to end
+                live.evicted = True
         root = (self.store.files / "sap").resolve()
-        if path and Path(path).resolve().parent == root:  # only ever our own folders
+        if Path(path).resolve().parent == root:  # only ever our own folders
             shutil.rmtree(path, ignore_errors=True)
 
     # -- messages ---------------------------------------------------------------------------
@@ -392,8 +405,15 @@ class SplitSessions:
             live.reply = back.grad if back is not None else None
             live.lengths = live.pending_lengths
             state = {"provider": p.state_dict(), "reply": live.reply, "lengths": live.lengths}
-            _atomic_write(Path(live.row["path"]) / STATE_FILE, lambda f: torch.save(state, f))
-            self.store.update_sap_session(sid, last_step=live.last_step)
+            try:
+                _atomic_write(Path(live.row["path"]) / STATE_FILE,
+                              lambda f: torch.save(state, f))
+                self.store.update_sap_session(sid, last_step=live.last_step)
+            except BaseException:
+                # This copy is ahead of what was saved: never answer (or replay) from it. The
+                # next request reloads the files, the truth.
+                self._forget(sid, live)
+                raise
             live.row["last_step"] = live.last_step
             return self._reply(live, msg.step), False, live.last_step
 

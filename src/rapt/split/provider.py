@@ -129,7 +129,14 @@ class ProviderSession:
 
     def backward(self, msg: OutputGrad) -> ActivationGrad | None:
         """Apply ∂l/∂g: backpropagate through the top, take one AdamW step. Returns the
-        gradient at the top's input when the customer's bottom trains, else None."""
+        gradient at the top's input when the customer's bottom trains, else None.
+
+        All or nothing: a gradient that overflows on the way (a finite but huge ``grad``,
+        e.g. 3e38 in float32), or an update that leaves a parameter or the optimizer's
+        moments non-finite, raises :class:`SplitProtocolError` with the top, optimizer,
+        scheduler and step count as they were, and the forward still pending, so a correct
+        ``OutputGrad`` for the same step can follow (after an undone update, the forward of
+        that step first)."""
         if not isinstance(msg, OutputGrad):
             raise SplitProtocolError("OutputGrad", "type",
                                      f"expected OutputGrad, got {type(msg).__name__}")
@@ -144,15 +151,53 @@ class ProviderSession:
             raise SplitProtocolError("OutputGrad", "grad",
                                      f"shape {tuple(msg.grad.shape)} != output shape "
                                      f"{tuple(g.shape)}")
-        self._pending = None
-        g.backward(msg.grad.to(g.device, g.dtype))
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        try:
+            reply = self._backprop(step, x, g, msg.grad)
+            self._update()
+        finally:
+            self.optimizer.zero_grad(set_to_none=True)
+            x.grad = None
+        self._pending = None  # committed: the graph goes, the step counts
         self.step += 1
+        return reply
+
+    def _backprop(self, step: int, x: Tensor, g: Tensor, grad: Tensor
+                  ) -> ActivationGrad | None:
+        """Gradients into ``.grad`` (nothing else changes); refuses non-finite ones."""
+        # retain_graph: after a refused gradient the forward stays usable for the retry
+        g.backward(grad.to(g.device, g.dtype), retain_graph=True)
+        if not all(p.grad is None or bool(torch.isfinite(p.grad).all())
+                   for p in self._params()):
+            raise SplitProtocolError("OutputGrad", "grad", "backpropagates to NaN or infinite "
+                                     "gradients in the top (too large?); nothing was applied")
         if self.config.unfreeze_bottom:
+            # ActivationGrad checks finiteness: an overflow at the top's input is refused here
             return ActivationGrad(step, x.grad.detach().float().cpu())
         return None
+
+    def _update(self) -> None:
+        """One optimizer and scheduler step, undone when it leaves a parameter or a moment
+        non-finite (AdamW's squared gradient can overflow where the gradient did not). The
+        undo rewrites the parameters the pending graph saved, so the forward is dropped too:
+        the customer sends it again (the top is deterministic, g is the same)."""
+        saved = (self.trainable_state(), copy.deepcopy(self.optimizer.state_dict()),
+                 copy.deepcopy(self.scheduler.state_dict()))
+        self.optimizer.step()
+        self.scheduler.step()
+        moments = [t for st in self.optimizer.state.values() for t in st.values()
+                   if isinstance(t, Tensor) and t.is_floating_point()]
+        if all(bool(torch.isfinite(t).all()) for t in self._params() + moments):
+            return
+        load_top(self.top, saved[0])
+        self.optimizer.load_state_dict(saved[1])
+        self.scheduler.load_state_dict(saved[2])
+        self.discard(rewind=True)
+        raise SplitProtocolError("OutputGrad", "grad", "the update would make the top's "
+                                 "parameters or optimizer state NaN or infinite; nothing was "
+                                 "applied (send the forward of this step again)")
+
+    def _params(self) -> list[Tensor]:
+        return [p for grp in self.optimizer.param_groups for p in grp["params"]]
 
     def discard(self, *, rewind: bool = False) -> None:
         """Drop a pending step (the customer gave up on it). ``rewind``: the same step id may be

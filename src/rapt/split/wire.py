@@ -20,6 +20,7 @@ bytes of JSON (names, dtypes, shapes, offsets, metadata).
 from __future__ import annotations
 
 import json
+import re
 import struct
 from dataclasses import fields
 
@@ -52,6 +53,17 @@ MAX_HEADER = 64 * 1024  # a message has at most two tensors: a few hundred bytes
 # Messages whose (B, n, h) tensor travels packed: name of that tensor.
 _PACKED = {"Activations": "hidden", "ActivationGrad": "grad"}
 MAX_WIDTH = 1 << 16  # padded width a packed message may ask for
+# ASCII digits only: str.isdigit() also takes "²" (int() then fails) and "٣" (int() reads 3).
+_DIGITS = re.compile(r"[0-9]{1,18}")
+
+
+def _meta_int(kind: str, name: str, raw: object, max_digits: int = 18) -> int:
+    """An integer metadata field (``step``, ``offset``, ``width``): 1..max_digits ASCII
+    digits, else SplitProtocolError."""
+    if not isinstance(raw, str) or len(raw) > max_digits or not _DIGITS.fullmatch(raw):
+        raise SplitProtocolError(kind, name, f"must be an integer >= 0 written in ASCII "
+                                             f"digits, got {raw!r}")
+    return int(raw)
 
 
 def _parts(msg: object, lengths: Tensor | None) -> tuple[dict[str, str], dict[str, Tensor]]:
@@ -161,20 +173,15 @@ def decode(data: bytes, expect: type | tuple[type, ...], *, max_bytes: int) -> o
     kw: dict[str, object] = {}
     for f in _INT_FIELDS:
         if any(x.name == f for x in fields(cls)):
-            raw = meta.get(f)
-            if not isinstance(raw, str) or not raw.isdigit() or len(raw) > 18:
-                raise SplitProtocolError(kind, f, f"must be an integer >= 0, got {raw!r}")
-            kw[f] = int(raw)
+            kw[f] = _meta_int(kind, f, meta.get(f))
     try:
         tensors = load(bytes(data))
     except (SafetensorError, ValueError, RuntimeError) as e:
         raise SplitProtocolError(kind, "body", f"damaged safetensors data ({e})") from None
     if kind in _PACKED:
-        raw = meta.get("width")
-        if not isinstance(raw, str) or not raw.isdigit() or len(raw) > 9:
-            raise SplitProtocolError(kind, "width", f"must be an integer, got {raw!r}")
+        width = _meta_int(kind, "width", meta.get("width"), max_digits=9)
         key = _PACKED[kind]
-        padded, mask = _unpack(kind, tensors[key], tensors["lengths"], int(raw), max_bytes)
+        padded, mask = _unpack(kind, tensors[key], tensors["lengths"], width, max_bytes)
         kw[key] = padded
         if kind == "Activations":
             kw["mask"] = mask
