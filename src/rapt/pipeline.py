@@ -1,0 +1,236 @@
+"""One customization on the user's side: privatize → rows → calibrate → index → tune → predict.
+
+:class:`Customization` holds what ``rapt tune``, ``rapt predict`` and ``rapt demo`` used to
+assemble by hand: the backbone, the privatizer (η, or the η calibrated for a target replacement
+probability P on rapt's public text sample; the noise seed; the nearest-neighbour index mode),
+the :class:`Encoding` (texts → token-id rows, the plain tokens k of reconstruction, sentence
+pairs), the tuner config (:class:`rapt.config.TuneConfig`), the artifact
+(:class:`rapt.trainer.TunedPrompt`) and the privacy report (η, measured P, nearest-neighbour
+inversion success).
+
+It does no I/O: callers read files, print and save; progress goes to plain callables.
+
+    c = Customization.create(bb, Encoding(128), TuneConfig(), target_p=0.4)
+    rows = c.privatize(c.rows(texts))          # c.privacy: η, P, inversion success
+    tuned = c.tune(rows, labels, num_labels)   # c.artifact
+    probs = c.for_artifact(tuned).predict_proba(c.privatize(c.rows(queries, queries=True)))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from rapt.config import DEFAULT_PRIVATIZER_MODE, TuneConfig
+
+PRIVATIZE_CHUNK = 256  # rows per privatize call when progress is reported
+
+PlainIds = list[int] | list[list[int]]
+
+
+def plain_tokens_for(tokenizer, m: int, sequences: int, n_rows: int, seed: int):
+    """(plain_ids, plain_index): one sequence for all rows, or ``sequences`` of them assigned
+    to the rows uniformly at random (seeded). Test rows use sequence 0."""
+    from rapt.reconstruction import sample_plain_tokens
+
+    if sequences <= 1:
+        return sample_plain_tokens(tokenizer, m, seed=seed), None
+    seqs = sample_plain_tokens(tokenizer, m, seed=seed, num_sequences=sequences)
+    g = torch.Generator().manual_seed(seed + 17)
+    return seqs, torch.randint(sequences, (n_rows,), generator=g).tolist()
+
+
+@dataclass
+class Encoding:
+    """Texts (or sentence pairs) → token-id rows ``[leading specials] k x [trailing specials]``
+    (rapt.reconstruction's layout) of at most ``max_length`` ids, k included."""
+
+    max_length: int | None = 128
+    plain: PlainIds | None = None  # the public plain tokens k (or several sequences of m ids)
+    plain_index: list[int] | None = None  # training row i's sequence, when there are several
+
+    @classmethod
+    def sampled(cls, tokenizer, max_length: int | None, m: int, sequences: int, n_rows: int,
+                seed: int) -> Encoding:
+        """Random plain tokens: ``sequences`` of m ids, one drawn per training row (seeded)."""
+        plain, index = plain_tokens_for(tokenizer, m, sequences, n_rows, seed)
+        return cls(max_length, plain, index)
+
+    @classmethod
+    def parsed(cls, tokenizer, max_length: int | None, text: str) -> Encoding:
+        """Plain tokens given as text (e.g. RAPT Table 8's list); ValueError if empty."""
+        from rapt.reconstruction import parse_plain_tokens
+
+        return cls(max_length, parse_plain_tokens(tokenizer, text))
+
+    @classmethod
+    def of(cls, tuned: Any) -> Encoding:
+        """The layout a tuned prompt was trained on (its queries use plain sequence 0)."""
+        return cls(tuned.config.max_length, tuned.plain_ids)
+
+    @property
+    def plain_len(self) -> int:
+        """m: plain tokens per row (0 without reconstruction)."""
+        from rapt.reconstruction import _as_sequences
+
+        seqs = _as_sequences(self.plain)
+        return len(seqs[0]) if seqs else 0
+
+    def rows(self, tokenizer, texts: Sequence[str],
+             text_pairs: Sequence[str | None] | None = None, *,
+             queries: bool = False) -> list[list[int]]:
+        """Token-id rows; training rows take ``plain_index``'s sequences, ``queries`` (and
+        rows without an index) sequence 0."""
+        from rapt.reconstruction import _as_sequences, build_rows
+
+        index = self.plain_index
+        if len(_as_sequences(self.plain)) > 1 and (queries or index is None):
+            index = [0] * len(texts)
+        return build_rows(tokenizer, list(texts), self.max_length, self.plain, index,
+                          text_pairs=text_pairs)
+
+    def text_only(self, tokenizer, rows: Sequence[Sequence[int]]) -> list[list[int]]:
+        """The same rows without k (the text positions: what P and inversion are about)."""
+        from rapt.reconstruction import drop_plain
+
+        m = self.plain_len
+        return drop_plain(rows, tokenizer, m) if m else [list(r) for r in rows]
+
+
+def make_privatizer(backbone: Any, eta: float | None = None, target_p: float | None = None, *,
+                    noise_seed: int | None = None, mode: str = DEFAULT_PRIVATIZER_MODE):
+    """The dχ privatizer at η, or at the η that gives P ≈ ``target_p`` on rapt's public text
+    sample (the calibration every command uses); None when neither is given. Noise from OS
+    entropy unless ``noise_seed`` (tests and benchmarks only: no guarantee)."""
+    from rapt.privatization import Privatizer, calibrate_eta_public, candidate_ids_from_tokenizer
+
+    if eta is not None and target_p is not None:
+        raise ValueError("give eta or target_p, not both")
+    if target_p is not None:
+        eta = calibrate_eta_public(backbone, target_p)
+    if eta is None:
+        return None
+    cand = candidate_ids_from_tokenizer(backbone.tokenizer, backbone.embeddings.shape[0])
+    return Privatizer(backbone.embeddings, float(eta), special_ids=backbone.special_ids,
+                      candidate_ids=cand, mode=mode, seed=noise_seed)
+
+
+@dataclass
+class Customization:
+    """One customization of ``backbone``: privatizer, encoding, tuner config, artifact and
+    privacy report. Siblings that share the privatizer (other configs or encodings, the
+    queries of the artifact) come from :func:`dataclasses.replace` or :meth:`for_artifact`."""
+
+    backbone: Any
+    encoding: Encoding = field(default_factory=Encoding)
+    config: TuneConfig | None = None
+    privatizer: Any = None  # rapt.privatization.Privatizer; None: rows stay clean
+    target_p: float | None = None  # the P η was calibrated for (None: η given)
+    noise_seed: int | None = None  # also seeds DP-SGD noise through config.dp
+    privatizer_mode: str = DEFAULT_PRIVATIZER_MODE
+    artifact: Any = None  # rapt.trainer.TunedPrompt, once tuned (or loaded)
+    privacy: dict | None = None  # privacy report of the last measured release
+
+    @classmethod
+    def create(cls, backbone: Any, encoding: Encoding | None = None,
+               config: TuneConfig | None = None, *, eta: float | None = None,
+               target_p: float | None = None, noise_seed: int | None = None,
+               privatizer_mode: str = DEFAULT_PRIVATIZER_MODE) -> Customization:
+        """Calibrate η for ``target_p`` (or take ``eta``) and build the privatizer."""
+        priv = make_privatizer(backbone, eta, target_p, noise_seed=noise_seed,
+                               mode=privatizer_mode)
+        return cls(backbone, encoding or Encoding(), config, priv,
+                   target_p if priv is not None else None, noise_seed, privatizer_mode)
+
+    def for_artifact(self, tuned: Any) -> Customization:
+        """Queries of ``tuned``: its row layout and config, this privatizer."""
+        return replace(self, encoding=Encoding.of(tuned), config=tuned.config, artifact=tuned,
+                       privacy=None)
+
+    @classmethod
+    def from_artifact(cls, backbone: Any, tuned: Any, *, eta: float | None,
+                      noise_seed: int | None = None) -> Customization:
+        """Privatized queries of a loaded prompt at ``eta`` (None: clean), in the prompt's
+        layout and privatizer mode; its calibration target is kept only at its own η."""
+        mode = tuned.meta.get("privatizer_mode") or DEFAULT_PRIVATIZER_MODE
+        custom = cls.create(backbone, noise_seed=noise_seed, privatizer_mode=mode, eta=eta)
+        trained = tuned.meta.get("privacy") or {}
+        custom.target_p = trained.get("target_p") if trained.get("eta") == eta else None
+        return custom.for_artifact(tuned)
+
+    @property
+    def eta(self) -> float | None:
+        return float(self.privatizer.eta) if self.privatizer is not None else None
+
+    def rows(self, texts: Sequence[str], text_pairs: Sequence[str | None] | None = None, *,
+             queries: bool = False) -> list[list[int]]:
+        """Clean token-id rows in this customization's layout (see :meth:`Encoding.rows`)."""
+        return self.encoding.rows(self.backbone.tokenizer, texts, text_pairs, queries=queries)
+
+    def privatize(self, rows: list[list[int]], *, measure: bool = True,
+                  progress: Callable[[int], None] | None = None) -> list[list[int]]:
+        """Privatized rows (``rows`` as they are without a privatizer); with ``measure`` the
+        privacy report goes to ``self.privacy``. ``progress(n)`` after each chunk of n rows
+        (then the rows go in chunks of PRIVATIZE_CHUNK)."""
+        from rapt.reconstruction import privatize_rows
+
+        if self.privatizer is None:
+            return rows
+        if progress is None:
+            out = privatize_rows(rows, self.privatizer)
+        else:
+            out = []
+            for s in range(0, len(rows), PRIVATIZE_CHUNK):
+                out += privatize_rows(rows[s:s + PRIVATIZE_CHUNK], self.privatizer)
+                progress(len(rows[s:s + PRIVATIZE_CHUNK]))
+        if measure:
+            self.measure(rows, out)
+        return out
+
+    def measure(self, clean: Sequence[Sequence[int]], private: Sequence[Sequence[int]]) -> dict:
+        """The privacy report of a release (``rapt.privatization.privacy_report``: η, P,
+        inversion success, ...) on the text positions only: the plain tokens are public."""
+        from rapt.privatization import privacy_report
+
+        tok = self.backbone.tokenizer
+        self.privacy = privacy_report(self.encoding.text_only(tok, clean),
+                                      self.encoding.text_only(tok, private), self.privatizer,
+                                      target_p=self.target_p)
+        return self.privacy
+
+    def tune(self, rows: list[list[int]], labels: list[int], num_labels: int, *,
+             progress: Callable[[dict], None] | None = None,
+             should_stop: Callable[[], bool] | None = None,
+             checkpoint: Callable[[dict], None] | None = None,
+             resume: dict | None = None) -> Any:
+        """``rapt.trainer.tune`` on (privatized) rows with this config and plain tokens; the
+        TunedPrompt is kept as ``self.artifact`` and returned."""
+        from rapt.trainer import tune
+
+        if self.config is None:
+            raise ValueError("Customization.config is not set: no tuner config to tune with")
+        self.artifact = tune(self.backbone, rows, labels, num_labels, self.config,
+                             plain_ids=self.encoding.plain, plain_index=self.encoding.plain_index,
+                             progress=progress, should_stop=should_stop, checkpoint=checkpoint,
+                             resume=resume)
+        return self.artifact
+
+    def privacy_meta(self) -> dict:
+        """What an artifact records of its training data's privatization."""
+        on = self.privatizer is not None
+        return {"eta": self.eta, "privatizer_mode": self.privatizer_mode if on else None,
+                "seeded": self.noise_seed is not None, "privacy": self.privacy}
+
+    def predict_proba(self, rows: Sequence[Sequence[int]]) -> Tensor:
+        """Class probabilities (N, C) of the artifact for rows in its layout."""
+        if self.artifact is None:
+            raise ValueError("Customization.artifact is not set: tune or load a prompt first")
+        return self.artifact.predict_proba(self.backbone, rows)
+
+    def predict(self, rows: Sequence[Sequence[int]]) -> list[int]:
+        """Predicted label ids for rows in the artifact's layout."""
+        return self.predict_proba(rows).argmax(-1).tolist()
