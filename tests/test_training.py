@@ -18,6 +18,16 @@ from _tiny import TOY_WORDS, make_bert, make_llama, make_tokenizer
 from rapt.dp import DPConfig
 from rapt.reconstruction import build_rows, sample_plain_tokens
 from rapt.trainer import TuneConfig, tune
+from rapt.training import (
+    ModelOutput,
+    Plan,
+    Reconstruction,
+    SummedLoss,
+    TaskCE,
+    TrainableTensors,
+    TrainState,
+    run_loop,
+)
 
 PIN = Path(__file__).parent / "data" / "tune_pin.pt"
 WORDS = ["good", "great", "fun", "fine", "bad", "awful", "boring", "long"]
@@ -173,6 +183,82 @@ def test_dp_stats_cover_the_whole_logical_batch(tok):
             assert h["loss"] == pytest.approx(h["task_loss"] + 0.5 * h["rec_loss"], rel=1e-5)
             checked += 1
     assert checked >= 3
+
+
+class _ScriptedStep:
+    """A GradientStep without DP or a model: the gradient of batch idx is -sum(idx)."""
+
+    def __init__(self, param: torch.nn.Parameter) -> None:
+        self.param = param
+        self.plan = Plan(epochs=2, steps_per_epoch=3, total_steps=6)
+        self.seen: list[list[int]] = []
+
+    def batches(self, epoch: int, skip: int):
+        return [torch.tensor([3 * epoch + b]) for b in range(3)][skip:]
+
+    def compute(self, idx):
+        self.seen.append(idx.tolist())
+        self.param.grad = -idx.float().sum().reshape(1)
+        return {"loss": float(idx.sum()), "mine": 1.0}
+
+    def extra(self):
+        return {"tag": "x"}
+
+    def record(self):
+        return None
+
+    def components(self):
+        return {}
+
+
+def _loop_parts():
+    w = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([w], lr=1.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    step = _ScriptedStep(w)
+    state = TrainState("toy", "sgd", 6, {"w": TrainableTensors(torch.nn.ParameterList([w])),
+                                         "optimizer": opt, "scheduler": sched})
+    return w, opt, sched, step, state
+
+
+def test_run_loop_stops_checkpoints_and_resumes():
+    """run_loop alone (no DP, no model): progress records, checkpoint cadence, should_stop,
+    and a resume from a mid-epoch state that skips exactly the trained batches."""
+    w, opt, sched, step, state = _loop_parts()
+    seen, cks = [], []
+    calls = iter(range(100))
+    run_loop(step, opt, sched, state, progress=seen.append, checkpoint_every=2,
+             checkpoint=lambda s: cks.append(s.state_dict()),
+             should_stop=lambda: next(calls) >= 5)
+    assert state.stopped and state.step == 5 and step.seen == [[0], [1], [2], [3], [4]]
+    assert seen[0] == {"step": 1, "total_steps": 6, "epoch": 0, "loss": 0.0, "lr": 1.0,
+                       "mine": 1.0, "tag": "x"}
+    assert [c["step"] for c in cks] == [2, 4] and float(w.detach()) == 10.0
+    w2, opt2, sched2, step2, state2 = _loop_parts()
+    state2.load_state_dict(cks[0])  # step 2: mid-epoch 0
+    assert float(w2.detach()) == 1.0 and len(state2.history) == 2
+    run_loop(step2, opt2, sched2, state2)
+    assert step2.seen == [[2], [3], [4], [5]] and float(w2.detach()) == 15.0 and not state2.stopped
+    assert [h["step"] for h in state2.history] == [1, 2, 3, 4, 5, 6]
+
+
+def test_summed_loss_weights_objectives_and_keeps_their_stats():
+    """Σ weight · term over the objectives that apply; each keeps its own stats."""
+    logits = torch.tensor([[2.0, 0.0], [0.0, 1.0]], requires_grad=True)
+    rec = torch.zeros(2, 3, 4)
+    out = ModelOutput(logits, rec, torch.zeros(2, 1, 1))
+    targets = torch.tensor([[0, 1, 2], [3, 3, 3]])
+    task = TaskCE(torch.tensor([0, 0]))
+    r = Reconstruction(targets, torch.tensor([1, 0]), weight=0.25)
+    loss, stats = SummedLoss(lambda idx: out, [task, r])(torch.tensor([0, 1]))
+    ce = torch.nn.functional.cross_entropy(logits, torch.tensor([0, 0]), reduction="none")
+    torch.testing.assert_close(loss, ce + 0.25 * torch.log(torch.tensor(4.0)))
+    assert set(stats) == {"task_loss", "rec_loss", "rec_acc"}
+    assert stats["rec_acc"].shape == (2, 3)
+    no_rec = ModelOutput(logits, None, torch.zeros(2, 1, 1))
+    loss2, stats2 = SummedLoss(lambda idx: no_rec, [task, r])(torch.tensor([0, 1]))
+    torch.testing.assert_close(loss2, ce)
+    assert set(stats2) == {"task_loss"}
 
 
 def _write() -> None:  # pragma: no cover - run by hand, see the module docstring

@@ -6,7 +6,8 @@ returns a :class:`TunedPrompt`: the trained prompt/prefix (or LoRA / full weight
 head, without the reconstruction head. Loss per example: CE(task) + ``rec_weight`` · L_rec
 (RAPT eq. 10). Without DP the batch loss is the mean; with ``config.dp`` it is the PromptDPSGD
 loop of :class:`rapt.dp.DPSGD` (Poisson logical batches, physical micro-batches, per-example
-clipping through the broadcast protocol).
+clipping through the broadcast protocol). The loop itself, the two gradient steps, the summed
+objectives and the checked resume state live in :mod:`rapt.training`; this module builds them.
 """
 
 from __future__ import annotations
@@ -320,8 +321,10 @@ def tune(
     ``progress`` gets ``{"step", "total_steps", "epoch", "loss", "task_loss", "rec_loss",
     "rec_acc", "lr", "epsilon"?}`` after every optimizer step; ``should_stop()`` is polled every
     step (a stopped run returns what it has, ``meta["stopped"] = True``); ``checkpoint(state)``
-    gets a resumable state every ``config.checkpoint_every`` steps (or each epoch end), which
-    ``resume=state`` continues exactly.
+    gets a resumable state (:meth:`rapt.training.TrainState.state_dict`, plain tensors and
+    numbers) every ``config.checkpoint_every`` steps (or each epoch end), which ``resume=state``
+    continues exactly; a state of another method, N or DP setting is refused (ValueError), and
+    the flat states of rapt before it still resume.
     """
     _check_inputs(input_ids, labels, num_labels)
     seqs = _as_sequences(plain_ids)
