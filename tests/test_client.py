@@ -393,3 +393,95 @@ def test_cli_client_upload_and_predict_pairs(service, tmp_path, monkeypatch):
     assert len([s for s in r.stdout.splitlines() if s.startswith("{")]) == len(PAIR_ROWS)
     queried = _sent_rows(sent)[-1]
     assert all(row.count(bb.tokenizer.sep_token_id) == 2 for row in queried)
+    # --pad-to-bucket: every row sent is a multiple of 8 tokens (issue 29 item 9)
+    r = cli.invoke(app, ["client", "predict", st["prompt_id"], str(path), "--text-column",
+                         "left", "--text-pair-column", "right", "--backbone", str(folder),
+                         "--eta", "5", "--pad-to-bucket", "8"])
+    assert r.exit_code == 0, r.output
+    assert {len(row) % 8 for row in _sent_rows(sent)[-1]} == {0}
+    assert {len(row) % 8 for row in queried} != {0}
+    r = cli.invoke(app, ["client", "upload", str(path), "--pad-to-bucket", "0", *common])
+    assert r.exit_code == 2 and "--pad-to-bucket" in r.output, r.output
+
+
+def _predict_bodies(sent_paths) -> list[dict]:
+    return [json.loads(b) for p, b in sent_paths if p == "/v1/predict"]
+
+
+def test_every_predict_chunk_is_privatized(service, tmp_path):
+    """Issue 29 item 11a: with chunk=2, 12 query rows go up in 6 requests, and the leak
+    checks run on each /v1/predict body (a client that sent the raw rows of every chunk
+    after the first passed the suite, which never sent more than one chunk)."""
+    tc, key, bb = service
+    c = run_flow(tc, key, bb, tmp_path, eta=5.0, seed=0)
+    prompt_id = next(iter(c._prompt_info))
+    sent: list[tuple[str, bytes]] = []
+    tc.event_hooks["request"] = [lambda req: sent.append((req.url.path, req.read()))]
+    queries = TEXTS + TEXTS[:4]
+    pred = c.predict(prompt_id, queries, chunk=2)
+    assert len(pred.labels) == 12
+    bodies = _predict_bodies(sent)
+    assert len(bodies) == 6 and all(len(b["input_ids"]) == 2 for b in bodies)
+    clear = c._rows(queries, None, c.prompt(prompt_id)["plain_ids"], 128)
+    special = set(bb.special_ids)
+    assert kept_in_place(clear, clear, special, n=4) > 12  # not vacuous
+    for i, body in enumerate(bodies):
+        raw = json.dumps(body).encode()
+        assert not leaked_ngrams([raw], bb.tokenizer), i
+        assert not any(t in raw.decode() for t in queries)
+        assert kept_in_place(body["input_ids"], clear[2 * i:2 * i + 2], special, n=4) == 0, i
+
+
+def test_pad_to_bucket_hides_lengths_on_the_wire_and_keeps_predictions(service, tmp_path):
+    """Issue 29 item 9: with pad_to_bucket=8 every row sent (upload and predict) is a
+    multiple of 8 tokens, padded with the pad token; the service strips it, so the stored
+    rows and the predictions equal those of the same privatized rows sent unpadded."""
+    from rapt.padding import dedicated_pad_id
+
+    tc, key, bb = service
+    c = run_flow(tc, key, bb, tmp_path, eta=5.0, seed=0)
+    prompt_id = next(iter(c._prompt_info))
+    pad = bb.tokenizer.pad_token_id
+    sent: list[tuple[str, bytes]] = []
+    tc.event_hooks["request"] = [lambda req: sent.append((req.url.path, req.read()))]
+    kw = dict(api_key=key, backbone=bb, remote_backbone="tiny", http=tc, eta=5.0, seed=0,
+              plain_tokens=4)
+    plain = RaptClient(**kw).predict(prompt_id, TEXTS, chunk=3)
+    padded_client = RaptClient(**kw, pad_to_bucket=8)
+    padded = padded_client.predict(prompt_id, TEXTS, chunk=3)
+    bodies = _predict_bodies(sent)
+    unpadded_rows = [r for b in bodies[:3] for r in b["input_ids"]]
+    padded_rows = [r for b in bodies[3:] for r in b["input_ids"]]
+    assert {len(r) % 8 for r in padded_rows} == {0}
+    assert {len(r) % 8 for r in unpadded_rows} != {0}  # not vacuous: lengths differ
+    for u, p in zip(unpadded_rows, padded_rows, strict=True):
+        assert p[:len(u)] == u and set(p[len(u):]) <= {pad} and len(p) - len(u) < 8
+    assert padded.labels == plain.labels
+    assert max(abs(a - b) for pa, pb in zip(padded.probabilities, plain.probabilities,
+                                            strict=True)
+               for a, b in zip(pa, pb, strict=True)) < 1e-6
+    # an upload is padded too, and stored as the real rows
+    ds = padded_client.upload(write_csv(tmp_path / "again.csv"), max_length=32)
+    up = json.loads(next(b for p, b in reversed(sent) if p == "/v1/datasets"))
+    assert {len(r) % 8 for r in up["input_ids"]} == {0}
+    info = padded_client.dataset(ds)
+    real = RaptClient(**kw).encode(TEXTS, max_length=32)
+    assert info["max_row_len"] == max(len(r) for r in real) < max(len(r) for r in up["input_ids"])
+    # a tokenizer whose pad token is also its eos cannot pad (stripping would eat real tokens)
+    from types import SimpleNamespace
+
+    assert dedicated_pad_id(SimpleNamespace(pad_token_id=2, eos_token_id=2)) is None
+    assert dedicated_pad_id(bb.tokenizer) == pad
+    with pytest.raises(ClientError, match="pad_to_bucket"):
+        RaptClient(**kw, pad_to_bucket=0)
+
+
+def test_pad_to_bucket_and_strip_padding():
+    from rapt.padding import pad_to_bucket, strip_padding
+
+    rows = [[5, 6, 7], [5], [5, 6, 7, 8]]
+    padded = pad_to_bucket(rows, 0, 4)
+    assert padded == [[5, 6, 7, 0], [5, 0, 0, 0], [5, 6, 7, 8]]
+    assert strip_padding(padded, 0) == rows
+    assert strip_padding([[0, 0]], 0) == [[0]]  # never an empty row
+    assert strip_padding([[5, 0]], None) == [[5, 0]]

@@ -91,6 +91,7 @@ class RaptClient:
                  no_privacy: bool = False, mode: str = DEFAULT_PRIVATIZER_MODE,
                  seed: int | None = None, plain_tokens: int | Sequence[int] = DEFAULT_PLAIN_TOKENS,
                  min_p: float = DEFAULT_MIN_P, timeout: float = 120.0,
+                 pad_to_bucket: int | None = None,
                  http: httpx.Client | None = None) -> None:
         url = url or os.environ.get("RAPT_URL")
         api_key = api_key or os.environ.get("RAPT_API_KEY")
@@ -110,6 +111,13 @@ class RaptClient:
             raise ClientError("give either eta= (or target_p=) or no_privacy=True, not both")
         if not 0.0 <= min_p <= 1.0:
             raise ClientError(f"min_p must lie in [0, 1], got {min_p}")
+        if pad_to_bucket is not None and (isinstance(pad_to_bucket, bool) or not isinstance(
+                pad_to_bucket, int) or pad_to_bucket < 1):
+            raise ClientError(f"pad_to_bucket must be an integer >= 1 (tokens), got "
+                              f"{pad_to_bucket!r}")
+        # Rows go up padded to a multiple of this many tokens (rapt.padding): the wire shows
+        # length buckets, not lengths; the provider, which must mask the padding, still does.
+        self.pad_to_bucket = pad_to_bucket
         self.eta, self.no_privacy, self.mode, self.seed = eta, no_privacy, mode, seed
         # η given (or calibrated from target_p) by the user wins; otherwise predict uses the η
         # the service recorded with the prompt's training data.
@@ -253,6 +261,20 @@ class RaptClient:
         """Texts -> privatized token id rows (what upload and predict send)."""
         return self.privatize(self._rows(list(texts), text_pairs, plain_ids, max_length))
 
+    def _padded(self, rows: list[list[int]]) -> list[list[int]]:
+        """Rows as they are sent: padded to ``pad_to_bucket`` when it is set."""
+        if self.pad_to_bucket is None:
+            return rows
+        from rapt.padding import dedicated_pad_id, pad_to_bucket
+
+        pad = dedicated_pad_id(self.backbone.tokenizer)
+        if pad is None:
+            raise ClientError("pad_to_bucket needs a pad token that is no other special token "
+                              f"(backbone {self.remote_backbone!r} has pad token "
+                              f"{self.backbone.tokenizer.pad_token!r}); the service could not "
+                              "tell padding from the row's own tokens")
+        return pad_to_bucket(rows, pad, self.pad_to_bucket)
+
     def _declaration(self) -> dict[str, Any]:
         if self.no_privacy:
             return {"mechanism": "none"}
@@ -307,7 +329,8 @@ class RaptClient:
         private = self.privatize(rows)
         p = self._measure(rows, private, "upload", len(plain or []))["replacement_probability"]
         num_labels = max(len(ds.label_names), max(labels) + 1, 2)
-        body = {"backbone": self.remote_backbone, "input_ids": private, "labels": labels,
+        body = {"backbone": self.remote_backbone, "input_ids": self._padded(private),
+                "labels": labels,
                 "num_labels": num_labels, "privacy": self._declaration(), "plain_ids": plain}
         info = self._call("POST", "/v1/datasets", body)
         # Kept on this machine only: P is a statistic of the private data.
@@ -400,6 +423,7 @@ class RaptClient:
         clear = self._rows(list(texts), text_pairs, plain, max_length)
         rows = self.privatize(clear)
         self._measure(clear, rows, "predict", len(plain or []))
+        rows = self._padded(rows)
         labels, probs = [], []
         for i in range(0, len(rows), chunk):
             out = self._call("POST", "/v1/predict",

@@ -249,19 +249,22 @@ NOPRIV_OPT = typer.Option(False, "--no-privacy",
                           help="send token ids unprivatized (explicit opt-out)")
 BB_OPT = typer.Option("minilm", "--backbone",
                       help="local copy of the service's backbone (tokenizer + embeddings)")
+PAD_OPT = typer.Option(None, "--pad-to-bucket", min=1, help="pad every row sent to a multiple "
+                       "of this many tokens, so the wire shows length buckets, not lengths "
+                       "(the service strips the padding: the provider still learns lengths)")
 MIN_P_OPT = typer.Option(0.5, "--min-p", help="warn when fewer than this fraction of tokens "
                          "are replaced (P) in what is sent")
 
 
 def _client(url, key, backbone="minilm", eta=None, no_privacy=False, seed=None, min_p=0.5,
-            target_p=None, plain_tokens=DEFAULT_PLAIN_TOKENS):
+            target_p=None, plain_tokens=DEFAULT_PLAIN_TOKENS, pad_to_bucket=None):
     from rapt.client import ClientError, RaptClient
 
     try:
         with _privacy_warnings():
             return RaptClient(url, key, backbone=backbone, eta=eta, target_p=target_p,
                               no_privacy=no_privacy, seed=seed, min_p=min_p,
-                              plain_tokens=plain_tokens)
+                              plain_tokens=plain_tokens, pad_to_bucket=pad_to_bucket)
     except ClientError as e:
         raise _fail(str(e)) from e
 
@@ -325,7 +328,7 @@ def client_upload(
     max_length: int = typer.Option(_d("max_length")), limit: int | None = typer.Option(None),
     seed: int | None = typer.Option(None, "--noise-seed", "--seed",
                                     help="seed the privatization noise (tests only)"),
-    min_p: float = MIN_P_OPT, json_report: bool = JSON_OPT,
+    min_p: float = MIN_P_OPT, json_report: bool = JSON_OPT, pad_to_bucket: int | None = PAD_OPT,
     url: str | None = URL_OPT, key: str | None = KEY_OPT,
 ) -> None:
     """Privatize FILE here and upload only the privatized token ids; prints the dataset id,
@@ -333,7 +336,7 @@ def client_upload(
     from rapt.data import load_dataset
 
     c = _client(url, key, backbone, eta, no_privacy, seed, min_p, target_p=target_p,
-                plain_tokens=plain_len)
+                plain_tokens=plain_len, pad_to_bucket=pad_to_bucket)
     data = _guard(lambda: load_dataset(file, text_column=text_column, label_column=label_column,
                                        text_pair_column=text_pair_column, limit=limit))
     echo_data_notes(data)
@@ -403,7 +406,7 @@ def client_predict(
     no_privacy: bool = NOPRIV_OPT, backbone: str = BB_OPT,
     min_p: float = MIN_P_OPT, json_report: bool = JSON_OPT,
     text_column: str | None = typer.Option(None, help="text column/key of a query file"),
-    text_pair_column: str | None = TEXT_PAIR_OPT,
+    text_pair_column: str | None = TEXT_PAIR_OPT, pad_to_bucket: int | None = PAD_OPT,
     url: str | None = URL_OPT, key: str | None = KEY_OPT,
 ) -> None:
     """Privatize each query here, classify it with a tuned prompt; prints label + probabilities
@@ -411,7 +414,7 @@ def client_predict(
     success."""
     from rapt.data import load_dataset
 
-    c = _client(url, key, backbone, eta, no_privacy, min_p=min_p)
+    c = _client(url, key, backbone, eta, no_privacy, min_p=min_p, pad_to_bucket=pad_to_bucket)
     src = inputs[0] if len(inputs) == 1 and os.path.exists(inputs[0]) else inputs
     if not isinstance(src, list):
         src = _guard(lambda: load_dataset(src, text_column=text_column,

@@ -322,6 +322,7 @@ class Service:
                 ) -> list[list[int]]:
         """Checked token id rows, tokenizing (privatized) texts, or sentence pairs, with the
         backbone's tokenizer as the user side does (rapt.reconstruction.encode_texts)."""
+        from rapt.padding import dedicated_pad_id, strip_padding
         from rapt.reconstruction import encode_texts
 
         field = "input_ids"
@@ -331,6 +332,9 @@ class Service:
                                    f"limit is {max_rows_name}={max_rows}")
             input_ids = encode_texts(self.backbones[backbone].tokenizer, texts, text_pairs)
             field = "texts (tokenized)"
+        else:  # rows a client padded to a length bucket (rapt.padding): the real rows only
+            pad = dedicated_pad_id(self.backbones[backbone].tokenizer)
+            input_ids = strip_padding(input_ids, pad)
         self.check_rows(backbone, input_ids, field, max_rows, max_rows_name, prompt_tokens)
         return input_ids
 
