@@ -83,7 +83,9 @@ class Prediction:
 
 class RaptClient:
     """Talks to a rapt service; ``backbone`` is the local copy (tokenizer + embeddings) of the
-    model the service hosts, used only to tokenize and privatize on this machine."""
+    model the service hosts, used only to tokenize and privatize on this machine.
+    ``pad_to_bucket`` (tokens): pad every row sent to a multiple of it (``rapt.padding``;
+    hides lengths from the traffic, not from the provider)."""
 
     def __init__(self, url: str | None = None, api_key: str | None = None, *,
                  backbone: Any = "minilm", remote_backbone: str | None = None,

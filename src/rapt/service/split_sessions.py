@@ -15,6 +15,12 @@ answers. A repeated ``backward`` of ``last_step`` is answered idempotently from 
 gone: ``backward`` then answers 409 ``no_forward`` and the client sends ``forward`` again
 (the top is deterministic, so g is the same). Every 409 carries ``X-Rapt-Last-Step``.
 
+A ``backward`` is all or nothing (:meth:`rapt.split.ProviderSession.backward`): a gradient
+that overflows in the top, or an update that would leave it non-finite, is a 422 with nothing
+changed, and a step whose state could not be saved drops the session from memory before the
+error goes out, so no answer, replay or later step ever rests on an unsaved step. ``DELETE``
+never loads the session: one whose files no longer load is deleted all the same.
+
 A frozen bottom's training set crosses once: ``release`` chunks (``Release``, contiguous from
 row 0; a repeated chunk is accepted and changes nothing) are kept as files beside the store,
 and ``forward`` then takes a ``BatchRef`` (row indices) instead of activations.
