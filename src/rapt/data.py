@@ -20,6 +20,11 @@ name                      splits                                          format
 ========================  ==============================================  ====================
 
 ``validation`` and ``dev`` are accepted for each other (``val`` too).
+
+A name is opened as a built-in, then as a Hugging Face dataset, then as a file. A file's format
+is a :class:`Reader` in :data:`FORMATS`, chosen by ``format=``, by suffix or by sniffing the
+text; :func:`register_format` adds one. Readers only find records; one validation pass checks
+every record's texts and labels.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import os
 import random
 import re
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,9 +48,14 @@ __all__ = [
     "DataError",
     "Dataset",
     "Example",
+    "ReadSpec",
+    "Reader",
+    "Record",
     "columns_of",
     "data_dir",
+    "format_for",
     "load_dataset",
+    "register_format",
 ]
 
 
@@ -369,24 +379,93 @@ def _raw_label(value: Any, path: Path, line: int, fld: str) -> str:
                     path=path, line=line, field=fld)
 
 
-# --------------------------------------------------------------------------- parsers
-# Each parser returns (rows, blank_lines) where rows are
-# (line, text, text_pair, raw label or None, attrs); labels are mapped afterwards.
+# --------------------------------------------------------------------------- readers
+# A reader turns a file's text into raw records (line, field values as found); it checks the
+# file's structure (header, JSON, field counts). One validation pass, :func:`_validated_rows`,
+# then checks every record's texts and labels and names the file, line and field of an error.
 
-_Row = tuple[int, str, str | None, str | None, dict[str, Any]]
+_Row = tuple[int, str, str | None, str | None, dict[str, Any]]  # line, text, pair, raw label, attrs
 
 
 @dataclass
-class _Spec:
+class ReadSpec:
+    """What the caller asked a reader for; the reader records what it found."""
+
     text_column: str | None = None
     text_pair_column: str | None = None
     label_column: str | None = None
     label_required: bool | None = None  # None: labelled iff the label column/key exists
     guessed: bool = False  # the format was guessed from the file's lines
-    # Set by the parser: the text / pair columns it read, and whether it detected the pair.
+    # Set by the reader: the text / pair columns it read, and whether it detected the pair.
     used_text: str | None = None
     used_pair: str | None = None
     pair_detected: bool = False
+
+
+@dataclass
+class Record:
+    """One record as a reader found it, before validation. ``text``/``pair``/``label`` are the raw
+    values (a JSON value may be null or a number); ``pair_field`` None means no pair and
+    ``label`` None means unlabelled. ``line`` is the 1-based line where the record starts."""
+
+    line: int
+    text: Any
+    text_field: str = "text"
+    pair: Any = None
+    pair_field: str | None = None
+    label: Any = None  # a string is taken as written (strip it if the format allows spaces)
+    label_field: str = "label"
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+
+ReadFn = Callable[[str, Path, ReadSpec], Iterable[Record | None]]
+
+
+@dataclass(frozen=True)
+class Reader:
+    """A file format: ``read(text, path, spec)`` yields a :class:`Record` per record and None
+    per blank line, raising :class:`DataError` for a malformed structure.
+
+    ``suffixes`` (".csv") pick it from a file's name; ``sniff(text)`` claims a file whose suffix
+    names no format or a ``fallback`` one (any text fits "lines"). ``label_first``: validate the
+    label before the text, for lines whose label gives them their shape (``LABEL sentence``), so
+    a misread line reports its label. ``label_names``: the format's fixed label names, in id
+    order, unless the caller gives some. ``default_label``: the field labels come from when no
+    label column is named (for the report)."""
+
+    name: str
+    read: ReadFn
+    suffixes: tuple[str, ...] = ()
+    sniff: Callable[[str], bool] | None = None
+    fallback: bool = False
+    label_first: bool = False
+    label_names: tuple[str, ...] | None = None
+    default_label: str = "label"
+
+
+FORMATS: dict[str, Reader] = {}
+
+
+def register_format(reader: Reader) -> Reader:
+    """Add ``reader`` to :data:`FORMATS` (then ``load_dataset(..., format=reader.name)`` and its
+    suffixes read with it). Refuses, with ValueError, a name or a suffix already registered."""
+    if reader.name in FORMATS:
+        raise ValueError(f"format '{reader.name}' is already registered")
+    for suffix in reader.suffixes:
+        if not suffix.startswith(".") or suffix != suffix.lower():
+            raise ValueError(f"format '{reader.name}': suffix {suffix!r} must be lower-case "
+                             "and start with '.'")
+        taken = format_for(Path("x" + suffix))
+        if taken is not None:
+            raise ValueError(f"suffix '{suffix}' already reads as format '{taken}'")
+    FORMATS[reader.name] = reader
+    return reader
+
+
+def format_for(path: str | Path) -> str | None:
+    """The registered format whose suffixes include ``path``'s (case-insensitive), or None."""
+    suffix = Path(path).suffix.lower()
+    return next((r.name for r in FORMATS.values() if suffix and suffix in r.suffixes), None)
 
 
 # Text columns/keys guessed when none is given; sentence pairs are detected first, from these
@@ -396,8 +475,8 @@ PAIR_COLUMNS = (("sentence1", "sentence2"), ("premise", "hypothesis"),
                 ("question1", "question2"), ("question", "sentence"))
 
 
-def _pick_text_columns(spec: _Spec, present: Sequence[str] | dict) -> tuple[str | None,
-                                                                            str | None]:
+def _pick_text_columns(spec: ReadSpec, present: Sequence[str] | dict) -> tuple[str | None,
+                                                                               str | None]:
     """(text column, pair column) for a record with these columns/keys; records the choice in
     ``spec``. A pair is detected only when neither is given and both of its names are present;
     a given pair column alone takes its partner from :data:`PAIR_COLUMNS` as the first text."""
@@ -414,149 +493,144 @@ def _pick_text_columns(spec: _Spec, present: Sequence[str] | dict) -> tuple[str 
     return text, pair
 
 
-def _parse_table(text: str, path: Path, spec: _Spec, labels: _LabelMap, delimiter: str
-                 ) -> tuple[list[_Row], int]:
+def _blank_row(row: list[str]) -> bool:
+    return not row or (len(row) == 1 and not row[0].strip())
+
+
+def _table_columns(header: list[str], line: int, path: Path, spec: ReadSpec
+                   ) -> tuple[str, str | None, str | None]:
+    """(text, pair, label) columns of a table with this header; DataError when one is missing."""
+    dup = [h for h, n in Counter(header).items() if n > 1]
+    if dup:
+        raise DataError(f"duplicate column names {dup}", path=path, line=line)
+    text_col, pair_col = _pick_text_columns(spec, header)
+    for opt, c in (("text_pair_column", pair_col), ("label_column", spec.label_column)):
+        if c is not None and c not in header:
+            raise DataError(f"missing column '{c}' given as {opt} (columns: {header})",
+                            path=path, line=line)
+    if text_col is None or text_col not in header:
+        want = spec.text_column or "text' or 'sentence"
+        raise DataError(f"missing column '{want}' (columns: {header}); "
+                        f"choose one with {_opt('text_column')}", path=path, line=line)
+    if pair_col == text_col:
+        raise DataError(f"column '{text_col}' is both the text and the text_pair_column",
+                        path=path, line=line)
+    label_col = spec.label_column or ("label" if "label" in header else None)
+    if spec.label_required and label_col is None:
+        raise DataError(f"missing column 'label' (columns: {header})", path=path, line=line)
+    return text_col, pair_col, label_col
+
+
+def _read_table(text: str, path: Path, spec: ReadSpec, delimiter: str
+                ) -> Iterator[Record | None]:
     """CSV / TSV with a header row naming the columns."""
     # GLUE TSV has bare double quotes inside sentences; TSV is read without quote handling.
     quoting = csv.QUOTE_MINIMAL if delimiter == "," else csv.QUOTE_NONE
     records = _csv_records(text, path, delimiter, quoting)
     header: list[str] | None = None
     header_line = 0
-    blank = 0
     for line, row in records:
-        if not row or (len(row) == 1 and not row[0].strip()):
-            blank += 1
+        if _blank_row(row):
+            yield None
             continue
         header, header_line = [h.strip() for h in row], line
         break
     if header is None:
         raise DataError("no header row (the file is empty)", path=path, line=1)
-    dup = [h for h, n in Counter(header).items() if n > 1]
-    if dup:
-        raise DataError(f"duplicate column names {dup}", path=path, line=header_line)
+    text_col, pair_col, label_col = _table_columns(header, header_line, path, spec)
     cols = {h: i for i, h in enumerate(header)}
-    text_col, pair_col = _pick_text_columns(spec, cols)
-    for opt, c in (("text_pair_column", pair_col), ("label_column", spec.label_column)):
-        if c is not None and c not in cols:
-            raise DataError(f"missing column '{c}' given as {opt} (columns: {header})",
-                            path=path, line=header_line)
-    if text_col is None or text_col not in cols:
-        want = spec.text_column or "text' or 'sentence"
-        raise DataError(f"missing column '{want}' (columns: {header}); "
-                        f"choose one with {_opt('text_column')}", path=path, line=header_line)
-    if pair_col == text_col:
-        raise DataError(f"column '{text_col}' is both the text and the text_pair_column",
-                        path=path, line=header_line)
-    label_col = spec.label_column or ("label" if "label" in cols else None)
-    if spec.label_required and label_col is None:
-        raise DataError(f"missing column 'label' (columns: {header})", path=path,
-                        line=header_line)
     used = {text_col, pair_col, label_col}
-    rows: list[_Row] = []
     for line, row in records:
-        if not row or (len(row) == 1 and not row[0].strip()):
-            blank += 1
+        if _blank_row(row):
+            yield None
             continue
         if len(row) != len(header):
             raise DataError(f"wrong number of fields: expected {len(header)} ({header}), "
                             f"got {len(row)}", path=path, line=line)
-        t = _clean_text(row[cols[text_col]], path, line, text_col)
-        tp = _clean_text(row[cols[pair_col]], path, line, pair_col) if pair_col else None
-        raw = None
-        if label_col is not None:
-            raw = row[cols[label_col]].strip()
-            labels.check(raw, path, line, label_col)
-        attrs = {h: row[i] for h, i in cols.items() if h not in used}
-        rows.append((line, t, tp, raw, attrs))
-    return rows, blank
+        yield Record(line, row[cols[text_col]], text_col,
+                     row[cols[pair_col]] if pair_col else None, pair_col,
+                     row[cols[label_col]].strip() if label_col is not None else None,
+                     label_col or "label", {h: row[i] for h, i in cols.items() if h not in used})
 
 
-def _parse_jsonl(text: str, path: Path, spec: _Spec, labels: _LabelMap
-                 ) -> tuple[list[_Row], int]:
+def _json_object(s: str, path: Path, line: int) -> dict:
+    try:
+        obj = json.loads(s)
+    except json.JSONDecodeError as e:
+        raise DataError(f"bad JSON: {e.msg} at column {e.colno}", path=path, line=line) from None
+    if not isinstance(obj, dict):
+        raise DataError(f"expected a JSON object, got {type(obj).__name__}", path=path, line=line)
+    return obj
+
+
+def _check_keys(obj: dict, text_key: str | None, pair_key: str | None, spec: ReadSpec,
+                path: Path, line: int) -> str:
+    """The text key, after checking that the record has the text (and pair) keys."""
+    for k, opt in ((pair_key, "text_pair_column"), (text_key, "text_column")):
+        if k is not None and k not in obj:
+            given = f" given as {opt}" if k == getattr(spec, opt) else ""
+            raise DataError(f"missing field{given} (keys: {sorted(obj)})", path=path,
+                            line=line, field=k)
+    if text_key is None:
+        raise DataError(f"missing field 'text' (keys: {sorted(obj)}); "
+                        f"choose one with {_opt('text_column')}", path=path, line=line)
+    if pair_key == text_key:
+        raise DataError(f"key '{text_key}' is both the text and the text_pair_column",
+                        path=path, line=line)
+    return text_key
+
+
+def _read_jsonl(text: str, path: Path, spec: ReadSpec) -> Iterator[Record | None]:
     text_key: str | None = None
     pair_key: str | None = None
     picked = False  # the first record picks the text keys; the others must have them too
     label_key = spec.label_column or "label"
     # True: every record needs a label; None: the first record decides, the rest must agree.
     labelled: bool | None = True if spec.label_required else None
-    rows: list[_Row] = []
-    blank = 0
     for line, s in _lines(text):
         if not s.strip():
-            blank += 1
+            yield None
             continue
-        try:
-            obj = json.loads(s)
-        except json.JSONDecodeError as e:
-            raise DataError(f"bad JSON: {e.msg} at column {e.colno}", path=path,
-                            line=line) from None
-        if not isinstance(obj, dict):
-            raise DataError(f"expected a JSON object, got {type(obj).__name__}",
-                            path=path, line=line)
+        obj = _json_object(s, path, line)
         if not picked:
             text_key, pair_key = _pick_text_columns(spec, obj)
             picked = True
-        for k, opt in ((pair_key, "text_pair_column"), (text_key, "text_column")):
-            if k is not None and k not in obj:
-                given = f" given as {opt}" if k == getattr(spec, opt) else ""
-                raise DataError(f"missing field{given} (keys: {sorted(obj)})", path=path,
-                                line=line, field=k)
-        if text_key is None:
-            raise DataError(f"missing field 'text' (keys: {sorted(obj)}); "
-                            f"choose one with {_opt('text_column')}", path=path, line=line)
-        if pair_key == text_key:
-            raise DataError(f"key '{text_key}' is both the text and the text_pair_column",
-                            path=path, line=line)
-        t = _clean_text(obj[text_key], path, line, text_key)
-        tp = _clean_text(obj[pair_key], path, line, pair_key) if pair_key else None
+        key = _check_keys(obj, text_key, pair_key, spec, path, line)
         has = label_key in obj and obj[label_key] is not None
         if labelled is None:
-            # The first record decides whether the file is labelled; later ones must agree.
             labelled = has
-        raw = None
-        if labelled:
-            if not has:
-                raise DataError("missing label (earlier records have one)", path=path,
-                                line=line, field=label_key)
-            raw = _raw_label(obj[label_key], path, line, label_key)
-            labels.check(raw, path, line, label_key)
-        elif has:
+        if labelled and not has:
+            raise DataError("missing label (earlier records have one)", path=path,
+                            line=line, field=label_key)
+        if has and not labelled:
             raise DataError("has a label but earlier records have none", path=path,
                             line=line, field=label_key)
-        used = {text_key, pair_key, label_key}
-        attrs = {k: v for k, v in obj.items() if k not in used}
-        rows.append((line, t, tp, raw, attrs))
-    return rows, blank
+        used = {key, pair_key, label_key}
+        label = obj[label_key] if labelled else None
+        yield Record(line, obj[key], key, obj[pair_key] if pair_key else None, pair_key,
+                     label.strip() if isinstance(label, str) else label, label_key,
+                     {k: v for k, v in obj.items() if k not in used})
 
 
-def _per_line(text: str, parse: Callable[[int, str], _Row]) -> tuple[list[_Row], int]:
-    """Apply ``parse(line number, stripped line)`` to every non-blank line; count the blanks."""
-    rows: list[_Row] = []
-    blank = 0
+def _per_line(text: str, parse: Callable[[int, str], Record]) -> Iterator[Record | None]:
+    """``parse(line number, stripped line)`` for every non-blank line; None for the blanks."""
     for line, s in _lines(text):
-        if not s.strip():
-            blank += 1
-            continue
-        rows.append(parse(line, s.strip()))
-    return rows, blank
+        yield parse(line, s.strip()) if s.strip() else None
 
 
-def _parse_label_text(text: str, path: Path, spec: _Spec, labels: _LabelMap
-                      ) -> tuple[list[_Row], int]:
+def _read_label_text(text: str, path: Path, spec: ReadSpec) -> Iterator[Record | None]:
     """``LABEL sentence`` per line (label first, one space)."""
-    def parse(line: int, s: str) -> _Row:
+    def parse(line: int, s: str) -> Record:
         raw, _, rest = s.partition(" ")
-        labels.check(raw, path, line, "label")
-        return (line, _clean_text(rest, path, line, "text"), None, raw, {})
+        return Record(line, rest, label=raw)
 
     return _per_line(text, parse)
 
 
-def _parse_text_at_label(text: str, path: Path, spec: _Spec, labels: _LabelMap
-                         ) -> tuple[list[_Row], int]:
+def _read_text_at_label(text: str, path: Path, spec: ReadSpec) -> Iterator[Record | None]:
     """``SENTENCE@LABEL`` per line (Financial PhraseBank); the label follows the *last* ``@``,
     since sentences may contain ``@`` themselves."""
-    def parse(line: int, s: str) -> _Row:
+    def parse(line: int, s: str) -> Record:
         sentence, at, raw = s.rpartition("@")
         if not at:
             raise DataError("expected 'SENTENCE@LABEL' (no '@' on this line)"
@@ -564,35 +638,39 @@ def _parse_text_at_label(text: str, path: Path, spec: _Spec, labels: _LabelMap
                                "format='lines' to read every line as unlabelled text"
                                if spec.guessed else ""),
                             path=path, line=line, field="label")
-        raw = raw.strip()
-        labels.check(raw, path, line, "label")
-        return (line, _clean_text(sentence, path, line, "text"), None, raw, {})
+        return Record(line, sentence, label=raw.strip())
 
     return _per_line(text, parse)
+
+
+_AT_LABEL = re.compile(r"\S\s*@\s*[\w-]+$")
+
+
+def _looks_text_at_label(text: str) -> bool:
+    """True when at least 80 % of the (first 1,000) non-blank lines end in ``@word``."""
+    lines = [s.strip() for _, s in _lines(text) if s.strip()][:1000]
+    return bool(lines) and sum(bool(_AT_LABEL.search(s)) for s in lines) >= 0.8 * len(lines)
 
 
 TREC_COARSE = ["ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM"]
 
 
-def _parse_trec(text: str, path: Path, spec: _Spec, labels: _LabelMap
-                ) -> tuple[list[_Row], int]:
+def _read_trec(text: str, path: Path, spec: ReadSpec) -> Iterator[Record | None]:
     """``COARSE:fine question`` per line; the label is the coarse class."""
-    def parse(line: int, s: str) -> _Row:
+    def parse(line: int, s: str) -> Record:
         tag, _, rest = s.partition(" ")
         coarse, colon, fine = tag.partition(":")
         if not colon or not fine:
             raise DataError(f"expected 'COARSE:fine' before the question, got {tag!r}",
                             path=path, line=line, field="label")
-        labels.check(coarse, path, line, "label")
-        return (line, _clean_text(rest, path, line, "text"), None, coarse, {"fine": fine})
+        return Record(line, rest, label=coarse, attrs={"fine": fine})
 
     return _per_line(text, parse)
 
 
-def _parse_lines(text: str, path: Path, spec: _Spec, labels: _LabelMap
-                 ) -> tuple[list[_Row], int]:
+def _read_lines(text: str, path: Path, spec: ReadSpec) -> Iterator[Record | None]:
     """One unlabelled text per line."""
-    return _per_line(text, lambda line, s: (line, s, None, None, {}))
+    return _per_line(text, lambda line, s: Record(line, s))
 
 
 TRUSTPILOT_COLUMNS = ["review", "rating", "gender", "age", "country"]
@@ -603,20 +681,16 @@ TRUSTPILOT_ATTRIBUTES = {
 }
 
 
-def _parse_trustpilot(text: str, path: Path, spec: _Spec, labels: _LabelMap
-                      ) -> tuple[list[_Row], int]:
+def _read_trustpilot(text: str, path: Path, spec: ReadSpec) -> Iterator[Record | None]:
     """Headerless CSV: review, rating 1-5, gender 1/0, age 1/0, country."""
-    rows: list[_Row] = []
-    blank = 0
     for line, row in _csv_records(text, path, ",", csv.QUOTE_MINIMAL):
-        if not row or (len(row) == 1 and not row[0].strip()):
-            blank += 1
+        if _blank_row(row):
+            yield None
             continue
         if len(row) != len(TRUSTPILOT_COLUMNS):
             raise DataError(f"wrong number of fields: expected {len(TRUSTPILOT_COLUMNS)} "
                             f"({', '.join(TRUSTPILOT_COLUMNS)}), got {len(row)}",
                             path=path, line=line)
-        review = _clean_text(row[0], path, line, "review")
         rating, gender, age, country = (v.strip() for v in row[1:])
         if rating not in {"1", "2", "3", "4", "5"}:
             raise DataError(f"rating must be 1-5, got {rating!r}", path=path, line=line,
@@ -629,24 +703,55 @@ def _parse_trustpilot(text: str, path: Path, spec: _Spec, labels: _LabelMap
         attrs = {"rating": int(rating), "gender": int(gender), "age": int(age),
                  "country": country}
         raw = {"gender": gender, "age": age}.get(spec.label_column or "", rating)
-        labels.check(raw, path, line, spec.label_column or "rating")
-        rows.append((line, review, None, raw, attrs))
+        yield Record(line, row[0], "review", label=raw,
+                     label_field=spec.label_column or "rating", attrs=attrs)
+
+
+for _reader in (
+    Reader("csv", lambda t, p, s: _read_table(t, p, s, ","), suffixes=(".csv",)),
+    Reader("tsv", lambda t, p, s: _read_table(t, p, s, "\t"), suffixes=(".tsv",)),
+    Reader("jsonl", _read_jsonl, suffixes=(".jsonl", ".ndjson")),
+    Reader("label-text", _read_label_text, label_first=True),
+    Reader("text-at-label", _read_text_at_label, sniff=_looks_text_at_label, label_first=True),
+    Reader("trec", _read_trec, label_first=True, label_names=tuple(TREC_COARSE)),
+    Reader("trustpilot", _read_trustpilot, default_label="rating"),
+    Reader("lines", _read_lines, suffixes=(".txt",), fallback=True),
+):
+    register_format(_reader)
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _check_label(rec: Record, path: Path, labels: _LabelMap) -> str | None:
+    if rec.label is None:
+        return None
+    # Text formats give the label as written; JSON values (numbers, booleans) become strings.
+    raw = (rec.label if isinstance(rec.label, str)
+           else _raw_label(rec.label, path, rec.line, rec.label_field))
+    labels.check(raw, path, rec.line, rec.label_field)
+    return raw
+
+
+def _validated_rows(reader: Reader, text: str, path: Path, spec: ReadSpec, labels: _LabelMap
+                    ) -> tuple[list[_Row], int]:
+    """Every record of ``text`` read by ``reader`` and checked (texts non-empty, labels known);
+    returns (rows, blank lines). Records are checked as they are read, so the first problem in
+    file order is the one reported."""
+    rows: list[_Row] = []
+    blank = 0
+    for rec in reader.read(text, path, spec):
+        if rec is None:
+            blank += 1
+            continue
+        raw = _check_label(rec, path, labels) if reader.label_first else None
+        t = _clean_text(rec.text, path, rec.line, rec.text_field)
+        tp = (_clean_text(rec.pair, path, rec.line, rec.pair_field)
+              if rec.pair_field is not None else None)
+        if not reader.label_first:
+            raw = _check_label(rec, path, labels)
+        rows.append((rec.line, t, tp, raw, rec.attrs))
     return rows, blank
-
-
-_Parser = Callable[[str, Path, _Spec, _LabelMap], tuple[list[_Row], int]]
-
-FORMATS: dict[str, _Parser] = {
-    "csv": lambda t, p, s, lm: _parse_table(t, p, s, lm, ","),
-    "tsv": lambda t, p, s, lm: _parse_table(t, p, s, lm, "\t"),
-    "jsonl": _parse_jsonl,
-    "label-text": _parse_label_text,
-    "text-at-label": _parse_text_at_label,
-    "trec": _parse_trec,
-    "trustpilot": _parse_trustpilot,
-    "lines": _parse_lines,
-}
-_AT_LABEL = re.compile(r"\S\s*@\s*[\w-]+$")
 
 
 # A Hugging Face hub id: owner/name, or hf:ID[:CONFIG] for any id (hf:imdb, hf:nyu-mll/glue:sst2).
@@ -701,19 +806,13 @@ def _hf_records(name: str, path: Path, split: str) -> _HFRecords | None:
     return _HFRecords("\n".join(lines) + "\n", class_names)
 
 
-def _looks_text_at_label(text: str) -> bool:
-    """True when at least 80 % of the (first 1,000) non-blank lines end in ``@word``."""
-    lines = [s.strip() for _, s in _lines(text) if s.strip()][:1000]
-    return bool(lines) and sum(bool(_AT_LABEL.search(s)) for s in lines) >= 0.8 * len(lines)
-
-
 def columns_of(name_or_path: str | Path, format: str | None = None) -> list[str] | None:
     """The column names (CSV/TSV header) or the first record's keys (JSONL) of a user's file;
     None for built-in names, line formats and files that cannot be read (loading them reports
     why)."""
     name = str(name_or_path)
     path = Path(name).expanduser()
-    fmt = format or _EXTENSIONS.get(path.suffix.lower())
+    fmt = format or format_for(path)
     if name in BUILTINS or fmt not in ("csv", "tsv", "jsonl") or not path.is_file():
         return None
     try:
@@ -770,10 +869,6 @@ def _check_label_spread(fmt: str, ids: Sequence[int | None], names: Sequence[str
             f"format {fmt} takes {where} as its label, which does not look like a label "
             f"here; pass format='{other}' ('sentence@label' lines: text-at-label, "
             "'LABEL sentence': label-text) or format='lines' for unlabelled text", path=path)
-
-
-_EXTENSIONS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl",
-               ".txt": "lines"}
 
 
 # --------------------------------------------------------------------------- built-ins
@@ -875,6 +970,191 @@ def _seeded_split(examples: list[Example], sizes: tuple[tuple[str, int | None], 
     raise DataError(f"no split '{split}'")  # _builtin_file already checked the name
 
 
+# --------------------------------------------------------------------------- sources
+# Where the records come from, tried in order: a built-in name, a Hugging Face dataset (a
+# save_to_disk folder or a hub id), a user's file. Each opener returns None when the name is
+# not its kind; the first that answers gives the text, its format and how to read its labels.
+
+
+@dataclass(frozen=True)
+class _Options:
+    """load_dataset's keywords for reading a user's file."""
+
+    text_column: str | None = None
+    text_pair_column: str | None = None
+    label_column: str | None = None
+    label_names: Sequence[str] | None = None
+    attribute: str | None = None
+    format: str | None = None
+    label_base: int | None = None
+
+
+@dataclass
+class _Source:
+    path: Path
+    text: str
+    fmt: str  # a key of FORMATS
+    spec: ReadSpec
+    labels: _LabelMap
+    display: str  # Dataset.name
+    names: list[str] | None = None  # fixed label names; None: the label map's
+    split: str | None = None  # the split reported (built-ins and Hugging Face only)
+    shown_format: str | None = None  # the format reported, when not ``fmt``
+    seeded_splits: tuple[tuple[str, int | None], ...] = ()
+    guessed: bool = False
+    check_spread: bool = False  # refuse labels that look misread (user files, no label names)
+
+
+def _open_builtin(name: str, split: str, o: _Options) -> _Source | None:
+    if name not in BUILTINS:
+        return None
+    user_opts = ("text_column", "text_pair_column", "label_column", "label_names", "format",
+                 "label_base")
+    given = [k for k in user_opts if getattr(o, k) is not None]
+    if given:
+        raise DataError(f"{', '.join(_opt(k) for k in given)} apply to your own files; "
+                        f"built-in dataset '{name}' has a fixed layout")
+    b = BUILTINS[name]
+    path, split = _builtin_file(name, b, split)
+    text_col, pair_col, label_col = b.columns
+    names, raw_names = list(b.label_names), list(b.raw_labels)
+    if o.attribute is not None:
+        if name != "trustpilot" or o.attribute not in TRUSTPILOT_ATTRIBUTES:
+            allowed = sorted(TRUSTPILOT_ATTRIBUTES) if name == "trustpilot" else []
+            raise DataError(f"dataset '{name}' has no attribute '{o.attribute}' to use as "
+                            f"label; attributes: {allowed}")
+        names, raw_names = list(TRUSTPILOT_ATTRIBUTES[o.attribute]), ["0", "1"]
+        label_col = o.attribute
+    # Unlabelled splits (CB test) are "auto": labelled iff the records carry labels.
+    spec = ReadSpec(text_col, pair_col, label_col,
+                    label_required=None if split in b.unlabelled_splits else True)
+    return _Source(path, _read_text(path), b.format, spec,
+                   _LabelMap(raw_names, allow_index=False), name, names, split,
+                   seeded_splits=b.seeded_splits)
+
+
+def _open_huggingface(name: str, split: str, o: _Options) -> _Source | None:
+    if o.format is not None:
+        return None
+    path = Path(name).expanduser()
+    hf = _hf_records(name, path, split)
+    if hf is None:
+        return None
+    label_col = o.attribute or o.label_column
+    label_names, label_base = o.label_names, o.label_base
+    if label_names is None:
+        # A ClassLabel feature names its classes and stores 0-based ids.
+        label_names = hf.class_names.get(label_col or "label")
+        label_base = 0 if label_names else label_base
+    spec = ReadSpec(o.text_column, o.text_pair_column, label_col,
+                    label_required=True if label_col else None)
+    return _Source(path, hf.jsonl, "jsonl", spec, _LabelMap(label_names, base=label_base),
+                   path.stem, split=split, shown_format="huggingface",
+                   check_spread=label_names is None)
+
+
+def _file_format(path: Path, format: str | None) -> tuple[str, bool, str | None]:
+    """(format, guessed, the file's text if it was read to guess) for a user's file: ``format``,
+    else the suffix's, else (or over a fallback such as .txt) the first sniffer's that claims
+    the text."""
+    fmt, guessed, text = format or format_for(path), False, None
+    if format is None and (fmt is None or FORMATS[fmt].fallback) and path.is_file():
+        text = _read_text(path)
+        sniffed = next((r.name for r in FORMATS.values() if r.sniff and r.sniff(text)), None)
+        if sniffed is not None:
+            fmt, guessed = sniffed, True
+    if fmt is None:
+        raise DataError(f"cannot tell the format from the extension '{path.suffix}'; "
+                        f"pass {_opt('format')} one of {sorted(FORMATS)}", path=path)
+    if fmt not in FORMATS:
+        raise DataError(f"unknown format '{fmt}'; formats: {sorted(FORMATS)}", path=path)
+    return fmt, guessed, text
+
+
+def _open_file(name: str, split: str, o: _Options) -> _Source:
+    path = Path(name).expanduser()
+    if not path.exists():
+        raise DataError(f"no such file, and not a built-in dataset ({', '.join(BUILTINS)})"
+                        + (" or a Hugging Face hub id" if _HUB_ID.fullmatch(name) else ""),
+                        path=path)
+    if path.is_dir():
+        raise DataError("is a folder, not a data file (a Hugging Face dataset folder "
+                        "written by save_to_disk holds dataset_info.json or "
+                        "dataset_dict.json)", path=path)
+    fmt, guessed, text = _file_format(path, o.format)
+    names = None
+    if fmt == "trustpilot":
+        if o.attribute not in (None, *TRUSTPILOT_ATTRIBUTES):
+            raise DataError(f"TrustPilot files have no attribute '{o.attribute}'; "
+                            f"attributes: {sorted(TRUSTPILOT_ATTRIBUTES)}", path=path)
+        raw_names = ["0", "1"] if o.attribute else [str(i) for i in range(1, 6)]
+        names = list(TRUSTPILOT_ATTRIBUTES[o.attribute]) if o.attribute else raw_names
+        spec = ReadSpec(label_column=o.attribute)
+        labels = _LabelMap(raw_names, allow_index=False)
+    else:
+        label_col = o.attribute or o.label_column
+        spec = ReadSpec(o.text_column, o.text_pair_column, label_col,
+                        label_required=True if label_col else None, guessed=guessed)
+        fixed = FORMATS[fmt].label_names
+        # A format's fixed names (TREC's coarse classes) keep their order, whichever a file holds.
+        labels = (_LabelMap(fixed, allow_index=False) if fixed is not None
+                  and o.label_names is None else _LabelMap(o.label_names, base=o.label_base))
+    return _Source(path, text if text is not None else _read_text(path), fmt, spec, labels,
+                   path.stem, names, guessed=guessed, check_spread=o.label_names is None)
+
+
+def _open(name: str, split: str, o: _Options) -> _Source:
+    for opener in (_open_builtin, _open_huggingface):
+        src = opener(name, split, o)
+        if src is not None:
+            return src
+    return _open_file(name, split, o)
+
+
+def _dataset(src: _Source, limit: int | None) -> Dataset:
+    """Read and check every record of ``src``, map the labels, and report (see load_dataset)."""
+    lmap, spec = src.labels, src.spec
+    rows, blank = _validated_rows(FORMATS[src.fmt], src.text, src.path, spec, lmap)
+    ids = lmap.finalize([r[3] for r in rows])
+    names = src.names if src.names is not None else list(lmap.names)
+    if src.check_spread:
+        _check_label_spread(src.fmt, ids, names, src.path)
+    examples = [Example(text=t, label=i, text_pair=tp, attrs=attrs, line=line)
+                for (line, t, tp, _raw, attrs), i in zip(rows, ids, strict=True)]
+    read = len(examples)
+    if src.seeded_splits:
+        examples = _seeded_split(examples, src.seeded_splits, str(src.split))
+    if limit is not None:
+        examples = examples[:limit]
+    report = {
+        "file": str(src.path),
+        "format": src.shown_format or src.fmt,
+        "split": src.split,
+        "read": read,
+        "kept": len(examples),
+        "limit": limit,
+        "blank_lines": blank,
+        "format_guessed": src.guessed,
+        "label_base": lmap.base if lmap.fixed and lmap.allow_index else None,
+        "notes": [lmap.note] if lmap.note else [],
+        # the columns/keys the texts came from (None for line formats)
+        "text_column": spec.used_text,
+        "text_pair_column": spec.used_pair,
+        "pair_detected": spec.pair_detected,
+        **_label_counts(examples, names),
+        # which field the labels came from (None when the records carry no labels)
+        "label_source": (spec.label_column or FORMATS[src.fmt].default_label)
+        if any(i is not None for i in ids) else None,
+    }
+    if spec.pair_detected:
+        report["notes"].append(
+            f"{src.path}: sentence pairs, first text from '{spec.used_text}', second from "
+            f"'{spec.used_pair}' (detected; text_column= and text_pair_column= choose "
+            "others)")
+    return Dataset(name=src.display, examples=examples, label_names=list(names),
+                   source=str(src.path), report=report)
+
+
 # --------------------------------------------------------------------------- entry point
 
 
@@ -939,123 +1219,9 @@ def load_dataset(
     ``limit`` keeps the first ``limit`` records after reading and checking the whole file.
     Raises DataError naming file, line and problem for anything malformed.
     """
-    guessed = False
-    hf: _HFRecords | None = None
     if limit is not None and limit < 0:
         raise DataError(f"limit must be >= 0, got {limit}")
-    name = str(name_or_path)
-    if name in BUILTINS:
-        user_opts = {"text_column": text_column, "text_pair_column": text_pair_column,
-                     "label_column": label_column, "label_names": label_names,
-                     "format": format, "label_base": label_base}
-        given = [k for k, v in user_opts.items() if v is not None]
-        if given:
-            raise DataError(f"{', '.join(_opt(k) for k in given)} apply to your own files; "
-                            f"built-in dataset '{name}' has a fixed layout")
-        b = BUILTINS[name]
-        path, split = _builtin_file(name, b, split)
-        fmt = b.format
-        text_col, pair_col, label_col = b.columns
-        names = list(b.label_names)
-        raw_names = list(b.raw_labels)
-        if attribute is not None:
-            if name != "trustpilot" or attribute not in TRUSTPILOT_ATTRIBUTES:
-                allowed = sorted(TRUSTPILOT_ATTRIBUTES) if name == "trustpilot" else []
-                raise DataError(f"dataset '{name}' has no attribute '{attribute}' to use as "
-                                f"label; attributes: {allowed}")
-            names = list(TRUSTPILOT_ATTRIBUTES[attribute])
-            raw_names = ["0", "1"]
-            label_col = attribute
-        # Unlabelled splits (CB test) are "auto": labelled iff the records carry labels.
-        spec = _Spec(text_col, pair_col, label_col,
-                     label_required=None if split in b.unlabelled_splits else True)
-        lmap = _LabelMap(raw_names, allow_index=False)
-        display = name
-    else:
-        path = Path(name).expanduser()
-        hf = _hf_records(name, path, split) if format is None else None
-        if hf is None and not path.exists():
-            raise DataError(f"no such file, and not a built-in dataset ({', '.join(BUILTINS)})"
-                            + (" or a Hugging Face hub id" if _HUB_ID.fullmatch(name) else ""),
-                            path=path)
-        if hf is None and path.is_dir():
-            raise DataError("is a folder, not a data file (a Hugging Face dataset folder "
-                            "written by save_to_disk holds dataset_info.json or "
-                            "dataset_dict.json)", path=path)
-        fmt = "jsonl" if hf is not None else format or _EXTENSIONS.get(path.suffix.lower())
-        if format is None and fmt in (None, "lines") and path.is_file():
-            if _looks_text_at_label(_read_text(path)):
-                fmt, guessed = "text-at-label", True
-        if fmt is None:
-            raise DataError(f"cannot tell the format from the extension '{path.suffix}'; "
-                            f"pass {_opt('format')} one of {sorted(FORMATS)}", path=path)
-        if fmt not in FORMATS:
-            raise DataError(f"unknown format '{fmt}'; formats: {sorted(FORMATS)}", path=path)
-        if fmt == "trustpilot":
-            if attribute not in (None, *TRUSTPILOT_ATTRIBUTES):
-                raise DataError(f"TrustPilot files have no attribute '{attribute}'; "
-                                f"attributes: {sorted(TRUSTPILOT_ATTRIBUTES)}", path=path)
-            names = list(TRUSTPILOT_ATTRIBUTES[attribute]) if attribute else None
-            raw_names = ["0", "1"] if attribute else [str(i) for i in range(1, 6)]
-            spec = _Spec(label_column=attribute)
-            lmap = _LabelMap(raw_names, allow_index=False)
-            names = names or raw_names
-        else:
-            label_col = attribute or label_column
-            spec = _Spec(text_column, text_pair_column, label_col,
-                         label_required=True if label_col else None, guessed=guessed)
-            if hf is not None and label_names is None:
-                # A ClassLabel feature names its classes and stores 0-based ids.
-                label_names = hf.class_names.get(label_col or "label")
-                label_base = 0 if label_names else label_base
-            if fmt == "trec" and label_names is None:
-                # TREC's coarse classes have a fixed order, whichever of them a file holds.
-                lmap = _LabelMap(TREC_COARSE, allow_index=False)
-            else:
-                lmap = _LabelMap(label_names, base=label_base)
-            names = None
-        display = path.stem
-
-    text = hf.jsonl if hf is not None else _read_text(path)
-    rows, blank = FORMATS[fmt](text, path, spec, lmap)
-    ids = lmap.finalize([r[3] for r in rows])
-    if names is None:
-        names = list(lmap.names)
-    if name not in BUILTINS and label_names is None:
-        _check_label_spread(fmt, ids, names, path)
-    examples = [Example(text=t, label=i, text_pair=tp, attrs=attrs, line=line)
-                for (line, t, tp, _raw, attrs), i in zip(rows, ids, strict=True)]
-    read = len(examples)
-    seeded = BUILTINS[name].seeded_splits if name in BUILTINS else ()
-    if seeded:
-        examples = _seeded_split(examples, seeded, split)
-    if limit is not None:
-        examples = examples[:limit]
-    report = {
-        "file": str(path),
-        "format": "huggingface" if hf is not None else fmt,
-        "split": split if name in BUILTINS or hf is not None else None,
-        "read": read,
-        "kept": len(examples),
-        "limit": limit,
-        "blank_lines": blank,
-        "format_guessed": guessed,
-        "label_base": lmap.base if lmap.fixed and lmap.allow_index else None,
-        "notes": [lmap.note] if lmap.note else [],
-        # the columns/keys the texts came from (None for line formats)
-        "text_column": spec.used_text,
-        "text_pair_column": spec.used_pair,
-        "pair_detected": spec.pair_detected,
-        **_label_counts(examples, names),
-        # which field the labels came from (None when the records carry no labels)
-        "label_source": (attribute or spec.label_column
-                         or ("rating" if fmt == "trustpilot" else "label"))
-        if any(i is not None for i in ids) else None,
-    }
-    if spec.pair_detected:
-        report["notes"].append(
-            f"{path}: sentence pairs, first text from '{spec.used_text}', second from "
-            f"'{spec.used_pair}' (detected; text_column= and text_pair_column= choose "
-            "others)")
-    return Dataset(name=display, examples=examples, label_names=list(names), source=str(path),
-                   report=report)
+    opts = _Options(text_column=text_column, text_pair_column=text_pair_column,
+                    label_column=label_column, label_names=label_names, attribute=attribute,
+                    format=format, label_base=label_base)
+    return _dataset(_open(str(name_or_path), split, opts), limit)

@@ -47,11 +47,11 @@ def _load(name: str, split: str, fmt: str | None, text_column: str | None,
 
 
 def _resolve_format(name: str, fmt: str | None) -> str:
-    from rapt.data import _EXTENSIONS, BUILTINS
+    from rapt.data import BUILTINS, format_for
 
     if name in BUILTINS:
         return BUILTINS[name].format
-    return fmt or _EXTENSIONS.get(Path(name).suffix.lower(), "")
+    return fmt or format_for(name) or ""
 
 
 def _columns(name: str, text_column: str | None, pair_column: str | None,
