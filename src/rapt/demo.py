@@ -24,13 +24,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-import torch
-
 from rapt.config import (
     DEFAULT_PLAIN_TOKENS,
     DEFAULT_PRIVATIZER_MODE,
     default_lr,
 )
+from rapt.pipeline import plain_tokens_for  # noqa: F401  (re-exported: benchmarks use it)
 from rapt.stats import effect_word, mean_ci, paired_difference
 
 SETTINGS = ("no privacy", "head only", "+privatization", "+reconstruction")
@@ -112,18 +111,6 @@ class DemoResult:
         return asdict(self)
 
 
-def plain_tokens_for(tokenizer, m: int, sequences: int, n_rows: int, seed: int):
-    """(plain_ids, plain_index): one sequence for all rows, or ``sequences`` of them assigned
-    to the rows uniformly at random (seeded). Test rows use sequence 0."""
-    from rapt.reconstruction import sample_plain_tokens
-
-    if sequences <= 1:
-        return sample_plain_tokens(tokenizer, m, seed=seed), None
-    seqs = sample_plain_tokens(tokenizer, m, seed=seed, num_sequences=sequences)
-    g = torch.Generator().manual_seed(seed + 17)
-    return seqs, torch.randint(sequences, (n_rows,), generator=g).tolist()
-
-
 def _accuracy(pred: list[int], gold: list[int]) -> float:
     return float(sum(int(a == b) for a, b in zip(pred, gold, strict=True))) / max(1, len(gold))
 
@@ -142,114 +129,142 @@ def _head_options(config: DemoConfig, bb, label_names: list[str]) -> dict:
     return {"head": config.head, "label_descriptions": desc}
 
 
+@dataclass
+class _Tally:
+    """What the seeds add up: accuracies and run facts per setting, training-row P per seed."""
+
+    acc: dict[str, list[float]] = field(default_factory=lambda: {s: [] for s in SETTINGS})
+    info: dict[str, dict] = field(default_factory=lambda: {s: {} for s in SETTINGS})
+    ps: list[float] = field(default_factory=list)
+
+
 def run_demo(config: DemoConfig, log: Callable[[str], None] = print,
              progress: Callable[[str, dict], None] | None = None,
              backbone: Any = None) -> DemoResult:
     """Run the demo; ``progress(setting, step_record)`` is called after each training step
     (the setting named "<setting>, seed <s>")."""
-    from rapt.data import load_dataset
     from rapt.models import load_backbone
-    from rapt.privatization import (
-        Privatizer,
-        calibrate_eta_public,
-        candidate_ids_from_tokenizer,
-        privacy_report,
-        replacement_probability,
-    )
-    from rapt.reconstruction import build_rows, drop_plain, privatize_rows, text_length_for
-    from rapt.trainer import TuneConfig, tune
+    from rapt.pipeline import Customization
 
     t0 = time.perf_counter()
     bb = backbone if backbone is not None else load_backbone(config.backbone)
-    tok = bb.tokenizer
-    train = load_dataset(config.dataset, "train")
-    test = load_dataset(config.dataset, "dev" if config.dataset.startswith("sst2") else "test")
-    train = train.subset(min(config.train_size, len(train)), seed=config.seed)
-    test = test.subset(min(config.test_size, len(test)), seed=config.seed)
-    log(f"data: {len(train)} training / {len(test)} test examples of {config.dataset}")
+    train, test = _demo_data(config, log)
     head_kw = _head_options(config, bb, list(train.label_names))
-
-    # One text length for every setting (the rows with k are m tokens longer), so no setting
-    # sees more of a sentence than another.
-    n_text, whole = text_length_for(tok, train.texts, config.whole_fraction)
-    if config.max_length is not None:
-        n_text = config.max_length
-        whole = sum(len(r) <= n_text for r in tok(train.texts)["input_ids"]) / len(train)
-    log(f"rows cut at {n_text} text tokens ({whole:.0%} of training rows whole) + "
-        f"{config.plain_len} plain tokens")
-    m = config.plain_len
-    cand = candidate_ids_from_tokenizer(tok, bb.embeddings.shape[0])
-    eta = config.eta
-    if eta is None:
-        eta = calibrate_eta_public(bb, config.target_p)  # the calibration every command uses
-        log(f"η = {eta:.3g} (calibrated for P ≈ {config.target_p} on the public text sample)")
-    privatizer = Privatizer(bb.embeddings, eta, special_ids=bb.special_ids, candidate_ids=cand,
-                            mode=config.privatizer_mode, seed=config.noise_seed)
+    n_text, whole = _text_length(config, bb.tokenizer, train.texts, log)
+    custom = Customization.create(bb, eta=config.eta,
+                                  target_p=config.target_p if config.eta is None else None,
+                                  noise_seed=config.noise_seed,
+                                  privatizer_mode=config.privatizer_mode)
+    if config.eta is None:  # the calibration every command uses
+        log(f"η = {custom.eta:.3g} (calibrated for P ≈ {config.target_p} on the public text "
+            "sample)")
     lr = config.lr if config.lr is not None else default_lr(config.method)
     base = dict(method=config.method, num_virtual_tokens=config.num_virtual_tokens, lr=lr,
                 epochs=config.epochs, batch_size=config.batch_size,
                 rec_weight=config.rec_weight, rec_reduction=config.rec_reduction, **head_kw)
-    result = DemoResult(config=asdict(config), eta=float(eta), p=0.0, inversion_privacy=0.0,
-                        seeded=privatizer.seeded, text_length=n_text, rows_whole=whole,
-                        target_p=config.target_p if config.eta is None else None)
-    acc: dict[str, list[float]] = {s: [] for s in SETTINGS}
-    info: dict[str, dict] = {s: {} for s in SETTINGS}
-    ps = []
+    result = DemoResult(config=asdict(config), eta=float(custom.eta), p=0.0,
+                        inversion_privacy=0.0, seeded=custom.privatizer.seeded,
+                        text_length=n_text, rows_whole=whole, target_p=custom.target_p)
+    tally = _Tally()
     for i in range(config.seeds):
-        seed = config.seed + i
-        plain, plain_index = plain_tokens_for(tok, m, config.plain_sequences, len(train), seed)
-        k_rows = build_rows(tok, train.texts, n_text + m, plain, plain_index)
-        k_test = build_rows(tok, test.texts, n_text + m, plain,
-                            [0] * len(test) if plain_index is not None else None)
-        priv_k, priv_k_test = privatize_rows(k_rows, privatizer), privatize_rows(k_test,
-                                                                                  privatizer)
-        clean = (drop_plain(k_rows, tok, m), drop_plain(k_test, tok, m))
-        priv = (drop_plain(priv_k, tok, m), drop_plain(priv_k_test, tok, m))
-        ps.append(replacement_probability(clean[0], priv[0], bb.special_ids))
-        if i == 0:
-            rep = privacy_report(clean[1], priv[1], privatizer, target_p=result.target_p)
-            result.inversion_success = float(rep["inversion_success"])
-            result.inversion_privacy = 1.0 - result.inversion_success
-            log(f"privatized with η = {eta:.3g}: measured P = {ps[0]:.3f} (training rows); "
-                f"nearest-neighbour inversion recovers {result.inversion_success:.1%} of the "
-                f"test queries' tokens (empirical privacy {result.inversion_privacy:.3f})")
-        runs = [("no privacy", clean, False, False), ("head only", priv, False, True),
-                ("+privatization", priv, False, False),
-                ("+reconstruction", (priv_k, priv_k_test), True, False)]
-        for name, (rows, test_rows), rec, freeze in runs:
-            t = time.perf_counter()
-            cfg = TuneConfig(**base, seed=seed, max_length=n_text + (m if rec else 0),
-                             reconstruction=rec, freeze_prompt=freeze)
-            cb = (lambda r, name=f"{name}, seed {seed}": progress(name, r)) \
-                if progress is not None else None
-            tuned = tune(bb, rows, train.labels, len(train.label_names), cfg,
-                         plain_ids=plain if rec else None,
-                         plain_index=plain_index if rec else None, progress=cb)
-            a = _accuracy(tuned.predict(bb, test_rows), test.labels)
-            acc[name].append(a)
-            hist = tuned.meta["history"]
-            d = info[name]
-            d["steps"] = tuned.meta["steps"]
-            result.head = tuned.meta["head"]
-            d["train_seconds"] = d.get("train_seconds", 0.0) + time.perf_counter() - t
-            if i == 0:
-                d["loss_curve"] = [h["loss"] for h in hist]
-            if rec and hist:
-                tail = hist[-max(1, len(hist) // 5):]
-                d.setdefault("rec_acc_end", []).append(
-                    sum(h.get("rec_acc", 0.0) for h in tail) / len(tail))
-            log(f"seed {seed}: {name:16s} accuracy {a:.3f}  ({time.perf_counter() - t:.0f} s)")
-    result.p = sum(ps) / len(ps)
+        _run_seed(custom, config, (train, test), n_text, base, config.seed + i, result, tally,
+                  log, progress)
+    result.p = sum(tally.ps) / len(tally.ps)
     for name in SETTINGS:
-        mean, ci = mean_ci(acc[name])
+        mean, ci = mean_ci(tally.acc[name])
         result.rows.append({"setting": name, "accuracy": mean, "ci95": ci,
-                            "accuracies": acc[name], **info[name]})
-    result.paired = paired_difference(acc["+reconstruction"], acc["+privatization"])
+                            "accuracies": tally.acc[name], **tally.info[name]})
+    result.paired = paired_difference(tally.acc["+reconstruction"], tally.acc["+privatization"])
     result.verdict = verdict_line(result.paired, config.target_p if config.eta is None
                                   else None, result.p)
     log(result.verdict)
     result.seconds = time.perf_counter() - t0
     return result
+
+
+def _demo_data(config: DemoConfig, log: Callable[[str], None]):
+    """(train, test): the seeded subsets of the demo's dataset."""
+    from rapt.data import load_dataset
+
+    train = load_dataset(config.dataset, "train")
+    test = load_dataset(config.dataset, "dev" if config.dataset.startswith("sst2") else "test")
+    train = train.subset(min(config.train_size, len(train)), seed=config.seed)
+    test = test.subset(min(config.test_size, len(test)), seed=config.seed)
+    log(f"data: {len(train)} training / {len(test)} test examples of {config.dataset}")
+    return train, test
+
+
+def _text_length(config: DemoConfig, tok, texts: list[str],
+                 log: Callable[[str], None]) -> tuple[int, float]:
+    """(text tokens per row, share of training rows whole). One text length for every setting
+    (the rows with k are m tokens longer), so no setting sees more of a sentence than another."""
+    from rapt.reconstruction import text_length_for
+
+    n_text, whole = text_length_for(tok, texts, config.whole_fraction)
+    if config.max_length is not None:
+        n_text = config.max_length
+        whole = sum(len(r) <= n_text for r in tok(texts)["input_ids"]) / len(texts)
+    log(f"rows cut at {n_text} text tokens ({whole:.0%} of training rows whole) + "
+        f"{config.plain_len} plain tokens")
+    return n_text, whole
+
+
+def _run_seed(custom, config: DemoConfig, data, n_text: int, base: dict, seed: int,
+              result: DemoResult, tally: _Tally, log: Callable[[str], None],
+              progress: Callable[[str, dict], None] | None) -> None:
+    """One paired seed: privatize the rows with k once, cut k out for the settings without
+    it, and tune and score every setting on that same draw."""
+    from rapt.pipeline import Encoding
+    from rapt.privatization import replacement_probability
+    from rapt.trainer import TuneConfig
+
+    (train, test), m, tok = data, config.plain_len, custom.backbone.tokenizer
+    with_k = replace(custom, encoding=Encoding.sampled(tok, n_text + m, m,
+                                                       config.plain_sequences, len(train), seed))
+    k_rows, k_test = with_k.rows(train.texts), with_k.rows(test.texts, queries=True)
+    priv_k = with_k.privatize(k_rows, measure=False)
+    priv_k_test = with_k.privatize(k_test, measure=False)
+    cut = with_k.encoding.text_only
+    clean = (cut(tok, k_rows), cut(tok, k_test))
+    priv = (cut(tok, priv_k), cut(tok, priv_k_test))
+    tally.ps.append(replacement_probability(clean[0], priv[0], custom.backbone.special_ids))
+    first = not tally.acc["no privacy"]
+    if first:
+        result.inversion_success = float(with_k.measure(k_test, priv_k_test)["inversion_success"])
+        result.inversion_privacy = 1.0 - result.inversion_success
+        log(f"privatized with η = {result.eta:.3g}: measured P = {tally.ps[0]:.3f} (training "
+            f"rows); nearest-neighbour inversion recovers {result.inversion_success:.1%} of the "
+            f"test queries' tokens (empirical privacy {result.inversion_privacy:.3f})")
+    runs = [("no privacy", clean, False, False), ("head only", priv, False, True),
+            ("+privatization", priv, False, False),
+            ("+reconstruction", (priv_k, priv_k_test), True, False)]
+    for name, (rows, test_rows), rec, freeze in runs:
+        t = time.perf_counter()
+        cfg = TuneConfig(**base, seed=seed, max_length=n_text + (m if rec else 0),
+                         reconstruction=rec, freeze_prompt=freeze)
+        run = replace(with_k if rec else custom, config=cfg)
+        cb = (lambda r, name=f"{name}, seed {seed}": progress(name, r)) \
+            if progress is not None else None
+        tuned = run.tune(rows, train.labels, len(train.label_names), progress=cb)
+        a = _accuracy(run.predict(test_rows), test.labels)
+        tally.acc[name].append(a)
+        _record(tally.info[name], tuned, time.perf_counter() - t, first, rec)
+        result.head = tuned.meta["head"]
+        log(f"seed {seed}: {name:16s} accuracy {a:.3f}  ({time.perf_counter() - t:.0f} s)")
+
+
+def _record(d: dict, tuned: Any, seconds: float, first: bool, rec: bool) -> None:
+    """A setting's run facts: steps, training time, the first seed's loss curve and, with
+    reconstruction, L_rec's accuracy over the last fifth of the steps."""
+    hist = tuned.meta["history"]
+    d["steps"] = tuned.meta["steps"]
+    d["train_seconds"] = d.get("train_seconds", 0.0) + seconds
+    if first:
+        d["loss_curve"] = [h["loss"] for h in hist]
+    if rec and hist:
+        tail = hist[-max(1, len(hist) // 5):]
+        d.setdefault("rec_acc_end", []).append(
+            sum(h.get("rec_acc", 0.0) for h in tail) / len(tail))
 
 
 def verdict_line(d: dict, target_p: float | None, p: float) -> str:

@@ -1,11 +1,14 @@
 """`rapt tune`, `rapt predict`, `rapt demo` and `rapt attack attribute`: thin layers over
-rapt.trainer, rapt.demo and rapt.attacks.attribute."""
+rapt.pipeline (one Customization: privatize → rows → tune → predict), rapt.demo and
+rapt.attacks.attribute. They read files, print and save; the stages live in rapt.pipeline."""
 
 from __future__ import annotations
 
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import typer
 
@@ -13,10 +16,10 @@ from rapt.cli._app import (
     TARGET_P_HELP,
     TEXT_PAIR_OPT,
     app,
+    check_eta_options,
     echo_data_notes,
     echo_privacy,
     load_backbone_or_fail,
-    resolve_eta,
     warn_if_seeded,
 )
 from rapt.cli._app import fail as _fail
@@ -72,32 +75,19 @@ _BASE_HELP = "integer labels are 0-based or 1-based ids into --label-names (defa
 
 
 
-def _privatizer(bb, eta: float | None, target_p: float | None, noise_seed: int | None,
-                mode: str):
-    """Privatizer at η (or at the η that gives P ≈ target on rapt's public text sample); None
-    when neither is given. Its noise comes from OS entropy unless ``noise_seed`` is given (with
-    a warning)."""
-    from rapt.privatization import Privatizer, candidate_ids_from_tokenizer
+def _customization(bb, eta: float | None, target_p: float | None, noise_seed: int | None,
+                   mode: str, encoding=None, config=None):
+    """The Customization at η (or at the η that gives P ≈ target on rapt's public text sample);
+    its privatizer is None when neither is given. Its noise comes from OS entropy unless
+    ``noise_seed`` is given (with a warning). Bad --eta/--target-p values exit 2."""
+    from rapt.pipeline import Customization
 
-    eta, _ = resolve_eta(bb, eta, target_p)
-    if eta is None:
-        return None, None
-    cand = candidate_ids_from_tokenizer(bb.tokenizer, bb.embeddings.shape[0])
-    warn_if_seeded(noise_seed)
-    return Privatizer(bb.embeddings, eta, special_ids=bb.special_ids, candidate_ids=cand,
-                      mode=mode, seed=noise_seed), float(eta)
-
-
-def _measured(rows, private, privatizer, target_p: float | None, plain_len: int, bb) -> dict:
-    """The privacy report of privatized rows, on the text positions (the plain tokens of
-    reconstruction are public, so they are left out of P and the inversion rate)."""
-    from rapt.privatization import privacy_report
-    from rapt.reconstruction import drop_plain
-
-    if plain_len:
-        rows, private = (drop_plain(rows, bb.tokenizer, plain_len),
-                         drop_plain(private, bb.tokenizer, plain_len))
-    return privacy_report(rows, private, privatizer, target_p=target_p)
+    check_eta_options(eta, target_p)
+    custom = Customization.create(bb, encoding, config, eta=eta, target_p=target_p,
+                                  noise_seed=noise_seed, privatizer_mode=mode)
+    if custom.privatizer is not None:
+        warn_if_seeded(noise_seed)
+    return custom
 
 
 def _check_label_words(bb, words: list[str] | None) -> None:
@@ -114,23 +104,37 @@ def _check_label_words(bb, words: list[str] | None) -> None:
               "e.g. --label-words negative,positive")
 
 
-def _privatize_with_bar(rows, privatizer):
+def _privatize_with_bar(custom, rows, *, measure: bool = True):
+    """``custom.privatize`` with a progress bar on stderr (its report in ``custom.privacy``)."""
     from tqdm import tqdm
 
-    from rapt.reconstruction import privatize_rows
-
-    out = []
     with tqdm(total=len(rows), desc="privatize", unit="row", file=sys.stderr) as bar:
-        for s in range(0, len(rows), 256):
-            out += privatize_rows(rows[s:s + 256], privatizer)
-            bar.update(len(rows[s:s + 256]))
-    return out
+        return custom.privatize(rows, measure=measure, progress=bar.update)
+
+
+# Long help texts of `rapt tune`, out of its signature.
+_TUNE_HELP = {
+    "data": "dataset name (sst2, sst2-sentences, trec, cb, trustpilot) or a CSV/TSV/JSONL file",
+    "reconstruction": "RAPT privatized token reconstruction: m plain tokens per row and a second "
+    "loss, about 2x the step time; no accuracy gain measured at our scale (see "
+    "benchmarks/results/rapt.md), so off by default",
+    "rec_reduction": "L_rec over the m plain positions: sum (eq. 7) | mean",
+    "head": "auto (label-description on encoders, verbalizer on causal LMs: frozen, the prompt "
+    "carries the task) | label-description | verbalizer | linear (a trainable probe; a control)",
+    "label_descriptions": "'|'-separated, one per label, e.g. 'a negative review|a positive "
+    "review' (default: the built-in dataset's)",
+    "freeze_prompt": "control: keep the prompt at its init, train only a trainable head",
+    "label_words": "causal LMs: comma-separated verbalizer words, one per label (default: the "
+    "label names, with a leading space or without, whichever starts with distinct tokens)",
+    "seed": "init, data order and plain tokens (not privacy noise)",
+    "noise_seed": "seed the privacy noise (dχ and DP-SGD): tests/benchmarks only, voids the "
+    "guarantee; default: OS entropy",
+}
 
 
 @app.command()
 def tune(
-    data: str = typer.Argument(..., help="dataset name (sst2, sst2-sentences, trec, cb, "
-                                         "trustpilot) or a CSV/TSV/JSONL file"),
+    data: str = typer.Argument(..., help=_TUNE_HELP["data"]),
     out: Path = typer.Option(Path("runs/prompt"), "--out", "-o", help="artifact folder"),
     backbone: str = typer.Option("minilm", help="backbone name or path"),
     method: str = typer.Option(_d("method"), help="prompt | prefix | lora | full"),
@@ -144,15 +148,11 @@ def tune(
     label_base: int | None = typer.Option(None, help=_BASE_HELP),
     eta: float | None = typer.Option(None, help="privatize locally with this η"),
     target_p: float | None = typer.Option(None, help=TARGET_P_HELP),
-    reconstruction: bool = typer.Option(
-        _d("reconstruction"), help="RAPT privatized token reconstruction: m plain tokens per "
-        "row and a second loss, about 2x the step time; no accuracy gain measured at our scale "
-        "(see benchmarks/results/rapt.md), so off by default"),
+    reconstruction: bool = typer.Option(_d("reconstruction"), help=_TUNE_HELP["reconstruction"]),
     plain_len: int = typer.Option(DEFAULT_PLAIN_TOKENS, help="number of plain tokens m"),
     plain_tokens: str | None = typer.Option(None, help="plain tokens as text (default: random)"),
     plain_sequences: int = typer.Option(1, help="random plain sequences, one drawn per row"),
-    num_virtual_tokens: int | None = typer.Option(
-        None, help=VIRTUAL_TOKENS_HELP),
+    num_virtual_tokens: int | None = typer.Option(None, help=VIRTUAL_TOKENS_HELP),
     prefix_projection: bool = typer.Option(_d("prefix_projection")),
     lr: float | None = typer.Option(None, help=LR_HELP),
     epochs: int = typer.Option(_d("epochs")),
@@ -161,27 +161,15 @@ def tune(
     rec_hidden: int = typer.Option(_d("rec_hidden")),
     rec_vocab_size: int = typer.Option(_d("rec_vocab_size")),
     rec_weight: float = typer.Option(_d("rec_weight")),
-    rec_reduction: str = typer.Option(_d("rec_reduction"), help="L_rec over the m plain "
-                                      "positions: sum (eq. 7) | mean"),
-    head: str = typer.Option(
-        _d("head"), help="auto (label-description on encoders, verbalizer on causal LMs: frozen, "
-        "the prompt carries the task) | label-description | verbalizer | linear (a trainable "
-        "probe; a control)"),
-    label_descriptions: str | None = typer.Option(
-        None, help="'|'-separated, one per label, e.g. 'a negative review|a positive review' "
-        "(default: the built-in dataset's)"),
+    rec_reduction: str = typer.Option(_d("rec_reduction"), help=_TUNE_HELP["rec_reduction"]),
+    head: str = typer.Option(_d("head"), help=_TUNE_HELP["head"]),
+    label_descriptions: str | None = typer.Option(None, help=_TUNE_HELP["label_descriptions"]),
     head_temperature: float = typer.Option(_d("head_temperature"),
                                            help="label-description head: cos / T"),
-    freeze_prompt: bool = typer.Option(_d("freeze_prompt"), help="control: keep the prompt at "
-                                       "its init, train only a trainable head"),
-    label_words: str | None = typer.Option(
-        None, help="causal LMs: comma-separated verbalizer words, one per label (default: the "
-        "label names, with a leading space or without, whichever starts with distinct tokens)"),
-    seed: int = typer.Option(_d("seed"), help="init, data order and plain tokens (not privacy "
-                             "noise)"),
-    noise_seed: int | None = typer.Option(
-        None, help="seed the privacy noise (dχ and DP-SGD): tests/benchmarks only, voids the "
-        "guarantee; default: OS entropy"),
+    freeze_prompt: bool = typer.Option(_d("freeze_prompt"), help=_TUNE_HELP["freeze_prompt"]),
+    label_words: str | None = typer.Option(None, help=_TUNE_HELP["label_words"]),
+    seed: int = typer.Option(_d("seed"), help=_TUNE_HELP["seed"]),
+    noise_seed: int | None = typer.Option(None, help=_TUNE_HELP["noise_seed"]),
     privatizer_mode: str = typer.Option(DEFAULT_PRIVATIZER_MODE,
                                         help="exact | fast (certified exact) | annoy"),
     dp_epsilon: float | None = typer.Option(None, help="PromptDPSGD target ε"),
@@ -192,81 +180,113 @@ def tune(
                                                  help="micro-batch size under DP (default 32)"),
 ) -> None:
     """Privatize a dataset locally, tune a prompt on it and save the artifact."""
-    from tqdm import tqdm
+    o = SimpleNamespace(**locals())  # the options, for the stage helpers below
+    ds = _training_data(o)
+    bb = load_backbone_or_fail(backbone)
+    dp = _dp_config(o)
+    encoding = _encoding(o, bb, len(ds))
+    cfg, rows = _tune_config_and_rows(o, bb, ds, dp, encoding)
+    from rapt.trainer import resolve_head
 
-    from rapt.data import label_descriptions_for
-    from rapt.demo import plain_tokens_for
-    from rapt.reconstruction import build_rows, parse_plain_tokens
-    from rapt.trainer import TuneConfig, resolve_head
-    from rapt.trainer import tune as run_tune
+    if resolve_head(bb.kind, cfg) == "verbalizer":
+        _check_label_words(bb, cfg.label_words)
+    custom = _customization(bb, eta, target_p, noise_seed, privatizer_mode, encoding, cfg)
+    if dp is not None and custom.privatizer is None:
+        warn_if_seeded(noise_seed)
+    if custom.privatizer is not None:
+        rows = _privatize_with_bar(custom, rows)
+        echo_privacy(custom.privacy)
+    else:
+        typer.echo("warning: no --eta/--target-p given: training on clean (unprivatized) text",
+                   err=True)
+    tuned = _tune_with_bar(custom, rows, ds)
+    if ds.report.get("label_base") is not None:
+        tuned.meta["label_base"] = ds.report["label_base"]
+    tuned.meta.update({**custom.privacy_meta(), "label_names": ds.label_names,
+                       "dataset": str(data),
+                       # the columns read (given or detected), reused by `rapt predict`
+                       "text_column": ds.report.get("text_column"),
+                       "text_pair_column": ds.report.get("text_pair_column")})
+    _save_tuned(tuned, out, method)
 
-    ds = _load_data(data, split, limit, text_column, label_column,
-                    label_names=_split_names(label_names), fmt=fmt, label_base=label_base,
-                    text_pair_column=text_pair_column)
+
+def _training_data(o: SimpleNamespace):
+    """`rapt tune`'s dataset: every example labelled, or one error line saying which flag
+    fixes it."""
+    ds = _load_data(o.data, o.split, o.limit, o.text_column, o.label_column,
+                    label_names=_split_names(o.label_names), fmt=o.fmt, label_base=o.label_base,
+                    text_pair_column=o.text_pair_column)
     if len(ds) == 0:
-        _fail(f"{data}: no examples to train on")
+        _fail(f"{o.data}: no examples to train on")
     unlabelled = [e.line for e in ds.examples if e.label is None]
     if len(unlabelled) == len(ds):
         _fail(_no_labels_hint(ds))
     if unlabelled:
         _fail(f"{ds.source}: {len(unlabelled)} examples have no label (first at line "
               f"{unlabelled[0]}); tuning needs a label on every example")
-    bb = load_backbone_or_fail(backbone)
-    try:
-        from rapt.dp import dp_config_from_options
+    return ds
 
-        dp = dp_config_from_options(dp_epsilon, dp_noise, dp_clip, dp_delta, dp_physical_batch,
-                                    noise_seed=noise_seed)
+
+def _dp_config(o: SimpleNamespace):
+    from rapt.dp import dp_config_from_options
+
+    try:
+        return dp_config_from_options(o.dp_epsilon, o.dp_noise, o.dp_clip, o.dp_delta,
+                                      o.dp_physical_batch, noise_seed=o.noise_seed)
     except ValueError as e:
         _fail(str(e))
-    plain, plain_index = None, None
-    if reconstruction:
-        try:
-            if plain_tokens:
-                plain = parse_plain_tokens(bb.tokenizer, plain_tokens)
-            else:
-                plain, plain_index = plain_tokens_for(bb.tokenizer, plain_len, plain_sequences,
-                                                      len(ds), seed)
-        except ValueError as e:
-            _fail(str(e))
+
+
+def _encoding(o: SimpleNamespace, bb, n_rows: int):
+    """Rows of --max-length ids, with the plain tokens k under --reconstruction (given as
+    text, or random: --plain-sequences of them, one drawn per row)."""
+    from rapt.pipeline import Encoding
+
+    if not o.reconstruction:
+        return Encoding(o.max_length)
     try:
-        descs = ([d.strip() for d in label_descriptions.split("|")] if label_descriptions
-                 else label_descriptions_for(data) if bb.kind == "encoder" else None)
-        if head == "label-description" and not descs:
-            _fail(f"--head label-description: {data} has no built-in label descriptions; give "
+        if o.plain_tokens:
+            return Encoding.parsed(bb.tokenizer, o.max_length, o.plain_tokens)
+        return Encoding.sampled(bb.tokenizer, o.max_length, o.plain_len, o.plain_sequences,
+                                n_rows, o.seed)
+    except ValueError as e:
+        _fail(str(e))
+
+
+def _tune_config_and_rows(o: SimpleNamespace, bb, ds, dp, encoding):
+    """(TuneConfig, clean rows) from the options; a bad value is one error line."""
+    from rapt.data import label_descriptions_for
+    from rapt.trainer import TuneConfig
+
+    try:
+        descs = ([d.strip() for d in o.label_descriptions.split("|")] if o.label_descriptions
+                 else label_descriptions_for(o.data) if bb.kind == "encoder" else None)
+        if o.head == "label-description" and not descs:
+            _fail(f"--head label-description: {o.data} has no built-in label descriptions; give "
                   "--label-descriptions 'text for label 0|text for label 1|...'")
-        if descs and head in ("auto", "label-description") and len(descs) != len(
+        if descs and o.head in ("auto", "label-description") and len(descs) != len(
                 ds.label_names):
             _fail(f"--label-descriptions: {len(descs)} given for {len(ds.label_names)} labels "
                   f"({', '.join(ds.label_names)})")
-        cfg = TuneConfig(method=method, num_virtual_tokens=num_virtual_tokens,
-                         prefix_projection=prefix_projection,
-                         lr=lr,
-                         epochs=epochs, batch_size=batch_size, max_length=max_length, seed=seed,
-                         reconstruction=reconstruction, rec_hidden=rec_hidden,
-                         rec_vocab_size=rec_vocab_size, rec_weight=rec_weight, dp=dp,
-                         rec_reduction=rec_reduction, head=head, label_descriptions=descs,
-                         head_temperature=head_temperature, freeze_prompt=freeze_prompt,
-                         label_words=label_words.split(",") if label_words else (
-                             list(ds.label_names) if bb.kind == "causal" else None))
-        rows = build_rows(bb.tokenizer, ds.texts, max_length, plain, plain_index,
-                          text_pairs=ds.text_pairs)
+        words = o.label_words.split(",") if o.label_words else (
+            list(ds.label_names) if bb.kind == "causal" else None)
+        cfg = TuneConfig(method=o.method, num_virtual_tokens=o.num_virtual_tokens,
+                         prefix_projection=o.prefix_projection, lr=o.lr, epochs=o.epochs,
+                         batch_size=o.batch_size, max_length=o.max_length, seed=o.seed,
+                         reconstruction=o.reconstruction, rec_hidden=o.rec_hidden,
+                         rec_vocab_size=o.rec_vocab_size, rec_weight=o.rec_weight, dp=dp,
+                         rec_reduction=o.rec_reduction, head=o.head, label_descriptions=descs,
+                         head_temperature=o.head_temperature, freeze_prompt=o.freeze_prompt,
+                         label_words=words)
+        return cfg, encoding.rows(bb.tokenizer, ds.texts, ds.text_pairs)
     except ValueError as e:
         _fail(str(e))
-    if resolve_head(bb.kind, cfg) == "verbalizer":
-        _check_label_words(bb, cfg.label_words)
-    privatizer, eta_used = _privatizer(bb, eta, target_p, noise_seed, privatizer_mode)
-    if dp is not None and privatizer is None:
-        warn_if_seeded(noise_seed)
-    privacy = None
-    if privatizer is not None:
-        clean, rows = rows, _privatize_with_bar(rows, privatizer)
-        m = len(plain[0]) if plain and isinstance(plain[0], list) else len(plain or [])
-        privacy = _measured(clean, rows, privatizer, target_p, m, bb)
-        echo_privacy(privacy)
-    else:
-        typer.echo("warning: no --eta/--target-p given: training on clean (unprivatized) text",
-                   err=True)
+
+
+def _tune_with_bar(custom, rows, ds):
+    """``custom.tune`` with a step bar on stderr (loss, and ε under DP)."""
+    from tqdm import tqdm
+
     bar = tqdm(desc="tune", unit="step", file=sys.stderr)
 
     def progress(r: dict) -> None:
@@ -278,20 +298,16 @@ def tune(
         bar.update(1)
 
     try:
-        tuned = run_tune(bb, rows, ds.labels, len(ds.label_names), cfg, plain_ids=plain,
-                         plain_index=plain_index, progress=progress)
+        tuned = custom.tune(rows, ds.labels, len(ds.label_names), progress=progress)
     except ValueError as e:
         bar.close()
         _fail(str(e))
     bar.close()
-    if ds.report.get("label_base") is not None:
-        tuned.meta["label_base"] = ds.report["label_base"]
-    tuned.meta.update({"eta": eta_used, "label_names": ds.label_names, "dataset": str(data),
-                       "privatizer_mode": privatizer_mode if privatizer else None,
-                       "seeded": noise_seed is not None, "privacy": privacy,
-                       # the columns read (given or detected), reused by `rapt predict`
-                       "text_column": ds.report.get("text_column"),
-                       "text_pair_column": ds.report.get("text_pair_column")})
+    return tuned
+
+
+def _save_tuned(tuned, out: Path, method: str) -> None:
+    """Save the artifact; under DP the per-step log goes beside it, never into it."""
     tuned.save(out)
     msg = f"saved the {method}-tuned model to {out}"
     if tuned.meta.get("dp"):
@@ -332,37 +348,42 @@ def _check_pairs(meta: dict, artifact: Path, ds) -> None:
               "text column with --text-column")
 
 
+_PREDICT_HELP = {
+    "text_column": "default: the column `rapt tune` read, when the file has it",
+    "label_column": "gold labels, if any: accuracy is printed when every example has one",
+    "label_names": "default: the names stored in the artifact by `rapt tune` (give them only "
+    "for an artifact without; they must match the artifact's)",
+    "out": "write predictions as JSONL (default: print 'label<TAB>text' lines)",
+    "noise_seed": "seed the query privatization noise (tests only; default: OS entropy)",
+    "json_report": "print one JSON line at the end: examples, accuracy and the queries' privacy "
+    "(η, measured P, inversion success)",
+}
+
+
 @app.command()
 def predict(
     artifact: Path = typer.Argument(..., help="folder written by `rapt tune`"),
     data: str = typer.Argument(..., help="dataset name or file"),
     split: str = typer.Option("dev"),
     limit: int | None = typer.Option(None),
-    text_column: str | None = typer.Option(None, help="default: the column `rapt tune` read, "
-                                           "when the file has it"),
+    text_column: str | None = typer.Option(None, help=_PREDICT_HELP["text_column"]),
     text_pair_column: str | None = TEXT_PAIR_OPT,
-    label_column: str | None = typer.Option(None, help="gold labels, if any: accuracy is "
-                                            "printed when every example has one"),
+    label_column: str | None = typer.Option(None, help=_PREDICT_HELP["label_column"]),
     fmt: str | None = typer.Option(None, "--format", help=_FORMAT_HELP),
-    label_names: str | None = typer.Option(
-        None, help="default: the names stored in the artifact by `rapt tune` (give them only "
-        "for an artifact without; they must match the artifact's)"),
+    label_names: str | None = typer.Option(None, help=_PREDICT_HELP["label_names"]),
     label_base: int | None = typer.Option(None, help=_BASE_HELP + "; default: as in tune"),
     backbone: str | None = typer.Option(None, help="default: the artifact's backbone"),
     eta: float | None = typer.Option(None, help="default: the artifact's η (same as training)"),
     no_privatize: bool = typer.Option(False, "--no-privatize",
                                       help="send clean queries (no local privacy)"),
-    out: Path | None = typer.Option(None, help="write predictions as JSONL (default: print "
-                                    "'label<TAB>text' lines)"),
-    noise_seed: int | None = typer.Option(
-        None, help="seed the query privatization noise (tests only; default: OS entropy)"),
-    json_report: bool = typer.Option(
-        False, "--json-report", help="print one JSON line at the end: examples, accuracy and "
-        "the queries' privacy (η, measured P, inversion success)"),
+    out: Path | None = typer.Option(None, help=_PREDICT_HELP["out"]),
+    noise_seed: int | None = typer.Option(None, help=_PREDICT_HELP["noise_seed"]),
+    json_report: bool = typer.Option(False, "--json-report", help=_PREDICT_HELP["json_report"]),
 ) -> None:
     """Privatize queries locally (same η as training) and predict with a tuned prompt. The data
     need no labels; accuracy is reported when every example has one. Prints η, the measured P
     and the nearest-neighbour inversion success of the privatized queries."""
+    o = SimpleNamespace(**locals())  # the options, for the stage helpers below
     from rapt.artifacts import ArtifactError
     from rapt.trainer import TunedPrompt
 
@@ -370,60 +391,23 @@ def predict(
         tuned = TunedPrompt.load(artifact)
     except ArtifactError as e:
         _fail(str(e))
-    from rapt.data import BUILTINS
-
-    stored = tuned.meta.get("label_names")
-    given = _split_names(label_names)
-    if given is not None and stored and list(given) != list(stored):
-        _fail(f"--label-names {','.join(given)} differ from the names stored in {artifact} "
-              f"({','.join(stored)}); leave --label-names out to use the stored ones")
-    names = stored or given
-    if label_base is None:
-        label_base = tuned.meta.get("label_base")
-    # Gold labels of a user file are read by the prompt's own label names, so that ids mean
-    # the same classes (built-ins have fixed names already).
-    user_file = data not in BUILTINS
-    if user_file and text_column is None and text_pair_column is None:
-        text_column, text_pair_column = _stored_columns(tuned.meta, data, fmt)
-    ds = _load_data(data, split, limit, text_column, label_column,
-                    label_names=names if user_file else None, fmt=fmt,
-                    label_base=label_base if user_file and names else None,
-                    text_pair_column=text_pair_column)
+    names, ds = _query_data(o, tuned.meta)
     _check_pairs(tuned.meta, artifact, ds)
     bb = load_backbone_or_fail(backbone or tuned.meta.get("backbone", "minilm"))
-    eta = None if no_privatize else (eta if eta is not None else tuned.meta.get("eta"))
-    if eta is None and not no_privatize:
-        typer.echo("warning: this prompt was tuned without privatization and no --eta was "
-                   "given: queries are used in clear text", err=True)
-    elif no_privatize:
-        typer.echo("warning: --no-privatize: queries are used in clear text", err=True)
-    privatizer, _ = _privatizer(bb, eta, None, noise_seed, tuned.meta.get("privatizer_mode")
-                                or DEFAULT_PRIVATIZER_MODE)
-    rows = tuned.encode(bb, ds.texts, text_pairs=ds.text_pairs)
-    privacy = None
-    if privatizer is not None:
-        clean, rows = rows, _privatize_with_bar(rows, privatizer)
-        trained = tuned.meta.get("privacy") or {}
-        # η is the training's; "calibrated for" is said only when it is still that η.
-        target = trained.get("target_p") if trained.get("eta") == eta else None
-        privacy = _measured(clean, rows, privatizer, target,
-                            int(tuned.meta.get("plain_len") or 0), bb)
-        echo_privacy(privacy, err=True)
-    probs = tuned.predict_proba(bb, rows)
+    eta = _query_eta(tuned.meta, eta, no_privatize)
+    from rapt.pipeline import Customization
+
+    check_eta_options(eta, None)
+    custom = Customization.from_artifact(bb, tuned, eta=eta, noise_seed=noise_seed)
+    if custom.privatizer is not None:
+        warn_if_seeded(noise_seed)
+    rows = custom.rows(ds.texts, ds.text_pairs, queries=True)
+    if custom.privatizer is not None:
+        rows = _privatize_with_bar(custom, rows)
+        echo_privacy(custom.privacy, err=True)
+    probs = custom.predict_proba(rows)
     pred = probs.argmax(-1).tolist()
-    names = names or [str(i) for i in range(probs.shape[1])]
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with out.open("w") as f:
-            for ex, p, pr in zip(ds.examples, pred, probs.tolist(), strict=True):
-                pair = {"text_pair": ex.text_pair} if ex.text_pair is not None else {}
-                f.write(json.dumps({"text": ex.text, **pair, "prediction": names[p],
-                                    "probabilities": pr}) + "\n")
-        typer.echo(f"wrote {len(pred)} predictions to {out}")
-    else:
-        for ex, p in zip(ds.examples, pred, strict=True):
-            pair = f"\t{ex.text_pair}" if ex.text_pair is not None else ""
-            typer.echo(f"{names[p]}\t{ex.text}{pair}")
+    _echo_predictions(ds, pred, probs, names or [str(i) for i in range(probs.shape[1])], out)
     gold = [e.label for e in ds.examples]
     acc = None
     if gold and all(y is not None for y in gold):
@@ -432,16 +416,80 @@ def predict(
                    + (f" (queries privatized with η = {eta:.4g})" if eta else ""))
     if json_report:
         typer.echo(json.dumps({"artifact": str(artifact), "examples": len(pred),
-                               "accuracy": acc, "eta": eta, "privacy": privacy}))
+                               "accuracy": acc, "eta": eta, "privacy": custom.privacy}))
+
+
+def _query_data(o: SimpleNamespace, meta: dict):
+    """(label names, dataset) of `rapt predict`: gold labels of a user file are read by the
+    prompt's own label names, so that ids mean the same classes (built-ins have fixed names)."""
+    from rapt.data import BUILTINS
+
+    stored = meta.get("label_names")
+    given = _split_names(o.label_names)
+    if given is not None and stored and list(given) != list(stored):
+        _fail(f"--label-names {','.join(given)} differ from the names stored in {o.artifact} "
+              f"({','.join(stored)}); leave --label-names out to use the stored ones")
+    names = stored or given
+    label_base = o.label_base if o.label_base is not None else meta.get("label_base")
+    user_file = o.data not in BUILTINS
+    text_column, text_pair_column = o.text_column, o.text_pair_column
+    if user_file and text_column is None and text_pair_column is None:
+        text_column, text_pair_column = _stored_columns(meta, o.data, o.fmt)
+    ds = _load_data(o.data, o.split, o.limit, text_column, o.label_column,
+                    label_names=names if user_file else None, fmt=o.fmt,
+                    label_base=label_base if user_file and names else None,
+                    text_pair_column=text_pair_column)
+    return names, ds
+
+
+def _query_eta(meta: dict, eta: float | None, no_privatize: bool) -> float | None:
+    """The queries' η: none with --no-privatize, else --eta or the training's (warned)."""
+    eta = None if no_privatize else (eta if eta is not None else meta.get("eta"))
+    if eta is None and not no_privatize:
+        typer.echo("warning: this prompt was tuned without privatization and no --eta was "
+                   "given: queries are used in clear text", err=True)
+    elif no_privatize:
+        typer.echo("warning: --no-privatize: queries are used in clear text", err=True)
+    return eta
+
+
+def _echo_predictions(ds, pred: list[int], probs, names: list[str], out: Path | None) -> None:
+    """Predictions as JSONL in ``out``, or 'label<TAB>text' lines on stdout."""
+    if out is None:
+        for ex, p in zip(ds.examples, pred, strict=True):
+            pair = f"\t{ex.text_pair}" if ex.text_pair is not None else ""
+            typer.echo(f"{names[p]}\t{ex.text}{pair}")
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w") as f:
+        for ex, p, pr in zip(ds.examples, pred, probs.tolist(), strict=True):
+            pair = {"text_pair": ex.text_pair} if ex.text_pair is not None else {}
+            f.write(json.dumps({"text": ex.text, **pair, "prediction": names[p],
+                                "probabilities": pr}) + "\n")
+    typer.echo(f"wrote {len(pred)} predictions to {out}")
+
+
+_DEMO_HELP = {
+    "benchmark_config": "run benchmarks/bench_rapt.py's cpu configuration at P 0.4 (1,000 rows, "
+    "500 steps, 5 seeds; about 40 min on 2 cores); other options override it",
+    "max_length": "text tokens per row, plain tokens excluded (default: the length that keeps "
+    "95 % of training rows whole)",
+    "plain_sequences": "random plain sequences, one drawn per row (default 1)",
+    "head": "auto (default: label-description on encoders, verbalizer on causal LMs; frozen, the "
+    "prompt carries the task) | label-description | verbalizer | linear (a trainable probe, a "
+    "control)",
+    "label_descriptions": "'|'-separated, one per label (default: the built-in dataset's)",
+    "seed": "data subset and first seed's init and plain tokens, not privacy noise (default 0)",
+    "noise_seed": "seed the privatization noise (repeatable table, no guarantee); default: OS "
+    "entropy",
+}
 
 
 @app.command()
 def demo(
     out: Path = typer.Option(Path("runs/demo"), "--out", "-o", help="output folder"),
-    benchmark_config: bool = typer.Option(
-        False, "--benchmark-config", help="run benchmarks/bench_rapt.py's cpu configuration "
-        "at P 0.4 (1,000 rows, 500 steps, 5 seeds; about 40 min on 2 cores); other options "
-        "override it"),
+    benchmark_config: bool = typer.Option(False, "--benchmark-config",
+                                          help=_DEMO_HELP["benchmark_config"]),
     backbone: str | None = typer.Option(None, help="default minilm"),
     dataset: str | None = typer.Option(None, help="default sst2-sentences"),
     train_size: int | None = typer.Option(None, help="default 800"),
@@ -450,71 +498,32 @@ def demo(
     epochs: int | None = typer.Option(None, help="default 2"),
     lr: float | None = typer.Option(None, help=LR_HELP),
     batch_size: int | None = typer.Option(None, help="default 8"),
-    max_length: int | None = typer.Option(
-        None, help="text tokens per row, plain tokens excluded (default: the length that "
-        "keeps 95 % of training rows whole)"),
+    max_length: int | None = typer.Option(None, help=_DEMO_HELP["max_length"]),
     plain_len: int | None = typer.Option(None, help="plain tokens m (default 40)"),
-    plain_sequences: int | None = typer.Option(None, help="random plain sequences, one drawn "
-                                               "per row (default 1)"),
+    plain_sequences: int | None = typer.Option(None, help=_DEMO_HELP["plain_sequences"]),
     num_virtual_tokens: int | None = typer.Option(None, help="default 10"),
-    head: str | None = typer.Option(
-        None, help="auto (default: label-description on encoders, verbalizer on causal LMs; "
-        "frozen, the prompt carries the task) | label-description | verbalizer | linear (a "
-        "trainable probe, a control)"),
-    label_descriptions: str | None = typer.Option(
-        None, help="'|'-separated, one per label (default: the built-in dataset's)"),
+    head: str | None = typer.Option(None, help=_DEMO_HELP["head"]),
+    label_descriptions: str | None = typer.Option(None, help=_DEMO_HELP["label_descriptions"]),
     rec_reduction: str | None = typer.Option(None, help="sum (eq. 7, default) | mean"),
     target_p: float | None = typer.Option(None, help=TARGET_P_HELP + " (default 0.4)"),
     eta: float | None = typer.Option(None, help="η (overrides --target-p)"),
     seeds: int | None = typer.Option(None, help="paired seeds (default 3)"),
-    seed: int | None = typer.Option(None, help="data subset and first seed's init and plain "
-                                    "tokens, not privacy noise (default 0)"),
-    noise_seed: int | None = typer.Option(
-        None, help="seed the privatization noise (repeatable table, no guarantee); default: OS "
-        "entropy"),
+    seed: int | None = typer.Option(None, help=_DEMO_HELP["seed"]),
+    noise_seed: int | None = typer.Option(None, help=_DEMO_HELP["noise_seed"]),
 ) -> None:
     """RAPT end to end on a small SST-2 subset: privatize, tune (no privacy / head only /
     +privatization / +reconstruction) on paired seeds, privatized inference, inversion attack;
     prints a table with CIs and a one-line verdict, writes a plot."""
-    from tqdm import tqdm
+    cfg = _demo_config(SimpleNamespace(**locals()))  # the options, before any other name
+    from rapt.demo import format_table, make_plot, run_demo
 
-    from rapt.demo import DemoConfig, format_table, make_plot, run_demo
-    from rapt.trainer import HEADS
-
-    given = {k: v for k, v in dict(
-        backbone=backbone, dataset=dataset, train_size=train_size, test_size=test_size,
-        method=method, epochs=epochs, lr=lr, batch_size=batch_size, max_length=max_length,
-        plain_len=plain_len, plain_sequences=plain_sequences,
-        num_virtual_tokens=num_virtual_tokens, head=head, rec_reduction=rec_reduction,
-        target_p=target_p, eta=eta, seeds=seeds, seed=seed, noise_seed=noise_seed,
-        label_descriptions=[d.strip() for d in label_descriptions.split("|")]
-        if label_descriptions else None).items() if v is not None}
-    if head is not None and head not in HEADS:
-        _fail(f"--head must be one of {', '.join(HEADS)} (got {head!r})")
-    if rec_reduction is not None and rec_reduction not in ("sum", "mean"):
-        _fail(f"--rec-reduction must be sum or mean (got {rec_reduction!r})")
-    try:
-        cfg = DemoConfig.benchmark(**given) if benchmark_config else DemoConfig(**given)
-    except ValueError as e:
-        _fail(str(e))
     warn_if_seeded(noise_seed)
-    bars: dict[str, tqdm] = {}
-
-    def progress(setting: str, r: dict) -> None:
-        if setting not in bars:
-            for b in bars.values():
-                b.close()
-            bars[setting] = tqdm(total=r["total_steps"], desc=setting, unit="step",
-                                 file=sys.stderr, leave=False)
-        bars[setting].set_postfix(loss=f"{r['loss']:.3f}")
-        bars[setting].update(1)
-
+    bars = _SettingBars()
     try:
-        res = run_demo(cfg, log=lambda s: typer.echo(s), progress=progress)
+        res = run_demo(cfg, log=lambda s: typer.echo(s), progress=bars)
     except ValueError as e:
         _fail(str(e))
-    for b in bars.values():
-        b.close()
+    bars.close()
     out.mkdir(parents=True, exist_ok=True)
     table = format_table(res)
     (out / "results.json").write_text(json.dumps(res.as_dict(), indent=2) + "\n")
@@ -524,6 +533,48 @@ def demo(
     typer.echo("")
     typer.echo(table)
     typer.echo(f"\nwrote {out / 'results.json'}, {out / 'results.md'}, {out / 'demo.png'}")
+
+
+def _demo_config(o: SimpleNamespace):
+    """The DemoConfig of `rapt demo`'s options (those given override the defaults, or the
+    benchmark's with --benchmark-config); a bad value is one error line."""
+    from rapt.demo import DemoConfig
+    from rapt.trainer import HEADS
+
+    given = {k: v for k, v in vars(o).items()
+             if v is not None and k not in ("out", "benchmark_config")}
+    if o.label_descriptions:
+        given["label_descriptions"] = [d.strip() for d in o.label_descriptions.split("|")]
+    if o.head is not None and o.head not in HEADS:
+        _fail(f"--head must be one of {', '.join(HEADS)} (got {o.head!r})")
+    if o.rec_reduction is not None and o.rec_reduction not in ("sum", "mean"):
+        _fail(f"--rec-reduction must be sum or mean (got {o.rec_reduction!r})")
+    try:
+        return DemoConfig.benchmark(**given) if o.benchmark_config else DemoConfig(**given)
+    except ValueError as e:
+        _fail(str(e))
+
+
+class _SettingBars:
+    """``progress(setting, step_record)`` for run_demo: one stderr step bar per setting, the
+    previous ones closed when a new setting starts."""
+
+    def __init__(self) -> None:
+        self.bars: dict[str, Any] = {}
+
+    def __call__(self, setting: str, r: dict) -> None:
+        from tqdm import tqdm
+
+        if setting not in self.bars:
+            self.close()
+            self.bars[setting] = tqdm(total=r["total_steps"], desc=setting, unit="step",
+                                      file=sys.stderr, leave=False)
+        self.bars[setting].set_postfix(loss=f"{r['loss']:.3f}")
+        self.bars[setting].update(1)
+
+    def close(self) -> None:
+        for b in self.bars.values():
+            b.close()
 
 
 def _register_attack() -> None:
@@ -569,9 +620,10 @@ def _register_attack() -> None:
         else:
             rtr = build_rows(bb.tokenizer, tr.texts, max_length)
             rte = build_rows(bb.tokenizer, te.texts, max_length)
-        privatizer, _ = _privatizer(bb, eta, None, noise_seed, DEFAULT_PRIVATIZER_MODE)
-        if privatizer is not None:
-            rtr, rte = _privatize_with_bar(rtr, privatizer), _privatize_with_bar(rte, privatizer)
+        custom = _customization(bb, eta, None, noise_seed, DEFAULT_PRIVATIZER_MODE)
+        if custom.privatizer is not None:
+            rtr = _privatize_with_bar(custom, rtr, measure=False)
+            rte = _privatize_with_bar(custom, rte, measure=False)
         feats = {"input embeddings": (embedding_features(bb, rtr), embedding_features(bb, rte)),
                  "last-layer states": (hidden_features(bb, rtr, tuned),
                                        hidden_features(bb, rte, tuned))}
