@@ -15,6 +15,7 @@ from rapt.gnmax import (
     GNMaxConfig,
     log_pr_answered,
     log_q_gnmax,
+    log_q_threshold,
     rdp_data_dependent,
     rdp_data_independent_gnmax,
     rdp_data_independent_threshold,
@@ -303,10 +304,54 @@ def test_budget_stop():
     assert res.stopped_by_budget and res.queried == 10
     assert res.epsilon <= budget
     assert np.all(res.labels[10:] == -1) and np.all(res.labels[:10] == 0)
-    # data-dependent: stops too, never above the budget
-    dd = ConfidentGNMax(GNMaxConfig(threshold=25, sigma1=2.0, sigma2=6.0, epsilon_budget=5.0),
-                        seed=0).run(np.tile([20.0, 12.0], (500, 1)))
-    assert dd.stopped_by_budget and 0 < dd.queried < 500 and dd.epsilon <= 5.0
+    # data-dependent: stops too, never above the budget, and exactly where the rule says: the
+    # RDP is the sum of the processed queries' costs, and one more (worst case: answered) would
+    # pass the budget. Mutation caught (issue 29 item 11b): unanswered queries charged nothing
+    # ran 231 queries instead of 4 and passed the old bound 0 < queried < 500.
+    cfg = GNMaxConfig(threshold=25, sigma1=2.0, sigma2=6.0, epsilon_budget=5.0)
+    g = ConfidentGNMax(cfg, seed=0)
+    dd = g.run(np.tile([20.0, 12.0], (500, 1)))
+    assert dd.stopped_by_budget and dd.epsilon <= 5.0
+    c = np.array([20.0, 12.0])
+    th = rdp_threshold_data_dependent(c, 25.0, 2.0, cfg.orders)
+    gn = rdp_data_dependent(log_q_gnmax(c, 6.0), 6.0, cfg.orders)
+    k = dd.queried
+    np.testing.assert_allclose(dd.rdp, k * th + dd.answered[:k].sum() * gn, rtol=1e-12)
+    assert g.epsilon(dd.rdp + th + gn)[0] > 5.0
+    # whatever the noise: between "all answered" (3 fit) and "none answered" (4 fit)
+    fits = [g.epsilon(j * (th + gn))[0] <= 5.0 for j in range(1, 8)]
+    assert fits == [True] * 3 + [False] * 4
+    assert g.epsilon(3 * th + th + gn)[0] <= 5.0 < g.epsilon(4 * th + th + gn)[0]
+    assert 3 <= k <= 4
+
+
+def _balle_epsilon(rdp: np.ndarray, orders: np.ndarray, delta: float) -> float:
+    """Balle et al. 2020, Proposition 12 / opacus' conversion, written out here:
+    ε = min_λ rdp(λ) + log((λ-1)/λ) - (log δ + log λ)/(λ-1)."""
+    eps = rdp + np.log1p(-1.0 / orders) - (math.log(delta) + np.log(orders)) / (orders - 1.0)
+    return float(np.min(eps))
+
+
+@pytest.mark.parametrize("data_dependent", [False, True])
+def test_unanswered_queries_are_charged_the_threshold_check(data_dependent):
+    """Issue 29 item 11b: a run that answers nothing still pays for every threshold check.
+    20 queries of [10, 10, 10] with T = 27, σ1 = 1: data-independent RDP 20·λ/(2σ1²), ε = 32.32
+    at δ = 1e-6; data-dependent, q̃ = Φ(-17) per query, ε = 1.34. Mutation caught: charging
+    nothing for an unanswered query (ε = 0)."""
+    cfg = GNMaxConfig(threshold=27, sigma1=1.0, sigma2=3.0, data_dependent=data_dependent)
+    res = ConfidentGNMax(cfg, seed=0).run(np.tile([10.0, 10.0, 10.0], (20, 1)))
+    assert not res.answered.any() and res.queried == 20
+    if data_dependent:
+        with mp.workdps(60):
+            q = mp.ncdf(-17)
+        per = np.array([_theorem6_mp(q, math.sqrt(2.0), lam)[0] for lam in ORDERS])
+        assert res.epsilon == pytest.approx(1.338, abs=1e-3)
+    else:
+        per = ORDERS / 2.0
+        assert res.epsilon == pytest.approx(32.316, abs=1e-3)
+    # atol: where the bound is ~1e-58 its float64 evaluation is exact only to ~1e-62
+    np.testing.assert_allclose(res.rdp, 20 * per, rtol=1e-9, atol=1e-12)
+    assert res.epsilon == pytest.approx(_balle_epsilon(20 * per, ORDERS, cfg.delta), rel=1e-9)
 
 
 def test_config_validation():
@@ -358,3 +403,46 @@ def test_budget_counts_rdp_spent_by_earlier_releases():
     alone = ConfidentGNMax(cfg, seed=2).run(counts[10:])
     assert alone.queried == 10  # the per-run budget alone would not have stopped it
     np.testing.assert_allclose(first.rdp + second.rdp, free.rdp * 15 / 20)  # all answered
+
+
+@pytest.mark.parametrize(("threshold", "sigma1", "expect"), [(150.0, 1.0, 0.392),
+                                                             (180.0, 0.5, 1.107)])
+def test_threshold_far_below_the_votes_is_still_charged(threshold, sigma1, expect):
+    """Issue 29 item 10: with max votes - T >= ~38 σ1, Pr[answered] rounds to 1 and the old
+    code charged the threshold check 0 RDP (ε 0.224 in both cases below). 100 unanimous queries
+    of 200 teachers, σ2 = 20, δ = 1e-6: ε = 0.392 (T = 150, σ1 = 1) and 1.107 (T = 180,
+    σ1 = 0.5), the RDP checked order by order against a 60-digit mpmath evaluation of Theorem
+    6 with q̃ = Φ(-|200 - T| / σ1) and Proposition 7's q̃ for GNMax."""
+    counts = np.array([200.0, 0.0])
+    gap = 200.0 - threshold
+    assert gap / sigma1 >= 38  # the regime where Pr[answered] is 1.0 in float64
+    assert log_pr_answered(counts, threshold, sigma1) == 0.0
+    with mp.workdps(60):
+        q_th = mp.ncdf(-mp.mpf(gap) / sigma1)
+    assert log_q_threshold(counts, threshold, sigma1) == pytest.approx(float(mp.log(q_th)),
+                                                                       rel=1e-12)
+    q_gn = _q_gnmax_mp([200, 0], 20.0)
+    expect_rdp = np.array([
+        _theorem6_mp(q_th, math.sqrt(2.0) * sigma1, lam)[0] + _theorem6_mp(q_gn, 20.0, lam)[0]
+        for lam in ORDERS])
+    th = rdp_threshold_data_dependent(counts, threshold, sigma1, ORDERS)
+    assert th.max() > 1.0  # was 0 at every order (below λ ≈ 10 the exact bound is < 1e-300)
+    cfg = GNMaxConfig(threshold, sigma1, 20.0)
+    res = ConfidentGNMax(cfg, seed=0).run(np.tile(counts, (100, 1)))
+    assert res.answered.all()
+    np.testing.assert_allclose(res.rdp, 100 * expect_rdp, rtol=1e-9, atol=1e-12)
+    assert res.epsilon == pytest.approx(_balle_epsilon(100 * expect_rdp, ORDERS, 1e-6), rel=1e-9)
+    assert res.epsilon == pytest.approx(expect, abs=5e-4)
+
+
+def test_order_grid_has_half_orders_and_the_paper_setting_value():
+    """Issue 29 item 10: orders 1.25..10 by 0.25, 10..100 by 0.5, then log-spaced to 1000 (a
+    superset of the old integer grid). Flocks' setting (200 unanimous votes, T = 180, σ1 = 1,
+    σ2 = 20, δ = 1e-6) then costs 1.114 at λ = 10.5, not 1.174 at λ = 10."""
+    assert ORDERS[0] == 1.25 and ORDERS[-1] == pytest.approx(1000.0)
+    assert np.all(np.diff(ORDERS) > 0)
+    np.testing.assert_array_equal(ORDERS[ORDERS < 10], np.arange(1.25, 10.0, 0.25))
+    np.testing.assert_array_equal(ORDERS[(ORDERS >= 10) & (ORDERS < 100)],
+                                  np.arange(10.0, 100.0, 0.5))
+    res = ConfidentGNMax(GNMaxConfig(180.0, 1.0, 20.0), seed=0).run(np.tile([200.0, 0], (100, 1)))
+    assert res.epsilon == pytest.approx(1.1137, abs=1e-4) and res.order == 10.5

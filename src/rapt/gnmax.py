@@ -25,8 +25,8 @@ grid. Its q̃ = Φ(-20) ≈ e^-204 gives μ1 ≈ 21.2, but Theorem 6's bound is 
 q̃·B^(λ-1) is, i.e. for λ - 1 ≲ log(1/q̃) / log B ≈ 9.9 (log B = ε1 + log(1/q̃)/(μ1 - 1) ≈ 20.7,
 and Proposition 10's μ1 = μ2 + 1 already minimizes B); from λ = 11 up it costs 0.3 to λ/2 per
 query. Converting to (ε, δ) at λ = 10 costs (log(1/δ) - log λ)/(λ - 1) + log(1 - 1/λ) = 1.174
-even at zero RDP. A finer grid of orders only reaches 1.11 (λ ≈ 10.5); even zero RDP up to
-λ = μ1 would leave 0.49.
+even at zero RDP on the old grid (integer orders from 10); DEFAULT_ORDERS now has the half
+orders and reaches 1.114 (λ = 10.5); even zero RDP up to λ = μ1 would leave 0.49.
 """
 
 from __future__ import annotations
@@ -40,8 +40,11 @@ from scipy.special import log_ndtr
 
 from rapt.noise import NoiseSource
 
-# Fractional orders matter: the data-dependent bound is only valid below μ1, which can be small.
-DEFAULT_ORDERS = np.concatenate([np.arange(1.25, 10.0, 0.25), np.arange(10.0, 100.0, 1.0),
+# Fractional orders matter: the data-dependent bound is only valid below μ1, which can be small,
+# and the (ε, δ) conversion's optimum often sits between integers (λ ≈ 10.5 in Flocks' setting):
+# 1.25 to 10 in steps of 0.25, 10 to 100 in steps of 0.5, then 40 log-spaced orders to 1000. A
+# superset of the previous grid (steps of 1 from 10 to 100), so no ε can grow by the change.
+DEFAULT_ORDERS = np.concatenate([np.arange(1.25, 10.0, 0.25), np.arange(10.0, 100.0, 0.5),
                                  np.logspace(2.0, np.log10(1000.0), 40)])
 
 
@@ -125,14 +128,22 @@ def log_pr_answered(counts: np.ndarray, threshold: float, sigma1: float) -> floa
     return float(log_ndtr((float(np.max(counts)) - threshold) / sigma1))
 
 
+def log_q_threshold(counts: np.ndarray, threshold: float, sigma1: float) -> float:
+    """log q̃ of the threshold check: log Pr[the less likely of answered / not answered]
+    = log Φ(-|max counts - T| / σ1), computed directly in log space.
+
+    Deriving it from log Pr[answered] (as TensorFlow Privacy's pate_2018 core.py does) loses it:
+    once max - T >= ~38 σ1, Pr[answered] rounds to 1, its log to 0.0, and log(1 - e^0) has no
+    finite value, so the step was charged 0 RDP, which is not a bound (issue 29 item 10)."""
+    gap = abs(float(np.max(counts)) - float(threshold))
+    return float(log_ndtr(-gap / sigma1))
+
+
 def rdp_threshold_data_dependent(counts: np.ndarray, threshold: float, sigma1: float,
                                  orders: np.ndarray) -> np.ndarray:
     """Data-dependent RDP of the threshold check: Theorem 6 with q̃ = the less likely outcome."""
-    lp = log_pr_answered(counts, threshold, sigma1)
-    if lp >= 0.0:
-        return np.zeros_like(np.asarray(orders, dtype=np.float64))
-    log_r = min(lp, _log1mexp(lp))
-    return rdp_data_dependent(log_r, math.sqrt(2.0) * sigma1, orders)
+    return rdp_data_dependent(log_q_threshold(counts, threshold, sigma1),
+                              math.sqrt(2.0) * sigma1, orders)
 
 
 @dataclass
