@@ -158,7 +158,8 @@ def test_checkpoint_of_another_run_is_refused(tok):
     bad = [({**good, "kind": "split-top"}, "kind 'split-top'"),
            ({**good, "n_examples": 99}, "n_examples 99"),
            ({**good, "format": 99}, "newer"),
-           ({"step": 3}, "not a rapt training checkpoint")]
+           ({"step": 3}, "not a rapt training checkpoint"),
+           ({k: v for k, v in good.items() if k != "rng"}, r"lacks \['rng'\]")]
     model = dict(good["components"]["model"])
     model.pop("tuner.prefix")
     bad.append(({**good, "components": {**good["components"], "model": model}},

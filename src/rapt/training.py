@@ -31,6 +31,9 @@ from rapt.reconstruction import reconstruction_loss
 #: (``model``, ``optimizer``, ``scheduler``, ``torch_rng``, ``dp``, ``rec_vocab`` at the top).
 STATE_FORMAT = 2
 
+_FIELDS = {"kind", "method", "n_examples", "step", "epoch", "history", "meta", "rng",
+           "components"}
+
 StepStats = dict[str, float]
 """``{"loss": mean per-example loss, **objective stats}`` of one logical batch."""
 
@@ -287,6 +290,9 @@ def upgrade_checkpoint(state: dict) -> dict:
         if int(state.get("format", 0)) > STATE_FORMAT:
             raise ValueError(f"checkpoint format {state['format']} is newer than this rapt "
                              f"reads ({STATE_FORMAT}); upgrade rapt to resume it")
+        missing = sorted(_FIELDS - set(state))
+        if missing:
+            raise ValueError(f"checkpoint of kind {state['kind']!r} lacks {missing}")
         return state
     legacy = {"step", "model", "optimizer", "scheduler", "torch_rng"}
     if not legacy <= set(state):
