@@ -718,6 +718,7 @@ for _reader in (
     Reader("lines", _read_lines, suffixes=(".txt",), fallback=True),
 ):
     register_format(_reader)
+del _reader
 
 
 # --------------------------------------------------------------------------- validation
