@@ -96,6 +96,9 @@ def serve(
     max_upload_mb: float = typer.Option(32.0, help="largest request body, MiB"),
     max_seq_len: int = typer.Option(512, help="longest token row accepted"),
     max_queued_jobs: int = typer.Option(16, help="jobs that may wait for the worker"),
+    max_queued_jobs_per_key: int = typer.Option(8, help="of those, jobs of one API key"),
+    max_steps_per_job: int = typer.Option(100_000, help="optimizer steps one job may plan "
+                                          "(checked when it is created)"),
     batch_wait_ms: float = typer.Option(0.0, help="extra micro-batching wait for more "
                                         "requests, ms (0: group what queued during a pass)"),
     max_batch_rows: int = typer.Option(64, help="rows per inference forward pass "
@@ -145,6 +148,8 @@ def serve(
 
     from rapt.service import Limits, ServiceConfig, create_app
 
+    os.umask(0o077)  # every file the service writes holds a tenant's data: 0600 / 0700
+
     target, files = _store_target(db, None, store, files)
     if not isinstance(target, Path):
         from rapt.service.store import store_url
@@ -163,6 +168,8 @@ def serve(
                         limits=Limits(max_upload_bytes=int(max_upload_mb * 1024 * 1024),
                                       max_seq_len=max_seq_len,
                                       max_queued_jobs=max_queued_jobs,
+                                      max_queued_jobs_per_key=max_queued_jobs_per_key,
+                                      max_steps_per_job=max_steps_per_job,
                                       max_datasets_per_key=max_datasets_per_key,
                                       max_dataset_bytes_per_key=int(
                                           max_dataset_mb_per_key * 1024 * 1024)))
@@ -225,8 +232,9 @@ def keys_revoke(ctx: typer.Context,
                 key: str = typer.Argument(..., help="key id (from `keys list`) or name"),
                 db: Path | None = typer.Option(None, help=DB_HELP),
                 store: str | None = typer.Option(None, "--store", help=STORE_HELP)) -> None:
-    """Revoke a key: the service refuses it from the next request on. The key's datasets,
-    jobs and prompts stay (the owner can no longer reach them)."""
+    """Revoke a key: the service refuses it from the next request on, its queued jobs are
+    cancelled, its running ones stop at their next step (no prompt), its split sessions are
+    deleted. Its datasets and prompts stay until `keys purge`."""
     store = _open_store(db, ctx, store)
     try:
         row = store.revoke_key(key)
@@ -234,7 +242,31 @@ def keys_revoke(ctx: typer.Context,
         raise _fail(str(e)) from None
     finally:
         store.close()
-    typer.echo(f"revoked key {row['id']} ('{row['name']}')", err=True)
+    typer.echo(f"revoked key {row['id']} ('{row['name']}'): {len(row['cancelled'])} queued "
+               f"job(s) cancelled, {len(row['stopping'])} running job(s) stopping, "
+               f"{row['sessions']} split session(s) deleted", err=True)
+
+
+@keys_app.command("purge")
+def keys_purge(ctx: typer.Context,
+               key: str = typer.Argument(..., help="key id (from `keys list`) or name"),
+               yes: bool = typer.Option(False, "--yes", help="do not ask for confirmation"),
+               db: Path | None = typer.Option(None, help=DB_HELP),
+               store: str | None = typer.Option(None, "--store", help=STORE_HELP)) -> None:
+    """Revoke a key and delete everything it owns: datasets, jobs, prompts, split sessions
+    and their files. The key's row stays, revoked. Cannot be undone."""
+    if not yes:
+        typer.confirm(f"delete everything key '{key}' owns?", abort=True)
+    store = _open_store(db, ctx, store)
+    try:
+        row = store.purge_key(key)
+    except (LookupError, ValueError) as e:
+        raise _fail(str(e)) from None
+    finally:
+        store.close()
+    typer.echo(f"purged key {row['id']} ('{row['name']}'): {row['datasets']} dataset(s), "
+               f"{row['jobs']} job(s), {row['prompts']} prompt(s), {row['sessions']} split "
+               "session(s) deleted", err=True)
 
 
 # -- client ----------------------------------------------------------------------------------

@@ -53,7 +53,10 @@ def epsilon(
     acc = make_accountant(accountant)
     # opacus' accountants compose a history of (σ, q, steps) triples.
     acc.history = [(float(noise_multiplier), float(sample_rate), int(steps))]
-    return float(acc.get_epsilon(delta=delta))
+    # The RDP -> (ε, δ) conversion (Balle et al. 2020) goes below 0 when δ is large (δ = 1/N
+    # = 0.5 for N = 2 gives ln(1 - δ) = -0.69). An (ε, δ) guarantee holds for every larger ε,
+    # and a negative ε means nothing, so 0 is the bound reported.
+    return max(0.0, float(acc.get_epsilon(delta=delta)))
 
 
 def find_noise_multiplier(

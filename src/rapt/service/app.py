@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import secrets
 import shutil
 import threading
@@ -60,7 +61,7 @@ from rapt.service.schemas import (
 )
 from rapt.service.split_sessions import SapError, SplitSessions
 from rapt.service.store import QueueFullError, QuotaError, Store
-from rapt.service.worker import JobRunner, tune_config
+from rapt.service.worker import JobRunner, planned_steps, tune_config
 
 log = logging.getLogger("rapt.service")
 
@@ -211,6 +212,10 @@ class Service:
                  forward: Forward | None):
         self.config = config
         self.limits = config.limits
+        # Everything this process writes under the store's folder (checkpoints, prompts,
+        # split-session state and releases) is a tenant's data: 0600 files, 0700 folders.
+        # Process-wide; restored by close() for processes that host a service among others.
+        self._umask = os.umask(0o077)
         self.store = Store(config.store_url or config.db_path, files=config.files_dir)
         # Ray actors load backbones by name themselves; injected ones are sent to them.
         job_backbones = ({n: n for n in config.backbones} if backbones is None
@@ -249,6 +254,24 @@ class Service:
         for b in self.batchers.values():
             b.close()
         self.store.close()
+        os.umask(self._umask)
+
+    def revoke_key(self, ref: str, purge: bool) -> dict:
+        """Revoke (and with ``purge`` delete everything of) a key; its running jobs here stop
+        at their next step, its split sessions leave this process's memory."""
+        kid = self.store.find_key_id(ref, live_only=not purge)
+        sessions = 0
+        for sid in self.store.owned_sap_sessions(kid):
+            try:
+                self.sap.delete(kid, sid)  # waits for a message in flight, then drops it
+                sessions += 1
+            except SapError:
+                pass  # deleted meanwhile
+        out = self.store.purge_key(kid) if purge else self.store.revoke_key(kid)
+        out["sessions"] += sessions
+        for jid in out.get("stopping", []):
+            self.jobs.cancel(jid)
+        return out
 
     def prompt(self, row: dict) -> Any:
         """The loaded prompt for a store row, built on its backbone. LRU cache: 256 prompts, of
@@ -372,6 +395,16 @@ def job_status(svc: Service, job: dict) -> JobStatus:
                      prompt_id=job["prompt_id"], error=job["error"], created=job["created"])
 
 
+def _admin_key_op(svc: Service, key: str, purge: bool) -> dict:
+    try:
+        out = svc.revoke_key(key, purge)
+    except LookupError as e:
+        raise ServiceError(404, "not_found", str(e)) from None
+    except ValueError as e:
+        raise ServiceError(409, "conflict", str(e)) from None
+    return {k: v for k, v in out.items() if k != "revoked"}
+
+
 def _owned(svc: Any, kind: str, object_id: str, me: str) -> dict:
     """The caller's dataset, job or prompt row; 404 otherwise, so that another user's object
     looks exactly like a missing one."""
@@ -468,6 +501,18 @@ def create_app(config: ServiceConfig, *, backbones: dict[str, Any] | None = None
         """Micro-batching counters per backbone, over all tenants: operator (admin) keys only."""
         return {n: vars(b.stats) for n, b in svc_of(request).batchers.items()}
 
+    @app.post("/v1/admin/keys/{key}/revoke", responses=ERRORS)
+    def admin_revoke_key(key: str, request: Request, me: str = Depends(admin)) -> dict:
+        """Revoke a key (id or name): its queued jobs are cancelled, its running ones stop at
+        their next step without a prompt, its split sessions are deleted."""
+        return _admin_key_op(svc_of(request), key, purge=False)
+
+    @app.delete("/v1/admin/keys/{key}", responses=ERRORS)
+    def admin_purge_key(key: str, request: Request, me: str = Depends(admin)) -> dict:
+        """Revoke a key (id or name) and delete everything it owns: datasets, jobs,
+        prompts, split sessions and their files (as `rapt serve keys purge`)."""
+        return _admin_key_op(svc_of(request), key, purge=True)
+
     @app.post("/v1/datasets", status_code=201, response_model=DatasetInfo, responses=ERRORS)
     def upload_dataset(body: DatasetUpload, request: Request,
                        me: str = Depends(owner)) -> DatasetInfo:
@@ -484,6 +529,18 @@ def create_app(config: ServiceConfig, *, backbones: dict[str, Any] | None = None
                 raise ServiceError(422, "invalid_token_id",
                                    f"plain_ids[{bad[0]}] = {body.plain_ids[bad[0]]} is not a "
                                    f"token id of backbone '{name}' (vocabulary size {vocab})")
+            from rapt.reconstruction import plain_offset
+
+            # The trainer reads row i's plain tokens at positions off .. off + m: a shorter
+            # row would fail only when a job runs.
+            need = plain_offset(svc.backbones[name].tokenizer) + len(body.plain_ids)
+            short = next((i for i, r in enumerate(ids) if len(r) < need), None)
+            if short is not None:
+                raise ServiceError(422, "validation_error",
+                                   f"plain_ids: {len(body.plain_ids)} plain tokens (after "
+                                   f"{need - len(body.plain_ids)} leading special tokens) do "
+                                   f"not fit input_ids[{short}], which has "
+                                   f"{len(ids[short])} tokens")
         try:
             did = svc.store.create_dataset(
                 me, name, ids, body.labels, body.num_labels, body.privacy.model_dump(),
@@ -550,6 +607,17 @@ def create_app(config: ServiceConfig, *, backbones: dict[str, Any] | None = None
             raise ServiceError(422, "unsupported", f"this server cannot run that job: {e}") from e
         except (TypeError, ValueError) as e:
             raise ServiceError(422, "validation_error", str(e)) from e
+        try:  # what would otherwise fail, or run for days, only once the job runs
+            steps = planned_steps(body.model_dump(), ds["n_examples"])
+        except ValueError as e:
+            raise ServiceError(422, "validation_error", str(e)) from e
+        if steps > svc.limits.max_steps_per_job:
+            knobs = ("epochs, dp.sample_rate or batch_size" if body.dp is not None
+                     else "epochs or batch_size")
+            raise ServiceError(422, "limit_exceeded",
+                               f"this job would take {steps} steps over dataset '{ds['id']}' "
+                               f"({ds['n_examples']} rows); the limit is max_steps_per_job="
+                               f"{svc.limits.max_steps_per_job} (change {knobs})")
         # Rows are at most max_seq_len long already (checked at upload).
         params = body.model_dump()
         params["max_length"] = min(body.max_length, svc.limits.max_seq_len)
@@ -559,12 +627,10 @@ def create_app(config: ServiceConfig, *, backbones: dict[str, Any] | None = None
         try:  # queue capacity checked and the row inserted in one transaction: a 429 leaves
             # no row, and API processes sharing the store cannot overfill the queue together
             jid = svc.store.create_job(me, ds["id"], ds["backbone"], params,
-                                       max_queued=svc.limits.max_queued_jobs)
+                                       max_queued=svc.limits.max_queued_jobs,
+                                       max_queued_per_key=svc.limits.max_queued_jobs_per_key)
         except QueueFullError as e:
-            raise ServiceError(429, "queue_full",
-                               f"the job queue is full (limit max_queued_jobs="
-                               f"{svc.limits.max_queued_jobs} waiting jobs); retry later"
-                               ) from e
+            raise ServiceError(429, "queue_full", f"{e}; retry later") from e
         except LookupError as e:  # deleted since it was read above
             raise ServiceError(404, "not_found", f"no dataset '{body.dataset_id}'") from e
         svc.jobs.submit(jid)

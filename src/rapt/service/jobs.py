@@ -16,6 +16,7 @@ any other worker takes its jobs back and resumes them from their last checkpoint
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any, Protocol
 
@@ -53,6 +54,7 @@ class _RayWorker:
     def __init__(self, store_url: str, files: str, backbones: dict[str, Any], runner: Any,
                  device: str, worker_options: dict[str, Any]):
         logging.basicConfig(level=logging.INFO)
+        os.umask(0o077)  # the actor's files (checkpoints, prompts) are the tenants' data
         self.store = Store(store_url, files=files)
         loaded = {}
         for name, spec in backbones.items():

@@ -15,6 +15,10 @@ class Limits:
     max_examples: int = 200_000  # rows per uploaded dataset
     max_seq_len: int = 512  # token ids per row (uploads and inference)
     max_queued_jobs: int = 16  # jobs waiting for the worker (running ones not counted)
+    max_queued_jobs_per_key: int = 8  # of those, waiting jobs of one API key
+    # Optimizer steps one job may plan (checked at creation): a tiny DP sample rate or batch
+    # would otherwise hold a worker for days.
+    max_steps_per_job: int = 100_000
     max_predict_rows: int = 512  # rows per inference request
     max_inference_queue: int = 4096  # rows waiting for the micro-batcher
     max_datasets_per_key: int = 100  # stored datasets per API key (deleted ones not counted)

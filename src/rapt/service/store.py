@@ -6,10 +6,12 @@ multi-writer server several API and worker processes share). The queries are SQL
 so the same statements run on both; the schema is the ``Table`` list below, created and
 upgraded by the numbered ``MIGRATIONS`` (applied once each, recorded in ``schema_version``).
 
-Prompt tensors live in a folder beside the rows (``files``: ``<db>.files`` for SQLite, given
-with ``files=`` for PostgreSQL, a shared filesystem when several machines run jobs):
-``prompts/<id>`` safetensors folders and ``checkpoints/<job id>.pt``. Every lookup of a user
-object takes the owner's key id, so one key can never read another key's rows.
+Prompt tensors and dataset rows live in a folder beside the database (``files``:
+``<db>.files`` for SQLite, given with ``files=`` for PostgreSQL, a shared filesystem when
+several machines run jobs): ``datasets/<id>.json`` (token ids and labels, never in the
+database, so deleting the file erases them), ``prompts/<id>`` safetensors folders and
+``checkpoints/<job id>.pt``. Every lookup of a user object takes the owner's key id, so one key
+can never read another key's rows.
 
 Jobs are the queue: a job row is claimed by one worker with a conditional update
 (``state='queued'`` -> ``'running'``, the worker's id, a heartbeat), so two workers, threads or
@@ -18,7 +20,11 @@ process, lost machine) loses its jobs to the next worker that looks (``stale_job
 ``release_stale``), which resumes them from their checkpoint.
 
 SQLite: the database file is created 0600 and the folders the store creates 0700: they hold
-every tenant's data. Deleted rows are overwritten in the file (``secure_delete``).
+every tenant's data. Deleted rows are overwritten in the file (``secure_delete``) and the WAL
+is checkpointed and truncated after every delete, so no copy stays in ``-wal`` either.
+
+Keys: revoking one cancels its jobs and deletes its split sessions; purging one deletes
+everything it owns (``purge_key``).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -169,6 +176,13 @@ MIGRATIONS: tuple[Migration, ...] = (
         create_tables("locks"),
         insert_rows("locks", {"name": "job_queue"}))),
     Migration(3, "SAP split sessions (issue 11)", (create_tables("sap_sessions"),)),
+    # Dataset rows move to files (``Store._move_data_to_files``, run at every open, since a
+    # migration step has no files folder); records kept for the jobs that name a deleted
+    # dataset lose their sizes too.
+    Migration(4, "dataset data in files; deleted datasets keep no sizes", (
+        lambda conn: conn.execute(datasets.update().where(datasets.c.deleted.is_not(None))
+                                  .values(n_examples=0, num_labels=0, max_row_len=0, bytes=0,
+                                          data="", privacy="{}", plain_ids=None)),)),
 )
 
 
@@ -192,7 +206,8 @@ class QuotaError(Exception):
 
 
 class QueueFullError(RuntimeError):
-    """The job queue holds ``max_queued`` waiting jobs already."""
+    """The job queue holds ``max_queued`` waiting jobs already (or this key its
+    ``max_queued_per_key``)."""
 
 
 def _private_dir(path: Path) -> None:
@@ -206,6 +221,42 @@ def _private_file(path: Path) -> None:
     """Create ``path`` 0600 if missing, and tighten it to 0600 if it exists."""
     os.close(os.open(path, os.O_CREAT | os.O_RDWR, 0o600))
     os.chmod(path, 0o600)
+
+
+def private_tree(path: Path) -> None:
+    """Tighten a folder the service wrote (a saved prompt) to 0700 folders and 0600 files,
+    whatever the umask of the code that wrote it."""
+    path = Path(path)
+    if path.is_dir():
+        for root, _dirs, files in os.walk(path):
+            os.chmod(root, 0o700)
+            for f in files:
+                os.chmod(os.path.join(root, f), 0o600)
+    elif path.exists():
+        os.chmod(path, 0o600)
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Write a new file 0600 from its creation (no window with a looser mode)."""
+    fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.chmod(path, 0o600)
+
+
+def erase_file(path: Path) -> None:
+    """Overwrite a file with zeros before unlinking it (best effort: a journaling or
+    copy-on-write filesystem may keep old blocks), so a plain read of the freed blocks finds
+    nothing; a missing file is fine."""
+    try:
+        size = os.path.getsize(path)
+        with open(path, "r+b") as f:
+            f.write(b"\0" * size)
+            f.flush()
+            os.fsync(f.fileno())
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def store_url(target: str | Path) -> str:
@@ -271,10 +322,12 @@ class Store:
             raise ValueError(f"store backend '{self.dialect}' is not supported "
                              "(sqlite or postgresql)")
         self.files = Path(files).expanduser().resolve() if files else default_files
-        for d in (self.files, self.files / "prompts", self.files / "checkpoints"):
+        for d in (self.files, self.files / "prompts", self.files / "checkpoints",
+                  self.files / "datasets"):
             _private_dir(d)
         os.chmod(self.files, 0o700)
         self.migrate()
+        self._move_data_to_files()
 
     def describe(self) -> str:
         return str(self.path) if self.path is not None else public_url(self.url)
@@ -343,6 +396,38 @@ class Store:
         SQLite, whose BEGIN IMMEDIATE serializes writers already)."""
         conn.execute(sa.select(locks.c.name).where(locks.c.name == name).with_for_update())
 
+    def checkpoint_wal(self) -> None:
+        """SQLite: copy the WAL into the database and truncate it to 0 bytes, so rows deleted
+        (and overwritten, ``secure_delete``) in the file leave no copy in ``-wal``. A reader
+        of another process holding an old snapshot can make it partial; the next delete
+        retries. PostgreSQL: nothing (its WAL is the server's)."""
+        if self.dialect != "sqlite":
+            return
+        with self._lock:
+            raw = self.engine.raw_connection()
+            try:
+                raw.driver_connection.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+            finally:
+                raw.close()
+
+    def _remove(self, *paths: str | Path | None) -> None:
+        """Erase files and folders this store made (anything outside ``files`` is left)."""
+        root = self.files.resolve()
+        for p in paths:
+            if not p:
+                continue
+            p = Path(p).resolve()
+            if root not in p.parents:
+                continue
+            if p.is_dir():
+                for f in p.rglob("*"):
+                    if f.is_file():
+                        erase_file(f)
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                erase_file(p)
+                erase_file(p.with_suffix(".tmp"))
+
     def counts(self) -> dict[str, int]:
         """Row count per table (tests compare these before/after a rejected request)."""
         with self._tx() as conn:
@@ -372,25 +457,95 @@ class Store:
         return self._rows(sa.select(c.id, c.name, c.created, c.admin, c.revoked)
                           .order_by(c.created))
 
-    def revoke_key(self, ref: str) -> dict[str, Any]:
-        """Revoke the key with id ``ref``, or the one live key named ``ref``; returns its row.
-        Raises LookupError (no such key) or ValueError (the name is ambiguous)."""
+    @staticmethod
+    def _find_key(conn: sa.Connection, ref: str, live_only: bool) -> dict[str, Any]:
+        """The key with id ``ref``, else the one key named ``ref`` (a live one when
+        ``live_only``). LookupError: none; ValueError: the name is ambiguous."""
         c = api_keys.c
+        by_name = c.name == ref
+        if live_only:
+            by_name = sa.and_(by_name, c.revoked.is_(None))
+        rows = [dict(r._mapping) for r in conn.execute(
+            sa.select(c.id, c.name, c.revoked).where(sa.or_(c.id == ref, by_name))
+            .with_for_update())]
+        rows = [r for r in rows if r["id"] == ref] or rows
+        if not rows:
+            raise LookupError(f"no key with id or name '{ref}' (see `keys list`)")
+        if len(rows) > 1:
+            raise ValueError(f"several keys are named '{ref}' "
+                             f"({', '.join(r['id'] for r in rows)}); give the key id")
+        return rows[0]
+
+    def find_key_id(self, ref: str, live_only: bool) -> str:
+        """The id of the key ``ref`` names (see ``_find_key``)."""
         with self._tx() as conn:
-            rows = [dict(r._mapping) for r in conn.execute(
-                sa.select(c.id, c.name, c.revoked).where(
-                    sa.or_(c.id == ref, sa.and_(c.name == ref, c.revoked.is_(None)))))]
-            exact = [r for r in rows if r["id"] == ref]
-            rows = exact or rows
-            if not rows:
-                raise LookupError(f"no key with id or name '{ref}' (see `keys list`)")
-            if len(rows) > 1:
-                raise ValueError(f"several keys are named '{ref}' "
-                                 f"({', '.join(r['id'] for r in rows)}); give the key id")
-            if rows[0]["revoked"] is None:
-                conn.execute(api_keys.update().where(c.id == rows[0]["id"])
-                             .values(revoked=time.time()))
-            return rows[0]
+            return self._find_key(conn, ref, live_only)["id"]
+
+    def _revoke(self, conn: sa.Connection, kid: str) -> tuple[list[str], list[str], list[str]]:
+        """Revoke key ``kid`` in ``conn``'s transaction: its queued jobs are cancelled, its
+        running ones flagged for their worker (which stops at its next step and creates no
+        prompt), its split sessions deleted. Returns (cancelled job ids, running job ids,
+        session folders to remove)."""
+        c, j, s = api_keys.c, jobs.c, sap_sessions.c
+        now = time.time()
+        conn.execute(api_keys.update().where(c.id == kid, c.revoked.is_(None))
+                     .values(revoked=now))
+        queued = list(conn.execute(sa.select(j.id).where(
+            j.owner == kid, j.state == "queued")).scalars())
+        conn.execute(jobs.update().where(j.owner == kid, j.state == "queued").values(
+            state="cancelled", finished=now, worker=None, heartbeat=None, checkpoint=None))
+        running = list(conn.execute(sa.select(j.id).where(
+            j.owner == kid, j.state == "running")).scalars())
+        conn.execute(jobs.update().where(j.owner == kid, j.state == "running",
+                                         j.cancel_requested.is_(None))
+                     .values(cancel_requested=now))
+        folders = list(conn.execute(sa.select(s.path).where(s.owner == kid)).scalars())
+        conn.execute(sap_sessions.delete().where(s.owner == kid))
+        return queued, running, folders
+
+    def revoke_key(self, ref: str) -> dict[str, Any]:
+        """Revoke the key with id ``ref``, or the one live key named ``ref``; returns its row
+        with ``cancelled`` (queued jobs cancelled), ``stopping`` (running jobs asked to stop)
+        and ``sessions`` (split sessions deleted). Its datasets and prompts stay until
+        ``purge_key``. Raises LookupError (no such key) or ValueError (ambiguous name)."""
+        with self._tx() as conn:
+            row = self._find_key(conn, ref, live_only=True)
+            queued, running, folders = self._revoke(conn, row["id"])
+        self._remove(*folders, *(self.files / "checkpoints" / f"{q}.pt" for q in queued))
+        if folders:
+            self.checkpoint_wal()
+        return {**row, "cancelled": queued, "stopping": running, "sessions": len(folders)}
+
+    def purge_key(self, ref: str) -> dict[str, Any]:
+        """Revoke the key with id or name ``ref`` (revoked already or not) and delete
+        everything it owns: datasets (files erased), jobs (checkpoints erased), prompts
+        (folders erased) and split sessions. The key's row stays, revoked, without data.
+        Returns the row with the number of objects deleted per kind. A job still running
+        loses its row, so its worker stops at its next step and saves nothing."""
+        j, d, pr = jobs.c, datasets.c, prompts.c
+        with self._tx() as conn:
+            row = self._find_key(conn, ref, live_only=False)
+            kid = row["id"]
+            _, running, folders = self._revoke(conn, kid)
+            prompt_dirs = list(conn.execute(sa.select(pr.path).where(pr.owner == kid)).scalars())
+            job_ids = list(conn.execute(sa.select(j.id).where(j.owner == kid)).scalars())
+            ds_ids = list(conn.execute(sa.select(d.id).where(d.owner == kid)).scalars())
+            # Prompts name jobs, jobs name datasets: deleted in that order. Another key's
+            # rows never name this key's (a job's dataset is its owner's).
+            conn.execute(prompts.delete().where(pr.owner == kid))
+            conn.execute(jobs.delete().where(j.owner == kid))
+            conn.execute(datasets.delete().where(d.owner == kid))
+        self._remove(*folders, *prompt_dirs,
+                     *(self.files / "checkpoints" / f"{i}.pt" for i in job_ids),
+                     *(self._data_path(i) for i in ds_ids))
+        self.checkpoint_wal()
+        return {**row, "datasets": len(ds_ids), "jobs": len(job_ids),
+                "prompts": len(prompt_dirs), "sessions": len(folders), "stopping": running}
+
+    def owned_sap_sessions(self, owner: str) -> list[str]:
+        """Ids of a key's split sessions."""
+        return [r["id"] for r in self._rows(sa.select(sap_sessions.c.id)
+                                            .where(sap_sessions.c.owner == owner))]
 
     # -- datasets ---------------------------------------------------------------------------
     def create_dataset(self, owner: str, backbone: str, input_ids: list[list[int]],
@@ -426,8 +581,39 @@ class Store:
                 num_labels=num_labels, max_row_len=max(map(len, input_ids)),
                 privacy=json.dumps(privacy),
                 plain_ids=json.dumps(plain_ids) if plain_ids is not None else None,
-                data=data, created=time.time(), bytes=size))
+                data="", created=time.time(), bytes=size))
+            # Written inside the transaction: a failed write stores no row, and a failed
+            # commit leaves a file no row names, which is erased here.
+            try:
+                write_private(self._data_path(did), data.encode())
+            except BaseException:
+                erase_file(self._data_path(did))
+                raise
         return did
+
+    def _data_path(self, did: str) -> Path:
+        """The file holding a dataset's token ids and labels (JSON)."""
+        if not did.replace("_", "").isalnum():  # ids are ours; never a path from elsewhere
+            raise ValueError(f"bad dataset id {did!r}")
+        return self.files / "datasets" / f"{did}.json"
+
+    def _move_data_to_files(self) -> None:
+        """Move dataset rows that an earlier release kept in the database (``data`` column)
+        into files, then erase them from the database and its WAL."""
+        c = datasets.c
+        moved = False
+        while True:
+            with self._tx() as conn:
+                row = conn.execute(sa.select(c.id, c.data).where(c.data != "").limit(1)
+                                   .with_for_update()).first()
+                if row is None:
+                    break
+                write_private(self._data_path(row.id), row.data.encode())
+                conn.execute(datasets.update().where(c.id == row.id).values(
+                    data="", bytes=len(row.data.encode())))
+                moved = True
+        if moved:
+            self.checkpoint_wal()
 
     _DATASET_COLS = ("id", "owner", "backbone", "n_examples", "num_labels", "max_row_len",
                      "privacy", "plain_ids", "created")
@@ -455,8 +641,9 @@ class Store:
 
     def delete_dataset(self, did: str, owner: str) -> list[str]:
         """Erase a dataset. Returns the ids of queued or running jobs that still use it (then
-        nothing is deleted). A dataset that finished jobs name stays as an empty record (its
-        jobs refer to it); its data and privacy declaration are erased all the same."""
+        nothing is deleted). Its file is overwritten and removed, and the WAL truncated. A
+        dataset that finished jobs name stays as a bare record (id, owner, backbone, dates)
+        without data, privacy declaration or sizes."""
         c, j = datasets.c, jobs.c
         with self._tx() as conn:
             # Locked: a job created meanwhile (create_job reads this row FOR SHARE) waits.
@@ -470,31 +657,36 @@ class Store:
             used = conn.execute(sa.select(j.id).where(j.dataset_id == did).limit(1)).first()
             if used:
                 conn.execute(datasets.update().where(c.id == did, c.owner == owner).values(
-                    data="", privacy="{}", plain_ids=None, bytes=0, deleted=time.time()))
+                    data="", privacy="{}", plain_ids=None, bytes=0, n_examples=0,
+                    num_labels=0, max_row_len=0, deleted=time.time()))
             else:
                 conn.execute(datasets.delete().where(c.id == did, c.owner == owner))
+        erase_file(self._data_path(did))
+        self.checkpoint_wal()
         return []
 
     def dataset_data(self, did: str) -> dict[str, Any]:
         """input_ids, labels, num_labels, plain_ids of a dataset (worker use: the owner was
         checked when the job was created)."""
         c = datasets.c
-        row = self._one(sa.select(c.data, c.num_labels, c.plain_ids)
+        row = self._one(sa.select(c.num_labels, c.plain_ids)
                         .where(c.id == did, c.deleted.is_(None)))
-        if row is None:
+        path = self._data_path(did)
+        if row is None or not path.exists():
             raise LookupError(f"dataset {did} was deleted")
-        out = json.loads(row["data"])
+        out = json.loads(path.read_bytes())
         out["num_labels"] = int(row["num_labels"])
         out["plain_ids"] = json.loads(row["plain_ids"]) if row["plain_ids"] else None
         return out
 
     # -- jobs -------------------------------------------------------------------------------
     def create_job(self, owner: str, dataset_id: str, backbone: str, params: dict, *,
-                   max_queued: int | None = None) -> str:
+                   max_queued: int | None = None, max_queued_per_key: int | None = None
+                   ) -> str:
         """Insert a queued job. With ``max_queued``, raises QueueFullError (nothing stored)
-        when that many jobs wait already (checked and inserted in one transaction, so
-        concurrent API processes cannot overfill the queue). LookupError: the owner has no
-        such dataset (any more)."""
+        when that many jobs wait already, or ``max_queued_per_key`` of this owner's (checked
+        and inserted in one transaction, so concurrent API processes cannot overfill the
+        queue). LookupError: the owner has no such dataset (any more)."""
         jid = new_id("job")
         with self._tx() as conn:
             d = datasets.c
@@ -511,6 +703,15 @@ class Store:
                     raise QueueFullError(
                         f"the job queue is full (limit max_queued_jobs={max_queued} waiting "
                         "jobs); retry when a job has finished")
+            if max_queued_per_key is not None:
+                self._lock_row(conn, "job_queue")
+                n = conn.execute(sa.select(sa.func.count()).select_from(jobs).where(
+                    jobs.c.state == "queued", jobs.c.owner == owner)).scalar()
+                if n >= max_queued_per_key:
+                    raise QueueFullError(
+                        f"this key has {n} jobs waiting already (limit "
+                        f"max_queued_jobs_per_key={max_queued_per_key}); retry when one has "
+                        "started")
             conn.execute(jobs.insert().values(
                 id=jid, owner=owner, dataset_id=dataset_id, backbone=backbone,
                 params=json.dumps(params), state="queued", created=time.time()))
@@ -565,21 +766,33 @@ class Store:
 
     def claim_next(self, worker: str, backbones: list[str] | None = None
                    ) -> dict[str, Any] | None:
-        """Claim the oldest queued job (of one of ``backbones``) for ``worker``, or None.
+        """Claim the next queued job (of one of ``backbones``) for ``worker``, or None.
+
+        Fair between keys: the next job is that of the key with the fewest running jobs,
+        then the key whose last job started longest ago (round robin), then the oldest, so
+        one key queueing many jobs cannot hold the workers while another key waits.
         PostgreSQL skips rows another worker is claiming (FOR UPDATE SKIP LOCKED) instead of
         waiting on them; the conditional update makes the claim exact on every backend."""
+        other = jobs.alias("other")
+        running = (sa.select(sa.func.count()).select_from(other)
+                   .where(other.c.owner == jobs.c.owner, other.c.state == "running")
+                   .scalar_subquery())
+        last_start = (sa.select(sa.func.coalesce(sa.func.max(other.c.started), 0.0))
+                      .where(other.c.owner == jobs.c.owner).scalar_subquery())
         for _ in range(8):
             q = (sa.select(jobs.c.id).where(jobs.c.state == "queued")
-                 .order_by(jobs.c.created).limit(1).with_for_update(skip_locked=True))
+                 .order_by(running, last_start, jobs.c.created).limit(1)
+                 .with_for_update(skip_locked=True))
             if backbones is not None:
                 q = q.where(jobs.c.backbone.in_(backbones))
             with self._tx() as conn:
                 jid = conn.execute(q).scalar()
                 if jid is None:
                     return None
+                now = time.time()  # started now, for the round robin above
                 n = conn.execute(
                     jobs.update().where(jobs.c.id == jid, jobs.c.state == "queued")
-                    .values(state="running", worker=worker, heartbeat=time.time(),
+                    .values(state="running", worker=worker, heartbeat=now, started=now,
                             attempts=jobs.c.attempts + 1)).rowcount
                 if n == 1:
                     return self._job(dict(conn.execute(sa.select(jobs).where(
@@ -649,6 +862,11 @@ class Store:
             q = jobs.update().where(jobs.c.id == jid)
             if worker is not None:
                 q = q.where(jobs.c.worker == worker, jobs.c.state == "running")
+            # A job whose cancel was requested (by its owner, or by revoking its key) after
+            # its last step creates no prompt.
+            live_key = sa.select(api_keys.c.id).where(api_keys.c.id == jobs.c.owner,
+                                                      api_keys.c.revoked.is_(None)).exists()
+            q = q.where(jobs.c.cancel_requested.is_(None), live_key)
             n = conn.execute(q.values(state="succeeded", prompt_id=prompt_id, finished=now,
                                       elapsed=elapsed, checkpoint=None, heartbeat=None)).rowcount
             if n != 1:

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 import torch
 
-from rapt.service.store import QueueFullError, Store, new_id
+from rapt.service.store import QueueFullError, Store, erase_file, new_id, private_tree
 
 log = logging.getLogger("rapt.service")
 
@@ -65,6 +65,24 @@ def tune_config(params: dict[str, Any]) -> Any:
     return TuneConfig(**kwargs)
 
 
+def planned_steps(params: dict[str, Any], n_examples: int) -> int:
+    """Optimizer steps a job over ``n_examples`` rows will take, as the trainer plans them
+    (DP: Poisson steps for ``epochs`` expected passes at rate q; else batches per epoch times
+    epochs). ValueError, naming the field, for a DP batch larger than the dataset."""
+    config = tune_config(params)
+    if config.dp is None:
+        return math.ceil(n_examples / config.batch_size) * config.epochs
+    from rapt.dp.accounting import steps_for_epochs
+
+    if config.dp.sample_rate is None and config.batch_size > n_examples:
+        raise ValueError(
+            f"batch_size={config.batch_size} is larger than the dataset ({n_examples} rows): "
+            f"DP samples each row with q = batch_size / N, which must be at most 1; use "
+            f"batch_size <= {n_examples} or set dp.sample_rate")
+    q = config.dp.resolve_sample_rate(n_examples, config.batch_size)
+    return steps_for_epochs(config.epochs, q)
+
+
 def default_runner(backbone: Any, data: TrainData, params: dict[str, Any], *,
                    progress: Callable[[dict], None], should_stop: Callable[[], bool],
                    checkpoint: Callable[[dict], None], resume: dict | None) -> Any:
@@ -85,7 +103,7 @@ def default_runner(backbone: Any, data: TrainData, params: dict[str, Any], *,
 
 
 __all__ = ["JobRunner", "JobWorker", "QueueFullError", "TrainData", "default_runner",
-           "tune_config"]
+           "planned_steps", "tune_config"]
 
 
 class JobWorker:
@@ -311,13 +329,18 @@ class JobWorker:
                 return
             path = self._checkpoint_path(job_id)
             tmp = path.with_suffix(".tmp")
-            torch.save(state, tmp)
+            # 0600 from creation: the state holds what was learnt from the tenant's data.
+            with os.fdopen(os.open(tmp, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600),
+                           "wb") as f:
+                torch.save(state, f)
             os.replace(tmp, path)  # atomic: a crash mid-write keeps the previous checkpoint
             live = self._live.get(job_id, {})
             if not store.update_claimed(job_id, me, checkpoint=str(path),
                                         **{k: v for k, v in live.items() if k != "elapsed"},
                                         elapsed=elapsed_before + time.monotonic() - t0):
                 lost.set()
+                if store.get_job(job_id, None) is None:  # purged meanwhile: leave nothing
+                    erase_file(path)
 
         def should_stop() -> bool:
             return cancel.is_set() or lost.is_set() or self._shutdown.is_set()
@@ -370,6 +393,7 @@ class JobWorker:
         folder = store.files / "prompts" / prompt_id
         try:
             result.save(folder)
+            private_tree(folder)  # whatever modes the saver used: 0700 / 0600
             done = store.finish_job_with_prompt(
                 job_id, job["owner"], job["backbone"], train.num_labels,
                 params.get("method", "prompt"), bool(params.get("reconstruction")),
@@ -383,7 +407,14 @@ class JobWorker:
                                           f"{type(e).__name__}: {e}"):
                 self._drop_checkpoint(job_id)
             return
-        if not done:  # the lease went to another worker while this one saved
+        if not done:  # the lease went to another worker, or a cancel came, while it saved
             shutil.rmtree(folder, ignore_errors=True)
+            row = store.get_job(job_id, None)
+            if row is None:  # purged with its key: nothing of it may stay
+                erase_file(self._checkpoint_path(job_id))
+            elif row["cancel_requested"] is not None and store.update_claimed(
+                    job_id, me, state="cancelled", finished=time.time(), elapsed=elapsed,
+                    heartbeat=None):
+                self._drop_checkpoint(job_id)
             return
         self._drop_checkpoint(job_id)
