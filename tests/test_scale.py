@@ -218,7 +218,8 @@ def test_two_api_processes_share_one_queue(tmp_path, tiny_bert, pg_url):
 
     def app():
         cfg = ServiceConfig(store_url=pg_url, files_dir=tmp_path / "files", backbones=["tiny"],
-                            limits=Limits(max_queued_jobs=64), progress_interval_s=0.0,
+                            limits=Limits(max_queued_jobs=64, max_queued_jobs_per_key=64),
+                            progress_interval_s=0.0,
                             heartbeat_s=0.2)
         return create_app(cfg, backbones={"tiny": tiny_bert},
                           runner=SeedRunner(runs, steps=3, step_s=0.05),
