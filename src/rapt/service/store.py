@@ -556,6 +556,21 @@ class Store:
         datasets would exceed ``max_count`` datasets or ``max_bytes`` bytes of data."""
         did = new_id("ds")
         data = json.dumps({"input_ids": input_ids, "labels": labels}, separators=(",", ":"))
+        try:
+            self._insert_dataset(did, owner, backbone, input_ids, labels, num_labels, privacy,
+                                 plain_ids, data, max_count, max_bytes)
+        except BaseException:
+            # A quota refusal, a failed write or a failed commit: no file without its row.
+            erase_file(self._data_path(did))
+            raise
+        return did
+
+    def _insert_dataset(self, did: str, owner: str, backbone: str,
+                        input_ids: list[list[int]], labels: list[int], num_labels: int,
+                        privacy: dict, plain_ids: list[int] | None, data: str,
+                        max_count: int | None, max_bytes: int | None) -> None:
+        """The quota checks and the row, in one transaction; the file written inside it, so
+        a failed write stores no row."""
         size = len(data)  # ASCII JSON: characters are bytes
         c = datasets.c
         with self._tx() as conn:
@@ -582,14 +597,7 @@ class Store:
                 privacy=json.dumps(privacy),
                 plain_ids=json.dumps(plain_ids) if plain_ids is not None else None,
                 data="", created=time.time(), bytes=size))
-            # Written inside the transaction: a failed write stores no row, and a failed
-            # commit leaves a file no row names, which is erased here.
-            try:
-                write_private(self._data_path(did), data.encode())
-            except BaseException:
-                erase_file(self._data_path(did))
-                raise
-        return did
+            write_private(self._data_path(did), data.encode())
 
     def _data_path(self, did: str) -> Path:
         """The file holding a dataset's token ids and labels (JSON)."""
