@@ -1,0 +1,138 @@
+"""The module map's rules (docs/ARCHITECTURE.md), checked on the source: no import circle, no
+import that runs up a layer, no function longer than a reader can hold (80 lines).
+
+Read with ``ast`` rather than by importing, so the check sees imports inside functions too
+(a lazy import is still a dependency) and costs nothing."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+MAX_FUNCTION_LINES = 80
+
+# Lowest layer first; a module takes the first layer one of whose prefixes it matches. A module
+# may import from its own layer and the layers below it only.
+LAYERS: list[tuple[str, ...]] = [
+    ("rapt.config", "rapt.noise", "rapt.stats", "rapt.data", "rapt.models", "rapt.nn_search",
+     "rapt.artifacts", "rapt.dp", "rapt.gnmax", "rapt.llm", "rapt.padding"),
+    ("rapt.privatization", "rapt.cti", "rapt.heads", "rapt.tuners", "rapt.reconstruction",
+     "rapt.multi_lora", "rapt.attacks.inversion"),
+    ("rapt.training", "rapt.trainer", "rapt.pate", "rapt.split", "rapt.attacks"),
+    ("rapt.pipeline", "rapt.demo", "rapt.http", "rapt.client"),
+    ("rapt.service",),
+    ("rapt.cli",),
+]
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for p in (SRC / "rapt").rglob("*.py"):
+        parts = p.relative_to(SRC).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = p
+    return out
+
+
+def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
+    """rapt modules that ``path`` imports anywhere in its body (absolute imports only)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                if sub in modules:
+                    found.add(sub)
+                elif node.module in modules:
+                    found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name in modules)
+    return found
+
+
+def _layer(module: str) -> int | None:
+    for i, prefixes in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return i
+    return None
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {m: _imports(p, modules) - {m} for m, p in modules.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_every_module_has_a_layer():
+    missing = [m for m in _modules() if m != "rapt" and _layer(m) is None]
+    assert not missing, f"add these modules to LAYERS (and docs/ARCHITECTURE.md): {missing}"
+
+
+def test_no_import_circle():
+    assert _cycles(_graph()) == []
+
+
+def test_cycle_finder_finds_a_circle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_upward_import():
+    upward = sorted(
+        f"{m} -> {t}" for m, targets in _graph().items() for t in targets
+        if _layer(m) is not None and _layer(t) is not None and _layer(t) > _layer(m))
+    assert upward == []
+
+
+def test_attacks_do_not_depend_on_the_split_package():
+    """An attack takes the model it attacks through a small protocol (``WhiteBoxBottom``), so a
+    method's package can change without its attack, and the attack can be aimed elsewhere."""
+    wrong = sorted(f"{m} -> {t}" for m, targets in _graph().items() if m.startswith("rapt.attacks")
+                   for t in targets if t.startswith(("rapt.split", "rapt.service", "rapt.client")))
+    assert wrong == []
+
+
+@pytest.mark.parametrize("path", sorted((SRC / "rapt").rglob("*.py")),
+                         ids=lambda p: str(p.relative_to(SRC)))
+def test_no_function_over_80_lines(path: Path):
+    long = [f"{node.name} ({node.end_lineno - node.lineno + 1} lines, line {node.lineno})"
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+            and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
+    assert long == []
