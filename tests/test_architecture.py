@@ -18,11 +18,11 @@ MAX_FUNCTION_LINES = 80
 # may import from its own layer and the layers below it only.
 LAYERS: list[tuple[str, ...]] = [
     ("rapt.config", "rapt.noise", "rapt.stats", "rapt.data", "rapt.models", "rapt.nn_search",
-     "rapt.artifacts", "rapt.dp", "rapt.gnmax", "rapt.llm", "rapt.padding"),
+     "rapt.artifacts", "rapt.dp", "rapt.gnmax", "rapt.llm", "rapt.padding", "rapt.http"),
     ("rapt.privatization", "rapt.cti", "rapt.heads", "rapt.tuners", "rapt.reconstruction",
      "rapt.multi_lora", "rapt.attacks.inversion"),
     ("rapt.training", "rapt.trainer", "rapt.pate", "rapt.split", "rapt.attacks"),
-    ("rapt.pipeline", "rapt.demo", "rapt.http", "rapt.client"),
+    ("rapt.pipeline", "rapt.demo", "rapt.client"),
     ("rapt.service",),
     ("rapt.cli",),
 ]

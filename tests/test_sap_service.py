@@ -467,9 +467,10 @@ def test_lost_replies_are_retried_and_applied_once(service, tmp_path, monkeypatc
     lost (a dropped connection): the client sends the same step again, the server answers the
     backward from its saved reply and recomputes the forward, and every step is applied once."""
     from rapt.client import ServiceError
+    from rapt.http import HttpSession
 
     tc, (key, _), bb = service
-    request, lost = RaptClient._request, []
+    request, lost = HttpSession.request, []
 
     def lose_replies(self, method, path, **kw):
         r = request(self, method, path, **kw)  # the server acted
@@ -479,7 +480,7 @@ def test_lost_replies_are_retried_and_applied_once(service, tmp_path, monkeypatc
             raise ServiceError(0, "unreachable", "connection dropped")
         return r
 
-    monkeypatch.setattr(RaptClient, "_request", lose_replies)
+    monkeypatch.setattr(HttpSession, "request", lose_replies)
     sc = cfg(unfreeze_bottom=True)
     c, sid, hist, probs = remote_run(tc, key, bb, tmp_path, sc)
     assert lost == ["backward", "forward"]

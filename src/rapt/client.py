@@ -19,13 +19,20 @@ import os
 import time
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from rapt.config import DEFAULT_PLAIN_TOKENS, DEFAULT_PRIVATIZER_MODE
+from rapt.http import HttpSession, ServiceError, warn_plain_http
+
+if TYPE_CHECKING:  # imported where used: rapt.pipeline brings torch, `import rapt.client` not
+    from rapt.pipeline import Customization
+
+__all__ = ["ClientError", "Prediction", "PrivacyNotConfiguredError", "PrivacyWarning",
+           "RaptClient", "ServiceError"]  # ServiceError: rapt.http's, kept importable here
 
 
 class ClientError(RuntimeError):
@@ -41,33 +48,6 @@ class PrivacyWarning(UserWarning):
 
 
 DEFAULT_MIN_P = 0.5  # below this the provider reads most of the tokens as they are
-
-
-def _warn_plain_http(url: str) -> None:
-    """Warn before the API key (and the privatized data) go over plain http to another
-    machine: anyone on the network path can read them."""
-    import ipaddress
-
-    u = httpx.URL(url)
-    if u.scheme != "http" or u.host == "localhost":
-        return
-    try:
-        if ipaddress.ip_address(u.host).is_loopback:
-            return
-    except ValueError:
-        pass
-    warnings.warn(f"sending the API key over plain http to {u.host}: anyone on the network path "
-                  "can read it and your (privatized) data; use an https:// URL", PrivacyWarning,
-                  stacklevel=3)
-
-
-class ServiceError(RuntimeError):
-    """The service answered with an error body {"error", "detail"}."""
-
-    def __init__(self, status: int, error: str, detail: str):
-        super().__init__(f"HTTP {status} {error}: {detail}")
-        self.status, self.error, self.detail = status, error, detail
-        self.last_step: int | None = None  # a SAP session's last applied step (409s)
 
 
 @dataclass
@@ -102,7 +82,7 @@ class RaptClient:
         if not api_key:
             raise ClientError("no API key: pass --key or set RAPT_API_KEY")
         if url and http is None:
-            _warn_plain_http(url)
+            warn_plain_http(url, PrivacyWarning, stacklevel=2)
         if eta is not None and not (eta > 0 and math.isfinite(eta)):
             raise ClientError(f"eta must be a positive finite number, got {eta}")
         if target_p is not None and not 0 < target_p < 1:
@@ -139,18 +119,16 @@ class RaptClient:
         self.remote_backbone = remote_backbone or (
             backbone if isinstance(backbone, str) else backbone.name)
         self._plain_arg = plain_tokens
-        self._privatizer: Any = None
-        headers = {"Authorization": f"Bearer {api_key}"}
-        if http is None:
-            http = httpx.Client(base_url=url, timeout=timeout, headers=headers)
-        else:
-            http.headers.update(headers)
-        self.http = http
+        # The privatizer at self.eta (rapt.pipeline's); None until needed, reset when η changes.
+        self._custom: Customization | None = None
+        # rapt.http's session (errors, retries); self.http is its httpx.Client.
+        self.api = HttpSession(url, api_key, timeout=timeout, client=http)
+        self.http = self.api.client
         self._prompt_info: dict[str, dict] = {}
         self.last_upload: dict[str, Any] = {}
 
     def close(self) -> None:
-        self.http.close()
+        self.api.close()
 
     def __enter__(self) -> RaptClient:
         return self
@@ -169,9 +147,13 @@ class RaptClient:
 
     def _check_privacy(self, why: str = "") -> None:
         if self.eta is None and self.target_p is not None and not self.no_privacy:
-            from rapt.privatization import calibrate_eta_public
+            from rapt.pipeline import Customization
 
-            self._set_eta(calibrate_eta_public(self.backbone, self.target_p), "target_p")
+            # Calibrated as every command calibrates (rapt.pipeline); its privatizer is kept.
+            custom = Customization.create(self.backbone, target_p=self.target_p,
+                                          noise_seed=self.seed, privatizer_mode=self.mode)
+            self._set_eta(custom.eta, "target_p")
+            self._custom = custom
         if self.eta is None and not self.no_privacy:
             raise PrivacyNotConfiguredError(
                 f"refusing to send: no privatization is configured{why}. Set eta (the "
@@ -181,31 +163,27 @@ class RaptClient:
 
     def _set_eta(self, eta: float, source: str) -> None:
         if eta != self.eta:
-            self.eta, self._privatizer = float(eta), None
+            self.eta, self._custom = float(eta), None
         self.eta_source = source
 
     def _measure(self, rows: list[list[int]], private: list[list[int]], what: str,
-                 plain_len: int = 0) -> dict:
+                 plain: Sequence[int] | None = None) -> dict:
         """η, P and the nearest-neighbour inversion success on what is about to be sent
-        (``rapt.privatization.privacy_report``), over the text positions (the plain tokens
-        are public); warns when P is below ``min_p``. The result stays on this machine
-        (``last_privacy``)."""
-        if plain_len:
-            from rapt.reconstruction import drop_plain
+        (:meth:`rapt.pipeline.Customization.measure`), over the text positions (the plain
+        tokens ``plain`` are public); warns when P is below ``min_p``. The result stays on
+        this machine (``last_privacy``)."""
+        from rapt.pipeline import Encoding
 
-            tok = self.backbone.tokenizer
-            rows, private = drop_plain(rows, tok, plain_len), drop_plain(private, tok, plain_len)
+        layout = Encoding(None, list(plain) if plain else None)
         report: dict[str, Any] = {"what": what, "rows": len(rows), "eta": self.eta,
                                   "eta_source": self.eta_source, "no_privacy": self.no_privacy,
                                   "min_p": self.min_p}
         if self.no_privacy:
+            text = layout.text_only(self.backbone.tokenizer, rows)
             report.update(replacement_probability=0.0, inversion_success=1.0,
-                          n_tokens=sum(len(r) for r in rows))
+                          n_tokens=sum(len(r) for r in text))
         else:
-            from rapt.privatization import privacy_report
-
-            report.update(privacy_report(rows, private, self.privatizer,
-                                         target_p=self.target_p))
+            report.update(replace(self.customization, encoding=layout).measure(rows, private))
             if report["replacement_probability"] < self.min_p:
                 warnings.warn(
                     f"weak privacy on this {what}: only {report['replacement_probability']:.1%} "
@@ -217,17 +195,23 @@ class RaptClient:
         return report
 
     @property
-    def privatizer(self) -> Any:
-        if self._privatizer is None and self.eta is not None:
-            from rapt.privatization import Privatizer, candidate_ids_from_tokenizer
+    def customization(self) -> Customization:
+        """The local backbone's :class:`rapt.pipeline.Customization` at the client's η (no
+        privatizer without one); rebuilt when η changes."""
+        if self._custom is None:
+            from rapt.pipeline import Customization
 
-            bb = self.backbone
-            emb = bb.embeddings.detach()
-            # Outputs are real tokens only (no specials, no [unusedN] placeholders).
-            cand = candidate_ids_from_tokenizer(bb.tokenizer, emb.shape[0])
-            self._privatizer = Privatizer(emb, self.eta, special_ids=bb.special_ids,
-                                          candidate_ids=cand, mode=self.mode, seed=self.seed)
-        return self._privatizer
+            custom = Customization.create(self.backbone, eta=self.eta, noise_seed=self.seed,
+                                          privatizer_mode=self.mode)
+            # The P that η was calibrated for, reported beside the measured P.
+            custom.target_p = self.target_p if custom.privatizer is not None else None
+            self._custom = custom
+        return self._custom
+
+    @property
+    def privatizer(self) -> Any:
+        """The dχ privatizer at the client's η (None without one)."""
+        return self.customization.privatizer if self.eta is not None else None
 
     def plain_ids(self) -> list[int]:
         """The public plain tokens k (RAPT §3.2.2): arbitrary, so they carry nothing private."""
@@ -238,13 +222,14 @@ class RaptClient:
         return [int(t) for t in self._plain_arg]
 
     def _rows(self, texts: Sequence[str], pairs: Sequence[str | None] | None,
-              plain: Sequence[int] | None, max_length: int) -> list[list[int]]:
+              plain: Sequence[int] | None, max_length: int, *,
+              queries: bool = False) -> list[list[int]]:
         """Token id rows ``[leading specials] k x [trailing specials]`` (rapt.reconstruction's
-        layout, sentence pairs included)."""
-        from rapt.reconstruction import build_rows
+        layout, sentence pairs included; :class:`rapt.pipeline.Encoding`)."""
+        from rapt.pipeline import Encoding
 
-        return build_rows(self.backbone.tokenizer, list(texts), max_length=max_length,
-                          plain_ids=list(plain) if plain else None, text_pairs=pairs)
+        layout = Encoding(max_length, list(plain) if plain else None)
+        return layout.rows(self.backbone.tokenizer, list(texts), pairs, queries=queries)
 
     def privatize(self, rows: list[list[int]]) -> list[list[int]]:
         """Apply the mechanism to every non-special token (identity with no_privacy)."""
@@ -253,9 +238,7 @@ class RaptClient:
             warnings.warn("no_privacy=True: your text's token ids are about to be sent to the "
                           "provider unprotected", PrivacyWarning, stacklevel=3)
             return [list(r) for r in rows]
-        from rapt.reconstruction import privatize_rows
-
-        return privatize_rows(rows, self.privatizer)
+        return self.customization.privatize(rows, measure=False)
 
     def encode(self, texts: Sequence[str], *, text_pairs: Sequence[str | None] | None = None,
                plain_ids: Sequence[int] | None = None, max_length: int = 128
@@ -284,29 +267,7 @@ class RaptClient:
         return {"mechanism": "dchi-text2text", "eta": self.eta,
                 "embedding": self.remote_backbone, "nn_mode": self.mode}
 
-    # -- HTTP -----------------------------------------------------------------------------------
-    def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
-        """One request (``kw``: httpx's json / content / params / headers); an error answer
-        raises ServiceError with the service's code and detail."""
-        try:
-            r = self.http.request(method, path, **kw)
-        except httpx.TransportError as e:
-            raise ServiceError(0, "unreachable", f"{self.http.base_url}: {e}") from e
-        if r.status_code >= 400:
-            last = r.headers.get("x-rapt-last-step")
-            try:
-                body = r.json()
-                err = ServiceError(r.status_code, body.get("error", "error"),
-                                   body.get("detail", r.text))
-            except ValueError:
-                err = ServiceError(r.status_code, "error", r.text[:500])
-            err.last_step = int(last) if last is not None else None
-            raise err
-        return r
-
-    def _call(self, method: str, path: str, json: Any = None) -> Any:
-        return self._request(method, path, json=json).json()
-
+    # -- HTTP (rapt.http.HttpSession: errors as ServiceError) -----------------------------------
     def upload(self, source: str | Path | Any, *, text_column: str | None = None,
                text_pair_column: str | None = None, label_column: str | None = None,
                label_names: Sequence[str] | None = None, limit: int | None = None,
@@ -329,12 +290,12 @@ class RaptClient:
         plain = self.plain_ids() if reconstruction else None
         rows = self._rows(ds.texts, ds.text_pairs, plain, max_length)
         private = self.privatize(rows)
-        p = self._measure(rows, private, "upload", len(plain or []))["replacement_probability"]
+        p = self._measure(rows, private, "upload", plain)["replacement_probability"]
         num_labels = max(len(ds.label_names), max(labels) + 1, 2)
         body = {"backbone": self.remote_backbone, "input_ids": self._padded(private),
                 "labels": labels,
                 "num_labels": num_labels, "privacy": self._declaration(), "plain_ids": plain}
-        info = self._call("POST", "/v1/datasets", body)
+        info = self.api.call("POST", "/v1/datasets", body)
         # Kept on this machine only: P is a statistic of the private data.
         self.last_upload = {"dataset_id": info["id"], "n": len(rows),
                             "replacement_probability": p, "label_names": list(ds.label_names)}
@@ -349,22 +310,22 @@ class RaptClient:
         if reconstruction is None:
             reconstruction = bool(self.dataset(dataset_id).get("plain_ids"))
         given = {k: v for k, v in hyper.items() if v is not None}
-        job = self._call("POST", "/v1/jobs", {"dataset_id": dataset_id, "method": method,
+        job = self.api.call("POST", "/v1/jobs", {"dataset_id": dataset_id, "method": method,
                                               "reconstruction": reconstruction, **given})
         return job["id"]
 
     def dataset(self, dataset_id: str) -> dict:
-        return self._call("GET", f"/v1/datasets/{dataset_id}")
+        return self.api.call("GET", f"/v1/datasets/{dataset_id}")
 
     def status(self, job_id: str) -> dict:
-        return self._call("GET", f"/v1/jobs/{job_id}")
+        return self.api.call("GET", f"/v1/jobs/{job_id}")
 
     def cancel(self, job_id: str) -> dict:
-        return self._call("POST", f"/v1/jobs/{job_id}/cancel")
+        return self.api.call("POST", f"/v1/jobs/{job_id}/cancel")
 
     def prompt(self, prompt_id: str) -> dict:
         if prompt_id not in self._prompt_info:
-            self._prompt_info[prompt_id] = self._call("GET", f"/v1/prompts/{prompt_id}")
+            self._prompt_info[prompt_id] = self.api.call("GET", f"/v1/prompts/{prompt_id}")
         return self._prompt_info[prompt_id]
 
     def wait(self, job_id: str, *, progress: bool = True, poll_s: float = 0.5,
@@ -422,13 +383,13 @@ class RaptClient:
         elif isinstance(texts, str):
             texts = [texts]
         plain = info.get("plain_ids")  # queries take the training rows' layout
-        clear = self._rows(list(texts), text_pairs, plain, max_length)
+        clear = self._rows(list(texts), text_pairs, plain, max_length, queries=True)
         rows = self.privatize(clear)
-        self._measure(clear, rows, "predict", len(plain or []))
+        self._measure(clear, rows, "predict", plain)
         rows = self._padded(rows)
         labels, probs = [], []
         for i in range(0, len(rows), chunk):
-            out = self._call("POST", "/v1/predict",
+            out = self.api.call("POST", "/v1/predict",
                              {"prompt_id": prompt_id, "input_ids": rows[i:i + chunk]})
             labels += out["labels"]
             probs += out["probabilities"]
@@ -455,7 +416,7 @@ class RaptClient:
         headers = {}
         if cached is not None:
             headers["If-None-Match"] = f'"{hashlib.sha256(cached).hexdigest()}"'
-        r = self._request("GET", "/v1/sap/bottom", headers=headers,
+        r = self.api.request("GET", "/v1/sap/bottom", headers=headers,
                           params={"backbone": self.remote_backbone, "split_layer": split_layer})
         want = r.headers.get("x-content-sha256", "")
         data = cached if r.status_code == 304 else r.content
@@ -496,10 +457,10 @@ class RaptClient:
         (``SplitConfig.provider_view``: no η, no noise seed, no labels); returns its id."""
         body = {"backbone": self.remote_backbone, "n_examples": int(n_examples),
                 **config.provider_view()}
-        return self._call("POST", "/v1/sap/sessions", body)["id"]
+        return self.api.call("POST", "/v1/sap/sessions", body)["id"]
 
     def sap_status(self, session_id: str) -> dict:
-        return self._call("GET", f"/v1/sap/sessions/{session_id}")
+        return self.api.call("GET", f"/v1/sap/sessions/{session_id}")
 
     def sap_provider(self, session_id: str, customer: Any = None, *,
                      retry_s: float = 120.0) -> Any:
@@ -507,4 +468,4 @@ class RaptClient:
         for training with a frozen bottom, whose batches are sent as row indices)."""
         from rapt.split.remote import RemoteProvider
 
-        return RemoteProvider(self, session_id, customer, retry_s=retry_s)
+        return RemoteProvider(self.api, session_id, customer, retry_s=retry_s)

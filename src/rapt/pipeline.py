@@ -114,8 +114,10 @@ def make_privatizer(backbone: Any, eta: float | None = None, target_p: float | N
         eta = calibrate_eta_public(backbone, target_p)
     if eta is None:
         return None
-    cand = candidate_ids_from_tokenizer(backbone.tokenizer, backbone.embeddings.shape[0])
-    return Privatizer(backbone.embeddings, float(eta), special_ids=backbone.special_ids,
+    emb = backbone.embeddings.detach()  # the mechanism reads the table; no autograd graph
+    # Outputs are real tokens only (no specials, no [unusedN] placeholders).
+    cand = candidate_ids_from_tokenizer(backbone.tokenizer, emb.shape[0])
+    return Privatizer(emb, float(eta), special_ids=backbone.special_ids,
                       candidate_ids=cand, mode=mode, seed=noise_seed)
 
 

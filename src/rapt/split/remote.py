@@ -2,8 +2,9 @@
 (``forward``, ``backward``, ``step``, ``total_steps``), so :func:`train_split` and
 :func:`predict_split` run unchanged against a session of the service (``/v1/sap/...``).
 
-This is the client half of the wire and the only module of ``rapt.split`` that does I/O (through
-:class:`rapt.client.RaptClient`). A frozen bottom's release is uploaded once
+This is the client half of the wire and the only module of ``rapt.split`` that does I/O, through
+the :class:`rapt.http.HttpSession` it is given (:meth:`rapt.client.RaptClient.sap_provider`
+passes its own). A frozen bottom's release is uploaded once
 (:meth:`RemoteProvider.upload_release`); its training batches then travel as row indices
 (``BatchRef``). A dropped connection is retried for ``retry_s`` seconds with the same step
 number, so a step is applied once whatever happens to the replies (see
@@ -13,11 +14,11 @@ forward answers 409 ``no_forward`` and the forward is sent again.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch
 
+from rapt.http import HttpSession, ServiceError
 from rapt.split import wire
 from rapt.split.protocol import (
     ActivationGrad,
@@ -38,11 +39,11 @@ class RemoteProvider:
     needed to train with a frozen bottom: a batch is then named by the customer's pending
     rows instead of re-sending their activations."""
 
-    def __init__(self, client: Any, session_id: str, customer: Any = None, *,
+    def __init__(self, http: HttpSession, session_id: str, customer: Any = None, *,
                  retry_s: float = 120.0) -> None:
-        self.client, self.session_id, self.customer = client, session_id, customer
+        self.http, self.session_id, self.customer = http, session_id, customer
         self.retry_s = float(retry_s)
-        info = client.sap_status(session_id)
+        info = self.status()
         self.info = info
         self.total_steps = int(info["total_steps"])
         self.unfreeze_bottom = bool(info["unfreeze_bottom"])
@@ -54,26 +55,19 @@ class RemoteProvider:
         self.resent_forwards = 0  # forwards sent again after a 409 no_forward (restarts)
 
     # -- transport --------------------------------------------------------------------------
+    def status(self) -> dict:
+        """The session as the service reports it (steps_done, last_step, rows_received, ...)."""
+        return self.http.call("GET", f"/v1/sap/sessions/{self.session_id}")
+
     def _post(self, what: str, data: bytes) -> Any:
         """POST a message, retrying transport failures (server restarting, connection
         dropped) until ``retry_s``; the service makes the repeat harmless."""
-        from rapt.client import ServiceError
-
-        path = f"/v1/sap/sessions/{self.session_id}/{what}"
-        deadline = time.monotonic() + self.retry_s
-        delay = 0.1
-        while True:
-            try:
-                r = self.client._request("POST", path, content=data, headers={
-                    "Content-Type": "application/octet-stream"})
-                self.bytes_sent += len(data)
-                self.bytes_received += len(r.content)
-                return r
-            except ServiceError as e:
-                if e.status != 0 or time.monotonic() > deadline:
-                    raise
-                time.sleep(delay)
-                delay = min(2.0, delay * 2)
+        r = self.http.request_retrying(
+            "POST", f"/v1/sap/sessions/{self.session_id}/{what}", retry_s=self.retry_s,
+            content=data, headers={"Content-Type": "application/octet-stream"})
+        self.bytes_sent += len(data)
+        self.bytes_received += len(r.content)
+        return r
 
     @staticmethod
     def _message(r: Any, expect: type) -> Any:
@@ -87,7 +81,7 @@ class RemoteProvider:
         if self.unfreeze_bottom:
             raise ValueError("this session trains the bottom: it takes no release")
         n = customer.num_examples
-        start = int(self.client.sap_status(self.session_id)["rows_received"])
+        start = int(self.status()["rows_received"])
         h = customer.head.in_features
         per_row = customer.config.max_length * h * 4
         rows = max(1, chunk_bytes // per_row)
@@ -118,8 +112,6 @@ class RemoteProvider:
     def backward(self, msg: OutputGrad) -> ActivationGrad | None:
         """Send ∂l/∂g; the provider applies the step once. Returns ∂l/∂hidden when the bottom
         trains, else None."""
-        from rapt.client import ServiceError
-
         data = wire.encode(msg)
         try:
             r = self._post("backward", data)
