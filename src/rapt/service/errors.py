@@ -1,0 +1,35 @@
+"""The service's error bodies: every error is JSON ``{"error": code, "detail": message}``."""
+
+from __future__ import annotations
+
+from fastapi.responses import JSONResponse
+
+from rapt.service.schemas import ErrorBody
+
+# OpenAPI ``responses=`` of a route that can fail: the codes the service answers with.
+ERRORS = {code: {"model": ErrorBody}
+          for code in (400, 401, 403, 404, 409, 413, 422, 429, 500, 503)}
+
+
+class ServiceError(Exception):
+    """An error the client caused (or must know about), returned as JSON."""
+
+    def __init__(self, status: int, error: str, detail: str):
+        super().__init__(detail)
+        self.status, self.error, self.detail = status, error, detail
+
+
+def error_response(status: int, error: str, detail: str) -> JSONResponse:
+    """The JSON error body with HTTP ``status``."""
+    # A detail may quote what the client sent (a field name, a backbone name), which can hold
+    # lone surrogates that UTF-8 cannot encode: escape those.
+    detail = detail.encode("utf-8", "backslashreplace").decode("utf-8")
+    return JSONResponse({"error": error, "detail": detail}, status_code=status)
+
+
+def loc_text(loc: tuple) -> str:
+    """A validation error's location as a path: ``("body", "rows", 3)`` -> ``body.rows[3]``."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out

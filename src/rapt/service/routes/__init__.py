@@ -1,0 +1,14 @@
+"""The service's routes, one ``APIRouter`` per resource (FastAPI's "bigger applications"
+layout). A new route goes into its resource's module; a new resource gets a module with a
+``router`` and a line in ``ROUTERS``. Every route except those of ``meta`` needs an API key:
+take ``Owner`` (or an ``*_of`` ownership dependency) from ``rapt.service.deps``."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from rapt.service.routes import admin, datasets, jobs, meta, predict, prompts, sap
+
+# In the order they are matched and listed in the OpenAPI document.
+ROUTERS: list[APIRouter] = [meta.router, admin.router, datasets.router, jobs.router,
+                            prompts.router, predict.router, sap.router]

@@ -1,0 +1,42 @@
+"""Operator routes (admin keys only): counters over all tenants, revoking and purging keys."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends
+
+from rapt.service.deps import Svc, admin
+from rapt.service.errors import ERRORS, ServiceError
+from rapt.service.state import Service
+
+# On the router, so a route added here cannot forget the operator check.
+router = APIRouter(prefix="/v1", dependencies=[Depends(admin)])
+
+
+@router.get("/stats", responses=ERRORS)
+def stats(svc: Svc) -> dict:
+    """Micro-batching counters per backbone, over all tenants: operator (admin) keys only."""
+    return {n: vars(b.stats) for n, b in svc.batchers.items()}
+
+
+@router.post("/admin/keys/{key}/revoke", responses=ERRORS)
+def admin_revoke_key(key: str, svc: Svc) -> dict:
+    """Revoke a key (id or name): its queued jobs are cancelled, its running ones stop at
+    their next step without a prompt, its split sessions are deleted."""
+    return _key_op(svc, key, purge=False)
+
+
+@router.delete("/admin/keys/{key}", responses=ERRORS)
+def admin_purge_key(key: str, svc: Svc) -> dict:
+    """Revoke a key (id or name) and delete everything it owns: datasets, jobs,
+    prompts, split sessions and their files (as `rapt serve keys purge`)."""
+    return _key_op(svc, key, purge=True)
+
+
+def _key_op(svc: Service, key: str, purge: bool) -> dict:
+    try:
+        out = svc.revoke_key(key, purge)
+    except LookupError as e:
+        raise ServiceError(404, "not_found", str(e)) from None
+    except ValueError as e:
+        raise ServiceError(409, "conflict", str(e)) from None
+    return {k: v for k, v in out.items() if k != "revoked"}

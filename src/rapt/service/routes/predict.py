@@ -1,0 +1,40 @@
+"""Inference with a tuned prompt, through the backbone's micro-batcher."""
+
+from __future__ import annotations
+
+from concurrent.futures import TimeoutError as FutureTimeout
+
+import torch
+from fastapi import APIRouter, Depends
+
+from rapt.service.deps import Owner, Svc, owned, owner
+from rapt.service.errors import ERRORS, ServiceError
+from rapt.service.inference import InferenceQueueFullError, prompt_positions
+from rapt.service.schemas import PredictRequest, PredictResponse
+
+# On the router, so a route added here cannot forget the key check.
+router = APIRouter(prefix="/v1", dependencies=[Depends(owner)])
+
+
+@router.post("/predict", response_model=PredictResponse, responses=ERRORS)
+def predict(body: PredictRequest, svc: Svc, me: Owner) -> PredictResponse:
+    row = owned(svc, "prompt", body.prompt_id, me)
+    svc.require_backbone("prompt", row)
+    prompt = svc.prompt(row)
+    ids = svc.rows_of(row["backbone"], body.input_ids, body.texts,
+                      svc.limits.max_predict_rows, "max_predict_rows",
+                      prompt_tokens=prompt_positions(prompt), text_pairs=body.text_pairs)
+    try:
+        fut = svc.batchers[row["backbone"]].submit(prompt, ids)
+    except InferenceQueueFullError as e:
+        raise ServiceError(429, "queue_full", str(e)) from e
+    try:
+        probs: torch.Tensor = fut.result(timeout=300)
+    except FutureTimeout as e:
+        raise ServiceError(503, "timeout", "inference took longer than 300 s") from e
+    except Exception:
+        svc.forget_prompt(row["id"])  # a prompt that failed is loaded afresh next time
+        raise
+    probs = probs.float().cpu()
+    return PredictResponse(prompt_id=row["id"], labels=probs.argmax(-1).tolist(),
+                           probabilities=probs.tolist())

@@ -1,0 +1,39 @@
+"""Tuned prompts: list, read, delete (a job's result; created by the job worker)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Response
+
+from rapt.service.deps import Owner, Svc, owner, prompt_of
+from rapt.service.errors import ERRORS
+from rapt.service.schemas import PromptInfo
+
+# On the router, so a route added here cannot forget the key check.
+router = APIRouter(prefix="/v1/prompts", dependencies=[Depends(owner)])
+
+
+@router.get("", response_model=list[PromptInfo])
+def list_prompts(svc: Svc, me: Owner) -> list[PromptInfo]:
+    """The caller's own prompts only."""
+    return [PromptInfo(**p) for p in svc.store.list_prompts(me)]
+
+
+@router.get("/{prompt_id}", response_model=PromptInfo, responses=ERRORS)
+def get_prompt(row: Annotated[dict, Depends(prompt_of)]) -> PromptInfo:
+    return PromptInfo(**row)
+
+
+@router.delete("/{prompt_id}", status_code=204, response_class=Response, responses=ERRORS,
+               dependencies=[Depends(prompt_of)])
+def delete_prompt(prompt_id: str, svc: Svc, me: Owner) -> Response:
+    """Delete a prompt and its files."""
+    path = svc.store.delete_prompt(prompt_id, me)
+    svc.forget_prompt(prompt_id)
+    root = (svc.store.files / "prompts").resolve()
+    if path and Path(path).resolve().parent == root:  # only ever our own folders
+        shutil.rmtree(path, ignore_errors=True)
+    return Response(status_code=204)
