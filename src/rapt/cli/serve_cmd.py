@@ -7,12 +7,16 @@ import json
 import os
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from rapt.cli._app import TARGET_P_HELP, TEXT_PAIR_OPT, app, echo_data_notes, flag_words, sub_app
 from rapt.config import DEFAULT_PLAIN_TOKENS, LR_HELP, VIRTUAL_TOKENS_HELP
 from rapt.config import tune_default as _d
+
+if TYPE_CHECKING:
+    from rapt.service.limits import ServiceConfig
 
 serve_app = sub_app(help="Run the provider service (HTTP API) or manage its API keys.",
                         invoke_without_command=True, no_args_is_help=False)
@@ -132,18 +136,7 @@ def serve(
     ctx.ensure_object(dict).update(db=db, store=store, files=files)
     if ctx.invoked_subcommand is not None:
         return
-    if jobs not in ("inprocess", "ray"):
-        raise _fail(f"--jobs {jobs}: give inprocess or ray")
-    if jobs == "ray":
-        try:
-            import ray  # noqa: F401
-        except ImportError:
-            raise _fail("--jobs ray needs Ray: pip install 'rapt[scale]'") from None
-    if (ssl_keyfile is None) != (ssl_certfile is None):
-        raise _fail("TLS needs both --ssl-keyfile and --ssl-certfile")
-    for f in (ssl_keyfile, ssl_certfile):
-        if f is not None and not f.is_file():
-            raise _fail(f"{f}: no such file (--ssl-keyfile / --ssl-certfile)")
+    _check_serve_options(jobs, ssl_keyfile, ssl_certfile)
     import uvicorn
 
     from rapt.service import Limits, ServiceConfig, create_app
@@ -151,13 +144,7 @@ def serve(
     os.umask(0o077)  # every file the service writes holds a tenant's data: 0600 / 0700
 
     target, files = _store_target(db, None, store, files)
-    if not isinstance(target, Path):
-        from rapt.service.store import store_url
-
-        try:
-            store_url(target)
-        except ValueError as e:
-            raise _fail(str(e)) from None
+    _check_store_url(target)
     cfg = ServiceConfig(db_path=target if isinstance(target, Path) else Path("rapt-service.db"),
                         store_url=None if isinstance(target, Path) else target,
                         files_dir=files, jobs=jobs, ray_address=ray_address,
@@ -173,22 +160,57 @@ def serve(
                                       max_datasets_per_key=max_datasets_per_key,
                                       max_dataset_bytes_per_key=int(
                                           max_dataset_mb_per_key * 1024 * 1024)))
-    scheme = "https" if ssl_certfile else "http"
+    _announce(cfg, host, port, tls=ssl_certfile is not None)
+    tls = ({"ssl_keyfile": str(ssl_keyfile), "ssl_certfile": str(ssl_certfile)}
+           if ssl_certfile else {})
+    uvicorn.run(create_app(cfg), host=host, port=port, log_level="info", **tls)
+
+
+def _check_serve_options(jobs: str, ssl_keyfile: Path | None,
+                         ssl_certfile: Path | None) -> None:
+    """Exit 2 on a --jobs backend that is unknown or not installed, or an incomplete TLS pair."""
+    if jobs not in ("inprocess", "ray"):
+        raise _fail(f"--jobs {jobs}: give inprocess or ray")
+    if jobs == "ray":
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            raise _fail("--jobs ray needs Ray: pip install 'rapt[scale]'") from None
+    if (ssl_keyfile is None) != (ssl_certfile is None):
+        raise _fail("TLS needs both --ssl-keyfile and --ssl-certfile")
+    for f in (ssl_keyfile, ssl_certfile):
+        if f is not None and not f.is_file():
+            raise _fail(f"{f}: no such file (--ssl-keyfile / --ssl-certfile)")
+
+
+def _check_store_url(target: str | Path) -> None:
+    """Exit 2 on a store URL that ``rapt.service.store`` cannot open (a Path is a SQLite file)."""
+    if isinstance(target, Path):
+        return
+    from rapt.service.store import store_url
+
+    try:
+        store_url(target)
+    except ValueError as e:
+        raise _fail(str(e)) from None
+
+
+def _announce(cfg: ServiceConfig, host: str, port: int, tls: bool) -> None:
+    """Say on stderr where the service keeps its data and where it listens; warn when plain
+    http leaves the machine."""
+    scheme = "https" if tls else "http"
     if cfg.store_url:
         from rapt.service.store import public_url, store_url
 
         where = f"store {public_url(store_url(cfg.store_url))}, files {cfg.data_dir}"
     else:
         where = f"db {cfg.db_path}"
-    typer.echo(f"rapt service: {where}, jobs {jobs}, backbones {', '.join(cfg.backbones)}; "
+    typer.echo(f"rapt service: {where}, jobs {cfg.jobs}, backbones {', '.join(cfg.backbones)}; "
                f"{scheme}://{host}:{port}/docs", err=True)
     if scheme == "http" and not _loopback(host):
         typer.echo(f"WARNING: serving plain http on {host}: API keys and data cross the network "
                    "readable; use --ssl-keyfile/--ssl-certfile or a TLS-terminating proxy",
                    err=True)
-    tls = ({"ssl_keyfile": str(ssl_keyfile), "ssl_certfile": str(ssl_certfile)}
-           if ssl_certfile else {})
-    uvicorn.run(create_app(cfg), host=host, port=port, log_level="info", **tls)
 
 
 @keys_app.command("add")
