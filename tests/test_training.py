@@ -102,6 +102,12 @@ def test_tune_outputs_are_pinned(tok, name):
     assert got["steps"] == want["steps"]
     assert got["tensors"].keys() == want["tensors"].keys()
     for k, v in want["tensors"].items():
+        if k.endswith("attention.self.key.bias"):
+            # Softmax is invariant to a key bias, so its true gradient is 0: what it gets is
+            # rounding noise, which Adam scales up to ~1e-6 steps that differ with the thread
+            # count (OMP_NUM_THREADS 1 vs 2). It must stay tiny, not pinned.
+            assert got["tensors"][k].abs().max() < 1e-4, k
+            continue
         # Bit-exact on the machine that recorded them; the tolerance only absorbs other CPUs'
         # float rounding, far below what any change of the loop would move.
         torch.testing.assert_close(got["tensors"][k], v, rtol=1e-5, atol=1e-6, msg=k)
