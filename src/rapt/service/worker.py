@@ -1,11 +1,11 @@
 """Background job worker: tuning jobs claimed from the store, run by a small thread pool.
 
-The job runner is injected (a callable) so tests can swap the trainer; the default calls
-``rapt.trainer.tune``. Jobs are claimed from the store (the queue), progress and checkpoints go
-to the store; jobs that a restart or a crashed worker interrupted are resumed from their last
-checkpoint by any worker, or marked failed with the reason. A job that ends (succeeded, failed
-or cancelled) leaves no checkpoint on disk. The same worker runs inside Ray actors
-(``rapt.service.jobs``).
+The job runner is injected (a callable) so tests can swap the trainer; the default tunes
+through ``rapt.pipeline.Customization``. Jobs are claimed from the store (the queue),
+progress and checkpoints go to the store; jobs that a restart or a crashed worker interrupted
+are resumed from their last checkpoint by any worker, or marked failed with the reason. A job
+that ends (succeeded, failed or cancelled) leaves no checkpoint on disk. The same worker runs
+inside Ray actors (``rapt.service.jobs``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -86,8 +87,10 @@ def planned_steps(params: dict[str, Any], n_examples: int) -> int:
 def default_runner(backbone: Any, data: TrainData, params: dict[str, Any], *,
                    progress: Callable[[dict], None], should_stop: Callable[[], bool],
                    checkpoint: Callable[[dict], None], resume: dict | None) -> Any:
-    """Run ``rapt.trainer.tune`` with the job's validated parameters."""
-    from rapt.trainer import tune
+    """Tune with the job's validated parameters (:meth:`rapt.pipeline.Customization.tune`).
+    No privatizer: the rows arrived privatized; the job's privacy declaration stays
+    ``params["privacy"]``."""
+    from rapt.pipeline import Customization, Encoding
 
     config = tune_config(params)
     if not config.checkpoint_every and config.dp is None:
@@ -96,14 +99,34 @@ def default_runner(backbone: Any, data: TrainData, params: dict[str, Any], *,
         config.checkpoint_every = max(1, math.ceil(steps / 10))
     # Rows of a dataset with plain tokens hold them whether or not the job reconstructs them;
     # the trainer needs them to keep the task head off those positions.
-    return tune(backbone, data.input_ids, data.labels, data.num_labels, config,
-                plain_ids=data.plain_ids,
-                progress=progress, should_stop=should_stop, checkpoint=checkpoint,
-                resume=resume)
+    custom = Customization(backbone, Encoding(config.max_length, data.plain_ids), config)
+    return custom.tune(data.input_ids, data.labels, data.num_labels, progress=progress,
+                       should_stop=should_stop, checkpoint=checkpoint, resume=resume)
 
 
 __all__ = ["JobRunner", "JobWorker", "QueueFullError", "TrainData", "default_runner",
            "planned_steps", "tune_config"]
+
+
+@dataclass
+class _Run:
+    """A claimed job while this worker runs it: its cancel and lost-lease flags, the state to
+    resume from, and the clock (seconds; ``elapsed_before``: earlier runs of the job)."""
+
+    job: dict[str, Any]
+    cancel: threading.Event  # a cancel was requested (here or through any API process)
+    lost: threading.Event  # another worker took the lease: write nothing more
+    resume: dict | None
+    elapsed_before: float
+    t0: float = field(default_factory=time.monotonic)
+    last_write: float = 0.0  # monotonic time of the last progress written to the store
+
+    @property
+    def id(self) -> str:
+        return self.job["id"]
+
+    def elapsed(self) -> float:
+        return self.elapsed_before + time.monotonic() - self.t0
 
 
 class JobWorker:
@@ -283,9 +306,20 @@ class JobWorker:
                 self._lost.pop(job["id"], None)
 
     def _run(self, job: dict[str, Any]) -> None:
-        """Run a job this worker has claimed (state 'running', its lease)."""
+        """Run a job this worker has claimed (state 'running', its lease): train, then save the
+        prompt, or leave the job cancelled, failed, requeued or to the worker that took it."""
+        run = self._start(job)
+        if run is None:
+            return
+        trained = self._train(run)
+        if trained is None or self._ended_without_prompt(run, trained[1]):
+            return
+        self._publish(run, *trained)
+
+    def _start(self, job: dict[str, Any]) -> _Run | None:
+        """The job's run state, its checkpoint read for resuming and its start recorded; None
+        when it ended here (an unreadable checkpoint fails it) or the lease is gone."""
         store, me, job_id = self.store, self.worker_id, job["id"]
-        params = job["params"]
         cancel = self._cancel.setdefault(job_id, threading.Event())
         lost = self._lost.setdefault(job_id, threading.Event())
         if job["cancel_requested"] is not None:
@@ -300,51 +334,55 @@ class JobWorker:
                                         error=f"could not read the checkpoint to resume "
                                               f"from: {e}"):
                     self._drop_checkpoint(job_id)
-                return
-        elapsed_before = float(job["elapsed"] or 0.0)
-        t0 = time.monotonic()
+                return None
+        run = _Run(job, cancel, lost, resume, float(job["elapsed"] or 0.0))
         start_step = int(resume.get("step", 0)) if resume is not None else None
         if not store.update_claimed(job_id, me, started=time.time(),
                                     resumed_from_step=start_step):
+            return None
+        return run
+
+    def _progress(self, run: _Run, info: dict) -> None:
+        """The trainer's progress: kept live here, written to the store at most every
+        ``progress_interval_s``; a refused write means the lease is lost."""
+        now = time.monotonic()
+        rec = {"step": int(info.get("step", 0)),
+               "total_steps": info.get("total_steps"),
+               "loss": float(info["loss"]) if info.get("loss") is not None else None,
+               "epoch": float(info["epoch"]) if info.get("epoch") is not None else None,
+               "epsilon": (float(info["epsilon"]) if info.get("epsilon") is not None
+                           else None),
+               "elapsed": run.elapsed_before + now - run.t0}
+        self._live[run.id] = rec
+        if now - run.last_write >= self.progress_interval_s:
+            run.last_write = now
+            if not self.store.update_claimed(run.id, self.worker_id, **rec):
+                run.lost.set()
+
+    def _checkpoint(self, run: _Run, state: dict) -> None:
+        """Save the trainer's state atomically (0600) and record it with the latest progress."""
+        if run.lost.is_set():  # another worker holds the job now: its file, not ours
             return
-        last_write = [0.0]
+        path = self._checkpoint_path(run.id)
+        tmp = path.with_suffix(".tmp")
+        # 0600 from creation: the state holds what was learnt from the tenant's data.
+        with os.fdopen(os.open(tmp, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600), "wb") as f:
+            torch.save(state, f)
+        os.replace(tmp, path)  # atomic: a crash mid-write keeps the previous checkpoint
+        live = self._live.get(run.id, {})
+        if not self.store.update_claimed(run.id, self.worker_id, checkpoint=str(path),
+                                         **{k: v for k, v in live.items() if k != "elapsed"},
+                                         elapsed=run.elapsed()):
+            run.lost.set()
+            if self.store.get_job(run.id, None) is None:  # purged meanwhile: leave nothing
+                erase_file(path)
 
-        def progress(info: dict) -> None:
-            now = time.monotonic()
-            rec = {"step": int(info.get("step", 0)),
-                   "total_steps": info.get("total_steps"),
-                   "loss": float(info["loss"]) if info.get("loss") is not None else None,
-                   "epoch": float(info["epoch"]) if info.get("epoch") is not None else None,
-                   "epsilon": (float(info["epsilon"]) if info.get("epsilon") is not None
-                               else None),
-                   "elapsed": elapsed_before + now - t0}
-            self._live[job_id] = rec
-            if now - last_write[0] >= self.progress_interval_s:
-                last_write[0] = now
-                if not store.update_claimed(job_id, me, **rec):
-                    lost.set()
+    def _should_stop(self, run: _Run) -> bool:
+        return run.cancel.is_set() or run.lost.is_set() or self._shutdown.is_set()
 
-        def checkpoint(state: dict) -> None:
-            if lost.is_set():  # another worker holds the job now: its file, not ours
-                return
-            path = self._checkpoint_path(job_id)
-            tmp = path.with_suffix(".tmp")
-            # 0600 from creation: the state holds what was learnt from the tenant's data.
-            with os.fdopen(os.open(tmp, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600),
-                           "wb") as f:
-                torch.save(state, f)
-            os.replace(tmp, path)  # atomic: a crash mid-write keeps the previous checkpoint
-            live = self._live.get(job_id, {})
-            if not store.update_claimed(job_id, me, checkpoint=str(path),
-                                        **{k: v for k, v in live.items() if k != "elapsed"},
-                                        elapsed=elapsed_before + time.monotonic() - t0):
-                lost.set()
-                if store.get_job(job_id, None) is None:  # purged meanwhile: leave nothing
-                    erase_file(path)
-
-        def should_stop() -> bool:
-            return cancel.is_set() or lost.is_set() or self._shutdown.is_set()
-
+    def _train(self, run: _Run) -> tuple[TrainData, Any] | None:
+        """(the job's data, the runner's result); None when it failed (recorded)."""
+        store, me, job = self.store, self.worker_id, run.job
         try:
             # Prompt/prefix tuning share the frozen backbone with inference (no mode change);
             # LoRA/full train a private copy inside the tuner.
@@ -353,32 +391,41 @@ class JobWorker:
             backbone = self.backbones[job["backbone"]]
             d = store.dataset_data(job["dataset_id"])
             train = TrainData(d["input_ids"], d["labels"], d["num_labels"], d["plain_ids"])
-            result = self.runner(backbone, train, params, progress=progress,
-                                 should_stop=should_stop, checkpoint=checkpoint, resume=resume)
+            result = self.runner(
+                backbone, train, job["params"], progress=partial(self._progress, run),
+                should_stop=partial(self._should_stop, run),
+                checkpoint=partial(self._checkpoint, run), resume=run.resume)
         except Exception as e:
-            log.error("job %s failed:\n%s", job_id, traceback.format_exc())
-            self._live.pop(job_id, None)
-            if store.update_claimed(job_id, me, state="failed", finished=time.time(),
-                                    elapsed=elapsed_before + time.monotonic() - t0,
-                                    error=f"{type(e).__name__}: {e}", heartbeat=None):
-                self._drop_checkpoint(job_id)
-            return
+            log.error("job %s failed:\n%s", run.id, traceback.format_exc())
+            self._live.pop(run.id, None)
+            if store.update_claimed(run.id, me, state="failed", finished=time.time(),
+                                    elapsed=run.elapsed(), error=f"{type(e).__name__}: {e}",
+                                    heartbeat=None):
+                self._drop_checkpoint(run.id)
+            return None
         finally:
-            live = self._live.pop(job_id, None)
+            live = self._live.pop(run.id, None)
             if live:
-                store.update_claimed(job_id, me,
+                store.update_claimed(run.id, me,
                                      **{k: v for k, v in live.items() if k != "elapsed"})
-        if lost.is_set():
+        return train, result
+
+    def _ended_without_prompt(self, run: _Run, result: Any) -> bool:
+        """Settle a run that stopped early: lease lost (left to the new worker), cancelled, or
+        stopped by shutdown (requeued: resumed from its checkpoint, else from the start).
+        False when the result is a prompt to save."""
+        store, me, job_id = self.store, self.worker_id, run.id
+        if run.lost.is_set():
             log.warning("job %s: this worker lost its lease; left to its new worker", job_id)
-            return
-        elapsed = elapsed_before + time.monotonic() - t0
+            return True
+        elapsed = run.elapsed()
         meta = getattr(result, "meta", None)
-        stopped = meta.get("stopped", True) if isinstance(meta, dict) else should_stop()
-        if cancel.is_set():
+        stopped = meta.get("stopped", True) if isinstance(meta, dict) else self._should_stop(run)
+        if run.cancel.is_set():
             if store.update_claimed(job_id, me, state="cancelled", finished=time.time(),
                                     elapsed=elapsed, heartbeat=None):
                 self._drop_checkpoint(job_id)
-            return
+            return True
         if self._shutdown.is_set() and stopped:
             ck = store.get_job(job_id, None)["checkpoint"]
             if ck and Path(ck).exists():  # back to the queue: any worker resumes it
@@ -388,7 +435,15 @@ class JobWorker:
                 store.update_claimed(job_id, me, state="queued", worker=None, heartbeat=None,
                                      step=0, loss=None, epoch=None, epsilon=None, elapsed=0.0,
                                      started=None)
-            return
+            return True
+        return False
+
+    def _publish(self, run: _Run, train: TrainData, result: Any) -> None:
+        """Save the tuned prompt and finish the job with it, exactly once: a lease lost or a
+        cancel that came while it saved leaves no prompt."""
+        store, me, job, job_id = self.store, self.worker_id, run.job, run.id
+        params = job["params"]
+        elapsed = run.elapsed()
         prompt_id = new_id("pr")
         folder = store.files / "prompts" / prompt_id
         try:
