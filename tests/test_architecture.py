@@ -7,6 +7,7 @@ Read with ``ast`` rather than by importing, so the check sees imports inside fun
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -136,3 +137,21 @@ def test_no_function_over_80_lines(path: Path):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
             and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
     assert long == []
+
+
+def test_the_drawn_map_matches_the_layers():
+    """docs/ARCHITECTURE.md draws the layers by hand; this keeps the picture honest: every
+    entry of LAYERS is named in its own layer's band of the drawing."""
+    text = (SRC.parent / "docs" / "ARCHITECTURE.md").read_text()
+    block = text.split("## The map", 1)[1].split("```", 2)[1]
+    bands = {int(m.group(1)): m.start() for m in re.finditer(r"layer (\d)", block)}
+    ends = sorted(bands.values()) + [len(block)]
+    wrong = []
+    for i, prefixes in enumerate(LAYERS):
+        start = bands[i]
+        band = block[start:min(e for e in ends if e > start)]
+        for p in prefixes:
+            name = p.removeprefix("rapt.").replace(".", "/")
+            if f"{name}.py" not in band and f"{name}/" not in band:
+                wrong.append(f"{p} not drawn in layer {i}")
+    assert wrong == []
