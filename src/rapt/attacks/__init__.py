@@ -5,6 +5,7 @@ their module is imported; the imports below make that registry complete (see
 :mod:`rapt.attacks.recovery` for the interface).
 """
 
+from rapt.attacks import bayes as _bayes  # noqa: F401  (registers "bayes")
 from rapt.attacks.inversion import InversionResult, inversion_attack, invert_ids, invert_vectors
 from rapt.attacks.recovery import (
     ATTACKERS,
