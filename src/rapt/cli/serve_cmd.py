@@ -249,6 +249,19 @@ def keys_list(ctx: typer.Context, db: Path | None = typer.Option(None, help=DB_H
     store.close()
 
 
+def _on_key(ctx: typer.Context, db: Path | None, store_url: str | None, action: str,
+            key: str) -> dict:
+    """Run the store's ``action`` (``revoke_key`` / ``purge_key``) on ``key``; an unknown key
+    or a bad state is the user's error (exit 2), and the store is closed either way."""
+    store = _open_store(db, ctx, store_url)
+    try:
+        return getattr(store, action)(key)
+    except (LookupError, ValueError) as e:
+        raise _fail(str(e)) from None
+    finally:
+        store.close()
+
+
 @keys_app.command("revoke")
 def keys_revoke(ctx: typer.Context,
                 key: str = typer.Argument(..., help="key id (from `keys list`) or name"),
@@ -257,13 +270,7 @@ def keys_revoke(ctx: typer.Context,
     """Revoke a key: the service refuses it from the next request on, its queued jobs are
     cancelled, its running ones stop at their next step (no prompt), its split sessions are
     deleted. Its datasets and prompts stay until `keys purge`."""
-    store = _open_store(db, ctx, store)
-    try:
-        row = store.revoke_key(key)
-    except (LookupError, ValueError) as e:
-        raise _fail(str(e)) from None
-    finally:
-        store.close()
+    row = _on_key(ctx, db, store, "revoke_key", key)
     typer.echo(f"revoked key {row['id']} ('{row['name']}'): {len(row['cancelled'])} queued "
                f"job(s) cancelled, {len(row['stopping'])} running job(s) stopping, "
                f"{row['sessions']} split session(s) deleted", err=True)
@@ -279,13 +286,7 @@ def keys_purge(ctx: typer.Context,
     and their files. The key's row stays, revoked. Cannot be undone."""
     if not yes:
         typer.confirm(f"delete everything key '{key}' owns?", abort=True)
-    store = _open_store(db, ctx, store)
-    try:
-        row = store.purge_key(key)
-    except (LookupError, ValueError) as e:
-        raise _fail(str(e)) from None
-    finally:
-        store.close()
+    row = _on_key(ctx, db, store, "purge_key", key)
     typer.echo(f"purged key {row['id']} ('{row['name']}'): {row['datasets']} dataset(s), "
                f"{row['jobs']} job(s), {row['prompts']} prompt(s), {row['sessions']} split "
                "session(s) deleted", err=True)
