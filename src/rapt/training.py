@@ -95,6 +95,32 @@ class Reconstruction:
         return r, {"rec_loss": r.detach(), "rec_acc": (out.rec.argmax(-1) == tgt).float()}
 
 
+@dataclass
+class DenoisingObjective:
+    """Cross-entropy of the original token at each position, given the privatized row (the
+    contextual denoiser of :mod:`rapt.attacks.denoiser`); ``out.logits`` is (B, L, V).
+
+    ``targets`` (N, L): original ids, -100 where nothing is predicted (special tokens, pad);
+    ``replaced`` (N, L): positions the mechanism changed. Per example: the mean CE over its
+    predicted positions. Stats are per token (1-D, so a logical batch averages over tokens):
+    ``token_acc`` over every predicted position, ``replaced_acc`` over the replaced ones."""
+
+    targets: Tensor
+    replaced: Tensor
+    weight: float = 1.0
+
+    def __call__(self, out: ModelOutput, idx: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        L = out.logits.shape[1]  # batches are padded to their own longest row
+        tgt = self.targets[idx][:, :L].to(out.logits.device)
+        rep = self.replaced[idx][:, :L].to(out.logits.device)
+        ce = nn.functional.cross_entropy(out.logits.float().transpose(1, 2), tgt,
+                                         ignore_index=-100, reduction="none")  # (B, L)
+        valid = tgt != -100
+        loss = ce.sum(1) / valid.sum(1).clamp(min=1)
+        right = (out.logits.argmax(-1) == tgt).float().detach()
+        return loss, {"token_acc": right[valid], "replaced_acc": right[valid & rep]}
+
+
 class SummedLoss:
     """Example indices -> (per-example loss (B,), stats): one ``forward``, then
     Σ weight · objective over the objectives that apply."""
@@ -408,6 +434,7 @@ def warmup_linear(total: int, warmup: int) -> Callable[[int], float]:
     return factor
 
 
-__all__ = ["STATE_FORMAT", "DPStep", "GradientStep", "MeanStep", "ModelOutput", "Objective",
-           "Plan", "Reconstruction", "StepStats", "SummedLoss", "TaskCE", "TrainState",
-           "TrainableTensors", "run_loop", "upgrade_checkpoint", "warmup_linear"]
+__all__ = ["STATE_FORMAT", "DPStep", "DenoisingObjective", "GradientStep", "MeanStep",
+           "ModelOutput", "Objective", "Plan", "Reconstruction", "StepStats", "SummedLoss",
+           "TaskCE", "TrainState", "TrainableTensors", "run_loop", "upgrade_checkpoint",
+           "warmup_linear"]

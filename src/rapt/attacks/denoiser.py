@@ -1,0 +1,318 @@
+"""The contextual denoiser: p(original token | privatized row), learned from public text.
+
+An encoder backbone reads a privatized row and predicts, at every position, the original token
+through an MLM-style decoder tied to the backbone's input embeddings
+(``logits = LayerNorm(gelu(dense(h))) @ Eᵀ + bias``) plus a learned "keep" bonus on the received
+token, so that copying the input (what nearest neighbour does) is the starting point.
+
+It is trained on (privatized -> original) pairs of *public* text, privatized by the provider
+with the same mechanism, so it costs no privacy, and it sees only privatized ids at predict
+time: what it outputs is post-processing of the dχ release. The same model is the strongest
+attacker we field (its recovery rate is the honest empirical privacy) and the first utility
+remedy (denoise-then-tune: rows pass through :meth:`Denoiser.denoise` before tuning and predict).
+
+Training goes through :func:`rapt.training.run_loop` with a :class:`rapt.training.MeanStep` over
+a :class:`rapt.training.DenoisingObjective`; nothing here reads or writes files except
+:meth:`Denoiser.save` / :meth:`Denoiser.load`.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from rapt.artifacts import ArtifactError
+from rapt.models import Backbone
+from rapt.training import (
+    DenoisingObjective,
+    MeanStep,
+    ModelOutput,
+    SummedLoss,
+    TrainableTensors,
+    TrainState,
+    run_loop,
+    warmup_linear,
+)
+
+__all__ = ["Denoiser", "DenoiserConfig", "train_denoiser"]
+
+FORMAT = "rapt-denoiser"
+VERSION = 1
+TENSORS_FILE = "denoiser.safetensors"
+CONFIG_FILE = "config.json"
+
+Rows = Sequence[Sequence[int]]
+
+
+@dataclass
+class DenoiserConfig:
+    """``lr`` (AdamW, linear warm-up over ``warmup`` of the steps then decay), ``epochs``,
+    ``batch_size`` (rows), ``max_length`` (tokens per encoded row, [CLS]/[SEP] included; longer
+    rows keep their tail as received), ``trainable`` ("full": every weight, or "lora": rank
+    ``lora_r`` adapters on the attention plus the decoder head), ``keep_bonus`` (initial logit
+    bonus of the received token), ``seed`` (init, dropout, data order)."""
+
+    lr: float = 5e-5
+    epochs: int = 1
+    batch_size: int = 32
+    max_length: int = 64
+    trainable: Literal["full", "lora"] = "full"
+    keep_bonus: float = 4.0
+    lora_r: int = 8
+    warmup: float = 0.06
+    weight_decay: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.trainable not in ("full", "lora"):
+            raise ValueError(f"trainable must be 'full' or 'lora', got {self.trainable!r}")
+        if self.max_length < 3:
+            raise ValueError(f"max_length must be >= 3 (two special tokens and one token), "
+                             f"got {self.max_length}")
+        for name in ("lr", "epochs", "batch_size", "lora_r"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+
+
+class Denoiser(nn.Module):
+    """Encoder + tied MLM-style decoder + keep bonus over one backbone (a private copy of its
+    weights, so the caller's backbone is never changed).
+
+    ``forward(ids (B, L), mask (B, L)) -> logits (B, L, V)`` over the backbone's vocabulary;
+    ``guess`` / ``denoise`` take privatized rows only. ``meta`` records provenance (backbone,
+    corpus, token count, η band)."""
+
+    def __init__(self, backbone: Backbone, config: DenoiserConfig,
+                 meta: dict | None = None) -> None:
+        super().__init__()
+        if backbone.kind != "encoder":
+            raise ValueError(f"the denoiser reads both sides of each token: it needs an encoder "
+                             f"backbone, {backbone.name!r} is {backbone.kind}")
+        self.config = config
+        self.meta = dict(meta or {})
+        self.tokenizer = backbone.tokenizer
+        self.special_ids = backbone.special_ids
+        torch.manual_seed(config.seed)
+        encoder = copy.deepcopy(backbone.model)
+        for p in encoder.parameters():  # a tuner may have frozen the shared backbone
+            p.requires_grad_(config.trainable == "full")
+        if config.trainable == "lora":
+            from peft import LoraConfig, get_peft_model
+
+            encoder = get_peft_model(encoder, LoraConfig(r=config.lora_r,
+                                                         lora_alpha=2 * config.lora_r))
+        self.encoder = encoder
+        emb = encoder.get_input_embeddings().weight  # (V, d), tied: trains with "full" only
+        h, d = backbone.hidden_size, emb.shape[1]
+        self.dense = nn.Linear(h, d)
+        self.norm = nn.LayerNorm(d, eps=1e-12)
+        self.bias = nn.Parameter(torch.zeros(emb.shape[0]))
+        self.keep = nn.Parameter(torch.tensor(float(config.keep_bonus)))
+        # Never output a special token for a real one.
+        self.register_buffer("special_mask", torch.isin(
+            torch.arange(emb.shape[0]), torch.tensor(self.special_ids, dtype=torch.long)),
+            persistent=False)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """-> logits (B, L, V) of the original token at each position."""
+        h = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        z = self.norm(nn.functional.gelu(self.dense(h)))
+        logits = z @ self.encoder.get_input_embeddings().weight.T + self.bias
+        logits = logits.masked_fill(self.special_mask, float("-inf"))
+        keep = torch.zeros_like(logits).scatter_(-1, input_ids.unsqueeze(-1), 1.0)
+        return logits + self.keep * keep
+
+    # ----------------------------------------------------------------------- encoding
+
+    def _wrap(self) -> tuple[list[int], list[int]]:
+        tok = self.tokenizer
+        if tok.cls_token_id is not None and tok.sep_token_id is not None:
+            return [int(tok.cls_token_id)], [int(tok.sep_token_id)]
+        return [], []
+
+    def encode(self, rows: Rows) -> tuple[Tensor, Tensor, int]:
+        """Rows -> (ids (N, L), mask (N, L), offset of the rows' first token): each row cut to
+        what fits in ``max_length`` and wrapped in [CLS] ... [SEP] where the tokenizer has them."""
+        head, tail = self._wrap()
+        room = self.config.max_length - len(head) - len(tail)
+        enc = [head + [int(t) for t in r[:room]] + tail for r in rows]
+        n = max((len(e) for e in enc), default=0)
+        ids = torch.full((len(enc), n), int(self.tokenizer.pad_token_id), dtype=torch.long)
+        mask = torch.zeros((len(enc), n), dtype=torch.long)
+        for i, e in enumerate(enc):
+            ids[i, :len(e)] = torch.tensor(e, dtype=torch.long)
+            mask[i, :len(e)] = 1
+        return ids, mask, len(head)
+
+    # ----------------------------------------------------------------------- predict
+
+    @torch.no_grad()
+    def guess(self, private_rows: Rows, batch_size: int = 64) -> list[list[int]]:
+        """Argmax original token for every position of each privatized row; special tokens, pad
+        and positions beyond ``max_length`` are returned as received."""
+        was = self.training
+        self.eval()
+        out = [[int(t) for t in r] for r in private_rows]
+        special = set(self.special_ids)
+        dev = self.bias.device
+        head, tail = self._wrap()
+        room = self.config.max_length - len(head) - len(tail)
+        order = sorted(range(len(out)), key=lambda i: len(out[i]))
+        for s in range(0, len(order), batch_size):
+            idx = order[s:s + batch_size]
+            ids, mask, off = self.encode([out[i] for i in idx])
+            pred = self(ids.to(dev), mask.to(dev)).argmax(-1).cpu()
+            for b, i in enumerate(idx):
+                row = out[i]
+                for j in range(min(len(row), room)):
+                    if row[j] not in special:
+                        row[j] = int(pred[b, off + j])
+        self.train(was)
+        return out
+
+    def denoise(self, private_rows: Rows, batch_size: int = 64) -> list[list[int]]:
+        """The remedy's view of :meth:`guess`: privatized rows -> denoised rows of the same
+        lengths, to be tuned on and predicted from in place of the privatized ones."""
+        return self.guess(private_rows, batch_size)
+
+    # ----------------------------------------------------------------------- artifact
+
+    def trained_tensors(self) -> dict[str, Tensor]:
+        """What is saved: every trainable tensor (all weights for "full", the adapters and the
+        decoder head for "lora")."""
+        return {n: p.detach() for n, p in self.named_parameters() if p.requires_grad}
+
+    def save(self, folder: str | Path) -> Path:
+        """``denoiser.safetensors`` + ``config.json`` (format, config, meta); -> the folder."""
+        from safetensors.torch import save_file
+
+        from rapt.artifacts import _jsonable
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.cpu().contiguous().clone() for k, v in self.trained_tensors().items()},
+                  str(folder / TENSORS_FILE), metadata={"format": FORMAT})
+        doc = {"format": FORMAT, "version": VERSION, "config": asdict(self.config),
+               "meta": _jsonable(self.meta)}
+        (folder / CONFIG_FILE).write_text(json.dumps(doc, indent=2) + "\n")
+        return folder
+
+    @classmethod
+    def load(cls, folder: str | Path, backbone: Backbone) -> Denoiser:
+        """The denoiser saved in ``folder``, rebuilt on ``backbone`` (the one it was trained
+        on); raises :class:`rapt.artifacts.ArtifactError` naming the file."""
+        from safetensors.torch import load_file
+
+        folder = Path(folder)
+        cfg_path, t_path = folder / CONFIG_FILE, folder / TENSORS_FILE
+        for p in (cfg_path, t_path):
+            if not p.is_file():
+                raise ArtifactError(f"{p}: missing (not a denoiser folder?)")
+        try:
+            doc = json.loads(cfg_path.read_text())
+        except json.JSONDecodeError as e:
+            raise ArtifactError(f"{cfg_path}: line {e.lineno}: invalid JSON ({e.msg})") from e
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            raise ArtifactError(f"{cfg_path}: field 'format' must be {FORMAT!r}")
+        if int(doc.get("version", 0)) > VERSION:
+            raise ArtifactError(f"{cfg_path}: version {doc['version']} is newer than this rapt "
+                                f"reads ({VERSION})")
+        try:
+            config = DenoiserConfig(**doc["config"])
+        except (TypeError, ValueError) as e:
+            raise ArtifactError(f"{cfg_path}: field 'config': {e}") from e
+        meta = doc.get("meta") or {}
+        if meta.get("hidden_size", backbone.hidden_size) != backbone.hidden_size:
+            raise ArtifactError(f"{cfg_path}: trained on {meta.get('backbone')!r}, not on "
+                                f"{backbone.name!r}")
+        model = cls(backbone, config, meta)
+        try:
+            state = load_file(str(t_path))
+        except Exception as e:  # safetensors raises its own error types
+            raise ArtifactError(f"{t_path}: cannot read tensors ({e})") from e
+        try:
+            TrainableTensors(model).load_state_dict(state)
+        except (ValueError, RuntimeError) as e:
+            raise ArtifactError(f"{t_path}: {e}") from e
+        return model.eval()
+
+
+# --------------------------------------------------------------------------- training
+
+
+@dataclass
+class _Pairs:
+    """Encoded training pairs: privatized ids and mask (N, L), targets (N, L) with -100 where
+    nothing is predicted, replaced (N, L)."""
+
+    ids: Tensor
+    mask: Tensor
+    targets: Tensor
+    replaced: Tensor
+    n_tokens: int = field(default=0)
+
+
+def _pairs(model: Denoiser, clean_rows: Rows, private_rows: Rows) -> _Pairs:
+    if len(clean_rows) != len(private_rows):
+        raise ValueError(f"{len(clean_rows)} clean rows but {len(private_rows)} private rows")
+    bad = [i for i, (c, p) in enumerate(zip(clean_rows, private_rows, strict=True))
+           if len(c) != len(p)]
+    if bad:
+        raise ValueError(f"clean and private rows must be aligned token by token; row {bad[0]} "
+                         f"has {len(clean_rows[bad[0]])} vs {len(private_rows[bad[0]])} tokens")
+    if not clean_rows:
+        raise ValueError("no training pairs")
+    ids, mask, _ = model.encode(private_rows)
+    tgt, _, _ = model.encode(clean_rows)
+    special = torch.tensor(model.special_ids, dtype=torch.long)
+    predicted = mask.bool() & ~torch.isin(tgt, special)
+    targets = tgt.masked_fill(~predicted, -100)
+    return _Pairs(ids, mask, targets, predicted & (ids != tgt), int(predicted.sum()))
+
+
+def train_denoiser(backbone: Backbone, clean_rows: Rows, private_rows: Rows,
+                   config: DenoiserConfig | None = None, *,
+                   meta: dict | None = None,
+                   progress: Callable[[dict], None] | None = None,
+                   should_stop: Callable[[], bool] | None = None) -> Denoiser:
+    """Train a :class:`Denoiser` on aligned (original, privatized) token-id rows of public text
+    (no special tokens needed: rows are wrapped in [CLS] ... [SEP] here).
+
+    ``meta``: provenance recorded with the model (corpus, η or η band, ...); the backbone, the
+    row and token counts and the training history's last record are added. ``progress`` gets
+    :func:`rapt.training.run_loop`'s records (loss, token_acc, replaced_acc, ...)."""
+    config = config or DenoiserConfig()
+    model = Denoiser(backbone, config, meta)
+    data = _pairs(model, clean_rows, private_rows)
+    dev = next(iter(backbone.model.parameters())).device
+    model.to(dev).train()
+
+    def forward(idx: Tensor) -> ModelOutput:
+        n = int(data.mask[idx].sum(1).max())  # pad each batch to its own longest row
+        logits = model(data.ids[idx, :n].to(dev), data.mask[idx, :n].to(dev))
+        return ModelOutput(logits, None, logits)
+
+    loss = SummedLoss(forward, [DenoisingObjective(data.targets, data.replaced)])
+    step = MeanStep(loss, len(clean_rows), config.batch_size, config.epochs, config.seed)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+    total = step.plan.total_steps
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, warmup_linear(total, int(config.warmup * total)))
+    state = TrainState("denoiser", config.trainable, len(clean_rows),
+                       {"model": TrainableTensors(model), "optimizer": opt, "scheduler": sched})
+    run_loop(step, opt, sched, state, progress=progress, should_stop=should_stop)
+    model.eval()
+    model.meta.update({"backbone": backbone.name, "hidden_size": backbone.hidden_size,
+                       "rows": len(clean_rows), "tokens": data.n_tokens,
+                       "replaced": int(data.replaced.sum()), "steps": state.step,
+                       "stopped": state.stopped,
+                       "last": state.history[-1] if state.history else None})
+    return model

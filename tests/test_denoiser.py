@@ -1,0 +1,151 @@
+"""The contextual denoiser (issue 27): trained on (privatized -> original) pairs, it recovers
+replaced tokens that nearest neighbour never can, sees only privatized ids at predict time,
+and round-trips through its artifact."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+from _tiny import WORDS
+
+from rapt.attacks.denoiser import Denoiser, DenoiserConfig, train_denoiser
+from rapt.attacks.inversion import invert_ids
+from rapt.privatization import Privatizer, calibrate_eta, candidate_ids_from_tokenizer
+
+
+def _chain_rows(tok, n: int, length: int, seed: int) -> list[list[int]]:
+    """Sentences of a grammar where context fixes every token: each word is followed by its
+    successor in one fixed cycle over the vocabulary, from a random start."""
+    ids = [tok.convert_tokens_to_ids(w) for w in WORDS]
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        s = rng.randrange(len(ids))
+        rows.append([ids[(s + k) % len(ids)] for k in range(length)])
+    return rows
+
+
+def _privatizer(bb, rows, p: float, seed: int) -> Privatizer:
+    cand = candidate_ids_from_tokenizer(bb.tokenizer)
+    flat = [t for r in rows for t in r]
+    eta = calibrate_eta(bb.embeddings, p, flat, bb.special_ids, candidate_ids=cand, tol=0.02)
+    return Privatizer(bb.embeddings, eta, special_ids=bb.special_ids, candidate_ids=cand,
+                      seed=seed)
+
+
+def _privatize(priv: Privatizer, rows) -> list[list[int]]:
+    return [priv.privatize_ids(torch.tensor(r)).tolist() for r in rows]
+
+
+def _recovery(clean, private, guess) -> tuple[float, float]:
+    """(share of all tokens recovered, share of replaced tokens recovered)."""
+    tot = rep = ok = ok_rep = 0
+    for c, p, g in zip(clean, private, guess, strict=True):
+        for a, b, x in zip(c, p, g, strict=True):
+            tot += 1
+            ok += a == x
+            if a != b:
+                rep += 1
+                ok_rep += a == x
+    return ok / tot, ok_rep / rep
+
+
+@pytest.fixture()
+def chain(tiny_bert):
+    train = _chain_rows(tiny_bert.tokenizer, 1500, 8, seed=0)
+    test = _chain_rows(tiny_bert.tokenizer, 150, 8, seed=1)
+    priv = _privatizer(tiny_bert, train, 0.3, seed=0)
+    return train, _privatize(priv, train), test, _privatize(priv, test)
+
+
+FAST = DenoiserConfig(lr=1e-2, epochs=15, batch_size=32, max_length=16, keep_bonus=2.0, seed=0)
+
+
+def test_denoiser_recovers_replaced_tokens_nearest_neighbour_cannot(tiny_bert, chain):
+    train_c, train_p, test_c, test_p = chain
+    log: list[dict] = []
+    den = train_denoiser(tiny_bert, train_c, train_p, FAST, meta={"corpus": "chain grammar"},
+                         progress=log.append)
+    assert log[-1]["step"] == log[-1]["total_steps"] and "replaced_acc" in log[-1]
+    nn_guess = [invert_ids(torch.tensor(p), tiny_bert.embeddings).tolist() for p in test_p]
+    nn_all, nn_rep = _recovery(test_c, test_p, nn_guess)
+    all_, rep = _recovery(test_c, test_p, den.guess(test_p))
+    assert nn_rep == 0.0  # the same embeddings map every replaced token to itself
+    chance = 1 / len(WORDS)
+    assert rep > max(0.3, 10 * chance), (rep, nn_rep)
+    assert all_ > nn_all + 0.1, (all_, nn_all)
+    assert den.meta["corpus"] == "chain grammar" and den.meta["tokens"] == 1500 * 8
+
+
+def test_denoiser_never_receives_original_ids_at_predict(tiny_bert, chain):
+    train_c, train_p, test_c, test_p = chain
+    den = Denoiser(tiny_bert, FAST)
+    seen: list[torch.Tensor] = []
+    inner = den.encoder.forward
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["input_ids"].clone())
+        return inner(*args, **kwargs)
+
+    den.encoder.forward = spy
+    rows = test_p[:40] + [test_p[40][:3]]  # rows of unequal length, so batches are padded
+    den.guess(rows, batch_size=16)
+    got = [r[1:1 + int((r != tiny_bert.tokenizer.pad_token_id).sum()) - 2].tolist()
+           for batch in seen for r in batch]
+    assert sorted(got) == sorted(rows)
+    originals = test_c[:40] + [test_c[40][:3]]
+    assert sorted(got) != sorted(originals)  # the privatized rows do differ from the originals
+
+
+def test_training_is_seeded_and_lora_trains_only_adapters_and_head(tiny_bert, chain):
+    train_c, train_p, _, test_p = chain
+    cfg = DenoiserConfig(lr=3e-3, epochs=1, batch_size=64, max_length=16, seed=3)
+    a = train_denoiser(tiny_bert, train_c[:128], train_p[:128], cfg)
+    b = train_denoiser(tiny_bert, train_c[:128], train_p[:128], cfg)
+    ta, tb = a.trained_tensors(), b.trained_tensors()
+    assert ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta)
+    c = train_denoiser(tiny_bert, train_c[:128], train_p[:128],
+                       DenoiserConfig(lr=3e-3, epochs=1, batch_size=64, max_length=16, seed=4))
+    assert not torch.equal(c.trained_tensors()["dense.weight"], ta["dense.weight"])
+    lora = train_denoiser(tiny_bert, train_c[:128], train_p[:128],
+                          DenoiserConfig(lr=3e-3, epochs=1, batch_size=64, max_length=16,
+                                         trainable="lora", lora_r=4))
+    names = set(lora.trained_tensors())
+    assert names and all("lora_" in n or not n.startswith("encoder.") for n in names)
+    assert any("lora_" in n for n in names)
+    before = dict(tiny_bert.model.named_parameters())["embeddings.word_embeddings.weight"]
+    assert torch.equal(before, tiny_bert.embeddings)  # the caller's backbone is untouched
+    assert len(lora.guess(test_p[:5])) == 5
+
+
+def test_save_load_round_trip(tiny_bert, chain, tmp_path):
+    train_c, train_p, _, test_p = chain
+    den = train_denoiser(tiny_bert, train_c[:128], train_p[:128],
+                         DenoiserConfig(lr=3e-3, epochs=1, batch_size=64, max_length=16),
+                         meta={"corpus": "chain grammar", "eta": [10.0, 20.0]})
+    folder = den.save(tmp_path / "den")
+    doc = json.loads((folder / "config.json").read_text())
+    assert doc["format"] == "rapt-denoiser" and doc["meta"]["corpus"] == "chain grammar"
+    assert doc["meta"]["tokens"] == 128 * 8 and doc["meta"]["eta"] == [10.0, 20.0]
+    back = Denoiser.load(folder, tiny_bert)
+    assert back.guess(test_p) == den.guess(test_p)
+    assert back.config == den.config
+
+
+def test_guess_keeps_special_tokens_and_long_tails(tiny_bert, chain):
+    _, _, _, test_p = chain
+    den = Denoiser(tiny_bert, DenoiserConfig(max_length=6, keep_bonus=0.0))
+    cls, pad = tiny_bert.tokenizer.cls_token_id, tiny_bert.tokenizer.pad_token_id
+    row = [cls, *test_p[0], pad]
+    out = den.guess([row])[0]
+    assert len(out) == len(row) and out[0] == cls and out[-1] == pad
+    assert out[4:] == row[4:]  # beyond max_length - 2 tokens: as received
+    assert all(t not in tiny_bert.special_ids for t in out[1:4])
+
+
+def test_pairs_must_be_aligned(tiny_bert):
+    with pytest.raises(ValueError, match="aligned"):
+        train_denoiser(tiny_bert, [[10, 11, 12]], [[10, 11]], DenoiserConfig())
