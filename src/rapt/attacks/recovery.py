@@ -31,7 +31,7 @@ from rapt.attacks.inversion import invert_ids
 from rapt.nn_search import NNIndex
 
 __all__ = ["ATTACKERS", "Attacker", "ReconstructionInput", "nearest_neighbour_attack",
-           "register_attacker", "run_attackers", "token_recovery"]
+           "reconstruct", "register_attacker", "run_attackers", "token_recovery"]
 
 
 @dataclass
@@ -135,3 +135,35 @@ def run_attackers(names: Sequence[str], inp: ReconstructionInput,
         guessed = ATTACKERS[name](inp)
         out[name] = token_recovery(original, inp.private_rows, guessed, inp.special_ids)
     return out
+
+
+def reconstruct(rows: Sequence[Sequence[int]], backbone: Any, eta: float, names: Sequence[str],
+                *, public_rows: Sequence[Sequence[int]] | None = None, seed: int | None = None,
+                mode: str = "fast", options: dict[str, Any] | None = None) -> dict:
+    """Privatize ``rows`` (token ids of the user's texts) at ``eta`` with the backbone's
+    mechanism, run each named attacker on the release and score it (what
+    ``rapt attack reconstruct`` prints).  ``seed`` seeds the mechanism (``seed``) and the
+    attackers (``seed + 1``); None = OS entropy.  Returns {"eta", "p", "n_tokens",
+    "attackers": name -> token_recovery dict}."""
+    from rapt.nn_search import build_index
+    from rapt.privatization import (
+        Privatizer,
+        candidate_ids_from_tokenizer,
+        replacement_probability,
+    )
+
+    emb = backbone.embeddings.detach()
+    cand = candidate_ids_from_tokenizer(backbone.tokenizer, emb.shape[0])
+    index = build_index(emb[cand].float(), mode)  # type: ignore[arg-type]
+    priv = Privatizer(emb, eta, special_ids=backbone.special_ids, candidate_ids=cand,
+                      index=index, seed=seed)
+    flat = _flat(rows)
+    private = _split(priv.privatize_ids(flat).cpu(), rows) if flat.numel() else [[] for _ in rows]
+    inp = ReconstructionInput(private, emb, float(eta), tuple(int(i) for i in backbone.special_ids),
+                              cand, index, None if public_rows is None else
+                              [list(r) for r in public_rows], backbone,
+                              None if seed is None else seed + 1, dict(options or {}))
+    return {"eta": float(eta), "p": replacement_probability(flat, _flat(private),
+                                                            backbone.special_ids),
+            "n_tokens": int(flat.numel()), "seeded": priv.seeded,
+            "attackers": run_attackers(names, inp, rows)}

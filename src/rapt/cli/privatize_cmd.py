@@ -1,4 +1,5 @@
-"""`rapt privatize` (dχ-privacy text-to-text) and `rapt attack invert` (inversion attack)."""
+"""`rapt privatize` (dχ-privacy text-to-text), `rapt attack invert` (inversion attack) and
+`rapt attack reconstruct` (token reconstruction attackers)."""
 
 from __future__ import annotations
 
@@ -339,3 +340,99 @@ def invert(
     if json_report:
         typer.echo(json.dumps({"input": ds.source, "setting": setting, "backbone": backbone,
                                "seeded": seed is not None, "results": rows}))
+
+
+def _attacker_names(requested: list[str]) -> list[str]:
+    from rapt.attacks import ATTACKERS
+
+    names: list[str] = []
+    for a in requested:
+        for n in (sorted(ATTACKERS, key=lambda k: (k != "nn", k)) if a == "all" else [a]):
+            if n not in ATTACKERS:
+                _fail(f"unknown --attacker {n!r}; choose from all, "
+                      f"{', '.join(sorted(ATTACKERS))}")
+            if n not in names:
+                names.append(n)
+    return names
+
+
+def _options(pairs: list[str]) -> dict:
+    out: dict = {}
+    for kv in pairs:
+        key, sep, value = kv.partition("=")
+        if not sep or not key:
+            _fail(f"--option takes KEY=VALUE, got {kv!r}")
+        out[key] = value
+    return out
+
+
+@attack_app.command("reconstruct")
+def reconstruct(
+    input: str = typer.Argument(..., help="original text file or built-in dataset name"),
+    backbone: str = typer.Option("minilm", "--backbone", "-b", help="embedding model"),
+    eta: float | None = typer.Option(None, "--eta", help="privacy parameter η"),
+    target_p: float | None = typer.Option(None, "--target-p", help=TARGET_P_HELP),
+    attacker: list[str] = typer.Option(["all"], "--attacker", "-a",
+                                       help="nn, bayes, another registered attacker, or all "
+                                       "(repeatable)"),
+    public_for: str | None = typer.Option(None, "--public-for",
+                                          help="evaluation task the attackers' public corpus "
+                                          "must be disjoint from (default: INPUT when it is a "
+                                          "built-in task)"),
+    max_public_rows: int | None = typer.Option(None, "--max-public-rows",
+                                               help="at most N rows per public source"),
+    bayes_k: int = typer.Option(2000, "--bayes-k", help="Bayes: candidate originals (top-K "
+                                "public tokens)"),
+    bayes_samples: int = typer.Option(64, "--bayes-samples", help="Bayes: Monte-Carlo "
+                                      "samples per candidate"),
+    option: list[str] = typer.Option([], "--option", help="KEY=VALUE passed to the attackers "
+                                     "(repeatable)"),
+    mode: str = typer.Option("fast", "--mode", help="search: exact, fast, annoy"),
+    seed: int | None = typer.Option(None, "--noise-seed", "--seed",
+                                    help="seed the simulated privacy noise (default: OS entropy)"),
+    fmt: str = typer.Option("auto", "--format", help="input format (see rapt privatize)"),
+    split: str = typer.Option("train", "--split"),
+    text_column: str | None = typer.Option(None, "--text-column"),
+    limit: int | None = typer.Option(None, "--limit", help="first N records only"),
+    json_report: bool = typer.Option(False, "--json-report"),
+) -> None:
+    """Token reconstruction: privatize the input, let each attacker guess the original tokens
+    from the release (and public knowledge only), report token recovery over all tokens and
+    over the replaced tokens only."""
+    from rapt.attacks.recovery import reconstruct as run
+    from rapt.channel import public_corpus_for, task_family
+    from rapt.privatization import tokenize_texts
+
+    check_eta_options(eta, target_p)
+    if eta is None and target_p is None:
+        _fail("give --eta or --target-p")
+    names = _attacker_names(attacker)
+    task: str | None = public_for or input
+    try:
+        task_family(str(task))
+    except ValueError:
+        # the Bayes prior is public text; other attackers say themselves what they need
+        if public_for is not None or "bayes" in names:
+            _fail(f"{task!r} is not a built-in task: give --public-for TASK, the task the "
+                  "public corpus must be disjoint from")
+        task = None
+    ds = _load(input, split, None if fmt == "auto" else fmt, text_column, None, limit)
+    bb = load_backbone_or_fail(backbone)
+    eta_v, _ = resolve_eta(bb, eta, target_p)
+    rows = tokenize_texts(ds.texts, bb.tokenizer)
+    corpus = None
+    if task is not None and any(n != "nn" for n in names):
+        corpus = public_corpus_for(task, max_rows_per_source=max_public_rows).tokenize(
+            bb.tokenizer)
+    opts = {"bayes_k": bayes_k, "bayes_samples": bayes_samples, **_options(option)}
+    res = run(rows, bb, float(eta_v), names, public_rows=None if corpus is None else corpus.rows,
+              seed=seed, mode=mode, options=opts)
+    warn_if_seeded(seed)
+    typer.echo(f"eta = {res['eta']:.4g}  P = {res['p']:.4f}  ({res['n_tokens']} tokens)")
+    for name, r in res["attackers"].items():
+        typer.echo(f"{name:>10}: recovery {r['all']:.4f} of all tokens ({r['n_all']}), "
+                   f"{r['replaced']:.4f} of replaced tokens ({r['n_replaced']})")
+    if json_report:
+        typer.echo(json.dumps({"input": ds.source, "backbone": backbone, "target_p": target_p,
+                               **res, "options": opts,
+                               "public_corpus": None if corpus is None else corpus.provenance()}))
