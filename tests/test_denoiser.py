@@ -13,6 +13,7 @@ from _tiny import WORDS
 
 from rapt.attacks.denoiser import Denoiser, DenoiserConfig, train_denoiser
 from rapt.attacks.inversion import invert_ids
+from rapt.attacks.recovery import ATTACKERS, ReconstructionInput
 from rapt.privatization import Privatizer, calibrate_eta, candidate_ids_from_tokenizer
 
 
@@ -133,6 +134,21 @@ def test_save_load_round_trip(tiny_bert, chain, tmp_path):
     back = Denoiser.load(folder, tiny_bert)
     assert back.guess(test_p) == den.guess(test_p)
     assert back.config == den.config
+    inp = ReconstructionInput(test_p, tiny_bert.embeddings, 10.0, tuple(tiny_bert.special_ids),
+                              backbone=tiny_bert, options={"denoiser": str(folder)})
+    assert ATTACKERS["denoiser"](inp) == den.guess(test_p)
+
+
+def test_registered_attacker_trains_on_public_rows(tiny_bert, chain):
+    train_c, _, test_c, test_p = chain
+    priv = _privatizer(tiny_bert, train_c, 0.3, seed=0)
+    inp = ReconstructionInput(test_p, tiny_bert.embeddings, priv.eta,
+                              tuple(tiny_bert.special_ids), candidate_ids=priv.candidate_ids,
+                              public_rows=train_c, backbone=tiny_bert, seed=5,
+                              options={"denoiser_lr": "1e-2", "denoiser_epochs": "15",
+                                       "denoiser_max_length": "16", "denoiser_keep_bonus": "2"})
+    _, rep = _recovery(test_c, test_p, ATTACKERS["denoiser"](inp))
+    assert rep > 0.3
 
 
 def test_guess_keeps_special_tokens_and_long_tails(tiny_bert, chain):

@@ -6,6 +6,7 @@ their module is imported; the imports below make that registry complete (see
 """
 
 from rapt.attacks import bayes as _bayes  # noqa: F401  (registers "bayes")
+from rapt.attacks import denoiser as _denoiser  # noqa: F401  (registers "denoiser")
 from rapt.attacks.inversion import InversionResult, inversion_attack, invert_ids, invert_vectors
 from rapt.attacks.recovery import (
     ATTACKERS,

@@ -23,13 +23,13 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import Tensor, nn
 
 from rapt.artifacts import ArtifactError
-from rapt.models import Backbone
+from rapt.attacks.recovery import ReconstructionInput, register_attacker
 from rapt.training import (
     DenoisingObjective,
     MeanStep,
@@ -41,7 +41,10 @@ from rapt.training import (
     warmup_linear,
 )
 
-__all__ = ["Denoiser", "DenoiserConfig", "train_denoiser"]
+if TYPE_CHECKING:
+    from rapt.models import Backbone
+
+__all__ = ["Denoiser", "DenoiserConfig", "denoiser_attack", "train_denoiser"]
 
 FORMAT = "rapt-denoiser"
 VERSION = 1
@@ -316,3 +319,41 @@ def train_denoiser(backbone: Backbone, clean_rows: Rows, private_rows: Rows,
                        "stopped": state.stopped,
                        "last": state.history[-1] if state.history else None})
     return model
+
+
+# --------------------------------------------------------------------------- attacker
+
+_OPTION_TYPES = {"lr": float, "epochs": int, "batch_size": int, "max_length": int,
+                 "trainable": str, "keep_bonus": float, "lora_r": int, "seed": int}
+
+
+def denoiser_attack(inp: ReconstructionInput) -> list[list[int]]:
+    """Registry entry ``"denoiser"``. ``options["denoiser"]``: a trained :class:`Denoiser` or
+    the folder of a saved one (loaded on ``inp.backbone``); without it, one is trained here on
+    ``inp.public_rows`` privatized at ``inp.eta`` (seeded by ``inp.seed``), its
+    :class:`DenoiserConfig` fields taken from ``options["denoiser_<field>"]``."""
+    if inp.backbone is None:
+        raise ValueError("the denoiser attacker needs the backbone (its encoder reads the rows)")
+    den: Any = inp.options.get("denoiser")
+    if isinstance(den, str | Path):
+        den = Denoiser.load(den, inp.backbone)
+    if den is None:
+        if not inp.public_rows:
+            raise ValueError("the denoiser attacker needs a trained denoiser "
+                             "(option denoiser=FOLDER) or public_rows to train one on")
+        from rapt.privatization import Privatizer
+
+        cfg = DenoiserConfig(**{k: t(inp.options[f"denoiser_{k}"])
+                                for k, t in _OPTION_TYPES.items()
+                                if f"denoiser_{k}" in inp.options})
+        priv = Privatizer(inp.embeddings, inp.eta, special_ids=inp.special_ids,
+                          candidate_ids=inp.candidate_ids, index=inp.index, seed=inp.seed)
+        public = [list(r) for r in inp.public_rows if len(r)]
+        flat = priv.privatize_ids(torch.tensor([t for r in public for t in r])).cpu()
+        noised = [x.tolist() for x in torch.split(flat, [len(r) for r in public])]
+        den = train_denoiser(inp.backbone, public, noised, cfg,
+                             meta={"corpus": "public_rows", "eta": inp.eta})
+    return den.guess(inp.private_rows)
+
+
+register_attacker("denoiser", denoiser_attack)
