@@ -8,6 +8,7 @@ The reconstruction head is never saved (RAPT discards it after training).
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,35 +39,50 @@ def _jsonable(x: Any) -> Any:
     return x
 
 
+@dataclass(frozen=True)
+class Kind:
+    """One kind of rapt artifact folder: its ``format`` tag, newest readable ``version`` and
+    tensor file name (the JSON is always ``config.json``)."""
+
+    format: str
+    version: int
+    tensors_file: str
+    what: str  # named in errors: "tuned-prompt", "denoiser"
+
+
+TUNED_PROMPT = Kind(FORMAT, VERSION, TENSORS_FILE, "tuned-prompt")
+
+
 def save_artifact(folder: str | Path, tensors: dict[str, torch.Tensor], config: dict,
-                  meta: dict) -> Path:
+                  meta: dict, kind: Kind = TUNED_PROMPT) -> Path:
     """Write the artifact; returns the folder."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     save_file({k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()},
-              str(folder / TENSORS_FILE), metadata={"format": FORMAT})
-    doc = {"format": FORMAT, "version": VERSION, "config": _jsonable(config),
+              str(folder / kind.tensors_file), metadata={"format": kind.format})
+    doc = {"format": kind.format, "version": kind.version, "config": _jsonable(config),
            "meta": _jsonable(meta)}
     (folder / CONFIG_FILE).write_text(json.dumps(doc, indent=2, allow_nan=True) + "\n")
     return folder
 
 
-def load_artifact(folder: str | Path) -> tuple[dict[str, torch.Tensor], dict, dict]:
+def load_artifact(folder: str | Path, kind: Kind = TUNED_PROMPT
+                  ) -> tuple[dict[str, torch.Tensor], dict, dict]:
     """-> (tensors, config dict, meta dict); raises :class:`ArtifactError` with the file name."""
     folder = Path(folder)
-    cfg_path, t_path = folder / CONFIG_FILE, folder / TENSORS_FILE
+    cfg_path, t_path = folder / CONFIG_FILE, folder / kind.tensors_file
     for p in (cfg_path, t_path):
         if not p.is_file():
-            raise ArtifactError(f"{p}: missing (not a tuned-prompt folder?)")
+            raise ArtifactError(f"{p}: missing (not a {kind.what} folder?)")
     try:
         doc = json.loads(cfg_path.read_text())
     except json.JSONDecodeError as e:
         raise ArtifactError(f"{cfg_path}: line {e.lineno}: invalid JSON ({e.msg})") from e
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise ArtifactError(f"{cfg_path}: field 'format' must be {FORMAT!r}")
-    if int(doc.get("version", 0)) > VERSION:
+    if not isinstance(doc, dict) or doc.get("format") != kind.format:
+        raise ArtifactError(f"{cfg_path}: field 'format' must be {kind.format!r}")
+    if int(doc.get("version", 0)) > kind.version:
         raise ArtifactError(f"{cfg_path}: version {doc.get('version')} is newer than this rapt "
-                            f"reads ({VERSION})")
+                            f"reads ({kind.version})")
     for key in ("config", "meta"):
         if not isinstance(doc.get(key), dict):
             raise ArtifactError(f"{cfg_path}: field {key!r} missing or not an object")
