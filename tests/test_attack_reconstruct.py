@@ -119,3 +119,13 @@ def test_cli_errors(setup):
     assert r.exit_code == 2 and "unknown --attacker" in r.output
     r = _cli([*base, "--eta", "120", "-a", "bayes"])
     assert r.exit_code == 2 and "--public-for" in r.output
+
+
+def test_all_leaves_out_attackers_that_would_train_unless_their_model_is_given():
+    """`--attacker all` must not start minutes of denoiser training on its own."""
+    from rapt.cli.privatize_cmd import _attacker_names
+
+    plain = _attacker_names(["all"], {})
+    assert "nn" in plain and "bayes" in plain and "denoiser" not in plain
+    assert "denoiser" in _attacker_names(["all"], {"denoiser": "/some/folder"})
+    assert _attacker_names(["denoiser"], {}) == ["denoiser"]

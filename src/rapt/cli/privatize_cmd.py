@@ -342,12 +342,19 @@ def invert(
                                "seeded": seed is not None, "results": rows}))
 
 
-def _attacker_names(requested: list[str]) -> list[str]:
+# Attackers that train a model when none is given (minutes on a CPU): ``all`` includes them
+# only when their model is passed with --option NAME=FOLDER.
+_TRAINED = ("denoiser",)
+
+
+def _attacker_names(requested: list[str], options: dict) -> list[str]:
     from rapt.attacks import ATTACKERS
 
+    every = [k for k in sorted(ATTACKERS, key=lambda k: (k != "nn", k))
+             if k not in _TRAINED or k in options]
     names: list[str] = []
     for a in requested:
-        for n in (sorted(ATTACKERS, key=lambda k: (k != "nn", k)) if a == "all" else [a]):
+        for n in (every if a == "all" else [a]):
             if n not in ATTACKERS:
                 _fail(f"unknown --attacker {n!r}; choose from all, "
                       f"{', '.join(sorted(ATTACKERS))}")
@@ -373,8 +380,9 @@ def reconstruct(
     eta: float | None = typer.Option(None, "--eta", help="privacy parameter η"),
     target_p: float | None = typer.Option(None, "--target-p", help=TARGET_P_HELP),
     attacker: list[str] = typer.Option(["all"], "--attacker", "-a",
-                                       help="nn, bayes, another registered attacker, or all "
-                                       "(repeatable)"),
+                                       help="nn, bayes, denoiser, another registered attacker, "
+                                       "or all (repeatable; all takes the denoiser only when "
+                                       "--option denoiser=FOLDER gives a trained one)"),
     public_for: str | None = typer.Option(None, "--public-for",
                                           help="evaluation task the attackers' public corpus "
                                           "must be disjoint from (default: INPUT when it is a "
@@ -406,7 +414,7 @@ def reconstruct(
     check_eta_options(eta, target_p)
     if eta is None and target_p is None:
         _fail("give --eta or --target-p")
-    names = _attacker_names(attacker)
+    names = _attacker_names(attacker, _options(option))
     task: str | None = public_for or input
     try:
         task_family(str(task))
