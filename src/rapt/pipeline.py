@@ -4,9 +4,10 @@
 assemble by hand: the backbone, the privatizer (η, or the η calibrated for a target replacement
 probability P on rapt's public text sample; the noise seed; the nearest-neighbour index mode),
 the :class:`Encoding` (texts → token-id rows, the plain tokens k of reconstruction, sentence
-pairs), the tuner config (:class:`rapt.config.TuneConfig`), the artifact
-(:class:`rapt.trainer.TunedPrompt`) and the privacy report (η, measured P, nearest-neighbour
-inversion success).
+pairs), the provider's channel model (optional: a :class:`rapt.attacks.denoiser.Denoiser` that
+reads privatized rows back before tuning and predict, "denoise-then-tune"), the tuner config
+(:class:`rapt.config.TuneConfig`), the artifact (:class:`rapt.trainer.TunedPrompt`) and the
+privacy report (η, measured P, nearest-neighbour inversion success).
 
 It does no I/O: callers read files, print and save; progress goes to plain callables.
 
@@ -14,12 +15,18 @@ It does no I/O: callers read files, print and save; progress goes to plain calla
     rows = c.privatize(c.rows(texts))          # c.privacy: η, P, inversion success
     tuned = c.tune(rows, labels, num_labels)   # c.artifact
     probs = c.for_artifact(tuned).predict_proba(c.privatize(c.rows(queries, queries=True)))
+
+With ``channel=denoiser`` the privatized rows are denoised inside :meth:`Customization.tune` and
+:meth:`Customization.predict_proba` (text positions only: specials and plain tokens k stay as
+released), and the privacy report adds the channel's own recovery on the release: the same
+model is the strongest attacker rapt knows at that η.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
@@ -30,6 +37,23 @@ from rapt.config import DEFAULT_PRIVATIZER_MODE, TuneConfig
 PRIVATIZE_CHUNK = 256  # rows per privatize call when progress is reported
 
 PlainIds = list[int] | list[list[int]]
+
+CHANNEL_NOTE = (
+    "denoise-then-tune: the rows were read back by the provider's channel model, which is also "
+    "the strongest attacker rapt knows at this η; its recovery of the text tokens is the honest "
+    "empirical privacy. Post-processing of the dχ release: the formal guarantee at η is "
+    "unchanged, but the empirical privacy is lower than the nearest-neighbour figure says.")
+
+
+def channel_fingerprint(channel: Any) -> str:
+    """sha256 of a channel model's config and trained tensors (names, dtypes, shapes, bytes):
+    what an artifact records to recognise the channel it was tuned with."""
+    h = hashlib.sha256(repr(sorted(asdict(channel.config).items())).encode())
+    for name, t in sorted(channel.trained_tensors().items()):
+        t = t.detach().cpu().contiguous().reshape(-1)
+        h.update(f"{name}|{t.dtype}|{t.numel()}".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
 
 
 def plain_tokens_for(tokenizer, m: int, sequences: int, n_rows: int, seed: int):
@@ -136,17 +160,22 @@ class Customization:
     privatizer_mode: str = DEFAULT_PRIVATIZER_MODE
     artifact: Any = None  # rapt.trainer.TunedPrompt, once tuned (or loaded)
     privacy: dict | None = None  # privacy report of the last measured release
+    channel: Any = None  # rapt.attacks.denoiser.Denoiser; None: rows are tuned on as released
+    # (private rows, denoised rows) of the last denoise call: measure() and tune() share it.
+    _denoised: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def create(cls, backbone: Any, encoding: Encoding | None = None,
                config: TuneConfig | None = None, *, eta: float | None = None,
                target_p: float | None = None, noise_seed: int | None = None,
-               privatizer_mode: str = DEFAULT_PRIVATIZER_MODE) -> Customization:
+               privatizer_mode: str = DEFAULT_PRIVATIZER_MODE,
+               channel: Any = None) -> Customization:
         """Calibrate η for ``target_p`` (or take ``eta``) and build the privatizer."""
         priv = make_privatizer(backbone, eta, target_p, noise_seed=noise_seed,
                                mode=privatizer_mode)
         return cls(backbone, encoding or Encoding(), config, priv,
-                   target_p if priv is not None else None, noise_seed, privatizer_mode)
+                   target_p if priv is not None else None, noise_seed, privatizer_mode,
+                   channel=channel)
 
     def for_artifact(self, tuned: Any) -> Customization:
         """Queries of ``tuned``: its row layout and config, this privatizer."""
@@ -155,11 +184,14 @@ class Customization:
 
     @classmethod
     def from_artifact(cls, backbone: Any, tuned: Any, *, eta: float | None,
-                      noise_seed: int | None = None) -> Customization:
+                      noise_seed: int | None = None, channel: Any = None) -> Customization:
         """Privatized queries of a loaded prompt at ``eta`` (None: clean), in the prompt's
-        layout and privatizer mode; its calibration target is kept only at its own η."""
+        layout and privatizer mode, read back by ``channel`` if given (the caller checks it is
+        the one the prompt was tuned with: :func:`channel_fingerprint`); its calibration
+        target is kept only at its own η."""
         mode = tuned.meta.get("privatizer_mode") or DEFAULT_PRIVATIZER_MODE
-        custom = cls.create(backbone, noise_seed=noise_seed, privatizer_mode=mode, eta=eta)
+        custom = cls.create(backbone, noise_seed=noise_seed, privatizer_mode=mode, eta=eta,
+                            channel=channel)
         trained = tuned.meta.get("privacy") or {}
         custom.target_p = trained.get("target_p") if trained.get("eta") == eta else None
         return custom.for_artifact(tuned)
@@ -202,7 +234,64 @@ class Customization:
         self.privacy = privacy_report(self.encoding.text_only(tok, clean),
                                       self.encoding.text_only(tok, private), self.privatizer,
                                       target_p=self.target_p)
+        if self.channel is not None:
+            self.privacy["channel"] = self._channel_privacy(clean, private)
         return self.privacy
+
+    def _channel_privacy(self, clean: Sequence[Sequence[int]],
+                         private: Sequence[Sequence[int]]) -> dict:
+        """The channel model as an attacker on this release: its token recovery over the text
+        positions (all / replaced), scored against ``clean``, which it never sees."""
+        from rapt.attacks.recovery import token_recovery
+
+        tok, enc = self.backbone.tokenizer, self.encoding
+        denoised = self.denoise(private)
+        rec = token_recovery(enc.text_only(tok, clean), enc.text_only(tok, private),
+                             enc.text_only(tok, denoised), self._special_ids())
+        return {"attacker": "channel denoiser", "recovery": rec["all"],
+                "recovery_replaced": rec["replaced"], "n_tokens": rec["n_all"],
+                "empirical_privacy": 1.0 - rec["all"], "strongest_attacker": True,
+                "note": CHANNEL_NOTE}
+
+    def _special_ids(self) -> list[int]:
+        ids = self.backbone.special_ids
+        return [int(i) for i in (ids.tolist() if hasattr(ids, "tolist") else ids)]
+
+    def _text_span(self, row: Sequence[int], special: set[int]) -> tuple[int, int]:
+        """(start, end) of a row's text: after the leading specials and the plain tokens k,
+        before the trailing specials (rapt.reconstruction's layout)."""
+        from rapt.reconstruction import plain_offset
+
+        start = min(len(row), plain_offset(self.backbone.tokenizer) + self.encoding.plain_len)
+        end = len(row)
+        while end > start and row[end - 1] in special:
+            end -= 1
+        return start, end
+
+    def denoise(self, rows: Sequence[Sequence[int]]) -> list[list[int]]:
+        """Privatized rows read back by the channel model (``rows`` as they are without one).
+        Only the text positions go to ``channel.denoise``; the specials and the plain tokens k
+        (public, and the reconstruction loss's targets) stay as released."""
+        rows = [[int(t) for t in r] for r in rows]
+        if self.channel is None:
+            return rows
+        if self._denoised is not None and self._denoised[0] == rows:
+            return [list(r) for r in self._denoised[1]]
+        special = set(self._special_ids())
+        spans = [self._text_span(r, special) for r in rows]
+        text = self.channel.denoise([r[a:b] for r, (a, b) in zip(rows, spans, strict=True)])
+        out = [r[:a] + list(t) + r[b:] for r, (a, b), t in zip(rows, spans, text, strict=True)]
+        self._denoised = (rows, out)
+        return [list(r) for r in out]
+
+    def channel_meta(self) -> dict | None:
+        """What an artifact records of the channel model it was tuned with (None: none):
+        its fingerprint, its provenance (backbone, public corpus, η band, P, recovery on
+        held-out public text) and what it does to empirical privacy."""
+        if self.channel is None:
+            return None
+        return {"fingerprint": channel_fingerprint(self.channel),
+                "provenance": dict(self.channel.meta), "note": CHANNEL_NOTE}
 
     def tune(self, rows: list[list[int]], labels: list[int], num_labels: int, *,
              progress: Callable[[dict], None] | None = None,
@@ -215,6 +304,7 @@ class Customization:
 
         if self.config is None:
             raise ValueError("Customization.config is not set: no tuner config to tune with")
+        rows = self.denoise(rows) if self.channel is not None else rows
         self.artifact = tune(self.backbone, rows, labels, num_labels, self.config,
                              plain_ids=self.encoding.plain, plain_index=self.encoding.plain_index,
                              progress=progress, should_stop=should_stop, checkpoint=checkpoint,
@@ -225,12 +315,14 @@ class Customization:
         """What an artifact records of its training data's privatization."""
         on = self.privatizer is not None
         return {"eta": self.eta, "privatizer_mode": self.privatizer_mode if on else None,
-                "seeded": self.noise_seed is not None, "privacy": self.privacy}
+                "seeded": self.noise_seed is not None, "privacy": self.privacy,
+                "channel": self.channel_meta()}
 
     def predict_proba(self, rows: Sequence[Sequence[int]]) -> Tensor:
         """Class probabilities (N, C) of the artifact for rows in its layout."""
         if self.artifact is None:
             raise ValueError("Customization.artifact is not set: tune or load a prompt first")
+        rows = self.denoise(rows) if self.channel is not None else rows
         return self.artifact.predict_proba(self.backbone, rows)
 
     def predict(self, rows: Sequence[Sequence[int]]) -> list[int]:
