@@ -1,5 +1,6 @@
 """`rapt` command line: thin layers over the Python API, one module per command group."""
 
+from rapt.cli import adapt_cmd as _adapt_cmd  # noqa: E402,F401  (adapt)
 from rapt.cli import data_cmd as _data_cmd  # noqa: E402,F401  (data check)
 from rapt.cli import pate_cmd as _pate_cmd  # noqa: E402,F401  (pate, mia)
 

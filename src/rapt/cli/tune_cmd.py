@@ -129,6 +129,10 @@ _TUNE_HELP = {
     "seed": "init, data order and plain tokens (not privacy noise)",
     "noise_seed": "seed the privacy noise (dχ and DP-SGD): tests/benchmarks only, voids the "
     "guarantee; default: OS entropy",
+    "channel": "denoise-then-tune: a channel model folder from `rapt adapt` (same backbone); "
+    "privatized rows are read back by it before tuning (text positions only). The same model is "
+    "the strongest attacker at that η: the formal guarantee is unchanged, the empirical privacy "
+    "printed is its recovery",
 }
 
 
@@ -178,9 +182,12 @@ def tune(
     dp_delta: float | None = typer.Option(None, help="δ (default 1/N)"),
     dp_physical_batch: int | None = typer.Option(None,
                                                  help="micro-batch size under DP (default 32)"),
+    channel: Path | None = typer.Option(None, "--channel", help=_TUNE_HELP["channel"]),
 ) -> None:
     """Privatize a dataset locally, tune a prompt on it and save the artifact."""
     o = SimpleNamespace(**locals())  # the options, for the stage helpers below
+    if channel is not None and eta is None and target_p is None:
+        _fail("--channel reads privatized text back: give --eta or --target-p too")
     ds = _training_data(o)
     bb = load_backbone_or_fail(backbone)
     dp = _dp_config(o)
@@ -191,11 +198,11 @@ def tune(
     if resolve_head(bb.kind, cfg) == "verbalizer":
         _check_label_words(bb, cfg.label_words)
     custom = _customization(bb, eta, target_p, noise_seed, privatizer_mode, encoding, cfg)
+    custom.channel = _load_channel(channel, bb) if channel is not None else None
     if dp is not None and custom.privatizer is None:
         warn_if_seeded(noise_seed)
     if custom.privatizer is not None:
-        rows = _privatize_with_bar(custom, rows)
-        echo_privacy(custom.privacy)
+        rows = _privatize_and_echo(custom, rows)
     else:
         typer.echo("warning: no --eta/--target-p given: training on clean (unprivatized) text",
                    err=True)
@@ -207,7 +214,60 @@ def tune(
                        # the columns read (given or detected), reused by `rapt predict`
                        "text_column": ds.report.get("text_column"),
                        "text_pair_column": ds.report.get("text_pair_column")})
+    if tuned.meta.get("channel"):
+        tuned.meta["channel"]["path"] = str(channel)
     _save_tuned(tuned, out, method)
+
+
+def _privatize_and_echo(custom, rows):
+    """Privatized rows with a bar; the privacy line, and the channel model's recovery when
+    there is one (warned when this η lies outside the band it was trained on)."""
+    _warn_channel_eta(custom.channel, custom.eta)
+    rows = _privatize_with_bar(custom, rows)
+    echo_privacy(custom.privacy)
+    _echo_channel(custom.privacy)
+    return rows
+
+
+def _load_channel(path: Path, bb):
+    """The channel model saved by `rapt adapt` in ``path``, rebuilt on ``bb``; one error line
+    when it cannot be (not a channel folder, another backbone, a causal backbone)."""
+    from rapt.artifacts import ArtifactError
+    from rapt.attacks.denoiser import Denoiser
+
+    try:
+        den = Denoiser.load(path, bb)
+    except (ArtifactError, ValueError) as e:
+        _fail(f"--channel {path}: {e}")
+    trained_on = den.meta.get("backbone")
+    if trained_on is not None and trained_on != bb.name:
+        typer.echo(f"warning: --channel {path} was built on backbone {trained_on!r}, this run "
+                   f"uses {bb.name!r} (same shapes, so it loads; make sure they are the same "
+                   "model)", err=True)
+    return den
+
+
+def _warn_channel_eta(den, eta: float | None) -> None:
+    """A channel model read at an η far outside the band it was trained on is a weaker
+    remedy (and a weaker attacker): say so."""
+    band = (den.meta.get("eta_band") or [den.meta.get("eta")]) if den is not None else None
+    if not band or eta is None or any(b is None for b in band):
+        return
+    lo, hi = float(min(band)), float(max(band))
+    if not lo / 1.25 <= eta <= hi * 1.25:
+        typer.echo(f"warning: the channel model was trained at η {lo:.4g}..{hi:.4g}; this "
+                   f"run privatizes at η = {eta:.4g}", err=True)
+
+
+def _echo_channel(privacy: dict | None, *, err: bool = False) -> None:
+    """The channel model's recovery on this release: the strongest attacker's figure."""
+    ch = (privacy or {}).get("channel")
+    if not ch:
+        return
+    typer.echo(f"channel: the channel model recovers {ch['recovery']:.1%} of the text tokens "
+               f"({ch['recovery_replaced']:.1%} of the replaced ones): the strongest attacker "
+               f"at this η, empirical privacy {ch['empirical_privacy']:.3f}; post-processing, so "
+               "the formal guarantee at η is unchanged", err=err)
 
 
 def _training_data(o: SimpleNamespace):
@@ -357,6 +417,10 @@ _PREDICT_HELP = {
     "noise_seed": "seed the query privatization noise (tests only; default: OS entropy)",
     "json_report": "print one JSON line at the end: examples, accuracy and the queries' privacy "
     "(η, measured P, inversion success)",
+    "channel": "the channel model the prompt was tuned with (`rapt tune --channel`): queries are "
+    "read back by it before predict",
+    "allow_channel_mismatch": "predict even when --channel is not the channel model the prompt "
+    "was tuned with (or is missing): accuracy will suffer",
 }
 
 
@@ -379,6 +443,9 @@ def predict(
     out: Path | None = typer.Option(None, help=_PREDICT_HELP["out"]),
     noise_seed: int | None = typer.Option(None, help=_PREDICT_HELP["noise_seed"]),
     json_report: bool = typer.Option(False, "--json-report", help=_PREDICT_HELP["json_report"]),
+    channel: Path | None = typer.Option(None, "--channel", help=_PREDICT_HELP["channel"]),
+    allow_channel_mismatch: bool = typer.Option(
+        False, "--allow-channel-mismatch", help=_PREDICT_HELP["allow_channel_mismatch"]),
 ) -> None:
     """Privatize queries locally (same η as training) and predict with a tuned prompt. The data
     need no labels; accuracy is reported when every example has one. Prints η, the measured P
@@ -398,13 +465,15 @@ def predict(
     from rapt.pipeline import Customization
 
     check_eta_options(eta, None)
-    custom = Customization.from_artifact(bb, tuned, eta=eta, noise_seed=noise_seed)
+    den = _predict_channel(o, tuned.meta, bb)
+    custom = Customization.from_artifact(bb, tuned, eta=eta, noise_seed=noise_seed, channel=den)
     if custom.privatizer is not None:
         warn_if_seeded(noise_seed)
     rows = custom.rows(ds.texts, ds.text_pairs, queries=True)
     if custom.privatizer is not None:
         rows = _privatize_with_bar(custom, rows)
         echo_privacy(custom.privacy, err=True)
+        _echo_channel(custom.privacy, err=True)
     probs = custom.predict_proba(rows)
     pred = probs.argmax(-1).tolist()
     _echo_predictions(ds, pred, probs, names or [str(i) for i in range(probs.shape[1])], out)
@@ -440,6 +509,31 @@ def _query_data(o: SimpleNamespace, meta: dict):
                     label_base=label_base if user_file and names else None,
                     text_pair_column=text_pair_column)
     return names, ds
+
+
+def _predict_channel(o: SimpleNamespace, meta: dict, bb):
+    """The channel model for `rapt predict`: it must be the one the prompt was tuned with
+    (same fingerprint), or absent for a prompt tuned without one; otherwise refuse, unless
+    --allow-channel-mismatch (then a warning)."""
+    from rapt.pipeline import channel_fingerprint
+
+    recorded = meta.get("channel") or None
+    den = _load_channel(o.channel, bb) if o.channel is not None else None
+    problem = None
+    if recorded and den is None:
+        problem = (f"{o.artifact} was tuned with the channel model {recorded.get('path')!r} "
+                   f"(denoise-then-tune); pass --channel {recorded.get('path') or 'FOLDER'}")
+    elif den is not None and not recorded:
+        problem = (f"{o.artifact} was tuned without a channel model; leave --channel out")
+    elif den is not None and channel_fingerprint(den) != recorded.get("fingerprint"):
+        problem = (f"--channel {o.channel} is not the channel model {o.artifact} was tuned with "
+                   f"({recorded.get('path')!r}: another fingerprint); pass that one")
+    if problem is None:
+        return den
+    if not o.allow_channel_mismatch:
+        _fail(problem + ", or --allow-channel-mismatch to predict anyway")
+    typer.echo(f"warning: --allow-channel-mismatch: {problem}; predicting anyway", err=True)
+    return den
 
 
 def _query_eta(meta: dict, eta: float | None, no_privatize: bool) -> float | None:
