@@ -266,9 +266,16 @@ def _echo_results(results: list, held: list) -> None:
         for name, rec in r["recovery"].items():
             typer.echo(f"    {name:>17}: {rec['all']:.1%} of all tokens, {rec['replaced']:.1%} "
                        f"of replaced tokens")
-    typer.echo("the channel model is also the strongest attacker rapt knows at this η: tuning "
-               "with it leaves the formal guarantee unchanged (post-processing) but lowers the "
-               "empirical privacy to 1 − its recovery")
+    typer.echo("the channel model is also an attacker: tuning with it leaves the formal "
+               "guarantee unchanged (post-processing), but the empirical privacy is 1 − the "
+               "recovery of the stronger of the two")
+    weak = [r["eta"] for r in results if r["recovery"]["denoiser"]["all"]
+            < r["recovery"]["nearest neighbour"]["all"]]
+    if weak:
+        typer.echo(f"warning: at η = {', '.join(f'{e:.4g}' for e in weak)} the channel model "
+                   "recovers fewer tokens than nearest neighbour (the release itself): it is "
+                   "undertrained and, as a remedy, likely to hurt; train on more rows or for "
+                   "longer (--epochs, --budget-min)", err=True)
 
 
 def _save_atomic(den, out: Path, force: bool) -> None:

@@ -265,9 +265,10 @@ def _echo_channel(privacy: dict | None, *, err: bool = False) -> None:
     if not ch:
         return
     typer.echo(f"channel: the channel model recovers {ch['recovery']:.1%} of the text tokens "
-               f"({ch['recovery_replaced']:.1%} of the replaced ones): the strongest attacker "
-               f"at this η, empirical privacy {ch['empirical_privacy']:.3f}; post-processing, so "
-               "the formal guarantee at η is unchanged", err=err)
+               f"({ch['recovery_replaced']:.1%} of the replaced ones); empirical privacy "
+               f"against the strongest attacker ({ch['strongest_attacker']}) "
+               f"{ch['empirical_privacy']:.3f}; post-processing, so the formal guarantee at η is "
+               "unchanged", err=err)
 
 
 def _training_data(o: SimpleNamespace):
