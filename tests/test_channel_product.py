@@ -57,6 +57,7 @@ def test_adapt_saves_the_channel_with_provenance_and_prints_recovery(setup):
     meta = json.loads((ch / "config.json").read_text())["meta"]
     assert meta["corpus"]["sources"][0]["name"] == str(corpus)
     assert meta["corpus"]["n_texts"] == 300  # the blank line is dropped
+    assert meta["corpus"]["used_texts"] == 300 and meta["corpus"]["n_tokens"] > 300 * 3
     assert meta["train_rows"] == 300 - 20 and meta["rows"] == 280 and meta["tokens"] > 280 * 3
     assert meta["etas"] == [120.0] and meta["eta_band"] == [120.0, 120.0]
     assert 0.0 < meta["p"]["120"] < 1.0

@@ -77,7 +77,7 @@ def adapt(
     bb = load_backbone_or_fail(backbone)
     _check_backbone(o, bb)
     texts, prov = _read_corpus(o)
-    rows = _tokenized(texts, bb.tokenizer, o)
+    rows = _tokenized(texts, bb.tokenizer, o, prov)
     train_rows, held = _split_holdout(rows, o)
     priv, etas = _privatizer_and_etas(o, bb)
     try:
@@ -156,14 +156,19 @@ def _read_corpus(o: SimpleNamespace) -> tuple[list[str], dict]:
     return texts, prov
 
 
-def _tokenized(texts: list[str], tokenizer, o: SimpleNamespace) -> list[list[int]]:
-    """Token ids of a seeded subset of at most --max-rows texts (empty ones dropped)."""
+def _tokenized(texts: list[str], tokenizer, o: SimpleNamespace, prov: dict) -> list[list[int]]:
+    """Token ids of a seeded subset of at most --max-rows texts (empty ones dropped); the
+    texts and tokens used go into ``prov``."""
     from rapt.privatization import tokenize_texts
 
     if o.max_rows is not None and len(texts) > o.max_rows:
         keep = sorted(random.Random(o.seed).sample(range(len(texts)), o.max_rows))
         texts = [texts[i] for i in keep]
     rows = [list(r) for r in tokenize_texts(texts, tokenizer) if len(r)]
+    prov.update({"max_rows": o.max_rows, "used_texts": len(rows),
+                 "n_tokens": sum(len(r) for r in rows),
+                 "tokenizer": str(getattr(tokenizer, "name_or_path", "") or
+                                  type(tokenizer).__name__)})
     if len(rows) < 2:
         _fail(f"the public corpus has {len(rows)} non-empty texts; need at least 2 (one to "
               "train on, one held out)")
