@@ -165,3 +165,22 @@ def test_guess_keeps_special_tokens_and_long_tails(tiny_bert, chain):
 def test_pairs_must_be_aligned(tiny_bert):
     with pytest.raises(ValueError, match="aligned"):
         train_denoiser(tiny_bert, [[10, 11, 12]], [[10, 11]], DenoiserConfig())
+
+
+def test_change_margin_keeps_received_tokens_and_is_fitted_on_public_pairs(tiny_bert, chain):
+    from rapt.attacks.denoiser import fit_change_margin
+
+    train_c, train_p, test_c, test_p = chain
+    # An untrained head: plain argmax changes tokens at random, so it loses to copying.
+    den = Denoiser(tiny_bert, DenoiserConfig(max_length=16, keep_bonus=0.0, seed=0))
+    argmax = den.guess(test_p)
+    assert argmax != test_p
+    den.config.change_margin = 1e9
+    assert den.guess(test_p) == test_p  # nothing beats the received token by 1e9 logits
+    den.config.change_margin = 0.0
+    scores = fit_change_margin(den, train_c[:100], train_p[:100], grid=(0.0, 1e9))
+    assert scores[1e9] > scores[0.0] and den.config.change_margin == 1e9
+    # A trained one wins by changing tokens: the fit keeps a margin that changes some.
+    den = train_denoiser(tiny_bert, train_c, train_p, FAST)
+    scores = fit_change_margin(den, train_c[:200], train_p[:200], grid=(0.0, 1e9))
+    assert den.config.change_margin == 0.0 and scores[0.0] > scores[1e9]
