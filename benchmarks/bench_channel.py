@@ -52,7 +52,8 @@ def _load(path: Path, header: dict) -> dict:
     """The results so far (resume) if they were made with the same regime, else a new doc."""
     if path.is_file():
         doc = json.loads(path.read_text())
-        if doc.get("regime") == header["regime"]:
+        had = doc.get("regime") or {}
+        if {k: had.get(k) for k in header["regime"]} == header["regime"]:
             return doc
         print(f"{path}: other regime; starting over", file=sys.stderr)
     return {**header, "runs": [], "attacks": [], "history": []}
@@ -75,6 +76,9 @@ def main() -> None:
     ap.add_argument("--target-p", type=float, default=0.4)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="tiny run to check the script")
+    ap.add_argument("--notes", default=None,
+                    help="file whose text goes into the JSON and the md (the reading of the "
+                         "numbers; kept across reruns)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)  # the machine is shared
 
@@ -103,6 +107,8 @@ def main() -> None:
               "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                           "threads": args.threads}, "regime": regime}
     doc = _load(path, json.loads(json.dumps(header, default=str)))
+    if args.notes:
+        doc["notes"] = Path(args.notes).read_text().strip()
     session = {"command": header["command"], "load_start": os.getloadavg(),
                "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     t_start = time.perf_counter()
@@ -285,6 +291,8 @@ def markdown(doc: dict) -> str:
                   "recovers more than nearest neighbour, the remedy's empirical privacy is "
                   "1 − its recovery, lower than the nearest-neighbour figure (the formal dχ "
                   "guarantee at η is unchanged: post-processing).", ""]
+    if doc.get("notes"):
+        lines += ["## Reading", "", doc["notes"], ""]
     return "\n".join(lines)
 
 
@@ -314,7 +322,7 @@ def plot(doc: dict, out: Path) -> None:
     if "share_won_back" in s:
         ax1.set_title(f"P ≈ {doc['regime']['demo_config']['target_p']}: gap won back "
                       f"{s['share_won_back']:.0%} (goal ≥ 50 %: "
-                      f"{'met' if s['goal_met'] else 'not met'})", fontsize=10)
+                      f"{'met' if s['goal_met'] else 'not met'})", fontsize=10, pad=16)
     if doc["attacks"]:
         att = doc["attacks"]
         xs = range(len(att))
