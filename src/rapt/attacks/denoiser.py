@@ -19,7 +19,6 @@ a :class:`rapt.training.DenoisingObjective`; nothing here reads or writes files 
 from __future__ import annotations
 
 import copy
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -28,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from torch import Tensor, nn
 
-from rapt.artifacts import ArtifactError
+from rapt.artifacts import ArtifactError, Kind, load_artifact, save_artifact
 from rapt.attacks.recovery import ReconstructionInput, register_attacker
 from rapt.training import (
     DenoisingObjective,
@@ -51,6 +50,7 @@ FORMAT = "rapt-denoiser"
 VERSION = 1
 TENSORS_FILE = "denoiser.safetensors"
 CONFIG_FILE = "config.json"
+KIND = Kind(FORMAT, VERSION, TENSORS_FILE, "denoiser")
 
 Rows = Sequence[Sequence[int]]
 
@@ -204,52 +204,23 @@ class Denoiser(nn.Module):
 
     def save(self, folder: str | Path) -> Path:
         """``denoiser.safetensors`` + ``config.json`` (format, config, meta); -> the folder."""
-        from safetensors.torch import save_file
-
-        from rapt.artifacts import _jsonable
-
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.cpu().contiguous().clone() for k, v in self.trained_tensors().items()},
-                  str(folder / TENSORS_FILE), metadata={"format": FORMAT})
-        doc = {"format": FORMAT, "version": VERSION, "config": asdict(self.config),
-               "meta": _jsonable(self.meta)}
-        (folder / CONFIG_FILE).write_text(json.dumps(doc, indent=2) + "\n")
-        return folder
+        return save_artifact(folder, self.trained_tensors(), asdict(self.config), self.meta,
+                             kind=KIND)
 
     @classmethod
     def load(cls, folder: str | Path, backbone: Backbone) -> Denoiser:
         """The denoiser saved in ``folder``, rebuilt on ``backbone`` (the one it was trained
         on); raises :class:`rapt.artifacts.ArtifactError` naming the file."""
-        from safetensors.torch import load_file
-
-        folder = Path(folder)
-        cfg_path, t_path = folder / CONFIG_FILE, folder / TENSORS_FILE
-        for p in (cfg_path, t_path):
-            if not p.is_file():
-                raise ArtifactError(f"{p}: missing (not a denoiser folder?)")
+        state, raw_config, meta = load_artifact(folder, kind=KIND)
+        cfg_path, t_path = Path(folder) / CONFIG_FILE, Path(folder) / TENSORS_FILE
         try:
-            doc = json.loads(cfg_path.read_text())
-        except json.JSONDecodeError as e:
-            raise ArtifactError(f"{cfg_path}: line {e.lineno}: invalid JSON ({e.msg})") from e
-        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-            raise ArtifactError(f"{cfg_path}: field 'format' must be {FORMAT!r}")
-        if int(doc.get("version", 0)) > VERSION:
-            raise ArtifactError(f"{cfg_path}: version {doc['version']} is newer than this rapt "
-                                f"reads ({VERSION})")
-        try:
-            config = DenoiserConfig(**doc["config"])
+            config = DenoiserConfig(**raw_config)
         except (TypeError, ValueError) as e:
             raise ArtifactError(f"{cfg_path}: field 'config': {e}") from e
-        meta = doc.get("meta") or {}
         if meta.get("hidden_size", backbone.hidden_size) != backbone.hidden_size:
             raise ArtifactError(f"{cfg_path}: trained on {meta.get('backbone')!r}, not on "
                                 f"{backbone.name!r}")
         model = cls(backbone, config, meta)
-        try:
-            state = load_file(str(t_path))
-        except Exception as e:  # safetensors raises its own error types
-            raise ArtifactError(f"{t_path}: cannot read tensors ({e})") from e
         try:
             TrainableTensors(model).load_state_dict(state)
         except (ValueError, RuntimeError) as e:
