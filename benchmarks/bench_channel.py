@@ -43,7 +43,8 @@ from rapt.stats import effect_word, mean_ci, paired_difference
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TASK, METHOD = "sst2", "prefix"
-SETTINGS = ("no privacy", "+privatization", "+denoise-then-tune")
+REMEDIES = ("+denoise-then-tune", "+privatized-MLM backbone")
+SETTINGS = ("no privacy", "+privatization", *REMEDIES)
 CONTROLS = ("+privatization, clean queries", "+privatization, denoised queries")
 NOISE_SEED0 = 1000
 
@@ -173,6 +174,15 @@ def main() -> None:
             remedy.tune(priv, train.labels, len(train.label_names))
             record("+denoise-then-tune", seed, _accuracy(remedy.predict(priv_q), test.labels),
                    time.perf_counter() - t, P_measured=p_meas)
+        if "+privatized-MLM backbone" in todo:
+            # Remedy (c): rows and queries as released, read by the denoiser's encoder; the
+            # privatizer stays the public backbone's (priv, priv_q were made above).
+            t = time.perf_counter()
+            adapted = replace(private, backbone=den.adapted_backbone(bb), artifact=None)
+            adapted.tune(priv, train.labels, len(train.label_names))
+            record("+privatized-MLM backbone", seed,
+                   _accuracy(adapted.predict(priv_q), test.labels), time.perf_counter() - t,
+                   P_measured=p_meas)
 
     session.update(load_end=os.getloadavg(), wall_s=round(time.perf_counter() - t_start, 1))
     doc["history"].append(session)
@@ -208,30 +218,38 @@ def _acc(doc: dict, setting: str) -> dict[int, float]:
     return {r["seed"]: r["accuracy"] for r in doc["runs"] if r["setting"] == setting}
 
 
+def _versus(rem_acc: dict[int, float], pri: dict[int, float], non: dict[int, float]) -> dict:
+    """One remedy against +privatization over the seeds all three share: the paired
+    difference, the gap, the share won back and the issue's goal."""
+    seeds = sorted(set(rem_acc) & set(pri) & set(non))
+    if len(seeds) < 2:
+        return {}
+    rem, p, x = ([d[k] for k in seeds] for d in (rem_acc, pri, non))
+    diff = paired_difference(rem, p)
+    gap = paired_difference(x, p)
+    # Per seed: remedy − privatization − ½ (no privacy − privatization); > 0 = past halfway.
+    half = paired_difference([r - 0.5 * (a - q) for r, a, q in zip(rem, x, p, strict=True)], p)
+    share = diff["mean_diff"] / gap["mean_diff"] if gap["mean_diff"] > 0 else float("nan")
+    return {"seeds": seeds, "remedy_minus_privatization": diff, "gap": gap,
+            "share_won_back": share, "past_half": half,
+            "goal_met": bool(share >= 0.5 and diff["excludes_zero"] and diff["mean_diff"] > 0),
+            "effect": effect_word(diff)}
+
+
 def summarize(doc: dict) -> dict:
-    """Per-setting mean ± CI, the paired remedy − privatization difference, the share of the
-    gap won back and the issue's goal (≥ half the gap, paired CI above 0)."""
-    out: dict = {"settings": {}}
+    """Per-setting mean ± CI and, per remedy, the paired remedy − privatization difference,
+    the share of the gap won back and the issue's goal (≥ half the gap, paired CI above 0)."""
+    out: dict = {"settings": {}, "remedies": {}}
     for s in (*SETTINGS, *CONTROLS):
         acc = _acc(doc, s)
         if acc:
             m, ci = mean_ci(list(acc.values()))
             out["settings"][s] = {"mean": m, "ci95": ci, "n": len(acc)}
-    a, p, n = (_acc(doc, s) for s in SETTINGS)
-    seeds = sorted(set(a) & set(p) & set(n))
-    if len(seeds) < 2:
-        return out
-    rem, pri, non = ([d[s] for s in seeds] for d in (n, p, a))
-    diff = paired_difference(rem, pri)
-    gap = paired_difference(non, pri)
-    # Per seed: remedy − privatization − ½ (no privacy − privatization); > 0 = past halfway.
-    half = paired_difference([r - 0.5 * (x - q) for r, x, q in zip(rem, non, pri, strict=True)],
-                             pri)
-    share = diff["mean_diff"] / gap["mean_diff"] if gap["mean_diff"] > 0 else float("nan")
-    out.update(seeds=seeds, remedy_minus_privatization=diff, gap=gap,
-               share_won_back=share, past_half=half,
-               goal_met=bool(share >= 0.5 and diff["excludes_zero"] and diff["mean_diff"] > 0),
-               effect=effect_word(diff))
+    non, pri = _acc(doc, "no privacy"), _acc(doc, "+privatization")
+    for r in REMEDIES:
+        v = _versus(_acc(doc, r), pri, non)
+        if v:
+            out["remedies"][r] = v
     return out
 
 
@@ -240,7 +258,8 @@ def markdown(doc: dict) -> str:
     reg = doc["regime"]
     c = reg["demo_config"]
     dm = reg["denoiser"]["meta"]
-    lines = ["# Denoise-then-tune vs +privatization (issue 27, remedy a)", ""]
+    lines = ["# Channel remedies vs +privatization (issue 27: (a) denoise-then-tune, "
+             "(c) privatized-MLM backbone)", ""]
     for h in doc["history"]:
         lines.append(f"- `{h['command']}` started {h['started']}: {h['wall_s'] / 60:.1f} min "
                      f"wall; load {h['load_start'][0]:.1f} at start, {h['load_end'][0]:.1f} "
@@ -258,7 +277,9 @@ def markdown(doc: dict) -> str:
               f"Denoiser: `{reg['denoiser']['folder']}` (MiniLM, trained on "
               f"{dm.get('rows', '?')} public sentences disjoint from SST-2, {dm.get('steps', '?')} "
               f"steps; change margin {reg['denoiser']['config'].get('change_margin', 0):g}); "
-              "rows and queries pass through it, it never sees originals.", "",
+              "(a) rows and queries pass through it; (c) its encoder (fine-tuned on the "
+              "public pairs) is the backbone the prompt is tuned on, rows as released. It "
+              "never sees originals.", "",
               "| setting | accuracy (mean ± 95 % CI) | per seed |", "|---|---|---|"]
     for name in (*SETTINGS, *CONTROLS):
         acc = _acc(doc, name)
@@ -267,19 +288,18 @@ def markdown(doc: dict) -> str:
             per = ", ".join(f"{acc[k]:.3f}" for k in sorted(acc))
             tag = " (control)" if name in CONTROLS else ""
             lines.append(f"| {name}{tag} | {r['mean']:.3f} ± {r['ci95']:.3f} | {per} |")
-    if "remedy_minus_privatization" in s:
-        d, g, h = s["remedy_minus_privatization"], s["gap"], s["past_half"]
+    for name, v in s.get("remedies", {}).items():
+        d, g, h = v["remedy_minus_privatization"], v["gap"], v["past_half"]
         lines += ["",
-                  f"Paired over seeds {s['seeds']}: +denoise-then-tune − +privatization = "
+                  f"Paired over seeds {v['seeds']}: {name} − +privatization = "
                   f"{100 * d['mean_diff']:+.1f} ± {100 * d['ci95']:.1f} points (95 % CI); the "
                   f"privatization gap (no privacy − +privatization) is "
                   f"{100 * g['mean_diff']:.1f} ± {100 * g['ci95']:.1f} points; share of the gap "
-                  f"won back: {s['share_won_back']:.0%}. Remedy − (privatization + half the "
-                  f"gap), paired: {100 * h['mean_diff']:+.1f} ± {100 * h['ci95']:.1f} points.",
-                  "",
+                  f"won back: {v['share_won_back']:.0%}. Remedy − (privatization + half the "
+                  f"gap), paired: {100 * h['mean_diff']:+.1f} ± {100 * h['ci95']:.1f} points. "
                   f"**Goal (≥ half the gap won back, paired 95 % CI above 0): "
-                  f"{'met' if s['goal_met'] else 'not met'}.** Denoise-then-tune "
-                  f"{s['effect']}.", ""]
+                  f"{'met' if v['goal_met'] else 'not met'}**: {name} {v['effect']}."]
+    lines.append("")
     if doc["attacks"]:
         lines += ["Attackers on the first seed's privatized test queries (text tokens only):",
                   "", "| attacker | recovery, all tokens | replaced tokens only |",
@@ -308,7 +328,7 @@ def plot(doc: dict, out: Path) -> None:
     names = [n for n in (*SETTINGS, *CONTROLS) if _acc(doc, n)]
     summ = doc["summary"]["settings"]
     colors = {"no privacy": "#999999", "+privatization": "#d62728",
-              "+denoise-then-tune": "#2ca02c"}
+              "+denoise-then-tune": "#2ca02c", "+privatized-MLM backbone": "#1f77b4"}
     for j, n in enumerate(names):
         r = summ[n]
         ax1.bar(j, r["mean"], yerr=r["ci95"], capsize=4, color=colors.get(n, "#bbbbdd"))
@@ -319,10 +339,11 @@ def plot(doc: dict, out: Path) -> None:
     ax1.set_ylim(0.4, 1.0)
     ax1.set_ylabel("SST-2 test accuracy")
     s = doc["summary"]
-    if "share_won_back" in s:
-        ax1.set_title(f"P ≈ {doc['regime']['demo_config']['target_p']}: gap won back "
-                      f"{s['share_won_back']:.0%} (goal ≥ 50 %: "
-                      f"{'met' if s['goal_met'] else 'not met'})", fontsize=10, pad=16)
+    if s.get("remedies"):
+        won = "; ".join(f"{k.lstrip('+')} {v['share_won_back']:.0%}"
+                        for k, v in s["remedies"].items())
+        ax1.set_title(f"P ≈ {doc['regime']['demo_config']['target_p']}: gap won back: {won} "
+                      "(goal ≥ 50 %)", fontsize=10, pad=16)
     if doc["attacks"]:
         att = doc["attacks"]
         xs = range(len(att))

@@ -184,3 +184,26 @@ def test_change_margin_keeps_received_tokens_and_is_fitted_on_public_pairs(tiny_
     den = train_denoiser(tiny_bert, train_c, train_p, FAST)
     scores = fit_change_margin(den, train_c[:200], train_p[:200], grid=(0.0, 1e9))
     assert den.config.change_margin == 0.0 and scores[0.0] > scores[1e9]
+
+
+def test_adapted_backbone_is_the_denoisers_encoder_and_tunes(tiny_bert, chain):
+    """Remedy (c): a prompt tuned on the adapted backbone reads rows through the denoiser's
+    fine-tuned encoder (not the public one); a LoRA denoiser has no adapted encoder."""
+    from rapt.trainer import TuneConfig, tune
+
+    clean, priv = chain[0], chain[1]
+    den = train_denoiser(tiny_bert, clean[:64], priv[:64],
+                         DenoiserConfig(lr=1e-3, epochs=1, batch_size=16, max_length=16))
+    adapted = den.adapted_backbone(tiny_bert)
+    assert adapted.model is den.encoder and adapted.tokenizer is tiny_bert.tokenizer
+    assert not torch.equal(adapted.embeddings, tiny_bert.embeddings)  # trained, tied
+    labels = [r[0] % 2 for r in priv[:32]]
+    cfg = TuneConfig(method="prompt", num_virtual_tokens=2, epochs=1, batch_size=8, lr=1e-2,
+                     head="linear")
+    tuned = tune(adapted, priv[:32], labels, 2, cfg)
+    p_adapted = tuned.predict_proba(adapted, priv[:8])
+    p_public = tuned.predict_proba(tiny_bert, priv[:8])
+    assert p_adapted.shape == (8, 2) and not torch.allclose(p_adapted, p_public)
+    lora = Denoiser(tiny_bert, DenoiserConfig(trainable="lora"))
+    with pytest.raises(ValueError, match="trainable='full'"):
+        lora.adapted_backbone(tiny_bert)

@@ -195,6 +195,28 @@ class Denoiser(nn.Module):
         lengths, to be tuned on and predicted from in place of the privatized ones."""
         return self.guess(private_rows, batch_size)
 
+    def adapted_backbone(self, backbone: Backbone) -> Backbone:
+        """Remedy (c), privatized-MLM adaptation in the manner of Qu et al. (CIKM 2021): a
+        :class:`rapt.models.Backbone` whose encoder is this denoiser's (trained to read
+        privatized text), for tuning and predicting on privatized rows as released.
+
+        Only a ``"full"`` denoiser has adapted encoder weights. The returned backbone shares
+        this denoiser's encoder (a tuner freezes it; the denoiser itself stays usable). The
+        privatizer must keep using ``backbone``'s own embeddings: the mechanism is the
+        customer's, run on the public backbone, whatever the provider does afterwards."""
+        from rapt.models import Backbone
+
+        if self.config.trainable != "full":
+            raise ValueError("adapted_backbone needs a denoiser trained with trainable='full' "
+                             f"(this one is {self.config.trainable!r}: its encoder is the "
+                             "backbone's own)")
+        if self.encoder.config.hidden_size != backbone.hidden_size:
+            raise ValueError(f"this denoiser was trained on another backbone than "
+                             f"{backbone.name!r}")
+        return Backbone(f"{backbone.name}+privatized-MLM", backbone.kind, backbone.tokenizer,
+                        self.encoder, backbone.source, backbone.gguf_file,
+                        {**backbone.extra, "channel_adapted": True})
+
     # ----------------------------------------------------------------------- artifact
 
     def trained_tensors(self) -> dict[str, Tensor]:
