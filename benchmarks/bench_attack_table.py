@@ -1,0 +1,288 @@
+"""The attack table shipped with rapt: token recovery per backbone and η, on public text (issue 27).
+
+For each backbone, a grid of η from the η that gives P ≈ ``--p-range`` high (much noise) to the
+one that gives P ≈ low (little), spaced geometrically (calibrated with ``calibrate_eta_public``,
+as every command calibrates).  At each η, ``--eval-texts`` texts of public text are privatized
+with the backbone's mechanism (tokenizer candidates, certified-exact search) and every attacker
+guesses the originals from the release and public knowledge only
+(:func:`rapt.attacks.recovery.reconstruct`); token recovery is scored over all non-special
+tokens and over the replaced ones only.
+
+Public text: ``public_corpus_for("sst2")`` (TREC, Financial PhraseBank, CB premises and
+hypotheses, TrustPilot; never SST-2), ``--per-source`` seeded rows per split, shuffled.  The
+first ``--eval-texts`` (cut to ``--max-tokens`` tokens) are attacked; the rest are the Bayes
+attacker's prior, so it never saw the text it attacks.
+
+Attackers: nearest neighbour and the mechanism-aware Bayes attacker on every backbone; the
+contextual denoiser only where ``--denoiser BACKBONE=FOLDER`` gives a trained one (from
+`rapt adapt`), and only at the grid points within its η band (× / ÷ 1.25): it is only valid near
+the η it was trained at, and the table says so.
+
+Writes ``src/rapt/resources/attack_table.json`` (read by :mod:`rapt.attack_table`) and
+``benchmarks/results/attack_table.{json,md,png}``.
+
+    python benchmarks/bench_attack_table.py [--points 12] [--threads 1]
+        [--denoiser minilm=/tmp/channel/minilm] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+RESOURCE = ROOT / "src" / "rapt" / "resources" / "attack_table.json"
+NAMES = {"nn": "nearest neighbour", "bayes": "mechanism-aware Bayes",
+         "denoiser": "contextual denoiser"}
+BAND_SLACK = 1.25  # a denoiser counts as valid within its η band widened by this factor
+
+
+def git_commit() -> str:
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "src/rapt"], cwd=ROOT,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + (" (src/rapt modified)" if dirty else "")
+
+
+def public_split(backbone, per_source: int, n_eval: int, max_tokens: int, seed: int):
+    """(attacked rows, prior rows, provenance): the public corpus disjoint from SST-2,
+    tokenized and shuffled; the first ``n_eval`` non-empty rows (cut to ``max_tokens``) are
+    attacked, the others form the prior."""
+    from rapt.channel import public_corpus_for
+
+    corpus = public_corpus_for("sst2", max_rows_per_source=per_source, seed=seed)
+    corpus = corpus.tokenize(backbone.tokenizer)
+    rows = [list(r) for r in corpus.rows if r]
+    order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(seed)).tolist()
+    attacked = [rows[i][:max_tokens] for i in order[:n_eval]]
+    prior = [rows[i] for i in order[n_eval:]]
+    prov = corpus.provenance()
+    prov.update(attacked_texts=len(attacked), attacked_tokens=sum(map(len, attacked)),
+                max_tokens_per_attacked_text=max_tokens, prior_texts=len(prior),
+                prior_tokens=sum(map(len, prior)), shuffle_seed=seed)
+    return attacked, prior, prov
+
+
+def load_denoiser(spec: str | None, bb):
+    """(Denoiser, (η lo, η hi)) from a saved folder, or (None, None)."""
+    if spec is None:
+        return None, None
+    from rapt.attacks.denoiser import Denoiser
+
+    den = Denoiser.load(spec, bb)
+    band = den.meta.get("eta_band") or [den.meta.get("eta")]
+    if not band or any(b is None for b in band):
+        raise SystemExit(f"--denoiser {spec}: its meta records no η or η band")
+    return den, (float(min(band)), float(max(band)))
+
+
+def measure_backbone(name: str, args, denoiser_spec: str | None) -> dict:
+    """Every point of one backbone's grid (see the module docstring)."""
+    from rapt.attacks.recovery import reconstruct
+    from rapt.channel import eta_band
+    from rapt.models import load_backbone
+    from rapt.privatization import calibrate_eta_public
+
+    t0 = time.perf_counter()
+    bb = load_backbone(name)
+    attacked, prior, prov = public_split(bb, args.per_source, args.eval_texts, args.max_tokens,
+                                         args.seed)
+    p_hi, p_lo = args.p_range
+    eta_lo, eta_hi = calibrate_eta_public(bb, p_hi), calibrate_eta_public(bb, p_lo)
+    den, band = load_denoiser(denoiser_spec, bb)
+    opts = {"bayes_k": args.bayes_k, "bayes_samples": args.bayes_samples}
+    points = []
+    for i, eta in enumerate(eta_band(eta_lo, eta_hi, args.points)):
+        names = ["nn", "bayes"]
+        if den is not None and band[0] / BAND_SLACK <= eta <= band[1] * BAND_SLACK:
+            names.append("denoiser")
+        t = time.perf_counter()
+        res = reconstruct(attacked, bb, eta, names, public_rows=prior, seed=1000 * args.seed + i,
+                          mode="fast", options={**opts, "denoiser": den})
+        rec = {k: {"all": v["all"], "replaced": v["replaced"]}
+               for k, v in res["attackers"].items()}
+        any_rec = next(iter(res["attackers"].values()))
+        points.append({"eta": eta, "p": res["p"], "n_tokens": any_rec["n_all"],
+                       "n_replaced": any_rec["n_replaced"], "recovery": rec,
+                       "strongest": max(rec, key=lambda k: rec[k]["all"]),
+                       "seconds": round(time.perf_counter() - t, 2)})
+        print(f"{name} η={eta:.4g} P={res['p']:.3f} "
+              + "  ".join(f"{k} {v['all']:.3f}/{v['replaced']:.3f}" for k, v in rec.items())
+              + f"  ({points[-1]['seconds']:.1f} s)", flush=True)
+    attackers = {"nn": {"name": NAMES["nn"]},
+                 "bayes": {"name": NAMES["bayes"], "k": args.bayes_k,
+                           "samples": args.bayes_samples, "prior": "unigram counts of the "
+                           "prior rows + 1"}}
+    if den is not None:
+        attackers["denoiser"] = {
+            "name": NAMES["denoiser"], "folder": denoiser_spec, "eta_band": list(band),
+            "measured_within": [band[0] / BAND_SLACK, band[1] * BAND_SLACK],
+            "note": "a channel model trained at this η band: measured (and valid) only near it"}
+    emb = bb.embeddings
+    return {"tokenizer": f"{name}'s ({type(bb.tokenizer).__name__}, {len(bb.tokenizer):,} "
+                         "tokens)",
+            "embeddings": list(emb.shape),
+            "mechanism": "dχ text-to-text at η; outputs: the tokenizer's real tokens (no "
+                         "specials or unused placeholders); certified-exact (fast) search",
+            "grid": {"p_range_on_public_sample": [p_hi, p_lo], "eta_range": [eta_lo, eta_hi],
+                     "points": args.points, "spacing": "geometric in η"},
+            "corpus": prov, "attackers": attackers, "points": points,
+            "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def markdown(doc: dict) -> str:
+    prov = doc["provenance"]
+    lines = ["# Attack table: token recovery vs η, per backbone, on public text (issue 27)", "",
+             f"`{prov['command']}` at rapt {prov['rapt_version']} ({prov['commit']}), "
+             f"{prov['date']}.  ",
+             f"Machine: {prov['machine']['platform']}, {prov['machine']['cpus']} CPUs shared, "
+             f"{prov['machine']['threads']} thread(s), torch {prov['machine']['torch']}; load "
+             f"{prov['machine']['load_before'][0]:.2f} before, "
+             f"{prov['machine']['load_after'][0]:.2f} after; {prov['wall_s'] / 60:.1f} min "
+             "wall.", "",
+             "Recovery = share of non-special tokens the attacker guesses right (all / replaced "
+             "only); empirical privacy (EP) = 1 − the strongest attacker's recovery over all "
+             "tokens. Shipped as `src/rapt/resources/attack_table.json` "
+             "(read by `rapt.attack_table`), printed by every command beside P.", ""]
+    for name, e in doc["backbones"].items():
+        c = e["corpus"]
+        src = ", ".join(f"{s['name']}/{s['split']} {s['texts']}" for s in c["sources"])
+        keys = list(e["attackers"])
+        lines += [f"## {name}", "",
+                  f"Public text disjoint from {c['disjoint_from']} ({src}; tokenizer "
+                  f"{e['tokenizer']}): {c['attacked_texts']} texts attacked "
+                  f"({c['attacked_tokens']:,} tokens, at most {c['max_tokens_per_attacked_text']}"
+                  f" each), prior from the other {c['prior_texts']:,} texts "
+                  f"({c['prior_tokens']:,} tokens). Bayes: top-{e['attackers']['bayes']['k']} "
+                  f"candidates, {e['attackers']['bayes']['samples']} Monte-Carlo samples each. "
+                  f"{e['seconds'] / 60:.1f} min.", ""]
+        if "denoiser" in e["attackers"]:
+            d = e["attackers"]["denoiser"]
+            lines += [f"Denoiser `{d['folder']}`, trained at η {d['eta_band'][0]:.4g}.."
+                      f"{d['eta_band'][1]:.4g}: measured only at η "
+                      f"{d['measured_within'][0]:.4g}..{d['measured_within'][1]:.4g}.", ""]
+        lines += ["| η | P | " + " | ".join(f"{NAMES.get(k, k)} all / replaced" for k in keys)
+                  + " | strongest | EP | s |",
+                  "|---|---|" + "---|" * len(keys) + "---|---|---|"]
+        for pt in e["points"]:
+            cells = [f"{pt['recovery'][k]['all']:.1%} / {pt['recovery'][k]['replaced']:.1%}"
+                     if k in pt["recovery"] else "–" for k in keys]
+            best = pt["recovery"][pt["strongest"]]["all"]
+            lines.append(f"| {pt['eta']:.4g} | {pt['p']:.3f} | " + " | ".join(cells)
+                         + f" | {NAMES.get(pt['strongest'], pt['strongest'])} | {1 - best:.3f} "
+                         f"| {pt['seconds']:.0f} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(doc: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bbs = list(doc["backbones"])
+    fig, axes = plt.subplots(1, len(bbs), figsize=(5.5 * len(bbs), 4.2), squeeze=False)
+    for ax, name in zip(axes[0], bbs, strict=True):
+        e = doc["backbones"][name]
+        for k in e["attackers"]:
+            pts = [pt for pt in e["points"] if k in pt["recovery"]]
+            ps = [pt["p"] for pt in pts]
+            line, = ax.plot(ps, [pt["recovery"][k]["all"] for pt in pts], "o-", ms=3,
+                            label=f"{NAMES.get(k, k)}, all tokens")
+            ax.plot(ps, [pt["recovery"][k]["replaced"] for pt in pts], "x--", ms=3,
+                    color=line.get_color(), label=f"{NAMES.get(k, k)}, replaced only")
+        ax.set_title(f"{name}: token recovery on public text")
+        ax.set_xlabel("P (share of tokens replaced)")
+        ax.set_ylabel("recovery")
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--backbones", nargs="+", default=["minilm", "smollm2-135m"])
+    ap.add_argument("--points", type=int, default=12, help="η grid points per backbone")
+    ap.add_argument("--p-range", type=float, nargs=2, default=[0.85, 0.07],
+                    help="P (on rapt's public sample) at the grid's smallest and largest η")
+    ap.add_argument("--eval-texts", type=int, default=250, help="public texts attacked per η")
+    ap.add_argument("--max-tokens", type=int, default=48, help="tokens kept per attacked text")
+    ap.add_argument("--per-source", type=int, default=1000, help="public rows per split")
+    ap.add_argument("--bayes-k", type=int, default=1000)
+    ap.add_argument("--bayes-samples", type=int, default=32)
+    ap.add_argument("--denoiser", action="append", default=[], metavar="BACKBONE=FOLDER",
+                    help="a trained channel model (rapt adapt) for that backbone")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--quick", action="store_true",
+                    help="check the script: 3 points, 40 texts, written under /tmp only")
+    args = ap.parse_args()
+    if args.quick:
+        args.points, args.eval_texts, args.per_source = 3, 40, 200
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(args.threads)  # the machine is shared
+    dens = dict(s.split("=", 1) for s in args.denoiser)
+    unknown = set(dens) - set(args.backbones)
+    if unknown or any("=" not in s for s in args.denoiser):
+        raise SystemExit(f"--denoiser takes BACKBONE=FOLDER for one of {args.backbones}")
+    import rapt
+
+    load0, t0 = os.getloadavg(), time.perf_counter()
+    backbones = {b: measure_backbone(b, args, dens.get(b)) for b in args.backbones}
+    doc = {"format": "rapt-attack-table", "version": 1,
+           "metric": "token recovery: share of non-special tokens an attacker guesses right "
+                     "from the release and public knowledge (all tokens / replaced only); "
+                     "empirical privacy = 1 - the strongest attacker's recovery over all tokens",
+           "provenance": {
+               "command": " ".join(["python", *[Path(sys.argv[0]).relative_to(ROOT).as_posix()
+                                                if Path(sys.argv[0]).is_absolute()
+                                                else sys.argv[0], *sys.argv[1:]]]),
+               "rapt_version": rapt.__version__, "commit": git_commit(),
+               "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+               "public_text": "public_corpus_for('sst2'): rapt's built-in datasets other than "
+                              "SST-2; a deployment would use a general web or encyclopedic "
+                              "corpus",
+               "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
+                           "threads": args.threads, "torch": torch.__version__,
+                           "load_before": load0, "load_after": os.getloadavg()},
+               "wall_s": round(time.perf_counter() - t0, 1), "seed": args.seed,
+               "noise": "seeded per point (a benchmark: the table is not a release)"},
+           "backbones": backbones}
+    from rapt.attack_table import parse_table
+
+    parse_table(doc, "the table just measured")  # what rapt reads must parse
+    out_dir = Path("/tmp/attack_table_quick") if args.quick else RESULTS
+    resource = out_dir / "attack_table_resource.json" if args.quick else RESOURCE
+    out_dir.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(doc, indent=1) + "\n"
+    resource.write_text(text)
+    (out_dir / "attack_table.json").write_text(text)
+    (out_dir / "attack_table.md").write_text(markdown(doc))
+    plot(doc, out_dir / "attack_table.png")
+    print(markdown(doc))
+    print(f"wrote {resource}, {out_dir / 'attack_table.json'}, .md, .png")
+
+
+if __name__ == "__main__":
+    main()
