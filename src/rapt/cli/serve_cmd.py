@@ -30,6 +30,10 @@ app.add_typer(client_app, name="client")
 DB_HELP = "SQLite file of the service (env RAPT_DB; default ./rapt-service.db)"
 STORE_HELP = ("store URL instead of --db: sqlite:///path or postgresql://user@host/db (env "
               "RAPT_STORE); several `rapt serve` processes may share one PostgreSQL store")
+CHANNEL_HELP = ("BACKBONE=FOLDER: the channel model `rapt adapt` built for a loaded backbone "
+                "(repeat for several backbones). Jobs on privatized rows read them back through "
+                "it before tuning, and their prompts' queries at predict (denoise-then-tune); "
+                "refused at start-up if FOLDER is not one or was built on another backbone")
 FILES_HELP = ("folder for prompt tensors and job checkpoints (env RAPT_FILES; default beside "
               "the SQLite file, ./rapt-service.files with PostgreSQL); shared by every worker")
 
@@ -128,6 +132,7 @@ def serve(
                                    "--device cuda)"),
     lease_s: float = typer.Option(30.0, "--lease-s", help="a running job whose worker has not "
                                   "renewed its lease for this long is resumed by another"),
+    channel: list[str] = typer.Option([], "--channel", help=CHANNEL_HELP),
 ) -> None:
     """Run the provider service: `rapt serve --port 8000 --db service.db --backbone minilm`.
     Create the first API key with `rapt serve --db service.db keys add NAME`. Scaled out:
@@ -136,7 +141,7 @@ def serve(
     ctx.ensure_object(dict).update(db=db, store=store, files=files)
     if ctx.invoked_subcommand is not None:
         return
-    _check_serve_options(jobs, ssl_keyfile, ssl_certfile)
+    channels = _check_serve_options(jobs, ssl_keyfile, ssl_certfile, channel, backbone)
     import uvicorn
 
     from rapt.service import Limits, ServiceConfig, create_app
@@ -148,7 +153,7 @@ def serve(
     cfg = ServiceConfig(db_path=target if isinstance(target, Path) else Path("rapt-service.db"),
                         store_url=None if isinstance(target, Path) else target,
                         files_dir=files, jobs=jobs, ray_address=ray_address,
-                        ray_actors=ray_actors, lease_s=lease_s,
+                        ray_actors=ray_actors, lease_s=lease_s, channels=channels,
                         backbones=list(backbone), device=device,
                         job_threads=job_threads, batch_wait_ms=batch_wait_ms,
                         max_batch_rows=max_batch_rows, mixed_passes=mixed_passes,
@@ -166,9 +171,11 @@ def serve(
     uvicorn.run(create_app(cfg), host=host, port=port, log_level="info", **tls)
 
 
-def _check_serve_options(jobs: str, ssl_keyfile: Path | None,
-                         ssl_certfile: Path | None) -> None:
-    """Exit 2 on a --jobs backend that is unknown or not installed, or an incomplete TLS pair."""
+def _check_serve_options(jobs: str, ssl_keyfile: Path | None, ssl_certfile: Path | None,
+                         channel: list[str], backbones: list[str]) -> dict[str, str]:
+    """Exit 2 on a --jobs backend that is unknown or not installed, an incomplete TLS pair, or
+    a --channel that is malformed, for a backbone not loaded, not a channel model, or built on
+    another backbone; -> {backbone: channel folder}."""
     if jobs not in ("inprocess", "ray"):
         raise _fail(f"--jobs {jobs}: give inprocess or ray")
     if jobs == "ray":
@@ -181,6 +188,19 @@ def _check_serve_options(jobs: str, ssl_keyfile: Path | None,
     for f in (ssl_keyfile, ssl_certfile):
         if f is not None and not f.is_file():
             raise _fail(f"{f}: no such file (--ssl-keyfile / --ssl-certfile)")
+    from rapt.service.channels import ChannelError, check_channel_folder, parse_channel_specs
+
+    try:
+        channels = parse_channel_specs(channel)
+        for name, folder in channels.items():
+            if name not in backbones:
+                raise ChannelError(f"--channel {name}={folder}: backbone {name!r} is not "
+                                   f"loaded (--backbone: {', '.join(backbones)}); add "
+                                   f"--backbone {name}")
+            check_channel_folder(folder, name)
+    except ChannelError as e:
+        raise _fail(str(e)) from None
+    return channels
 
 
 def _check_store_url(target: str | Path) -> None:
@@ -207,6 +227,9 @@ def _announce(cfg: ServiceConfig, host: str, port: int, tls: bool) -> None:
         where = f"db {cfg.db_path}"
     typer.echo(f"rapt service: {where}, jobs {cfg.jobs}, backbones {', '.join(cfg.backbones)}; "
                f"{scheme}://{host}:{port}/docs", err=True)
+    for name, folder in cfg.channels.items():
+        typer.echo(f"channel model for {name}: {folder} (jobs on privatized rows read them "
+                   "back through it unless use_channel is false)", err=True)
     if scheme == "http" and not _loopback(host):
         typer.echo(f"WARNING: serving plain http on {host}: API keys and data cross the network "
                    "readable; use --ssl-keyfile/--ssl-certfile or a TLS-terminating proxy",

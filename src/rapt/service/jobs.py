@@ -52,7 +52,8 @@ class _RayWorker:
     """Body of the Ray actor: a store connection, the backbones, a ``JobWorker``."""
 
     def __init__(self, store_url: str, files: str, backbones: dict[str, Any], runner: Any,
-                 device: str, worker_options: dict[str, Any]):
+                 device: str, worker_options: dict[str, Any],
+                 channels: dict[str, str] | None = None):
         logging.basicConfig(level=logging.INFO)
         os.umask(0o077)  # the actor's files (checkpoints, prompts) are the tenants' data
         self.store = Store(store_url, files=files)
@@ -72,7 +73,10 @@ class _RayWorker:
             from rapt.service.worker import default_runner
 
             runner = default_runner
-        self.worker = JobWorker(self.store, loaded, runner, **worker_options)
+        from rapt.service.channels import load_channels
+
+        self.worker = JobWorker(self.store, loaded, runner,
+                                channels=load_channels(channels or {}, loaded), **worker_options)
         self.worker.start()
 
     def worker_id(self) -> str:
@@ -91,14 +95,16 @@ class RayJobs:
     same store. ``backbones``: name -> loaded Backbone (sent to the actors) or a name/path each
     actor loads itself. ``address``: a running cluster ('auto', 'ray://...'), or None to start
     a local Ray instance in this process. The store must be one every actor can open: a
-    PostgreSQL URL across machines, or a SQLite file on one machine."""
+    PostgreSQL URL across machines, or a SQLite file on one machine. ``channels``: backbone ->
+    channel model folder (``rapt adapt``), loaded by each actor on its backbone."""
 
     def __init__(self, store: Store, backbones: dict[str, Any], runner: JobRunner | None, *,
                  max_queued: int, actors: int = 1, address: str | None = None,
                  actor_options: dict[str, Any] | None = None, device: str = "cpu",
                  threads: int = 1, progress_interval_s: float = 0.5, lease_s: float = 30.0,
                  heartbeat_s: float = 1.0, poll_s: float = 0.5,
-                 init_options: dict[str, Any] | None = None):
+                 init_options: dict[str, Any] | None = None,
+                 channels: dict[str, str] | None = None):
         from ray import cloudpickle
 
         self.store = store
@@ -116,6 +122,7 @@ class RayJobs:
                                "progress_interval_s": progress_interval_s, "lease_s": lease_s,
                                "heartbeat_s": heartbeat_s, "poll_s": poll_s}
         self.init_options = init_options or {}
+        self.channels = {n: str(f) for n, f in (channels or {}).items()}
         self.actors: list[Any] = []
         self._backbones_ref: Any = None
         self._started_ray = False
@@ -138,7 +145,7 @@ class RayJobs:
         self.actors = [
             actor_cls.options(**self.actor_options).remote(
                 self.store.url, files, self._backbones_ref, self.runner, self.device,
-                {**self.worker_options, "name": f"ray{i}"})
+                {**self.worker_options, "name": f"ray{i}"}, self.channels)
             for i in range(self.n_actors)]
         ids = ray.get([a.worker_id.remote() for a in self.actors], timeout=600)
         log.info("Ray job workers ready: %s", ", ".join(ids))

@@ -136,6 +136,22 @@ class DatasetInfo(BaseModel):
     created: float
 
 
+class ChannelInfo(BaseModel):
+    """The provider's channel model (issue 27, denoise-then-tune): built by the provider from
+    public text it privatized itself (`rapt adapt`); it reads the uploaded privatized rows back
+    before tuning and predict. Post-processing of the release (the dχ guarantee at η is
+    unchanged), and also the strongest attacker known at that η."""
+
+    fingerprint: str = Field(description="sha256 of the channel model's config and tensors")
+    provenance: dict = Field(description="backbone, public corpus (sources, token count), η "
+                             "band, measured P and held-out recovery, as `rapt adapt` recorded")
+    note: str = Field(description="what reading the rows back does to empirical privacy")
+
+
+_CHANNEL_FIELD = ("the provider's channel model the rows are read back through before tuning "
+                  "and predict (denoise-then-tune); null: none, the rows are used as uploaded")
+
+
 class DPOptions(BaseModel):
     """PromptDPSGD options (rapt.dp.DPConfig); give target_epsilon or noise_multiplier."""
 
@@ -186,6 +202,11 @@ class JobCreate(BaseModel):
         Field(None, min_length=2, max_length=1000)
     head_temperature: float = Field(_d("head_temperature"), gt=0, le=10)
     dp: DPOptions | None = None
+    use_channel: bool | None = Field(
+        None, description="read the privatized rows back through the provider's channel "
+        "model for the dataset's backbone before tuning (and the queries at predict). Default "
+        "(null): yes when the server holds one and the dataset was privatized; true: the same, "
+        "but refuse the job (422) when it cannot; false: tune on the rows as uploaded")
 
     @model_validator(mode="after")
     def _method_defaults(self) -> JobCreate:
@@ -217,6 +238,7 @@ class JobStatus(BaseModel):
     prompt_id: str | None
     error: str | None
     created: float
+    channel: ChannelInfo | None = Field(None, description=_CHANNEL_FIELD)
 
 
 class PromptInfo(BaseModel):
@@ -232,6 +254,8 @@ class PromptInfo(BaseModel):
         "mode): clients privatize queries with the same η by default; None for prompts from "
         "before it was recorded")
     created: float
+    channel: ChannelInfo | None = Field(None, description=_CHANNEL_FIELD + "; predict refuses "
+                                        "(409) when the server no longer holds it")
 
 
 class PredictRequest(BaseModel):
@@ -256,6 +280,8 @@ class PredictResponse(BaseModel):
     prompt_id: str
     labels: list[int]
     probabilities: list[list[float]]
+    channel: ChannelInfo | None = Field(None, description="the channel model the queries were "
+                                        "read back through (the prompt's); null: none")
 
 
 class BackboneInfo(BaseModel):
@@ -264,6 +290,8 @@ class BackboneInfo(BaseModel):
     vocab_size: int
     hidden_size: int
     special_ids: list[int]
+    channel: ChannelInfo | None = Field(None, description="the channel model jobs on this "
+                                        "backbone use by default; null: none loaded")
 
 
 class SapSessionCreate(BaseModel):

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rapt.service.channels import Channel, ChannelError, load_channels, recorded_channel
 from rapt.service.errors import ServiceError
 from rapt.service.inference import (
     Forward,
@@ -58,6 +59,12 @@ class Service:
         self.backbones = backbones
         for bb in backbones.values():
             bb.model.eval()
+        try:  # before the micro-batchers hook the backbones (a channel copies its encoder)
+            self.channels = load_channels(config.channels, backbones)
+        except ChannelError:
+            self.store.close()
+            os.umask(self._umask)
+            raise
         self.prompt_loader = prompt_loader or default_prompt_loader
         self.jobs = make_job_backend(
             config.jobs, self.store, backbones if config.jobs == "inprocess" else job_backbones,
@@ -65,7 +72,9 @@ class Service:
             progress_interval_s=config.progress_interval_s, lease_s=config.lease_s,
             heartbeat_s=config.heartbeat_s, actors=config.ray_actors,
             address=config.ray_address, actor_options=config.ray_actor_options,
-            device=config.device)
+            device=config.device,
+            # Ray actors load the channel models from their folders, on their own backbones.
+            channels=self.channels if config.jobs == "inprocess" else dict(config.channels))
         self.worker = self.jobs  # the name older code used
         forward = forward or (default_forward if config.mixed_passes else per_prompt_forward)
         self.batchers = {
@@ -133,6 +142,24 @@ class Service:
             for k in heavy[:-4]:
                 del self._prompts[k]
         return obj
+
+    def channel_info(self, backbone: str) -> dict | None:
+        """What responses say of the channel model loaded for ``backbone`` (None: none)."""
+        ch = self.channels.get(backbone)
+        return ch.info if ch is not None else None
+
+    def recorded_channel(self, kind: str, row: dict, recorded: dict | None) -> Channel | None:
+        """The channel model a stored job or prompt was tuned with (None: none); 409 when this
+        server no longer holds it, as `rapt predict` refuses a missing or other channel."""
+        what = f"{kind} '{row['id']}'"
+        try:
+            return recorded_channel(self.channels, row["backbone"], recorded, what)
+        except LookupError as e:
+            raise ServiceError(409, "channel_unavailable",
+                               f"{e}: its rows must be read back by the same channel model. "
+                               f"The operator can restart the server with --channel "
+                               f"{row['backbone']}=FOLDER of that model; or tune a new "
+                               "prompt") from None
 
     def forget_prompt(self, prompt_id: str) -> None:
         with self._prompt_lock:

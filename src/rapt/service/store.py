@@ -94,7 +94,10 @@ prompts = sa.Table(
     Column("backbone", Text, nullable=False), Column("num_labels", Integer, nullable=False),
     Column("method", Text, nullable=False), Column("reconstruction", Integer, nullable=False),
     Column("plain_ids", Text), Column("path", Text, nullable=False),
-    Column("created", Double, nullable=False), Column("privacy", Text))
+    Column("created", Double, nullable=False), Column("privacy", Text),
+    # The provider's channel model the prompt was tuned through (migration 5, issue 27):
+    # fingerprint and provenance as JSON; NULL: none.
+    Column("channel", Text))
 
 # SAP split sessions (issue 11). The session's top state and the frozen release live as files
 # under <files>/sap/<id>/; last_step mirrors the state file.
@@ -183,6 +186,8 @@ MIGRATIONS: tuple[Migration, ...] = (
         lambda conn: conn.execute(datasets.update().where(datasets.c.deleted.is_not(None))
                                   .values(n_examples=0, num_labels=0, max_row_len=0, bytes=0,
                                           data="", privacy="{}", plain_ids=None)),)),
+    Migration(5, "the channel model a prompt was tuned through (issue 27)", (
+        add_columns("prompts", "channel"),)),
 )
 
 
@@ -860,10 +865,11 @@ class Store:
     def finish_job_with_prompt(self, jid: str, owner: str, backbone: str, num_labels: int,
                                method: str, reconstruction: bool, plain_ids: list[int] | None,
                                path: str, prompt_id: str, elapsed: float,
-                               privacy: dict | None = None, *, worker: str | None = None
-                               ) -> bool:
-        """Record the prompt (with the privacy declaration of the data it was tuned on) and
-        mark the job succeeded in one transaction. With ``worker``, only while that worker
+                               privacy: dict | None = None, *, worker: str | None = None,
+                               channel: dict | None = None) -> bool:
+        """Record the prompt (with the privacy declaration of the data it was tuned on and the
+        channel model it was tuned through, if any) and mark the job succeeded in one
+        transaction. With ``worker``, only while that worker
         still holds the job (False, nothing written, otherwise)."""
         now = time.time()
         with self._tx() as conn:
@@ -883,7 +889,8 @@ class Store:
                 id=prompt_id, owner=owner, job_id=jid, backbone=backbone,
                 num_labels=num_labels, method=method, reconstruction=int(reconstruction),
                 plain_ids=json.dumps(plain_ids) if plain_ids is not None else None, path=path,
-                created=now, privacy=json.dumps(privacy) if privacy is not None else None))
+                created=now, privacy=json.dumps(privacy) if privacy is not None else None,
+                channel=json.dumps(channel) if channel is not None else None))
         return True
 
     # -- prompts ----------------------------------------------------------------------------
@@ -893,6 +900,7 @@ class Store:
             row["plain_ids"] = json.loads(row["plain_ids"]) if row["plain_ids"] else None
             row["reconstruction"] = bool(row["reconstruction"])
             row["privacy"] = json.loads(row["privacy"]) if row.get("privacy") else None
+            row["channel"] = json.loads(row["channel"]) if row.get("channel") else None
         return row
 
     def get_prompt(self, pid: str, owner: str) -> dict[str, Any] | None:

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 import torch
 
+from rapt.service.channels import recorded_channel
 from rapt.service.store import QueueFullError, Store, erase_file, new_id, private_tree
 
 log = logging.getLogger("rapt.service")
@@ -35,12 +36,15 @@ log = logging.getLogger("rapt.service")
 
 @dataclass
 class TrainData:
-    """What a runner gets: privatized ids (specials included), labels, public plain tokens."""
+    """What a runner gets: privatized ids (specials included), labels, public plain tokens,
+    and the provider's channel model to read the rows back with before tuning (a
+    ``rapt.attacks.denoiser.Denoiser``; None: tune on the rows as uploaded)."""
 
     input_ids: list[list[int]]
     labels: list[int]
     num_labels: int
     plain_ids: list[int] | None
+    channel: Any = None
 
 
 class JobRunner(Protocol):
@@ -87,9 +91,10 @@ def planned_steps(params: dict[str, Any], n_examples: int) -> int:
 def default_runner(backbone: Any, data: TrainData, params: dict[str, Any], *,
                    progress: Callable[[dict], None], should_stop: Callable[[], bool],
                    checkpoint: Callable[[dict], None], resume: dict | None) -> Any:
-    """Tune with the job's validated parameters (:meth:`rapt.pipeline.Customization.tune`).
-    No privatizer: the rows arrived privatized; the job's privacy declaration stays
-    ``params["privacy"]``."""
+    """Tune with the job's validated parameters (:meth:`rapt.pipeline.Customization.tune`),
+    reading the rows back through ``data.channel`` first when there is one (the prompt's meta
+    then records it, as `rapt tune --channel` does). No privatizer: the rows arrived
+    privatized; the job's privacy declaration stays ``params["privacy"]``."""
     from rapt.pipeline import Customization, Encoding
 
     config = tune_config(params)
@@ -99,9 +104,12 @@ def default_runner(backbone: Any, data: TrainData, params: dict[str, Any], *,
         config.checkpoint_every = max(1, math.ceil(steps / 10))
     # Rows of a dataset with plain tokens hold them whether or not the job reconstructs them;
     # the trainer needs them to keep the task head off those positions.
-    custom = Customization(backbone, Encoding(config.max_length, data.plain_ids), config)
-    return custom.tune(data.input_ids, data.labels, data.num_labels, progress=progress,
-                       should_stop=should_stop, checkpoint=checkpoint, resume=resume)
+    custom = Customization(backbone, Encoding(config.max_length, data.plain_ids), config,
+                           channel=data.channel)
+    tuned = custom.tune(data.input_ids, data.labels, data.num_labels, progress=progress,
+                        should_stop=should_stop, checkpoint=checkpoint, resume=resume)
+    tuned.meta["channel"] = custom.channel_meta()
+    return tuned
 
 
 __all__ = ["JobRunner", "JobWorker", "QueueFullError", "TrainData", "default_runner",
@@ -142,9 +150,11 @@ class JobWorker:
     def __init__(self, store: Store, backbones: dict[str, Any], runner: JobRunner, *,
                  max_queued: int, threads: int = 1, progress_interval_s: float = 0.5,
                  lease_s: float = 30.0, heartbeat_s: float = 1.0, poll_s: float = 0.5,
-                 name: str = ""):
+                 name: str = "", channels: dict[str, Any] | None = None):
         self.store = store
         self.backbones = backbones
+        # backbone -> rapt.service.channels.Channel: the channel models jobs may record
+        self.channels = dict(channels or {})
         self.runner = runner
         self.max_queued = max_queued
         self.progress_interval_s = progress_interval_s
@@ -389,8 +399,13 @@ class JobWorker:
             if job["backbone"] not in self.backbones:
                 raise LookupError(f"backbone '{job['backbone']}' is not loaded by this server")
             backbone = self.backbones[job["backbone"]]
+            # The channel model the job was created with, or a clear failure when this worker
+            # holds another one (or none) for its backbone.
+            ch = recorded_channel(self.channels, job["backbone"], job["params"].get("channel"),
+                                  f"job '{run.id}'")
             d = store.dataset_data(job["dataset_id"])
-            train = TrainData(d["input_ids"], d["labels"], d["num_labels"], d["plain_ids"])
+            train = TrainData(d["input_ids"], d["labels"], d["num_labels"], d["plain_ids"],
+                              ch.model if ch is not None else None)
             result = self.runner(
                 backbone, train, job["params"], progress=partial(self._progress, run),
                 should_stop=partial(self._should_stop, run),
@@ -453,7 +468,8 @@ class JobWorker:
                 job_id, job["owner"], job["backbone"], train.num_labels,
                 params.get("method", "prompt"), bool(params.get("reconstruction")),
                 train.plain_ids,
-                str(folder), prompt_id, elapsed, privacy=params.get("privacy"), worker=me)
+                str(folder), prompt_id, elapsed, privacy=params.get("privacy"), worker=me,
+                channel=params.get("channel"))
         except Exception as e:
             shutil.rmtree(folder, ignore_errors=True)
             if store.update_claimed(job_id, me, state="failed", finished=time.time(),

@@ -35,7 +35,8 @@ def job_status(svc: Service, job: dict) -> JobStatus:
                      step=step, total_steps=total, loss=cur["loss"], epoch=cur["epoch"],
                      epsilon=cur.get("epsilon"),
                      elapsed_s=elapsed, eta_s=eta, resumed_from_step=job["resumed_from_step"],
-                     prompt_id=job["prompt_id"], error=job["error"], created=job["created"])
+                     prompt_id=job["prompt_id"], error=job["error"], created=job["created"],
+                     channel=job["params"].get("channel"))
 
 
 @router.post("", status_code=202, response_model=JobStatus, responses=ERRORS)
@@ -49,6 +50,7 @@ def create_job(body: JobCreate, svc: Svc, me: Owner) -> JobStatus:
     # The prompt keeps the data's declared η, so queries default to it even after the
     # dataset is deleted (which erases the dataset's own copy).
     params["privacy"] = ds["privacy"]
+    params["channel"] = _job_channel(svc, body, ds)
     try:  # queue capacity checked and the row inserted in one transaction: a 429 leaves
         # no row, and API processes sharing the store cannot overfill the queue together
         jid = svc.store.create_job(me, ds["id"], ds["backbone"], params,
@@ -60,6 +62,24 @@ def create_job(body: JobCreate, svc: Svc, me: Owner) -> JobStatus:
         raise ServiceError(404, "not_found", f"no dataset '{body.dataset_id}'") from e
     svc.jobs.submit(jid)
     return job_status(svc, svc.store.get_job(jid, me))
+
+
+def _job_channel(svc: Service, body: JobCreate, ds: dict) -> dict | None:
+    """The channel model the job will read its rows back through (what the job records, and
+    its worker checks it holds): the server's for the dataset's backbone when the rows were
+    privatized, unless ``use_channel`` is false; 422 when ``use_channel`` is true and there is
+    none to use."""
+    info = svc.channel_info(ds["backbone"])
+    privatized = (ds["privacy"] or {}).get("mechanism", "none") != "none"
+    if body.use_channel is False:
+        return None
+    if body.use_channel and (info is None or not privatized):
+        why = (f"this server holds no channel model for backbone '{ds['backbone']}'"
+               if info is None else f"dataset '{ds['id']}' was uploaded unprivatized "
+               "(mechanism 'none'): there is nothing to read back")
+        raise ServiceError(422, "channel_unavailable", f"use_channel: {why}; leave "
+                           "use_channel out or false")
+    return info if privatized else None
 
 
 def _check_job(svc: Service, body: JobCreate, ds: dict) -> None:

@@ -19,5 +19,6 @@ def health(svc: Svc) -> dict:
 @router.get("/backbones", response_model=list[BackboneInfo])
 def list_backbones(svc: Svc) -> list[BackboneInfo]:
     return [BackboneInfo(name=n, kind=bb.kind, vocab_size=int(bb.embeddings.shape[0]),
-                         hidden_size=bb.hidden_size, special_ids=bb.special_ids)
+                         hidden_size=bb.hidden_size, special_ids=bb.special_ids,
+                         channel=svc.channel_info(n))
             for n, bb in svc.backbones.items()]

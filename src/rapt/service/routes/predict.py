@@ -7,6 +7,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 import torch
 from fastapi import APIRouter, Depends
 
+from rapt.service.channels import denoise_rows
 from rapt.service.deps import Owner, Svc, owned, owner
 from rapt.service.errors import ERRORS, ServiceError
 from rapt.service.inference import InferenceQueueFullError, prompt_positions
@@ -20,10 +21,14 @@ router = APIRouter(prefix="/v1", dependencies=[Depends(owner)])
 def predict(body: PredictRequest, svc: Svc, me: Owner) -> PredictResponse:
     row = owned(svc, "prompt", body.prompt_id, me)
     svc.require_backbone("prompt", row)
+    channel = svc.recorded_channel("prompt", row, row.get("channel"))
     prompt = svc.prompt(row)
     ids = svc.rows_of(row["backbone"], body.input_ids, body.texts,
                       svc.limits.max_predict_rows, "max_predict_rows",
                       prompt_tokens=prompt_positions(prompt), text_pairs=body.text_pairs)
+    if channel is not None:  # read back as the training rows were; tokenized texts hold no k
+        plain = row["plain_ids"] if body.input_ids is not None else None
+        ids = denoise_rows(channel, svc.backbones[row["backbone"]], ids, plain)
     try:
         fut = svc.batchers[row["backbone"]].submit(prompt, ids)
     except InferenceQueueFullError as e:
@@ -37,4 +42,5 @@ def predict(body: PredictRequest, svc: Svc, me: Owner) -> PredictResponse:
         raise
     probs = probs.float().cpu()
     return PredictResponse(prompt_id=row["id"], labels=probs.argmax(-1).tolist(),
-                           probabilities=probs.tolist())
+                           probabilities=probs.tolist(),
+                           channel=channel.info if channel is not None else None)

@@ -1,0 +1,149 @@
+"""The provider's channel models in the service (issue 27, denoise-then-tune).
+
+One channel model (a :class:`rapt.attacks.denoiser.Denoiser` saved by ``rapt adapt``) per
+backbone, loaded at start-up (``rapt serve --channel BACKBONE=FOLDER``, ``ServiceConfig.channels``)
+and refused then if the folder is not a channel model or was built on another backbone. Jobs
+on privatized rows read them back through it, and so does predict for a prompt tuned that way,
+both through :class:`rapt.pipeline.Customization` (text positions only; specials and RAPT's
+plain tokens stay as uploaded). The channel model only ever sees what the customer uploaded
+(privatized ids): post-processing of the release, and the same model is the strongest attacker
+rapt knows at that η (docs/THREAT_MODEL.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Channel", "ChannelError", "check_channel_folder", "denoise_rows", "load_channels",
+           "parse_channel_specs", "recorded_channel", "same_backbone"]
+
+
+class ChannelError(ValueError):
+    """A channel model the service refuses to start with (the message names the folder)."""
+
+
+@dataclass(frozen=True)
+class Channel:
+    """A loaded channel model and what responses say of it: ``info`` is
+    :meth:`rapt.pipeline.Customization.channel_meta` (fingerprint, provenance, note)."""
+
+    backbone: str
+    folder: str
+    model: Any  # rapt.attacks.denoiser.Denoiser, in eval mode on the backbone's device
+    info: dict
+
+    @property
+    def fingerprint(self) -> str:
+        return self.info["fingerprint"]
+
+
+def parse_channel_specs(specs: Iterable[str]) -> dict[str, str]:
+    """``["BACKBONE=FOLDER", ...]`` -> {backbone: folder}; ChannelError on a malformed or
+    repeated backbone."""
+    out: dict[str, str] = {}
+    for spec in specs:
+        name, sep, folder = spec.partition("=")
+        if not sep or not name.strip() or not folder.strip():
+            raise ChannelError(f"--channel {spec!r}: give BACKBONE=FOLDER (e.g. "
+                               "minilm=runs/channel)")
+        if name.strip() in out:
+            raise ChannelError(f"--channel: backbone {name.strip()!r} given twice; one channel "
+                               "model per backbone")
+        out[name.strip()] = folder.strip()
+    return out
+
+
+def _source(name: str) -> str:
+    """Where a backbone name loads from, so that 'minilm' and its folder compare equal."""
+    from rapt.models import resolve
+
+    try:
+        src = resolve(name)[0]
+    except Exception:  # a built-in whose package is missing: compare the names
+        src = name
+    p = Path(src)
+    return str(p.resolve()) if p.exists() else src
+
+
+def same_backbone(recorded: str | None, name: str) -> bool:
+    """Whether a channel model built on backbone ``recorded`` (its provenance) is one for the
+    service's backbone ``name`` (same name, or the same weights folder)."""
+    return recorded is not None and (recorded == name or _source(recorded) == _source(name))
+
+
+def check_channel_folder(folder: str | Path, backbone: str) -> dict:
+    """The provenance of the channel model in ``folder`` (read without building it), or a
+    ChannelError when it is not a channel model or was built on another backbone than
+    ``backbone``: the cheap check ``rapt serve`` makes before it loads anything."""
+    from rapt.artifacts import ArtifactError, load_artifact
+    from rapt.attacks.denoiser import KIND
+
+    try:
+        _, _, meta = load_artifact(folder, kind=KIND)
+    except ArtifactError as e:
+        raise ChannelError(f"--channel {backbone}={folder}: not a channel model folder from "
+                           f"`rapt adapt`: {e}") from None
+    recorded = meta.get("backbone")
+    if not same_backbone(recorded, backbone):
+        what = (f"was built on backbone {recorded!r}" if recorded is not None
+                else "records no backbone")
+        raise ChannelError(f"--channel {backbone}={folder}: this channel model {what}, not on "
+                           f"{backbone!r}; build one for it with `rapt adapt --backbone "
+                           f"{backbone}`")
+    return meta
+
+
+def load_channels(specs: Mapping[str, str | Path], backbones: Mapping[str, Any]
+                  ) -> dict[str, Channel]:
+    """{backbone: Channel} for ``specs`` ({backbone: folder}), each rebuilt on its loaded
+    backbone; ChannelError, naming the folder, for a backbone not loaded, a folder that is not
+    a channel model, or one built on another backbone."""
+    from rapt.artifacts import ArtifactError
+    from rapt.attacks.denoiser import Denoiser
+    from rapt.pipeline import Customization
+
+    out = {}
+    for name, folder in specs.items():
+        if name not in backbones:
+            raise ChannelError(f"--channel {name}={folder}: backbone {name!r} is not loaded "
+                               f"(loaded: {', '.join(backbones) or 'none'}); add --backbone "
+                               f"{name}")
+        bb = backbones[name]
+        check_channel_folder(folder, name)
+        try:
+            den = Denoiser.load(folder, bb)
+        except (ArtifactError, ValueError) as e:
+            raise ChannelError(f"--channel {name}={folder}: {e}") from None
+        den.to(next(iter(bb.model.parameters())).device).eval()
+        info = Customization(bb, channel=den).channel_meta()
+        out[name] = Channel(name, str(folder), den, info)
+    return out
+
+
+def recorded_channel(channels: Mapping[str, Channel], backbone: str, recorded: dict | None,
+                     what: str) -> Channel | None:
+    """The loaded channel model that a job or prompt (``what``, for the message) recorded,
+    None when it recorded none; LookupError when this process does not hold that one (none
+    for the backbone, or another: a restart with another --channel)."""
+    if not recorded:
+        return None
+    ch = channels.get(backbone)
+    if ch is not None and ch.fingerprint == recorded.get("fingerprint"):
+        return ch
+    now = (f"it holds channel model {ch.fingerprint[:12]} for it" if ch is not None
+           else "it holds none for it")
+    raise LookupError(f"{what} uses the channel model {str(recorded.get('fingerprint'))[:12]} "
+                      f"of backbone {backbone!r}, which this server does not hold ({now})")
+
+
+def denoise_rows(channel: Channel, backbone: Any, rows: Sequence[Sequence[int]],
+                 plain_ids: list[int] | None) -> list[list[int]]:
+    """Privatized rows (laid out as a dataset's: specials, the plain tokens k when
+    ``plain_ids``, text) read back by the channel model on their text positions."""
+    from rapt.pipeline import Customization, Encoding
+
+    custom = Customization(backbone, Encoding(None, plain_ids), channel=channel.model)
+    return custom.denoise(rows)
