@@ -15,6 +15,10 @@
 4. The embedding inversion attack scores what the provider could recover from the tokens.
 5. Per setting: mean accuracy ± 95 % CI over the seeds, and one verdict line from the paired
    difference +reconstruction − +privatization (rapt.stats, the benchmark's rule).
+6. With a channel model from ``rapt adapt`` (``channel``; issue 27), a fifth setting,
+   +denoise-then-tune: the +privatization rows and queries read back by it (through
+   :class:`rapt.pipeline.Customization`) before tuning and predict, and a second verdict line:
+   the share of the privatization gap (no privacy − +privatization) it wins back, paired.
 """
 
 from __future__ import annotations
@@ -30,9 +34,13 @@ from rapt.config import (
     default_lr,
 )
 from rapt.pipeline import plain_tokens_for  # noqa: F401  (re-exported: benchmarks use it)
-from rapt.stats import effect_word, mean_ci, paired_difference
+from rapt.stats import effect_word, gap_won_back, mean_ci, paired_difference
 
 SETTINGS = ("no privacy", "head only", "+privatization", "+reconstruction")
+CHANNEL_SETTING = "+denoise-then-tune"  # only with a channel model
+NO_CHANNEL_LINE = ("no channel model given: `rapt adapt` builds one for this backbone from "
+                   "public text (provider side), and `rapt demo --channel FOLDER` adds a "
+                   f"{CHANNEL_SETTING} row and how much of the privatization gap it wins back")
 
 
 @dataclass
@@ -67,6 +75,7 @@ class DemoConfig:
     seed: int = 0  # data subset (fixed) and the first seed's init, order and plain tokens
     noise_seed: int | None = None  # privacy noise: OS entropy unless set (then "seeded")
     privatizer_mode: str = DEFAULT_PRIVATIZER_MODE
+    channel: str | None = None  # a channel model folder (rapt adapt): adds +denoise-then-tune
 
     def __post_init__(self) -> None:
         for name in ("train_size", "test_size", "epochs", "batch_size", "seeds",
@@ -106,6 +115,10 @@ class DemoResult:
     head: str = ""  # the head the runs used (config.head resolved)
     rows_whole: float = 1.0
     seconds: float = 0.0
+    # With a channel model: its fingerprint and provenance, its recovery on the first seed's
+    # test queries ("privacy") and the gap won back (rapt.stats.gap_won_back).
+    channel: dict = field(default_factory=dict)
+    channel_verdict: str = ""
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -133,21 +146,28 @@ def _head_options(config: DemoConfig, bb, label_names: list[str]) -> dict:
 class _Tally:
     """What the seeds add up: accuracies and run facts per setting, training-row P per seed."""
 
-    acc: dict[str, list[float]] = field(default_factory=lambda: {s: [] for s in SETTINGS})
-    info: dict[str, dict] = field(default_factory=lambda: {s: {} for s in SETTINGS})
+    settings: tuple[str, ...] = SETTINGS
+    acc: dict[str, list[float]] = field(init=False)
+    info: dict[str, dict] = field(init=False)
     ps: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.acc = {s: [] for s in self.settings}
+        self.info = {s: {} for s in self.settings}
 
 
 def run_demo(config: DemoConfig, log: Callable[[str], None] = print,
              progress: Callable[[str, dict], None] | None = None,
-             backbone: Any = None) -> DemoResult:
+             backbone: Any = None, channel: Any = None) -> DemoResult:
     """Run the demo; ``progress(setting, step_record)`` is called after each training step
-    (the setting named "<setting>, seed <s>")."""
+    (the setting named "<setting>, seed <s>"). ``channel``: a channel model (a
+    ``rapt.attacks.denoiser.Denoiser``) instead of loading ``config.channel``."""
     from rapt.models import load_backbone
     from rapt.pipeline import Customization
 
     t0 = time.perf_counter()
     bb = backbone if backbone is not None else load_backbone(config.backbone)
+    den = channel if channel is not None else _load_channel(config, bb, log)
     train, test = _demo_data(config, log)
     head_kw = _head_options(config, bb, list(train.label_names))
     n_text, whole = _text_length(config, bb.tokenizer, train.texts, log)
@@ -165,12 +185,12 @@ def run_demo(config: DemoConfig, log: Callable[[str], None] = print,
     result = DemoResult(config=asdict(config), eta=float(custom.eta), p=0.0,
                         inversion_privacy=0.0, seeded=custom.privatizer.seeded,
                         text_length=n_text, rows_whole=whole, target_p=custom.target_p)
-    tally = _Tally()
+    tally = _Tally((*SETTINGS, CHANNEL_SETTING) if den is not None else SETTINGS)
     for i in range(config.seeds):
         _run_seed(custom, config, (train, test), n_text, base, config.seed + i, result, tally,
-                  log, progress)
+                  log, progress, den)
     result.p = sum(tally.ps) / len(tally.ps)
-    for name in SETTINGS:
+    for name in tally.settings:
         mean, ci = mean_ci(tally.acc[name])
         result.rows.append({"setting": name, "accuracy": mean, "ci95": ci,
                             "accuracies": tally.acc[name], **tally.info[name]})
@@ -178,8 +198,43 @@ def run_demo(config: DemoConfig, log: Callable[[str], None] = print,
     result.verdict = verdict_line(result.paired, config.target_p if config.eta is None
                                   else None, result.p)
     log(result.verdict)
+    if den is not None:
+        _channel_summary(result, tally, den, config)
+        log(result.channel_verdict)
+    else:
+        log(NO_CHANNEL_LINE)
     result.seconds = time.perf_counter() - t0
     return result
+
+
+def _load_channel(config: DemoConfig, bb, log: Callable[[str], None]) -> Any:
+    """The channel model in ``config.channel`` rebuilt on ``bb`` (None without one);
+    ValueError naming the folder when it is not one."""
+    if config.channel is None:
+        return None
+    from rapt.attacks.denoiser import Denoiser
+
+    try:
+        den = Denoiser.load(config.channel, bb)
+    except ValueError as e:  # ArtifactError too
+        raise ValueError(f"channel {config.channel}: {e}") from None
+    if den.meta.get("backbone") not in (None, bb.name):
+        log(f"warning: the channel model was built on backbone {den.meta['backbone']!r}, the "
+            f"demo runs {bb.name!r} (same shapes, so it loads)")
+    return den
+
+
+def _channel_summary(result: DemoResult, tally: _Tally, den: Any, config: DemoConfig) -> None:
+    """The channel model's fingerprint and provenance, the gap it wins back (paired over the
+    seeds) and its verdict line."""
+    from rapt.pipeline import channel_fingerprint
+
+    won = gap_won_back(tally.acc[CHANNEL_SETTING], tally.acc["+privatization"],
+                       tally.acc["no privacy"])
+    result.channel.update({"folder": config.channel, "fingerprint": channel_fingerprint(den),
+                           "provenance": dict(den.meta), "won_back": won})
+    result.channel_verdict = channel_verdict_line(
+        won, config.target_p if config.eta is None else None, result.p)
 
 
 def _demo_data(config: DemoConfig, log: Callable[[str], None]):
@@ -211,9 +266,10 @@ def _text_length(config: DemoConfig, tok, texts: list[str],
 
 def _run_seed(custom, config: DemoConfig, data, n_text: int, base: dict, seed: int,
               result: DemoResult, tally: _Tally, log: Callable[[str], None],
-              progress: Callable[[str, dict], None] | None) -> None:
+              progress: Callable[[str, dict], None] | None, channel: Any = None) -> None:
     """One paired seed: privatize the rows with k once, cut k out for the settings without
-    it, and tune and score every setting on that same draw."""
+    it, and tune and score every setting on that same draw (+denoise-then-tune: the
+    +privatization rows and queries, read back by ``channel``)."""
     from rapt.pipeline import Encoding
     from rapt.privatization import replacement_probability
     from rapt.trainer import TuneConfig
@@ -235,14 +291,19 @@ def _run_seed(custom, config: DemoConfig, data, n_text: int, base: dict, seed: i
         log(f"privatized with η = {result.eta:.3g}: measured P = {tally.ps[0]:.3f} (training "
             f"rows); nearest-neighbour inversion recovers {result.inversion_success:.1%} of the "
             f"test queries' tokens (empirical privacy {result.inversion_privacy:.3f})")
+    if first and channel is not None:
+        _channel_privacy(replace(custom, channel=channel), clean[1], priv[1], result, log)
     runs = [("no privacy", clean, False, False), ("head only", priv, False, True),
             ("+privatization", priv, False, False),
             ("+reconstruction", (priv_k, priv_k_test), True, False)]
+    if channel is not None:
+        runs.append((CHANNEL_SETTING, priv, False, False))
     for name, (rows, test_rows), rec, freeze in runs:
         t = time.perf_counter()
         cfg = TuneConfig(**base, seed=seed, max_length=n_text + (m if rec else 0),
                          reconstruction=rec, freeze_prompt=freeze)
-        run = replace(with_k if rec else custom, config=cfg)
+        run = replace(with_k if rec else custom, config=cfg,
+                      channel=channel if name == CHANNEL_SETTING else None)
         cb = (lambda r, name=f"{name}, seed {seed}": progress(name, r)) \
             if progress is not None else None
         tuned = run.tune(rows, train.labels, len(train.label_names), progress=cb)
@@ -251,6 +312,18 @@ def _run_seed(custom, config: DemoConfig, data, n_text: int, base: dict, seed: i
         _record(tally.info[name], tuned, time.perf_counter() - t, first, rec)
         result.head = tuned.meta["head"]
         log(f"seed {seed}: {name:16s} accuracy {a:.3f}  ({time.perf_counter() - t:.0f} s)")
+
+
+def _channel_privacy(custom, clean: list, private: list, result: DemoResult,
+                     log: Callable[[str], None]) -> None:
+    """The channel model as an attacker on the first seed's privatized test queries (it never
+    sees the clean ones; they only score it)."""
+    ch = custom.measure(clean, private)["channel"]
+    result.channel["privacy"] = ch
+    log(f"the channel model, as an attacker, recovers {ch['recovery']:.1%} of the test queries' "
+        f"tokens ({ch['recovery_replaced']:.1%} of the replaced ones): empirical privacy "
+        f"against the strongest attacker ({ch['strongest_attacker']}) "
+        f"{ch['empirical_privacy']:.3f}; post-processing, the formal guarantee at η is unchanged")
 
 
 def _record(d: dict, tuned: Any, seconds: float, first: bool, rec: bool) -> None:
@@ -267,12 +340,27 @@ def _record(d: dict, tuned: Any, seconds: float, first: bool, rec: bool) -> None
             sum(h.get("rec_acc", 0.0) for h in tail) / len(tail))
 
 
+def _level(target_p: float | None, p: float) -> str:
+    return f"P≈{target_p}" if target_p is not None else f"P={p:.2f}"
+
+
 def verdict_line(d: dict, target_p: float | None, p: float) -> str:
     """One line from the paired difference (the benchmark's rule: the 95 % CI must exclude 0)."""
-    level = f"P≈{target_p}" if target_p is not None else f"P={p:.2f}"
     return (f"reconstruction {effect_word(d)} here: +reconstruction − +privatization = "
             f"{100 * d['mean_diff']:+.1f} ± {100 * d['ci95']:.1f} points (95 % CI, {d['n']} "
-            f"paired seeds, {level})")
+            f"paired seeds, {_level(target_p, p)})")
+
+
+def channel_verdict_line(won: dict, target_p: float | None, p: float) -> str:
+    """The channel row's line from :func:`rapt.stats.gap_won_back`: its paired difference to
+    +privatization (same rule as :func:`verdict_line`) and the share of the gap it wins back."""
+    d, g = won["diff"], won["gap"]
+    share = (f"{won['share']:.0%} of the privatization gap" if g["mean_diff"] > 0
+             else "nothing: there is no privatization gap here")
+    return (f"denoise-then-tune {effect_word(d)} here: {CHANNEL_SETTING} − +privatization = "
+            f"{100 * d['mean_diff']:+.1f} ± {100 * d['ci95']:.1f} points (95 % CI, {d['n']} "
+            f"paired seeds, {_level(target_p, p)}); it wins back {share} (no privacy − "
+            f"+privatization = {100 * g['mean_diff']:+.1f} ± {100 * g['ci95']:.1f} points)")
 
 
 def format_table(result: DemoResult) -> str:
@@ -294,6 +382,18 @@ def format_table(result: DemoResult) -> str:
               f"{c['seeds']} paired seeds; {result.seconds:.0f} s in all. Head only = the "
               "prefix kept at its init (only a trainable head, if any, trains).",
               "", result.verdict]
+    ch = result.channel
+    if ch:
+        priv = ch.get("privacy") or {}
+        lines += [result.channel_verdict, "",
+                  f"{CHANNEL_SETTING} = +privatization with the training rows and test queries "
+                  f"read back by the channel model {ch['fingerprint'][:12]} (built on public "
+                  "text; it never sees the clean text). The same model is an attacker: it "
+                  f"recovers {priv.get('recovery', 0):.1%} of the test queries' tokens; the "
+                  "empirical privacy against the strongest attacker "
+                  f"({priv.get('strongest_attacker')}) is {priv.get('empirical_privacy', 0):.3f} "
+                  "(the inversion column is nearest neighbour's; the dχ guarantee at η is "
+                  "unchanged)."]
     return "\n".join(lines)
 
 
@@ -307,7 +407,7 @@ def make_plot(result: DemoResult):
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     names = [r["setting"] for r in result.rows]
     means = [r["accuracy"] for r in result.rows]
-    colors = ["#999999", "#cccccc", "#d62728", "#2ca02c"][:len(names)]
+    colors = ["#999999", "#cccccc", "#d62728", "#2ca02c", "#1f77b4"][:len(names)]
     ax1.bar(names, means, yerr=[r["ci95"] for r in result.rows], capsize=4, color=colors)
     for j, r in enumerate(result.rows):
         ax1.plot([j] * len(r["accuracies"]), r["accuracies"], "k.", alpha=0.6)

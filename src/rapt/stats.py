@@ -36,6 +36,17 @@ def paired_difference(a: Sequence[float], b: Sequence[float],
             "excludes_zero": len(diffs) > 1 and abs(mean) > ci}
 
 
+def gap_won_back(remedy: Sequence[float], privatized: Sequence[float],
+                 clean: Sequence[float], level: float = 0.95) -> dict:
+    """How much of the privatization gap a remedy wins back, paired per seed:
+    {"diff": remedy − privatized, "gap": clean − privatized (both :func:`paired_difference`),
+    "share": mean diff / mean gap (nan when there is no gap to win back)}."""
+    diff = paired_difference(remedy, privatized, level)
+    gap = paired_difference(clean, privatized, level)
+    share = diff["mean_diff"] / gap["mean_diff"] if gap["mean_diff"] > 0 else float("nan")
+    return {"diff": diff, "gap": gap, "share": share}
+
+
 def effect_word(d: dict) -> str:
     """'helped' / 'hurt' when the paired CI excludes 0, else 'made no significant difference'."""
     if not d["excludes_zero"]:

@@ -577,6 +577,9 @@ _DEMO_HELP = {
     "seed": "data subset and first seed's init and plain tokens, not privacy noise (default 0)",
     "noise_seed": "seed the privatization noise (repeatable table, no guarantee); default: OS "
     "entropy",
+    "channel": "a channel model folder from `rapt adapt` (same backbone): adds a "
+    "+denoise-then-tune row (the +privatization rows and queries read back by it) and a line "
+    "on how much of the privatization gap it wins back; it adds that row's runs to the time",
 }
 
 
@@ -605,10 +608,12 @@ def demo(
     seeds: int | None = typer.Option(None, help="paired seeds (default 3)"),
     seed: int | None = typer.Option(None, help=_DEMO_HELP["seed"]),
     noise_seed: int | None = typer.Option(None, help=_DEMO_HELP["noise_seed"]),
+    channel: Path | None = typer.Option(None, "--channel", help=_DEMO_HELP["channel"]),
 ) -> None:
     """RAPT end to end on a small SST-2 subset: privatize, tune (no privacy / head only /
-    +privatization / +reconstruction) on paired seeds, privatized inference, inversion attack;
-    prints a table with CIs and a one-line verdict, writes a plot."""
+    +privatization / +reconstruction, and +denoise-then-tune with --channel) on paired seeds,
+    privatized inference, inversion attack; prints a table with CIs and verdict lines, writes a
+    plot."""
     cfg = _demo_config(SimpleNamespace(**locals()))  # the options, before any other name
     from rapt.demo import format_table, make_plot, run_demo
 
@@ -640,6 +645,8 @@ def _demo_config(o: SimpleNamespace):
              if v is not None and k not in ("out", "benchmark_config")}
     if o.label_descriptions:
         given["label_descriptions"] = [d.strip() for d in o.label_descriptions.split("|")]
+    if o.channel is not None:
+        given["channel"] = str(o.channel)  # a string in results.json
     if o.head is not None and o.head not in HEADS:
         _fail(f"--head must be one of {', '.join(HEADS)} (got {o.head!r})")
     if o.rec_reduction is not None and o.rec_reduction not in ("sum", "mean"):
