@@ -7,6 +7,7 @@ their module is imported; the imports below make that registry complete (see
 
 from rapt.attacks import bayes as _bayes  # noqa: F401  (registers "bayes")
 from rapt.attacks import denoiser as _denoiser  # noqa: F401  (registers "denoiser")
+from rapt.attacks import llm_recovery as _llm_recovery  # noqa: F401  (registers "llm")
 from rapt.attacks.inversion import InversionResult, inversion_attack, invert_ids, invert_vectors
 from rapt.attacks.recovery import (
     ATTACKERS,

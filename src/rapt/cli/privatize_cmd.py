@@ -342,16 +342,17 @@ def invert(
                                "seeded": seed is not None, "results": rows}))
 
 
-# Attackers that train a model when none is given (minutes on a CPU): ``all`` includes them
-# only when their model is passed with --option NAME=FOLDER.
-_TRAINED = ("denoiser",)
+# Attackers that cost minutes on a CPU: the denoiser trains a model when none is given, the LLM
+# attacker loads a second model and generates text. ``all`` includes one only when the option
+# named here is given (--option denoiser=FOLDER, --option llm_backbone=NAME).
+_SLOW = {"denoiser": "denoiser", "llm": "llm_backbone"}
 
 
 def _attacker_names(requested: list[str], options: dict) -> list[str]:
     from rapt.attacks import ATTACKERS
 
     every = [k for k in sorted(ATTACKERS, key=lambda k: (k != "nn", k))
-             if k not in _TRAINED or k in options]
+             if k not in _SLOW or _SLOW[k] in options]
     names: list[str] = []
     for a in requested:
         for n in (every if a == "all" else [a]):
@@ -380,9 +381,10 @@ def reconstruct(
     eta: float | None = typer.Option(None, "--eta", help="privacy parameter η"),
     target_p: float | None = typer.Option(None, "--target-p", help=TARGET_P_HELP),
     attacker: list[str] = typer.Option(["all"], "--attacker", "-a",
-                                       help="nn, bayes, denoiser, another registered attacker, "
-                                       "or all (repeatable; all takes the denoiser only when "
-                                       "--option denoiser=FOLDER gives a trained one)"),
+                                       help="nn, bayes, denoiser, llm, another registered "
+                                       "attacker, or all (repeatable; all takes the denoiser "
+                                       "only when --option denoiser=FOLDER gives a trained one, "
+                                       "the LLM only with --option llm_backbone=NAME)"),
     public_for: str | None = typer.Option(None, "--public-for",
                                           help="evaluation task the attackers' public corpus "
                                           "must be disjoint from (default: INPUT when it is a "
