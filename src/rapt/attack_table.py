@@ -11,9 +11,9 @@ written here.
   linearly in log η between grid points (P moves with log η).  Outside the grid, or for a
   backbone the table does not hold, it answers ``recovery=None`` with the reason: it never
   extrapolates.
-* :func:`eta_for_target_ep` -- the largest η at which the strongest attacker recovers at most
-  1 − target of the tokens (empirical privacy = 1 − recovery); an error when no η of the table's
-  range gives it.
+* :func:`eta_for_target_ep` -- the largest η up to which the strongest attacker recovers at
+  most 1 − target of the tokens (empirical privacy = 1 − recovery); an error when no η of the
+  table's range gives it.
 * :func:`table_line` -- the one line every command prints beside P.
 
 Table lookups are by the backbone's name as the commands take it (``minilm``,
@@ -172,8 +172,12 @@ def strongest_at(backbone: str, eta: float, table: dict | None = None) -> TableA
     attacker measured at both neighbouring grid points is interpolated linearly in log η, and
     the one recovering most (over all tokens) is named.  Outside the grid or for an unknown
     backbone: ``recovery=None`` and the reason."""
-    table = load_table() if table is None else table
     eta = float(eta)
+    if table is None:
+        try:
+            table = load_table()
+        except AttackTableError as e:  # a broken install: say so where the number would be
+            return TableAnswer(backbone, eta, reason=str(e))
     entry, why = _grid(table, backbone)
     if entry is None:
         return TableAnswer(backbone, eta, reason=why)
@@ -197,21 +201,30 @@ def strongest_at(backbone: str, eta: float, table: dict | None = None) -> TableA
                        str(entry["attackers"][best].get("name", best)), i == j)
 
 
-def _strongest_series(points: list[dict]) -> list[float]:
-    """Per grid point, the strongest recovery, then its running maximum along η (so that the
-    curve used to invert is non-decreasing in η, and conservative where sampling noise dips)."""
-    out: list[float] = []
-    for pt in points:
-        r = max(v["all"] for v in pt["recovery"].values())
-        out.append(max(r, out[-1]) if out else r)
-    return out
+def _first_crossing(points: list[dict], bound: float) -> float | None:
+    """The smallest η at which :func:`strongest_at` reports a recovery above ``bound`` (None:
+    nowhere on the grid).  Between two points only attackers measured at both count, each
+    linear in log η, so a crossing lies in the segment ending at the first point above the
+    bound; a later dip (sampling noise) is never used."""
+    for j, pt in enumerate(points):
+        if max(v["all"] for v in pt["recovery"].values()) <= bound:
+            continue
+        if j == 0:
+            return points[0]["eta"]
+        a, b = points[j - 1]["recovery"], pt["recovery"]
+        ts = [(bound - a[k]["all"]) / (b[k]["all"] - a[k]["all"]) for k in a
+              if k in b and a[k]["all"] <= bound < b[k]["all"]]
+        la, lb = math.log(points[j - 1]["eta"]), math.log(pt["eta"])
+        # only an attacker measured at this point alone crosses: just below the point
+        return math.exp(la + min(ts) * (lb - la)) if ts else pt["eta"] * (1 - 1e-6)
+    return None
 
 
 def eta_for_target_ep(backbone: str, target_ep: float, table: dict | None = None) -> float:
-    """The largest η at which the table's strongest attacker recovers at most 1 − ``target_ep``
-    of the tokens (empirical privacy ≥ target_ep), interpolated in log η on the running maximum
-    of the strongest recovery along the grid (so ``strongest_at`` there is ≤ 1 − target_ep).
-    AttackTableError when the backbone is not in the table or no η of its range gives it."""
+    """The largest η up to which the table's strongest attacker (as :func:`strongest_at`
+    reports it) recovers at most 1 − ``target_ep`` of the tokens, i.e. empirical privacy ≥
+    target_ep at this η and at every smaller one on the grid.  AttackTableError when the
+    backbone is not in the table or no η of its range gives it."""
     if not 0.0 < float(target_ep) < 1.0:
         raise AttackTableError(f"target empirical privacy must lie strictly between 0 and 1, got "
                                f"{target_ep}")
@@ -220,32 +233,29 @@ def eta_for_target_ep(backbone: str, target_ep: float, table: dict | None = None
     if entry is None:
         raise AttackTableError(f"the attack table cannot calibrate η: {why}")
     pts = entry["points"]
-    env = _strongest_series(pts)
     bound = 1.0 - float(target_ep)
-    if env[0] > bound:
-        raise AttackTableError(
-            f"empirical privacy {target_ep:g} is out of the table's reach for {backbone}: at its "
-            f"smallest η ({pts[0]['eta']:.4g}, P {pts[0]['p']:.2f}) the strongest attacker still "
-            f"recovers {env[0]:.1%} of the tokens (empirical privacy {1 - env[0]:.3f})")
-    if env[-1] <= bound:
+    eta = _first_crossing(pts, bound)
+    if eta is None:
+        top = strongest_at(backbone, pts[-1]["eta"], table)
         raise AttackTableError(
             f"empirical privacy {target_ep:g} is below the table's range for {backbone}: even "
             f"at its largest η ({pts[-1]['eta']:.4g}, P {pts[-1]['p']:.2f}) the strongest "
-            f"attacker recovers only {env[-1]:.1%} (empirical privacy {1 - env[-1]:.3f}); give "
-            "--eta or --target-p instead")
-    j = next(k for k, r in enumerate(env) if r > bound)
-    w = (bound - env[j - 1]) / (env[j] - env[j - 1])
-    la, lb = math.log(pts[j - 1]["eta"]), math.log(pts[j]["eta"])
-    return math.exp(la + w * (lb - la))
+            f"attacker recovers only {top.recovery:.1%} (empirical privacy "
+            f"{top.empirical_privacy:.3f}); give --eta or --target-p instead")
+    if eta <= pts[0]["eta"]:
+        low = strongest_at(backbone, pts[0]["eta"], table)
+        raise AttackTableError(
+            f"empirical privacy {target_ep:g} is out of the table's reach for {backbone}: at its "
+            f"smallest η ({pts[0]['eta']:.4g}, P {pts[0]['p']:.2f}) the strongest attacker still "
+            f"recovers {low.recovery:.1%} of the tokens (empirical privacy "
+            f"{low.empirical_privacy:.3f})")
+    return eta
 
 
 def table_line(backbone: str, eta: float, table: dict | None = None) -> str:
     """One line for the commands that print P: the strongest attacker's recovery at this
     backbone and η by the shipped table, or why the table has no answer."""
-    try:
-        ans = strongest_at(backbone, eta, table)
-    except AttackTableError as e:
-        return f"strongest attacker: no answer ({e}) ({SOURCE_NOTE})"
+    ans = strongest_at(backbone, eta, table)
     if ans.recovery is None:
         return f"strongest attacker: not in the table, {ans.reason} ({SOURCE_NOTE})"
     return (f"strongest attacker at η = {eta:.4g}: {ans.attacker_name} recovers "

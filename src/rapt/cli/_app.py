@@ -45,6 +45,10 @@ def version() -> None:
 TARGET_P_HELP = ("instead of --eta: the η that gives this replacement probability P (0 < P < "
                  "1) on rapt's bundled public text sample, never on your data; the same "
                  "--target-p gives the same η in every command for one backbone")
+TARGET_EP_HELP = ("instead of --eta / --target-p: the largest η at which the strongest attacker of "
+                  "rapt's shipped attack table (measured on public text) recovers at most 1 − X "
+                  "of the tokens, i.e. empirical privacy ≥ X (0 < X < 1); the table holds the "
+                  "backbones minilm and smollm2-135m")
 
 
 def flag_words(msg: str) -> str:
@@ -126,24 +130,51 @@ def warn_if_seeded(noise_seed: int | None) -> None:
                    "Use it for tests and benchmarks only.", err=True)
 
 
-def check_eta_options(eta: float | None, target_p: float | None) -> None:
-    """Bad --eta / --target-p values, or both given, are user errors (exit 2); cheap, so a
-    command can check them before it loads anything."""
+def check_eta_options(eta: float | None, target_p: float | None,
+                      target_ep: float | None = None) -> None:
+    """Bad --eta / --target-p / --target-ep values, or more than one given, are user errors
+    (exit 2); cheap, so a command can check them before it loads anything."""
     import math
 
-    if eta is not None and target_p is not None:
-        fail("give --eta or --target-p, not both")
+    given = [f for f, v in (("--eta", eta), ("--target-p", target_p), ("--target-ep", target_ep))
+             if v is not None]
+    if len(given) == 2:
+        fail(f"give {given[0]} or {given[1]}, not both")
+    if len(given) > 2:
+        fail("give only one of --eta, --target-p and --target-ep")
     if target_p is not None and not 0 < target_p < 1:
         fail(f"--target-p must lie strictly between 0 and 1 (got {target_p})")
+    if target_ep is not None and not 0 < target_ep < 1:
+        fail(f"--target-ep must lie strictly between 0 and 1 (got {target_ep})")
     if eta is not None and not (math.isfinite(eta) and eta > 0):
         fail(f"--eta must be a positive finite number (got {eta})")
 
 
-def resolve_eta(bb: Any, eta: float | None, target_p: float | None) -> tuple[float | None, bool]:
-    """(η, calibrated): ``eta`` as given, or the η calibrated for ``target_p`` on rapt's
-    public text sample (the same call everywhere, so the same P gives the same η); (None,
-    False) when neither is given. Bad values are refused by :func:`check_eta_options`."""
-    check_eta_options(eta, target_p)
+def eta_for_target_ep(backbone: str, target_ep: float, *, err: bool = True) -> float:
+    """The η of ``--target-ep`` through the shipped attack table (no model needed: the table is
+    keyed by the backbone's name), with one line saying so; one error line and exit 2 when the
+    table cannot give it (another backbone, a target out of its range)."""
+    from rapt.attack_table import AttackTableError
+    from rapt.attack_table import eta_for_target_ep as from_table
+
+    try:
+        eta = from_table(backbone, target_ep)
+    except AttackTableError as e:
+        fail(f"--target-ep {target_ep:g}: {e}")
+    typer.echo(f"η = {eta:.4g} for empirical privacy ≥ {target_ep:g} against the strongest "
+               "attacker of rapt's attack table (shipped table, public text)", err=err)
+    return eta
+
+
+def resolve_eta(bb: Any, eta: float | None, target_p: float | None,
+                target_ep: float | None = None) -> tuple[float | None, bool]:
+    """(η, calibrated): ``eta`` as given, the η calibrated for ``target_p`` on rapt's public
+    text sample (the same call everywhere, so the same P gives the same η), or the η of
+    ``target_ep`` from the shipped attack table; (None, False) when none is given. Bad values
+    are refused by :func:`check_eta_options`."""
+    check_eta_options(eta, target_p, target_ep)
+    if target_ep is not None:
+        return eta_for_target_ep(bb.name, target_ep), True
     if target_p is not None:
         from rapt.privatization import calibrate_eta_public
 
@@ -151,8 +182,21 @@ def resolve_eta(bb: Any, eta: float | None, target_p: float | None) -> tuple[flo
     return eta, False
 
 
-def echo_privacy(report: dict, *, err: bool = False, prefix: str = "") -> None:
-    """The privacy line of a release (η, measured P, nearest-neighbour inversion success)."""
+def echo_privacy(report: dict, *, backbone: str, err: bool = False, prefix: str = "") -> None:
+    """The privacy line of a release (η, measured P, nearest-neighbour inversion success) and,
+    under it, the shipped attack table's strongest attacker at this backbone and η."""
     from rapt.privatization import privacy_line
 
     typer.echo(prefix + privacy_line(report), err=err)
+    echo_table_line(backbone, report.get("eta"), err=err, prefix=prefix)
+
+
+def echo_table_line(backbone: str, eta: float | None, *, err: bool = False,
+                    prefix: str = "") -> None:
+    """The strongest attacker's recovery at (backbone, η) by the shipped attack table
+    (:func:`rapt.attack_table.table_line`); nothing without η."""
+    if eta is None:
+        return
+    from rapt.attack_table import table_line
+
+    typer.echo(prefix + table_line(backbone, float(eta)), err=err)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import math
@@ -12,6 +13,7 @@ from pathlib import Path
 import typer
 
 from rapt.cli._app import (
+    TARGET_EP_HELP,
     TARGET_P_HELP,
     TEXT_PAIR_OPT,
     app,
@@ -153,6 +155,7 @@ def privatize(
         None, "--eta", help=f"privacy parameter η (smaller = more noise); default {DEFAULT_ETA:g} "
         "unless --target-p is given"),
     target_p: float | None = typer.Option(None, "--target-p", help=TARGET_P_HELP),
+    target_ep: float | None = typer.Option(None, "--target-ep", help=TARGET_EP_HELP),
     backbone: str = typer.Option("minilm", "--backbone", "-b",
                                  help="embedding model: minilm, smollm2-135m, hub id or path"),
     mode: str = typer.Option(DEFAULT_PRIVATIZER_MODE, "--mode",
@@ -176,9 +179,9 @@ def privatize(
 ) -> None:
     """Privatize a text file with dχ-privacy: each token -> nearest token to its noised embedding.
 
-    Prints η, the measured replacement probability P, the nearest-neighbour inversion success
-    and the throughput."""
-    check_eta_options(eta, target_p)
+    Prints η, the measured replacement probability P, the nearest-neighbour inversion success,
+    the shipped attack table's strongest attacker at that η and the throughput."""
+    check_eta_options(eta, target_p, target_ep)
     if mode not in ("exact", "fast", "annoy"):
         _fail(f"--mode must be exact, fast or annoy, got {mode!r}")
     if chunk_size < 1:
@@ -192,7 +195,7 @@ def privatize(
     fmt_used = ds.report.get("format") or _resolve_format(input, format_opt)
 
     bb = load_backbone_or_fail(backbone)
-    eta = resolve_eta(bb, eta, target_p)[0] or DEFAULT_ETA
+    eta = resolve_eta(bb, eta, target_p, target_ep)[0] or DEFAULT_ETA
     if target_p is not None:
         typer.echo(f"calibrated eta = {eta:.3f} for target P = {target_p} on rapt's public text "
                    "sample (P on this input is measured below)", err=True)
@@ -214,7 +217,11 @@ def privatize(
     typer.echo(f"privatized {len(ds)} records, {report['tokens']} tokens -> {output}")
     typer.echo(f"eta = {eta:g}  P (replaced tokens) = {res.p:.4f}  "
                f"throughput = {report['tokens_per_s']:,.0f} tokens/s ({mode} search)")
-    echo_privacy(report["privacy"])
+    echo_privacy(report["privacy"], backbone=backbone)
+    if all_tokens or mode == "annoy":
+        typer.echo("note: the attack table was measured with the tokenizer's real tokens as "
+                   "outputs and exact search; --all-tokens / --mode annoy change the mechanism",
+                   err=True)
     if json_report:
         typer.echo(json.dumps(report))
 
@@ -257,6 +264,7 @@ def _privatize_report(res, priv, *, target_p: float | None, src: Path, output: P
                       examples: int, eta: float, mode: str, backbone: str,
                       seed: int | None) -> dict:
     """The run's report (``--json-report``), with the measured privacy under "privacy"."""
+    from rapt.attack_table import strongest_at
     from rapt.privatization import privacy_report
 
     st = res.stats
@@ -267,7 +275,8 @@ def _privatize_report(res, priv, *, target_p: float | None, src: Path, output: P
               "backbone": backbone, "seed": seed,
               "seeded": seed is not None, "calibrated_on": "public sample" if target_p else None,
               "seconds": st.get("seconds", 0.0), "tokens_per_s": st.get("tokens_per_s", 0.0),
-              "privacy": privacy}
+              "privacy": privacy,
+              "attack_table": dataclasses.asdict(strongest_at(backbone, eta))}
     if mode == "fast":
         report["fast_search"] = dict(priv.index.stats)
     return report

@@ -20,9 +20,11 @@ from pathlib import Path
 import typer
 
 from rapt.cli._app import (
+    TARGET_EP_HELP,
     TARGET_P_HELP,
     app,
     echo_privacy,
+    echo_table_line,
     fail,
     load_backbone_or_fail,
     resolve_eta,
@@ -50,9 +52,10 @@ def _data(data: str, split: str, limit: int | None, text_column: str | None,
 
 
 
-def _eta(bb, eta: float | None, target_p: float | None) -> float | None:
-    eta, calibrated = resolve_eta(bb, eta, target_p)
-    if calibrated:
+def _eta(bb, eta: float | None, target_p: float | None,
+         target_ep: float | None = None) -> float | None:
+    eta, calibrated = resolve_eta(bb, eta, target_p, target_ep)
+    if calibrated and target_p is not None:
         typer.echo(f"η = {eta:.4g} (calibrated for P ≈ {target_p} on rapt's public text "
                    "sample, not on your data)")
     return eta
@@ -77,6 +80,7 @@ def sap_tune(
                                             "layer (0 = embedding layer only)"),
     eta: float | None = typer.Option(None, help="dχ privacy parameter (none: no privatization)"),
     target_p: float | None = typer.Option(None, help=TARGET_P_HELP),
+    target_ep: float | None = typer.Option(None, help=TARGET_EP_HELP),
     cti: bool = typer.Option(False, "--cti/--no-cti", help="contributing-token identification"),
     cti_multiplier: float = typer.Option(math.inf, help="η multiplier on contributing tokens "
                                                         "(inf = no noise, SAP Algorithm 1)"),
@@ -109,14 +113,15 @@ def sap_tune(
     top, the labels never leave the customer."""
     ds = _labelled_data(data, split, limit, text_column, label_column)
     bb = load_backbone_or_fail(backbone)
-    e = _eta(bb, eta, target_p)
+    e = _eta(bb, eta, target_p, target_ep)
     cfg = _config(split_layer=split_layer, eta=e, cti=cti, cti_multiplier=cti_multiplier,
                   cti_coverage=cti_coverage, cti_rule=cti_rule,
                   unfreeze_bottom=unfreeze_bottom, method=method,
                   lr=lr, head_lr=head_lr, epochs=epochs, batch_size=batch_size,
                   max_length=max_length, seed=seed, noise_seed=noise_seed)
     if e is None and url is not None:
-        fail("--url: the bottom's release leaves this machine; give --eta or --target-p")
+        fail("--url: the bottom's release leaves this machine; give --eta or --target-p (or "
+             "--target-ep)")
     if e is None:
         typer.echo("warning: no --eta/--target-p: the bottom's release is not privatized", err=True)
     warn_if_seeded(noise_seed)
@@ -125,7 +130,11 @@ def sap_tune(
     hist = _train(customer, provider)
     privacy = customer.privacy_report(rows, target_p=target_p)
     if privacy is not None:
-        echo_privacy(privacy)
+        echo_privacy(privacy, backbone=backbone)
+        if cti:
+            typer.echo("note: with --cti the contributing tokens are privatized at η × "
+                       "--cti-multiplier (in clear for inf): the table's recovery is for a "
+                       "uniform η, this release gives more away")
     out.mkdir(parents=True, exist_ok=True)
     cti_tokens = _save_tensors(out, customer, provider if client is None else None)
     doc = {"format": FORMAT, "version": VERSION, "config": cfg.to_dict(), "backbone": backbone,
@@ -326,6 +335,7 @@ def sap_attack(
     split_layer: int = typer.Option(0),
     eta: float | None = typer.Option(None),
     target_p: float | None = typer.Option(None, help=TARGET_P_HELP),
+    target_ep: float | None = typer.Option(None, help=TARGET_EP_HELP),
     split: str = typer.Option("train"),
     limit: int = typer.Option(64, help="rows attacked"),
     text_column: str | None = typer.Option(None),
@@ -354,7 +364,7 @@ def sap_attack(
     if len(ds) == 0:
         fail(f"{data}: no texts")
     bb = load_backbone_or_fail(backbone)
-    e = _eta(bb, eta, target_p)
+    e = _eta(bb, eta, target_p, target_ep)
     cfg = _config(split_layer=split_layer, eta=e, max_length=max_length, noise_seed=noise_seed)
     try:
         customer, _ = setup_split(bb, cfg, 2, 1)
@@ -381,3 +391,4 @@ def sap_attack(
     typer.echo(json.dumps({"split_layer": split_layer, "eta": e,
                            "measured_p": customer.measured_p if e is not None else 0.0,
                            **r.as_dict()}))
+    echo_table_line(backbone, e, err=True)

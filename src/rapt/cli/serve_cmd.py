@@ -11,7 +11,18 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from rapt.cli._app import TARGET_P_HELP, TEXT_PAIR_OPT, app, echo_data_notes, flag_words, sub_app
+from rapt.cli._app import (
+    TARGET_EP_HELP,
+    TARGET_P_HELP,
+    TEXT_PAIR_OPT,
+    app,
+    check_eta_options,
+    echo_data_notes,
+    echo_table_line,
+    eta_for_target_ep,
+    flag_words,
+    sub_app,
+)
 from rapt.config import DEFAULT_PLAIN_TOKENS, LR_HELP, VIRTUAL_TOKENS_HELP
 from rapt.config import tune_default as _d
 
@@ -320,6 +331,7 @@ URL_OPT = typer.Option(None, "--url", help="service URL (env RAPT_URL)")
 KEY_OPT = typer.Option(None, "--key", help="API key (env RAPT_API_KEY)")
 ETA_OPT = typer.Option(None, "--eta", help="dχ-privacy parameter η used to privatize locally")
 TARGET_P_OPT = typer.Option(None, "--target-p", help=TARGET_P_HELP)
+TARGET_EP_OPT = typer.Option(None, "--target-ep", help=TARGET_EP_HELP)
 JSON_OPT = typer.Option(False, "--json-report", help="also print one JSON line with the privacy "
                         "report (η, measured P, nearest-neighbour inversion success); it stays "
                         "on this machine")
@@ -379,16 +391,24 @@ def _guard(fn):
 
 
 def _echo_privacy(c, json_report: bool = False) -> None:
+    """The privacy line of what was sent and the attack table's line at its η (stderr); with
+    --json-report both as one JSON line."""
+    from dataclasses import asdict
+
+    from rapt.attack_table import strongest_at
     from rapt.privatization import privacy_line
 
     r = c.last_privacy
+    table = None
     if r and not r["no_privacy"]:
         src = r.get("eta_source") or ""
         note = f" (η recorded on the service with {src})" if src.startswith("prompt") else ""
         typer.echo(f"{r['what']}: {r['rows']} rows privatized; {privacy_line(r)}{note}",
                    err=True)
+        echo_table_line(c.backbone.name, r["eta"], err=True)
+        table = asdict(strongest_at(c.backbone.name, r["eta"]))
     if json_report and r:
-        typer.echo(json.dumps({"privacy": r}))
+        typer.echo(json.dumps({"privacy": r, "attack_table": table}))
 
 
 @client_app.command("upload")
@@ -397,7 +417,7 @@ def client_upload(
     eta: float | None = ETA_OPT, no_privacy: bool = NOPRIV_OPT, backbone: str = BB_OPT,
     text_column: str | None = typer.Option(None), label_column: str | None = typer.Option(None),
     text_pair_column: str | None = TEXT_PAIR_OPT,
-    target_p: float | None = TARGET_P_OPT,
+    target_p: float | None = TARGET_P_OPT, target_ep: float | None = TARGET_EP_OPT,
     reconstruction: bool = typer.Option(
         _d("reconstruction"), help="prepend m plain tokens to every row for RAPT's privatized "
         "token reconstruction (RAPT §3.2.2; `rapt client tune` then trains with it); off by "
@@ -413,6 +433,9 @@ def client_upload(
     and on stderr η, the measured P and the nearest-neighbour inversion success."""
     from rapt.data import load_dataset
 
+    check_eta_options(eta, target_p, target_ep)
+    if target_ep is not None:
+        eta = eta_for_target_ep(backbone, target_ep)
     c = _client(url, key, backbone, eta, no_privacy, seed, min_p, target_p=target_p,
                 plain_tokens=plain_len, pad_to_bucket=pad_to_bucket)
     data = _guard(lambda: load_dataset(file, text_column=text_column, label_column=label_column,

@@ -13,12 +13,14 @@ from typing import Any
 import typer
 
 from rapt.cli._app import (
+    TARGET_EP_HELP,
     TARGET_P_HELP,
     TEXT_PAIR_OPT,
     app,
     check_eta_options,
     echo_data_notes,
     echo_privacy,
+    eta_for_target_ep,
     load_backbone_or_fail,
     warn_if_seeded,
 )
@@ -152,6 +154,7 @@ def tune(
     label_base: int | None = typer.Option(None, help=_BASE_HELP),
     eta: float | None = typer.Option(None, help="privatize locally with this η"),
     target_p: float | None = typer.Option(None, help=TARGET_P_HELP),
+    target_ep: float | None = typer.Option(None, help=TARGET_EP_HELP),
     reconstruction: bool = typer.Option(_d("reconstruction"), help=_TUNE_HELP["reconstruction"]),
     plain_len: int = typer.Option(DEFAULT_PLAIN_TOKENS, help="number of plain tokens m"),
     plain_tokens: str | None = typer.Option(None, help="plain tokens as text (default: random)"),
@@ -186,8 +189,7 @@ def tune(
 ) -> None:
     """Privatize a dataset locally, tune a prompt on it and save the artifact."""
     o = SimpleNamespace(**locals())  # the options, for the stage helpers below
-    if channel is not None and eta is None and target_p is None:
-        _fail("--channel reads privatized text back: give --eta or --target-p too")
+    eta = _tune_eta(o)
     ds = _training_data(o)
     bb = load_backbone_or_fail(backbone)
     dp = _dp_config(o)
@@ -219,12 +221,22 @@ def tune(
     _save_tuned(tuned, out, method)
 
 
+def _tune_eta(o: SimpleNamespace) -> float | None:
+    """--eta, or the η of --target-ep through the shipped attack table (--target-p is
+    calibrated later, on the loaded backbone); --channel needs one of them."""
+    check_eta_options(o.eta, o.target_p, o.target_ep)
+    if o.channel is not None and o.eta is None and o.target_p is None and o.target_ep is None:
+        _fail("--channel reads privatized text back: give --eta or --target-p too, or "
+              "--target-ep")
+    return eta_for_target_ep(o.backbone, o.target_ep) if o.target_ep is not None else o.eta
+
+
 def _privatize_and_echo(custom, rows):
     """Privatized rows with a bar; the privacy line, and the channel model's recovery when
     there is one (warned when this η lies outside the band it was trained on)."""
     _warn_channel_eta(custom.channel, custom.eta)
     rows = _privatize_with_bar(custom, rows)
-    echo_privacy(custom.privacy)
+    echo_privacy(custom.privacy, backbone=custom.backbone.name)
     _echo_channel(custom.privacy)
     return rows
 
@@ -473,7 +485,7 @@ def predict(
     rows = custom.rows(ds.texts, ds.text_pairs, queries=True)
     if custom.privatizer is not None:
         rows = _privatize_with_bar(custom, rows)
-        echo_privacy(custom.privacy, err=True)
+        echo_privacy(custom.privacy, backbone=bb.name, err=True)
         _echo_channel(custom.privacy, err=True)
     probs = custom.predict_proba(rows)
     pred = probs.argmax(-1).tolist()
