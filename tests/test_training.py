@@ -92,6 +92,15 @@ def _record(out) -> dict:
             "history": [dict(h) for h in out.train_log], "steps": out.meta["steps"]}
 
 
+def _close_across_cpus(got: torch.Tensor, want: torch.Tensor, name: str) -> None:
+    """Bit-exact on the CPU that recorded the pins; elsewhere float rounding differs (an AMD
+    EPYC moved LoRA entries whose gradients are tiny by 5e-6 on a scale of 0.19: Adam divides
+    by √v and so magnifies rounding where v is small). The tolerance, 2e-4 of the tensor's
+    scale, absorbs that and stays far below what a change of the loop moves (~1e-2)."""
+    scale = float(want.abs().max()) or 1.0
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=2e-4 * scale, msg=name)
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_tune_outputs_are_pinned(tok, name):
     """Mutations caught: a different batch order (seed of the permutation), the rec weight
@@ -108,9 +117,7 @@ def test_tune_outputs_are_pinned(tok, name):
             # count (OMP_NUM_THREADS 1 vs 2). It must stay tiny, not pinned.
             assert got["tensors"][k].abs().max() < 1e-4, k
             continue
-        # Bit-exact on the machine that recorded them; the tolerance only absorbs other CPUs'
-        # float rounding, far below what any change of the loop would move.
-        torch.testing.assert_close(got["tensors"][k], v, rtol=1e-5, atol=1e-6, msg=k)
+        _close_across_cpus(got["tensors"][k], v, k)
     assert len(got["history"]) == len(want["history"])
     dp = CASES[name][1].get("dp") is not None
     for g, w in zip(got["history"], want["history"], strict=True):
@@ -149,7 +156,9 @@ def test_format1_checkpoint_still_resumes(tok):
     full, _ = run_case(tok, "prefix-rec")
     resumed, _ = run_case(tok, "prefix-rec", resume=old["prefix-rec"])
     for k, v in full.tensors.items():
-        assert torch.equal(resumed.tensors[k], v), k
+        # The step-3 state was computed on the recording CPU, so only bit-exact there; exact
+        # resumption on this CPU is test_resume_mid_epoch_is_exact's.
+        _close_across_cpus(resumed.tensors[k], v, k)
     full_dp, _ = run_case(tok, "prefix-dp-rec")
     dp, _ = run_case(tok, "prefix-dp-rec", resume=old["prefix-dp-rec"])
     assert dp.meta["dp"]["steps"] == dp.meta["steps"] == 6
