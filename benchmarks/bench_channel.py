@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 
 from rapt.demo import DemoConfig, _accuracy, _demo_data, _head_options, _text_length
-from rapt.stats import effect_word, mean_ci, paired_difference
+from rapt.stats import effect_word, gap_won_back, mean_ci, paired_difference
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TASK, METHOD = "sst2", "prefix"
@@ -225,11 +225,10 @@ def _versus(rem_acc: dict[int, float], pri: dict[int, float], non: dict[int, flo
     if len(seeds) < 2:
         return {}
     rem, p, x = ([d[k] for k in seeds] for d in (rem_acc, pri, non))
-    diff = paired_difference(rem, p)
-    gap = paired_difference(x, p)
+    won = gap_won_back(rem, p, x)
+    diff, gap, share = won["diff"], won["gap"], won["share"]
     # Per seed: remedy − privatization − ½ (no privacy − privatization); > 0 = past halfway.
     half = paired_difference([r - 0.5 * (a - q) for r, a, q in zip(rem, x, p, strict=True)], p)
-    share = diff["mean_diff"] / gap["mean_diff"] if gap["mean_diff"] > 0 else float("nan")
     return {"seeds": seeds, "remedy_minus_privatization": diff, "gap": gap,
             "share_won_back": share, "past_half": half,
             "goal_met": bool(share >= 0.5 and diff["excludes_zero"] and diff["mean_diff"] > 0),
