@@ -56,7 +56,7 @@ class DemoConfig:
     dataset: str = "sst2-sentences"
     train_size: int = 800
     test_size: int = 500
-    max_length: int | None = None  # text tokens per row, k excluded; None: keep whole_fraction
+    max_length: int | None = None  # tokens per row, [CLS]/[SEP] in, k out; None: whole_fraction
     whole_fraction: float = 0.95
     method: str = "prefix"
     num_virtual_tokens: int = 10
@@ -259,7 +259,7 @@ def _text_length(config: DemoConfig, tok, texts: list[str],
     if config.max_length is not None:
         n_text = config.max_length
         whole = sum(len(r) <= n_text for r in tok(texts)["input_ids"]) / len(texts)
-    log(f"rows cut at {n_text} text tokens ({whole:.0%} of training rows whole) + "
+    log(f"rows cut at {n_text} tokens, specials included ({whole:.0%} of training rows whole) + "
         f"{config.plain_len} plain tokens")
     return n_text, whole
 
@@ -378,7 +378,7 @@ def format_table(result: DemoResult) -> str:
     lines += ["", f"{c['method']} tuning of {c['backbone']} (head: {result.head}) on "
               f"{c['train_size']} {c['dataset']} sentences, {steps} steps per run, "
               f"η = {result.eta:.3g}, {c['plain_len']} plain tokens, rows cut at "
-              f"{result.text_length} text tokens ({result.rows_whole:.0%} whole), "
+              f"{result.text_length} tokens with specials ({result.rows_whole:.0%} whole), "
               f"{c['seeds']} paired seeds; {result.seconds:.0f} s in all. Head only = the "
               "prefix kept at its init (only a trainable head, if any, trains).",
               "", result.verdict]
