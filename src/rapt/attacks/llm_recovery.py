@@ -47,8 +47,9 @@ SHOT_LENGTHS = (6, 24)  # encoder tokens per example: long enough to show contex
 NEW_TOKENS_FACTOR = 1.5  # reply budget, × the target's length in LLM tokens
 # A reply that changes more of a row than this is dropped (the row is kept as received): the
 # mechanism leaves most tokens alone at any useful η, and a small LLM that loses the thread
-# repeats itself over the rest. Picked on held-out public rows (bench_llm_attack.py --tune).
-DEFAULT_MAX_CHANGE = 0.5
+# rewrites or repeats itself over the rest. The value SmolLM2-135M scored best with (P ≈ 0.4,
+# MiniLM) on held-out public rows in benchmarks/bench_llm_attack.py; re-pick it for another LLM.
+DEFAULT_MAX_CHANGE = 0.1
 
 INSTRUCTION = ("Some words in each noisy sentence were replaced by random words with a similar "
                "meaning or spelling. Reply with the original sentence only.")
