@@ -248,7 +248,7 @@ def main() -> None:
         raise SystemExit(f"--denoiser takes BACKBONE=FOLDER for one of {args.backbones}")
     import rapt
 
-    load0, t0 = os.getloadavg(), time.perf_counter()
+    load0, t0, commit = os.getloadavg(), time.perf_counter(), git_commit()  # the code measured
     backbones = {b: measure_backbone(b, args, dens.get(b)) for b in args.backbones}
     doc = {"format": "rapt-attack-table", "version": 1,
            "metric": "token recovery: share of non-special tokens an attacker guesses right "
@@ -258,7 +258,7 @@ def main() -> None:
                "command": " ".join(["python", *[Path(sys.argv[0]).relative_to(ROOT).as_posix()
                                                 if Path(sys.argv[0]).is_absolute()
                                                 else sys.argv[0], *sys.argv[1:]]]),
-               "rapt_version": rapt.__version__, "commit": git_commit(),
+               "rapt_version": rapt.__version__, "commit": commit,
                "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
                "public_text": "public_corpus_for('sst2'): rapt's built-in datasets other than "
                               "SST-2; a deployment would use a general web or encyclopedic "
