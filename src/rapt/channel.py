@@ -11,6 +11,8 @@ model trained on the pairs is post-processing of the mechanism's output wherever
   corpus instead (docs/THREAT_MODEL.md, "Contextual reconstruction (the channel)").
 * :func:`privatize_channel`: aligned (clean ids, private ids) rows at one η or a band of η,
   several repeats each -- I/O-free.
+* :func:`check_aligned` and :func:`encode_rows`: what every channel model (the denoiser, the
+  channel adapter) does to such rows before reading them.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ from torch import Tensor
 from rapt.noise import NoiseSource
 from rapt.privatization import Privatizer, tokenize_texts
 
-__all__ = ["PUBLIC_SOURCES", "ChannelCorpus", "ChannelPairs", "eta_band", "privatize_channel",
-           "public_corpus_for", "task_family"]
+__all__ = ["PUBLIC_SOURCES", "ChannelCorpus", "ChannelPairs", "check_aligned", "encode_rows",
+           "eta_band", "privatize_channel", "public_corpus_for", "special_wrap", "task_family"]
 
 # Every split of each built-in family, by family; a family's text is never public for itself.
 _FAMILY_SPLITS: dict[str, tuple[tuple[str, str], ...]] = {
@@ -178,3 +180,41 @@ def privatize_channel(rows: Sequence[Sequence[int]], privatizer: Privatizer,
     return ChannelPairs(rows * len(copies), private,
                         [e for e, _ in copies for _ in rows],
                         list(range(len(rows))) * len(copies), meta)
+
+
+def check_aligned(clean_rows: Sequence[Sequence[int]],
+                  private_rows: Sequence[Sequence[int]]) -> None:
+    """ValueError unless the rows are non-empty, equally many and of equal lengths pairwise
+    (dχ privatization is token for token, so positions align)."""
+    if len(clean_rows) != len(private_rows):
+        raise ValueError(f"{len(clean_rows)} clean rows but {len(private_rows)} private rows")
+    bad = [i for i, (c, p) in enumerate(zip(clean_rows, private_rows, strict=True))
+           if len(c) != len(p)]
+    if bad:
+        raise ValueError(f"clean and private rows must be aligned token by token; row {bad[0]} "
+                         f"has {len(clean_rows[bad[0]])} vs {len(private_rows[bad[0]])} tokens")
+    if not clean_rows:
+        raise ValueError("no training pairs")
+
+
+def special_wrap(tokenizer) -> tuple[list[int], list[int]]:
+    """([CLS], [SEP]) ids where the tokenizer has both, else ([], [])."""
+    if tokenizer.cls_token_id is not None and tokenizer.sep_token_id is not None:
+        return [int(tokenizer.cls_token_id)], [int(tokenizer.sep_token_id)]
+    return [], []
+
+
+def encode_rows(tokenizer, rows: Sequence[Sequence[int]],
+                max_length: int) -> tuple[Tensor, Tensor, int]:
+    """Text-only id rows -> (ids (N, L), mask (N, L), offset of the rows' first token): each row
+    cut to what fits in ``max_length`` and wrapped by :func:`special_wrap`, right-padded."""
+    head, tail = special_wrap(tokenizer)
+    room = max_length - len(head) - len(tail)
+    enc = [head + [int(t) for t in r[:room]] + tail for r in rows]
+    n = max((len(e) for e in enc), default=0)
+    ids = torch.full((len(enc), n), int(tokenizer.pad_token_id), dtype=torch.long)
+    mask = torch.zeros((len(enc), n), dtype=torch.long)
+    for i, e in enumerate(enc):
+        ids[i, :len(e)] = torch.tensor(e, dtype=torch.long)
+        mask[i, :len(e)] = 1
+    return ids, mask, len(head)

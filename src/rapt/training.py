@@ -10,8 +10,9 @@ own affair:
   per-example clipping, Gaussian noise, ε in ``extra()``.
 
 The per-example loss is a :class:`SummedLoss`: one forward pass, then a weighted sum of
-objectives (:class:`TaskCE`, :class:`Reconstruction`, ...), each with its own statistics, which
-the steps average over the whole logical batch (under DP too, across micro-batches).
+objectives (:class:`TaskCE`, :class:`Reconstruction`, :class:`DenoisingObjective`,
+:class:`HiddenDistillation`), each with its own statistics, which the steps average over the
+whole logical batch (under DP too, across micro-batches).
 """
 
 from __future__ import annotations
@@ -119,6 +120,45 @@ class DenoisingObjective:
         loss = ce.sum(1) / valid.sum(1).clamp(min=1)
         right = (out.logits.argmax(-1) == tgt).float().detach()
         return loss, {"token_acc": right[valid], "replaced_acc": right[valid & rep]}
+
+
+@dataclass
+class HiddenDistillation:
+    """Mean squared error between the student's hidden states ``out.hidden`` (B, L, h) and a
+    frozen teacher's (the channel adapter of :mod:`rapt.channel_adapter`: the student reads
+    privatized rows, the teacher the aligned clean ones).
+
+    ``teacher(idx)`` -> (B, L, h) teacher states, computed without gradient; ``positions``
+    (N, L): the token positions matched; ``pooled`` (N, L): the positions mean-pooled for the
+    sentence-vector term, weighted ``pooled_weight`` (0: off). Per example: the mean over its
+    matched positions of the per-dimension MSE, plus the weighted MSE of the pooled vectors.
+    Stats per example: ``hidden_mse``, ``pooled_mse``, ``pooled_cos``."""
+
+    teacher: Callable[[Tensor], Tensor]
+    positions: Tensor
+    pooled: Tensor
+    pooled_weight: float = 0.0
+    weight: float = 1.0
+
+    def __call__(self, out: ModelOutput, idx: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        s = out.hidden.float()
+        L = s.shape[1]  # batches are padded to their own longest row
+        with torch.no_grad():
+            t = self.teacher(idx).float()
+        if t.shape != s.shape:
+            raise ValueError(f"teacher states {tuple(t.shape)} do not match the student's "
+                             f"{tuple(s.shape)}")
+        pos = self.positions[idx][:, :L].to(s.device).float()
+        tok = ((s - t) ** 2).mean(-1)  # (B, L)
+        hidden = (tok * pos).sum(1) / pos.sum(1).clamp(min=1)
+        pm = self.pooled[idx][:, :L].to(s.device).float().unsqueeze(-1)
+        ps = (s * pm).sum(1) / pm.sum(1).clamp(min=1)
+        pt = (t * pm).sum(1) / pm.sum(1).clamp(min=1)
+        pooled = ((ps - pt) ** 2).mean(-1)
+        loss = hidden + self.pooled_weight * pooled if self.pooled_weight else hidden
+        cos = nn.functional.cosine_similarity(ps, pt, dim=-1)
+        return loss, {"hidden_mse": hidden.detach(), "pooled_mse": pooled.detach(),
+                      "pooled_cos": cos.detach()}
 
 
 class SummedLoss:
@@ -434,7 +474,7 @@ def warmup_linear(total: int, warmup: int) -> Callable[[int], float]:
     return factor
 
 
-__all__ = ["STATE_FORMAT", "DPStep", "DenoisingObjective", "GradientStep", "MeanStep",
-           "ModelOutput", "Objective", "Plan", "Reconstruction", "StepStats", "SummedLoss",
-           "TaskCE", "TrainState", "TrainableTensors", "run_loop", "upgrade_checkpoint",
-           "warmup_linear"]
+__all__ = ["STATE_FORMAT", "DPStep", "DenoisingObjective", "GradientStep", "HiddenDistillation",
+           "MeanStep", "ModelOutput", "Objective", "Plan", "Reconstruction", "StepStats",
+           "SummedLoss", "TaskCE", "TrainState", "TrainableTensors", "run_loop",
+           "upgrade_checkpoint", "warmup_linear"]

@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from rapt.artifacts import ArtifactError, Kind, load_artifact, save_artifact
 from rapt.attacks.recovery import ReconstructionInput, register_attacker
+from rapt.channel import check_aligned, encode_rows, special_wrap
 from rapt.training import (
     DenoisingObjective,
     MeanStep,
@@ -141,24 +142,12 @@ class Denoiser(nn.Module):
     # ----------------------------------------------------------------------- encoding
 
     def _wrap(self) -> tuple[list[int], list[int]]:
-        tok = self.tokenizer
-        if tok.cls_token_id is not None and tok.sep_token_id is not None:
-            return [int(tok.cls_token_id)], [int(tok.sep_token_id)]
-        return [], []
+        return special_wrap(self.tokenizer)
 
     def encode(self, rows: Rows) -> tuple[Tensor, Tensor, int]:
         """Rows -> (ids (N, L), mask (N, L), offset of the rows' first token): each row cut to
         what fits in ``max_length`` and wrapped in [CLS] ... [SEP] where the tokenizer has them."""
-        head, tail = self._wrap()
-        room = self.config.max_length - len(head) - len(tail)
-        enc = [head + [int(t) for t in r[:room]] + tail for r in rows]
-        n = max((len(e) for e in enc), default=0)
-        ids = torch.full((len(enc), n), int(self.tokenizer.pad_token_id), dtype=torch.long)
-        mask = torch.zeros((len(enc), n), dtype=torch.long)
-        for i, e in enumerate(enc):
-            ids[i, :len(e)] = torch.tensor(e, dtype=torch.long)
-            mask[i, :len(e)] = 1
-        return ids, mask, len(head)
+        return encode_rows(self.tokenizer, rows, self.config.max_length)
 
     # ----------------------------------------------------------------------- predict
 
@@ -266,15 +255,7 @@ class _Pairs:
 
 
 def _pairs(model: Denoiser, clean_rows: Rows, private_rows: Rows) -> _Pairs:
-    if len(clean_rows) != len(private_rows):
-        raise ValueError(f"{len(clean_rows)} clean rows but {len(private_rows)} private rows")
-    bad = [i for i, (c, p) in enumerate(zip(clean_rows, private_rows, strict=True))
-           if len(c) != len(p)]
-    if bad:
-        raise ValueError(f"clean and private rows must be aligned token by token; row {bad[0]} "
-                         f"has {len(clean_rows[bad[0]])} vs {len(private_rows[bad[0]])} tokens")
-    if not clean_rows:
-        raise ValueError("no training pairs")
+    check_aligned(clean_rows, private_rows)
     ids, mask, _ = model.encode(private_rows)
     tgt, _, _ = model.encode(clean_rows)
     special = torch.tensor(model.special_ids, dtype=torch.long)

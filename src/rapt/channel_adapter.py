@@ -1,0 +1,278 @@
+"""The channel adapter (issue 27, remedy (b)): LoRA that makes a backbone read privatized text
+as it reads clean text, learned from public text by distillation.
+
+A frozen teacher (the public backbone) reads clean public rows; a student (a private copy of
+the backbone with peft LoRA on its attention and feed-forward projections) reads the same rows
+privatized by the provider with the same mechanism, and learns to match the teacher's last
+hidden states at the text positions, plus (``pooled_weight``) the mean-pooled sentence vector.
+dχ privatization is token for token, so the positions of the two rows align.
+
+The training pairs are public text (:func:`rapt.channel.public_corpus_for`), so training costs no
+privacy; the adapted backbone (:meth:`ChannelAdapter.adapted_backbone`: the LoRA merged into a
+plain copy) only ever reads the rows the customer released, so whatever is tuned or predicted on
+it is post-processing of the dχ output. The customer's task prompt is then tuned on top of it,
+the privatizer staying the public backbone's (the mechanism is the customer's).
+
+Training goes through :func:`rapt.training.run_loop` with a :class:`rapt.training.MeanStep`
+over a :class:`rapt.training.HiddenDistillation`; nothing here reads or writes files except
+:meth:`ChannelAdapter.save` / :meth:`ChannelAdapter.load`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor, nn
+
+from rapt.artifacts import ArtifactError, Kind, load_artifact, save_artifact
+from rapt.channel import check_aligned, encode_rows
+from rapt.training import (
+    HiddenDistillation,
+    MeanStep,
+    ModelOutput,
+    SummedLoss,
+    TrainableTensors,
+    TrainState,
+    run_loop,
+    warmup_linear,
+)
+from rapt.tuners import base_model, copy_without_hooks
+
+if TYPE_CHECKING:
+    from rapt.models import Backbone
+
+__all__ = ["ChannelAdapter", "ChannelAdapterConfig", "distillation_loss",
+           "train_channel_adapter"]
+
+FORMAT = "rapt-channel-adapter"
+VERSION = 1
+TENSORS_FILE = "channel_adapter.safetensors"
+CONFIG_FILE = "config.json"
+KIND = Kind(FORMAT, VERSION, TENSORS_FILE, "channel-adapter")
+SUFFIX = "+channel-adapter"
+
+Rows = Sequence[Sequence[int]]
+
+# Attention and feed-forward projections per architecture family ("dense" in BERT is the
+# attention output, the intermediate and the output projection of every block).
+_ENCODER_TARGETS = ("query", "key", "value", "dense")
+_DECODER_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass
+class ChannelAdapterConfig:
+    """``lora_r`` / ``lora_alpha`` (peft's scaling alpha / r), ``target_modules`` (module name
+    suffixes; None: attention and feed-forward projections of the architecture), ``layers``
+    (block indices; None: every block), ``lr`` (AdamW, linear warm-up over ``warmup`` of the
+    steps then decay to 0), ``epochs``, ``batch_size`` (rows), ``max_length`` (tokens per
+    encoded row, [CLS]/[SEP] included; longer rows are cut), ``pooled_weight`` (weight of the
+    mean-pooled vector's MSE beside the per-token MSE; 0: off), ``seed`` (init, data order)."""
+
+    lora_r: int = 16
+    lora_alpha: int = 32
+    target_modules: tuple[str, ...] | None = None
+    layers: tuple[int, ...] | None = None
+    lr: float = 1e-3
+    epochs: int = 1
+    batch_size: int = 32
+    max_length: int = 64
+    pooled_weight: float = 1.0
+    warmup: float = 0.06
+    weight_decay: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        # JSON gives lists back; tuples keep configs comparable and hashable.
+        if self.target_modules is not None:
+            self.target_modules = tuple(str(t) for t in self.target_modules)
+        if self.layers is not None:
+            self.layers = tuple(int(i) for i in self.layers)
+        for name in ("lora_r", "epochs", "batch_size", "max_length"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_length < 3:
+            raise ValueError(f"max_length must leave room for a token, got {self.max_length}")
+        if self.lr <= 0 or self.pooled_weight < 0:
+            raise ValueError(f"need lr > 0 and pooled_weight >= 0, got {self.lr}, "
+                             f"{self.pooled_weight}")
+
+
+def _lora_copy(backbone: Backbone, config: ChannelAdapterConfig) -> nn.Module:
+    """A private copy of ``backbone.model`` with fresh LoRA (B = 0: it starts as the backbone);
+    only the LoRA tensors train. -> the peft model."""
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(config.seed)
+    inner = copy_without_hooks(backbone.model)
+    for p in inner.parameters():  # a tuner may have unfrozen or frozen the shared backbone
+        p.requires_grad_(False)
+    targets = config.target_modules or (
+        _ENCODER_TARGETS if backbone.kind == "encoder" else _DECODER_TARGETS)
+    n_layers = int(backbone.model.config.num_hidden_layers)
+    layers = list(config.layers) if config.layers is not None else list(range(n_layers))
+    if not layers or any(not 0 <= i < n_layers for i in layers):
+        raise ValueError(f"layers {layers} outside the backbone's 0..{n_layers - 1}")
+    return get_peft_model(inner, LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha,
+                                            lora_dropout=0.0, target_modules=list(targets),
+                                            layers_to_transform=layers))
+
+
+@dataclass
+class _Pairs:
+    """Encoded aligned rows: clean and private ids, mask (N, L); ``text`` (N, L): the text
+    positions (no special token, no pad)."""
+
+    clean: Tensor
+    private: Tensor
+    mask: Tensor
+    text: Tensor
+
+
+def _pairs(backbone: Backbone, clean_rows: Rows, private_rows: Rows, max_length: int) -> _Pairs:
+    check_aligned(clean_rows, private_rows)
+    clean, mask, _ = encode_rows(backbone.tokenizer, clean_rows, max_length)
+    private, _, _ = encode_rows(backbone.tokenizer, private_rows, max_length)
+    special = torch.tensor(backbone.special_ids, dtype=torch.long)
+    return _Pairs(clean, private, mask, mask.bool() & ~torch.isin(clean, special))
+
+
+def _distillation(student: nn.Module, teacher: nn.Module, data: _Pairs,
+                  pooled_weight: float) -> SummedLoss:
+    """Example indices -> the student's loss on the private rows against the teacher on the
+    clean ones. The pooled vector is the mean over every attended position ([CLS] and [SEP]
+    too), the pooling that MiniLM was trained with and rapt's linear head uses."""
+    dev = next(iter(student.parameters())).device
+
+    def states(body: nn.Module, ids: Tensor, idx: Tensor) -> Tensor:
+        n = int(data.mask[idx].sum(1).max())  # pad each batch to its own longest row
+        return body(input_ids=ids[idx, :n].to(dev), attention_mask=data.mask[idx, :n].to(dev),
+                    use_cache=False).last_hidden_state
+
+    def forward(idx: Tensor) -> ModelOutput:
+        h = states(student, data.private, idx)
+        return ModelOutput(h, None, h)
+
+    obj = HiddenDistillation(lambda idx: states(teacher, data.clean, idx), data.text,
+                             data.mask.bool(), pooled_weight)
+    return SummedLoss(forward, [obj])
+
+
+class ChannelAdapter:
+    """A trained channel adapter: its config, LoRA tensors (peft names) and provenance ``meta``
+    (corpus, tokens, η, backbone, training record). Holds no training rows."""
+
+    def __init__(self, config: ChannelAdapterConfig, tensors: dict[str, Tensor],
+                 meta: dict | None = None) -> None:
+        self.config = config
+        self.tensors = {k: v.detach().cpu() for k, v in tensors.items()}
+        self.meta = dict(meta or {})
+
+    def _student(self, backbone: Backbone) -> nn.Module:
+        """The peft model on a private copy of ``backbone`` with these tensors loaded; raises
+        ValueError (RuntimeError for shapes) when they do not fit it."""
+        if self.meta.get("hidden_size", backbone.hidden_size) != backbone.hidden_size:
+            raise ValueError(f"this channel adapter was trained on {self.meta.get('backbone')!r}"
+                             f", not on {backbone.name!r}")
+        model = _lora_copy(backbone, self.config)
+        TrainableTensors(model).load_state_dict(self.tensors)
+        return model
+
+    def adapted_backbone(self, backbone: Backbone) -> Backbone:
+        """Remedy (b): a :class:`rapt.models.Backbone` named ``"<name>+channel-adapter"`` whose
+        model is a private copy of ``backbone``'s with this LoRA merged in, so tuners see a plain
+        model. ``backbone`` is not modified. The privatizer must keep using ``backbone``'s own
+        embeddings (the same, as the adapter leaves the embedding layer alone)."""
+        from rapt.models import Backbone
+
+        merged = self._student(backbone).merge_and_unload()
+        for p in merged.parameters():  # as load_backbone gives it: tuners freeze what they keep
+            p.requires_grad_(True)
+        merged.eval()
+        return Backbone(f"{backbone.name}{SUFFIX}", backbone.kind, backbone.tokenizer, merged,
+                        backbone.source, backbone.gguf_file,
+                        {**backbone.extra, "channel_adapted": True,
+                         "channel_adapter": {k: self.meta.get(k)
+                                             for k in ("backbone", "eta", "corpus")}})
+
+    # ----------------------------------------------------------------------- artifact
+
+    def save(self, folder: str | Path) -> Path:
+        """``channel_adapter.safetensors`` + ``config.json`` (format, config, meta); -> folder."""
+        return save_artifact(folder, self.tensors, asdict(self.config), self.meta, kind=KIND)
+
+    @classmethod
+    def load(cls, folder: str | Path, backbone: Backbone) -> ChannelAdapter:
+        """The adapter saved in ``folder``, checked against ``backbone`` (the one it was trained
+        on); raises :class:`rapt.artifacts.ArtifactError` naming the file."""
+        state, raw_config, meta = load_artifact(folder, kind=KIND)
+        cfg_path, t_path = Path(folder) / CONFIG_FILE, Path(folder) / TENSORS_FILE
+        try:
+            config = ChannelAdapterConfig(**raw_config)
+        except (TypeError, ValueError) as e:
+            raise ArtifactError(f"{cfg_path}: field 'config': {e}") from e
+        adapter = cls(config, state, meta)
+        try:
+            adapter._student(backbone)
+        except (ValueError, RuntimeError) as e:
+            raise ArtifactError(f"{t_path}: {e}") from e
+        return adapter
+
+
+def train_channel_adapter(backbone: Backbone, clean_rows: Rows, private_rows: Rows,
+                          config: ChannelAdapterConfig | None = None, *,
+                          meta: dict | None = None,
+                          progress: Callable[[dict], None] | None = None,
+                          should_stop: Callable[[], bool] | None = None) -> ChannelAdapter:
+    """Train a :class:`ChannelAdapter` on aligned (original, privatized) token-id rows of
+    public text (text only: rows are wrapped in [CLS] ... [SEP] here). ``backbone`` is the
+    frozen teacher, read under no_grad and never modified.
+
+    ``meta``: provenance (corpus, η, ...); the backbone, row and token counts and the last
+    training record are added. ``progress`` gets :func:`rapt.training.run_loop`'s records
+    (loss, hidden_mse, pooled_mse, pooled_cos, ...)."""
+    config = config or ChannelAdapterConfig()
+    data = _pairs(backbone, clean_rows, private_rows, config.max_length)
+    student = _lora_copy(backbone, config)
+    # No dropout: the teacher is deterministic, and a student with dropout would chase it
+    # through noise of its own.
+    student.eval()
+    loss = _distillation(base_model(student.get_base_model()), base_model(backbone.model),
+                         data, config.pooled_weight)
+    step = MeanStep(loss, len(clean_rows), config.batch_size, config.epochs, config.seed)
+    params = [p for p in student.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+    total = step.plan.total_steps
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, warmup_linear(total, int(config.warmup * total)))
+    state = TrainState("channel-adapter", "lora", len(clean_rows),
+                       {"model": TrainableTensors(student), "optimizer": opt, "scheduler": sched})
+    run_loop(step, opt, sched, state, progress=progress, should_stop=should_stop)
+    record = {**(meta or {}), "backbone": backbone.name, "hidden_size": backbone.hidden_size,
+              "rows": len(clean_rows), "tokens": int(data.text.sum()), "steps": state.step,
+              "stopped": state.stopped,
+              "last": state.history[-1] if state.history else None}
+    return ChannelAdapter(config, TrainableTensors(student).state_dict(), record)
+
+
+@torch.no_grad()
+def distillation_loss(backbone: Backbone, reader: Backbone, clean_rows: Rows,
+                      private_rows: Rows, *, max_length: int = 64, pooled_weight: float = 1.0,
+                      batch_size: int = 64) -> dict[str, float]:
+    """How far ``reader``'s states on the privatized rows are from ``backbone``'s on the clean
+    ones, with the training objective: the mean over rows of ``loss``, ``hidden_mse``,
+    ``pooled_mse`` and ``pooled_cos`` (cosine of the mean-pooled vectors). ``reader`` is the
+    backbone itself (no remedy) or an adapted one."""
+    data = _pairs(backbone, clean_rows, private_rows, max_length)
+    fn = _distillation(base_model(reader.model), base_model(backbone.model), data,
+                       pooled_weight)
+    order = torch.argsort(data.mask.sum(1))  # similar lengths batch together: less padding
+    sums: dict[str, float] = {}
+    for idx in order.split(batch_size):
+        loss, stats = fn(idx)
+        for k, v in {"loss": loss, **stats}.items():
+            sums[k] = sums.get(k, 0.0) + float(v.sum())
+    return {k: v / len(clean_rows) for k, v in sums.items()} | {"rows": len(clean_rows)}
