@@ -197,7 +197,7 @@ def markdown(o: dict) -> str:
     lines = [
         "# Contextual denoiser vs nearest neighbour (issue 27)", "",
         f"`{o['command']}` on {o['machine']['platform']}, {o['machine']['cpus']} CPUs shared, "
-        f"1 thread; load {o['machine']['load_before'][0]:.1f} before, "
+        f"{o['machine']['threads']} torch threads; load {o['machine']['load_before'][0]:.1f} before, "
         f"{o['machine']['load_after'][0]:.1f} after.", "",
         f"MiniLM, η = {o['eta']:.4g} (calibrated for P ≈ {o['target_p']} on rapt's public "
         f"sample); P measured {o['P_train']:.3f} on the training pairs, {o['P_eval']:.3f} on the "
