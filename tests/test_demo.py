@@ -52,8 +52,11 @@ def test_run_demo_tiny(small_bert, shared_data, monkeypatch):
                      batch_size=16, target_p=0.5, privatizer_mode="exact", noise_seed=0,
                      seeds=2)
     steps: list[tuple[str, dict]] = []
-    res = run_demo(cfg, log=lambda s: None, progress=lambda s, r: steps.append((s, r)),
+    logs: list[str] = []
+    res = run_demo(cfg, log=logs.append, progress=lambda s, r: steps.append((s, r)),
                    backbone=small_bert)
+    # the shipped attack table's line beside P: a tiny test backbone is not in it, and says so
+    assert sum(s.startswith("strongest attacker: not in the table") for s in logs) == 1
     assert [r["setting"] for r in res.rows] == ["no privacy", "head only", "+privatization",
                                                 "+reconstruction"]
     assert all(len(r["accuracies"]) == 2 and 0.0 <= r["accuracy"] <= 1.0 for r in res.rows)

@@ -270,6 +270,7 @@ def _run_seed(custom, config: DemoConfig, data, n_text: int, base: dict, seed: i
     """One paired seed: privatize the rows with k once, cut k out for the settings without
     it, and tune and score every setting on that same draw (+denoise-then-tune: the
     +privatization rows and queries, read back by ``channel``)."""
+    from rapt.attack_table import table_line
     from rapt.pipeline import Encoding
     from rapt.privatization import replacement_probability
     from rapt.trainer import TuneConfig
@@ -291,6 +292,7 @@ def _run_seed(custom, config: DemoConfig, data, n_text: int, base: dict, seed: i
         log(f"privatized with η = {result.eta:.3g}: measured P = {tally.ps[0]:.3f} (training "
             f"rows); nearest-neighbour inversion recovers {result.inversion_success:.1%} of the "
             f"test queries' tokens (empirical privacy {result.inversion_privacy:.3f})")
+        log(table_line(custom.backbone.name, result.eta))
     if first and channel is not None:
         _channel_privacy(replace(custom, channel=channel), clean[1], priv[1], result, log)
     runs = [("no privacy", clean, False, False), ("head only", priv, False, True),
