@@ -207,3 +207,28 @@ def test_adapted_backbone_is_the_denoisers_encoder_and_tunes(tiny_bert, chain):
     lora = Denoiser(tiny_bert, DenoiserConfig(trainable="lora"))
     with pytest.raises(ValueError, match="trainable='full'"):
         lora.adapted_backbone(tiny_bert)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_denoiser_follows_a_cuda_backbone_in_training_and_load(tiny_bert, chain, tmp_path):
+    train_c, train_p, _, test_p = chain
+    cpu = train_denoiser(tiny_bert, train_c[:128], train_p[:128],
+                         DenoiserConfig(lr=3e-3, epochs=1, batch_size=64, max_length=16))
+    folder = cpu.save(tmp_path / "den")
+    tiny_bert.model.cuda()
+    back = Denoiser.load(folder, tiny_bert)
+    assert {p.device.type for p in back.parameters()} == {"cuda"}
+    a, b = back.guess(test_p), cpu.guess(test_p)
+    same = sum(x == y for r, q in zip(a, b, strict=True) for x, y in zip(r, q, strict=True))
+    assert same >= 0.99 * sum(len(r) for r in a)  # float32 on two devices: near-ties may flip
+    gpu = train_denoiser(tiny_bert, train_c[:128], train_p[:128],
+                         DenoiserConfig(lr=3e-3, epochs=1, batch_size=64, max_length=16))
+    assert {p.device.type for p in gpu.parameters()} == {"cuda"}
+    assert gpu.meta["steps"] == 2
+
+
+def test_denoiser_lives_on_its_backbones_device(tiny_bert):
+    # "meta" stands in for a GPU here: the decoder head must follow the copied encoder.
+    tiny_bert.model.to("meta")
+    den = Denoiser(tiny_bert, DenoiserConfig(max_length=16))
+    assert {t.device.type for t in [*den.parameters(), *den.buffers()]} == {"meta"}

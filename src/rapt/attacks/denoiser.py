@@ -129,6 +129,9 @@ class Denoiser(nn.Module):
         self.register_buffer("special_mask", torch.isin(
             torch.arange(emb.shape[0]), torch.tensor(self.special_ids, dtype=torch.long)),
             persistent=False)
+        # The head is built on the CPU; the whole model lives where the backbone does (a GPU
+        # backbone gets a GPU denoiser, also when rebuilt by :meth:`load`).
+        self.to(emb.device)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """-> logits (B, L, V) of the original token at each position."""
