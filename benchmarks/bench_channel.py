@@ -43,6 +43,7 @@ from rapt.stats import effect_word, gap_won_back, mean_ci, paired_difference
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TASK, METHOD = "sst2", "prefix"
+DATASETS = {"sst2": "sst2-sentences", "financial_phrasebank": "financial_phrasebank"}
 REMEDIES = ("+denoise-then-tune", "+privatized-MLM backbone")
 SETTINGS = ("no privacy", "+privatization", *REMEDIES)
 CONTROLS = ("+privatization, clean queries", "+privatization, denoised queries")
@@ -76,6 +77,13 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--target-p", type=float, default=0.4)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--backbone", default="minilm",
+                    help="name or local folder (the device machine's carried float16 copy); "
+                         "loaded in float32")
+    ap.add_argument("--task", default=TASK, choices=sorted(DATASETS))
+    ap.add_argument("--out", default=None,
+                    help="output stem (default benchmarks/results/channel[_quick])")
     ap.add_argument("--quick", action="store_true", help="tiny run to check the script")
     ap.add_argument("--notes", default=None,
                     help="file whose text goes into the JSON and the md (the reading of the "
@@ -85,28 +93,34 @@ def main() -> None:
 
     from rapt.attacks.denoiser import Denoiser
     from rapt.attacks.recovery import ReconstructionInput, run_attackers
-    from rapt.channel import public_corpus_for
+    from rapt.channel import check_disjoint, public_corpus_for
     from rapt.config import default_lr
     from rapt.models import load_backbone
     from rapt.pipeline import Customization, Encoding
     from rapt.privatization import calibrate_eta_public, replacement_probability
     from rapt.trainer import TuneConfig
 
-    cfg = DemoConfig(target_p=args.target_p, seeds=args.seeds)
+    cfg = DemoConfig(backbone=args.backbone, dataset=DATASETS[args.task],
+                     target_p=args.target_p, seeds=args.seeds)
     if args.quick:
         cfg = replace(cfg, train_size=48, test_size=40, epochs=1, seeds=min(args.seeds, 2))
-    name = "channel_quick" if args.quick else "channel"
-    path = RESULTS / f"{name}.json"
-    RESULTS.mkdir(exist_ok=True)
-    bb = load_backbone(cfg.backbone)
+    stem = Path(args.out) if args.out else RESULTS / ("channel_quick" if args.quick
+                                                      else "channel")
+    path = Path(f"{stem}.json")  # not with_suffix: a stem like "p0.4" has a dot of its own
+    path.parent.mkdir(parents=True, exist_ok=True)
+    bb = load_backbone(cfg.backbone, device=args.device)  # float32, also from a float16 copy
     den = Denoiser.load(args.denoiser, bb)
+    if not args.quick:
+        check_disjoint(den.meta.get("corpus") or {}, args.task)
     eta = calibrate_eta_public(bb, cfg.target_p)
     regime = {"demo_config": asdict(cfg), "eta": eta, "noise_seed0": NOISE_SEED0,
               "denoiser": {"folder": args.denoiser, "config": asdict(den.config),
                            "meta": den.meta}}
     header = {"command": " ".join([Path(sys.executable).name, *sys.argv]),
               "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                          "threads": args.threads}, "regime": regime}
+                          "threads": args.threads,
+                          **({"gpu": torch.cuda.get_device_name()}
+                             if args.device == "cuda" else {})}, "regime": regime}
     doc = _load(path, json.loads(json.dumps(header, default=str)))
     if args.notes:
         doc["notes"] = Path(args.notes).read_text().strip()
@@ -125,7 +139,7 @@ def main() -> None:
     P = cfg.target_p
 
     def record(setting: str, seed: int, acc: float, seconds: float, **extra) -> None:
-        doc["runs"].append({"task": TASK, "method": METHOD, "setting": setting, "P": P,
+        doc["runs"].append({"task": args.task, "method": METHOD, "setting": setting, "P": P,
                             "seed": seed, "accuracy": acc, "seconds": round(seconds, 1),
                             **extra})
         _save(path, doc)
@@ -145,7 +159,7 @@ def main() -> None:
         if seed == cfg.seed and not doc["attacks"]:
             doc["attacks"] = _attacks(bb, custom, den, q, priv_q, eta, P,
                                       ReconstructionInput, run_attackers, public_corpus_for,
-                                      quick=args.quick)
+                                      quick=args.quick, task=args.task)
             _save(path, doc)
         plain = replace(custom, config=tcfg, privatizer=None)
         private = replace(custom, config=tcfg)
@@ -188,19 +202,19 @@ def main() -> None:
     doc["history"].append(session)
     doc["summary"] = summarize(doc)
     _save(path, doc)
-    (RESULTS / f"{name}.md").write_text(markdown(doc))
-    plot(doc, RESULTS / f"{name}.png")
+    Path(f"{stem}.md").write_text(markdown(doc))
+    plot(doc, Path(f"{stem}.png"))
     print(markdown(doc))
 
 
 def _attacks(bb, custom, den, clean_q, priv_q, eta, P, ReconstructionInput, run_attackers,
-             public_corpus_for, *, quick: bool) -> list[dict]:
+             public_corpus_for, *, quick: bool, task: str = TASK) -> list[dict]:
     """Token recovery of each attacker on the privatized test queries' text positions."""
     tok = bb.tokenizer
     special = tuple(int(i) for i in bb.special_ids)
     strip = [[t for t in r if t not in special] for r in clean_q]
     pstrip = [[t for t in r if t not in special] for r in priv_q]
-    public = public_corpus_for(TASK, max_rows_per_source=200 if quick else 2000, seed=0)
+    public = public_corpus_for(task, max_rows_per_source=200 if quick else 2000, seed=0)
     pub_rows = [list(r) for r in public.tokenize(tok).rows]
     priv = custom.privatizer
     inp = ReconstructionInput(pstrip, bb.embeddings.detach(), float(eta), special,
@@ -208,7 +222,7 @@ def _attacks(bb, custom, den, clean_q, priv_q, eta, P, ReconstructionInput, run_
                               {"denoiser": den, "bayes_samples": 16 if quick else 64})
     res = run_attackers(["nn", "bayes", "denoiser"], inp, strip)
     names = {"nn": "nearest neighbour", "bayes": "bayes", "denoiser": "denoiser"}
-    return [{"task": TASK, "backbone": bb.name, "P": P, "attacker": names[k],
+    return [{"task": task, "backbone": bb.name, "P": P, "attacker": names[k],
              "recovery": v["all"], "recovery_replaced": v["replaced"], "n_tokens": v["n_all"],
              "n_replaced": v["n_replaced"], "on": "first seed's privatized test queries"}
             for k, v in res.items()]
@@ -264,9 +278,11 @@ def markdown(doc: dict) -> str:
                      f"wall; load {h['load_start'][0]:.1f} at start, {h['load_end'][0]:.1f} "
                      "at end.")
     m = doc["machine"]
-    lines += ["", f"Machine: {m['platform']}, {m['cpus']} CPUs shared by several engineers, "
-              f"torch on {m['threads']} threads.", "",
-              f"SST-2 ({c['dataset']}), {c['method']} tuning of {c['backbone']} in `rapt demo`'s "
+    where = (f"one {m['gpu']} GPU" if "gpu" in m else
+             f"{m['cpus']} CPUs shared by several engineers, torch on {m['threads']} threads")
+    task = "SST-2" if c["dataset"].startswith("sst2") else "Financial PhraseBank"
+    lines += ["", f"Machine: {m['platform']}, {where}.", "",
+              f"{task} ({c['dataset']}), {c['method']} tuning of {c['backbone']} in `rapt demo`'s "
               f"regime: {c['train_size']} training / {c['test_size']} test sentences, "
               f"{c['num_virtual_tokens']} virtual tokens, {c['epochs']} epochs at batch "
               f"{c['batch_size']}, frozen label-description head, rows cut at "
@@ -336,7 +352,7 @@ def plot(doc: dict, out: Path) -> None:
         ax1.text(j, min(1.0, r["mean"] + r["ci95"] + 0.02), f"{r['mean']:.3f}", ha="center")
     ax1.set_xticks(range(len(names)), [n.replace(", ", ",\n") for n in names], fontsize=8)
     ax1.set_ylim(0.4, 1.0)
-    ax1.set_ylabel("SST-2 test accuracy")
+    ax1.set_ylabel(f"{doc['regime']['demo_config']['dataset']} test accuracy")
     s = doc["summary"]
     if s.get("remedies"):
         won = "; ".join(f"{k.lstrip('+')} {v['share_won_back']:.0%}"

@@ -90,3 +90,21 @@ def test_eta_band_is_geometric():
     assert band == pytest.approx([10.0, 100.0, 1000.0])
     corpus = ChannelCorpus(("a b",), ({"name": "x", "split": "y", "rows": 1},), "sst2")
     assert corpus.provenance()["n_tokens"] is None
+
+
+def test_check_disjoint_refuses_a_corpus_that_holds_the_task():
+    """A denoiser trained on SST-2's public corpus (which holds FP) is fine for SST-2 and
+    refused for FP, naming the splits; a hand-edited provenance that lies is caught too."""
+    from rapt.channel import check_disjoint
+
+    prov = {"disjoint_from": "sst2", "sources": [{"name": "financial_phrasebank",
+                                                  "split": "train"}, {"name": "trec",
+                                                                      "split": "train"}]}
+    check_disjoint(prov, "sst-2")
+    with pytest.raises(ValueError, match="financial_phrasebank/train"):
+        check_disjoint(prov, "fp")
+    with pytest.raises(ValueError, match="sst2-sentences/dev"):
+        check_disjoint({"disjoint_from": "sst2",
+                        "sources": [{"name": "sst2-sentences", "split": "dev"}]}, "sst2")
+    with pytest.raises(ValueError, match="not from 'sst2'"):
+        check_disjoint({}, "sst2")

@@ -27,8 +27,9 @@ from torch import Tensor
 from rapt.noise import NoiseSource
 from rapt.privatization import Privatizer, tokenize_texts
 
-__all__ = ["PUBLIC_SOURCES", "ChannelCorpus", "ChannelPairs", "check_aligned", "encode_rows",
-           "eta_band", "privatize_channel", "public_corpus_for", "special_wrap", "task_family"]
+__all__ = ["PUBLIC_SOURCES", "ChannelCorpus", "ChannelPairs", "check_aligned", "check_disjoint",
+           "encode_rows", "eta_band", "privatize_channel", "public_corpus_for", "special_wrap",
+           "task_family"]
 
 # Every split of each built-in family, by family; a family's text is never public for itself.
 _FAMILY_SPLITS: dict[str, tuple[tuple[str, str], ...]] = {
@@ -92,6 +93,20 @@ class ChannelCorpus:
                 "n_tokens": self.n_tokens, "tokenizer": self.tokenizer,
                 "note": "rapt's built-in datasets other than the evaluation task; a real "
                         "deployment would use a general web or encyclopedic corpus"}
+
+
+def check_disjoint(provenance: dict, task: str) -> None:
+    """Raise ValueError unless a channel corpus's ``provenance`` (:meth:`ChannelCorpus.
+    provenance`) excludes ``task``'s text: a channel model evaluated on text it was trained on
+    would overstate both the attacker and the remedy."""
+    fam = task_family(task)
+    own = [f"{s.get('name')}/{s.get('split')}" for s in provenance.get("sources") or ()
+           if _ALIASES.get(str(s.get("name")).lower()) == fam]
+    if own or provenance.get("disjoint_from") != fam:
+        raise ValueError(f"the channel corpus is disjoint from "
+                         f"{provenance.get('disjoint_from')!r}, not from {fam!r}"
+                         + (f" (it holds {', '.join(own)})" if own else "")
+                         + f"; train one for this task ({fam})")
 
 
 def public_corpus_for(task: str, *, sources: Sequence[tuple[str, str]] | None = None,
