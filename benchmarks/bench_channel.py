@@ -1,4 +1,4 @@
-"""Denoise-then-tune (issue 27, remedy a) against +privatization, SST-2 prefix tuning at P ≈ 0.4.
+"""Channel remedies (issue 27: a, b, c) against +privatization, prefix tuning at P ≈ 0.4.
 
 The regime is ``rapt demo``'s (:class:`rapt.demo.DemoConfig`: MiniLM, 800 training / 500 test
 sentences, frozen label-description head, 10 virtual tokens, 2 epochs at batch 8), on 5 paired
@@ -10,7 +10,12 @@ seeds: seed s fixes the prefix init, the data order and the privacy noise (noise
 * ``+denoise-then-tune``: the same privatized rows and queries, read back by a saved
   :class:`rapt.attacks.denoiser.Denoiser` (trained on public text only, by
   ``benchmarks/bench_channel_denoiser.py --save DIR``) before tuning and again at predict,
-  through :class:`rapt.pipeline.Customization`'s ``channel``; the denoiser never sees originals.
+  through :class:`rapt.pipeline.Customization`'s ``channel``; the denoiser never sees originals;
+* ``+privatized-MLM backbone`` (remedy c, after Qu et al.): rows and queries as released, the
+  prompt tuned on the same denoiser's fine-tuned encoder (:meth:`Denoiser.adapted_backbone`);
+* ``+channel adapter`` (remedy b, only with ``--adapter DIR``): rows and queries as released,
+  the prompt tuned on the backbone with a LoRA distilled on public (clean, privatized) pairs
+  (:class:`rapt.channel_adapter.ChannelAdapter`, ``benchmarks/bench_channel_adapter.py``).
 
 Controls (no extra tuning, the ``+privatization`` prompt re-scored): ``+privatization, clean
 queries`` and ``+privatization, denoised queries``.
@@ -22,7 +27,11 @@ Writes benchmarks/results/channel.{json,md,png} (``--quick``: channel_quick.*). 
 run is appended to the JSON as it finishes and a rerun skips the runs already there.
 
     python benchmarks/bench_channel.py --denoiser /tmp/channel/minilm-p0.4-sst2 [--seeds 5]
-        [--threads 2] [--quick]
+        [--adapter DIR] [--task sst2|financial_phrasebank] [--device cuda] [--threads 2]
+        [--quick]
+
+The denoiser and the adapter must come from public text disjoint from ``--task``
+(:func:`rapt.channel.check_disjoint`).
 """
 
 from __future__ import annotations
@@ -44,7 +53,7 @@ from rapt.stats import effect_word, gap_won_back, mean_ci, paired_difference
 RESULTS = Path(__file__).resolve().parent / "results"
 TASK, METHOD = "sst2", "prefix"
 DATASETS = {"sst2": "sst2-sentences", "financial_phrasebank": "financial_phrasebank"}
-REMEDIES = ("+denoise-then-tune", "+privatized-MLM backbone")
+REMEDIES = ("+denoise-then-tune", "+privatized-MLM backbone", "+channel adapter")
 SETTINGS = ("no privacy", "+privatization", *REMEDIES)
 CONTROLS = ("+privatization, clean queries", "+privatization, denoised queries")
 NOISE_SEED0 = 1000
@@ -74,6 +83,9 @@ def _done(doc: dict, setting: str, seed: int) -> bool:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--denoiser", required=True, help="folder of a saved Denoiser")
+    ap.add_argument("--adapter", default=None,
+                    help="folder of a saved rapt.channel_adapter.ChannelAdapter: adds the "
+                         "'+channel adapter' setting (remedy b)")
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--target-p", type=float, default=0.4)
     ap.add_argument("--threads", type=int, default=2)
@@ -122,6 +134,16 @@ def main() -> None:
                           **({"gpu": torch.cuda.get_device_name()}
                              if args.device == "cuda" else {})}, "regime": regime}
     doc = _load(path, json.loads(json.dumps(header, default=str)))
+    adapter = None
+    if args.adapter:  # kept outside the regime, so adding it resumes the other settings
+        from rapt.channel_adapter import ChannelAdapter
+
+        adapter = ChannelAdapter.load(args.adapter, bb)
+        if not args.quick:
+            check_disjoint(adapter.meta.get("corpus") or {}, args.task)
+        doc["adapter"] = json.loads(json.dumps(
+            {"folder": args.adapter, "config": asdict(adapter.config), "meta": adapter.meta},
+            default=str))
     if args.notes:
         doc["notes"] = Path(args.notes).read_text().strip()
     session = {"command": header["command"], "load_start": os.getloadavg(),
@@ -146,7 +168,8 @@ def main() -> None:
         print(f"seed {seed}: {setting:34s} accuracy {acc:.3f} ({seconds:.0f} s)", flush=True)
 
     for seed in range(cfg.seed, cfg.seed + cfg.seeds):
-        todo = [s for s in (*SETTINGS, *CONTROLS) if not _done(doc, s, seed)]
+        todo = [s for s in (*SETTINGS, *CONTROLS) if not _done(doc, s, seed)
+                and (adapter is not None or s != "+channel adapter")]
         if not todo and (seed != cfg.seed or doc["attacks"]):
             continue
         custom = Customization.create(bb, enc, eta=eta, noise_seed=NOISE_SEED0 + seed,
@@ -197,6 +220,13 @@ def main() -> None:
             record("+privatized-MLM backbone", seed,
                    _accuracy(adapted.predict(priv_q), test.labels), time.perf_counter() - t,
                    P_measured=p_meas)
+        if "+channel adapter" in todo:
+            # Remedy (b): the backbone with the distilled LoRA merged in, rows as released.
+            t = time.perf_counter()
+            adapted = replace(private, backbone=adapter.adapted_backbone(bb), artifact=None)
+            adapted.tune(priv, train.labels, len(train.label_names))
+            record("+channel adapter", seed, _accuracy(adapted.predict(priv_q), test.labels),
+                   time.perf_counter() - t, P_measured=p_meas)
 
     session.update(load_end=os.getloadavg(), wall_s=round(time.perf_counter() - t_start, 1))
     doc["history"].append(session)
@@ -266,6 +296,17 @@ def summarize(doc: dict) -> dict:
     return out
 
 
+def _adapter_line(doc: dict) -> list[str]:
+    a = doc.get("adapter")
+    if not a:
+        return []
+    m = a["meta"]
+    return ["", f"Channel adapter (b): `{a['folder']}` (LoRA r {a['config'].get('lora_r')}, "
+            f"distilled on {m.get('rows', '?')} public (clean, privatized) pairs, "
+            f"{m.get('steps', '?')} steps); merged into a copy of the backbone, rows as "
+            "released."]
+
+
 def markdown(doc: dict) -> str:
     s = doc.get("summary") or summarize(doc)
     reg = doc["regime"]
@@ -294,7 +335,7 @@ def markdown(doc: dict) -> str:
               f"steps; change margin {reg['denoiser']['config'].get('change_margin', 0):g}); "
               "(a) rows and queries pass through it; (c) its encoder (fine-tuned on the "
               "public pairs) is the backbone the prompt is tuned on, rows as released. It "
-              "never sees originals.", "",
+              "never sees originals.", *_adapter_line(doc), "",
               "| setting | accuracy (mean ± 95 % CI) | per seed |", "|---|---|---|"]
     for name in (*SETTINGS, *CONTROLS):
         acc = _acc(doc, name)
@@ -343,7 +384,8 @@ def plot(doc: dict, out: Path) -> None:
     names = [n for n in (*SETTINGS, *CONTROLS) if _acc(doc, n)]
     summ = doc["summary"]["settings"]
     colors = {"no privacy": "#999999", "+privatization": "#d62728",
-              "+denoise-then-tune": "#2ca02c", "+privatized-MLM backbone": "#1f77b4"}
+              "+denoise-then-tune": "#2ca02c", "+privatized-MLM backbone": "#1f77b4",
+              "+channel adapter": "#9467bd"}
     for j, n in enumerate(names):
         r = summ[n]
         ax1.bar(j, r["mean"], yerr=r["ci95"], capsize=4, color=colors.get(n, "#bbbbdd"))
