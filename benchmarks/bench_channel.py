@@ -41,6 +41,7 @@ import json
 import os
 import platform
 import sys
+import textwrap
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -392,7 +393,7 @@ def plot(doc: dict, out: Path) -> None:
         vals = list(_acc(doc, n).values())
         ax1.plot([j] * len(vals), vals, "k.", alpha=0.6)
         ax1.text(j, min(1.0, r["mean"] + r["ci95"] + 0.02), f"{r['mean']:.3f}", ha="center")
-    ax1.set_xticks(range(len(names)), [n.replace(", ", ",\n") for n in names], fontsize=8)
+    ax1.set_xticks(range(len(names)), [textwrap.fill(n, 14) for n in names], fontsize=8)
     ax1.set_ylim(0.4, 1.0)
     ax1.set_ylabel(f"{doc['regime']['demo_config']['dataset']} test accuracy")
     s = doc["summary"]
