@@ -133,6 +133,8 @@ def main() -> None:
     ap.add_argument("--pooled-weight", type=float, default=1.0)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--max-length", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="fresh privatizations of each training sentence")
     ap.add_argument("--clean-share", type=float, default=0.2,
                     help="share of the training sentences added again as (clean, clean) pairs")
     ap.add_argument("--name", default=None, help="results file name (default channel_adapter)")
@@ -163,23 +165,24 @@ def main() -> None:
     budget = 20.0 if args.quick else args.budget_min * 60
     steps, per_step = steps_for_budget(bb, cfg, clean, priv, budget)
     rows = steps * cfg.batch_size
-    # More steps than one pass: extra epochs over the same pairs (fresh noise would cost
-    # privatization minutes of its own); the rows per pass are cut so that the schedule ends
-    # (lr decayed to 0) at the budget.
-    share = 1 + args.clean_share
-    cfg = replace(cfg, epochs=max(1, -(-rows // int(len(clean) * share))))
-    n_rows = min(len(clean), int(rows / (cfg.epochs * share)))
+    # More steps than one pass: --repeats fresh privatizations of the same sentences (each
+    # costs seconds), then extra epochs over them; the rows per pass are cut so that the
+    # schedule ends (lr decayed to 0) at the budget. Epochs over one draw overfit that draw.
+    share, reps = 1 + args.clean_share, args.repeats
+    cfg = replace(cfg, epochs=max(1, -(-rows // int(len(clean) * share * reps))))
+    n_rows = min(len(clean), int(rows / (cfg.epochs * share * reps)))
     # Identity pairs: the adapted backbone also reads clean text (label descriptions, plain
     # tokens), which the privatized pairs alone leave unconstrained.
     n_id = int(args.clean_share * n_rows)
-    pairs_c = clean[:n_rows] + clean[:n_id]
-    pairs_p = priv[:n_rows] + clean[:n_id]
+    draws = [priv[:n_rows]] + [priv_for(1 + 100 * k, clean[:n_rows]) for k in range(1, reps)]
+    pairs_c = clean[:n_rows] * reps + clean[:n_id]
+    pairs_p = [r for d in draws for r in d] + clean[:n_id]
     deadline = time.perf_counter() + 1.2 * budget
     t0, c0 = time.perf_counter(), time.process_time()
     adapter = train_channel_adapter(
         bb, pairs_c, pairs_p, cfg,
         meta={"corpus": prov, "eta": eta, "target_p": args.target_p,
-              "privatizer": {"mode": "fast", "seed": 1, "repeats": 1},
+              "privatizer": {"mode": "fast", "seed": 1, "repeats": reps},
               "identity_rows": n_id},
         should_stop=lambda: time.perf_counter() > deadline)
     train_wall, train_cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -199,6 +202,7 @@ def main() -> None:
            "P_train": replacement_probability(clean, priv, bb.special_ids),
            "P_eval": replacement_probability(ev_clean, ev_priv, bb.special_ids),
            "corpus": {"sources": prov, "rows_used": n_rows, "identity_rows": n_id,
+                      "privatizations": reps,
                       "tokens_used": adapter.meta["tokens"], "held_out_rows": hold},
            "config": asdict(cfg), "steps": adapter.meta["steps"],
            "stopped": adapter.meta["stopped"], "cpu_s_per_step_probe": per_step,
@@ -222,6 +226,10 @@ def main() -> None:
     print(markdown(out))
 
 
+def _times(n: int) -> str:
+    return "once" if n == 1 else f"{n} times (fresh noise each)"
+
+
 def markdown(o: dict) -> str:
     c, m = o["config"], o["machine"]
     stop = ", stopped at the budget" if o["stopped"] else ""
@@ -237,7 +245,8 @@ def markdown(o: dict) -> str:
         f"feed-forward projections, lr {c['lr']}, batch {c['batch_size']}, max length "
         f"{c['max_length']}, loss = per-token MSE at text positions + {c['pooled_weight']:g} × "
         f"MSE of the mean-pooled vector. Trained on {o['corpus']['rows_used']:,} public "
-        f"sentences ({o['corpus']['tokens_used']:,} tokens; {sources}) privatized once: "
+        f"sentences ({o['corpus']['tokens_used']:,} tokens; {sources}) privatized "
+        f"{_times(o['corpus'].get('privatizations', 1))}: "
         f"{o['corpus']['identity_rows']:,} of them also as unprivatized (clean, clean) pairs, "
         "so that the adapter leaves clean text (label descriptions) as the backbone reads it: "
         f"{o['steps']} steps ({c['epochs']} epoch(s) planned{stop}), "
