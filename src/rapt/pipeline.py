@@ -19,7 +19,7 @@ It does no I/O: callers read files, print and save; progress goes to plain calla
 With ``channel=denoiser`` the privatized rows are denoised inside :meth:`Customization.tune` and
 :meth:`Customization.predict_proba` (text positions only: specials and plain tokens k stay as
 released), and the privacy report adds the channel's own recovery on the release: the same
-model is the strongest attacker rapt knows at that η.
+model is also an attacker at that η (once well trained, the strongest rapt has).
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ PlainIds = list[int] | list[list[int]]
 
 CHANNEL_NOTE = (
     "denoise-then-tune: the rows were read back by the provider's channel model, which is also "
-    "the strongest attacker rapt knows at this η; its recovery of the text tokens is the honest "
-    "empirical privacy. Post-processing of the dχ release: the formal guarantee at η is "
-    "unchanged, but the empirical privacy is lower than the nearest-neighbour figure says.")
+    "an attacker at this η; the empirical privacy reported is against the stronger of it and "
+    "nearest neighbour. Post-processing of the dχ release: the formal guarantee at η is "
+    "unchanged.")
 
 
 def channel_fingerprint(channel: Any) -> str:

@@ -71,7 +71,7 @@ def adapt(
     """Provider side: learn the privatization channel p(original | privatized, context) from
     public text privatized at η, and save the channel model for `rapt tune/predict --channel`.
     Prints its token recovery against nearest neighbour's on held-out public text: the same
-    model is the strongest attacker rapt knows at that η."""
+    model is also an attacker at that η."""
     o = SimpleNamespace(**locals())  # the options, for the stage helpers below
     _check_options(o)
     bb = load_backbone_or_fail(backbone)

@@ -6,8 +6,8 @@ and refused then if the folder is not a channel model or was built on another ba
 on privatized rows read them back through it, and so does predict for a prompt tuned that way,
 both through :class:`rapt.pipeline.Customization` (text positions only; specials and RAPT's
 plain tokens stay as uploaded). The channel model only ever sees what the customer uploaded
-(privatized ids): post-processing of the release, and the same model is the strongest attacker
-rapt knows at that η (docs/THREAT_MODEL.md).
+(privatized ids): post-processing of the release; the same model is also an attacker at that η,
+once well trained the strongest rapt has (docs/THREAT_MODEL.md).
 """
 
 from __future__ import annotations
