@@ -36,9 +36,7 @@ from rapt.training import (
     ModelOutput,
     SummedLoss,
     TrainableTensors,
-    TrainState,
-    run_loop,
-    warmup_linear,
+    run_adamw,
 )
 from rapt.tuners import base_model, copy_without_hooks
 
@@ -243,14 +241,9 @@ def train_channel_adapter(backbone: Backbone, clean_rows: Rows, private_rows: Ro
     loss = _distillation(base_model(student.get_base_model()), base_model(backbone.model),
                          data, config.pooled_weight)
     step = MeanStep(loss, len(clean_rows), config.batch_size, config.epochs, config.seed)
-    params = [p for p in student.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
-    total = step.plan.total_steps
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, warmup_linear(total, int(config.warmup * total)))
-    state = TrainState("channel-adapter", "lora", len(clean_rows),
-                       {"model": TrainableTensors(student), "optimizer": opt, "scheduler": sched})
-    run_loop(step, opt, sched, state, progress=progress, should_stop=should_stop)
+    state = run_adamw(step, student, "channel-adapter", "lora", len(clean_rows), lr=config.lr,
+                      weight_decay=config.weight_decay, warmup=config.warmup,
+                      progress=progress, should_stop=should_stop)
     record = {**(meta or {}), "backbone": backbone.name, "hidden_size": backbone.hidden_size,
               "rows": len(clean_rows), "tokens": int(data.text.sum()), "steps": state.step,
               "stopped": state.stopped,

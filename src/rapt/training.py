@@ -474,7 +474,24 @@ def warmup_linear(total: int, warmup: int) -> Callable[[int], float]:
     return factor
 
 
+def run_adamw(step: GradientStep, model: torch.nn.Module, kind: str, method: str,
+              n_examples: int, *, lr: float, weight_decay: float = 0.0, warmup: float = 0.0,
+              progress: Callable[[dict], None] | None = None,
+              should_stop: Callable[[], bool] | None = None) -> TrainState:
+    """:func:`run_loop` with AdamW over ``model``'s trainable parameters and a linear warm-up
+    (``warmup``: share of the steps) then decay to 0: the plain regime of the provider's own
+    models (denoiser, channel adapter), which never checkpoint; -> the final state."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    total = step.plan.total_steps
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_linear(total, int(warmup * total)))
+    state = TrainState(kind, method, n_examples,
+                       {"model": TrainableTensors(model), "optimizer": opt, "scheduler": sched})
+    run_loop(step, opt, sched, state, progress=progress, should_stop=should_stop)
+    return state
+
+
 __all__ = ["STATE_FORMAT", "DPStep", "DenoisingObjective", "GradientStep", "HiddenDistillation",
            "MeanStep", "ModelOutput", "Objective", "Plan", "Reconstruction", "StepStats",
-           "SummedLoss", "TaskCE", "TrainState", "TrainableTensors", "run_loop",
+           "SummedLoss", "TaskCE", "TrainState", "TrainableTensors", "run_adamw", "run_loop",
            "upgrade_checkpoint", "warmup_linear"]

@@ -36,9 +36,7 @@ from rapt.training import (
     ModelOutput,
     SummedLoss,
     TrainableTensors,
-    TrainState,
-    run_loop,
-    warmup_linear,
+    run_adamw,
 )
 
 if TYPE_CHECKING:
@@ -291,14 +289,9 @@ def train_denoiser(backbone: Backbone, clean_rows: Rows, private_rows: Rows,
 
     loss = SummedLoss(forward, [DenoisingObjective(data.targets, data.replaced)])
     step = MeanStep(loss, len(clean_rows), config.batch_size, config.epochs, config.seed)
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
-    total = step.plan.total_steps
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, warmup_linear(total, int(config.warmup * total)))
-    state = TrainState("denoiser", config.trainable, len(clean_rows),
-                       {"model": TrainableTensors(model), "optimizer": opt, "scheduler": sched})
-    run_loop(step, opt, sched, state, progress=progress, should_stop=should_stop)
+    state = run_adamw(step, model, "denoiser", config.trainable, len(clean_rows), lr=config.lr,
+                      weight_decay=config.weight_decay, warmup=config.warmup,
+                      progress=progress, should_stop=should_stop)
     model.eval()
     model.meta.update({"backbone": backbone.name, "hidden_size": backbone.hidden_size,
                        "rows": len(clean_rows), "tokens": data.n_tokens,
