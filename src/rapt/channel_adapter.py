@@ -21,7 +21,7 @@ over a :class:`rapt.training.HiddenDistillation`; nothing here reads or writes f
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -184,17 +184,14 @@ class ChannelAdapter:
         model is a private copy of ``backbone``'s with this LoRA merged in, so tuners see a plain
         model. ``backbone`` is not modified. The privatizer must keep using ``backbone``'s own
         embeddings (the same, as the adapter leaves the embedding layer alone)."""
-        from rapt.models import Backbone
-
         merged = self._student(backbone).merge_and_unload()
         for p in merged.parameters():  # as load_backbone gives it: tuners freeze what they keep
             p.requires_grad_(True)
         merged.eval()
-        return Backbone(f"{backbone.name}{SUFFIX}", backbone.kind, backbone.tokenizer, merged,
-                        backbone.source, backbone.gguf_file,
-                        {**backbone.extra, "channel_adapted": True,
-                         "channel_adapter": {k: self.meta.get(k)
-                                             for k in ("backbone", "eta", "corpus")}})
+        return replace(backbone, name=f"{backbone.name}{SUFFIX}", model=merged,
+                       extra={**backbone.extra, "channel_adapted": True,
+                              "channel_adapter": {k: self.meta.get(k)
+                                                  for k in ("backbone", "eta", "corpus")}})
 
     # ----------------------------------------------------------------------- artifact
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -194,8 +194,6 @@ class Denoiser(nn.Module):
         this denoiser's encoder (a tuner freezes it; the denoiser itself stays usable). The
         privatizer must keep using ``backbone``'s own embeddings: the mechanism is the
         customer's, run on the public backbone, whatever the provider does afterwards."""
-        from rapt.models import Backbone
-
         if self.config.trainable != "full":
             raise ValueError("adapted_backbone needs a denoiser trained with trainable='full' "
                              f"(this one is {self.config.trainable!r}: its encoder is the "
@@ -203,9 +201,8 @@ class Denoiser(nn.Module):
         if self.encoder.config.hidden_size != backbone.hidden_size:
             raise ValueError(f"this denoiser was trained on another backbone than "
                              f"{backbone.name!r}")
-        return Backbone(f"{backbone.name}+privatized-MLM", backbone.kind, backbone.tokenizer,
-                        self.encoder, backbone.source, backbone.gguf_file,
-                        {**backbone.extra, "channel_adapted": True})
+        return replace(backbone, name=f"{backbone.name}+privatized-MLM", model=self.encoder,
+                       extra={**backbone.extra, "channel_adapted": True})
 
     # ----------------------------------------------------------------------- artifact
 
