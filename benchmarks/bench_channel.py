@@ -83,7 +83,14 @@ def _done(doc: dict, setting: str, seed: int) -> bool:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--denoiser", required=True, help="folder of a saved Denoiser")
+    ap.add_argument("--denoiser", default=None,
+                    help="folder of a saved Denoiser: adds (a), (c), the denoised-queries "
+                         "control and the denoiser attacker")
+    ap.add_argument("--method", default=METHOD, choices=["prefix", "lora"],
+                    help="the customer's tuning method on top of each setting")
+    ap.add_argument("--settings", default=None,
+                    help="comma-separated subset of the settings and controls to run "
+                         "(default: every one the given channel models allow)")
     ap.add_argument("--adapter", default=None,
                     help="folder of a saved rapt.channel_adapter.ChannelAdapter: adds the "
                          "'+channel adapter' setting (remedy b)")
@@ -114,7 +121,7 @@ def main() -> None:
     from rapt.trainer import TuneConfig
 
     cfg = DemoConfig(backbone=args.backbone, dataset=DATASETS[args.task],
-                     target_p=args.target_p, seeds=args.seeds)
+                     target_p=args.target_p, seeds=args.seeds, method=args.method)
     if args.quick:
         cfg = replace(cfg, train_size=48, test_size=40, epochs=1, seeds=min(args.seeds, 2))
     stem = Path(args.out) if args.out else RESULTS / ("channel_quick" if args.quick
@@ -122,13 +129,13 @@ def main() -> None:
     path = Path(f"{stem}.json")  # not with_suffix: a stem like "p0.4" has a dot of its own
     path.parent.mkdir(parents=True, exist_ok=True)
     bb = load_backbone(cfg.backbone, device=args.device)  # float32, also from a float16 copy
-    den = Denoiser.load(args.denoiser, bb)
-    if not args.quick:
+    den = Denoiser.load(args.denoiser, bb) if args.denoiser else None
+    if den is not None and not args.quick:
         check_disjoint(den.meta.get("corpus") or {}, args.task)
     eta = calibrate_eta_public(bb, cfg.target_p)
     regime = {"demo_config": asdict(cfg), "eta": eta, "noise_seed0": NOISE_SEED0,
-              "denoiser": {"folder": args.denoiser, "config": asdict(den.config),
-                           "meta": den.meta}}
+              "denoiser": den and {"folder": args.denoiser, "config": asdict(den.config),
+                                   "meta": den.meta}}
     header = {"command": " ".join([Path(sys.executable).name, *sys.argv]),
               "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                           "threads": args.threads,
@@ -162,15 +169,15 @@ def main() -> None:
     P = cfg.target_p
 
     def record(setting: str, seed: int, acc: float, seconds: float, **extra) -> None:
-        doc["runs"].append({"task": args.task, "method": METHOD, "setting": setting, "P": P,
+        doc["runs"].append({"task": args.task, "method": cfg.method, "setting": setting, "P": P,
                             "seed": seed, "accuracy": acc, "seconds": round(seconds, 1),
                             **extra})
         _save(path, doc)
         print(f"seed {seed}: {setting:34s} accuracy {acc:.3f} ({seconds:.0f} s)", flush=True)
 
+    wanted = _wanted(args.settings, den is not None, adapter is not None)
     for seed in range(cfg.seed, cfg.seed + cfg.seeds):
-        todo = [s for s in (*SETTINGS, *CONTROLS) if not _done(doc, s, seed)
-                and (adapter is not None or s != "+channel adapter")]
+        todo = [s for s in wanted if not _done(doc, s, seed)]
         if not todo and (seed != cfg.seed or doc["attacks"]):
             continue
         custom = Customization.create(bb, enc, eta=eta, noise_seed=NOISE_SEED0 + seed,
@@ -238,6 +245,24 @@ def main() -> None:
     print(markdown(doc))
 
 
+def _wanted(chosen: str | None, has_denoiser: bool, has_adapter: bool) -> list[str]:
+    """The settings and controls to run: ``chosen`` (comma-separated) or every one the
+    channel models allow; a named setting whose model is missing is an error."""
+    needs = {"+denoise-then-tune": has_denoiser, "+privatized-MLM backbone": has_denoiser,
+             CONTROLS[1]: has_denoiser, "+channel adapter": has_adapter}
+    every = (*SETTINGS, *CONTROLS)
+    if chosen is None:
+        return [s for s in every if needs.get(s, True)]
+    names = [c.strip() for c in chosen.split(",") if c.strip()]
+    for n in names:
+        if n not in every:
+            raise SystemExit(f"--settings: unknown setting {n!r}; choose from {list(every)}")
+        if not needs.get(n, True):
+            raise SystemExit(f"--settings: {n!r} needs " + (
+                "--adapter" if n == "+channel adapter" else "--denoiser"))
+    return names
+
+
 def _attacks(bb, custom, den, clean_q, priv_q, eta, P, ReconstructionInput, run_attackers,
              public_corpus_for, *, quick: bool, task: str = TASK) -> list[dict]:
     """Token recovery of each attacker on the privatized test queries' text positions."""
@@ -251,7 +276,7 @@ def _attacks(bb, custom, den, clean_q, priv_q, eta, P, ReconstructionInput, run_
     inp = ReconstructionInput(pstrip, bb.embeddings.detach(), float(eta), special,
                               priv.candidate_ids, None, pub_rows, bb, 7,
                               {"denoiser": den, "bayes_samples": 16 if quick else 64})
-    res = run_attackers(["nn", "bayes", "denoiser"], inp, strip)
+    res = run_attackers(["nn", "bayes"] + (["denoiser"] if den is not None else []), inp, strip)
     names = {"nn": "nearest neighbour", "bayes": "bayes", "denoiser": "denoiser"}
     return [{"task": task, "backbone": bb.name, "P": P, "attacker": names[k],
              "recovery": v["all"], "recovery_replaced": v["replaced"], "n_tokens": v["n_all"],
@@ -308,13 +333,30 @@ def _adapter_line(doc: dict) -> list[str]:
             "released."]
 
 
+def _method_words(c: dict) -> str:
+    if c["method"] == "prefix":
+        return f"{c['num_virtual_tokens']} virtual tokens"
+    return "LoRA at rapt's defaults"
+
+
+def _denoiser_line(reg: dict, task: str) -> list[str]:
+    d = reg.get("denoiser")
+    if not d:
+        return ["No denoiser in this run: (a), (c) and the denoised-queries control are not run."]
+    dm = d["meta"]
+    return [f"Denoiser: `{d['folder']}` (MiniLM, trained on {dm.get('rows', '?')} public "
+            f"sentences disjoint from {task}, {dm.get('steps', '?')} steps; change margin "
+            f"{d['config'].get('change_margin', 0):g}); (a) rows and queries pass through it; (c) "
+            "its encoder (fine-tuned on the public pairs) is the backbone the prompt is tuned "
+            "on, rows as released. It never sees originals."]
+
+
 def markdown(doc: dict) -> str:
     s = doc.get("summary") or summarize(doc)
     reg = doc["regime"]
     c = reg["demo_config"]
-    dm = reg["denoiser"]["meta"]
     lines = ["# Channel remedies vs +privatization (issue 27: (a) denoise-then-tune, "
-             "(c) privatized-MLM backbone)", ""]
+             "(b) channel adapter, (c) privatized-MLM backbone)", ""]
     for h in doc["history"]:
         lines.append(f"- `{h['command']}` started {h['started']}: {h['wall_s'] / 60:.1f} min "
                      f"wall; load {h['load_start'][0]:.1f} at start, {h['load_end'][0]:.1f} "
@@ -326,17 +368,12 @@ def markdown(doc: dict) -> str:
     lines += ["", f"Machine: {m['platform']}, {where}.", "",
               f"{task} ({c['dataset']}), {c['method']} tuning of {c['backbone']} in `rapt demo`'s "
               f"regime: {c['train_size']} training / {c['test_size']} test sentences, "
-              f"{c['num_virtual_tokens']} virtual tokens, {c['epochs']} epochs at batch "
+              f"{_method_words(c)}, {c['epochs']} epochs at batch "
               f"{c['batch_size']}, frozen label-description head, rows cut at "
               f"{reg.get('text_length')} tokens; η = {reg['eta']:.4g} (calibrated for P ≈ "
-              f"{c['target_p']}). Seed s: same prefix init, data order and privatized text "
+              f"{c['target_p']}). Seed s: same tuner init, data order and privatized text "
               f"(noise seed {reg['noise_seed0']} + s) in every setting.", "",
-              f"Denoiser: `{reg['denoiser']['folder']}` (MiniLM, trained on "
-              f"{dm.get('rows', '?')} public sentences disjoint from SST-2, {dm.get('steps', '?')} "
-              f"steps; change margin {reg['denoiser']['config'].get('change_margin', 0):g}); "
-              "(a) rows and queries pass through it; (c) its encoder (fine-tuned on the "
-              "public pairs) is the backbone the prompt is tuned on, rows as released. It "
-              "never sees originals.", *_adapter_line(doc), "",
+              *_denoiser_line(reg, task), *_adapter_line(doc), "",
               "| setting | accuracy (mean ± 95 % CI) | per seed |", "|---|---|---|"]
     for name in (*SETTINGS, *CONTROLS):
         acc = _acc(doc, name)
@@ -364,10 +401,11 @@ def markdown(doc: dict) -> str:
         for a in doc["attacks"]:
             lines.append(f"| {a['attacker']} | {a['recovery']:.1%} | "
                          f"{a['recovery_replaced']:.1%} |")
-        lines += ["", "The denoiser is the same channel model the remedy uses: where it "
-                  "recovers more than nearest neighbour, the remedy's empirical privacy is "
-                  "1 − its recovery, lower than the nearest-neighbour figure (the formal dχ "
-                  "guarantee at η is unchanged: post-processing).", ""]
+        if reg.get("denoiser"):
+            lines += ["", "The denoiser is the same channel model the remedy uses: where it "
+                      "recovers more than nearest neighbour, the remedy's empirical privacy is "
+                      "1 − its recovery, lower than the nearest-neighbour figure (the formal dχ "
+                      "guarantee at η is unchanged: post-processing).", ""]
     if doc.get("notes"):
         lines += ["## Reading", "", doc["notes"], ""]
     return "\n".join(lines)

@@ -1,16 +1,18 @@
 """The channel adapter (issue 27, remedy b) on MiniLM at P ≈ 0.4: does the backbone read
 privatized text more like clean text after distillation on public text?
 
-Public text (``public_corpus_for("sst2")``: TREC, Financial PhraseBank, CB premises and
-hypotheses, TrustPilot; never SST-2) is privatized by the provider at the η that
-``calibrate_eta_public`` gives for P ≈ 0.4; a :class:`rapt.channel_adapter.ChannelAdapter` (LoRA)
-is trained for a wall-clock budget on ``--threads`` threads so that MiniLM's last hidden states
-on the privatized rows match its own on the clean rows. Reported, raw backbone against adapted:
+Public text (``public_corpus_for(task)``; for SST-2: TREC, Financial PhraseBank, CB premises
+and hypotheses, TrustPilot; for FP: SST-2, TREC, CB, TrustPilot) is privatized by the
+provider at the η that ``calibrate_eta_public`` gives for P ≈ 0.4; a
+:class:`rapt.channel_adapter.ChannelAdapter` (LoRA) is trained for a wall-clock budget on
+``--threads`` threads so that MiniLM's last hidden states on the privatized rows match its own
+on the clean rows. Reported, raw backbone against adapted:
 
 * the distillation loss (and its parts) on held-out public pairs (fresh noise);
-* on SST-2 dev privatized with fresh noise: the same loss and the cosine similarity of the
-  mean-pooled privatized vector with the clean one; the adapted backbone's drift on clean text;
-* a linear probe (logistic regression on frozen mean-pooled features, ``--probe-n`` SST-2 train
+* on the task's dev split privatized with fresh noise: the same loss and the cosine
+  similarity of the mean-pooled privatized vector with the clean one; the adapted backbone's
+  drift on clean text;
+* a linear probe (logistic regression on frozen mean-pooled features, ``--probe-n`` task train
   sentences, scored on dev): clean / privatized raw / privatized adapted.
 
 Writes benchmarks/results/channel_adapter.{json,md} (``--quick``: channel_adapter_quick.*).
@@ -101,11 +103,12 @@ def probe_accuracy(x_train, y_train, x_test, y_test, l2: float = 1e-3) -> float:
         return float((lin(xb).argmax(-1) == yb).float().mean())
 
 
-def linear_probe(bb, adapted, priv_for, n_train: int, max_length: int) -> dict:
-    """Probe accuracy on SST-2 dev: clean features (raw backbone), privatized features read by
-    the raw backbone and by the adapted one (train and dev privatized alike)."""
+def linear_probe(bb, adapted, priv_for, n_train: int, max_length: int,
+                 task: str = "sst2") -> dict:
+    """Probe accuracy on the task's dev split: clean features (raw backbone), privatized
+    features read by the raw backbone and by the adapted one (train and dev privatized alike)."""
     room = max_length - 2
-    train, dev = load_dataset("sst2", "train"), load_dataset("sst2", "dev")
+    train, dev = load_dataset(task, "train"), load_dataset(task, "dev")
     if len(train) > n_train:
         train = train.subset(n_train, seed=0)
     tr = [r[:room] for r in tokenize_texts(list(train.texts), bb.tokenizer)]
@@ -127,7 +130,10 @@ def main() -> None:
     ap.add_argument("--save", default=None, help="folder to save the trained adapter in")
     ap.add_argument("--target-p", type=float, default=0.4)
     ap.add_argument("--per-source", type=int, default=3000)
-    ap.add_argument("--probe-n", type=int, default=2000, help="SST-2 train rows of the probe")
+    ap.add_argument("--task", default="sst2", choices=["sst2", "financial_phrasebank"],
+                    help="evaluation task: the public corpus is disjoint from it; the probe and "
+                         "the dev rows are its own")
+    ap.add_argument("--probe-n", type=int, default=2000, help="task train rows of the probe")
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--lora-r", type=int, default=16)
     ap.add_argument("--pooled-weight", type=float, default=1.0)
@@ -153,7 +159,7 @@ def main() -> None:
                                     candidate_ids=cand, mode="fast", seed=seed), rows)
 
     room = args.max_length - 2
-    texts, prov = public_texts(60 if args.quick else args.per_source, seed=0)
+    texts, prov = public_texts(60 if args.quick else args.per_source, seed=0, task=args.task)
     clean = [r[:room] for r in tokenize_texts(texts, bb.tokenizer) if r]
     hold = min(HOLDOUT, len(clean) // 5)
     clean, held_clean = clean[hold:], clean[:hold]
@@ -191,14 +197,14 @@ def main() -> None:
     adapted = adapter.adapted_backbone(bb)
 
     kw = {"max_length": args.max_length, "pooled_weight": args.pooled_weight}
-    dev = load_dataset("sst2", "dev")
+    dev = load_dataset(args.task, "dev")
     ev_clean = [r[:room] for r in tokenize_texts(list(dev.texts), bb.tokenizer)]
     ev_priv = priv_for(2, ev_clean)
     out = {"command": " ".join([Path(sys.executable).name, *sys.argv]),
            "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                        "threads": args.threads, "torch": torch.__version__,
                        "load_before": load0},
-           "backbone": "minilm", "eta": eta, "target_p": args.target_p,
+           "backbone": "minilm", "task": args.task, "eta": eta, "target_p": args.target_p,
            "P_train": replacement_probability(clean, priv, bb.special_ids),
            "P_eval": replacement_probability(ev_clean, ev_priv, bb.special_ids),
            "corpus": {"sources": prov, "rows_used": n_rows, "identity_rows": n_id,
@@ -211,12 +217,12 @@ def main() -> None:
            "held_out_public": {"raw": distillation_loss(bb, bb, held_clean, held_priv, **kw),
                                "adapted": distillation_loss(bb, adapted, held_clean, held_priv,
                                                             **kw)},
-           "sst2_dev": {"raw": distillation_loss(bb, bb, ev_clean, ev_priv, **kw),
+           "task_dev": {"raw": distillation_loss(bb, bb, ev_clean, ev_priv, **kw),
                         "adapted": distillation_loss(bb, adapted, ev_clean, ev_priv, **kw),
                         "adapted on clean rows (drift)": distillation_loss(
                             bb, adapted, ev_clean, ev_clean, **kw)},
            "probe": linear_probe(bb, adapted, priv_for, 100 if args.quick else args.probe_n,
-                                 args.max_length) if args.probe_n else None}
+                                 args.max_length, args.task) if args.probe_n else None}
     out["machine"]["load_after"] = os.getloadavg()
     out["total_wall_s"] = time.perf_counter() - t_start
     name = args.name or ("channel_adapter_quick" if args.quick else "channel_adapter")
@@ -224,6 +230,14 @@ def main() -> None:
     (RESULTS / f"{name}.json").write_text(json.dumps(out, indent=2) + "\n")
     (RESULTS / f"{name}.md").write_text(markdown(out))
     print(markdown(out))
+
+
+def _task(o: dict) -> str:
+    return {"sst2": "SST-2", "financial_phrasebank": "FP"}[o.get("task", "sst2")]
+
+
+def _dev_key(o: dict) -> str:
+    return "task_dev" if "task_dev" in o else "sst2_dev"  # results written before --task
 
 
 def _times(n: int) -> str:
@@ -240,7 +254,8 @@ def markdown(o: dict) -> str:
         f"`{o['command']}` on {m['platform']}, {m['cpus']} CPUs shared, {m['threads']} "
         f"thread(s); load {m['load_before'][0]:.1f} before, {m['load_after'][0]:.1f} after.", "",
         f"η = {o['eta']:.4g} (calibrated for P ≈ {o['target_p']} on rapt's public sample); P "
-        f"measured {o['P_train']:.3f} on the training pairs, {o['P_eval']:.3f} on SST-2 dev.", "",
+        f"measured {o['P_train']:.3f} on the training pairs, {o['P_eval']:.3f} on "
+        f"{_task(o)} dev.", "",
         f"LoRA r {c['lora_r']} (alpha {c['lora_alpha']}) on every block's attention and "
         f"feed-forward projections, lr {c['lr']}, batch {c['batch_size']}, max length "
         f"{c['max_length']}, loss = per-token MSE at text positions + {c['pooled_weight']:g} × "
@@ -254,15 +269,16 @@ def markdown(o: dict) -> str:
         "| rows | reader | loss | token MSE | pooled MSE | pooled cos (privatized vs clean) |",
         "|---|---|---|---|---|---|"]
     for where, key in (("held-out public (fresh noise)", "held_out_public"),
-                       ("SST-2 dev (fresh noise)", "sst2_dev")):
+                       (f"{_task(o)} dev (fresh noise)", _dev_key(o))):
         for reader, r in o[key].items():
             lines.append(f"| {where} | {reader} | {r['loss']:.4f} | {r['hidden_mse']:.4f} | "
                          f"{r['pooled_mse']:.4f} | {r['pooled_cos']:.3f} |")
     p = o["probe"]
     if p is None:
         return "\n".join(lines) + "\n"
-    lines += ["", f"Linear probe on frozen mean-pooled features ({p['train_rows']:,} SST-2 train "
-              f"sentences, scored on {p['dev_rows']} dev sentences, privatized alike):", "",
+    lines += ["", f"Linear probe on frozen mean-pooled features ({p['train_rows']:,} "
+              f"{_task(o)} train sentences, scored on {p['dev_rows']} dev sentences, "
+              "privatized alike):", "",
               "| features | accuracy |", "|---|---|"]
     lines += [f"| {k} | {p[k]:.1%} |" for k in
               ("clean", "privatized, raw backbone", "privatized, adapted backbone")]
