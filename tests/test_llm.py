@@ -272,3 +272,14 @@ def test_smollm2_cached_matches_naive():
     np.testing.assert_allclose(p, naive.label_probs(prefix, qs), rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(p, batched.label_probs(prefix, qs), rtol=1e-4, atol=1e-6)
     assert fast.n_prefix_encodings == 1
+
+
+def test_cached_scoring_raises_no_future_warning(word_llama):
+    """Issue 32 item 6: the cached path passes its KV cache under the keyword the body takes
+    (no ``past_key_values is deprecated`` FutureWarning)."""
+    import warnings
+
+    sc = HFLabelScorer(word_llama, ["bad", "good"], batch_size=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        sc.label_probs(PREFIXES[0], SUFFIXES[:2])

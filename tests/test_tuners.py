@@ -150,3 +150,32 @@ def test_private_copy_leaves_out_hooks_on_the_shared_backbone(bb, method):
         assert counter.n == 1  # the shared backbone keeps its hook
     finally:
         handle.remove()
+
+
+def test_prefix_forward_raises_no_future_warning(bb):
+    """Issue 32 item 6: transformers 5.2x renamed ``past_key_values`` to ``cache`` and warned
+    on every prefix run; the pre-filled cache now goes under the name the body takes."""
+    import warnings
+
+    t = build_tuner(bb, "prefix", num_virtual_tokens=3)
+    ids = torch.tensor([[2, 7, 8, 3]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        t(ids, torch.ones_like(ids))
+
+
+def test_split_causal_blocks_log_no_cache_deprecation(tok, caplog):
+    """The split bottom's causal mask takes its (empty) cache under the current keyword: no
+    '`past_key_values` ... deprecated' line from transformers (issue 32 item 6)."""
+    import logging
+    import warnings
+
+    from rapt.split import split_backbone
+
+    bb = _llama(tok)
+    bottom, _ = split_backbone(bb, 1)
+    ids = torch.tensor([[2, 7, 8, 3]])
+    with warnings.catch_warnings(), caplog.at_level(logging.WARNING):
+        warnings.simplefilter("error", FutureWarning)
+        bottom(ids, torch.ones_like(ids))
+    assert "deprecated" not in caplog.text

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from rapt.models import Backbone
+from rapt.models import Backbone, cache_kwargs, output_cache
 
 
 class LabelWordError(ValueError):
@@ -268,7 +268,7 @@ class HFLabelScorer:
             x = torch.tensor([p_ids], device=self.device)
             # The body only: the prefix needs no logits, and the LM head over a long prefix
             # would cost about a seventh of the prefix pass for SmolLM2's 49k vocabulary.
-            cache = self.model.base_model(input_ids=x, use_cache=True).past_key_values
+            cache = output_cache(self.model.base_model(input_ids=x, use_cache=True))
             # Keep plain tensors, not the Cache object: a forward pass appends to a DynamicCache
             # in place, so every batch gets a fresh cache built from these (never mutated).
             self._cached_kv = [(layer.keys, layer.values) for layer in cache.layers]
@@ -300,9 +300,9 @@ class HFLabelScorer:
                 config=self.model.config,
             )
         pos = torch.arange(p_len, p_len + width, device=self.device)
-        out = self.model.base_model(input_ids=ids, attention_mask=attn, past_key_values=cache,
-                                    use_cache=cache is not None,
-                                    position_ids=pos.unsqueeze(0).expand(b, -1))
+        body = self.model.base_model
+        out = body(input_ids=ids, attention_mask=attn, use_cache=cache is not None,
+                   position_ids=pos.unsqueeze(0).expand(b, -1), **cache_kwargs(body, cache))
         hidden = out.last_hidden_state[torch.arange(b, device=self.device), lens - 1]  # (B, d)
         return self.model.get_output_embeddings()(hidden)
 

@@ -166,3 +166,31 @@ def from_model(
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return Backbone(name=name, kind=kind, tokenizer=tokenizer, model=model, source=name)
+
+
+def cache_kwargs(target, cache) -> dict:
+    """``{name: cache}`` under the keyword ``target`` (a model, whose ``forward`` is meant, or a
+    function such as ``create_causal_mask``) takes a KV cache by: ``cache`` in transformers
+    ≥ 5.2x, ``past_key_values`` before (which the newer versions still accept, with a
+    FutureWarning or a logged deprecation on every call)."""
+    fn = type(target).forward if isinstance(target, torch.nn.Module) else target
+    return {_cache_keyword(fn): cache}
+
+
+_CACHE_KEYWORD: dict[object, str] = {}
+
+
+def _cache_keyword(fn) -> str:
+    if fn not in _CACHE_KEYWORD:
+        import inspect
+
+        params = inspect.signature(fn).parameters
+        _CACHE_KEYWORD[fn] = "cache" if "cache" in params else "past_key_values"
+    return _CACHE_KEYWORD[fn]
+
+
+def output_cache(out) -> object:
+    """The KV cache a forward pass with ``use_cache=True`` returned: ``out.cache`` in
+    transformers ≥ 5.2x (whose ``out.past_key_values`` logs a deprecation), else
+    ``out.past_key_values``."""
+    return out["cache"] if "cache" in out else out.past_key_values

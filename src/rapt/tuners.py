@@ -100,6 +100,8 @@ def prefix_forward(body: nn.Module, key_values: Tensor, prefix_mask: Tensor, inp
     -> hidden states of the input positions (B, n, h). ``token_type_ids``: (B, n) or None."""
     from transformers import DynamicCache
 
+    from rapt.models import cache_kwargs
+
     B, n = input_ids.shape
     kv = key_values.to(body.get_input_embeddings().weight.dtype)
     cache = DynamicCache(config=body.config)
@@ -110,8 +112,8 @@ def prefix_forward(body: nn.Module, key_values: Tensor, prefix_mask: Tensor, inp
     # would otherwise shift them by N).
     pos = torch.arange(n, device=input_ids.device).unsqueeze(0).expand(B, n)
     seg = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
-    out = body(input_ids=input_ids, attention_mask=mask, past_key_values=cache,
-               position_ids=pos, use_cache=False, **seg)
+    out = body(input_ids=input_ids, attention_mask=mask, position_ids=pos, use_cache=False,
+               **cache_kwargs(body, cache), **seg)
     return out.last_hidden_state
 
 

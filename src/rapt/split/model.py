@@ -17,7 +17,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from rapt.models import Backbone
+from rapt.models import Backbone, cache_kwargs
 from rapt.tuners import base_model
 
 __all__ = ["Bottom", "Top", "split_backbone"]
@@ -61,7 +61,7 @@ class _Blocks(nn.Module):
         pos = position_ids if position_ids is not None else \
             torch.arange(h.shape[1], device=h.device).unsqueeze(0)
         m = create_causal_mask(config=self.config, inputs_embeds=h, attention_mask=mask,
-                               past_key_values=None, position_ids=pos)
+                               position_ids=pos, **cache_kwargs(create_causal_mask, None))
         pe = self.rotary(h, position_ids=pos)
         for layer in self.layers:
             h = layer(h, attention_mask=m, position_embeddings=pe, position_ids=pos)
