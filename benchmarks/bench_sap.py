@@ -55,14 +55,17 @@ from rapt.split import (
     train_split,
 )
 from rapt.split.customer import _pad
-from rapt.stats import paired_difference
+from rapt.stats import holm, paired_difference
 
+# attack_rows: EP is measured on the first 500 training rows (all of them when there are fewer).
+# Issue 28: the first 64 FP rows held 2.3 % contributing tokens, twice the population's share,
+# so an EP over them overstated what CTI gives away; 500 rows bring the share near the split's.
 PROFILES = {
     # Reduced: ~25 min on one shared thread (a training step of 32 rows is ~1 s there).
     "quick": dict(train=400, test=226, max_length=40, epochs=3, batch_size=32, lr=2e-3,
                   head_lr=1e-2, seeds=2, levels=(0.6, 0.3), tasks=("fp", "sst2"),
                   t3_levels=(0.6, 0.3), t3_seeds=1, t4_splits=(0, 1, 3, 5),
-                  t4_levels=(0.3,), t4_seeds=1, attack_rows=32, attack_k=32,
+                  t4_levels=(0.3,), t4_seeds=1, attack_rows=500, attack_k=32,
                   attack_steps=60, aia_train=(100, 600), aia_test=400),
     # Sized from the quick profile's measured step time (about 1 s per 32-row step on one
     # shared thread, roughly half that on 2 free cores): an estimated 1.5-2 h there; not run
@@ -70,7 +73,7 @@ PROFILES = {
     "cpu": dict(train=800, test=400, max_length=48, epochs=3, batch_size=32, lr=2e-3,
                 head_lr=1e-2, seeds=3, levels=(0.6, 0.4, 0.2),
                 tasks=("fp", "sst2", "trustpilot"), t3_levels=(0.6, 0.4, 0.2), t3_seeds=2,
-                t4_splits=(0, 1, 2, 3, 4, 5), t4_levels=(0.4,), t4_seeds=2, attack_rows=64,
+                t4_splits=(0, 1, 2, 3, 4, 5), t4_levels=(0.4,), t4_seeds=2, attack_rows=500,
                 attack_k=64, attack_steps=100, aia_train=(100, 300, 1000, 2032),
                 aia_test=1000),
     # The fair-chance check of CTI on FP (issue 10): the paper's training-set size (the whole
@@ -78,7 +81,7 @@ PROFILES = {
     # point (EP ≈ 39 %), 5 paired seeds; run with --cti-rules uniform,per-class.
     "cpu-fp": dict(train=None, test=None, max_length=48, epochs=3, batch_size=32, lr=2e-3,
                    head_lr=1e-2, seeds=5, levels=(0.4,), tasks=("fp",), t3_levels=(0.4,),
-                   t3_seeds=0, t4_splits=(0,), t4_levels=(0.4,), t4_seeds=0, attack_rows=64,
+                   t3_seeds=0, t4_splits=(0,), t4_levels=(0.4,), t4_seeds=0, attack_rows=500,
                    attack_k=64, attack_steps=100, aia_train=(100,), aia_test=1000,
                    baseline_seeds=1),
     "paper": dict(train=None, test=None, max_length=64, epochs=3, batch_size=32, lr=1e-3,
@@ -234,6 +237,8 @@ class Bench:
         run = {"table": table, "task": task, "P_target": p, "eta": eta, "seed": seed,
                "setting": setting, "split": split, "unfreeze": unfreeze,
                "UA": ua, "EP": ep, "attack_candidate_recall": recall,
+               "attack_rows": min(A, len(rtr)),
+               "attack_cti_share": self.cti_share(rtr[:A], customer.cti),
                "P_measured": customer.measured_p if eta is not None else 0.0,
                "cti_tokens": len(customer.cti.token_ids) if customer.cti else 0,
                "cti_coverage": customer.cti.coverage if customer.cti else 0.0,
@@ -244,6 +249,15 @@ class Bench:
         print(json.dumps(run), flush=True)
         self.save()
         return run
+
+    def cti_share(self, rows, cti) -> float | None:
+        """Share of the attacked rows' non-special tokens that are contributing (None without
+        CTI): EP moves with it, so it says whether the attacked rows are typical."""
+        if cti is None:
+            return None
+        special = set(self.special)
+        flat = torch.tensor([t for r in rows for t in r if t not in special])
+        return float(torch.isin(flat, torch.tensor(cti.token_ids)).float().mean())
 
     def attack(self, seen, rows, split: int, A: int, seed: int) -> tuple[float, float]:
         """EP over the first A training rows: union of successes over every release of them
@@ -377,12 +391,17 @@ def paired_cti(res: dict) -> list[dict]:
         out.append({"task": task, "P_target": p, "setting": setting, "eta": sap[0]["eta"],
                     "n": len(seeds), "cti_k": cti[0].get("cti_k"),
                     "dUA": dua["mean_diff"], "dUA_ci95": dua["ci95"],
-                    "dUA_excludes_zero": dua["excludes_zero"],
-                    "dEP": dep["mean_diff"], "dEP_ci95": dep["ci95"],
+                    "dUA_excludes_zero": dua["excludes_zero"], "dUA_p": dua["p_value"],
+                    "dEP": dep["mean_diff"], "dEP_ci95": dep["ci95"], "dEP_p": dep["p_value"],
                     "cti_tokens": cti[0]["cti_tokens"], "cti_coverage": cti[0]["cti_coverage"],
                     # the issue's goal: better utility at equal EP (within 2 points)
                     "beats": dua["mean_diff"] > 0 and dua["excludes_zero"]
                     and abs(dep["mean_diff"]) <= 2.0})
+    # Holm over every comparison reported together (all tasks, P and rules of this file): the
+    # per-class rule was added after the uniform one failed, so the family is all of them.
+    for metric in ("dUA", "dEP"):
+        for d, adj in zip(out, holm([d[f"{metric}_p"] for d in out]), strict=True):
+            d[f"{metric}_p_holm"] = adj
     return out
 
 
@@ -396,6 +415,14 @@ def cti_goal(paired: list[dict], task: str, setting: str = "SAP-CTI") -> str:
     return (f"{task}: {setting} beats SAP (paired ΔUA > 0 with the 95 % CI excluding 0, "
             f"|ΔEP| ≤ 2) at {len(wins)} of {len(rows)} η ({etas}) — goal (≥ 2 η) "
             + ("met" if ok else "NOT met"))
+
+
+def _p(d: dict, metric: str) -> str:
+    """'raw (Holm)' p-values of a paired_cti row; '-' for rows made before they were kept."""
+    raw, adj = d.get(f"{metric}_p"), d.get(f"{metric}_p_holm")
+    if raw is None or raw != raw:
+        return "-"
+    return f"{raw:.3f} ({adj:.3f})"
 
 
 def _p_key(p):
@@ -452,15 +479,18 @@ def markdown(res: dict) -> str:
                   "1 % budget in UI order, skipping tokens that would overflow it). Both are "
                   "computed on the whole training split and released unperturbed (multiplier "
                   "∞, Algorithm 1).", "",
-                  "| task | setting | P | η | n | ΔUA | ΔEP | CTI tokens (k per class) | "
-                  "coverage | beats SAP |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+                  f"p: two-sided paired t-test, raw / Holm-adjusted over the {len(pc)} "
+                  "comparisons of this table (family-wise error).", "",
+                  "| task | setting | P | η | n | ΔUA | p ΔUA (Holm) | ΔEP | p ΔEP (Holm) | "
+                  "CTI tokens (k per class) | coverage | beats SAP |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for d in pc:
             ks = "/".join(str(k) for k in d.get("cti_k") or [])
             lines.append(f"| {d['task']} | {d.get('setting', 'SAP-CTI')} | "
                          f"{d['P_target']:.2f} | {d['eta']:.1f} | {d['n']} | "
-                         f"{d['dUA']:+.1f} ± {d['dUA_ci95']:.1f} | "
-                         f"{d['dEP']:+.1f} ± {d['dEP_ci95']:.1f} | {d['cti_tokens']}"
+                         f"{d['dUA']:+.1f} ± {d['dUA_ci95']:.1f} | {_p(d, 'dUA')} | "
+                         f"{d['dEP']:+.1f} ± {d['dEP_ci95']:.1f} | {_p(d, 'dEP')} | "
+                         f"{d['cti_tokens']}"
                          + (f" ({ks})" if ks else "") + " | "
                          f"{100 * d['cti_coverage']:.2f} % | {'yes' if d['beats'] else 'no'} |")
         lines += [""] + [f"- {cti_goal(pc, t, st)}" for t, st in sorted(
@@ -560,6 +590,8 @@ def main() -> None:
                     help="TrustPilot attributes of the attribute attack")
     ap.add_argument("--levels", default=None,
                     help="comma list of target P for Figure 2 (default: the profile's)")
+    ap.add_argument("--attack-rows", type=int, default=None,
+                    help="EP over the first N training rows (default: the profile's, 500)")
     ap.add_argument("--t3-seeds", type=int, default=None, help="Table 3 seeds (default: profile)")
     ap.add_argument("--t4-seeds", type=int, default=None, help="Table 4 seeds (default: profile)")
     ap.add_argument("--baseline-seeds", type=int, default=None,
@@ -617,7 +649,7 @@ def main() -> None:
         prof["tasks"] = tuple(args.tasks.split(","))
     if args.levels:
         prof["levels"] = tuple(float(x) for x in args.levels.split(","))
-    for key in ("t3_seeds", "t4_seeds"):
+    for key in ("t3_seeds", "t4_seeds", "attack_rows"):
         if getattr(args, key) is not None:
             prof[key] = getattr(args, key)
     if args.baseline_seeds is not None:

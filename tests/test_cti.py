@@ -190,6 +190,36 @@ def test_result_eta_scale_and_privatizer_weaker_noise():
     assert changed_weak < changed_plain
 
 
+@pytest.mark.parametrize("multiplier", [math.inf, 2.0])
+def test_sap_and_cti_share_the_noise_of_every_other_position(multiplier):
+    """Issue 28: with one seed, SAP and SAP-CTI draw each position's noise from the same slot
+    of the stream, so they agree wherever the token is not contributing (the old code skipped
+    contributing positions and shifted every later draw onto another token)."""
+    from rapt.cti import privatize_with_scale
+    from rapt.privatization import Privatizer
+
+    g = torch.Generator().manual_seed(1)
+    emb = torch.randn(80, 8, generator=g)
+    ids = torch.randint(3, 80, (6, 40), generator=g)
+    ids[:, 0], ids[3, 30:] = 1, 0  # specials (a CLS-like id and padding) take no slot
+    contrib = [5, 17, 33, 60]
+    ids[:, 5] = 17  # every row has a contributing token early on
+    is_c = torch.isin(ids, torch.tensor(contrib))
+    other = ~is_c & ~torch.isin(ids, torch.tensor([0, 1]))
+
+    def privatizer(seed):  # a small chunk so that passed-through positions straddle chunks
+        return Privatizer(emb, eta=3.0, special_ids=[0, 1], seed=seed, chunk_size=7)
+
+    sap = privatize_with_scale(privatizer(4), ids)
+    cti = privatize_with_scale(privatizer(4), ids, eta_scale(ids, contrib, multiplier))
+    assert (sap[other] != ids[other]).float().mean() > 0.3  # the noise really moves tokens
+    assert torch.equal(sap[other], cti[other])
+    if math.isinf(multiplier):
+        assert torch.equal(cti[is_c], ids[is_c])
+    # another seed gives another release, so the agreement above is not a constant output
+    assert not torch.equal(privatize_with_scale(privatizer(5), ids)[other], sap[other])
+
+
 def test_cli_data_cti(tmp_path):
     from transformers import BertTokenizerFast
     from typer.testing import CliRunner

@@ -32,6 +32,36 @@ def test_paired_difference_uses_the_pairing():
         paired_difference([0.1, 0.2], [0.1])
 
 
+def test_paired_difference_p_value_is_the_paired_t_test():
+    from scipy import stats
+
+    from rapt.stats import paired_difference
+
+    a, b = [0.7, 0.6, 0.8, 0.72], [0.6, 0.7, 0.75, 0.6]
+    d = paired_difference(a, b)
+    want = stats.ttest_rel(a, b).pvalue
+    assert d["p_value"] == pytest.approx(want)
+    # the CI excludes 0 exactly when p < 0.05 (same t distribution)
+    assert d["excludes_zero"] == (d["p_value"] < 0.05)
+    assert paired_difference([0.9], [0.1])["p_value"] != paired_difference([0.9], [0.1])[
+        "p_value"]  # nan: one seed has no test
+    assert paired_difference([0.5, 0.6], [0.4, 0.5])["p_value"] == 0.0  # sd 0, mean 0.1
+
+
+def test_holm_matches_the_step_down_procedure():
+    from rapt.stats import holm
+
+    # worked example: m = 4, sorted 0.01, 0.02, 0.03, 0.5 -> 0.04, 0.06, 0.06 (monotone), 0.5
+    assert holm([0.03, 0.5, 0.01, 0.02]) == pytest.approx([0.06, 0.5, 0.04, 0.06])
+    assert holm([0.4, 0.9]) == pytest.approx([0.8, 0.9])  # capped at 1 only above it
+    assert holm([0.6, 0.7]) == pytest.approx([1.0, 1.0])
+    out = holm([0.01, float("nan"), 0.04])  # nan does not count in m
+    assert out[0] == pytest.approx(0.02) and out[2] == pytest.approx(0.04) and out[1] != out[1]
+    assert holm([]) == []
+    with pytest.raises(ValueError, match="p-values"):
+        holm([0.1, 1.5])
+
+
 class _Tok:
     """Whitespace tokenizer with [CLS]=1 ... [SEP]=2, ids = 10 + word length."""
 

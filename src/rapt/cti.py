@@ -303,8 +303,12 @@ def privatize_with_scale(privatizer, ids: torch.Tensor, scale: torch.Tensor | No
                          noise=None) -> torch.Tensor:
     """``privatizer.privatize_ids`` with a per-token η multiplier that may be ``inf``.
 
-    Positions whose scale is ``inf`` are returned unchanged and draw no noise; the others go
-    through the mechanism at η·scale. ``ids`` any shape -> same shape (CPU LongTensor)."""
+    Positions whose scale is ``inf`` are returned unchanged; the others go through the
+    mechanism at η·scale. Noise is drawn per position: every non-special position takes the
+    same slot of the noise stream whatever its scale (a passed-through one draws its noise and
+    discards it), so with one seed SAP (``scale=None``) and SAP-CTI give the same output on
+    every non-contributing position and the paired comparison shares its noise. ``ids`` any
+    shape -> same shape (CPU LongTensor)."""
     ids = torch.as_tensor(ids, dtype=torch.long)
     if scale is None:
         return privatizer.privatize_ids(ids, noise=noise).cpu()
@@ -313,8 +317,7 @@ def privatize_with_scale(privatizer, ids: torch.Tensor, scale: torch.Tensor | No
         raise ValueError(f"scale must have the ids' shape {tuple(ids.shape)}, got "
                          f"{tuple(scale.shape)}")
     free = torch.isinf(scale)
-    out = ids.clone()
-    keep = ~free
-    if bool(keep.any()):
-        out[keep] = privatizer.privatize_ids(ids[keep], eta_scale=scale[keep], noise=noise).cpu()
-    return out
+    # the finite stand-in only scales noise that is thrown away
+    finite = torch.where(free, torch.ones_like(scale), scale)
+    return privatizer.privatize_ids(ids, eta_scale=finite, noise=noise,
+                                    passthrough=free if bool(free.any()) else None).cpu()

@@ -215,10 +215,15 @@ class Privatizer:
 
     def privatize_ids(self, ids: Tensor, *, eta_scale: Tensor | None = None,
                       noise: NoiseSource | None = None,
-                      progress: Callable[[int], None] | None = None) -> Tensor:
+                      progress: Callable[[int], None] | None = None,
+                      passthrough: Tensor | None = None) -> Tensor:
         """Privatized token ids, same shape as ``ids``; special ids pass through unchanged.
 
         ``eta_scale`` (same shape as ids) multiplies η per token (CTI: > 1 = less noise).
+        ``passthrough`` (bool, same shape): non-special positions released unchanged (CTI's
+        multiplier ∞). They still take their slot of the noise stream and discard it, so the
+        k-th non-special position's noise is the same whichever positions pass through: with
+        one seed, SAP and SAP-CTI outputs agree on every position that is not passed through.
         ``progress`` is called with the number of tokens finished after each chunk.
         """
         ids = self._check_ids(ids)
@@ -226,23 +231,43 @@ class Privatizer:
         mask = self._perturbable(ids)
         etas = self._etas(eta_scale, ids.shape, mask)
         flat = ids[mask]
-        out_flat = torch.empty_like(flat)
+        skip = self._passthrough(passthrough, ids.shape, mask)
+        out_flat = flat.clone()
         blocks: dict = {}
         t0 = time.perf_counter()
         for s in range(0, flat.numel(), self.chunk_size):
             e = min(s + self.chunk_size, flat.numel())
             y = self._noised_rows(flat, etas, gen, s, e, blocks)
-            found = self.index.search(y).to(self.device)
-            out_flat[s:e] = found if self.candidate_ids is None else self.candidate_ids[found]
+            live = torch.arange(s, e, device=self.device)
+            if skip is not None:
+                live = live[~skip[s:e]]
+                y = y[live - s]
+            if live.numel():
+                found = self.index.search(y).to(self.device)
+                out_flat[live] = (found if self.candidate_ids is None
+                                  else self.candidate_ids[found])
             if progress is not None:
                 progress(e - s)
         out = ids.clone()
         out[mask] = out_flat
         dt = time.perf_counter() - t0
-        n = int(flat.numel())
+        noised = flat if skip is None else flat[~skip]
+        changed = out_flat if skip is None else out_flat[~skip]
+        n = int(noised.numel())
         self.last_stats = {"tokens": n, "seconds": dt, "tokens_per_s": n / dt if dt > 0 else 0.0,
-                           "p": float((out_flat != flat).float().mean()) if n else 0.0}
+                           "p": float((changed != noised).float().mean()) if n else 0.0}
         return out
+
+    def _passthrough(self, passthrough: Tensor | None, shape: torch.Size, mask: Tensor
+                     ) -> Tensor | None:
+        """The ``passthrough`` mask over the perturbable positions (flat), or None."""
+        if passthrough is None:
+            return None
+        skip = torch.as_tensor(passthrough, device=self.device)
+        if skip.dtype != torch.bool or skip.shape != shape:
+            raise ValueError(f"passthrough must be a bool tensor of the ids' shape "
+                             f"{tuple(shape)}, got {skip.dtype} {tuple(skip.shape)}")
+        return skip[mask]
 
 
 def candidate_ids_from_tokenizer(tokenizer, vocab_size: int | None = None, *,

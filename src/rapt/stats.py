@@ -26,14 +26,50 @@ def mean_ci(xs: Sequence[float], level: float = 0.95) -> tuple[float, float]:
 def paired_difference(a: Sequence[float], b: Sequence[float],
                       level: float = 0.95) -> dict:
     """Per-seed differences a[i] − b[i] (same seed = same init, data order and privatized text)
-    -> {"mean_diff", "ci95", "n", "excludes_zero"}. ``excludes_zero`` needs n ≥ 2."""
+    -> {"mean_diff", "ci95", "n", "excludes_zero", "p_value"}. ``excludes_zero`` needs n ≥ 2;
+    ``p_value`` is the two-sided paired t-test of mean 0 (nan for one seed), the number to
+    adjust with :func:`holm` when several comparisons are reported together."""
     if len(a) != len(b):
         raise ValueError(f"paired_difference needs one value per seed on both sides "
                          f"(got {len(a)} and {len(b)})")
     diffs = [x - y for x, y in zip(a, b, strict=True)]
     mean, ci = mean_ci(diffs, level)
     return {"mean_diff": mean, "ci95": ci, "n": len(diffs),
-            "excludes_zero": len(diffs) > 1 and abs(mean) > ci}
+            "excludes_zero": len(diffs) > 1 and abs(mean) > ci, "p_value": _t_test(diffs)}
+
+
+def _t_test(diffs: Sequence[float]) -> float:
+    """Two-sided one-sample t-test of mean 0; nan for n < 2. Identical differences (sd 0) give
+    0 when they are not 0 and 1 when they are (scipy returns nan there)."""
+    from scipy import stats
+
+    if len(diffs) < 2:
+        return float("nan")
+    if statistics.pstdev(diffs) == 0:
+        return 0.0 if diffs[0] != 0 else 1.0
+    return float(stats.ttest_1samp(diffs, 0.0).pvalue)
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm–Bonferroni adjusted p-values, in the input order (Holm 1979, step-down).
+
+    Sorted ascending p_(1) ≤ … ≤ p_(m): adjusted p_(i) = max_{j ≤ i} min(1, (m − j + 1)·p_(j)).
+    Rejecting where the adjusted value is ≤ α controls the family-wise error rate at α for any
+    dependence between the tests. nan entries (a comparison with one seed) stay nan and do not
+    count in m. Written here because statsmodels (``multipletests(method="holm")``) is not a
+    rapt dependency and scipy (``false_discovery_control``) offers only the BH/BY FDR
+    procedures."""
+    ps = [float(p) for p in p_values]
+    for p in ps:
+        if not (math.isnan(p) or 0.0 <= p <= 1.0):
+            raise ValueError(f"p-values must lie in [0, 1] (or be nan), got {p!r}")
+    live = sorted((p, i) for i, p in enumerate(ps) if not math.isnan(p))
+    out = [float("nan")] * len(ps)
+    m, running = len(live), 0.0
+    for rank, (p, i) in enumerate(live):
+        running = max(running, min(1.0, (m - rank) * p))
+        out[i] = running
+    return out
 
 
 def gap_won_back(remedy: Sequence[float], privatized: Sequence[float],
