@@ -43,6 +43,7 @@ from rapt.attacks.split_inversion import (
     invert_by_optimization,
     invert_embedding_layer,
 )
+from rapt.cti import DEFAULT_SMOOTHING
 from rapt.data import load_dataset
 from rapt.models import load_backbone
 from rapt.privatization import Privatizer, calibrate_eta_public, candidate_ids_from_tokenizer
@@ -92,8 +93,13 @@ PROFILES = {
                   attack_rows=500, attack_k=None, attack_steps=300,
                   aia_train=(100, 500, 2032), aia_test=2034),
 }
-# Setting names per CTI rule (rapt.cti.CTI_RULES); "uniform" is the paper's SAP-CTI.
+# Setting names per CTI rule (rapt.cti.CTI_RULES); "uniform" is the paper's SAP-CTI. A
+# smoothing α other than rapt's default 1 is appended (" α=0.1"): the paper gives no α.
 CTI_SETTINGS = {"uniform": "SAP-CTI", "per-class": "SAP-CTI per-class k"}
+
+
+def cti_setting(rule: str, alpha: float = DEFAULT_SMOOTHING) -> str:
+    return CTI_SETTINGS[rule] + ("" if alpha == DEFAULT_SMOOTHING else f" α={alpha:g}")
 # The same check on SST-2's whole 6,920-row sentence train split (872 dev rows), 3 paired
 # seeds, the paper's rule only (per-class fills SST-2's budget with the same tokens, 113 vs 112).
 PROFILES["cpu-sst2"] = dict(PROFILES["cpu-fp"], tasks=("sst2",), seeds=3, baseline_seeds=0)
@@ -191,12 +197,13 @@ class Bench:
         return self.data[task]
 
     def run(self, table: str, task: str, p: float | None, seed: int, *, cti: bool = False,
-            cti_rule: str = "uniform", split: int = 0, unfreeze: bool = False) -> dict:
+            cti_rule: str = "uniform", cti_alpha: float = DEFAULT_SMOOTHING, split: int = 0,
+            unfreeze: bool = False) -> dict:
         prof = self.prof
         # The tables share settings (Table 3's frozen rows and Table 4's n = 0 rows are Figure
         # 2's SST-2 SAP rows): a run already made with the same settings, in this file or a
         # --reuse file, is copied instead of trained again (same seeds: identical numbers).
-        setting = CTI_SETTINGS[cti_rule] if cti else "SAP"
+        setting = cti_setting(cti_rule, cti_alpha) if cti else "SAP"
         key = (task, p, seed, setting, split, unfreeze)
         for old in self.res["runs"]:  # --append resumes: a finished run is not made twice
             if _run_key(old) == key and old["table"] == table:
@@ -211,7 +218,7 @@ class Bench:
         tr, te, rtr, rte = self.task(task)
         eta = self.eta(p)
         cfg = SplitConfig(split_layer=split, eta=eta, cti=cti, cti_rule=cti_rule,
-                          unfreeze_bottom=unfreeze,
+                          cti_smoothing=cti_alpha, unfreeze_bottom=unfreeze,
                           lr=prof["lr"], head_lr=prof["head_lr"], bottom_lr=prof["lr"] / 10,
                           epochs=prof["epochs"], batch_size=prof["batch_size"],
                           max_length=prof["max_length"], seed=seed, noise_seed=1000 + seed)
@@ -243,6 +250,7 @@ class Bench:
                "cti_tokens": len(customer.cti.token_ids) if customer.cti else 0,
                "cti_coverage": customer.cti.coverage if customer.cti else 0.0,
                "cti_k": customer.cti.k_per_class if customer.cti else [],
+               "cti_alpha": cti_alpha if cti else None,
                "steps": provider.step, "final_loss": statistics.fmean(h["loss"] for h in tail),
                "seconds": round(time.perf_counter() - t, 1)}
         self.res["runs"].append(run)
@@ -586,6 +594,9 @@ def main() -> None:
     ap.add_argument("--cti-rules", default="uniform",
                     help="comma list of CTI rules run in Figure 2 (uniform = the paper's; "
                          "per-class = ours, a labelled non-paper variant)")
+    ap.add_argument("--cti-alphas", default=str(DEFAULT_SMOOTHING),
+                    help="comma list of smoothing α for CTI's utility importance (1 = rapt's "
+                         "default; the paper gives none): each α is its own setting")
     ap.add_argument("--aia-attributes", default="gender,age",
                     help="TrustPilot attributes of the attribute attack")
     ap.add_argument("--levels", default=None,
@@ -693,6 +704,9 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"--cti-rules: unknown rule(s) {', '.join(unknown)} (choose from "
                          f"{', '.join(CTI_SETTINGS)})")
+    cti_alphas = [float(a) for a in args.cti_alphas.split(",")]
+    if not all(math.isfinite(a) and a > 0 for a in cti_alphas):
+        raise SystemExit(f"--cti-alphas: every α must be a positive number, got {cti_alphas}")
     plan: list[tuple] = []  # (table, task, P, seed, options)
     if "fig2" in parts:
         for seed in range(args.seed_offset, args.seed_offset + prof["seeds"]):
@@ -702,7 +716,9 @@ def main() -> None:
                 for p in prof["levels"]:
                     plan.append(("fig2", task, p, seed, {}))
                     for rule in cti_rules:
-                        plan.append(("fig2", task, p, seed, {"cti": True, "cti_rule": rule}))
+                        for alpha in cti_alphas:
+                            plan.append(("fig2", task, p, seed, {"cti": True, "cti_rule": rule,
+                                                                 "cti_alpha": alpha}))
     if "table3" in parts:
         for seed in range(prof["t3_seeds"]):
             for p in prof["t3_levels"]:

@@ -28,19 +28,61 @@ def test_counts_by_class_and_special_zeroed():
         token_class_counts(ids, [0, 1], num_classes=2, vocab_size=5)
 
 
-def test_utility_importance_matches_equation_5_with_laplace():
+@pytest.mark.parametrize("alpha", [1.0, 0.1, 0.01])
+def test_utility_importance_matches_equation_5_with_laplace(alpha):
     counts = torch.tensor([[5.0, 0.0, 3.0, 9.0], [1.0, 4.0, 3.0, 0.0], [0.0, 0.0, 2.0, 7.0]])
-    ui = utility_importance(counts, smoothing=1.0, special_ids=[3])
+    ui = utility_importance(counts, smoothing=alpha, special_ids=[3])
     v_eff = 3  # token 3 is special: left out of the counts and of the smoothing denominator
     n = [8.0, 8.0, 2.0]  # per-class totals without token 3
     for c in range(3):
         for t in range(3):
-            p = [(counts[k, t].item() + 1) / (n[k] + v_eff) for k in range(3)]
+            p = [(counts[k, t].item() + alpha) / (n[k] + alpha * v_eff) for k in range(3)]
             want = sum(math.log(p[c] / p[k]) for k in range(3) if k != c)
             assert ui[c, t].item() == pytest.approx(want, rel=1e-12)
     assert torch.isinf(ui[:, 3]).all() and (ui[:, 3] < 0).all()
     # smoothing keeps tokens absent from a class finite
     assert torch.isfinite(ui[:, :3]).all()
+
+
+def test_alpha_is_a_documented_parameter_that_moves_the_ranking():
+    """Issue 28 item 2: α (``smoothing``) defaults to 1 everywhere, and it decides whether a
+    frequent, moderately indicative token outranks a rare token seen in one class only."""
+    import inspect
+
+    from rapt.cti import DEFAULT_SMOOTHING
+    from rapt.split import SplitConfig
+
+    assert DEFAULT_SMOOTHING == 1.0 and SplitConfig().cti_smoothing == 1.0
+    for fn in (utility_importance, contributing_tokens):
+        assert inspect.signature(fn).parameters["smoothing"].default == 1.0
+        assert "α" in fn.__doc__
+    # token 0: 100 vs 20 occurrences; token 1: 3 occurrences, class 0 only; token 2 filler
+    counts = torch.tensor([[100.0, 3.0, 897.0, 0.0], [20.0, 0.0, 980.0, 0.0]])
+    best = {a: utility_importance(counts, smoothing=a)[0].argmax().item() for a in (1.0, 0.01)}
+    assert best == {1.0: 0, 0.01: 1}
+    for bad in (0.0, -1.0, math.nan, math.inf):
+        with pytest.raises(ValueError, match="cti_smoothing"):
+            SplitConfig(cti_smoothing=bad)
+    assert SplitConfig.from_dict(SplitConfig(cti_smoothing=0.1).to_dict()).cti_smoothing == 0.1
+
+
+def test_alpha_reaches_the_customer_cti(tiny_tokenizer):
+    from rapt.split import SplitConfig, encode_texts, setup_split
+    from tests._tiny import make_bert
+
+    bb = make_bert(tiny_tokenizer)
+    texts = ["good fun film", "bad dull film", "good great fun", "bad awful plot"] * 3
+    rows, labels = encode_texts(bb.tokenizer, texts, 8), [1, 0, 1, 0] * 3
+    scores = {}
+    for a in (1.0, 0.01):
+        cust, _ = setup_split(bb, SplitConfig(eta=5.0, cti=True, cti_smoothing=a, noise_seed=0),
+                              2, len(rows))
+        res = cust.fit_cti(rows, labels)
+        want = contributing_tokens(rows, labels, num_classes=2, vocab_size=len(bb.tokenizer),
+                                   special_ids=cust.special_ids, smoothing=a)
+        assert torch.equal(res.scores, want.scores)
+        scores[a] = res.scores
+    assert not torch.equal(scores[1.0], scores[0.01])
 
 
 def _synthetic(seed: int = 0, n: int = 400, vocab: int = 300, length: int = 20):
@@ -249,7 +291,10 @@ def test_cli_data_cti(tmp_path):
     assert r.exit_code == 0, r.output
     pos = r.output.split("class pos:")[1]
     assert pos.splitlines()[1].split()[:3] == ["*", "1", "brilliant"]
-    assert "k = 1 (fixed k)" in r.output
+    assert "k = 1 (fixed k, α = 1)" in r.output
+    r = CliRunner().invoke(app, ["data", "cti", str(data), "--backbone", str(tok_dir),
+                                 "--smoothing", "0"])
+    assert r.exit_code == 2 and "--smoothing" in r.output
     r = CliRunner().invoke(app, ["data", "cti", str(tmp_path / "none.csv"), "--backbone",
                                  str(tok_dir)])
     assert r.exit_code == 2 and "none.csv" in r.output

@@ -40,6 +40,7 @@ import torch
 __all__ = [
     "CTI_RULES",
     "DEFAULT_COVERAGE",
+    "DEFAULT_SMOOTHING",
     "DEFAULT_ETA_MULTIPLIER",
     "CTIResult",
     "contributing_tokens",
@@ -51,6 +52,17 @@ __all__ = [
 
 DEFAULT_COVERAGE = 0.01
 """Largest fraction of token occurrences the contributing tokens may cover (SAP §5.2)."""
+
+DEFAULT_SMOOTHING = 1.0
+"""α of the add-α estimate of p(t | c) in :func:`utility_importance` (ours: SAP gives none).
+
+The paper specifies no smoothing; some α > 0 is needed because a token unseen in a class
+makes eq. 5 infinite. The choice moves the ranking and, through it, the uniform rule's k:
+on the whole Financial PhraseBank train split with MiniLM's vocabulary α = 1 puts ``is``
+second for the neutral class and caps k at 1 (3 tokens, 0.29 % coverage), α = 0.1 gives
+k = 7 (21 tokens, 1.00 %), α = 0.01 gives k = 9 (27 tokens, 0.95 %) (issue 28). Results on
+CTI should therefore name α, and a conclusion should hold across α.
+"""
 
 CTI_RULES: tuple[str, ...] = ("uniform", "per-class")
 """How the coverage budget picks tokens from each class's UI ranking.
@@ -113,16 +125,19 @@ def token_class_counts(
     return counts
 
 
-def utility_importance(counts: torch.Tensor, smoothing: float = 1.0,
+def utility_importance(counts: torch.Tensor, smoothing: float = DEFAULT_SMOOTHING,
                        special_ids: Iterable[int] = ()) -> torch.Tensor:
     """UI(t, c) from counts (C, V), shape (C, V); special ids get -inf.
 
-    p(t | c) uses add-``smoothing`` (Laplace) estimates (n_tc + α) / (N_c + α·V'), V' the
-    number of non-special vocabulary entries. Without smoothing a token never seen in some
-    class c' has p(t | c') = 0 and UI = +∞, so every token seen once in one class only would
-    tie at the top with genuinely indicative frequent tokens; add-one keeps UI finite and
-    shrinks the ratio of rare tokens towards 0, so a token must be frequent in c *and* rare
-    elsewhere to rank high.
+    ``smoothing`` is α (> 0, default :data:`DEFAULT_SMOOTHING` = 1, add-one): p(t | c) is the
+    add-α estimate (n_tc + α) / (N_c + α·V'), V' the number of non-special vocabulary entries.
+    Without smoothing a token never seen in some class c' has p(t | c') = 0 and UI = +∞, so
+    every token seen once in one class only would tie at the top with genuinely indicative
+    frequent tokens. α keeps UI finite and shrinks the ratio of rare tokens towards 0: the
+    larger α, the more a token must be frequent in c *and* rare elsewhere to rank high, and
+    the more frequent function words (``is``) can climb a ranking; the smaller α, the more
+    rare one-class tokens rise. The paper gives no α; see :data:`DEFAULT_SMOOTHING` for what
+    the choice does on Financial PhraseBank.
     """
     if counts.dim() != 2:
         raise ValueError(f"counts must be (classes, vocab), got shape {tuple(counts.shape)}")
@@ -182,7 +197,7 @@ def contributing_tokens(
     special_ids: Iterable[int] = (),
     coverage: float = DEFAULT_COVERAGE,
     k: int | None = None,
-    smoothing: float = 1.0,
+    smoothing: float = DEFAULT_SMOOTHING,
     rule: str = "uniform",
 ) -> CTIResult:
     """Top-k contributing tokens per class (SAP §4.4).
@@ -194,7 +209,8 @@ def contributing_tokens(
     so a binary search finds it; k may be 0 when even the top token of some class is too
     frequent). ``rule="per-class"`` fills the same budget class by class (see
     :data:`CTI_RULES`); ``k`` is then the largest per-class count. An explicit ``k`` is used
-    as given (uniform) and its coverage reported.
+    as given (uniform) and its coverage reported. ``smoothing``: α of
+    :func:`utility_importance` (it changes the rankings, hence k).
     """
     if not 0.0 <= coverage <= 1.0:
         raise ValueError(f"coverage must be in [0, 1], got {coverage}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import typer
 
@@ -101,6 +102,10 @@ def cti(
     rule: str = typer.Option("uniform", "--rule",
                              help="uniform: one k for all classes (SAP's rule); per-class: each "
                                   "class fills the coverage budget (ours, not the paper's)"),
+    smoothing: float = typer.Option(1.0, "--smoothing",
+                                    help="α of the add-α estimate of p(token | class) (the "
+                                         "paper gives none; smaller α ranks rare one-class "
+                                         "tokens higher)"),
     top: int = typer.Option(15, "--top", help="tokens to print per class"),
     text_column: str | None = _TEXT,
     text_pair_column: str | None = _PAIR,
@@ -121,6 +126,8 @@ def cti(
 
     if rule not in CTI_RULES:
         _fail(f"--rule must be one of {', '.join(CTI_RULES)}, got {rule!r}")
+    if not (math.isfinite(smoothing) and smoothing > 0):
+        _fail(f"--smoothing must be a positive number, got {smoothing!r}")
     ds = _load(name, split, text_column, text_pair_column, label_column, label_names,
                attribute, limit, fmt)
     try:
@@ -145,12 +152,14 @@ def cti(
         ids += enc["input_ids"]
     special = set(tok.all_special_ids)
     res = contributing_tokens(ids, labels, num_classes=ds.num_labels, vocab_size=len(tok),
-                              special_ids=special, coverage=coverage, k=k, rule=rule)
+                              special_ids=special, coverage=coverage, k=k, rule=rule,
+                              smoothing=smoothing)
     n_tok = int(res.counts.sum())
     typer.echo(f"{ds.name} ({split}): {len(ds)} examples, {n_tok} non-special tokens, "
                f"tokenizer '{backbone}'")
     how = ("fixed k" if k is not None else f"largest k with coverage <= {coverage:.2%}"
            if rule == "uniform" else f"per-class k filling coverage <= {coverage:.2%}")
+    how += f", α = {smoothing:g}"
     ks = res.k if rule == "uniform" or k is not None else "/".join(map(str, res.k_per_class))
     typer.echo(f"k = {ks} ({how}): "
                f"{len(res.token_ids)} contributing tokens covering "

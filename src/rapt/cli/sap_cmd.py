@@ -87,6 +87,9 @@ def sap_tune(
     cti_coverage: float = typer.Option(0.01, help="max share of token occurrences they cover"),
     cti_rule: str = typer.Option("uniform", help="uniform: one k for all classes (SAP's rule); "
                                  "per-class: each class fills the budget (ours, not the paper's)"),
+    cti_smoothing: float = typer.Option(1.0, help="α of the add-α estimate of p(token | class) "
+                                        "in the utility importance (the paper gives none; "
+                                        "smaller α ranks rare one-class tokens higher)"),
     unfreeze_bottom: bool = typer.Option(False, "--unfreeze-bottom/--freeze-bottom",
                                          help="train the bottom too (fresh noise every step)"),
     method: str = typer.Option("lora", help="how the provider tunes the top: lora | prompt"),
@@ -115,7 +118,7 @@ def sap_tune(
     bb = load_backbone_or_fail(backbone)
     e = _eta(bb, eta, target_p, target_ep)
     cfg = _config(split_layer=split_layer, eta=e, cti=cti, cti_multiplier=cti_multiplier,
-                  cti_coverage=cti_coverage, cti_rule=cti_rule,
+                  cti_coverage=cti_coverage, cti_rule=cti_rule, cti_smoothing=cti_smoothing,
                   unfreeze_bottom=unfreeze_bottom, method=method,
                   lr=lr, head_lr=head_lr, epochs=epochs, batch_size=batch_size,
                   max_length=max_length, seed=seed, noise_seed=noise_seed)

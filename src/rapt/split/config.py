@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 from typing import Literal
 
 from rapt.config import DEFAULT_PRIVATIZER_MODE, known_fields
-from rapt.cti import CTI_RULES
+from rapt.cti import CTI_RULES, DEFAULT_SMOOTHING
 
 __all__ = ["PROVIDER_FIELDS", "SPLIT_METHODS", "SplitConfig"]
 
@@ -32,7 +32,9 @@ class SplitConfig:
     identification from the customer's labelled rows; contributing tokens get η multiplied by
     ``cti_multiplier`` (``inf`` = no noise at all on them, as SAP Algorithm 1 does);
     ``cti_rule``: "uniform" (the paper's one k for all classes) or "per-class" (ours, not the
-    paper's: each class fills the coverage budget on its own, :data:`rapt.cti.CTI_RULES`).
+    paper's: each class fills the coverage budget on its own, :data:`rapt.cti.CTI_RULES`);
+    ``cti_smoothing``: α of the add-α estimate in :func:`rapt.cti.utility_importance` (the
+    paper gives none; 1 is ours, and α moves the uniform rule's k: :data:`DEFAULT_SMOOTHING`).
     ``unfreeze_bottom``: the customer trains its bottom with the gradient the top returns, and
     privatizes afresh every iteration (SAP §5.3). ``method``: how the provider tunes the top
     ("lora" = peft LoRA on the attention query/value projections, the paper's choice;
@@ -47,6 +49,7 @@ class SplitConfig:
     cti_multiplier: float = math.inf
     cti_coverage: float = 0.01
     cti_rule: Literal["uniform", "per-class"] = "uniform"
+    cti_smoothing: float = DEFAULT_SMOOTHING
     unfreeze_bottom: bool = False
     method: Literal["lora", "prompt"] = "lora"
     lora_r: int = 8
@@ -80,6 +83,9 @@ class SplitConfig:
         if not 0.0 < self.cti_coverage <= 1.0:
             raise ValueError(f"SplitConfig.cti_coverage must be in (0, 1], got "
                              f"{self.cti_coverage!r}")
+        if not (math.isfinite(self.cti_smoothing) and self.cti_smoothing > 0):
+            raise ValueError(f"SplitConfig.cti_smoothing must be a positive finite number (α "
+                             f"of the add-α estimate), got {self.cti_smoothing!r}")
         if self.cti_rule not in CTI_RULES:
             raise ValueError(f"SplitConfig.cti_rule must be one of {', '.join(CTI_RULES)}, "
                              f"got {self.cti_rule!r}")

@@ -110,7 +110,8 @@ class SplitCustomer:
         self.cti = contributing_tokens(rows, labels, num_classes=self.num_labels,
                                        vocab_size=vocab, special_ids=self.special_ids,
                                        coverage=self.config.cti_coverage,
-                                       rule=self.config.cti_rule)
+                                       rule=self.config.cti_rule,
+                                       smoothing=self.config.cti_smoothing)
         return self.cti
 
     def privatize(self, ids: Tensor) -> Tensor:
