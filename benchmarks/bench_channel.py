@@ -253,13 +253,27 @@ def _wanted(chosen: str | None, has_denoiser: bool, has_adapter: bool) -> list[s
     every = (*SETTINGS, *CONTROLS)
     if chosen is None:
         return [s for s in every if needs.get(s, True)]
-    names = [c.strip() for c in chosen.split(",") if c.strip()]
+    names = _split_settings(chosen, every)
     for n in names:
         if n not in every:
             raise SystemExit(f"--settings: unknown setting {n!r}; choose from {list(every)}")
         if not needs.get(n, True):
             raise SystemExit(f"--settings: {n!r} needs " + (
                 "--adapter" if n == "+channel adapter" else "--denoiser"))
+    return names
+
+
+def _split_settings(chosen: str, every: tuple[str, ...]) -> list[str]:
+    """``a;b`` or ``a,b``: setting names hold commas ("+privatization, clean queries"), so
+    comma-split pieces that make a known name together are joined back."""
+    if ";" in chosen:
+        return [c.strip() for c in chosen.split(";") if c.strip()]
+    names: list[str] = []
+    for piece in (c.strip() for c in chosen.split(",") if c.strip()):
+        if names and f"{names[-1]}, {piece}" in every:
+            names[-1] = f"{names[-1]}, {piece}"
+        else:
+            names.append(piece)
     return names
 
 

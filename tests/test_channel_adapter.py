@@ -134,7 +134,8 @@ def test_adapter_never_receives_original_ids_at_tune_or_predict(tiny_bert, pairs
     train_c, train_p, test_c, test_p = pairs
     ad = train_channel_adapter(tiny_bert, train_c[:64], train_p[:64],
                                ChannelAdapterConfig(epochs=1, batch_size=16, max_length=16))
-    assert set(vars(ad)) == {"config", "tensors", "meta"}  # it keeps no training rows
+    # It keeps no training rows (_adapted: the merged copies of the backbones it has read).
+    assert set(vars(ad)) == {"config", "tensors", "meta", "_adapted"}
     adapted = ad.adapted_backbone(tiny_bert)
     seen: list[torch.Tensor] = []
     adapted.model.get_input_embeddings().register_forward_pre_hook(

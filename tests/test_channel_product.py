@@ -233,3 +233,76 @@ def test_channel_reads_privatized_text_positions_only(tiny_bert):
     assert seen == [r[1 + 4:-1] for r in q_priv] and seen != [r[1 + 4:-1] for r in q_clean]
     den.denoise = inner
     assert custom.privacy_meta()["channel"]["fingerprint"] == channel_fingerprint(den)
+
+
+@pytest.fixture(scope="module")
+def adapter_setup(setup, tmp_path_factory):
+    """A channel adapter built by `rapt adapt --kind adapter` on the same backbone and corpus."""
+    bb, corpus, _, _, _ = setup
+    ch = tmp_path_factory.mktemp("adapter") / "ad"
+    r = runner.invoke(app, ["adapt", "--kind", "adapter", "--out", str(ch), "--backbone",
+                            str(bb), "--corpus", str(corpus), "--eta", ETA, "--epochs", "1",
+                            "--max-length", "16", "--holdout", "20", "--noise-seed", "0"])
+    return ch, r
+
+
+def test_adapt_kind_adapter_saves_an_adapter_with_provenance(setup, adapter_setup):
+    from rapt.channel import load_channel_model
+    from rapt.channel_adapter import ChannelAdapter
+
+    bb, corpus, _, _, _ = setup
+    ch, r = adapter_setup
+    assert r.exit_code == 0, r.output
+    assert "held-out public texts" in r.stdout and "adapted cos" in r.stdout
+    doc = json.loads((ch / "config.json").read_text())
+    assert doc["format"] == "rapt-channel-adapter"
+    meta = doc["meta"]
+    assert meta["kind"] == "adapter" and meta["backbone"] == str(bb)
+    assert meta["corpus"]["sources"][0]["name"] == str(corpus)
+    assert meta["train_rows"] == 280 and meta["identity_rows"] == 56  # 20 % clean pairs
+    assert meta["rows"] == 280 + 56 and meta["etas"] == [120.0] and meta["seeded"] is True
+    (ev,) = meta["evaluation"]
+    assert ev["held_out_rows"] == 20 and {"raw", "adapted"} <= set(ev)
+    model = load_channel_model(ch, load_backbone(str(bb)))
+    assert isinstance(model, ChannelAdapter) and model.config.max_length == 16
+    r = runner.invoke(app, ["adapt", "--kind", "nope", "--out", str(ch.parent / "x"),
+                            "--backbone", str(bb), "--corpus", str(corpus), "--eta", ETA])
+    assert r.exit_code == 2 and "--kind must be denoiser or adapter" in r.stderr
+
+
+def test_tune_and_predict_with_a_channel_adapter(setup, adapter_setup, tmp_path):
+    """The prompt is tuned and predicts on the adapted backbone (rows as released); the
+    artifact records the adapter and the public backbone's name; predict checks the adapter."""
+    from rapt.channel_adapter import ChannelAdapter
+    from rapt.trainer import TunedPrompt
+
+    bb, _, csv, den_folder, _ = setup
+    ch, _ = adapter_setup
+    art = tmp_path / "art"
+    r = _tune(setup, art, "--channel", str(ch))
+    assert r.exit_code == 0, r.output
+    assert "channel: the channel model recovers" not in r.stdout  # an adapter outputs no tokens
+    meta = json.loads((art / "config.json").read_text())["meta"]
+    backbone = load_backbone(str(bb))
+    ad = ChannelAdapter.load(ch, backbone)
+    assert meta["backbone"] == str(bb)  # `rapt predict` loads this name
+    assert meta["channel"]["fingerprint"] == channel_fingerprint(ad)
+    assert meta["channel"]["provenance"]["kind"] == "adapter"
+
+    r = runner.invoke(app, ["predict", str(art), str(csv), "--channel", str(ch),
+                            "--noise-seed", "2", "--json-report"])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["predict", str(art), str(csv), "--channel", str(den_folder)])
+    assert r.exit_code == 2 and "is not the channel model" in r.stderr, r.output
+    r = runner.invoke(app, ["predict", str(art), str(csv)])
+    assert r.exit_code == 2 and "was tuned with the channel model" in r.stderr, r.output
+
+    # Customization: the adapter changes the reader, never the rows.
+    tuned = TunedPrompt.load(art)
+    custom = Customization.from_artifact(backbone, tuned, eta=None, channel=ad)
+    assert custom.reader is ad.adapted_backbone(backbone) and custom.reader is not backbone
+    rows = custom.rows(["the movie was good", "a very boring plot"], queries=True)
+    assert custom.denoise(rows) == rows
+    got = custom.predict_proba(rows)
+    assert torch.allclose(got, tuned.predict_proba(custom.reader, rows))
+    assert not torch.allclose(got, tuned.predict_proba(backbone, rows), atol=1e-6)

@@ -286,3 +286,44 @@ def test_ray_actors_load_the_channel_and_apply_it(tmp_path, tiny_bert, ray_local
                             channel=den).tune(body["input_ids"], body["labels"], 2)
         for name, t in ref.tensors.items():
             assert torch.allclose(tuned.tensors[name], t, atol=1e-6), name
+
+
+def test_a_channel_adapter_tunes_and_predicts_on_the_adapted_backbone(tmp_path, tiny_bert):
+    """With a channel adapter the rows stay as uploaded; the job tunes on, and predict runs on,
+    the backbone with the adapter merged in (not the shared micro-batched one)."""
+    from rapt.channel_adapter import ChannelAdapterConfig, train_channel_adapter
+
+    tok = tiny_bert.tokenizer
+    body = dataset(tok)
+    text = [r[3:-1] for r in body["input_ids"]]
+    shuffled = [list(reversed(r)) for r in text]  # any aligned pairs: a LoRA that moved
+    ad = train_channel_adapter(tiny_bert, text * 4, shuffled * 4,
+                               ChannelAdapterConfig(lora_r=4, lr=5e-2, batch_size=8,
+                                                    max_length=16))
+    ad.meta["backbone"] = "tiny"  # the service's name for tiny_bert
+    folder = ad.save(tmp_path / "adapter")
+    h = add_key(tmp_path)
+    app = app_for(tmp_path, tiny_bert, {"tiny": str(folder)})
+    with TestClient(app) as c:
+        svc = app.state.svc
+        ch = svc.channels["tiny"]
+        assert ch.is_adapter and ch.fingerprint == channel_fingerprint(ad)
+        st = tune(c, h, body)["done"]
+        assert st["state"] == "succeeded", st
+        assert st["channel"]["fingerprint"] == ch.fingerprint
+        tuned = TunedPrompt.load(svc.store.get_prompt(
+            st["prompt_id"], prompt_owner(svc, st["prompt_id"]))["path"])
+        adapted = ch.model.adapted_backbone(tiny_bert)
+        params = svc.store.get_job(st["id"], None)["params"]
+        ref = Customization(tiny_bert, Encoding(32, body["plain_ids"]), tune_config(params),
+                            channel=ch.model).tune(body["input_ids"], body["labels"], 2)
+        for name, t in ref.tensors.items():
+            assert torch.allclose(tuned.tensors[name], t, atol=1e-6), name
+        queries = dataset(tok, n=5, seed=7)["input_ids"]
+        r = c.post("/v1/predict", json={"prompt_id": st["prompt_id"], "input_ids": queries},
+                   headers=h)
+        assert r.status_code == 200, r.text
+        assert r.json()["channel"]["fingerprint"] == ch.fingerprint
+        got = torch.tensor(r.json()["probabilities"])
+        assert torch.allclose(got, tuned.predict_proba(adapted, queries), atol=1e-5)
+        assert not torch.allclose(got, tuned.predict_proba(tiny_bert, queries), atol=1e-4)

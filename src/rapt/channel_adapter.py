@@ -161,13 +161,26 @@ def _distillation(student: nn.Module, teacher: nn.Module, data: _Pairs,
 
 class ChannelAdapter:
     """A trained channel adapter: its config, LoRA tensors (peft names) and provenance ``meta``
-    (corpus, tokens, η, backbone, training record). Holds no training rows."""
+    (corpus, tokens, η, backbone, training record). Holds no training rows.
+
+    As a channel model of :class:`rapt.pipeline.Customization` (``role`` "adapter") it changes
+    the model that reads the rows, not the rows: tuning and predict run on
+    :meth:`adapted_backbone`, the rows go in as released."""
+
+    role = "adapter"
 
     def __init__(self, config: ChannelAdapterConfig, tensors: dict[str, Tensor],
                  meta: dict | None = None) -> None:
         self.config = config
         self.tensors = {k: v.detach().cpu() for k, v in tensors.items()}
         self.meta = dict(meta or {})
+        # id(backbone.model) -> its adapted Backbone: merging copies the whole model, so a
+        # customization's tune and predict (and a server's requests) share one copy.
+        self._adapted: dict[int, Backbone] = {}
+
+    def trained_tensors(self) -> dict[str, Tensor]:
+        """The LoRA tensors (what is saved and fingerprinted)."""
+        return self.tensors
 
     def _student(self, backbone: Backbone) -> nn.Module:
         """The peft model on a private copy of ``backbone`` with these tensors loaded; raises
@@ -183,7 +196,14 @@ class ChannelAdapter:
         """Remedy (b): a :class:`rapt.models.Backbone` named ``"<name>+channel-adapter"`` whose
         model is a private copy of ``backbone``'s with this LoRA merged in, so tuners see a plain
         model. ``backbone`` is not modified. The privatizer must keep using ``backbone``'s own
-        embeddings (the same, as the adapter leaves the embedding layer alone)."""
+        embeddings (the same, as the adapter leaves the embedding layer alone). Built once per
+        backbone model and cached."""
+        key = id(backbone.model)
+        if key not in self._adapted:
+            self._adapted[key] = self._merged(backbone)
+        return self._adapted[key]
+
+    def _merged(self, backbone: Backbone) -> Backbone:
         merged = self._student(backbone).merge_and_unload()
         for p in merged.parameters():  # as load_backbone gives it: tuners freeze what they keep
             p.requires_grad_(True)

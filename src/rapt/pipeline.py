@@ -5,7 +5,8 @@ assemble by hand: the backbone, the privatizer (η, or the η calibrated for a t
 probability P on rapt's public text sample; the noise seed; the nearest-neighbour index mode),
 the :class:`Encoding` (texts → token-id rows, the plain tokens k of reconstruction, sentence
 pairs), the provider's channel model (optional: a :class:`rapt.attacks.denoiser.Denoiser` that
-reads privatized rows back before tuning and predict, "denoise-then-tune"), the tuner config
+reads privatized rows back before tuning and predict, "denoise-then-tune", or a channel adapter
+that makes the backbone read them as clean text), the tuner config
 (:class:`rapt.config.TuneConfig`), the artifact (:class:`rapt.trainer.TunedPrompt`) and the
 privacy report (η, measured P, nearest-neighbour inversion success).
 
@@ -19,7 +20,9 @@ It does no I/O: callers read files, print and save; progress goes to plain calla
 With ``channel=denoiser`` the privatized rows are denoised inside :meth:`Customization.tune` and
 :meth:`Customization.predict_proba` (text positions only: specials and plain tokens k stay as
 released), and the privacy report adds the channel's own recovery on the release: the same
-model is also an attacker at that η (once well trained, the strongest rapt has).
+model is also an attacker at that η (once well trained, the strongest rapt has). With
+``channel=adapter`` (a :class:`rapt.channel_adapter.ChannelAdapter`) the rows stay as released
+and :attr:`Customization.reader`, the backbone with the adapter merged in, tunes and predicts.
 """
 
 from __future__ import annotations
@@ -43,6 +46,11 @@ CHANNEL_NOTE = (
     "an attacker at this η; the empirical privacy reported is against the stronger of it and "
     "nearest neighbour. Post-processing of the dχ release: the formal guarantee at η is "
     "unchanged.")
+
+
+def _role(channel: Any) -> str | None:
+    """"denoiser", "adapter" or None (no channel model)."""
+    return None if channel is None else getattr(channel, "role", "denoiser")
 
 
 def channel_fingerprint(channel: Any) -> str:
@@ -160,7 +168,9 @@ class Customization:
     privatizer_mode: str = DEFAULT_PRIVATIZER_MODE
     artifact: Any = None  # rapt.trainer.TunedPrompt, once tuned (or loaded)
     privacy: dict | None = None  # privacy report of the last measured release
-    channel: Any = None  # rapt.attacks.denoiser.Denoiser; None: rows are tuned on as released
+    # rapt.attacks.denoiser.Denoiser (rewrites the rows) or rapt.channel_adapter.ChannelAdapter
+    # (the backbone that reads them: see reader); None: the public backbone reads rows as released
+    channel: Any = None
     # (private rows, denoised rows) of the last denoise call: measure() and tune() share it.
     _denoised: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -195,6 +205,15 @@ class Customization:
         trained = tuned.meta.get("privacy") or {}
         custom.target_p = trained.get("target_p") if trained.get("eta") == eta else None
         return custom.for_artifact(tuned)
+
+    @property
+    def reader(self) -> Any:
+        """The backbone that tunes and predicts: the channel adapter's adapted copy when the
+        channel model is one (role "adapter"), else :attr:`backbone`. The privatizer is always
+        :attr:`backbone`'s: the mechanism is the customer's, on the public backbone."""
+        if _role(self.channel) == "adapter":
+            return self.channel.adapted_backbone(self.backbone)
+        return self.backbone
 
     @property
     def eta(self) -> float | None:
@@ -234,7 +253,7 @@ class Customization:
         self.privacy = privacy_report(self.encoding.text_only(tok, clean),
                                       self.encoding.text_only(tok, private), self.privatizer,
                                       target_p=self.target_p)
-        if self.channel is not None:
+        if _role(self.channel) == "denoiser":  # an adapter outputs no tokens to score
             self.privacy["channel"] = self._channel_privacy(clean, private)
         return self.privacy
 
@@ -277,7 +296,7 @@ class Customization:
         Only the text positions go to ``channel.denoise``; the specials and the plain tokens k
         (public, and the reconstruction loss's targets) stay as released."""
         rows = [[int(t) for t in r] for r in rows]
-        if self.channel is None:
+        if _role(self.channel) != "denoiser":
             return rows
         if self._denoised is not None and self._denoised[0] == rows:
             return [list(r) for r in self._denoised[1]]
@@ -309,10 +328,12 @@ class Customization:
         if self.config is None:
             raise ValueError("Customization.config is not set: no tuner config to tune with")
         rows = self.denoise(rows) if self.channel is not None else rows
-        self.artifact = tune(self.backbone, rows, labels, num_labels, self.config,
+        self.artifact = tune(self.reader, rows, labels, num_labels, self.config,
                              plain_ids=self.encoding.plain, plain_index=self.encoding.plain_index,
                              progress=progress, should_stop=should_stop, checkpoint=checkpoint,
                              resume=resume)
+        # `rapt predict` loads the backbone by this name and the channel from --channel.
+        self.artifact.meta["backbone"] = self.backbone.name
         return self.artifact
 
     def privacy_meta(self) -> dict:
@@ -327,7 +348,7 @@ class Customization:
         if self.artifact is None:
             raise ValueError("Customization.artifact is not set: tune or load a prompt first")
         rows = self.denoise(rows) if self.channel is not None else rows
-        return self.artifact.predict_proba(self.backbone, rows)
+        return self.artifact.predict_proba(self.reader, rows)
 
     def predict(self, rows: Sequence[Sequence[int]]) -> list[int]:
         """Predicted label ids for rows in the artifact's layout."""

@@ -97,6 +97,8 @@ class Denoiser(nn.Module):
     ``guess`` / ``denoise`` take privatized rows only. ``meta`` records provenance (backbone,
     corpus, token count, η band)."""
 
+    role = "denoiser"  # as a channel model of rapt.pipeline.Customization: it rewrites rows
+
     def __init__(self, backbone: Backbone, config: DenoiserConfig,
                  meta: dict | None = None) -> None:
         super().__init__()

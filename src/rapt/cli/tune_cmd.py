@@ -131,10 +131,11 @@ _TUNE_HELP = {
     "seed": "init, data order and plain tokens (not privacy noise)",
     "noise_seed": "seed the privacy noise (dχ and DP-SGD): tests/benchmarks only, voids the "
     "guarantee; default: OS entropy",
-    "channel": "denoise-then-tune: a channel model folder from `rapt adapt` (same backbone); "
-    "privatized rows are read back by it before tuning (text positions only). The same model is "
-    "the strongest attacker at that η: the formal guarantee is unchanged, the empirical privacy "
-    "printed is its recovery",
+    "channel": "a channel model folder from `rapt adapt` (same backbone). A channel adapter "
+    "(`rapt adapt --kind adapter`, the better remedy in benchmarks/results/channel.md) makes the "
+    "backbone read privatized rows as clean text; a denoiser (denoise-then-tune) reads the rows "
+    "back before tuning (text positions only) and is also an attacker at that η, whose recovery "
+    "is printed. Both are post-processing: the formal guarantee is unchanged",
 }
 
 
@@ -245,10 +246,10 @@ def _load_channel(path: Path, bb):
     """The channel model saved by `rapt adapt` in ``path``, rebuilt on ``bb``; one error line
     when it cannot be (not a channel folder, another backbone, a causal backbone)."""
     from rapt.artifacts import ArtifactError
-    from rapt.attacks.denoiser import Denoiser
+    from rapt.channel import load_channel_model
 
     try:
-        den = Denoiser.load(path, bb)
+        den = load_channel_model(path, bb)
     except (ArtifactError, ValueError) as e:
         _fail(f"--channel {path}: {e}")
     trained_on = den.meta.get("backbone")
@@ -430,8 +431,8 @@ _PREDICT_HELP = {
     "noise_seed": "seed the query privatization noise (tests only; default: OS entropy)",
     "json_report": "print one JSON line at the end: examples, accuracy and the queries' privacy "
     "(η, measured P, inversion success)",
-    "channel": "the channel model the prompt was tuned with (`rapt tune --channel`): queries are "
-    "read back by it before predict",
+    "channel": "the channel model the prompt was tuned with (`rapt tune --channel`): a denoiser "
+    "reads the queries back before predict, a channel adapter is the backbone that reads them",
     "allow_channel_mismatch": "predict even when --channel is not the channel model the prompt "
     "was tuned with (or is missing): accuracy will suffer",
 }
@@ -535,7 +536,7 @@ def _predict_channel(o: SimpleNamespace, meta: dict, bb):
     problem = None
     if recorded and den is None:
         problem = (f"{o.artifact} was tuned with the channel model {recorded.get('path')!r} "
-                   f"(denoise-then-tune); pass --channel {recorded.get('path') or 'FOLDER'}")
+                   f"; pass --channel {recorded.get('path') or 'FOLDER'}")
     elif den is not None and not recorded:
         problem = (f"{o.artifact} was tuned without a channel model; leave --channel out")
     elif den is not None and channel_fingerprint(den) != recorded.get("fingerprint"):
@@ -590,8 +591,9 @@ _DEMO_HELP = {
     "noise_seed": "seed the privatization noise (repeatable table, no guarantee); default: OS "
     "entropy",
     "channel": "a channel model folder from `rapt adapt` (same backbone): adds a "
-    "+denoise-then-tune row (the +privatization rows and queries read back by it) and a line "
-    "on how much of the privatization gap it wins back; it adds that row's runs to the time",
+    "+channel adapter row (the +privatization rows and queries read by the adapted backbone) or "
+    "a +denoise-then-tune row (read back by a denoiser), and a line on how much of the "
+    "privatization gap it wins back; it adds that row's runs to the time",
 }
 
 

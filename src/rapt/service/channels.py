@@ -1,13 +1,16 @@
-"""The provider's channel models in the service (issue 27, denoise-then-tune).
+"""The provider's channel models in the service (issue 27: channel adapter, denoise-then-tune).
 
-One channel model (a :class:`rapt.attacks.denoiser.Denoiser` saved by ``rapt adapt``) per
-backbone, loaded at start-up (``rapt serve --channel BACKBONE=FOLDER``, ``ServiceConfig.channels``)
-and refused then if the folder is not a channel model or was built on another backbone. Jobs
-on privatized rows read them back through it, and so does predict for a prompt tuned that way,
+One channel model (a :class:`rapt.attacks.denoiser.Denoiser` or a
+:class:`rapt.channel_adapter.ChannelAdapter`, saved by ``rapt adapt``) per backbone, loaded at
+start-up (``rapt serve --channel BACKBONE=FOLDER``, ``ServiceConfig.channels``) and refused
+then if the folder is not a channel model or was built on another backbone. Jobs on
+privatized rows are read back through a denoiser, and so does predict for a prompt tuned that way,
 both through :class:`rapt.pipeline.Customization` (text positions only; specials and RAPT's
 plain tokens stay as uploaded). The channel model only ever sees what the customer uploaded
 (privatized ids): post-processing of the release; the same model is also an attacker at that η,
-once well trained the strongest rapt has (docs/THREAT_MODEL.md).
+once well trained the strongest rapt has (docs/THREAT_MODEL.md). A channel adapter leaves the
+rows as uploaded: jobs tune, and predict runs, on the backbone with the adapter merged in (its
+own copy, outside the micro-batcher).
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import torch
 
 __all__ = ["Channel", "ChannelError", "check_channel_folder", "denoise_rows", "load_channels",
            "parse_channel_specs", "recorded_channel", "same_backbone"]
@@ -32,7 +37,11 @@ class Channel:
 
     backbone: str
     folder: str
-    model: Any  # rapt.attacks.denoiser.Denoiser, in eval mode on the backbone's device
+    model: Any  # a Denoiser (eval mode, on the backbone's device) or a ChannelAdapter
+
+    @property
+    def is_adapter(self) -> bool:
+        return getattr(self.model, "role", None) == "adapter"
     info: dict
 
     @property
@@ -78,14 +87,20 @@ def check_channel_folder(folder: str | Path, backbone: str) -> dict:
     """The provenance of the channel model in ``folder`` (read without building it), or a
     ChannelError when it is not a channel model or was built on another backbone than
     ``backbone``: the cheap check ``rapt serve`` makes before it loads anything."""
+    from rapt import channel_adapter
     from rapt.artifacts import ArtifactError, load_artifact
-    from rapt.attacks.denoiser import KIND
+    from rapt.attacks import denoiser
 
-    try:
-        _, _, meta = load_artifact(folder, kind=KIND)
-    except ArtifactError as e:
+    errors = []
+    for kind in (denoiser.KIND, channel_adapter.KIND):
+        try:
+            _, _, meta = load_artifact(folder, kind=kind)
+            break
+        except ArtifactError as e:
+            errors.append(str(e))
+    else:
         raise ChannelError(f"--channel {backbone}={folder}: not a channel model folder from "
-                           f"`rapt adapt`: {e}") from None
+                           f"`rapt adapt`: {errors[0]}") from None
     recorded = meta.get("backbone")
     if not same_backbone(recorded, backbone):
         what = (f"was built on backbone {recorded!r}" if recorded is not None
@@ -102,7 +117,7 @@ def load_channels(specs: Mapping[str, str | Path], backbones: Mapping[str, Any]
     backbone; ChannelError, naming the folder, for a backbone not loaded, a folder that is not
     a channel model, or one built on another backbone."""
     from rapt.artifacts import ArtifactError
-    from rapt.attacks.denoiser import Denoiser
+    from rapt.channel import load_channel_model
     from rapt.pipeline import Customization
 
     out = {}
@@ -114,10 +129,13 @@ def load_channels(specs: Mapping[str, str | Path], backbones: Mapping[str, Any]
         bb = backbones[name]
         check_channel_folder(folder, name)
         try:
-            den = Denoiser.load(folder, bb)
+            den = load_channel_model(folder, bb)
         except (ArtifactError, ValueError) as e:
             raise ChannelError(f"--channel {name}={folder}: {e}") from None
-        den.to(next(iter(bb.model.parameters())).device).eval()
+        if isinstance(den, torch.nn.Module):  # a denoiser: its own copy of the encoder
+            den.to(next(iter(bb.model.parameters())).device).eval()
+        else:  # an adapter: merge it now, before the micro-batchers hook the backbone
+            den.adapted_backbone(bb)
         info = Customization(bb, channel=den).channel_meta()
         out[name] = Channel(name, str(folder), den, info)
     return out

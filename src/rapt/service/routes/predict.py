@@ -26,6 +26,13 @@ def predict(body: PredictRequest, svc: Svc, me: Owner) -> PredictResponse:
     ids = svc.rows_of(row["backbone"], body.input_ids, body.texts,
                       svc.limits.max_predict_rows, "max_predict_rows",
                       prompt_tokens=prompt_positions(prompt), text_pairs=body.text_pairs)
+    if channel is not None and channel.is_adapter:
+        # The prompt was tuned on the adapted backbone: it predicts there, not on the shared
+        # one the micro-batcher serves.
+        probs = prompt.predict_proba(channel.model.adapted_backbone(
+            svc.backbones[row["backbone"]]), ids).float().cpu()
+        return PredictResponse(prompt_id=row["id"], labels=probs.argmax(-1).tolist(),
+                               probabilities=probs.tolist(), channel=channel.info)
     if channel is not None:  # read back as the training rows were; tokenized texts hold no k
         plain = row["plain_ids"] if body.input_ids is not None else None
         ids = denoise_rows(channel, svc.backbones[row["backbone"]], ids, plain)
