@@ -7,7 +7,10 @@ the attribute attack.
 * Table 3: frozen vs unfrozen embedding layer on SST-2 across η; the unfrozen release is
   fresh every epoch and EP is the union of the per-epoch attack successes (SAP §5.3).
 * Table 4: split after n = 0..5 blocks × η (and no privatization): EP by the optimisation
-  inversion of Song & Raghunathan (n >= 1) or nearest neighbour (n = 0), and UA.
+  inversion of Song & Raghunathan (n >= 1) or nearest neighbour (n = 0), and UA. Privatized
+  tokens at every depth by default; ``--t4-privatize tokens,output`` adds the paper's setting
+  (§4.1/§4.3: dχ noise on the bottom's *output* states, ``SplitConfig.privatize="output"``,
+  setting "SAP output noise", n >= 1) beside it.
 * AIA: a 2-layer MLP on mean-pooled released representations predicts TrustPilot gender /
   age, next to the majority rate and the no-privatization release.
 
@@ -93,6 +96,8 @@ PROFILES = {
                   attack_rows=500, attack_k=None, attack_steps=300,
                   aia_train=(100, 500, 2032), aia_test=2034),
 }
+# Setting name per SplitConfig.privatize (the token mode is plain "SAP", as before).
+PRIVATIZE_SETTINGS = {"tokens": "SAP", "output": "SAP output noise"}
 # Setting names per CTI rule (rapt.cti.CTI_RULES); "uniform" is the paper's SAP-CTI. A
 # smoothing α other than rapt's default 1 is appended (" α=0.1"): the paper gives no α.
 CTI_SETTINGS = {"uniform": "SAP-CTI", "per-class": "SAP-CTI per-class k"}
@@ -198,27 +203,33 @@ class Bench:
 
     def run(self, table: str, task: str, p: float | None, seed: int, *, cti: bool = False,
             cti_rule: str = "uniform", cti_alpha: float = DEFAULT_SMOOTHING, split: int = 0,
-            unfreeze: bool = False) -> dict:
+            unfreeze: bool = False, privatize: str = "tokens") -> dict:
         prof = self.prof
         # The tables share settings (Table 3's frozen rows and Table 4's n = 0 rows are Figure
         # 2's SST-2 SAP rows): a run already made with the same settings, in this file or a
         # --reuse file, is copied instead of trained again (same seeds: identical numbers).
-        setting = cti_setting(cti_rule, cti_alpha) if cti else "SAP"
+        setting = cti_setting(cti_rule, cti_alpha) if cti else PRIVATIZE_SETTINGS[privatize]
         key = (task, p, seed, setting, split, unfreeze)
-        for old in self.res["runs"]:  # --append resumes: a finished run is not made twice
+        tr, te, rtr, rte = self.task(task)
+        A = prof["attack_rows"]
+        # EP depends on the rows attacked: runs from before issue 28 (64 rows, no record) or
+        # with another --attack-rows are made again, not copied
+        same = [old for old in self.res["runs"] if old.get("attack_rows") == min(A, len(rtr))]
+        for old in same:  # --append resumes: a finished run is not made twice
             if _run_key(old) == key and old["table"] == table:
                 return old
-        for old in [*self.res["runs"], *self.reusable()]:
+        for old in [*same, *(r for r in self.reusable()
+                             if r.get("attack_rows") == min(A, len(rtr)))]:
             if _run_key(old) == key:
                 run = {**old, "table": table, "reused_from": old["table"]}
                 self.res["runs"].append(run)
                 print(json.dumps(run), flush=True)
                 self.save()
                 return run
-        tr, te, rtr, rte = self.task(task)
         eta = self.eta(p)
         cfg = SplitConfig(split_layer=split, eta=eta, cti=cti, cti_rule=cti_rule,
                           cti_smoothing=cti_alpha, unfreeze_bottom=unfreeze,
+                          privatize=privatize,
                           lr=prof["lr"], head_lr=prof["head_lr"], bottom_lr=prof["lr"] / 10,
                           epochs=prof["epochs"], batch_size=prof["batch_size"],
                           max_length=prof["max_length"], seed=seed, noise_seed=1000 + seed)
@@ -228,7 +239,6 @@ class Bench:
             privatizer=self.privatizer(eta, seed) if eta is not None else None)
         if cti:
             customer.fit_cti(*self.cti_rows[task])
-        A = prof["attack_rows"]
         seen: list[tuple[list[int], object]] = []
 
         def observe(idx, acts):
@@ -542,14 +552,17 @@ def plot(res: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, n_ax, figsize=(5.5 * n_ax, 4), squeeze=False)
     if t4:  # Figure 4: EP and UA against the split position
         ax = axes[0][-1]
-        for p in sorted({r["P_target"] for r in t4}, key=_p_key):
-            rows = sorted((r for r in t4 if r["P_target"] == p), key=lambda r: r["split"])
-            tag = "no privacy" if p is None else f"P {p}"
+        for setting, p in sorted({(r["setting"], r["P_target"]) for r in t4},
+                                 key=lambda k: (k[0], _p_key(k[1]))):
+            rows = sorted((r for r in t4 if r["P_target"] == p and r["setting"] == setting),
+                          key=lambda r: r["split"])
+            tag = "no privacy" if p is None else f"P {p}" + (
+                "" if setting == "SAP" else f", {setting.removeprefix('SAP ')}")
+            style = ":" if p is None else "-" if setting == "SAP" else "--"
             for metric, color in (("UA", "tab:blue"), ("EP", "tab:red")):
                 ax.errorbar([r["split"] for r in rows], [100 * r[metric] for r in rows],
                             yerr=[100 * r[f"{metric}_sd"] for r in rows], color=color,
-                            linestyle=":" if p is None else "-", marker="o", capsize=3,
-                            label=f"{metric} {tag}")
+                            linestyle=style, marker="o", capsize=3, label=f"{metric} {tag}")
         ax.set_xlabel("split after n blocks (0 = embedding layer only)")
         ax.set_ylabel("%")
         ax.set_title("SST-2: split position (Table 4 / Figure 4)")
@@ -601,6 +614,9 @@ def main() -> None:
                     help="TrustPilot attributes of the attribute attack")
     ap.add_argument("--levels", default=None,
                     help="comma list of target P for Figure 2 (default: the profile's)")
+    ap.add_argument("--t4-privatize", default="tokens",
+                    help="comma list of SplitConfig.privatize modes run in Table 4: tokens "
+                         "(ours so far) and/or output (the paper's §4.1/§4.3 placement)")
     ap.add_argument("--attack-rows", type=int, default=None,
                     help="EP over the first N training rows (default: the profile's, 500)")
     ap.add_argument("--t3-seeds", type=int, default=None, help="Table 3 seeds (default: profile)")
@@ -725,10 +741,18 @@ def main() -> None:
                 for unfreeze in (False, True):
                     plan.append(("table3", "sst2", p, seed, {"unfreeze": unfreeze}))
     if "table4" in parts:
+        modes = args.t4_privatize.split(",")
+        if not set(modes) <= set(PRIVATIZE_SETTINGS):
+            raise SystemExit(f"--t4-privatize: choose from {', '.join(PRIVATIZE_SETTINGS)}")
         for seed in range(prof["t4_seeds"]):
             for n in prof["t4_splits"]:
                 for p in (None, *prof["t4_levels"]):
-                    plan.append(("table4", "sst2", p, seed, {"split": n}))
+                    for mode in modes:
+                        # no privacy is one setting; output noise needs blocks (n >= 1)
+                        if mode == "output" and (p is None or n == 0):
+                            continue
+                        plan.append(("table4", "sst2", p, seed, {"split": n,
+                                                                 "privatize": mode}))
     # Runs that repeat Figure 2's SST-2 SAP settings (frozen, n = 0) go last, so that a
     # Figure 2 process running beside this one has made them by then (see --reuse).
     plan.sort(key=lambda r: r[0] != "fig2" and r[1] == "sst2" and not r[4].get("unfreeze")

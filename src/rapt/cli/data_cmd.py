@@ -117,12 +117,8 @@ def cti(
     batch_size: int = typer.Option(1024, "--batch-size", help="texts per tokenizer call"),
 ) -> None:
     """Print the top contributing tokens per class (SAP utility importance)."""
-    from tqdm import tqdm
-    from transformers import AutoTokenizer
-
     from rapt.cti import CTI_RULES, contributing_tokens
     from rapt.data import DataError
-    from rapt.models import BackboneNotFoundError, resolve
 
     if rule not in CTI_RULES:
         _fail(f"--rule must be one of {', '.join(CTI_RULES)}, got {rule!r}")
@@ -136,20 +132,7 @@ def cti(
         _fail(f"CTI needs labels: {e}")
     if ds.num_labels < 2:
         _fail(f"CTI needs at least 2 classes; {ds.name} has {ds.label_names}")
-    try:
-        source, gguf_file, _ = resolve(backbone)
-        tok = AutoTokenizer.from_pretrained(source, **({"gguf_file": gguf_file}
-                                                       if gguf_file else {}))
-    except (BackboneNotFoundError, OSError) as e:
-        _fail(f"cannot load the tokenizer of '{backbone}': {e}")
-    ids: list[list[int]] = []
-    pairs = ds.text_pairs
-    for i in tqdm(range(0, len(ds), batch_size), desc="tokenizing", unit="batch"):
-        texts = ds.texts[i:i + batch_size]
-        second = pairs[i:i + batch_size] if pairs[i] is not None else None
-        # verbose=False: long reviews exceed the model's max length; CTI counts every token.
-        enc = tok(texts, second, verbose=False) if second else tok(texts, verbose=False)
-        ids += enc["input_ids"]
+    tok, ids = _tokenize(ds, backbone, batch_size)
     special = set(tok.all_special_ids)
     res = contributing_tokens(ids, labels, num_classes=ds.num_labels, vocab_size=len(tok),
                               special_ids=special, coverage=coverage, k=k, rule=rule,
@@ -167,8 +150,36 @@ def cti(
     if res.k == 0:
         typer.echo("  even the union of every class's top token exceeds the coverage budget; "
                    "use --k or a larger --coverage to inspect the ranking")
-    shown = max(top, 0)
-    for c, cname in enumerate(ds.label_names):
+    _print_ranking(res, ds.label_names, tok, max(top, 0))
+
+
+def _tokenize(ds, backbone: str, batch_size: int):
+    """(tokenizer of ``backbone``, token ids of every example with its text pair)."""
+    from tqdm import tqdm
+    from transformers import AutoTokenizer
+
+    from rapt.models import BackboneNotFoundError, resolve
+
+    try:
+        source, gguf_file, _ = resolve(backbone)
+        tok = AutoTokenizer.from_pretrained(source, **({"gguf_file": gguf_file}
+                                                       if gguf_file else {}))
+    except (BackboneNotFoundError, OSError) as e:
+        _fail(f"cannot load the tokenizer of '{backbone}': {e}")
+    ids: list[list[int]] = []
+    pairs = ds.text_pairs
+    for i in tqdm(range(0, len(ds), batch_size), desc="tokenizing", unit="batch"):
+        texts = ds.texts[i:i + batch_size]
+        second = pairs[i:i + batch_size] if pairs[i] is not None else None
+        # verbose=False: long reviews exceed the model's max length; CTI counts every token.
+        enc = tok(texts, second, verbose=False) if second else tok(texts, verbose=False)
+        ids += enc["input_ids"]
+    return tok, ids
+
+
+def _print_ranking(res, label_names: list[str], tok, shown: int) -> None:
+    """Each class's ``shown`` best tokens by UI, contributing ones starred."""
+    for c, cname in enumerate(label_names):
         best = [t for t in res.ranking[c, :shown].tolist() if t >= 0]
         typer.echo(f"class {cname}:")
         for rank, t in enumerate(best, start=1):

@@ -61,6 +61,23 @@ def _eta(bb, eta: float | None, target_p: float | None,
     return eta
 
 
+_PRIVATIZE = typer.Option("tokens", help="tokens: dχ on the token embeddings, then the bottom "
+                          "(SAP Algorithm 1); output: dχ noise on the bottom's output states "
+                          "(split >= 1, the paper's §4.3)")
+_CTI_SMOOTHING = typer.Option(1.0, help="α of the add-α estimate of p(token | class) in the "
+                              "utility importance (the paper gives none; smaller α ranks rare "
+                              "one-class tokens higher)")
+
+
+def _echo_output_privacy(cfg, bb) -> None:
+    """What holds for ``--privatize output`` (no token report applies there)."""
+    if cfg.eta is not None and cfg.privatize == "output":
+        typer.echo(f"privacy: dχ noise on the bottom's output states, η = {cfg.eta:.4g} (norm "
+                   f"Gamma({bb.hidden_size}, 1/η), mean {bb.hidden_size / cfg.eta:.3g}); metric "
+                   "privacy in the bottom's output space, no per-token statement (SplitConfig "
+                   "docstring); measure it with `rapt sap attack --privatize output`")
+
+
 def _config(**kw):
     from rapt.split import SplitConfig
 
@@ -87,11 +104,10 @@ def sap_tune(
     cti_coverage: float = typer.Option(0.01, help="max share of token occurrences they cover"),
     cti_rule: str = typer.Option("uniform", help="uniform: one k for all classes (SAP's rule); "
                                  "per-class: each class fills the budget (ours, not the paper's)"),
-    cti_smoothing: float = typer.Option(1.0, help="α of the add-α estimate of p(token | class) "
-                                        "in the utility importance (the paper gives none; "
-                                        "smaller α ranks rare one-class tokens higher)"),
+    cti_smoothing: float = _CTI_SMOOTHING,
     unfreeze_bottom: bool = typer.Option(False, "--unfreeze-bottom/--freeze-bottom",
                                          help="train the bottom too (fresh noise every step)"),
+    privatize: str = _PRIVATIZE,
     method: str = typer.Option("lora", help="how the provider tunes the top: lora | prompt"),
     lr: float = typer.Option(2e-3),
     head_lr: float | None = typer.Option(1e-2, help="customer's output layer"),
@@ -119,7 +135,7 @@ def sap_tune(
     e = _eta(bb, eta, target_p, target_ep)
     cfg = _config(split_layer=split_layer, eta=e, cti=cti, cti_multiplier=cti_multiplier,
                   cti_coverage=cti_coverage, cti_rule=cti_rule, cti_smoothing=cti_smoothing,
-                  unfreeze_bottom=unfreeze_bottom, method=method,
+                  unfreeze_bottom=unfreeze_bottom, method=method, privatize=privatize,
                   lr=lr, head_lr=head_lr, epochs=epochs, batch_size=batch_size,
                   max_length=max_length, seed=seed, noise_seed=noise_seed)
     if e is None and url is not None:
@@ -132,6 +148,7 @@ def sap_tune(
     rows, customer, provider, sid = _start_parties(bb, cfg, ds, client, url)
     hist = _train(customer, provider)
     privacy = customer.privacy_report(rows, target_p=target_p)
+    _echo_output_privacy(cfg, bb)
     if privacy is not None:
         echo_privacy(privacy, backbone=backbone)
         if cti:
@@ -347,6 +364,7 @@ def sap_attack(
                                             "(0 = whole vocabulary)"),
     steps: int = typer.Option(100, help="optimisation attack: Adam steps"),
     noise_seed: int | None = typer.Option(None),
+    privatize: str = _PRIVATIZE,
 ) -> None:
     """Embedding inversion on the bottom's (privatized) release, as the provider would run it:
     nearest neighbour through the embedding layer (split 0) or the optimisation attack of Song
@@ -368,7 +386,8 @@ def sap_attack(
         fail(f"{data}: no texts")
     bb = load_backbone_or_fail(backbone)
     e = _eta(bb, eta, target_p, target_ep)
-    cfg = _config(split_layer=split_layer, eta=e, max_length=max_length, noise_seed=noise_seed)
+    cfg = _config(split_layer=split_layer, eta=e, max_length=max_length, noise_seed=noise_seed,
+                  privatize=privatize)
     try:
         customer, _ = setup_split(bb, cfg, 2, 1)
     except ValueError as err:
@@ -391,7 +410,7 @@ def sap_attack(
                                             steps=steps)
         seen = candidate_hits(orig, cands) if cands is not None else None
     r = score_inversion(rec, orig, acts.mask, bb.special_ids, seen)
-    typer.echo(json.dumps({"split_layer": split_layer, "eta": e,
+    typer.echo(json.dumps({"split_layer": split_layer, "eta": e, "privatize": privatize,
                            "measured_p": customer.measured_p if e is not None else 0.0,
                            **r.as_dict()}))
     echo_table_line(backbone, e, err=True)

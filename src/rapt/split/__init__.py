@@ -17,11 +17,15 @@ What each party sees and keeps private:
   risk that SAP does not address), and with a frozen bottom every example is released once;
   with an unfrozen bottom it is released afresh every epoch, so an attacker gets E looks.
 
-Privacy statement: each released token position is ηdχ-private given the (private) choice
-of contributing tokens; see :mod:`rapt.cti` for what CTI weakens. The blocks after the
-mechanism are post-processing, so splitting deeper never weakens the guarantee, it only makes
-inversion harder in practice (SAP Table 4). Noise comes from :class:`rapt.noise.NoiseSource`
-(OS entropy unless ``SplitConfig.noise_seed`` is set).
+Privacy statement (``SplitConfig.privatize="tokens"``, the default): each released token
+position is ηdχ-private given the (private) choice of contributing tokens; see :mod:`rapt.cti`
+for what CTI weakens. The blocks after the mechanism are post-processing, so splitting deeper
+never weakens the guarantee; on MiniLM it did not make inversion harder either (the attack
+recovers the privatized ids). With ``privatize="output"`` (split >= 1, the placement SAP
+§4.1/§4.3 describes) the noise is on the bottom's output states instead: the statement is
+then metric privacy in the bottom's output space, with no per-token form
+(:class:`SplitConfig`). Noise comes from :class:`rapt.noise.NoiseSource` (OS entropy unless
+``SplitConfig.noise_seed`` is set).
 
 In-process use::
 
@@ -35,7 +39,7 @@ has ProviderSession's interface, so the same ``train_split`` / ``predict_split``
 a session on the server; messages travel as safetensors (:mod:`rapt.split.wire`).
 """
 
-from rapt.split.config import PROVIDER_FIELDS, SPLIT_METHODS, SplitConfig
+from rapt.split.config import PRIVATIZE_MODES, PROVIDER_FIELDS, SPLIT_METHODS, SplitConfig
 from rapt.split.customer import (
     SplitCustomer,
     encode_texts,
@@ -58,6 +62,7 @@ from rapt.split.protocol import (
 from rapt.split.provider import ProviderSession, load_top, tune_top
 
 __all__ = [
+    "PRIVATIZE_MODES",
     "PROVIDER_FIELDS",
     "SPLIT_METHODS",
     "ActivationGrad",

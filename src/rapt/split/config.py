@@ -9,9 +9,10 @@ from typing import Literal
 from rapt.config import DEFAULT_PRIVATIZER_MODE, known_fields
 from rapt.cti import CTI_RULES, DEFAULT_SMOOTHING
 
-__all__ = ["PROVIDER_FIELDS", "SPLIT_METHODS", "SplitConfig"]
+__all__ = ["PRIVATIZE_MODES", "PROVIDER_FIELDS", "SPLIT_METHODS", "SplitConfig"]
 
 SPLIT_METHODS: tuple[str, ...] = ("lora", "prompt")
+PRIVATIZE_MODES: tuple[str, ...] = ("tokens", "output")
 # What the provider needs to run and tune the top (a remote session's configuration). The
 # rest stays with the customer: η and CTI (which tokens matter is a statistic of the labelled
 # data), the noise seed, and the learning rates of the customer's own head and bottom.
@@ -35,6 +36,21 @@ class SplitConfig:
     paper's: each class fills the coverage budget on its own, :data:`rapt.cti.CTI_RULES`);
     ``cti_smoothing``: α of the add-α estimate in :func:`rapt.cti.utility_importance` (the
     paper gives none; 1 is ours, and α moves the uniform rule's k: :data:`DEFAULT_SMOOTHING`).
+    ``privatize``: where the η noise goes. "tokens" (default, SAP Algorithm 1 at every depth):
+    dχ noise on each token embedding, then the nearest vocabulary token, then the bottom's
+    blocks. "output" (split_layer >= 1; SAP §4.1/§4.3, "privatizes the outputs of the bottom
+    model"): the bottom runs on the clean ids and each released position's hidden state h gets
+    z = l·v, l ~ Gamma(width, scale 1/η), v uniform on the sphere (density ∝ exp(−η‖z‖), the
+    same sampler as the token mechanism, with the bottom's output width as the Gamma shape).
+    What holds for "output": for two rows x, x' of equal length, every release satisfies
+    P[M(x) ∈ S] ≤ exp(η·Σ_j ‖f_j(x) − f_j(x')‖)·P[M(x') ∈ S], f_j the bottom's state at
+    position j: metric privacy in the bottom's output space, not in the token embeddings.
+    Attention mixes positions, so changing one token moves every f_j and the whole row's
+    distance counts; no per-token statement follows. A bottom ending in a LayerNorm (BERT-style)
+    has ‖f_j‖ ≤ R, which gives plain ε-DP between equal-length rows with ε = 2ηRL: finite but
+    far too large to mean anything; a Llama-style bottom ends in an unnormalised residual
+    stream, so not even that. The token mode's guarantee (per token, in embedding distance)
+    is the stronger statement; "output" is what the paper's Table 4 numbers imply.
     ``unfreeze_bottom``: the customer trains its bottom with the gradient the top returns, and
     privatizes afresh every iteration (SAP §5.3). ``method``: how the provider tunes the top
     ("lora" = peft LoRA on the attention query/value projections, the paper's choice;
@@ -50,6 +66,7 @@ class SplitConfig:
     cti_coverage: float = 0.01
     cti_rule: Literal["uniform", "per-class"] = "uniform"
     cti_smoothing: float = DEFAULT_SMOOTHING
+    privatize: Literal["tokens", "output"] = "tokens"
     unfreeze_bottom: bool = False
     method: Literal["lora", "prompt"] = "lora"
     lora_r: int = 8
@@ -89,6 +106,16 @@ class SplitConfig:
         if self.cti_rule not in CTI_RULES:
             raise ValueError(f"SplitConfig.cti_rule must be one of {', '.join(CTI_RULES)}, "
                              f"got {self.cti_rule!r}")
+        if self.privatize not in PRIVATIZE_MODES:
+            raise ValueError(f"SplitConfig.privatize must be one of {', '.join(PRIVATIZE_MODES)}"
+                             f", got {self.privatize!r}")
+        if self.privatize == "output" and self.split_layer < 1:
+            raise ValueError("SplitConfig.privatize='output' needs split_layer >= 1: it noises "
+                             "the output of the bottom's blocks (with the embedding layer alone "
+                             "use privatize='tokens', SAP Algorithm 1)")
+        if self.privatize == "output" and self.cti:
+            raise ValueError("SplitConfig.cti needs privatize='tokens': CTI scales the noise of "
+                             "chosen tokens (SAP §4.4), and output noise has no tokens")
         if self.cti and self.eta is None:
             raise ValueError("SplitConfig.cti=True needs eta: CTI only decides which tokens get "
                              "less noise, and without privatization there is none")

@@ -17,7 +17,8 @@ from torch import Tensor, nn
 
 from rapt.cti import CTIResult, contributing_tokens, privatize_with_scale
 from rapt.models import Backbone
-from rapt.privatization import Privatizer, candidate_ids_from_tokenizer
+from rapt.noise import NoiseSource
+from rapt.privatization import Privatizer, candidate_ids_from_tokenizer, sample_noise
 from rapt.split.config import SplitConfig
 from rapt.split.model import Bottom, split_backbone
 from rapt.split.protocol import (
@@ -63,7 +64,9 @@ class SplitCustomer:
 
     ``privatizer`` (None = no privatization) works over the backbone's *initial* (public)
     embedding matrix and draws its noise from its own NoiseSource (OS entropy unless it was
-    built with a seed). With ``config.cti`` call :meth:`fit_cti` on the training rows first.
+    built with a seed). With ``config.privatize == "output"`` there is no privatizer: the
+    bottom's output states get dχ noise at ``config.eta`` from a NoiseSource seeded only by
+    ``config.noise_seed``. With ``config.cti`` call :meth:`fit_cti` on the training rows first.
     """
 
     def __init__(self, bottom: Bottom, config: SplitConfig, num_labels: int, *,
@@ -71,14 +74,19 @@ class SplitCustomer:
                  privatizer: Privatizer | None = None) -> None:
         if num_labels < 2:
             raise ValueError(f"num_labels must be >= 2, got {num_labels}")
-        if (privatizer is None) != (config.eta is None):
-            raise ValueError("pass a privatizer exactly when config.eta is set")
+        tokens = config.privatize == "tokens"
+        if (privatizer is None) != (config.eta is None or not tokens):
+            raise ValueError("pass a privatizer exactly when config.eta is set and "
+                             "config.privatize is 'tokens'")
         self.bottom = bottom
         self.config = config
         self.num_labels = int(num_labels)
         self.pad_id = int(pad_id)
         self.special_ids = sorted({int(i) for i in special_ids} | {self.pad_id})
         self.privatizer = privatizer
+        # output mode: the noise on the bottom's states (token mode: the privatizer's own)
+        self.output_noise = (NoiseSource(config.noise_seed)
+                             if config.eta is not None and not tokens else None)
         self.cti: CTIResult | None = None
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(config.seed)
@@ -132,7 +140,8 @@ class SplitCustomer:
 
     @property
     def measured_p(self) -> float:
-        """Fraction of released non-special tokens that the mechanism replaced."""
+        """Fraction of released non-special tokens that the mechanism replaced (0 with
+        ``privatize="output"``: no token is replaced there, the noise is on the states)."""
         return self.replaced / self.perturbable if self.perturbable else 0.0
 
     def privacy_report(self, rows: Sequence[Sequence[int]], *,
@@ -141,7 +150,9 @@ class SplitCustomer:
         the release of ``rows`` (:func:`rapt.privatization.privacy_report`; what split 0 hands
         over, deeper splits add the bottom's blocks on top): a frozen bottom's one release, or
         for an unfrozen one a fresh draw made for the measurement only (every step draws its
-        own). None without privatization."""
+        own). None without privatization, and with ``privatize="output"``, where no token is
+        privatized (the inversion attacks of :mod:`rapt.attacks.split_inversion` measure that
+        release)."""
         from rapt.privatization import privacy_report
 
         if self.privatizer is None:
@@ -186,10 +197,14 @@ class SplitCustomer:
         priv = self.privatize(ids)
         self._encode_cache([priv[i, :len(r)] for i, r in enumerate(self._rows)])
 
-    def _encode_cache(self, released: list[Tensor]) -> None:
+    def _encode_cache(self, released: list[Tensor],
+                      hidden: list[Tensor] | None = None) -> None:
+        """Keep the frozen bottom's one release: the released ids and, with blocks, their
+        states (``hidden``: states already released, restored on resume instead of drawing
+        output noise a second time)."""
         self._cache_ids = released
-        self._cache_hidden = None
-        if self.bottom.num_blocks:
+        self._cache_hidden = hidden
+        if hidden is None and self.bottom.num_blocks:
             self._cache_hidden = []
             with torch.no_grad():
                 for s in range(0, len(released), 64):
@@ -201,9 +216,17 @@ class SplitCustomer:
         return self.bottom.word_embeddings.weight.device
 
     def _run_bottom(self, ids: Tensor, mask: Tensor) -> Tensor:
+        """What the bottom releases for ``ids`` (B, n): its states, with output noise in
+        ``privatize="output"`` mode (fresh on every call), padding zeroed."""
         dev = self._device()
         mask = mask.to(dev)
         h = self.bottom(ids.to(dev), mask)
+        if self.output_noise is not None:
+            valid = mask.bool()
+            z = sample_noise(int(valid.sum()), h.shape[-1], float(self.config.eta),
+                             self.output_noise, device=dev)
+            h = h + torch.zeros_like(h).masked_scatter(valid.unsqueeze(-1), z.to(h.dtype))
+            self.perturbable += int(valid.sum())
         # Padding positions are zeroed before release: after a block they attend to the real
         # tokens, so their states would be extra views of the private row.
         return h * mask.unsqueeze(-1).to(h.dtype)
@@ -315,7 +338,9 @@ class SplitCustomer:
         trained, the contributing tokens, optimizer and schedule states, and, for a frozen
         bottom, the privatized ids already released, so a resumed run re-sends the *same*
         release instead of drawing a second one (which would give the provider another look at
-        every row). Privacy-noise generator state is never saved (rapt.noise)."""
+        every row); with ``privatize="output"`` the released states themselves, for the same
+        reason (the ids are the clean ones there). Privacy-noise generator state is never saved
+        (rapt.noise)."""
         state = {"kind": "split-customer", "split_layer": self.config.split_layer,
                  "head": {k: v.detach().cpu().clone() for k, v in self.head.state_dict().items()},
                  "head_opt": copy.deepcopy(self.head_opt.state_dict()),
@@ -323,6 +348,9 @@ class SplitCustomer:
                  "cti_tokens": list(self.cti.token_ids) if self.cti is not None else None,
                  "released_ids": [t.clone() for t in self._cache_ids]
                  if self._cache_ids is not None else None,
+                 "released_hidden": [t.clone() for t in self._cache_hidden]
+                 if self._cache_hidden is not None and self.output_noise is not None
+                 else None,
                  "replaced": self.replaced, "perturbable": self.perturbable}
         if self.config.unfreeze_bottom:
             state["bottom"] = {k: v.detach().cpu().clone()
@@ -352,7 +380,12 @@ class SplitCustomer:
             if len(state["released_ids"]) != len(self._rows):
                 raise ValueError(f"state released {len(state['released_ids'])} rows, "
                                  f"{len(self._rows)} are loaded")
-            self._encode_cache([t.clone() for t in state["released_ids"]])
+            hidden = state.get("released_hidden")
+            if self.output_noise is not None and hidden is None:
+                raise ValueError("state holds no released states: a privatize='output' "
+                                 "customer cannot re-encode without drawing new noise")
+            self._encode_cache([t.clone() for t in state["released_ids"]],
+                               [t.clone() for t in hidden] if hidden is not None else None)
 
 
 def setup_split(bb: Backbone, config: SplitConfig, num_labels: int, n_examples: int, *,
@@ -378,7 +411,10 @@ def make_customer(bb: Backbone, bottom: Bottom, config: SplitConfig, num_labels:
     if privatizer is not None and (config.eta is None or privatizer.eta != config.eta):
         raise ValueError(f"the privatizer's η ({privatizer.eta}) is not config.eta "
                          f"({config.eta})")
-    if privatizer is None and config.eta is not None:
+    if privatizer is not None and config.privatize != "tokens":
+        raise ValueError("a token privatizer was passed but config.privatize is "
+                         f"{config.privatize!r}: output noise needs none")
+    if privatizer is None and config.eta is not None and config.privatize == "tokens":
         # The bottom's own (initial, public) token embeddings: the ones the release goes through.
         emb = bottom.word_embeddings.weight.detach().clone()
         cand = candidate_ids_from_tokenizer(bb.tokenizer, emb.shape[0])
