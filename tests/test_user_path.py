@@ -241,6 +241,44 @@ def test_every_privatizing_command_shows_and_records_eta_p_inversion(bert_dir, c
     _privacy_ok(_json_line(r.stdout, "privacy")["privacy"], eta)
 
 
+def test_one_weak_privacy_rule_in_every_privatizing_command(bert_dir, csv_file, tmp_path,
+                                                           service):
+    """Issue 32 item 3 / issue 28 item 5: at a weak level (P ≈ 0.25) every command that
+    privatizes prints the same rule's warning; at a strong one (P ≈ 0.85) none does. Before,
+    only `client upload` / `client predict` warned, and by a P threshold of their own."""
+    bb = ["--backbone", str(bert_dir)]
+    small = ["--epochs", "1", "--batch-size", "4"]
+
+    def weak(r) -> bool:
+        assert r.exit_code == 0, r.output
+        return "weak privacy on this" in r.stderr and "--min-p 0.5" in r.stderr
+
+    for level, expect in (("0.25", True), ("0.85", False)):
+        art, sap = tmp_path / f"art{level}", tmp_path / f"sap{level}"
+        runs = {
+            "privatize": ["privatize", str(csv_file), str(tmp_path / f"p{level}.csv"), *bb,
+                          "--target-p", level],
+            "tune": ["tune", str(csv_file), "--out", str(art), *bb, "--target-p", level, *small,
+                     "--num-virtual-tokens", "2"],
+            "predict": ["predict", str(art), str(csv_file)],
+            "sap tune": ["sap", "tune", str(csv_file), "--out", str(sap), *bb, "--target-p",
+                         level, *small],
+            "sap predict": ["sap", "predict", str(sap), str(csv_file)],
+        }
+        for name, argv in runs.items():
+            assert weak(runner.invoke(app, argv)) is expect, (name, level)
+    r = runner.invoke(app, ["client", "upload", str(csv_file), *bb, "--target-p", "0.25",
+                            "--max-length", "32", *service])
+    assert "WARNING: weak privacy on this upload" in r.stderr, r.output
+    # the threshold is the user's: --min-p 0.1 lets the same level pass
+    r = runner.invoke(app, ["client", "upload", str(csv_file), *bb, "--target-p", "0.25",
+                            "--max-length", "32", "--min-p", "0.1", *service])
+    assert r.exit_code == 0 and "weak privacy" not in r.stderr, r.output
+    r = runner.invoke(app, ["privatize", str(csv_file), str(tmp_path / "q.csv"), *bb,
+                            "--target-p", "0.25", "--min-p", "0.1"])
+    assert r.exit_code == 0 and "weak privacy" not in r.stderr, r.output
+
+
 def test_target_p_help_says_eta_is_calibrated_on_public_text():
     for path in (("privatize",), ("tune",), ("demo",), ("sap", "tune"), ("client", "upload")):
         assert "public text sample" in _params(*path)["target_p"].help, path

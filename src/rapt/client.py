@@ -27,6 +27,7 @@ import httpx
 
 from rapt.config import DEFAULT_PLAIN_TOKENS, DEFAULT_PRIVATIZER_MODE
 from rapt.http import HttpSession, ServiceError, warn_plain_http
+from rapt.privacy_rule import DEFAULT_MIN_P  # the one weak-privacy threshold (re-exported)
 
 if TYPE_CHECKING:  # imported where used: rapt.pipeline brings torch, `import rapt.client` not
     from rapt.pipeline import Customization
@@ -47,7 +48,6 @@ class PrivacyWarning(UserWarning):
     """Weak or no privacy on data about to leave (or that just left) this machine."""
 
 
-DEFAULT_MIN_P = 0.5  # below this the provider reads most of the tokens as they are
 
 
 @dataclass
@@ -184,13 +184,13 @@ class RaptClient:
                           n_tokens=sum(len(r) for r in text))
         else:
             report.update(replace(self.customization, encoding=layout).measure(rows, private))
-            if report["replacement_probability"] < self.min_p:
-                warnings.warn(
-                    f"weak privacy on this {what}: only {report['replacement_probability']:.1%} "
-                    f"of tokens were replaced (P < min_p = {self.min_p:g}) and a nearest-"
-                    f"neighbour attack recovers {report['inversion_success']:.1%} of them; "
-                    f"lower eta (now {self.eta:g}) for more privacy", PrivacyWarning,
-                    stacklevel=3)
+            from rapt.privacy_rule import weak_privacy_warning
+
+            # The rule every command applies (rapt.privacy_rule): table and measured recovery.
+            msg = weak_privacy_warning(report, backbone=self.backbone.name, min_p=self.min_p,
+                                       what=what)
+            if msg is not None:
+                warnings.warn(msg, PrivacyWarning, stacklevel=3)
         self.last_privacy = report
         return report
 

@@ -103,6 +103,25 @@ def load_backbone_or_fail(name: str):
         fail(str(e))
 
 
+def load_data_or_fail(data: str, split: str = "train", *, limit: int | None = None,
+                      text_column: str | None = None, label_column: str | None = None,
+                      attribute: str | None = None, label_names: list[str] | None = None,
+                      fmt: str | None = None, label_base: int | None = None,
+                      text_pair_column: str | None = None):
+    """``rapt.data.load_dataset`` with the shared data options, its notes on stderr; a bad
+    file is one error line naming file, line and field (exit 2)."""
+    from rapt.data import DataError, cli_message, load_dataset
+
+    try:
+        ds = load_dataset(data, split, text_column=text_column, label_column=label_column,
+                          attribute=attribute, limit=limit, label_names=label_names,
+                          format=fmt, label_base=label_base, text_pair_column=text_pair_column)
+    except (DataError, FileNotFoundError) as e:
+        fail(cli_message(str(e)))
+    echo_data_notes(ds)
+    return ds
+
+
 def echo_data_notes(ds) -> None:
     """What the loader guessed about a dataset (format, label base, sentence-pair columns), one
     stderr note each, in the CLI's flag names."""
@@ -182,13 +201,29 @@ def resolve_eta(bb: Any, eta: float | None, target_p: float | None,
     return eta, False
 
 
-def echo_privacy(report: dict, *, backbone: str, err: bool = False, prefix: str = "") -> None:
-    """The privacy line of a release (η, measured P, nearest-neighbour inversion success) and,
-    under it, the shipped attack table's strongest attacker at this backbone and η."""
+def echo_privacy(report: dict, *, backbone: str, err: bool = False, prefix: str = "",
+                 min_p: float | None = None, what: str = "release") -> None:
+    """The privacy line of a release (η, measured P, nearest-neighbour inversion success),
+    under it the shipped attack table's strongest attacker at this backbone and η, and the
+    weak-privacy warning of :mod:`rapt.privacy_rule` (threshold ``min_p``, default its own)."""
     from rapt.privatization import privacy_line
 
     typer.echo(prefix + privacy_line(report), err=err)
     echo_table_line(backbone, report.get("eta"), err=err, prefix=prefix)
+    warn_weak_privacy(report, backbone=backbone, min_p=min_p, what=what)
+
+
+def warn_weak_privacy(report: dict | None, *, backbone: str, min_p: float | None = None,
+                      what: str = "release", eta: float | None = None) -> bool:
+    """One stderr warning when :func:`rapt.privacy_rule.judge` flags the release as weak (the
+    same rule in every command); -> whether it did."""
+    from rapt.privacy_rule import DEFAULT_MIN_P, weak_privacy_warning
+
+    msg = weak_privacy_warning(report, backbone=backbone, eta=eta, what=what,
+                               min_p=DEFAULT_MIN_P if min_p is None else min_p)
+    if msg is not None:
+        typer.echo(f"warning: {msg}", err=True)
+    return msg is not None
 
 
 def echo_table_line(backbone: str, eta: float | None, *, err: bool = False,

@@ -13,9 +13,7 @@ from pathlib import Path
 import typer
 
 from rapt.cli._app import (
-    TARGET_EP_HELP,
     TARGET_P_HELP,
-    TEXT_PAIR_OPT,
     app,
     check_eta_options,
     echo_data_notes,
@@ -26,14 +24,23 @@ from rapt.cli._app import (
     warn_if_seeded,
 )
 from rapt.cli._app import fail as _fail
+from rapt.cli.options import (
+    ETA,
+    MIN_P,
+    TARGET_EP,
+    TARGET_P,
+    TEXT_COLUMN,
+    TEXT_PAIR_COLUMN,
+    with_help,
+)
 from rapt.config import DEFAULT_PRIVATIZER_MODE
+from rapt.privacy_rule import DEFAULT_TARGET_P
 
 attack_app = sub_app(help="Simulated attacks that measure empirical privacy.",
                          no_args_is_help=True)
 app.add_typer(attack_app, name="attack")
 
 _LINE_FORMATS = ("label-text", "text-at-label", "trec", "lines")
-DEFAULT_ETA = 100.0  # `rapt privatize` without --eta / --target-p
 
 
 def _load(name: str, split: str, fmt: str | None, text_column: str | None,
@@ -151,11 +158,12 @@ def _rewrite(src: Path, name: str, fmt: str, n_records: int, texts: list[str],
 def privatize(
     input: str = typer.Argument(..., help="input file, or a built-in dataset name"),
     output: Path = typer.Argument(..., help="privatized file, written in the input's format"),
-    eta: float | None = typer.Option(
-        None, "--eta", help=f"privacy parameter η (smaller = more noise); default {DEFAULT_ETA:g} "
-        "unless --target-p is given"),
-    target_p: float | None = typer.Option(None, "--target-p", help=TARGET_P_HELP),
-    target_ep: float | None = typer.Option(None, "--target-ep", help=TARGET_EP_HELP),
+    eta: float | None = ETA,
+    target_p: float | None = with_help(TARGET_P, TARGET_P_HELP + "; default "
+                                       f"{DEFAULT_TARGET_P:g} when no --eta / --target-ep is "
+                                       "given (a level the weak-privacy rule does not flag)"),
+    target_ep: float | None = TARGET_EP,
+    min_p: float = MIN_P,
     backbone: str = typer.Option("minilm", "--backbone", "-b",
                                  help="embedding model: minilm, smollm2-135m, hub id or path"),
     mode: str = typer.Option(DEFAULT_PRIVATIZER_MODE, "--mode",
@@ -168,8 +176,8 @@ def privatize(
                             help="auto (from the extension), label-text, lines, trec, tsv, csv, "
                             "jsonl, trustpilot"),
     split: str = typer.Option("train", "--split", help="split of a built-in dataset"),
-    text_column: str | None = typer.Option(None, "--text-column", help="text column/key"),
-    text_pair_column: str | None = TEXT_PAIR_OPT,
+    text_column: str | None = TEXT_COLUMN,
+    text_pair_column: str | None = TEXT_PAIR_COLUMN,
     all_tokens: bool = typer.Option(
         False, "--all-tokens", help="allow every vocabulary row as output (by default special "
         "and [unused] tokens are excluded)"),
@@ -195,7 +203,9 @@ def privatize(
     fmt_used = ds.report.get("format") or _resolve_format(input, format_opt)
 
     bb = load_backbone_or_fail(backbone)
-    eta = resolve_eta(bb, eta, target_p, target_ep)[0] or DEFAULT_ETA
+    if eta is None and target_p is None and target_ep is None:
+        target_p = DEFAULT_TARGET_P  # never a default level that the rule flags as weak
+    eta = resolve_eta(bb, eta, target_p, target_ep)[0]
     if target_p is not None:
         typer.echo(f"calibrated eta = {eta:.3f} for target P = {target_p} on rapt's public text "
                    "sample (P on this input is measured below)", err=True)
@@ -217,7 +227,7 @@ def privatize(
     typer.echo(f"privatized {len(ds)} records, {report['tokens']} tokens -> {output}")
     typer.echo(f"eta = {eta:g}  P (replaced tokens) = {res.p:.4f}  "
                f"throughput = {report['tokens_per_s']:,.0f} tokens/s ({mode} search)")
-    echo_privacy(report["privacy"], backbone=backbone)
+    echo_privacy(report["privacy"], backbone=backbone, min_p=min_p, what="file")
     if all_tokens or mode == "annoy":
         typer.echo("note: the attack table was measured with the tokenizer's real tokens as "
                    "outputs and exact search; --all-tokens / --mode annoy change the mechanism",
@@ -285,7 +295,11 @@ def _privatize_report(res, priv, *, target_p: float | None, src: Path, output: P
 @attack_app.command("invert")
 def invert(
     input: str = typer.Argument(..., help="original text file or built-in dataset name"),
-    eta: list[float] = typer.Option([100.0], "--eta", help="η values to attack (repeatable)"),
+    eta: list[float] = typer.Option([], "--eta", help="η values to attack (repeatable)"),
+    target_p: list[float] = typer.Option(
+        [], "--target-p", help="instead of / beside --eta: the η calibrated for each of these P "
+        "on rapt's bundled public text sample, as every command calibrates it (repeatable; "
+        f"default {DEFAULT_TARGET_P:g} when neither is given)"),
     setting: str = typer.Option("text", "--setting",
                                 help="text: attack privatized tokens; vectors: attack the noised "
                                 "embeddings themselves (SAP)"),
@@ -321,8 +335,14 @@ def invert(
         _fail(f"--mode must be exact, fast or annoy, got {mode!r}")
     if any(not math.isfinite(e) or e <= 0 for e in eta):
         _fail(f"--eta values must be positive, got {eta}")
+    for p in target_p:
+        check_eta_options(None, p)
+    if not eta and not target_p:
+        target_p = [DEFAULT_TARGET_P]
     ds = _load(input, split, None if fmt == "auto" else fmt, text_column, None, limit)
     bb = load_backbone_or_fail(backbone)
+    levels = [(float(e), None) for e in eta] + [(resolve_eta(bb, None, p)[0], p)
+                                                 for p in target_p]
     emb = bb.embeddings.detach()
     cand = candidate_ids_from_tokenizer(bb.tokenizer, emb.shape[0])
     ids = torch.tensor([i for row in tokenize_texts(ds.texts, bb.tokenizer) for i in row])
@@ -330,7 +350,7 @@ def invert(
         _fail(f"{ds.source}: no tokens to attack")
     index = build_index(emb[cand].float(), mode)
     rows = []
-    for e in eta:
+    for e, tp in levels:
         priv = Privatizer(emb, e, special_ids=bb.special_ids, candidate_ids=cand, seed=seed,
                           index=index)
         if setting == "text":
@@ -343,9 +363,11 @@ def invert(
             res = inversion_attack(ids, emb, noised=noised, special_ids=bb.special_ids,
                                    candidate_ids=cand, index=index)
             p = 1.0 - res.success_rate
-        rows.append({"eta": e, "p": p, **res.as_dict()})
-        typer.echo(f"eta = {e:g}  P = {p:.4f}  attack success = {res.success_rate:.4f}  "
-                   f"empirical privacy = {res.empirical_privacy:.4f}  ({res.n_tokens} tokens)")
+        rows.append({"eta": e, "target_p": tp, "p": p, **res.as_dict()})
+        calibrated = f" (calibrated for P ≈ {tp:g})" if tp is not None else ""
+        typer.echo(f"eta = {e:.4g}{calibrated}  P = {p:.4f}  attack success = "
+                   f"{res.success_rate:.4f}  empirical privacy = {res.empirical_privacy:.4f}  "
+                   f"({res.n_tokens} tokens)")
     if json_report:
         typer.echo(json.dumps({"input": ds.source, "setting": setting, "backbone": backbone,
                                "seeded": seed is not None, "results": rows}))

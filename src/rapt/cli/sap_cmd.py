@@ -20,16 +20,32 @@ from pathlib import Path
 import typer
 
 from rapt.cli._app import (
-    TARGET_EP_HELP,
-    TARGET_P_HELP,
     app,
     echo_privacy,
     echo_table_line,
     fail,
     load_backbone_or_fail,
+    load_data_or_fail,
     resolve_eta,
     sub_app,
     warn_if_seeded,
+)
+from rapt.cli.options import (
+    ETA,
+    LABEL_BASE,
+    LABEL_COLUMN,
+    LABEL_NAMES,
+    LIMIT,
+    MIN_P,
+    NOISE_SEED,
+    TARGET_EP,
+    TARGET_P,
+    TEXT_COLUMN,
+    split_names,
+    with_help,
+)
+from rapt.cli.options import (
+    FORMAT as FORMAT_OPT,
 )
 
 sap_app = sub_app(help="Split-and-Privatize: split the backbone, privatize the bottom's "
@@ -41,15 +57,11 @@ VERSION = 1
 
 
 def _data(data: str, split: str, limit: int | None, text_column: str | None,
-          label_column: str | None, label_names: list[str] | None = None):
-    from rapt.data import DataError, cli_message, load_dataset
-
-    try:
-        return load_dataset(data, split, text_column=text_column, label_column=label_column,
-                            limit=limit, label_names=label_names)
-    except (DataError, FileNotFoundError) as e:
-        fail(cli_message(str(e)))
-
+          label_column: str | None, label_names: list[str] | None = None,
+          fmt: str | None = None, label_base: int | None = None):
+    return load_data_or_fail(data, split, limit=limit, text_column=text_column,
+                             label_column=label_column, label_names=label_names, fmt=fmt,
+                             label_base=label_base)
 
 
 def _eta(bb, eta: float | None, target_p: float | None,
@@ -95,9 +107,10 @@ def sap_tune(
     backbone: str = typer.Option("minilm", help="backbone name or path"),
     split_layer: int = typer.Option(0, help="blocks the customer runs after the embedding "
                                             "layer (0 = embedding layer only)"),
-    eta: float | None = typer.Option(None, help="dχ privacy parameter (none: no privatization)"),
-    target_p: float | None = typer.Option(None, help=TARGET_P_HELP),
-    target_ep: float | None = typer.Option(None, help=TARGET_EP_HELP),
+    eta: float | None = with_help(ETA, "dχ privacy parameter (none: no privatization)"),
+    target_p: float | None = TARGET_P,
+    target_ep: float | None = TARGET_EP,
+    min_p: float = MIN_P,
     cti: bool = typer.Option(False, "--cti/--no-cti", help="contributing-token identification"),
     cti_multiplier: float = typer.Option(math.inf, help="η multiplier on contributing tokens "
                                                         "(inf = no noise, SAP Algorithm 1)"),
@@ -115,12 +128,14 @@ def sap_tune(
     batch_size: int = typer.Option(32),
     max_length: int = typer.Option(64),
     split: str = typer.Option("train"),
-    limit: int | None = typer.Option(None, help="use the first N examples"),
-    text_column: str | None = typer.Option(None),
-    label_column: str | None = typer.Option(None),
+    limit: int | None = LIMIT,
+    text_column: str | None = TEXT_COLUMN,
+    label_column: str | None = LABEL_COLUMN,
+    fmt: str | None = FORMAT_OPT,
+    label_names: str | None = LABEL_NAMES,
+    label_base: int | None = LABEL_BASE,
     seed: int = typer.Option(0, help="init and data order (not privacy noise)"),
-    noise_seed: int | None = typer.Option(
-        None, help="seed the privacy noise: tests/benchmarks only, voids the guarantee"),
+    noise_seed: int | None = NOISE_SEED,
     url: str | None = typer.Option(
         None, "--url", help="train against this rapt service (the provider keeps the top); "
         "default: both parties in this process"),
@@ -130,7 +145,8 @@ def sap_tune(
 ) -> None:
     """Train a split model: the customer privatizes and runs the bottom, the provider tunes the
     top, the labels never leave the customer."""
-    ds = _labelled_data(data, split, limit, text_column, label_column)
+    ds = _labelled_data(data, split, limit, text_column, label_column,
+                        label_names=split_names(label_names), fmt=fmt, label_base=label_base)
     bb = load_backbone_or_fail(backbone)
     e = _eta(bb, eta, target_p, target_ep)
     cfg = _config(split_layer=split_layer, eta=e, cti=cti, cti_multiplier=cti_multiplier,
@@ -147,22 +163,11 @@ def sap_tune(
     client = _client(url, key, bb, remote_backbone or backbone) if url else None
     rows, customer, provider, sid = _start_parties(bb, cfg, ds, client, url)
     hist = _train(customer, provider)
-    privacy = customer.privacy_report(rows, target_p=target_p)
-    _echo_output_privacy(cfg, bb)
-    if privacy is not None:
-        echo_privacy(privacy, backbone=backbone)
-        if cti:
-            typer.echo("note: with --cti the contributing tokens are privatized at η × "
-                       "--cti-multiplier (in clear for inf): the table's recovery is for a "
-                       "uniform η, this release gives more away")
+    privacy = _echo_release_privacy(customer, rows, cfg, bb, backbone, target_p, min_p)
     out.mkdir(parents=True, exist_ok=True)
     cti_tokens = _save_tensors(out, customer, provider if client is None else None)
-    doc = {"format": FORMAT, "version": VERSION, "config": cfg.to_dict(), "backbone": backbone,
-           "label_names": ds.label_names, "num_labels": ds.num_labels, "dataset": str(data),
-           "cti_tokens": cti_tokens, "measured_p": customer.measured_p,
-           "privacy": privacy,
-           "seeded": noise_seed is not None, "steps": provider.step,
-           "final_loss": hist[-1]["loss"] if hist else None}
+    doc = _sap_doc(cfg, backbone, ds, data, cti_tokens, customer, privacy, noise_seed,
+                   provider, hist)
     if client is not None:  # the key is not written: give it again to `rapt sap predict`
         doc["remote"] = {"url": url, "session": sid, "backbone": client.remote_backbone}
     (out / "sap.json").write_text(json.dumps(doc, indent=2) + "\n")
@@ -170,10 +175,35 @@ def sap_tune(
                + (f"; measured P = {customer.measured_p:.3f}" if e is not None else ""))
 
 
+def _echo_release_privacy(customer, rows, cfg, bb, backbone: str, target_p: float | None,
+                          min_p: float) -> dict | None:
+    """The release's privacy report (None without privatization), printed with the table's
+    line and the weak-privacy rule; notes for output noise and for CTI."""
+    privacy = customer.privacy_report(rows, target_p=target_p)
+    _echo_output_privacy(cfg, bb)
+    if privacy is not None:
+        echo_privacy(privacy, backbone=backbone, min_p=min_p, what="release")
+        if cfg.cti:
+            typer.echo("note: with --cti the contributing tokens are privatized at η × "
+                       "--cti-multiplier (in clear for inf): the table's recovery is for a "
+                       "uniform η, this release gives more away")
+    return privacy
+
+
+def _sap_doc(cfg, backbone: str, ds, data: str, cti_tokens, customer, privacy: dict | None,
+             noise_seed: int | None, provider, hist: list[dict]) -> dict:
+    """``sap.json`` of a trained split model (the remote session is added by the caller)."""
+    return {"format": FORMAT, "version": VERSION, "config": cfg.to_dict(), "backbone": backbone,
+            "label_names": ds.label_names, "num_labels": ds.num_labels, "dataset": str(data),
+            "cti_tokens": cti_tokens, "measured_p": customer.measured_p, "privacy": privacy,
+            "seeded": noise_seed is not None, "steps": provider.step,
+            "final_loss": hist[-1]["loss"] if hist else None}
+
+
 def _labelled_data(data: str, split: str, limit: int | None, text_column: str | None,
-                   label_column: str | None):
+                   label_column: str | None, **kw):
     """The training set, refused (exit 2) when empty, unlabelled or single-class."""
-    ds = _data(data, split, limit, text_column, label_column)
+    ds = _data(data, split, limit, text_column, label_column, **kw)
     if len(ds) == 0:
         fail(f"{data}: no examples to train on")
     if ds.report.get("label_source") is None:
@@ -314,11 +344,13 @@ def sap_predict(
     artifact: Path = typer.Argument(..., help="folder written by `rapt sap tune`"),
     data: str = typer.Argument(..., help="dataset name or file with texts (labels optional)"),
     split: str = typer.Option("test"),
-    limit: int | None = typer.Option(None),
-    text_column: str | None = typer.Option(None),
-    label_column: str | None = typer.Option(None),
+    limit: int | None = LIMIT,
+    text_column: str | None = TEXT_COLUMN,
+    label_column: str | None = LABEL_COLUMN,
+    fmt: str | None = FORMAT_OPT,
     out: Path | None = typer.Option(None, help="write one JSON line per text here"),
-    noise_seed: int | None = typer.Option(None, help="seed the query privatization (tests)"),
+    noise_seed: int | None = NOISE_SEED,
+    min_p: float = MIN_P,
     key: str | None = typer.Option(None, "--key", help="API key of a remote session (a folder "
                                    "from `rapt sap tune --url`; env RAPT_API_KEY)"),
 ) -> None:
@@ -328,11 +360,16 @@ def sap_predict(
 
     warn_if_seeded(noise_seed)
     bb, doc, cfg, customer, provider = _load_artifact(artifact, noise_seed, key)
-    ds = _data(data, split, limit, text_column, label_column, label_names=doc["label_names"])
+    ds = _data(data, split, limit, text_column, label_column, label_names=doc["label_names"],
+               fmt=fmt)
     if len(ds) == 0:
         fail(f"{data}: no texts")
     rows = encode_texts(bb.tokenizer, ds.texts, cfg.max_length)
     probs = _remote(lambda: predict_split(customer, provider, rows))
+    privacy = customer.privacy_report(rows)  # a fresh draw at the queries' η: same mechanism
+    if privacy is not None:
+        echo_privacy(privacy, backbone=doc["backbone"], err=True, min_p=min_p,
+                     what="query set")
     pred = probs.argmax(-1).tolist()
     names = doc["label_names"]
     if out is not None:
@@ -353,12 +390,12 @@ def sap_attack(
     data: str = typer.Argument(..., help="dataset name or file whose texts are released"),
     backbone: str = typer.Option("minilm"),
     split_layer: int = typer.Option(0),
-    eta: float | None = typer.Option(None),
-    target_p: float | None = typer.Option(None, help=TARGET_P_HELP),
-    target_ep: float | None = typer.Option(None, help=TARGET_EP_HELP),
+    eta: float | None = ETA,
+    target_p: float | None = TARGET_P,
+    target_ep: float | None = TARGET_EP,
     split: str = typer.Option("train"),
     limit: int = typer.Option(64, help="rows attacked"),
-    text_column: str | None = typer.Option(None),
+    text_column: str | None = TEXT_COLUMN,
     max_length: int = typer.Option(64),
     candidates: int = typer.Option(64, help="optimisation attack: candidates per position "
                                             "(0 = whole vocabulary)"),

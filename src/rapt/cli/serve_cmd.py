@@ -12,8 +12,6 @@ from typing import TYPE_CHECKING
 import typer
 
 from rapt.cli._app import (
-    TARGET_EP_HELP,
-    TARGET_P_HELP,
     TEXT_PAIR_OPT,
     app,
     check_eta_options,
@@ -23,8 +21,10 @@ from rapt.cli._app import (
     flag_words,
     sub_app,
 )
+from rapt.cli.options import ETA, LABEL_COLUMN, MIN_P, TARGET_EP, TARGET_P, TEXT_COLUMN, with_help
 from rapt.config import DEFAULT_PLAIN_TOKENS, LR_HELP, VIRTUAL_TOKENS_HELP
 from rapt.config import tune_default as _d
+from rapt.privacy_rule import DEFAULT_MIN_P
 
 if TYPE_CHECKING:
     from rapt.service.limits import ServiceConfig
@@ -329,9 +329,9 @@ def keys_purge(ctx: typer.Context,
 # -- client ----------------------------------------------------------------------------------
 URL_OPT = typer.Option(None, "--url", help="service URL (env RAPT_URL)")
 KEY_OPT = typer.Option(None, "--key", help="API key (env RAPT_API_KEY)")
-ETA_OPT = typer.Option(None, "--eta", help="dχ-privacy parameter η used to privatize locally")
-TARGET_P_OPT = typer.Option(None, "--target-p", help=TARGET_P_HELP)
-TARGET_EP_OPT = typer.Option(None, "--target-ep", help=TARGET_EP_HELP)
+ETA_OPT = ETA
+TARGET_P_OPT = TARGET_P
+TARGET_EP_OPT = TARGET_EP
 JSON_OPT = typer.Option(False, "--json-report", help="also print one JSON line with the privacy "
                         "report (η, measured P, nearest-neighbour inversion success); it stays "
                         "on this machine")
@@ -342,11 +342,11 @@ BB_OPT = typer.Option("minilm", "--backbone",
 PAD_OPT = typer.Option(None, "--pad-to-bucket", min=1, help="pad every row sent to a multiple "
                        "of this many tokens, so the wire shows length buckets, not lengths "
                        "(the service strips the padding: the provider still learns lengths)")
-MIN_P_OPT = typer.Option(0.5, "--min-p", help="warn when fewer than this fraction of tokens "
-                         "are replaced (P) in what is sent")
+MIN_P_OPT = MIN_P
 
 
-def _client(url, key, backbone="minilm", eta=None, no_privacy=False, seed=None, min_p=0.5,
+def _client(url, key, backbone="minilm", eta=None, no_privacy=False, seed=None,
+            min_p=DEFAULT_MIN_P,
             target_p=None, plain_tokens=DEFAULT_PLAIN_TOKENS, pad_to_bucket=None):
     from rapt.client import ClientError, RaptClient
 
@@ -415,7 +415,7 @@ def _echo_privacy(c, json_report: bool = False) -> None:
 def client_upload(
     file: str = typer.Argument(..., help="labelled CSV / TSV / JSONL file (or a built-in name)"),
     eta: float | None = ETA_OPT, no_privacy: bool = NOPRIV_OPT, backbone: str = BB_OPT,
-    text_column: str | None = typer.Option(None), label_column: str | None = typer.Option(None),
+    text_column: str | None = TEXT_COLUMN, label_column: str | None = LABEL_COLUMN,
     text_pair_column: str | None = TEXT_PAIR_OPT,
     target_p: float | None = TARGET_P_OPT, target_ep: float | None = TARGET_EP_OPT,
     reconstruction: bool = typer.Option(
@@ -501,12 +501,12 @@ def client_status(job_id: str, wait: bool = typer.Option(False), cancel: bool = 
 def client_predict(
     prompt_id: str,
     inputs: list[str] = typer.Argument(..., help="a file of queries, or query texts"),
-    eta: float | None = typer.Option(
-        None, "--eta", help="dχ-privacy parameter η used to privatize the queries locally "
-        "(default: the η recorded on the service with the prompt's training data)"),
+    eta: float | None = with_help(ETA, "dχ-privacy parameter η used to privatize the queries "
+                                  "locally (default: the η recorded on the service with the "
+                                  "prompt's training data)"),
     no_privacy: bool = NOPRIV_OPT, backbone: str = BB_OPT,
     min_p: float = MIN_P_OPT, json_report: bool = JSON_OPT,
-    text_column: str | None = typer.Option(None, help="text column/key of a query file"),
+    text_column: str | None = with_help(TEXT_COLUMN, "text column/key of a query file"),
     text_pair_column: str | None = TEXT_PAIR_OPT, pad_to_bucket: int | None = PAD_OPT,
     url: str | None = URL_OPT, key: str | None = KEY_OPT,
 ) -> None:

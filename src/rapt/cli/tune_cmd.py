@@ -13,18 +13,33 @@ from typing import Any
 import typer
 
 from rapt.cli._app import (
-    TARGET_EP_HELP,
     TARGET_P_HELP,
-    TEXT_PAIR_OPT,
     app,
     check_eta_options,
-    echo_data_notes,
     echo_privacy,
     eta_for_target_ep,
     load_backbone_or_fail,
+    load_data_or_fail,
     warn_if_seeded,
+    warn_weak_privacy,
 )
 from rapt.cli._app import fail as _fail
+from rapt.cli.options import (
+    BASE_HELP,
+    ETA,
+    FORMAT,
+    LABEL_BASE,
+    LABEL_COLUMN,
+    LABEL_NAMES,
+    LIMIT,
+    MIN_P,
+    TARGET_EP,
+    TARGET_P,
+    TEXT_COLUMN,
+    TEXT_PAIR_COLUMN,
+    split_names,
+    with_help,
+)
 from rapt.config import (
     DEFAULT_PLAIN_TOKENS,
     DEFAULT_PRIVATIZER_MODE,
@@ -32,26 +47,20 @@ from rapt.config import (
     VIRTUAL_TOKENS_HELP,
 )
 from rapt.config import tune_default as _d
+from rapt.privacy_rule import DEFAULT_TARGET_P
 
 
 def _load_data(data: str, split: str, limit: int | None, text_column: str | None,
                label_column: str | None, attribute: str | None = None,
                label_names: list[str] | None = None, fmt: str | None = None,
                label_base: int | None = None, text_pair_column: str | None = None):
-    from rapt.data import DataError, cli_message, load_dataset
-
-    try:
-        ds = load_dataset(data, split, text_column=text_column, label_column=label_column,
-                          attribute=attribute, limit=limit, label_names=label_names,
-                          format=fmt, label_base=label_base, text_pair_column=text_pair_column)
-    except (DataError, FileNotFoundError) as e:
-        _fail(cli_message(str(e)))
-    echo_data_notes(ds)
-    return ds
+    return load_data_or_fail(data, split, limit=limit, text_column=text_column,
+                             label_column=label_column, attribute=attribute,
+                             label_names=label_names, fmt=fmt, label_base=label_base,
+                             text_pair_column=text_pair_column)
 
 
-def _split_names(label_names: str | None) -> list[str] | None:
-    return [s.strip() for s in label_names.split(",")] if label_names else None
+_split_names = split_names
 
 
 def _no_labels_hint(ds) -> str:
@@ -65,15 +74,6 @@ def _no_labels_hint(ds) -> str:
                 + "); name it with --label-column")
     return (f"{ds.source}: read as unlabelled text (format {fmt}); for 'sentence@label' lines "
             "pass --format text-at-label, for 'LABEL sentence' lines --format label-text")
-
-
-_FORMAT_HELP = ("file format if the extension does not tell: csv, tsv, jsonl, lines, "
-                "label-text ('LABEL sentence'), text-at-label ('sentence@label'), trec, "
-                "trustpilot (.txt files whose lines end in '@label' are read as text-at-label)")
-_NAMES_HELP = ("comma-separated label names, in id order; integer labels in the file are ids "
-               "into them: 0-based, except that labels exactly 1..K for K names are read "
-               "1-based (a note says so); labels all in 1..K-1 need --label-base")
-_BASE_HELP = "integer labels are 0-based or 1-based ids into --label-names (default: see there)"
 
 
 
@@ -146,16 +146,17 @@ def tune(
     backbone: str = typer.Option("minilm", help="backbone name or path"),
     method: str = typer.Option(_d("method"), help="prompt | prefix | lora | full"),
     split: str = typer.Option("train"),
-    limit: int | None = typer.Option(None, help="use the first N examples"),
-    text_column: str | None = typer.Option(None),
-    text_pair_column: str | None = TEXT_PAIR_OPT,
-    label_column: str | None = typer.Option(None),
-    fmt: str | None = typer.Option(None, "--format", help=_FORMAT_HELP),
-    label_names: str | None = typer.Option(None, help=_NAMES_HELP),
-    label_base: int | None = typer.Option(None, help=_BASE_HELP),
-    eta: float | None = typer.Option(None, help="privatize locally with this η"),
-    target_p: float | None = typer.Option(None, help=TARGET_P_HELP),
-    target_ep: float | None = typer.Option(None, help=TARGET_EP_HELP),
+    limit: int | None = LIMIT,
+    text_column: str | None = TEXT_COLUMN,
+    text_pair_column: str | None = TEXT_PAIR_COLUMN,
+    label_column: str | None = LABEL_COLUMN,
+    fmt: str | None = FORMAT,
+    label_names: str | None = LABEL_NAMES,
+    label_base: int | None = LABEL_BASE,
+    eta: float | None = ETA,
+    target_p: float | None = TARGET_P,
+    target_ep: float | None = TARGET_EP,
+    min_p: float = MIN_P,
     reconstruction: bool = typer.Option(_d("reconstruction"), help=_TUNE_HELP["reconstruction"]),
     plain_len: int = typer.Option(DEFAULT_PLAIN_TOKENS, help="number of plain tokens m"),
     plain_tokens: str | None = typer.Option(None, help="plain tokens as text (default: random)"),
@@ -205,21 +206,26 @@ def tune(
     if dp is not None and custom.privatizer is None:
         warn_if_seeded(noise_seed)
     if custom.privatizer is not None:
-        rows = _privatize_and_echo(custom, rows)
+        rows = _privatize_and_echo(custom, rows, min_p)
     else:
         typer.echo("warning: no --eta/--target-p given: training on clean (unprivatized) text",
                    err=True)
     tuned = _tune_with_bar(custom, rows, ds)
+    _record_meta(tuned, custom, ds, o)
+    _save_tuned(tuned, out, method)
+
+
+def _record_meta(tuned, custom, ds, o: SimpleNamespace) -> None:
+    """What `rapt predict` reads back from the artifact: label names and base, the columns
+    read (given or detected), the training data's privatization and channel model."""
     if ds.report.get("label_base") is not None:
         tuned.meta["label_base"] = ds.report["label_base"]
     tuned.meta.update({**custom.privacy_meta(), "label_names": ds.label_names,
-                       "dataset": str(data),
-                       # the columns read (given or detected), reused by `rapt predict`
+                       "dataset": str(o.data),
                        "text_column": ds.report.get("text_column"),
                        "text_pair_column": ds.report.get("text_pair_column")})
     if tuned.meta.get("channel"):
-        tuned.meta["channel"]["path"] = str(channel)
-    _save_tuned(tuned, out, method)
+        tuned.meta["channel"]["path"] = str(o.channel)
 
 
 def _tune_eta(o: SimpleNamespace) -> float | None:
@@ -232,12 +238,13 @@ def _tune_eta(o: SimpleNamespace) -> float | None:
     return eta_for_target_ep(o.backbone, o.target_ep) if o.target_ep is not None else o.eta
 
 
-def _privatize_and_echo(custom, rows):
+def _privatize_and_echo(custom, rows, min_p: float):
     """Privatized rows with a bar; the privacy line, and the channel model's recovery when
     there is one (warned when this η lies outside the band it was trained on)."""
     _warn_channel_eta(custom.channel, custom.eta)
     rows = _privatize_with_bar(custom, rows)
-    echo_privacy(custom.privacy, backbone=custom.backbone.name)
+    echo_privacy(custom.privacy, backbone=custom.backbone.name, min_p=min_p,
+                 what="training data")
     _echo_channel(custom.privacy)
     return rows
 
@@ -443,15 +450,16 @@ def predict(
     artifact: Path = typer.Argument(..., help="folder written by `rapt tune`"),
     data: str = typer.Argument(..., help="dataset name or file"),
     split: str = typer.Option("dev"),
-    limit: int | None = typer.Option(None),
-    text_column: str | None = typer.Option(None, help=_PREDICT_HELP["text_column"]),
-    text_pair_column: str | None = TEXT_PAIR_OPT,
-    label_column: str | None = typer.Option(None, help=_PREDICT_HELP["label_column"]),
-    fmt: str | None = typer.Option(None, "--format", help=_FORMAT_HELP),
-    label_names: str | None = typer.Option(None, help=_PREDICT_HELP["label_names"]),
-    label_base: int | None = typer.Option(None, help=_BASE_HELP + "; default: as in tune"),
+    limit: int | None = LIMIT,
+    text_column: str | None = with_help(TEXT_COLUMN, _PREDICT_HELP["text_column"]),
+    text_pair_column: str | None = TEXT_PAIR_COLUMN,
+    label_column: str | None = with_help(LABEL_COLUMN, _PREDICT_HELP["label_column"]),
+    fmt: str | None = FORMAT,
+    label_names: str | None = with_help(LABEL_NAMES, _PREDICT_HELP["label_names"]),
+    label_base: int | None = with_help(LABEL_BASE, BASE_HELP + "; default: as in tune"),
     backbone: str | None = typer.Option(None, help="default: the artifact's backbone"),
-    eta: float | None = typer.Option(None, help="default: the artifact's η (same as training)"),
+    eta: float | None = with_help(ETA, "default: the artifact's η (same as training)"),
+    min_p: float = MIN_P,
     no_privatize: bool = typer.Option(False, "--no-privatize",
                                       help="send clean queries (no local privacy)"),
     out: Path | None = typer.Option(None, help=_PREDICT_HELP["out"]),
@@ -486,7 +494,7 @@ def predict(
     rows = custom.rows(ds.texts, ds.text_pairs, queries=True)
     if custom.privatizer is not None:
         rows = _privatize_with_bar(custom, rows)
-        echo_privacy(custom.privacy, backbone=bb.name, err=True)
+        echo_privacy(custom.privacy, backbone=bb.name, err=True, min_p=min_p, what="query set")
         _echo_channel(custom.privacy, err=True)
     probs = custom.predict_proba(rows)
     pred = probs.argmax(-1).tolist()
@@ -617,8 +625,10 @@ def demo(
     head: str | None = typer.Option(None, help=_DEMO_HELP["head"]),
     label_descriptions: str | None = typer.Option(None, help=_DEMO_HELP["label_descriptions"]),
     rec_reduction: str | None = typer.Option(None, help="sum (eq. 7, default) | mean"),
-    target_p: float | None = typer.Option(None, help=TARGET_P_HELP + " (default 0.4)"),
-    eta: float | None = typer.Option(None, help="η (overrides --target-p)"),
+    target_p: float | None = with_help(TARGET_P, TARGET_P_HELP + f" (default "
+                                       f"{DEFAULT_TARGET_P:g})"),
+    eta: float | None = with_help(ETA, "η (overrides --target-p)"),
+    min_p: float = MIN_P,
     seeds: int | None = typer.Option(None, help="paired seeds (default 3)"),
     seed: int | None = typer.Option(None, help=_DEMO_HELP["seed"]),
     noise_seed: int | None = typer.Option(None, help=_DEMO_HELP["noise_seed"]),
@@ -646,6 +656,9 @@ def demo(
     fig.savefig(out / "demo.png", dpi=120)
     typer.echo("")
     typer.echo(table)
+    warn_weak_privacy({"eta": res.eta, "replacement_probability": res.p,
+                       "inversion_success": res.inversion_success}, backbone=cfg.backbone,
+                      min_p=min_p, what="demo's privatized text")
     typer.echo(f"\nwrote {out / 'results.json'}, {out / 'results.md'}, {out / 'demo.png'}")
 
 
@@ -656,7 +669,7 @@ def _demo_config(o: SimpleNamespace):
     from rapt.trainer import HEADS
 
     given = {k: v for k, v in vars(o).items()
-             if v is not None and k not in ("out", "benchmark_config")}
+             if v is not None and k not in ("out", "benchmark_config", "min_p")}
     if o.label_descriptions:
         given["label_descriptions"] = [d.strip() for d in o.label_descriptions.split("|")]
     if o.channel is not None:

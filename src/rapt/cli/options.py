@@ -1,0 +1,65 @@
+"""The data and privacy options every command shares (issue 32 item 7): one definition each,
+so a flag reads the same and means the same in `tune`, `predict`, `privatize`, `sap`, `client`,
+`data check`, `demo` and `attack`.
+
+Use a constant as a parameter's default (``text_column: str | None = TEXT_COLUMN``); where a
+command needs its own wording, :func:`with_help` gives a copy with another help text (the flag
+names stay). Typer reads these objects without changing them, so one object serves many
+commands."""
+
+from __future__ import annotations
+
+import copy
+
+import typer
+
+from rapt.cli._app import TARGET_EP_HELP, TARGET_P_HELP, TEXT_PAIR_OPT
+from rapt.privacy_rule import DEFAULT_MIN_P, MIN_P_HELP
+
+FORMAT_HELP = ("file format if the extension does not tell: csv, tsv, jsonl, lines, "
+               "label-text ('LABEL sentence'), text-at-label ('sentence@label'), trec, "
+               "trustpilot (.txt files whose lines end in '@label' are read as text-at-label)")
+NAMES_HELP = ("comma-separated label names, in id order; integer labels in the file are ids "
+              "into them: 0-based, except that labels exactly 1..K for K names are read "
+              "1-based (a note says so); labels all in 1..K-1 need --label-base")
+BASE_HELP = "integer labels are 0-based or 1-based ids into --label-names (default: see there)"
+
+# -- data ---------------------------------------------------------------------------------------
+TEXT_COLUMN = typer.Option(None, "--text-column", help="text column/key of your file "
+                           "(default: detected)")
+TEXT_PAIR_COLUMN = TEXT_PAIR_OPT
+LABEL_COLUMN = typer.Option(None, "--label-column", help="label column/key of your file "
+                            "(default: 'label' when present)")
+FORMAT = typer.Option(None, "--format", help=FORMAT_HELP)
+LABEL_NAMES = typer.Option(None, "--label-names", help=NAMES_HELP)
+LABEL_BASE = typer.Option(None, "--label-base", help=BASE_HELP)
+LIMIT = typer.Option(None, "--limit", help="use the first N examples")
+
+# -- privacy ------------------------------------------------------------------------------------
+ETA = typer.Option(None, "--eta", help="privatize locally with this dχ-privacy parameter η "
+                   "(smaller = more noise)")
+TARGET_P = typer.Option(None, "--target-p", help=TARGET_P_HELP)
+TARGET_EP = typer.Option(None, "--target-ep", help=TARGET_EP_HELP)
+MIN_P = typer.Option(DEFAULT_MIN_P, "--min-p", min=0.0, max=1.0, help=MIN_P_HELP)
+NOISE_SEED = typer.Option(None, "--noise-seed", help="seed the privacy noise: tests and "
+                          "benchmarks only, voids the guarantee (seeded: true); default: OS "
+                          "entropy")
+
+
+def with_help(option, help: str):
+    """A copy of a shared option with another help text (same flags, same default)."""
+    out = copy.copy(option)
+    out.help = help
+    return out
+
+
+def with_default(option, default):
+    """A copy of a shared option with another default (same flags, same help)."""
+    out = copy.copy(option)
+    out.default = default
+    return out
+
+
+def split_names(label_names: str | None) -> list[str] | None:
+    """``--label-names a,b,c`` as a list (None when not given)."""
+    return [s.strip() for s in label_names.split(",")] if label_names else None

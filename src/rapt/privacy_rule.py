@@ -1,0 +1,98 @@
+"""The one weak-privacy rule of every command that privatizes (issue 32 item 3, issue 28 item 5).
+
+A release is *weak* when its empirical privacy, 1 − the token recovery of the strongest attacker
+rapt knows at its η, is below ``min_p`` (default :data:`DEFAULT_MIN_P` = 0.5: that attacker
+recovers more than half of the text tokens). The recoveries that count:
+
+* the shipped attack table's strongest attacker at (backbone, η), measured on public text
+  (:func:`rapt.attack_table.strongest_at`): fixed for a configured level, so a level is judged
+  the same way by every command;
+* the nearest-neighbour inversion measured on this release (``inversion_success`` of
+  :func:`rapt.privatization.privacy_report`), which catches data that privatize worse than the
+  public text;
+* the channel model's recovery when the rows were read back by one (denoise-then-tune).
+
+Without any recovery (a backbone outside the table and nothing measured) the measured
+replacement probability P stands in: for dχ text-to-text, nearest neighbour recovers about the
+1 − P of the tokens that go out unchanged. P and empirical privacy are therefore on one scale:
+P 0.4 means that 60 % of the words go out as they are.
+
+No command privatizes by default at a level this rule flags: the default is
+:data:`DEFAULT_TARGET_P`, clear of the threshold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["DEFAULT_MIN_P", "DEFAULT_TARGET_P", "MIN_P_HELP", "PrivacyVerdict", "judge",
+           "weak_privacy_warning"]
+
+DEFAULT_MIN_P = 0.5  # below it the strongest attacker reads most of the tokens
+DEFAULT_TARGET_P = 0.6  # the default level where a command privatizes without being told
+MIN_P_HELP = ("warn when the release's empirical privacy (1 − the strongest attacker's token "
+              "recovery: rapt's attack table at this η, and nearest neighbour on this release; "
+              "about P) is below this")
+
+
+@dataclass(frozen=True)
+class PrivacyVerdict:
+    """What the rule says of one release: ``empirical_privacy`` (None: nothing to judge by),
+    the ``attacker`` that sets it, the measured ``p``, the threshold and ``weak``."""
+
+    empirical_privacy: float | None
+    attacker: str | None
+    p: float | None
+    eta: float | None
+    min_p: float
+    weak: bool
+
+    def message(self, what: str = "release") -> str:
+        """One warning line for a weak release (the command adds its own prefix)."""
+        ep = self.empirical_privacy
+        level = f"η = {self.eta:.4g}" if self.eta is not None else "this level"
+        p = f"measured P = {self.p:.3f}, " if self.p is not None else ""
+        return (f"weak privacy on this {what}: {p}the strongest attacker ({self.attacker}) "
+                f"recovers {1 - ep:.1%} of the tokens, empirical privacy {ep:.3f} < --min-p "
+                f"{self.min_p:g} at {level}; for more privacy use a higher --target-p (e.g. "
+                f"{DEFAULT_TARGET_P:g}) or a smaller --eta")
+
+
+def judge(report: dict | None, *, backbone: str, eta: float | None = None,
+          min_p: float = DEFAULT_MIN_P) -> PrivacyVerdict:
+    """The rule on a release: ``report`` is a privacy report (``eta``,
+    ``replacement_probability``, ``inversion_success``, optionally ``channel``) or None (judge
+    η alone, through the table); ``backbone`` the name the attack table is keyed by. Nothing
+    to judge by (no η in the table, nothing measured): not weak, ``empirical_privacy`` None."""
+    if not 0.0 <= float(min_p) <= 1.0:
+        raise ValueError(f"min_p must lie in [0, 1], got {min_p}")
+    report = report or {}
+    eta = report.get("eta", eta) if eta is None else eta
+    p = report.get("replacement_probability")
+    recoveries: dict[str, float] = {}
+    if eta is not None:
+        from rapt.attack_table import strongest_at
+
+        ans = strongest_at(backbone, float(eta))
+        if ans.recovery is not None:
+            recoveries[f"{ans.attacker_name}, rapt's attack table"] = ans.recovery
+    if report.get("inversion_success") is not None:
+        recoveries["nearest neighbour on this release"] = float(report["inversion_success"])
+    channel = report.get("channel") or {}
+    if channel.get("recovery") is not None:
+        recoveries["the channel model on this release"] = float(channel["recovery"])
+    if recoveries:
+        who = max(recoveries, key=lambda k: recoveries[k])
+        ep = 1.0 - recoveries[who]
+    elif p is not None:
+        who, ep = "nearest neighbour, about 1 − P", float(p)
+    else:
+        return PrivacyVerdict(None, None, None, eta, min_p, False)
+    return PrivacyVerdict(ep, who, None if p is None else float(p), eta, min_p, ep < min_p)
+
+
+def weak_privacy_warning(report: dict | None, *, backbone: str, eta: float | None = None,
+                         min_p: float = DEFAULT_MIN_P, what: str = "release") -> str | None:
+    """The warning line of :func:`judge` when the release is weak, else None."""
+    v = judge(report, backbone=backbone, eta=eta, min_p=min_p)
+    return v.message(what) if v.weak and v.empirical_privacy is not None else None
