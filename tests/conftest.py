@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,9 @@ from _tiny import WORDS, make_bert, make_llama, make_tokenizer
 
 # Tests share 2 cores with whatever else runs; more threads only add contention.
 torch.set_num_threads(max(1, min(2, int(os.environ.get("OMP_NUM_THREADS", "2")))))
+# The client's local files (label names of uploads, SAP bottoms) go to a fresh folder, never
+# to the tester's ~/.cache/rapt.
+os.environ["RAPT_CACHE"] = tempfile.mkdtemp(prefix="rapt-test-cache-")
 
 
 @pytest.fixture(scope="session")

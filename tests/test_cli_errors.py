@@ -155,7 +155,7 @@ def test_predict_accuracy_uses_the_prompts_label_names(env, tmp_path):
         r = _run(env, ["predict", "art", name, "--no-privatize", "--out", str(preds)])
         assert r.exit_code == 0, r.output
         gold = [line.split(",")[1] for line in env[name].read_text().splitlines()[1:]]
-        pred = [json.loads(line)["prediction"] for line in preds.read_text().splitlines()]
+        pred = [json.loads(line)["label"] for line in preds.read_text().splitlines()]
         acc = sum(a == b for a, b in zip(pred, gold, strict=True)) / len(gold)
         assert f"accuracy {acc:.4f}" in r.output, (name, pred, gold, r.output)
 
@@ -175,7 +175,7 @@ def test_predict_unlabelled_file_prints_label_names(env, tmp_path):
     assert r.exit_code == 0, (r.output, r.exception)
     rows = [json.loads(line) for line in preds.read_text().splitlines()]
     assert [x["text"] for x in rows] == ["good film", "bad film"]
-    assert {x["prediction"] for x in rows} <= {"neg", "pos"} and "accuracy" not in r.output
+    assert {x["label"] for x in rows} <= {"neg", "pos"} and "accuracy" not in r.output
 
 
 def test_predict_label_names_must_match_the_artifact(env):
@@ -213,6 +213,27 @@ def test_tune_one_based_label_ids_with_label_names(env, tmp_path):
     r = _run(env, ["predict", str(art), "onebased", "--no-privatize", "--out", str(preds)])
     assert r.exit_code == 0 and "on 4 examples" in r.output, (r.output, r.exception)
     gold = ["pos", "neg", "pos", "neg"]
-    pred = [json.loads(line)["prediction"] for line in preds.read_text().splitlines()]
+    pred = [json.loads(line)["label"] for line in preds.read_text().splitlines()]
     acc = sum(a == b for a, b in zip(pred, gold, strict=True)) / 4
     assert f"accuracy {acc:.4f}" in r.output, (pred, r.output)
+
+
+def test_predict_prints_a_summary_and_the_first_rows_or_writes_csv(env, tmp_path):
+    """Issue 32 item 2: without --out, `rapt predict` prints counts per label, the first 10
+    rows and how many more there are, then accuracy and a confusion table; --out FILE.csv
+    writes every row by label name; any other suffix is refused before work."""
+    r = _run(env, ["predict", "art", "manyat", "--no-privatize"])
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("10 predictions: neg ") and "pos " in lines[0]
+    assert len([x for x in lines if "\t" in x]) == 10 and "more" not in r.stdout
+    assert "confusion (rows: gold, columns: predicted)" in r.stdout
+    out = tmp_path / "p.csv"
+    r = _run(env, ["predict", "art", "good", "--no-privatize", "--out", str(out)])
+    assert r.exit_code == 0 and f"wrote 4 predictions to {out} (csv)" in r.output, r.output
+    head, *rows = out.read_text().splitlines()
+    assert head == "row,text,label,gold,p(neg),p(pos)" and len(rows) == 4
+    assert [x.split(",")[3] for x in rows] == ["pos", "neg", "pos", "neg"]
+    r = _run(env, ["predict", "art", "good", "--no-privatize", "--out", str(tmp_path / "p.txt")])
+    errors = [x for x in r.output.splitlines() if x.startswith("error:")]
+    assert r.exit_code == 2 and len(errors) == 1 and "*.jsonl or *.csv" in errors[0], r.output

@@ -390,7 +390,22 @@ def test_cli_client_upload_and_predict_pairs(service, tmp_path, monkeypatch):
                          "left", "--text-pair-column", "right", "--backbone", str(folder),
                          "--eta", "5"])
     assert r.exit_code == 0, r.output
-    assert len([s for s in r.stdout.splitlines() if s.startswith("{")]) == len(PAIR_ROWS)
+    # issue 32 item 2: rows by label name (recorded at upload on this machine) with both texts
+    printed = [s.split("\t") for s in r.stdout.splitlines() if "\t" in s]
+    assert [p[1:] for p in printed] == [[a, b] for a, b, _ in PAIR_ROWS][:10]
+    assert {p[0] for p in printed} <= {"0", "1"} and "accuracy" in r.stdout
+    out = tmp_path / "preds.csv"
+    r = cli.invoke(app, ["client", "predict", st["prompt_id"], str(path), "--text-column",
+                         "left", "--text-pair-column", "right", "--backbone", str(folder),
+                         "--eta", "5", "--out", str(out), "--label-names", "no,yes"])
+    assert r.exit_code == 0, r.output
+    import csv
+
+    written = list(csv.DictReader(out.open()))
+    assert [(w["text"], w["text_pair"]) for w in written] == [(a, b) for a, b, _ in PAIR_ROWS]
+    assert {w["label"] for w in written} <= {"no", "yes"}
+    assert [w["gold"] for w in written] == [["no", "yes"][y] for _, _, y in PAIR_ROWS]
+    assert all(abs(float(w["p(no)"]) + float(w["p(yes)"]) - 1) < 1e-4 for w in written)
     queried = _sent_rows(sent)[-1]
     assert all(row.count(bb.tokenizer.sep_token_id) == 2 for row in queried)
     # --pad-to-bucket: every row sent is a multiple of 8 tokens (issue 29 item 9)

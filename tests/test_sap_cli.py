@@ -43,9 +43,12 @@ def test_sap_tune_predict_attack(setup):
     r = runner.invoke(app, ["sap", "predict", str(out), str(csv), "--text-column", "review",
                             "--label-column", "sentiment", "--out", str(preds)])
     assert r.exit_code == 0, r.output
-    assert "6 predictions; accuracy" in r.output
+    assert "wrote 6 predictions" in r.output and "accuracy" in r.output
+    assert "confusion (rows: gold, columns: predicted)" in r.output
     lines = [json.loads(x) for x in preds.read_text().splitlines()]
     assert len(lines) == 6 and all(x["label"] in ("neg", "pos") for x in lines)
+    assert all(set(x["probabilities"]) == {"neg", "pos"} for x in lines)
+    assert [x["text"] for x in lines] == [t for t, _ in ROWS]
     r = runner.invoke(app, ["sap", "attack", str(csv), "--backbone", model, "--text-column",
                             "review", "--split-layer", "1", "--steps", "5", "--candidates",
                             "8"])

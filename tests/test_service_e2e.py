@@ -159,7 +159,9 @@ def test_tune_predict_load_restart(server, tmp_path):
     out = cli.invoke(app, ["client", "predict", st["prompt_id"], "a good movie", "a bad plot",
                            "--backbone", str(folder), "--eta", "20"])
     assert out.exit_code == 0, out.output
-    assert [json.loads(line)["row"] for line in out.stdout.splitlines()] == [0, 1]
+    printed = [line.split("\t") for line in out.stdout.splitlines() if "\t" in line]
+    assert [p[1] for p in printed] == ["a good movie", "a bad plot"], out.stdout
+    assert out.stdout.startswith("2 predictions: ")
 
     # Restart: the prompts, jobs and key survive; predictions are unchanged.
     srv.stop()

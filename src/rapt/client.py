@@ -14,6 +14,7 @@ Without a configured η the client refuses to send anything unless ``no_privacy=
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
@@ -52,9 +53,16 @@ class PrivacyWarning(UserWarning):
 
 @dataclass
 class Prediction:
+    """What the service answered (label ids, probabilities in label-id order) with what stays
+    here: the label names (recorded at upload on this machine, or given), the query texts and
+    the gold labels of a labelled query file."""
+
     labels: list[int]
     probabilities: list[list[float]]
     label_names: list[str] | None = None
+    texts: list[str] | None = None
+    text_pairs: list[str | None] | None = None
+    gold: list[int | None] | None = None
 
     @property
     def label_strings(self) -> list[str] | None:
@@ -299,7 +307,50 @@ class RaptClient:
         # Kept on this machine only: P is a statistic of the private data.
         self.last_upload = {"dataset_id": info["id"], "n": len(rows),
                             "replacement_probability": p, "label_names": list(ds.label_names)}
+        self.remember_label_names(info["id"], list(ds.label_names))
         return info["id"]
+
+    # -- label names: the service sees label ids only; their names stay on this machine -----
+    def _labels_file(self) -> Path:
+        root = os.environ.get("RAPT_CACHE") or Path.home() / ".cache" / "rapt"
+        return Path(root) / "label-names.json"
+
+    def _label_key(self, dataset_id: str) -> str:
+        return f"{self.http.base_url}|{dataset_id}"
+
+    def _label_record(self) -> dict:
+        try:
+            doc = json.loads(self._labels_file().read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return doc if isinstance(doc, dict) else {}
+
+    def remember_label_names(self, dataset_id: str, names: Sequence[str]) -> None:
+        """Record an uploaded dataset's label names (in id order) on this machine, so that
+        predictions of prompts tuned on it name their labels; a warning if it cannot."""
+        path = self._labels_file()
+        record = self._label_record()
+        record[self._label_key(dataset_id)] = [str(n) for n in names]
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(path.name + ".tmp")
+            with os.fdopen(os.open(tmp, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600), "w") as f:
+                json.dump(record, f)
+            os.replace(tmp, path)
+        except OSError as e:
+            warnings.warn(f"could not record the label names of dataset {dataset_id} in {path} "
+                          f"({e}); give them to predict with label_names=", stacklevel=2)
+
+    def label_names_for(self, prompt_id: str) -> list[str] | None:
+        """The label names recorded here for the dataset ``prompt_id`` was tuned on (None: it
+        was uploaded from another machine or before names were recorded)."""
+        info = self.prompt(prompt_id)
+        try:
+            job = self.status(info["job_id"])
+        except ServiceError:  # the job is gone (its prompt stays): no way to its dataset
+            return None
+        names = self._label_record().get(self._label_key(job["dataset_id"]))
+        return list(names) if names and len(names) == int(info["num_labels"]) else None
 
     def tune(self, dataset_id: str, *, method: str = "prompt",
              reconstruction: bool | None = None, **hyper: Any) -> str:
@@ -357,11 +408,13 @@ class RaptClient:
     def predict(self, prompt_id: str, texts: Sequence[str] | str | Path | Any, *,
                 text_pairs: Sequence[str | None] | None = None, max_length: int = 128,
                 chunk: int = 256, text_column: str | None = None,
-                text_pair_column: str | None = None) -> Prediction:
+                text_pair_column: str | None = None,
+                label_names: Sequence[str] | None = None) -> Prediction:
         """Privatize each query here (fresh noise) and ask the service for labels. A file's
-        columns are read as ``upload`` reads them (sentence pairs detected or named). Without
-        an η (or target_p) given to the client, the queries get the η recorded with the
-        prompt's training data."""
+        columns are read as ``upload`` reads them (sentence pairs detected or named), and its
+        gold labels, if any, by the prompt's label names. Without an η (or target_p) given to
+        the client, the queries get the η recorded with the prompt's training data. Label
+        names: ``label_names``, else those recorded here at upload."""
         why = ""
         info = self.prompt(prompt_id)  # its recorded η (below) and its rows' plain tokens
         if not self._eta_chosen and not self.no_privacy:
@@ -372,14 +425,19 @@ class RaptClient:
                 why = (f" (prompt {prompt_id} was tuned on unprivatized data" if decl
                        else f" (the service recorded no η for prompt {prompt_id}") + ")"
         self._check_privacy(why)
-        names = None
+        names = list(label_names) if label_names else self.label_names_for(prompt_id)
+        gold = None
         if isinstance(texts, str | Path) and Path(texts).exists():
             from rapt.data import load_dataset
 
-            ds = load_dataset(texts, text_column=text_column, text_pair_column=text_pair_column)
-            texts, text_pairs, names = ds.texts, ds.text_pairs, ds.label_names
-        elif hasattr(texts, "texts"):
-            texts, text_pairs, names = texts.texts, texts.text_pairs, texts.label_names
+            texts = load_dataset(texts, text_column=text_column,
+                                 text_pair_column=text_pair_column, label_names=names)
+        if hasattr(texts, "texts"):
+            ds = texts
+            texts, text_pairs = ds.texts, ds.text_pairs
+            if ds.report.get("label_source") is not None:
+                names = names or list(ds.label_names)
+                gold = [e.label for e in ds.examples]
         elif isinstance(texts, str):
             texts = [texts]
         plain = info.get("plain_ids")  # queries take the training rows' layout
@@ -393,8 +451,7 @@ class RaptClient:
                              {"prompt_id": prompt_id, "input_ids": rows[i:i + chunk]})
             labels += out["labels"]
             probs += out["probabilities"]
-        names = names or self.last_upload.get("label_names") or None
-        return Prediction(labels, probs, names)
+        return Prediction(labels, probs, names, list(texts), text_pairs, gold)
 
     # -- SAP split training (issue 11) ----------------------------------------------------------
     def sap_bottom(self, split_layer: int, *, cache_dir: str | Path | None = None

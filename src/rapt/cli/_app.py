@@ -235,3 +235,28 @@ def echo_table_line(backbone: str, eta: float | None, *, err: bool = False,
     from rapt.attack_table import table_line
 
     typer.echo(prefix + table_line(backbone, float(eta)), err=err)
+
+
+def check_out_or_fail(out) -> None:
+    """A prediction file's suffix must name its format (.jsonl / .csv): checked before work."""
+    if out is None:
+        return
+    from rapt.predictions import check_out_path
+
+    try:
+        check_out_path(out)
+    except ValueError as e:
+        fail(str(e))
+
+
+def echo_predictions(preds, out, *, eta: float | None = None) -> None:
+    """The one prediction output of `predict`, `sap predict` and `client predict`
+    (:mod:`rapt.predictions`): every row to ``out`` (JSONL/CSV by suffix) when given, else a
+    summary and the first rows; accuracy and the confusion table when the input has labels."""
+    if out is not None:
+        from rapt.predictions import write_predictions
+
+        fmt = write_predictions(out, preds)
+        typer.echo(f"wrote {len(preds)} predictions to {out} ({fmt})")
+    for line in preds.report_lines(show_rows=out is None, eta=eta):
+        typer.echo(line)

@@ -21,6 +21,8 @@ import typer
 
 from rapt.cli._app import (
     app,
+    check_out_or_fail,
+    echo_predictions,
     echo_privacy,
     echo_table_line,
     fail,
@@ -348,7 +350,8 @@ def sap_predict(
     text_column: str | None = TEXT_COLUMN,
     label_column: str | None = LABEL_COLUMN,
     fmt: str | None = FORMAT_OPT,
-    out: Path | None = typer.Option(None, help="write one JSON line per text here"),
+    out: Path | None = typer.Option(None, help="write every prediction to this file, JSONL or "
+                                    "CSV by its suffix (default: a summary and the first rows)"),
     noise_seed: int | None = NOISE_SEED,
     min_p: float = MIN_P,
     key: str | None = typer.Option(None, "--key", help="API key of a remote session (a folder "
@@ -359,6 +362,7 @@ def sap_predict(
     from rapt.split import encode_texts, predict_split
 
     warn_if_seeded(noise_seed)
+    check_out_or_fail(out)
     bb, doc, cfg, customer, provider = _load_artifact(artifact, noise_seed, key)
     ds = _data(data, split, limit, text_column, label_column, label_names=doc["label_names"],
                fmt=fmt)
@@ -370,19 +374,12 @@ def sap_predict(
     if privacy is not None:
         echo_privacy(privacy, backbone=doc["backbone"], err=True, min_p=min_p,
                      what="query set")
-    pred = probs.argmax(-1).tolist()
-    names = doc["label_names"]
-    if out is not None:
-        with out.open("w") as f:
-            for t, y, p in zip(ds.texts, pred, probs.tolist(), strict=True):
-                f.write(json.dumps({"text": t, "label": names[y], "probs": p}) + "\n")
-    labelled = ds.report.get("label_source") is not None and all(
-        e.label is not None for e in ds.examples)
-    msg = f"{len(pred)} predictions"
-    if labelled:
-        acc = sum(int(a == b) for a, b in zip(pred, ds.labels, strict=True)) / len(pred)
-        msg += f"; accuracy {acc:.4f}"
-    typer.echo(msg + (f"; written to {out}" if out else ""))
+    from rapt.predictions import Predictions
+
+    labelled = ds.report.get("label_source") is not None
+    preds = Predictions(doc["label_names"], probs.tolist(), texts=ds.texts,
+                        gold=[e.label for e in ds.examples] if labelled else None)
+    echo_predictions(preds, out, eta=cfg.eta)
 
 
 @sap_app.command("attack")

@@ -15,13 +15,25 @@ from rapt.cli._app import (
     TEXT_PAIR_OPT,
     app,
     check_eta_options,
+    check_out_or_fail,
     echo_data_notes,
+    echo_predictions,
     echo_table_line,
     eta_for_target_ep,
     flag_words,
     sub_app,
 )
-from rapt.cli.options import ETA, LABEL_COLUMN, MIN_P, TARGET_EP, TARGET_P, TEXT_COLUMN, with_help
+from rapt.cli.options import (
+    ETA,
+    LABEL_COLUMN,
+    LABEL_NAMES,
+    MIN_P,
+    TARGET_EP,
+    TARGET_P,
+    TEXT_COLUMN,
+    split_names,
+    with_help,
+)
 from rapt.config import DEFAULT_PLAIN_TOKENS, LR_HELP, VIRTUAL_TOKENS_HELP
 from rapt.config import tune_default as _d
 from rapt.privacy_rule import DEFAULT_MIN_P
@@ -508,20 +520,38 @@ def client_predict(
     min_p: float = MIN_P_OPT, json_report: bool = JSON_OPT,
     text_column: str | None = with_help(TEXT_COLUMN, "text column/key of a query file"),
     text_pair_column: str | None = TEXT_PAIR_OPT, pad_to_bucket: int | None = PAD_OPT,
+    label_column: str | None = with_help(LABEL_COLUMN, "gold labels of a query file, if any: "
+                                         "accuracy and a confusion table are printed"),
+    label_names: str | None = with_help(LABEL_NAMES, "comma-separated label names in id order "
+                                        "(default: those recorded on this machine when the "
+                                        "prompt's dataset was uploaded from it)"),
+    out: Path | None = typer.Option(None, "--out", help="write every prediction to this file, "
+                                    "JSONL or CSV by its suffix (default: a summary and the "
+                                    "first rows)"),
     url: str | None = URL_OPT, key: str | None = KEY_OPT,
 ) -> None:
-    """Privatize each query here, classify it with a tuned prompt; prints label + probabilities
-    per line (JSON), and on stderr η, the measured P and the nearest-neighbour inversion
-    success."""
+    """Privatize each query here, classify it with a tuned prompt; prints a summary and the
+    first rows (or writes them all with --out), by label name, and on stderr η, the measured P
+    and the nearest-neighbour inversion success."""
     from rapt.data import load_dataset
+    from rapt.predictions import Predictions
 
+    check_out_or_fail(out)
     c = _client(url, key, backbone, eta, no_privacy, min_p=min_p, pad_to_bucket=pad_to_bucket)
+    names = split_names(label_names) or _guard(lambda: c.label_names_for(prompt_id))
     src = inputs[0] if len(inputs) == 1 and os.path.exists(inputs[0]) else inputs
     if not isinstance(src, list):
-        src = _guard(lambda: load_dataset(src, text_column=text_column,
-                                          text_pair_column=text_pair_column))
+        src = _guard(lambda: load_dataset(src, text_column=text_column, label_names=names,
+                                          text_pair_column=text_pair_column,
+                                          label_column=label_column))
         echo_data_notes(src)
-    pred = _guard(lambda: c.predict(prompt_id, src))
-    for i, (y, p) in enumerate(zip(pred.labels, pred.probabilities, strict=True)):
-        typer.echo(json.dumps({"row": i, "label": y, "probabilities": [round(v, 4) for v in p]}))
+    pred = _guard(lambda: c.predict(prompt_id, src, label_names=names))
+    if pred.label_names is None:
+        typer.echo("note: no label names recorded for this prompt on this machine (its dataset "
+                   "was uploaded elsewhere): labels are shown as ids; pass --label-names",
+                   err=True)
+    preds = _guard(lambda: Predictions(
+        pred.label_names or [str(i) for i in range(len(pred.probabilities[0]))],
+        pred.probabilities, texts=pred.texts, text_pairs=pred.text_pairs, gold=pred.gold))
+    echo_predictions(preds, out, eta=c.eta)
     _echo_privacy(c, json_report)

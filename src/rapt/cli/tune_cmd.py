@@ -16,6 +16,8 @@ from rapt.cli._app import (
     TARGET_P_HELP,
     app,
     check_eta_options,
+    check_out_or_fail,
+    echo_predictions,
     echo_privacy,
     eta_for_target_ep,
     load_backbone_or_fail,
@@ -434,7 +436,9 @@ _PREDICT_HELP = {
     "label_column": "gold labels, if any: accuracy is printed when every example has one",
     "label_names": "default: the names stored in the artifact by `rapt tune` (give them only "
     "for an artifact without; they must match the artifact's)",
-    "out": "write predictions as JSONL (default: print 'label<TAB>text' lines)",
+    "out": "write every prediction to this file, JSONL or CSV by its suffix (.jsonl/.csv): "
+    "row, text, label name, gold label, probabilities by label name (default: print a summary "
+    "and the first rows)",
     "noise_seed": "seed the query privatization noise (tests only; default: OS entropy)",
     "json_report": "print one JSON line at the end: examples, accuracy and the queries' privacy "
     "(η, measured P, inversion success)",
@@ -476,6 +480,7 @@ def predict(
     from rapt.artifacts import ArtifactError
     from rapt.trainer import TunedPrompt
 
+    check_out_or_fail(out)
     try:
         tuned = TunedPrompt.load(artifact)
     except ArtifactError as e:
@@ -497,17 +502,16 @@ def predict(
         echo_privacy(custom.privacy, backbone=bb.name, err=True, min_p=min_p, what="query set")
         _echo_channel(custom.privacy, err=True)
     probs = custom.predict_proba(rows)
-    pred = probs.argmax(-1).tolist()
-    _echo_predictions(ds, pred, probs, names or [str(i) for i in range(probs.shape[1])], out)
-    gold = [e.label for e in ds.examples]
-    acc = None
-    if gold and all(y is not None for y in gold):
-        acc = sum(int(a == b) for a, b in zip(pred, gold, strict=True)) / len(gold)
-        typer.echo(f"accuracy {acc:.4f} on {len(gold)} examples"
-                   + (f" (queries privatized with η = {eta:.4g})" if eta else ""))
+    from rapt.predictions import Predictions
+
+    preds = Predictions(names or [str(i) for i in range(probs.shape[1])], probs.tolist(),
+                        texts=ds.texts, text_pairs=ds.text_pairs,
+                        gold=[e.label for e in ds.examples])
+    echo_predictions(preds, out, eta=eta)
     if json_report:
-        typer.echo(json.dumps({"artifact": str(artifact), "examples": len(pred),
-                               "accuracy": acc, "eta": eta, "privacy": custom.privacy}))
+        typer.echo(json.dumps({"artifact": str(artifact), "examples": len(preds),
+                               "accuracy": preds.accuracy(), "eta": eta,
+                               "privacy": custom.privacy}))
 
 
 def _query_data(o: SimpleNamespace, meta: dict):
@@ -567,22 +571,6 @@ def _query_eta(meta: dict, eta: float | None, no_privatize: bool) -> float | Non
     elif no_privatize:
         typer.echo("warning: --no-privatize: queries are used in clear text", err=True)
     return eta
-
-
-def _echo_predictions(ds, pred: list[int], probs, names: list[str], out: Path | None) -> None:
-    """Predictions as JSONL in ``out``, or 'label<TAB>text' lines on stdout."""
-    if out is None:
-        for ex, p in zip(ds.examples, pred, strict=True):
-            pair = f"\t{ex.text_pair}" if ex.text_pair is not None else ""
-            typer.echo(f"{names[p]}\t{ex.text}{pair}")
-        return
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w") as f:
-        for ex, p, pr in zip(ds.examples, pred, probs.tolist(), strict=True):
-            pair = {"text_pair": ex.text_pair} if ex.text_pair is not None else {}
-            f.write(json.dumps({"text": ex.text, **pair, "prediction": names[p],
-                                "probabilities": pr}) + "\n")
-    typer.echo(f"wrote {len(pred)} predictions to {out}")
 
 
 _DEMO_HELP = {
