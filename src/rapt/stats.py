@@ -88,3 +88,44 @@ def effect_word(d: dict) -> str:
     if not d["excludes_zero"]:
         return "made no significant difference"
     return "helped" if d["mean_diff"] > 0 else "hurt"
+
+
+NEAR_CONSTANT = 0.95  # share of rows in one predicted class above which predictions collapsed
+
+
+def collapse_warnings(pred: Sequence[int], gold: Sequence[int | None] | None,
+                      names: Sequence[str], *, near_constant: float = NEAR_CONSTANT,
+                      level: float = 0.95) -> list[str]:
+    """Why a classifier's predictions look collapsed (issue 32 item 4), one sentence each; []
+    when they do not:
+
+    * near-constant: one class takes at least ``near_constant`` of the predictions (and there
+      are at least 10 rows);
+    * no better than the majority class: with every gold label known, the accuracy lies
+      within the ``level`` confidence interval of the majority rate m (normal approximation
+      of a classifier that always answers the majority class: m ± z·√(m(1 − m)/n))."""
+    n = len(pred)
+    if n == 0:
+        return []
+    out = []
+    counts = [0] * len(names)
+    for p in pred:
+        counts[int(p)] += 1
+    top = max(range(len(names)), key=counts.__getitem__)
+    if n >= 10 and counts[top] >= near_constant * n:
+        out.append(f"predictions are near-constant: '{names[top]}' for {counts[top]} of {n} "
+                   f"rows ({counts[top] / n:.1%})")
+    if gold is not None and len(gold) == n and all(g is not None for g in gold):
+        freq = [0] * len(names)
+        for g in gold:
+            freq[int(g)] += 1
+        major = max(range(len(names)), key=freq.__getitem__)
+        m = freq[major] / n
+        acc = sum(int(int(p) == int(g)) for p, g in zip(pred, gold, strict=True)) / n
+        z = statistics.NormalDist().inv_cdf(0.5 + level / 2)
+        half = z * math.sqrt(m * (1 - m) / n)
+        if acc <= m + half:
+            out.append(f"accuracy {acc:.3f} is within the {level:.0%} CI of the majority rate "
+                       f"{m:.3f} ± {half:.3f} (always answering '{names[major]}', {n} rows): "
+                       "no better than guessing the majority class")
+    return out

@@ -260,3 +260,25 @@ def echo_predictions(preds, out, *, eta: float | None = None) -> None:
         typer.echo(f"wrote {len(preds)} predictions to {out} ({fmt})")
     for line in preds.report_lines(show_rows=out is None, eta=eta):
         typer.echo(line)
+    warn_collapse(preds.pred, preds.gold, preds.names, when="these predictions",
+                  fixes=PREDICT_FIXES)
+
+
+TUNE_FIXES = ("more epochs (--epochs), a lower privacy level (a smaller --target-p, or a "
+              "larger --dp-epsilon under DP) or another method (--method lora learned best on "
+              "new tasks in issue 32's run)")
+PREDICT_FIXES = ("if the model collapsed in training too, tune it again with more epochs, a "
+                 "lower privacy level or another method")
+
+
+def warn_collapse(pred, gold, names, *, when: str, fixes: str = TUNE_FIXES) -> bool:
+    """Stderr warnings when predictions are near-constant or no better than the majority class
+    (:func:`rapt.stats.collapse_warnings`), and what to change; -> whether it warned."""
+    from rapt.stats import collapse_warnings
+
+    msgs = collapse_warnings(pred, gold, names)
+    for m in msgs:
+        typer.echo(f"warning: {when}: {m}", err=True)
+    if msgs:
+        typer.echo(f"  what to try: {fixes}", err=True)
+    return bool(msgs)

@@ -30,6 +30,7 @@ from rapt.cli._app import (
     load_data_or_fail,
     resolve_eta,
     sub_app,
+    warn_collapse,
     warn_if_seeded,
 )
 from rapt.cli.options import (
@@ -165,6 +166,7 @@ def sap_tune(
     client = _client(url, key, bb, remote_backbone or backbone) if url else None
     rows, customer, provider, sid = _start_parties(bb, cfg, ds, client, url)
     hist = _train(customer, provider)
+    _warn_collapse(customer, provider, rows, ds)
     privacy = _echo_release_privacy(customer, rows, cfg, bb, backbone, target_p, min_p)
     out.mkdir(parents=True, exist_ok=True)
     cti_tokens = _save_tensors(out, customer, provider if client is None else None)
@@ -190,6 +192,19 @@ def _echo_release_privacy(customer, rows, cfg, bb, backbone: str, target_p: floa
                        "--cti-multiplier (in clear for inf): the table's recovery is for a "
                        "uniform η, this release gives more away")
     return privacy
+
+
+def _warn_collapse(customer, provider, rows, ds, limit: int = 1000) -> None:
+    """Predict (the first ``limit`` of) the training rows, queries privatized afresh as at
+    predict, and warn when the split model answers one class or no better than the majority
+    class (issue 32 item 4)."""
+    from rapt.split import predict_split
+
+    probs = _remote(lambda: predict_split(customer, provider, rows[:limit]))
+    warn_collapse(probs.argmax(-1).tolist(), ds.labels[:limit], ds.label_names,
+                  when=f"after training (predictions on {min(limit, len(rows))} training rows)",
+                  fixes="more epochs (--epochs), a lower privacy level (a smaller --target-p), "
+                  "--unfreeze-bottom or a higher --lr")
 
 
 def _sap_doc(cfg, backbone: str, ds, data: str, cti_tokens, customer, privacy: dict | None,

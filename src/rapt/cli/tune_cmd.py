@@ -22,6 +22,7 @@ from rapt.cli._app import (
     eta_for_target_ep,
     load_backbone_or_fail,
     load_data_or_fail,
+    warn_collapse,
     warn_if_seeded,
     warn_weak_privacy,
 )
@@ -213,8 +214,25 @@ def tune(
         typer.echo("warning: no --eta/--target-p given: training on clean (unprivatized) text",
                    err=True)
     tuned = _tune_with_bar(custom, rows, ds)
+    _warn_training_collapse(custom, rows, ds)
     _record_meta(tuned, custom, ds, o)
     _save_tuned(tuned, out, method)
+
+
+COLLAPSE_CHECK_ROWS = 1000  # training rows predicted after training to spot a collapse
+
+
+def _warn_training_collapse(custom, rows, ds) -> None:
+    """Predict (up to COLLAPSE_CHECK_ROWS of) the training rows as trained on and warn when the
+    model answers one class or does no better than the majority class (issue 32 item 4)."""
+    import random
+
+    idx = list(range(len(rows)))
+    if len(idx) > COLLAPSE_CHECK_ROWS:
+        idx = sorted(random.Random(0).sample(idx, COLLAPSE_CHECK_ROWS))
+    pred = custom.predict([rows[i] for i in idx])
+    warn_collapse(pred, [ds.labels[i] for i in idx], ds.label_names,
+                  when=f"after training (predictions on {len(idx)} training rows)")
 
 
 def _record_meta(tuned, custom, ds, o: SimpleNamespace) -> None:

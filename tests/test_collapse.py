@@ -1,0 +1,71 @@
+"""No silent collapse (issue 32 item 4): after training and after predict, a warning when the
+predictions are near-constant or no better than the majority class, with what to change."""
+
+from __future__ import annotations
+
+import pytest
+from _tiny import TOY_WORDS, make_bert, make_tokenizer, save_backbone
+from typer.testing import CliRunner
+
+from rapt.cli import app
+from rapt.stats import collapse_warnings
+
+
+def test_near_constant_and_majority_rate():
+    names = ["neg", "neu", "pos"]
+    # FP with DP in issue 32: one class for 399 of 400 rows
+    pred = [1] * 399 + [0]
+    gold = [1] * 240 + [0] * 100 + [2] * 60
+    msgs = collapse_warnings(pred, gold, names)
+    assert len(msgs) == 2
+    assert "'neu' for 399 of 400 rows (99.8%)" in msgs[0]
+    assert "accuracy 0.600" in msgs[1] and "majority rate 0.600" in msgs[1]
+    # a model that learnt: varied predictions, accuracy well above the majority rate
+    good = gold[:340] + [2] * 60
+    assert collapse_warnings(good, gold, names) == []
+    # above the majority rate but inside its CI: still no better than guessing
+    def right_on(k: int) -> list[int]:  # the first k rows right, the others wrong
+        return [g if i < k else (g + 1) % 3 for i, g in enumerate(gold)]
+
+    inside = collapse_warnings(right_on(252), gold, names)  # 0.630 vs 0.600 ± 0.048
+    assert len(inside) == 1 and "accuracy 0.630 is within the 95% CI" in inside[0]
+    assert collapse_warnings(right_on(268), gold, names) == []  # 0.670: outside
+    assert collapse_warnings(right_on(252), gold, names, level=0.5) == []  # ± 0.017
+    # no gold labels: only the near-constant check; tiny inputs are not judged constant
+    assert len(collapse_warnings(pred, None, names)) == 1
+    assert collapse_warnings([0] * 9, None, names) == []
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("collapse")
+    bb = save_backbone(make_bert(make_tokenizer(tmp, TOY_WORDS)), tmp / "bb")
+    skew = tmp / "skew.csv"
+    skew.write_text("text,label\n" + "good film,pos\n" * 19 + "bad film,neg\n")
+    sep = tmp / "sep.csv"
+    sep.write_text("text,label\n" + "good fun film,pos\nbad boring plot,neg\n" * 10)
+    return tmp, str(bb), skew, sep
+
+
+def test_tune_warns_after_training_when_the_model_collapsed(tiny):
+    """19 of 20 rows 'pos', one epoch: the model answers 'pos' everywhere and says so; the
+    negative control (separable rows, LoRA, 8 epochs) learns and prints no such warning."""
+    tmp, bb, skew, sep = tiny
+    base = ["--backbone", bb, "--num-virtual-tokens", "2"]
+    r = CliRunner().invoke(app, ["tune", str(skew), "--out", str(tmp / "a"), *base,
+                                 "--epochs", "1"])
+    assert r.exit_code == 0, r.output
+    assert "warning: after training (predictions on 20 training rows): predictions are " \
+           "near-constant: 'pos' for 20 of 20 rows" in r.stderr
+    assert "within the 95% CI of the majority rate 0.950" in r.stderr
+    assert "what to try: more epochs (--epochs)" in r.stderr
+    r = CliRunner().invoke(app, ["tune", str(sep), "--out", str(tmp / "b"), *base,
+                                 "--method", "lora", "--epochs", "8", "--lr", "0.01",
+                                 "--batch-size", "4"])
+    assert r.exit_code == 0, r.output
+    assert "after training" not in r.stderr and "what to try" not in r.stderr
+    # predict on the collapsed prompt warns too (shared by sap predict and client predict)
+    r = CliRunner().invoke(app, ["predict", str(tmp / "a"), str(sep)])
+    assert r.exit_code == 0, r.output
+    assert "warning: these predictions: predictions are near-constant" in r.stderr
+    assert "accuracy 0.500 is within the 95% CI" in r.stderr
