@@ -63,3 +63,34 @@ def with_default(option, default):
 def split_names(label_names: str | None) -> list[str] | None:
     """``--label-names a,b,c`` as a list (None when not given)."""
     return [s.strip() for s in label_names.split(",")] if label_names else None
+
+
+def parse_label_descriptions(text: str, names: list[str]) -> tuple[list[str], bool]:
+    """``--label-descriptions`` as one description per label, in label id order, and whether
+    they were matched by name: ``NAME=description`` pairs separated by '|' (any order, each
+    label once), or plain descriptions in label id order. ValueError naming the problem."""
+    parts = [p.strip() for p in text.split("|")]
+    keyed = [(k.strip(), v.strip()) for k, sep, v in (p.partition("=") for p in parts) if sep]
+    named = [k for k, _ in keyed if k in names]
+    unknown = [k for k, _ in keyed if k not in names and k and " " not in k]
+    if unknown and len(keyed) == len(parts):
+        raise ValueError(f"--label-descriptions: no label named {', '.join(map(repr, unknown))} "
+                         f"(labels: {', '.join(names)})")
+    if named and (len(named) < len(parts)):
+        raise ValueError("--label-descriptions: give every description as NAME=description "
+                         f"(labels: {', '.join(names)}), or none of them")
+    if named:
+        by_name: dict[str, str] = {}
+        for k, v in keyed:
+            if k in by_name:
+                raise ValueError(f"--label-descriptions: label {k!r} is described twice")
+            by_name[k] = v
+        missing = [n for n in names if n not in by_name]
+        if missing:
+            raise ValueError(f"--label-descriptions: no description for {', '.join(missing)} "
+                             f"(labels: {', '.join(names)})")
+        return [by_name[n] for n in names], True
+    if len(parts) != len(names):
+        raise ValueError(f"--label-descriptions: {len(parts)} given for {len(names)} labels "
+                         f"({', '.join(names)}); write them as NAME=description|...")
+    return parts, False

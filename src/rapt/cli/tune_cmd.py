@@ -40,6 +40,7 @@ from rapt.cli.options import (
     TARGET_P,
     TEXT_COLUMN,
     TEXT_PAIR_COLUMN,
+    parse_label_descriptions,
     split_names,
     with_help,
 )
@@ -124,10 +125,13 @@ _TUNE_HELP = {
     "loss, about 2x the step time; no accuracy gain measured at our scale (see "
     "benchmarks/results/rapt.md), so off by default",
     "rec_reduction": "L_rec over the m plain positions: sum (eq. 7) | mean",
-    "head": "auto (label-description on encoders, verbalizer on causal LMs: frozen, the prompt "
-    "carries the task) | label-description | verbalizer | linear (a trainable probe; a control)",
-    "label_descriptions": "'|'-separated, one per label, e.g. 'a negative review|a positive "
-    "review' (default: the built-in dataset's)",
+    "head": "auto: on causal LMs the verbalizer (label words); on encoders the label-description "
+    "head when there are label descriptions (--label-descriptions, or a built-in dataset's), "
+    "else linear; the head chosen is printed | label-description | verbalizer (both frozen: "
+    "the prompt carries the task) | linear (a trainable probe)",
+    "label_descriptions": "'|'-separated NAME=description pairs, one per label in any order, "
+    "e.g. 'neg=a negative review|pos=a positive review' (plain descriptions without NAME= are "
+    "read in label id order, printed; default: the built-in dataset's)",
     "freeze_prompt": "control: keep the prompt at its init, train only a trainable head",
     "label_words": "causal LMs: comma-separated verbalizer words, one per label (default: the "
     "label names, with a leading space or without, whichever starts with distinct tokens)",
@@ -202,6 +206,7 @@ def tune(
     cfg, rows = _tune_config_and_rows(o, bb, ds, dp, encoding)
     from rapt.trainer import resolve_head
 
+    _echo_head(bb, cfg, bool(label_descriptions))
     if resolve_head(bb.kind, cfg) == "verbalizer":
         _check_label_words(bb, cfg.label_words)
     custom = _customization(bb, eta, target_p, noise_seed, privatizer_mode, encoding, cfg)
@@ -360,11 +365,12 @@ def _tune_config_and_rows(o: SimpleNamespace, bb, ds, dp, encoding):
     from rapt.trainer import TuneConfig
 
     try:
-        descs = ([d.strip() for d in o.label_descriptions.split("|")] if o.label_descriptions
+        descs = (_given_descriptions(o.label_descriptions, ds.label_names)
+                 if o.label_descriptions
                  else label_descriptions_for(o.data) if bb.kind == "encoder" else None)
         if o.head == "label-description" and not descs:
             _fail(f"--head label-description: {o.data} has no built-in label descriptions; give "
-                  "--label-descriptions 'text for label 0|text for label 1|...'")
+                  "--label-descriptions '" + "|".join(f"{n}=..." for n in ds.label_names) + "'")
         if descs and o.head in ("auto", "label-description") and len(descs) != len(
                 ds.label_names):
             _fail(f"--label-descriptions: {len(descs)} given for {len(ds.label_names)} labels "
@@ -382,6 +388,32 @@ def _tune_config_and_rows(o: SimpleNamespace, bb, ds, dp, encoding):
         return cfg, encoding.rows(bb.tokenizer, ds.texts, ds.text_pairs)
     except ValueError as e:
         _fail(str(e))
+
+
+def _given_descriptions(text: str, names: list[str]) -> list[str]:
+    """--label-descriptions in label id order (NAME=description pairs, or plain descriptions
+    in id order); how they were matched is printed, since the ids' order is the data's."""
+    descs, by_name = parse_label_descriptions(text, names)
+    if not by_name:
+        typer.echo("note: --label-descriptions without NAME= are read in label id order: "
+                   + "; ".join(f"{n} = {d!r}" for n, d in zip(names, descs, strict=True))
+                   + " (write NAME=description to match them by name)", err=True)
+    return descs
+
+
+def _echo_head(bb, cfg, given_descriptions: bool) -> None:
+    """The head the run uses, and for --head auto why (issue 32 item 5)."""
+    from rapt.trainer import resolve_head
+
+    head = resolve_head(bb.kind, cfg)
+    why = ""
+    if cfg.head == "auto":
+        why = {"verbalizer": " (auto: a causal LM scores its label words)",
+               "label-description": " (auto: label descriptions "
+               + ("given" if given_descriptions else "of the built-in dataset") + ")",
+               "linear": " (auto: no label descriptions for this data; --label-descriptions "
+               "'NAME=text|...' gives the frozen label-description head)"}[head]
+    typer.echo(f"head: {head}{why}", err=True)
 
 
 def _tune_with_bar(custom, rows, ds):
