@@ -57,6 +57,12 @@ DATASETS = {"sst2": "sst2-sentences", "financial_phrasebank": "financial_phraseb
 REMEDIES = ("+denoise-then-tune", "+privatized-MLM backbone", "+channel adapter")
 SETTINGS = ("no privacy", "+privatization", *REMEDIES)
 CONTROLS = ("+privatization, clean queries", "+privatization, denoised queries")
+# The no-privacy prompt scored on the privatized queries, and on them with every replaced token
+# masked: an oracle (it knows which tokens the mechanism replaced, which no remedy can), the
+# ceiling of a remedy that could only drop the replaced words.
+CLEAN_PROMPT_CONTROLS = ("no-privacy prompt, privatized queries",
+                         "no-privacy prompt, replaced tokens masked (oracle)")
+ALL_CONTROLS = (*CONTROLS, *CLEAN_PROMPT_CONTROLS)
 NOISE_SEED0 = 1000
 
 
@@ -194,11 +200,19 @@ def main() -> None:
             _save(path, doc)
         plain = replace(custom, config=tcfg, privatizer=None)
         private = replace(custom, config=tcfg)
-        if "no privacy" in todo:
+        if {"no privacy", *CLEAN_PROMPT_CONTROLS} & set(todo):
             t = time.perf_counter()
             plain.tune(rows, train.labels, len(train.label_names))
-            record("no privacy", seed, _accuracy(plain.predict(q), test.labels),
-                   time.perf_counter() - t, P_measured=0.0)
+            if "no privacy" in todo:
+                record("no privacy", seed, _accuracy(plain.predict(q), test.labels),
+                       time.perf_counter() - t, P_measured=0.0)
+            for name, queries in zip(CLEAN_PROMPT_CONTROLS,
+                                     (priv_q, _mask_replaced(q, priv_q, bb.tokenizer)),
+                                     strict=True):
+                if name in todo:
+                    t = time.perf_counter()
+                    record(name, seed, _accuracy(plain.predict(queries), test.labels),
+                           time.perf_counter() - t, P_measured=p_meas, control=True)
         if {"+privatization", *CONTROLS} & set(todo):
             t = time.perf_counter()
             private.tune(priv, train.labels, len(train.label_names))
@@ -250,7 +264,7 @@ def _wanted(chosen: str | None, has_denoiser: bool, has_adapter: bool) -> list[s
     channel models allow; a named setting whose model is missing is an error."""
     needs = {"+denoise-then-tune": has_denoiser, "+privatized-MLM backbone": has_denoiser,
              CONTROLS[1]: has_denoiser, "+channel adapter": has_adapter}
-    every = (*SETTINGS, *CONTROLS)
+    every = (*SETTINGS, *ALL_CONTROLS)
     if chosen is None:
         return [s for s in every if needs.get(s, True)]
     names = _split_settings(chosen, every)
@@ -261,6 +275,14 @@ def _wanted(chosen: str | None, has_denoiser: bool, has_adapter: bool) -> list[s
             raise SystemExit(f"--settings: {n!r} needs " + (
                 "--adapter" if n == "+channel adapter" else "--denoiser"))
     return names
+
+
+def _mask_replaced(clean, private, tokenizer) -> list[list[int]]:
+    """``private`` with every position the mechanism changed set to the mask token (an oracle:
+    it reads the clean rows to know which)."""
+    m = tokenizer.mask_token_id
+    return [[m if a != b else b for a, b in zip(c, p, strict=True)]
+            for c, p in zip(clean, private, strict=True)]
 
 
 def _split_settings(chosen: str, every: tuple[str, ...]) -> list[str]:
@@ -323,7 +345,7 @@ def summarize(doc: dict) -> dict:
     """Per-setting mean ± CI and, per remedy, the paired remedy − privatization difference,
     the share of the gap won back and the issue's goal (≥ half the gap, paired CI above 0)."""
     out: dict = {"settings": {}, "remedies": {}}
-    for s in (*SETTINGS, *CONTROLS):
+    for s in (*SETTINGS, *ALL_CONTROLS):
         acc = _acc(doc, s)
         if acc:
             m, ci = mean_ci(list(acc.values()))
@@ -389,12 +411,12 @@ def markdown(doc: dict) -> str:
               f"(noise seed {reg['noise_seed0']} + s) in every setting.", "",
               *_denoiser_line(reg, task), *_adapter_line(doc), "",
               "| setting | accuracy (mean ± 95 % CI) | per seed |", "|---|---|---|"]
-    for name in (*SETTINGS, *CONTROLS):
+    for name in (*SETTINGS, *ALL_CONTROLS):
         acc = _acc(doc, name)
         if name in s["settings"]:
             r = s["settings"][name]
             per = ", ".join(f"{acc[k]:.3f}" for k in sorted(acc))
-            tag = " (control)" if name in CONTROLS else ""
+            tag = " (control)" if name in ALL_CONTROLS else ""
             lines.append(f"| {name}{tag} | {r['mean']:.3f} ± {r['ci95']:.3f} | {per} |")
     for name, v in s.get("remedies", {}).items():
         d, g, h = v["remedy_minus_privatization"], v["gap"], v["past_half"]
@@ -434,7 +456,7 @@ def plot(doc: dict, out: Path) -> None:
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2),
                                    gridspec_kw={"width_ratios": [2, 1]})
-    names = [n for n in (*SETTINGS, *CONTROLS) if _acc(doc, n)]
+    names = [n for n in (*SETTINGS, *ALL_CONTROLS) if _acc(doc, n)]
     summ = doc["summary"]["settings"]
     colors = {"no privacy": "#999999", "+privatization": "#d62728",
               "+denoise-then-tune": "#2ca02c", "+privatized-MLM backbone": "#1f77b4",
