@@ -233,6 +233,7 @@ def test_full_lifecycle_and_tenancy(svc):
     st = wait_job(svc, a, r.json()["id"])
     assert st["state"] == "succeeded" and st["step"] == 4 and st["total_steps"] == 4
     assert st["loss"] == pytest.approx(0.25) and st["eta_s"] == 0.0 and st["elapsed_s"] >= 0
+    assert st["epoch"] == 1.0  # epochs done (issue 32 item 6), not the last epoch's index 0
     pid = st["prompt_id"]
     # Privatized texts are accepted too; the service tokenizes them.
     r = svc.post("/v1/predict", json={"prompt_id": pid, "texts": ["the movie", "bad plot"]},

@@ -8,7 +8,7 @@ Without a configured η the client refuses to send anything unless ``no_privacy=
     c = RaptClient("http://127.0.0.1:8000", key, backbone="minilm", target_p=0.4)
     ds = c.upload("reviews.csv")           # η calibrated on rapt's public text sample
     job = c.tune(ds, method="prompt")      # TuneConfig's defaults (rapt.config)
-    status = c.wait(job)                   # tqdm progress bar
+    status = c.wait(job)                   # progress bar (rapt.progress)
     out = c.predict(status["prompt_id"], ["a private query"])  # the training data's η
 """
 
@@ -381,8 +381,9 @@ class RaptClient:
 
     def wait(self, job_id: str, *, progress: bool = True, poll_s: float = 0.5,
              timeout: float | None = None) -> dict:
-        """Poll until the job ends; a tqdm bar shows step, loss and the service's ETA."""
-        from tqdm import tqdm
+        """Poll until the job ends; a bar (:mod:`rapt.progress`) shows step, loss and the
+        service's ETA."""
+        from rapt.progress import progress_bar
 
         t0 = time.monotonic()
         bar = None
@@ -391,7 +392,8 @@ class RaptClient:
                 st = self.status(job_id)
                 if progress:
                     if bar is None and st.get("total_steps"):
-                        bar = tqdm(total=st["total_steps"], desc=f"job {job_id}", unit="step")
+                        bar = progress_bar(total=st["total_steps"], desc=f"job {job_id}",
+                                           unit="step")
                     if bar is not None:
                         bar.n = st["step"]
                         bar.set_postfix(loss=st["loss"], eta_s=st["eta_s"], refresh=False)

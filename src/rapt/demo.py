@@ -341,6 +341,10 @@ def _record(d: dict, tuned: Any, seconds: float, first: bool, rec: bool) -> None
     d["train_seconds"] = d.get("train_seconds", 0.0) + seconds
     if first:
         d["loss_curve"] = [h["loss"] for h in hist]
+        # apart: L_rec (summed over m positions) is ~100x the task loss and flattens it
+        d["task_curve"] = [h.get("task_loss", h["loss"]) for h in hist]
+        if rec:
+            d["rec_curve"] = [h["rec_loss"] for h in hist if "rec_loss" in h]
     if rec and hist:
         tail = hist[-max(1, len(hist) // 5):]
         d.setdefault("rec_acc_end", []).append(
@@ -351,11 +355,18 @@ def _level(target_p: float | None, p: float) -> str:
     return f"P≈{target_p}" if target_p is not None else f"P={p:.2f}"
 
 
+def _diff_text(d: dict) -> str:
+    """'+1.2 ± 0.8 points (95 % CI, 3 paired seeds' — or, with one seed, no interval."""
+    if d["n"] < 2:
+        return f"{100 * d['mean_diff']:+.1f} points (1 seed: no CI, give --seeds 2 or more"
+    return (f"{100 * d['mean_diff']:+.1f} ± {100 * d['ci95']:.1f} points (95 % CI, {d['n']} "
+            "paired seeds")
+
+
 def verdict_line(d: dict, target_p: float | None, p: float) -> str:
     """One line from the paired difference (the benchmark's rule: the 95 % CI must exclude 0)."""
     return (f"reconstruction {effect_word(d)} here: +reconstruction − +privatization = "
-            f"{100 * d['mean_diff']:+.1f} ± {100 * d['ci95']:.1f} points (95 % CI, {d['n']} "
-            f"paired seeds, {_level(target_p, p)})")
+            f"{_diff_text(d)}, {_level(target_p, p)})")
 
 
 def channel_setting(channel: Any) -> str:
@@ -370,20 +381,23 @@ def channel_verdict_line(won: dict, target_p: float | None, p: float,
     d, g = won["diff"], won["gap"]
     share = (f"{won['share']:.0%} of the privatization gap" if g["mean_diff"] > 0
              else "nothing: there is no privatization gap here")
+    gap = (f"{100 * g['mean_diff']:+.1f} ± {100 * g['ci95']:.1f} points" if g["n"] > 1
+           else f"{100 * g['mean_diff']:+.1f} points")
     return (f"{setting.lstrip('+')} {effect_word(d)} here: {setting} − +privatization = "
-            f"{100 * d['mean_diff']:+.1f} ± {100 * d['ci95']:.1f} points (95 % CI, {d['n']} "
-            f"paired seeds, {_level(target_p, p)}); it wins back {share} (no privacy − "
-            f"+privatization = {100 * g['mean_diff']:+.1f} ± {100 * g['ci95']:.1f} points)")
+            f"{_diff_text(d)}, {_level(target_p, p)}); it wins back {share} (no privacy − "
+            f"+privatization = {gap})")
 
 
 def format_table(result: DemoResult) -> str:
     """A small Markdown table of the demo's numbers, then the verdict line."""
-    lines = ["| setting | accuracy (mean ± 95 % CI) | per seed | P | inversion empirical "
-             "privacy |", "|---|---|---|---|---|"]
+    one = all(len(r["accuracies"]) < 2 for r in result.rows)  # one seed: no interval
+    lines = ["| setting | accuracy (" + ("1 seed, no CI" if one else "mean ± 95 % CI")
+             + ") | per seed | P | inversion empirical privacy |", "|---|---|---|---|---|"]
     for r in result.rows:
         private = r["setting"] != "no privacy"
         seeds = ", ".join(f"{a:.3f}" for a in r["accuracies"])
-        lines.append(f"| {r['setting']} | {r['accuracy']:.3f} ± {r['ci95']:.3f} | {seeds} | "
+        acc = f"{r['accuracy']:.3f}" + ("" if one else f" ± {r['ci95']:.3f}")
+        lines.append(f"| {r['setting']} | {acc} | {seeds} | "
                      + (f"{result.p:.3f} | {result.inversion_privacy:.3f} |" if private
                         else "0 | 0 |"))
     c = result.config
@@ -417,6 +431,27 @@ def format_table(result: DemoResult) -> str:
     return "\n".join(lines)
 
 
+def _loss_panel(ax, rows: list[dict]) -> None:
+    """Seed-0 task loss per setting on the left axis; L_rec, two orders of magnitude larger
+    (summed over the m plain positions), on its own right axis so it does not flatten them."""
+    for r in rows:
+        curve = r.get("task_curve") or r.get("loss_curve")
+        if curve:
+            ax.plot(curve, label=f"{r['setting']}: task loss")
+    ax.set_xlabel("step (first seed)")
+    ax.set_ylabel("task loss (cross-entropy)")
+    handles, labels = ax.get_legend_handles_labels()
+    recs = [r for r in rows if r.get("rec_curve")]
+    if recs:
+        twin = ax.twinx()
+        for r in recs:
+            twin.plot(r["rec_curve"], ls=":", color="gray", label=f"{r['setting']}: L_rec")
+        twin.set_ylabel("L_rec (reconstruction, right axis)")
+        h2, l2 = twin.get_legend_handles_labels()
+        handles, labels = handles + h2, labels + l2
+    ax.legend(handles, labels, fontsize=7)
+
+
 def make_plot(result: DemoResult):
     """Accuracy bars with CIs (seeds as dots) and seed-0 training-loss curves -> Figure."""
     import matplotlib
@@ -437,12 +472,7 @@ def make_plot(result: DemoResult):
     ax1.set_title(f"η = {result.eta:.3g}, P = {result.p:.2f}, "
                   f"inversion privacy = {result.inversion_privacy:.2f}", fontsize=10)
     ax1.tick_params(axis="x", labelsize=8)
-    for r in result.rows:
-        if r.get("loss_curve"):
-            ax2.plot(r["loss_curve"], label=r["setting"])
-    ax2.set_xlabel("step (first seed)")
-    ax2.set_ylabel("training loss (task [+ reconstruction])")
-    ax2.legend()
+    _loss_panel(ax2, result.rows)
     fig.suptitle(result.verdict, fontsize=8)
     fig.tight_layout()
     return fig

@@ -188,14 +188,15 @@ class HFGenerator:
 
     @torch.inference_mode()
     def __call__(self, prompts: Sequence[str], max_new_tokens: Sequence[int]) -> list[str]:
-        from tqdm.auto import tqdm
+        from rapt.progress import progress_bar
 
         enc = [self.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
         out: list[str] = [""] * len(enc)
         dev = next(self.model.parameters()).device
         pad = int(self.tokenizer.pad_token_id)
         order = sorted(range(len(enc)), key=lambda i: len(enc[i]))
-        bar = tqdm(total=len(enc), desc="llm attack", unit="row", disable=not self.progress)
+        bar = progress_bar(total=len(enc), desc="llm attack", unit="row",
+                           disable=not self.progress)
         for s in range(0, len(order), self.batch_size):
             idx = order[s:s + self.batch_size]
             width = max(len(enc[i]) for i in idx)

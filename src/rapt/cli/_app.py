@@ -96,7 +96,9 @@ def load_backbone_or_fail(name: str):
     """``rapt.models.load_backbone(name)``, or one clear error line (unknown name, unreadable
     folder, a package that is not installed) and exit status 2."""
     from rapt.models import BackboneNotFoundError, load_backbone
+    from rapt.progress import quiet_library_bars
 
+    quiet_library_bars()  # transformers' "Loading weights" bar would flood a log file
     try:
         return load_backbone(name)
     except (BackboneNotFoundError, OSError, ValueError) as e:

@@ -16,7 +16,6 @@ import json
 import os
 import random
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -239,9 +238,8 @@ def _fitter(o: SimpleNamespace):
 def _train(o: SimpleNamespace, bb, priv, etas: list[float], rows, prov: dict):
     """Privatize the training rows at each η (--repeats times) and train the channel model
     with a step bar, stopping at --budget-min. -> (model, provenance of the channel data)."""
-    from tqdm import tqdm
-
     from rapt.channel import privatize_channel
+    from rapt.progress import progress_bar
 
     fit, cfg, second = _fitter(o)
     pairs = privatize_channel(rows, priv, etas, repeats=o.repeats)
@@ -258,7 +256,7 @@ def _train(o: SimpleNamespace, bb, priv, etas: list[float], rows, prov: dict):
         clean, private = clean + rows[:n_id], private + rows[:n_id]
         meta["identity_rows"] = n_id
     deadline = None if o.budget_min is None else time.monotonic() + 60 * o.budget_min
-    bar = tqdm(desc=f"adapt ({o.kind})", unit="step", file=sys.stderr)
+    bar = progress_bar(desc=f"adapt ({o.kind})", unit="step")
 
     def progress(r: dict) -> None:
         bar.total = r["total_steps"]

@@ -155,10 +155,10 @@ def cti(
 
 def _tokenize(ds, backbone: str, batch_size: int):
     """(tokenizer of ``backbone``, token ids of every example with its text pair)."""
-    from tqdm import tqdm
     from transformers import AutoTokenizer
 
     from rapt.models import BackboneNotFoundError, resolve
+    from rapt.progress import progress_bar
 
     try:
         source, gguf_file, _ = resolve(backbone)
@@ -168,7 +168,7 @@ def _tokenize(ds, backbone: str, batch_size: int):
         _fail(f"cannot load the tokenizer of '{backbone}': {e}")
     ids: list[list[int]] = []
     pairs = ds.text_pairs
-    for i in tqdm(range(0, len(ds), batch_size), desc="tokenizing", unit="batch"):
+    for i in progress_bar(range(0, len(ds), batch_size), desc="tokenizing", unit="batch"):
         texts = ds.texts[i:i + batch_size]
         second = pairs[i:i + batch_size] if pairs[i] is not None else None
         # verbose=False: long reviews exceed the model's max length; CTI counts every token.

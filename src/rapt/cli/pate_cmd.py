@@ -146,10 +146,9 @@ def pate(
     """PromptPATE: teachers vote on public inputs, Confident-GNMax labels them, a student prompt
     is selected. The report keeps the private release (student prompts, ε composed over every
     release from the same teachers, δ) apart from diagnostics that are not covered by ε."""
-    from tqdm import tqdm
-
     from rapt.gnmax import GNMaxConfig
     from rapt.pate import SEEDED_WARNING, PateInputError, pate_experiment, validate_inputs
+    from rapt.progress import progress_bar
 
     if queries < 1 and public != "none":
         _fail("--queries must be >= 1: the public set is empty")
@@ -173,7 +172,7 @@ def pate(
     n_test = len(data["test"]) + cal
     total = sum(teachers * (len(p.inputs) + cal) + candidates * (max_val + cal) + n_test
                 for p in data["publics"]) + (0 if no_baselines else 2 * n_test)
-    with tqdm(total=total, desc="pate", unit="vote", file=sys.stderr) as bar:
+    with progress_bar(total=total, desc="pate", unit="vote") as bar:
         res = pate_experiment(scorer, t, data["private"], data["test"], data["publics"], cfg,
                               n_teachers=teachers, shots=shots, calibrated=not no_calibration,
                               n_candidates=candidates, max_val=max_val, seed=seed,
@@ -221,10 +220,9 @@ def mia(
     out: Path | None = typer.Option(None, help="write the JSON report here (default stdout)"),
 ) -> None:
     """Membership inference on k-shot prompts: AUC of P(true label) for members vs non-members."""
-    from tqdm import tqdm
-
     from rapt.attacks.mia import mean_roc, prompt_mia
     from rapt.pate import as_demos
+    from rapt.progress import progress_bar
 
     train = _load(task, "train")
     private = as_demos(train.examples)
@@ -233,8 +231,8 @@ def mia(
               "non-members per prompt")
     t = _template(task, template, label_words, len(train.label_names))
     scorer = _scorer(backbone, t.label_words, batch_size)
-    with tqdm(total=prompts * (shots + nonmembers), desc="mia", unit="vote",
-              file=sys.stderr) as bar:
+    with progress_bar(total=prompts * (shots + nonmembers), desc="mia", unit="vote",
+                      file=sys.stderr) as bar:
         res = prompt_mia(scorer, t, private, n_prompts=prompts, shots=shots,
                          n_nonmembers=nonmembers, seed=seed, normalized=normalized,
                          progress=bar.update)

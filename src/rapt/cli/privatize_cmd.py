@@ -238,18 +238,17 @@ def privatize(
 
 def _privatize_dataset(bb, ds, eta: float, *, seed: int | None, mode: str, chunk_size: int,
                        all_tokens: bool):
-    """Privatize every text (and pair text) of ``ds`` at ``eta`` with a tqdm bar on stderr.
+    """Privatize every text (and pair text) of ``ds`` at ``eta`` with a bar on stderr.
 
     Returns (privatizer, detailed result, private texts, private pair texts — None where the
     record has no pair)."""
-    from tqdm import tqdm
-
     from rapt.privatization import (
         Privatizer,
         candidate_ids_from_tokenizer,
         privatize_texts_detailed,
         tokenize_texts,
     )
+    from rapt.progress import progress_bar
 
     emb = bb.embeddings.detach()
     cand = None if all_tokens else candidate_ids_from_tokenizer(bb.tokenizer, emb.shape[0])
@@ -260,7 +259,7 @@ def _privatize_dataset(bb, ds, eta: float, *, seed: int | None, mode: str, chunk
     priv = Privatizer(emb, eta, special_ids=bb.special_ids, candidate_ids=cand, mode=mode,
                       chunk_size=chunk_size, seed=seed)
     n_tok = sum(len(r) for r in tokenize_texts(all_texts, bb.tokenizer))
-    with tqdm(total=n_tok, unit="tok", desc="privatize", disable=None) as bar:
+    with progress_bar(total=n_tok, unit="tok", desc="privatize") as bar:
         res = privatize_texts_detailed(all_texts, bb.tokenizer, priv, progress=bar.update)
     out_texts = res.texts[: len(texts)]
     out_pairs: list[str | None] = (

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import typer
@@ -262,11 +261,10 @@ def _start_parties(bb, cfg, ds, client, url: str | None):
 
 def _train(customer, provider) -> list[dict]:
     """Run the split training with a progress bar on stderr; returns the per-step history."""
-    from tqdm import tqdm
-
+    from rapt.progress import progress_bar
     from rapt.split import train_split
 
-    bar = tqdm(total=provider.total_steps, desc="sap tune", unit="step", file=sys.stderr)
+    bar = progress_bar(total=provider.total_steps, desc="sap tune", unit="step")
 
     def progress(r: dict) -> None:
         bar.set_postfix(loss=f"{r['loss']:.3f}")

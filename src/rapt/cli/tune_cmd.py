@@ -5,7 +5,6 @@ rapt.attacks.attribute. They read files, print and save; the stages live in rapt
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -112,9 +111,9 @@ def _check_label_words(bb, words: list[str] | None) -> None:
 
 def _privatize_with_bar(custom, rows, *, measure: bool = True):
     """``custom.privatize`` with a progress bar on stderr (its report in ``custom.privacy``)."""
-    from tqdm import tqdm
+    from rapt.progress import progress_bar
 
-    with tqdm(total=len(rows), desc="privatize", unit="row", file=sys.stderr) as bar:
+    with progress_bar(total=len(rows), desc="privatize", unit="row") as bar:
         return custom.privatize(rows, measure=measure, progress=bar.update)
 
 
@@ -416,15 +415,23 @@ def _echo_head(bb, cfg, given_descriptions: bool) -> None:
     typer.echo(f"head: {head}{why}", err=True)
 
 
+def _loss_postfix(r: dict) -> dict:
+    """A step's losses for a bar: with reconstruction the task loss and L_rec apart (L_rec is
+    summed over the m plain positions, ~100x the task loss), else the loss."""
+    if r.get("rec_loss") is not None:
+        return {"task": f"{r.get('task_loss', r['loss']):.3f}", "L_rec": f"{r['rec_loss']:.1f}"}
+    return {"loss": f"{r['loss']:.3f}"}
+
+
 def _tune_with_bar(custom, rows, ds):
     """``custom.tune`` with a step bar on stderr (loss, and ε under DP)."""
-    from tqdm import tqdm
+    from rapt.progress import progress_bar
 
-    bar = tqdm(desc="tune", unit="step", file=sys.stderr)
+    bar = progress_bar(desc="tune", unit="step")
 
     def progress(r: dict) -> None:
         bar.total = r["total_steps"]
-        post = {"loss": f"{r['loss']:.3f}"}
+        post = _loss_postfix(r)
         if "epsilon" in r:
             post["ε"] = f"{r['epsilon']:.2f}"
         bar.set_postfix(post)
@@ -730,13 +737,13 @@ class _SettingBars:
         self.bars: dict[str, Any] = {}
 
     def __call__(self, setting: str, r: dict) -> None:
-        from tqdm import tqdm
+        from rapt.progress import progress_bar
 
         if setting not in self.bars:
             self.close()
-            self.bars[setting] = tqdm(total=r["total_steps"], desc=setting, unit="step",
-                                      file=sys.stderr, leave=False)
-        self.bars[setting].set_postfix(loss=f"{r['loss']:.3f}")
+            self.bars[setting] = progress_bar(total=r["total_steps"], desc=setting,
+                                              unit="step", leave=False)
+        self.bars[setting].set_postfix(_loss_postfix(r))
         self.bars[setting].update(1)
 
     def close(self) -> None:

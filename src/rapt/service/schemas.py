@@ -230,7 +230,8 @@ class JobStatus(BaseModel):
     step: int
     total_steps: int | None
     loss: float | None
-    epoch: float | None
+    epoch: float | None = Field(description="epochs completed so far, fractional (1.0 when a "
+                                "one-epoch job is done)")
     epsilon: float | None = Field(None, description="DP ε spent so far (DP jobs)")
     elapsed_s: float
     eta_s: float | None = Field(description="estimated seconds left (from steps done so far)")

@@ -116,6 +116,15 @@ __all__ = ["JobRunner", "JobWorker", "QueueFullError", "TrainData", "default_run
            "planned_steps", "tune_config"]
 
 
+def _epochs_done(info: dict, epochs: Any) -> float | None:
+    """Epochs completed so far, fractional (``step / total_steps × epochs``): a finished
+    one-epoch job reads 1.0, not the 0-based index of the epoch its last step was in."""
+    step, total = info.get("step"), info.get("total_steps")
+    if epochs and step is not None and total:
+        return round(float(epochs) * int(step) / int(total), 4)
+    return float(info["epoch"]) if info.get("epoch") is not None else None
+
+
 @dataclass
 class _Run:
     """A claimed job while this worker runs it: its cancel and lost-lease flags, the state to
@@ -359,7 +368,7 @@ class JobWorker:
         rec = {"step": int(info.get("step", 0)),
                "total_steps": info.get("total_steps"),
                "loss": float(info["loss"]) if info.get("loss") is not None else None,
-               "epoch": float(info["epoch"]) if info.get("epoch") is not None else None,
+               "epoch": _epochs_done(info, run.job["params"].get("epochs")),
                "epsilon": (float(info["epsilon"]) if info.get("epsilon") is not None
                            else None),
                "elapsed": run.elapsed_before + now - run.t0}
@@ -464,6 +473,10 @@ class JobWorker:
         try:
             result.save(folder)
             private_tree(folder)  # whatever modes the saver used: 0700 / 0600
+            live = self._live.get(job_id)
+            if live:  # the last step's progress, which the write interval may have held back
+                store.update_claimed(job_id, me, **{k: v for k, v in live.items()
+                                                    if k != "elapsed"})
             done = store.finish_job_with_prompt(
                 job_id, job["owner"], job["backbone"], train.num_labels,
                 params.get("method", "prompt"), bool(params.get("reconstruction")),

@@ -1,0 +1,139 @@
+"""The one progress bar of every command (issue 32 item 6).
+
+On a terminal it is tqdm's. Written to a file or a pipe, tqdm's carriage-return redraws flood
+the log with one "line" per refresh; there :class:`LineProgress` prints one plain line each
+time another ``every`` share of the total is done (10 % by default; every ``every_s`` seconds
+when the total is unknown) and one at the end.
+
+    with progress_bar(total=len(rows), desc="privatize", unit="row") as bar:
+        for chunk in chunks:
+            ...
+            bar.update(len(chunk))
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any, TextIO
+
+__all__ = ["LineProgress", "is_terminal", "progress_bar", "quiet_library_bars"]
+
+
+def is_terminal(stream: Any) -> bool:
+    """Whether ``stream`` is an interactive terminal (tqdm's redraws are welcome there)."""
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # closed or not a real stream
+        return False
+
+
+def progress_bar(iterable: Iterable | None = None, *, total: float | None = None,
+                 desc: str = "", unit: str = "it", file: TextIO | None = None,
+                 leave: bool = True, disable: bool = False, every: float = 0.1,
+                 every_s: float = 30.0):
+    """A tqdm bar on a terminal, else a :class:`LineProgress` (same calls: ``update``,
+    ``set_postfix``, ``n``/``total``, ``refresh``, ``close``, iteration, ``with``)."""
+    file = sys.stderr if file is None else file
+    if disable or is_terminal(file):
+        from tqdm import tqdm
+
+        return tqdm(iterable, total=total, desc=desc, unit=unit, file=file, leave=leave,
+                    disable=disable)
+    return LineProgress(iterable, total=total, desc=desc, unit=unit, file=file, every=every,
+                        every_s=every_s)
+
+
+def quiet_library_bars(file: TextIO | None = None) -> None:
+    """Turn off the libraries' own bars (transformers' "Loading weights") when ``file`` (the
+    command's stderr) is not a terminal: they would flood a log the same way."""
+    if not is_terminal(sys.stderr if file is None else file):
+        try:
+            from transformers.utils import logging as hf_logging
+        except ImportError:  # pragma: no cover - transformers is a dependency
+            return
+        hf_logging.disable_progress_bar()
+
+
+class LineProgress:
+    """Plain-line progress for logs: ``desc: 30% (300/1,000 step) loss=0.61`` at each further
+    ``every`` of the total (or every ``every_s`` seconds without a total), and a last line with
+    the time taken at :meth:`close`."""
+
+    def __init__(self, iterable: Iterable | None = None, *, total: float | None = None,
+                 desc: str = "", unit: str = "it", file: TextIO | None = None,
+                 every: float = 0.1, every_s: float = 30.0) -> None:
+        if total is None and iterable is not None and hasattr(iterable, "__len__"):
+            total = len(iterable)  # type: ignore[arg-type]
+        self.iterable, self.total, self.desc, self.unit = iterable, total, desc, unit
+        self.file = sys.stderr if file is None else file
+        self.every, self.every_s = every, every_s
+        self.n = 0
+        self.postfix = ""
+        self.t0 = self._last_t = time.monotonic()
+        self._last_step = 0  # how many ``every`` shares were already reported
+        self.closed = False
+
+    # -- tqdm's interface -----------------------------------------------------------------------
+    def update(self, n: float = 1) -> None:
+        self.n += n
+        self.refresh()
+
+    def set_postfix(self, ordered_dict: dict | None = None, refresh: bool = True,
+                    **kwargs: Any) -> None:
+        items = {**(ordered_dict or {}), **kwargs}
+        self.postfix = " ".join(f"{k}={v}" for k, v in items.items())
+
+    def set_description(self, desc: str | None = None, refresh: bool = True) -> None:
+        self.desc = desc or ""
+
+    def refresh(self) -> None:
+        """Print a line when another ``every`` share is done (or ``every_s`` passed)."""
+        now = time.monotonic()
+        if self.total:
+            step = int(min(self.n / self.total, 1.0) / self.every + 1e-9)
+            if step > self._last_step:
+                self._last_step = step
+                self._line()
+        elif now - self._last_t >= self.every_s:
+            self._last_t = now
+            self._line()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        complete = self.total is not None and self.n >= self.total
+        if not (complete and self._last_step > 0):  # the final state is not printed yet
+            self._line()
+        word = "done" if complete or self.total is None else "ended"
+        self.file.write(f"{self._head()}{word} in {time.monotonic() - self.t0:.1f} s\n")
+        self.file.flush()
+
+    def __iter__(self) -> Iterator:
+        for item in self.iterable or ():
+            yield item
+            self.update(1)
+        self.close()
+
+    def __enter__(self) -> LineProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- lines ------------------------------------------------------------------------------------
+    def _head(self) -> str:
+        return f"{self.desc}: " if self.desc else ""
+
+    def _line(self) -> None:
+        n = f"{self.n:,.0f}" if float(self.n).is_integer() else f"{self.n:,.2f}"
+        if self.total:
+            what = f"{100 * self.n / self.total:.0f}% ({n}/{self.total:,.0f} {self.unit})"
+        else:
+            what = f"{n} {self.unit}"
+        rate = self.n / max(1e-9, time.monotonic() - self.t0)
+        tail = f" {self.postfix}" if self.postfix else ""
+        self.file.write(f"{self._head()}{what}, {rate:.3g} {self.unit}/s{tail}\n")
+        self.file.flush()
