@@ -73,7 +73,10 @@ def _load(path: Path, header: dict) -> dict:
         had = doc.get("regime") or {}
         if {k: had.get(k) for k in header["regime"]} == header["regime"]:
             return doc
-        print(f"{path}: other regime; starting over", file=sys.stderr)
+        # Never overwrite finished runs of another regime: they may be committed results.
+        diff = [k for k in header["regime"] if had.get(k) != header["regime"][k]]
+        raise SystemExit(f"{path} holds runs of another regime (differs in {diff}); give "
+                         "another --out, or move it away to start over")
     return {**header, "runs": [], "attacks": [], "history": []}
 
 
