@@ -279,6 +279,24 @@ def test_one_weak_privacy_rule_in_every_privatizing_command(bert_dir, csv_file, 
     assert r.exit_code == 0 and "weak privacy" not in r.stderr, r.output
 
 
+def test_attack_invert_takes_target_p_with_the_same_calibration(bert_dir, csv_file, tmp_path):
+    """Issue 32 item 7: `attack invert` took --eta only; --target-p gives the η every other
+    command calibrates for that P (here: the one `privatize --target-p` reports)."""
+    bb = ["--backbone", str(bert_dir)]
+    r = runner.invoke(app, ["privatize", str(csv_file), str(tmp_path / "p.csv"), *bb,
+                            "--target-p", "0.5", "--json-report"])
+    eta = _json_line(r.output, "privacy")["eta"]
+    r = runner.invoke(app, ["attack", "invert", str(csv_file), *bb, "--target-p", "0.5",
+                            "--eta", "3", "--json-report"])
+    assert r.exit_code == 0, r.output
+    rows = _json_line(r.output, "results")["results"]
+    assert [row["target_p"] for row in rows] == [None, 0.5]
+    assert rows[0]["eta"] == 3.0 and rows[1]["eta"] == pytest.approx(eta, rel=1e-12)
+    assert "(calibrated for P ≈ 0.5)" in r.output
+    r = runner.invoke(app, ["attack", "invert", str(csv_file), *bb, "--target-p", "1.5"])
+    assert r.exit_code == 2 and "--target-p" in r.output
+
+
 def test_target_p_help_says_eta_is_calibrated_on_public_text():
     for path in (("privatize",), ("tune",), ("demo",), ("sap", "tune"), ("client", "upload")):
         assert "public text sample" in _params(*path)["target_p"].help, path

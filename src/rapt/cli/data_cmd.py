@@ -7,8 +7,17 @@ import math
 
 import typer
 
-from rapt.cli._app import TEXT_PAIR_OPT, app, echo_data_notes, sub_app
+from rapt.cli._app import app, load_data_or_fail, sub_app
 from rapt.cli._app import fail as _fail
+from rapt.cli.options import (
+    FORMAT,
+    LABEL_BASE,
+    LABEL_COLUMN,
+    LABEL_NAMES,
+    TEXT_COLUMN,
+    TEXT_PAIR_COLUMN,
+    split_names,
+)
 
 data_app = sub_app(help="Inspect datasets: load checks and contributing tokens (CTI).",
                        no_args_is_help=True)
@@ -18,38 +27,23 @@ app.add_typer(data_app, name="data")
 def _load(name: str, split: str, text_column: str | None, text_pair_column: str | None,
           label_column: str | None, label_names: str | None, attribute: str | None,
           limit: int | None, fmt: str | None, label_base: int | None = None):
-    from rapt.data import DataError, cli_message, load_dataset
-
-    names = [s.strip() for s in label_names.split(",")] if label_names else None
-    try:
-        ds = load_dataset(name, split, text_column=text_column,
-                          text_pair_column=text_pair_column, label_column=label_column,
-                          label_names=names, attribute=attribute, limit=limit, format=fmt,
-                          label_base=label_base)
-    except DataError as e:
-        _fail(cli_message(str(e)))
-    echo_data_notes(ds)
-    return ds
+    return load_data_or_fail(name, split, text_column=text_column,
+                             text_pair_column=text_pair_column, label_column=label_column,
+                             label_names=split_names(label_names), attribute=attribute,
+                             limit=limit, fmt=fmt, label_base=label_base)
 
 
 _NAME = typer.Argument(..., help="built-in name (sst2, sst2-sentences, trec, cb, trustpilot) "
                        "or a file path (.csv/.tsv with header, .jsonl, .txt)")
 _SPLIT = typer.Option("train", "--split", "-s", help="split of a built-in dataset")
-_TEXT = typer.Option(None, "--text-column", help="text column/key of your file")
-_PAIR = TEXT_PAIR_OPT
-_LABEL = typer.Option(None, "--label-column", help="label column/key of your file")
-_NAMES = typer.Option(None, "--label-names", help="comma-separated label names, in id order; "
-                      "integer labels in the file are ids into them: 0-based, except that "
-                      "labels exactly 1..K for K names are read 1-based (a note says so); "
-                      "labels all in 1..K-1 need --label-base")
-_BASE = typer.Option(None, "--label-base", help="integer labels are 0-based or 1-based ids into "
-                     "--label-names (default: see there)")
+_TEXT = TEXT_COLUMN
+_PAIR = TEXT_PAIR_COLUMN
+_LABEL = LABEL_COLUMN
+_NAMES = LABEL_NAMES
+_BASE = LABEL_BASE
 _ATTR = typer.Option(None, "--attribute", help="use a private attribute as label (gender, age)")
 _LIMIT = typer.Option(None, "--limit", help="keep the first N records (all are checked)")
-_FORMAT = typer.Option(None, "--format", help="file format if the extension does not tell: "
-                       "csv, tsv, jsonl, lines, label-text ('LABEL sentence'), text-at-label "
-                       "('sentence@label'), trec, trustpilot (.txt files whose lines end in "
-                       "'@label' are read as text-at-label)")
+_FORMAT = FORMAT
 
 
 @data_app.command("check")

@@ -446,17 +446,22 @@ def _tune_with_bar(custom, rows, ds):
     return tuned
 
 
+TRAIN_LOG = "train-log.NOT-PRIVATE.json"  # under DP: in the output folder, never in the artifact
+
+
 def _save_tuned(tuned, out: Path, method: str) -> None:
-    """Save the artifact; under DP the per-step log goes beside it, never into it."""
+    """Save the artifact; under DP the per-step log goes into the same folder as a file of its
+    own (the artifact's config never holds it, and loading ignores it)."""
     tuned.save(out)
     msg = f"saved the {method}-tuned model to {out}"
     if tuned.meta.get("dp"):
         msg += f" (ε = {tuned.meta['dp']['epsilon']:.3g}, δ = {tuned.meta['dp']['delta']:.3g})"
-        log = out.parent / f"{out.name}.train-log.NOT-PRIVATE.json"
+        log = out / TRAIN_LOG
         log.write_text(json.dumps({"warning": "per-step losses and accuracies on private "
                                    "batches: not covered by ε, keep local, never publish",
                                    "history": tuned.train_log}) + "\n")
-        msg += f"; per-step log kept outside the artifact in {log}"
+        msg += (f"; the per-step log is {log}: not covered by ε, remove it before sharing the "
+                "folder")
     typer.echo(msg)
 
 

@@ -1,0 +1,86 @@
+"""Issue 32 item 7: files and options. The shared data and privacy options (one definition in
+rapt.cli.options), `attack invert --target-p`, `sap tune --label-names/--format`, and the DP
+training log inside the output folder."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import typer.main
+from _tiny import TOY_WORDS, make_bert, make_tokenizer, save_backbone
+from typer.testing import CliRunner
+
+from rapt.cli import app
+
+runner = CliRunner()
+
+
+def _params(*path: str) -> dict:
+    cmd = typer.main.get_command(app)
+    for p in path:
+        cmd = cmd.commands[p]
+    return {p.name: p for p in cmd.params}
+
+
+PRIVATIZING = [("privatize",), ("tune",), ("predict",), ("demo",), ("sap", "tune"),
+               ("sap", "predict"), ("client", "upload"), ("client", "predict")]
+DATA = [("tune",), ("predict",), ("sap", "tune"), ("sap", "predict"), ("data", "check"),
+        ("client", "upload")]
+
+
+def test_one_definition_per_shared_option():
+    """--min-p on every privatizing command, with one default and one help; the data options
+    read the same wherever a command does not need its own wording."""
+    mins = [_params(*c)["min_p"] for c in PRIVATIZING]
+    assert {(p.default, p.help, tuple(p.opts)) for p in mins} == {
+        (0.5, mins[0].help, ("--min-p",))}
+    for name in ("format", "label_column", "text_column"):
+        helps = {_params(*c)[name if name != "format" else "fmt"].help for c in DATA
+                 if (name if name != "format" else "fmt") in _params(*c)}
+        assert len(helps) <= 2, (name, helps)  # the shared text, and predict's own for columns
+    for c in [("tune",), ("sap", "tune"), ("client", "upload"), ("sap", "attack")]:
+        assert _params(*c)["target_p"].help == _params("tune")["target_p"].help, c
+    for c in [("sap", "tune")]:
+        assert {"label_names", "fmt", "label_base"} <= set(_params(*c)), c
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("options")
+    bb = save_backbone(make_bert(make_tokenizer(tmp, TOY_WORDS)), tmp / "bb")
+    return tmp, str(bb)
+
+
+def test_sap_tune_takes_label_names_and_format(tiny):
+    """Before: `sap tune` lacked --label-names and --format, which `tune` has."""
+    tmp, bb = tiny
+    data = tmp / "reviews.data"  # an extension that says nothing: --format tells
+    data.write_text("2 good film\n1 bad film\n2 fun plot\n1 boring plot\n")
+    out = tmp / "sap"
+    r = runner.invoke(app, ["sap", "tune", str(data), "--format", "label-text", "--label-names",
+                            "neg,pos", "--backbone", bb, "--eta", "20", "--epochs", "1",
+                            "--batch-size", "2", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "1-based" in r.output  # labels 1..K for K names, as `rapt tune` reads them
+    assert json.loads((out / "sap.json").read_text())["label_names"] == ["neg", "pos"]
+
+
+def test_dp_log_goes_inside_the_output_folder(tiny):
+    """Before: `*.train-log.NOT-PRIVATE.json` beside the folder; now a file of its own inside
+    it, which loading ignores."""
+    tmp, bb = tiny
+    data = tmp / "d.csv"
+    data.write_text("text,label\n" + "good film,pos\nbad film,neg\n" * 4)
+    out = tmp / "dp"
+    r = runner.invoke(app, ["tune", str(data), "--out", str(out), "--backbone", bb,
+                            "--dp-noise", "1.0", "--epochs", "1", "--batch-size", "4",
+                            "--num-virtual-tokens", "2", "--noise-seed", "0"])
+    assert r.exit_code == 0, r.output
+    log = out / "train-log.NOT-PRIVATE.json"
+    assert log.is_file() and not list(tmp.glob("*.train-log.NOT-PRIVATE.json"))
+    assert "remove it before sharing the folder" in r.output
+    assert json.loads(log.read_text())["history"]
+    assert "history" not in json.loads((out / "config.json").read_text())["meta"]
+    r = runner.invoke(app, ["predict", str(out), str(data), "--no-privatize"])
+    assert r.exit_code == 0 and "accuracy" in r.output, r.output
