@@ -249,7 +249,12 @@ def test_run_loop_stops_checkpoints_and_resumes():
     assert state.stopped and state.step == 5 and step.seen == [[0], [1], [2], [3], [4]]
     assert seen[0] == {"step": 1, "total_steps": 6, "epoch": 0, "loss": 0.0, "lr": 1.0,
                        "mine": 1.0, "tag": "x"}
-    assert [c["step"] for c in cks] == [2, 4] and float(w.detach()) == 10.0
+    # every 2 steps, and once more where should_stop ended it (issue 32 item 1)
+    assert [c["step"] for c in cks] == [2, 4, 5] and float(w.detach()) == 10.0
+    w3, opt3, sched3, step3, state3 = _loop_parts()
+    state3.load_state_dict(cks[-1])  # the stop: continues with the one batch left
+    run_loop(step3, opt3, sched3, state3)
+    assert step3.seen == [[5]] and float(w3.detach()) == 15.0
     w2, opt2, sched2, step2, state2 = _loop_parts()
     state2.load_state_dict(cks[0])  # step 2: mid-epoch 0
     assert float(w2.detach()) == 1.0 and len(state2.history) == 2

@@ -432,7 +432,8 @@ def run_loop(step: GradientStep, optimizer: torch.optim.Optimizer, scheduler: An
 
     ``progress(record)`` after every optimizer step: ``{"step", "total_steps", "epoch", "loss",
     "lr", **stats, **step.extra()}``; ``checkpoint(state)`` every ``checkpoint_every`` steps,
-    or at each epoch end when it is 0."""
+    or at each epoch end when it is 0, and once more when ``should_stop()`` ends the run, so
+    that a stopped run resumes where it stopped (Ctrl-C in `rapt tune`, a service shutdown)."""
     plan = step.plan
     state.stopped = False
     for epoch in range(state.step // plan.steps_per_epoch, plan.epochs):
@@ -456,6 +457,9 @@ def run_loop(step: GradientStep, optimizer: torch.optim.Optimizer, scheduler: An
                 state.epoch = epoch
                 checkpoint(state)
         if state.stopped:
+            if checkpoint is not None and state.step > 0:
+                state.epoch = epoch
+                checkpoint(state)
             break
         if checkpoint is not None and not checkpoint_every:
             state.epoch = epoch + 1

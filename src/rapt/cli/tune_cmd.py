@@ -11,6 +11,7 @@ from typing import Any
 
 import typer
 
+from rapt.cli import tune_resume
 from rapt.cli._app import (
     TARGET_P_HELP,
     app,
@@ -134,6 +135,8 @@ _TUNE_HELP = {
     "freeze_prompt": "control: keep the prompt at its init, train only a trainable head",
     "label_words": "causal LMs: comma-separated verbalizer words, one per label (default: the "
     "label names, with a leading space or without, whichever starts with distinct tokens)",
+    "resume": "continue the run stopped (Ctrl-C / SIGTERM) in --out, on the privatized rows "
+    "saved with its checkpoint; the other options must be the same",
     "seed": "init, data order and plain tokens (not privacy noise)",
     "noise_seed": "seed the privacy noise (dχ and DP-SGD): tests/benchmarks only, voids the "
     "guarantee; default: OS entropy",
@@ -194,8 +197,10 @@ def tune(
     dp_physical_batch: int | None = typer.Option(None,
                                                  help="micro-batch size under DP (default 32)"),
     channel: Path | None = typer.Option(None, "--channel", help=_TUNE_HELP["channel"]),
+    resume: bool = typer.Option(False, "--resume", help=_TUNE_HELP["resume"]),
 ) -> None:
-    """Privatize a dataset locally, tune a prompt on it and save the artifact."""
+    """Privatize a dataset locally, tune a prompt on it and save the artifact. Ctrl-C (or
+    SIGTERM) stops after the current step and saves a checkpoint in --out; --resume goes on."""
     o = SimpleNamespace(**locals())  # the options, for the stage helpers below
     eta = _tune_eta(o)
     ds = _training_data(o)
@@ -212,15 +217,36 @@ def tune(
     custom.channel = _load_channel(channel, bb) if channel is not None else None
     if dp is not None and custom.privatizer is None:
         warn_if_seeded(noise_seed)
-    if custom.privatizer is not None:
-        rows = _privatize_and_echo(custom, rows, min_p)
-    else:
-        typer.echo("warning: no --eta/--target-p given: training on clean (unprivatized) text",
-                   err=True)
-    tuned = _tune_with_bar(custom, rows, ds)
+    rows, resumed = _training_rows(o, custom, rows, ds, cfg)
+    tuned = _tune_with_bar(custom, rows, ds, out=out, resume=resumed)
     _warn_training_collapse(custom, rows, ds)
     _record_meta(tuned, custom, ds, o)
     _save_tuned(tuned, out, method)
+    tune_resume.drop(out)
+
+
+def _training_rows(o: SimpleNamespace, custom, rows, ds, cfg):
+    """(rows to tune on, the stopped run to continue or None): with --resume the privatized
+    rows saved with its checkpoint (never a second privatization of the same data), else the
+    rows privatized here, or clean ones with a warning."""
+    if o.resume:
+        saved = tune_resume.load(o.out, cfg, ds.labels, custom.eta)
+        custom.privacy = saved.privacy
+        typer.echo(f"resuming the run stopped at step {saved.step} "
+                   f"({tune_resume.path_in(o.out)}): the privatized rows saved with it are "
+                   "reused, not privatized again", err=True)
+        if saved.privacy:
+            echo_privacy(saved.privacy, backbone=custom.backbone.name, min_p=o.min_p,
+                         what="training data", err=True)
+        return saved.rows, saved
+    if tune_resume.path_in(o.out).is_file():
+        typer.echo(f"note: {o.out} holds the checkpoint of a stopped run; --resume continues "
+                   "it (this run starts afresh and replaces it)", err=True)
+    if custom.privatizer is not None:
+        return _privatize_and_echo(custom, rows, o.min_p), None
+    typer.echo("warning: no --eta/--target-p given: training on clean (unprivatized) text",
+               err=True)
+    return rows, None
 
 
 COLLAPSE_CHECK_ROWS = 1000  # training rows predicted after training to spot a collapse
@@ -423,11 +449,14 @@ def _loss_postfix(r: dict) -> dict:
     return {"loss": f"{r['loss']:.3f}"}
 
 
-def _tune_with_bar(custom, rows, ds):
-    """``custom.tune`` with a step bar on stderr (loss, and ε under DP)."""
+def _tune_with_bar(custom, rows, ds, *, out: Path, resume=None):
+    """``custom.tune`` with a step bar on stderr (loss, and ε under DP). Ctrl-C or SIGTERM
+    stops it after the current step: the checkpoint goes to ``out`` and the command exits
+    with 128 + the signal's number (issue 32 item 1)."""
     from rapt.progress import progress_bar
 
     bar = progress_bar(desc="tune", unit="step")
+    stop = tune_resume.StopSignals()
 
     def progress(r: dict) -> None:
         bar.total = r["total_steps"]
@@ -438,12 +467,30 @@ def _tune_with_bar(custom, rows, ds):
         bar.update(1)
 
     try:
-        tuned = custom.tune(rows, ds.labels, len(ds.label_names), progress=progress)
+        with stop:
+            tuned = custom.tune(rows, ds.labels, len(ds.label_names), progress=progress,
+                                should_stop=stop.should_stop, checkpoint=stop.checkpoint,
+                                resume=resume.state if resume is not None else None)
     except ValueError as e:
         bar.close()
         _fail(str(e))
     bar.close()
+    if tuned.meta.get("stopped"):
+        _save_stopped(custom, rows, ds, out, stop, tuned.meta)
     return tuned
+
+
+def _save_stopped(custom, rows, ds, out: Path, stop, meta: dict) -> None:
+    """A stopped run: write its checkpoint (if a step was made) and exit with the signal's
+    code."""
+    if stop.latest is None:
+        typer.echo("stopped before the first step: nothing to save", err=True)
+        raise typer.Exit(stop.exit_code)
+    path = tune_resume.save(out, stop.latest, custom.config, rows, ds.labels, custom.privacy,
+                            custom.eta)
+    typer.echo(f"stopped at step {meta['steps']} of {meta['total_steps']}; checkpoint saved to "
+               f"{path}; continue with the same command and --resume", err=True)
+    raise typer.Exit(stop.exit_code)
 
 
 TRAIN_LOG = "train-log.NOT-PRIVATE.json"  # under DP: in the output folder, never in the artifact
