@@ -310,7 +310,7 @@ def invert(
                                     help="seed the simulated privacy noise (default: OS entropy)"),
     fmt: str = typer.Option("auto", "--format", help="input format (see rapt privatize)"),
     split: str = typer.Option("train", "--split"),
-    text_column: str | None = typer.Option(None, "--text-column"),
+    text_column: str | None = TEXT_COLUMN,
     limit: int | None = typer.Option(None, "--limit", help="first N records only"),
     json_report: bool = typer.Option(False, "--json-report"),
 ) -> None:
@@ -408,8 +408,8 @@ def _options(pairs: list[str]) -> dict:
 def reconstruct(
     input: str = typer.Argument(..., help="original text file or built-in dataset name"),
     backbone: str = typer.Option("minilm", "--backbone", "-b", help="embedding model"),
-    eta: float | None = typer.Option(None, "--eta", help="privacy parameter η"),
-    target_p: float | None = typer.Option(None, "--target-p", help=TARGET_P_HELP),
+    eta: float | None = ETA,
+    target_p: float | None = TARGET_P,
     attacker: list[str] = typer.Option(["all"], "--attacker", "-a",
                                        help="nn, bayes, denoiser, llm, another registered "
                                        "attacker, or all (repeatable; all takes the denoiser "
@@ -432,7 +432,7 @@ def reconstruct(
                                     help="seed the simulated privacy noise (default: OS entropy)"),
     fmt: str = typer.Option("auto", "--format", help="input format (see rapt privatize)"),
     split: str = typer.Option("train", "--split"),
-    text_column: str | None = typer.Option(None, "--text-column"),
+    text_column: str | None = TEXT_COLUMN,
     limit: int | None = typer.Option(None, "--limit", help="first N records only"),
     json_report: bool = typer.Option(False, "--json-report"),
 ) -> None:
