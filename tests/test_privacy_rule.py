@@ -100,3 +100,15 @@ def test_defaults_are_not_flagged():
     # the table's P at the default level is the level asked for (calibration and table agree)
     ans = strongest_at("minilm", _eta_at_p("minilm", DEFAULT_TARGET_P))
     assert ans.p == pytest.approx(DEFAULT_TARGET_P, abs=1e-6)
+
+
+def test_a_few_tokens_are_not_enough_to_call_a_release_weak():
+    """A measured recovery counts only when significantly above 1 − min_p: 55 % of 20 tokens
+    is chance at the default level, 55 % of 2,000 is not."""
+    eta = _eta_at_p("minilm", 0.6)
+    few = {"eta": eta, "replacement_probability": 0.45, "inversion_success": 0.55,
+           "n_tokens": 20}
+    assert judge(few, backbone="minilm").weak is False
+    assert judge({**few, "n_tokens": 2000}, backbone="minilm").weak is True
+    # far below: even 20 tokens say so
+    assert judge({**few, "inversion_success": 0.95, "n_tokens": 20}, backbone="minilm").weak

@@ -12,6 +12,11 @@ recovers more than half of the text tokens). The recoveries that count:
   public text;
 * the channel model's recovery when the rows were read back by one (denoise-then-tune).
 
+A measured recovery counts against the threshold only when it is significantly above
+1 − ``min_p`` (one-sided 95 %, binomial over its ``n_tokens``): a 20-token query is not weak
+because a few more of its tokens happened to go out unchanged. The table's number is used as
+it is.
+
 Without any recovery (a backbone outside the table and nothing measured) the measured
 replacement probability P stands in: for dχ text-to-text, nearest neighbour recovers about the
 1 − P of the tokens that go out unchanged. P and empirical privacy are therefore on one scale:
@@ -23,6 +28,7 @@ No command privatizes by default at a level this rule flags: the default is
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 __all__ = ["DEFAULT_MIN_P", "DEFAULT_TARGET_P", "MIN_P_HELP", "PrivacyVerdict", "judge",
@@ -69,26 +75,40 @@ def judge(report: dict | None, *, backbone: str, eta: float | None = None,
     report = report or {}
     eta = report.get("eta", eta) if eta is None else eta
     p = report.get("replacement_probability")
-    recoveries: dict[str, float] = {}
+    # who -> (recovery, tokens it was measured on; None: the table's, taken as it is)
+    recoveries: dict[str, tuple[float, int | None]] = {}
     if eta is not None:
         from rapt.attack_table import strongest_at
 
         ans = strongest_at(backbone, float(eta))
         if ans.recovery is not None:
-            recoveries[f"{ans.attacker_name}, rapt's attack table"] = ans.recovery
+            recoveries[f"{ans.attacker_name}, rapt's attack table"] = (ans.recovery, None)
     if report.get("inversion_success") is not None:
-        recoveries["nearest neighbour on this release"] = float(report["inversion_success"])
+        recoveries["nearest neighbour on this release"] = (float(report["inversion_success"]),
+                                                           report.get("n_tokens"))
     channel = report.get("channel") or {}
     if channel.get("recovery") is not None:
-        recoveries["the channel model on this release"] = float(channel["recovery"])
+        recoveries["the channel model on this release"] = (float(channel["recovery"]),
+                                                           channel.get("n_tokens"))
     if recoveries:
-        who = max(recoveries, key=lambda k: recoveries[k])
-        ep = 1.0 - recoveries[who]
+        who = max(recoveries, key=lambda k: recoveries[k][0])
+        ep = 1.0 - recoveries[who][0]
+        weak = any(_significantly_below(1.0 - r, n, min_p) for r, n in recoveries.values())
     elif p is not None:
         who, ep = "nearest neighbour, about 1 − P", float(p)
+        weak = _significantly_below(ep, report.get("n_tokens"), min_p)
     else:
         return PrivacyVerdict(None, None, None, eta, min_p, False)
-    return PrivacyVerdict(ep, who, None if p is None else float(p), eta, min_p, ep < min_p)
+    return PrivacyVerdict(ep, who, None if p is None else float(p), eta, min_p, weak)
+
+
+def _significantly_below(ep: float, n: int | None, min_p: float, z: float = 1.645) -> bool:
+    """``ep`` < ``min_p``, and for a share measured on ``n`` tokens also its one-sided 95 %
+    upper bound (normal approximation, at least half a token of slack)."""
+    if not n:
+        return ep < min_p
+    half = z * math.sqrt(max(ep * (1.0 - ep), 0.25 / n) / n)
+    return ep + half < min_p
 
 
 def weak_privacy_warning(report: dict | None, *, backbone: str, eta: float | None = None,
