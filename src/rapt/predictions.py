@@ -162,14 +162,15 @@ class Predictions:
         if not self.labelled:
             return []
         m = self.confusion()
+        corner = "gold \\ predicted"
+        first = max(len(corner), *(len(n) for n in self.names)) + 2
         width = max(8, *(len(n) for n in self.names)) + 1
-        head = "gold \\ predicted".ljust(width + 2) + "".join(n.rjust(width)
-                                                           for n in self.names)
-        lines = ["confusion (rows: gold, columns: predicted)", head + "  recall".rjust(width)]
+        head = corner.ljust(first) + "".join(n.rjust(width) for n in self.names)
+        lines = ["confusion (rows: gold, columns: predicted)", head + "recall".rjust(width)]
         for g, name in enumerate(self.names):
             total = sum(m[g])
             recall = f"{m[g][g] / total:.3f}" if total else "-"
-            lines.append(name.ljust(width + 2) + "".join(str(v).rjust(width) for v in m[g])
+            lines.append(name.ljust(first) + "".join(str(v).rjust(width) for v in m[g])
                          + recall.rjust(width))
         return lines
 
