@@ -247,8 +247,8 @@ def adapter_setup(setup, tmp_path_factory):
 
 
 def test_adapt_kind_adapter_saves_an_adapter_with_provenance(setup, adapter_setup):
-    from rapt.channel import load_channel_model
     from rapt.channel_adapter import ChannelAdapter
+    from rapt.pipeline import load_channel_model
 
     bb, corpus, _, _, _ = setup
     ch, r = adapter_setup

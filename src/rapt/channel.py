@@ -20,8 +20,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -30,7 +28,7 @@ from rapt.noise import NoiseSource
 from rapt.privatization import Privatizer, tokenize_texts
 
 __all__ = ["PUBLIC_SOURCES", "ChannelCorpus", "ChannelPairs", "check_aligned", "check_disjoint",
-           "encode_rows", "eta_band", "load_channel_model", "privatize_channel",
+           "encode_rows", "eta_band", "privatize_channel",
            "public_corpus_for", "special_wrap", "task_family"]
 
 # Every split of each built-in family, by family; a family's text is never public for itself.
@@ -235,29 +233,4 @@ def encode_rows(tokenizer, rows: Sequence[Sequence[int]],
         ids[i, :len(e)] = torch.tensor(e, dtype=torch.long)
         mask[i, :len(e)] = 1
     return ids, mask, len(head)
-
-
-def load_channel_model(folder: str | Path, backbone: Any) -> Any:
-    """The channel model that ``rapt adapt`` saved in ``folder``, rebuilt on ``backbone``: a
-    :class:`rapt.attacks.denoiser.Denoiser` (role "denoiser": rewrites privatized rows) or a
-    :class:`rapt.channel_adapter.ChannelAdapter` (role "adapter": the backbone that reads
-    them), told apart by the folder's ``format``. Raises ArtifactError naming the file."""
-    import json
-
-    from rapt import channel_adapter
-    from rapt.artifacts import CONFIG_FILE, ArtifactError
-    from rapt.attacks import denoiser
-
-    cfg = Path(folder) / CONFIG_FILE
-    try:
-        fmt = json.loads(cfg.read_text()).get("format")
-    except (OSError, ValueError, AttributeError) as e:
-        raise ArtifactError(f"{cfg}: cannot read a channel model's config ({e})") from e
-    if fmt == channel_adapter.FORMAT:
-        return channel_adapter.ChannelAdapter.load(folder, backbone)
-    if fmt == denoiser.KIND.format:
-        return denoiser.Denoiser.load(folder, backbone)
-    raise ArtifactError(f"{cfg}: field 'format' is {fmt!r}; a channel model is "
-                        f"{denoiser.KIND.format!r} or {channel_adapter.FORMAT!r} (from `rapt "
-                        "adapt`)")
 

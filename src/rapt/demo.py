@@ -217,7 +217,7 @@ def _load_channel(config: DemoConfig, bb, log: Callable[[str], None]) -> Any:
     ValueError naming the folder when it is not one."""
     if config.channel is None:
         return None
-    from rapt.channel import load_channel_model
+    from rapt.pipeline import load_channel_model
 
     try:
         den = load_channel_model(config.channel, bb)

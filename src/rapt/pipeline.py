@@ -28,8 +28,10 @@ and :attr:`Customization.reader`, the backbone with the adapter merged in, tunes
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -46,6 +48,29 @@ CHANNEL_NOTE = (
     "an attacker at this η; the empirical privacy reported is against the stronger of it and "
     "nearest neighbour. Post-processing of the dχ release: the formal guarantee at η is "
     "unchanged.")
+
+
+def load_channel_model(folder: str | Path, backbone: Any) -> Any:
+    """The channel model that ``rapt adapt`` saved in ``folder``, rebuilt on ``backbone``: a
+    :class:`rapt.attacks.denoiser.Denoiser` (role "denoiser": rewrites privatized rows) or a
+    :class:`rapt.channel_adapter.ChannelAdapter` (role "adapter": the backbone that reads
+    them), told apart by the folder's ``format``. Raises ArtifactError naming the file."""
+    from rapt import channel_adapter
+    from rapt.artifacts import CONFIG_FILE, ArtifactError
+    from rapt.attacks import denoiser
+
+    cfg = Path(folder) / CONFIG_FILE
+    try:
+        fmt = json.loads(cfg.read_text()).get("format")
+    except (OSError, ValueError, AttributeError) as e:
+        raise ArtifactError(f"{cfg}: cannot read a channel model's config ({e})") from e
+    if fmt == channel_adapter.FORMAT:
+        return channel_adapter.ChannelAdapter.load(folder, backbone)
+    if fmt == denoiser.KIND.format:
+        return denoiser.Denoiser.load(folder, backbone)
+    raise ArtifactError(f"{cfg}: field 'format' is {fmt!r}; a channel model is "
+                        f"{denoiser.KIND.format!r} or {channel_adapter.FORMAT!r} (from `rapt "
+                        "adapt`)")
 
 
 def _role(channel: Any) -> str | None:

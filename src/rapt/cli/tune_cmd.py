@@ -303,7 +303,7 @@ def _load_channel(path: Path, bb):
     """The channel model saved by `rapt adapt` in ``path``, rebuilt on ``bb``; one error line
     when it cannot be (not a channel folder, another backbone, a causal backbone)."""
     from rapt.artifacts import ArtifactError
-    from rapt.channel import load_channel_model
+    from rapt.pipeline import load_channel_model
 
     try:
         den = load_channel_model(path, bb)

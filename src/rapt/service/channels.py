@@ -117,8 +117,7 @@ def load_channels(specs: Mapping[str, str | Path], backbones: Mapping[str, Any]
     backbone; ChannelError, naming the folder, for a backbone not loaded, a folder that is not
     a channel model, or one built on another backbone."""
     from rapt.artifacts import ArtifactError
-    from rapt.channel import load_channel_model
-    from rapt.pipeline import Customization
+    from rapt.pipeline import Customization, load_channel_model
 
     out = {}
     for name, folder in specs.items():
