@@ -13,6 +13,11 @@ the attribute attack.
   setting "SAP output noise", n >= 1) beside it.
 * AIA: a 2-layer MLP on mean-pooled released representations predicts TrustPilot gender /
   age, next to the majority rate and the no-privatization release.
+* Label inference (every run): the provider clusters the ∂l/∂g it received during training
+  (``rapt.attacks.label_inference``): classes inferred from the gradients' rank, purity and
+  accuracy under the best naming. ``--label-dp 3,1`` adds Figure 2 settings that train on
+  randomized-response labels ("SAP label-DP ε=3", ``SplitConfig.label_dp_epsilon``), the
+  mitigation: its cost in UA and its effect on the attack, paired by seed with SAP.
 
 η grid: MiniLM's η values are chosen by replacement probability P on rapt's public text sample
 (``calibrate_eta_public``); tables show both P and η. Privacy noise is seeded (a benchmark must
@@ -41,6 +46,7 @@ from pathlib import Path
 import torch
 
 from rapt.attacks.attribute import attribute_attack, hidden_features
+from rapt.attacks.label_inference import label_inference_attack
 from rapt.attacks.split_inversion import (
     candidate_hits,
     invert_by_optimization,
@@ -203,12 +209,15 @@ class Bench:
 
     def run(self, table: str, task: str, p: float | None, seed: int, *, cti: bool = False,
             cti_rule: str = "uniform", cti_alpha: float = DEFAULT_SMOOTHING, split: int = 0,
-            unfreeze: bool = False, privatize: str = "tokens") -> dict:
+            unfreeze: bool = False, privatize: str = "tokens",
+            label_dp: float | None = None) -> dict:
         prof = self.prof
         # The tables share settings (Table 3's frozen rows and Table 4's n = 0 rows are Figure
         # 2's SST-2 SAP rows): a run already made with the same settings, in this file or a
         # --reuse file, is copied instead of trained again (same seeds: identical numbers).
         setting = cti_setting(cti_rule, cti_alpha) if cti else PRIVATIZE_SETTINGS[privatize]
+        if label_dp is not None:
+            setting += f" label-DP ε={label_dp:g}"
         key = (task, p, seed, setting, split, unfreeze)
         tr, te, rtr, rte = self.task(task)
         A = prof["attack_rows"]
@@ -229,7 +238,7 @@ class Bench:
         eta = self.eta(p)
         cfg = SplitConfig(split_layer=split, eta=eta, cti=cti, cti_rule=cti_rule,
                           cti_smoothing=cti_alpha, unfreeze_bottom=unfreeze,
-                          privatize=privatize,
+                          privatize=privatize, label_dp_epsilon=label_dp,
                           lr=prof["lr"], head_lr=prof["head_lr"], bottom_lr=prof["lr"] / 10,
                           epochs=prof["epochs"], batch_size=prof["batch_size"],
                           max_length=prof["max_length"], seed=seed, noise_seed=1000 + seed)
@@ -246,7 +255,13 @@ class Bench:
                 seen.append((idx, acts))
 
         customer.load(rtr, tr.labels)
-        hist = train_split(customer, provider, observe=observe)
+        grads: list[tuple[list[int], torch.Tensor]] = []  # what the provider gets back
+        hist = train_split(customer, provider, observe=observe,
+                           observe_grad=lambda idx, msg: grads.append((idx, msg.grad)))
+        # scored against the true labels (not the randomized ones label DP trains on)
+        label = label_inference_attack(
+            [g for _, g in grads], [torch.tensor([tr.labels[i] for i in idx]) for idx, _ in grads],
+            num_classes=tr.num_labels, seed=seed).as_dict()
         probs = predict_split(customer, provider, rte)
         ua = float((probs.argmax(-1) == torch.tensor(te.labels)).float().mean())
         ep, recall = self.attack(seen, rtr, split, A, seed)
@@ -254,7 +269,8 @@ class Bench:
         run = {"table": table, "task": task, "P_target": p, "eta": eta, "seed": seed,
                "setting": setting, "split": split, "unfreeze": unfreeze,
                "UA": ua, "EP": ep, "attack_candidate_recall": recall,
-               "attack_rows": min(A, len(rtr)),
+               "attack_rows": min(A, len(rtr)), "label_attack": label,
+               "label_dp_epsilon": label_dp,
                "attack_cti_share": self.cti_share(rtr[:A], customer.cti),
                "P_measured": customer.measured_p if eta is not None else 0.0,
                "cti_tokens": len(customer.cti.token_ids) if customer.cti else 0,
@@ -380,11 +396,18 @@ def summarize(res: dict) -> list[dict]:
     for (table, task, setting, split, unfreeze, p), rs in groups.items():
         ua, ua_sd = _mean_sd([r["UA"] for r in rs])
         ep, ep_sd = _mean_sd([r["EP"] for r in rs])
-        out.append({"table": table, "task": task, "setting": setting, "split": split,
-                    "unfreeze": unfreeze, "P_target": p, "eta": rs[0]["eta"],
-                    "P_measured": statistics.fmean(r["P_measured"] for r in rs),
-                    "UA": ua, "UA_sd": ua_sd, "EP": ep, "EP_sd": ep_sd, "n": len(rs),
-                    "recall": statistics.fmean(r["attack_candidate_recall"] for r in rs)})
+        row = {"table": table, "task": task, "setting": setting, "split": split,
+               "unfreeze": unfreeze, "P_target": p, "eta": rs[0]["eta"],
+               "P_measured": statistics.fmean(r["P_measured"] for r in rs),
+               "UA": ua, "UA_sd": ua_sd, "EP": ep, "EP_sd": ep_sd, "n": len(rs),
+               "recall": statistics.fmean(r["attack_candidate_recall"] for r in rs)}
+        las = [r["label_attack"] for r in rs if r.get("label_attack")]
+        if las:
+            row["label_attack"] = {k: statistics.fmean(a[k] for a in las)
+                                   for k in ("accuracy", "purity", "num_classes_inferred")}
+            row["label_attack"]["num_classes"] = las[0]["num_classes"]
+            row["label_attack"]["accuracy_sd"] = _mean_sd([a["accuracy"] for a in las])[1]
+        out.append(row)
     return out
 
 
@@ -396,7 +419,7 @@ def paired_cti(res: dict) -> list[dict]:
         if r["table"] == "fig2" and r["P_target"] is not None:
             by[(r["task"], r["P_target"], r["setting"], r["seed"])] = r
     out = []
-    for task, p, setting in sorted({(t, p, st) for t, p, st, _ in by if st != "SAP"},
+    for task, p, setting in sorted({(t, p, st) for t, p, st, _ in by if st.startswith("SAP-CTI")},
                                    key=lambda k: (k[0], -k[1], k[2])):
         seeds = sorted(s for t, q, st, s in by if (t, q, st) == (task, p, "SAP")
                        and (task, p, setting, s) in by)
@@ -421,6 +444,51 @@ def paired_cti(res: dict) -> list[dict]:
         for d, adj in zip(out, holm([d[f"{metric}_p"] for d in out]), strict=True):
             d[f"{metric}_p_holm"] = adj
     return out
+
+
+def label_section(res: dict, summary: list[dict]) -> list[str]:
+    """Markdown: the label-inference attack per setting, and label DP's paired cost in UA."""
+    rows = [r for r in summary if r.get("label_attack")]
+    if not rows:
+        return []
+    out = ["## Label inference from ∂l/∂g", "",
+           "The provider clusters the loss gradients it receives over the whole training "
+           "(`rapt.attacks.label_inference`): classes inferred from the gradients' rank; "
+           "accuracy under the best naming of the clusters (what a few known labels buy) and "
+           "purity, both against the *true* labels, mean over seeds. 'label-DP ε' settings "
+           "train on randomized-response labels (keep probability e^ε / (e^ε + C − 1)).", "",
+           "| table | task | setting | split n | P | UA | attack accuracy | purity | classes "
+           "inferred / true | n |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: (r["table"], r["task"], r["split"], r["setting"],
+                                         _p_key(r["P_target"]))):
+        a = r["label_attack"]
+        p = "none" if r["P_target"] is None else f"{r['P_target']:.2f}"
+        out.append(f"| {r['table']} | {r['task']} | {r['setting']} | {r['split']} | {p} | "
+                   f"{100 * r['UA']:.1f} ± {100 * r['UA_sd']:.1f} | "
+                   f"{100 * a['accuracy']:.1f} ± {100 * a['accuracy_sd']:.1f} | "
+                   f"{100 * a['purity']:.1f} | {a['num_classes_inferred']:g} / "
+                   f"{a['num_classes']} | {r['n']} |")
+    by = {(r["task"], r["P_target"], r["setting"], r["seed"]): r for r in res["runs"]
+          if r["table"] == "fig2" and r.get("label_attack")}
+    pairs = sorted({(t, p, st) for t, p, st, _ in by if "label-DP" in st},
+                   key=lambda k: (k[0], _p_key(k[1]), k[2]))
+    if pairs:
+        out += ["", "Label DP − SAP, paired by seed (points, mean ± 95 % CI):", ""]
+    for task, p, st in pairs:
+        seeds = sorted(s for t, q, x, s in by if (t, q, x) == (task, p, st)
+                       and (task, p, "SAP", s) in by)
+        if not seeds:
+            continue
+        def pts(setting: str, metric: str, task=task, p=p, seeds=seeds) -> list[float]:
+            rs = [by[(task, p, setting, s)] for s in seeds]
+            return [100 * (r["UA"] if metric == "UA" else r["label_attack"]["accuracy"])
+                    for r in rs]
+
+        d = {m: paired_difference(pts(st, m), pts("SAP", m)) for m in ("UA", "attack")}
+        out.append(f"- {task}, P {p}, {st}: ΔUA {d['UA']['mean_diff']:+.1f} ± "
+                   f"{d['UA']['ci95']:.1f}, Δ attack accuracy {d['attack']['mean_diff']:+.1f} "
+                   f"± {d['attack']['ci95']:.1f} (n = {len(seeds)})")
+    return out + [""]
 
 
 def cti_goal(paired: list[dict], task: str, setting: str = "SAP-CTI") -> str:
@@ -513,6 +581,7 @@ def markdown(res: dict) -> str:
                          f"{100 * d['cti_coverage']:.2f} % | {'yes' if d['beats'] else 'no'} |")
         lines += [""] + [f"- {cti_goal(pc, t, st)}" for t, st in sorted(
             {(d["task"], d.get("setting", "SAP-CTI")) for d in pc})] + [""]
+    lines += label_section(res, s)
     if res.get("aia"):
         lines += ["## Attribute inference on released representations (TrustPilot, n = 0)", "",
                   "Attacker: 2-layer MLP (768, ReLU) on mean-pooled released vectors, trained "
@@ -610,6 +679,9 @@ def main() -> None:
     ap.add_argument("--cti-alphas", default=str(DEFAULT_SMOOTHING),
                     help="comma list of smoothing α for CTI's utility importance (1 = rapt's "
                          "default; the paper gives none): each α is its own setting")
+    ap.add_argument("--label-dp", default=None, metavar="EPS,EPS",
+                    help="Figure 2 settings that train on randomized-response labels at these "
+                         "label-DP ε (the label-inference mitigation)")
     ap.add_argument("--aia-attributes", default="gender,age",
                     help="TrustPilot attributes of the attribute attack")
     ap.add_argument("--levels", default=None,
@@ -721,6 +793,7 @@ def main() -> None:
         raise SystemExit(f"--cti-rules: unknown rule(s) {', '.join(unknown)} (choose from "
                          f"{', '.join(CTI_SETTINGS)})")
     cti_alphas = [float(a) for a in args.cti_alphas.split(",")]
+    label_dps = [float(e) for e in args.label_dp.split(",")] if args.label_dp else []
     if not all(math.isfinite(a) and a > 0 for a in cti_alphas):
         raise SystemExit(f"--cti-alphas: every α must be a positive number, got {cti_alphas}")
     plan: list[tuple] = []  # (table, task, P, seed, options)
@@ -731,6 +804,8 @@ def main() -> None:
                     plan.append(("fig2", task, None, seed, {}))
                 for p in prof["levels"]:
                     plan.append(("fig2", task, p, seed, {}))
+                    for eps in label_dps:
+                        plan.append(("fig2", task, p, seed, {"label_dp": eps}))
                     for rule in cti_rules:
                         for alpha in cti_alphas:
                             plan.append(("fig2", task, p, seed, {"cti": True, "cti_rule": rule,

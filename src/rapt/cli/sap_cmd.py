@@ -78,6 +78,9 @@ def _eta(bb, eta: float | None, target_p: float | None,
 _PRIVATIZE = typer.Option("tokens", help="tokens: dχ on the token embeddings, then the bottom "
                           "(SAP Algorithm 1); output: dχ noise on the bottom's output states "
                           "(split >= 1, the paper's §4.3)")
+_LABEL_DP = typer.Option(None, help="train on labels randomized once by randomized response: "
+                         "each label ε-label-DP against the provider, which otherwise reads "
+                         "them off the returned ∂l/∂g (not with --cti)")
 _CTI_SMOOTHING = typer.Option(1.0, help="α of the add-α estimate of p(token | class) in the "
                               "utility importance (the paper gives none; smaller α ranks rare "
                               "one-class tokens higher)")
@@ -122,6 +125,7 @@ def sap_tune(
     cti_smoothing: float = _CTI_SMOOTHING,
     unfreeze_bottom: bool = typer.Option(False, "--unfreeze-bottom/--freeze-bottom",
                                          help="train the bottom too (fresh noise every step)"),
+    label_dp_epsilon: float | None = _LABEL_DP,
     privatize: str = _PRIVATIZE,
     method: str = typer.Option("lora", help="how the provider tunes the top: lora | prompt"),
     lr: float = typer.Option(2e-3),
@@ -154,6 +158,7 @@ def sap_tune(
     cfg = _config(split_layer=split_layer, eta=e, cti=cti, cti_multiplier=cti_multiplier,
                   cti_coverage=cti_coverage, cti_rule=cti_rule, cti_smoothing=cti_smoothing,
                   unfreeze_bottom=unfreeze_bottom, method=method, privatize=privatize,
+                  label_dp_epsilon=label_dp_epsilon,
                   lr=lr, head_lr=head_lr, epochs=epochs, batch_size=batch_size,
                   max_length=max_length, seed=seed, noise_seed=noise_seed)
     if e is None and url is not None:
@@ -395,6 +400,32 @@ def sap_predict(
     echo_predictions(preds, out, eta=cfg.eta)
 
 
+def _label_attack(ds, bb, cfg) -> None:
+    """Train as the customer would (in this process) and run the provider's label inference
+    on every ∂l/∂g it received; scored against the true labels."""
+    import torch
+
+    from rapt.attacks.label_inference import label_inference_attack
+    from rapt.split import encode_texts, setup_split, train_split
+
+    rows = encode_texts(bb.tokenizer, ds.texts, cfg.max_length)
+    try:
+        customer, provider = setup_split(bb, cfg, ds.num_labels, len(rows))
+    except ValueError as err:
+        fail(str(err))
+    customer.load(rows, ds.labels)
+    got: list = []  # (rows, ∂l/∂g) per step, as the provider receives them
+    train_split(customer, provider, observe_grad=lambda idx, msg: got.append((idx, msg.grad)))
+    r = label_inference_attack([g for _, g in got],
+                               [torch.tensor([ds.labels[i] for i in idx]) for idx, _ in got],
+                               num_classes=ds.num_labels)
+    typer.echo(json.dumps({"attack": "label inference from ∂l/∂g",
+                           "split_layer": cfg.split_layer, "eta": cfg.eta,
+                           "privatize": cfg.privatize, "epochs": cfg.epochs,
+                           "label_dp_epsilon": cfg.label_dp_epsilon, "steps": provider.step,
+                           **r.as_dict()}))
+
+
 @sap_app.command("attack")
 def sap_attack(
     data: str = typer.Argument(..., help="dataset name or file whose texts are released"),
@@ -412,10 +443,17 @@ def sap_attack(
     steps: int = typer.Option(100, help="optimisation attack: Adam steps"),
     noise_seed: int | None = typer.Option(None),
     privatize: str = _PRIVATIZE,
+    labels: bool = typer.Option(False, "--labels", help="label inference instead: train "
+                                "--epochs on the labelled rows, cluster the returned ∂l/∂g"),
+    label_column: str | None = LABEL_COLUMN,
+    epochs: int = typer.Option(1, help="--labels: training epochs the provider watches"),
+    label_dp_epsilon: float | None = _LABEL_DP,
 ) -> None:
     """Embedding inversion on the bottom's (privatized) release, as the provider would run it:
     nearest neighbour through the embedding layer (split 0) or the optimisation attack of Song
-    & Raghunathan (deeper splits). Prints EP = 1 − token accuracy."""
+    & Raghunathan (deeper splits). Prints EP = 1 − token accuracy. With ``--labels``: the
+    label-inference attack on the loss gradients the customer returns (classes inferred,
+    purity, accuracy under the best naming of the clusters)."""
     import torch
 
     from rapt.attacks.split_inversion import (
@@ -428,13 +466,17 @@ def sap_attack(
     from rapt.split import encode_texts, setup_split, split_backbone
 
     warn_if_seeded(noise_seed)
-    ds = _data(data, split, limit, text_column, None)
+    ds = (_labelled_data(data, split, limit, text_column, label_column) if labels
+          else _data(data, split, limit, text_column, None))
     if len(ds) == 0:
         fail(f"{data}: no texts")
     bb = load_backbone_or_fail(backbone)
     e = _eta(bb, eta, target_p, target_ep)
     cfg = _config(split_layer=split_layer, eta=e, max_length=max_length, noise_seed=noise_seed,
-                  privatize=privatize)
+                  privatize=privatize, epochs=epochs, label_dp_epsilon=label_dp_epsilon,
+                  lr=2e-3, head_lr=1e-2)
+    if labels:
+        return _label_attack(ds, bb, cfg)
     try:
         customer, _ = setup_split(bb, cfg, 2, 1)
     except ValueError as err:

@@ -12,10 +12,13 @@ What each party sees and keeps private:
 * **Provider** keeps the top's weights and its tuned adapter. It sees, per training step,
   :class:`Activations` (the bottom's output on *privatized* token ids: dχ noise on each token
   embedding, then the nearest vocabulary token, then the bottom; plus the padding mask, hence
-  the row lengths) and :class:`OutputGrad` (∂l/∂g). It never receives labels. Note that ∂l/∂g
-  still depends on the labels (label leakage through gradients is a known split-learning
-  risk that SAP does not address), and with a frozen bottom every example is released once;
-  with an unfrozen bottom it is released afresh every epoch, so an attacker gets E looks.
+  the row lengths) and :class:`OutputGrad` (∂l/∂g). It never receives labels, but ∂l/∂g
+  gives them away: each batch's gradients span C − 1 dimensions (it learns the number of
+  classes) and cluster by label (it learns which rows share a label, and with a few known
+  labels which label: :mod:`rapt.attacks.label_inference`, 100 % on Financial PhraseBank).
+  SAP does not address this; ``SplitConfig.label_dp_epsilon`` (randomized response) bounds
+  it by ε-label-DP. With a frozen bottom every example is released once; with an unfrozen
+  bottom it is released afresh every epoch, so an attacker gets E looks.
 
 Privacy statement (``SplitConfig.privatize="tokens"``, the default): each released token
 position is ηdχ-private given the (private) choice of contributing tokens; see :mod:`rapt.cti`

@@ -51,6 +51,10 @@ class SplitConfig:
     far too large to mean anything; a Llama-style bottom ends in an unnormalised residual
     stream, so not even that. The token mode's guarantee (per token, in embedding distance)
     is the stronger statement; "output" is what the paper's Table 4 numbers imply.
+    ``label_dp_epsilon``: train on labels randomized once by randomized response
+    (:mod:`rapt.dp.label_dp`): every row's label is then ε-label-DP against the provider, who
+    otherwise reads the labels off ∂l/∂g (:mod:`rapt.attacks.label_inference`); refused with
+    ``cti`` (the contributing tokens are computed from the true labels). None = true labels.
     ``unfreeze_bottom``: the customer trains its bottom with the gradient the top returns, and
     privatizes afresh every iteration (SAP §5.3). ``method``: how the provider tunes the top
     ("lora" = peft LoRA on the attention query/value projections, the paper's choice;
@@ -67,6 +71,7 @@ class SplitConfig:
     cti_rule: Literal["uniform", "per-class"] = "uniform"
     cti_smoothing: float = DEFAULT_SMOOTHING
     privatize: Literal["tokens", "output"] = "tokens"
+    label_dp_epsilon: float | None = None
     unfreeze_bottom: bool = False
     method: Literal["lora", "prompt"] = "lora"
     lora_r: int = 8
@@ -116,6 +121,14 @@ class SplitConfig:
         if self.privatize == "output" and self.cti:
             raise ValueError("SplitConfig.cti needs privatize='tokens': CTI scales the noise of "
                              "chosen tokens (SAP §4.4), and output noise has no tokens")
+        if self.label_dp_epsilon is not None:
+            if not (math.isfinite(self.label_dp_epsilon) and self.label_dp_epsilon > 0):
+                raise ValueError(f"SplitConfig.label_dp_epsilon must be a positive finite "
+                                 f"number or None, got {self.label_dp_epsilon!r}")
+            if self.cti:
+                raise ValueError("SplitConfig.label_dp_epsilon with cti: the contributing "
+                                 "tokens are computed from the true labels and shape the "
+                                 "release, so the labels would not be ε-label-DP")
         if self.cti and self.eta is None:
             raise ValueError("SplitConfig.cti=True needs eta: CTI only decides which tokens get "
                              "less noise, and without privatization there is none")

@@ -2,8 +2,14 @@
 
 The customer holds the text, the labels, the bottom model, the privatizer, the contributing
 tokens (CTI) and its own output layer (a linear map from the top's output g to the classes):
-the loss is computed here (SAP Algorithm 1 lines 23-26), so the provider never learns the
-labels, the number of classes or their names.
+the loss is computed here (SAP Algorithm 1 lines 23-26), so the labels, their names and the
+output layer never cross. The labels still shape what crosses back: ∂l/∂g = Wᵀ(p − e_y)/B,
+so each batch's gradients span C − 1 dimensions (the provider learns the number of classes C)
+and rows of one class point into one cone (clustering them recovers which rows share a label:
+100 % purity on Financial PhraseBank within the first epoch, and a few known labels name the
+clusters; :mod:`rapt.attacks.label_inference`). ``SplitConfig.label_dp_epsilon`` trains on
+randomized-response labels instead, which bounds what the provider learns about each label by
+ε-label-DP (it still learns C).
 """
 
 from __future__ import annotations
@@ -186,6 +192,13 @@ class SplitCustomer:
                 raise ValueError(f"label of row {i} is {y}, outside 0..{self.num_labels - 1}")
         self._rows = [list(r) for r in rows]
         self._labels = torch.as_tensor([int(y) for y in labels], dtype=torch.long)
+        if self.config.label_dp_epsilon is not None:
+            from rapt.dp.label_dp import randomized_response
+
+            # drawn once: every epoch trains on the same randomized labels (post-processing)
+            self._labels = randomized_response(
+                self._labels, self.num_labels, self.config.label_dp_epsilon,
+                NoiseSource(self.config.noise_seed).derive("label-dp"))
         steps = total or total_steps(len(rows), self.config)
         f = linear_schedule(steps, self.config.warmup_ratio)
         self._scheds = [torch.optim.lr_scheduler.LambdaLR(self.head_opt, f)]
@@ -351,7 +364,11 @@ class SplitCustomer:
                  "released_hidden": [t.clone() for t in self._cache_hidden]
                  if self._cache_hidden is not None and self.output_noise is not None
                  else None,
-                 "replaced": self.replaced, "perturbable": self.perturbable}
+                 "replaced": self.replaced, "perturbable": self.perturbable,
+                 # label DP: the randomized labels trained on (a second draw on resume would
+                 # give the provider a second look at every label)
+                 "trained_labels": self._labels.clone()
+                 if self.config.label_dp_epsilon is not None else None}
         if self.config.unfreeze_bottom:
             state["bottom"] = {k: v.detach().cpu().clone()
                                for k, v in self.bottom.state_dict().items()}
@@ -376,6 +393,12 @@ class SplitCustomer:
             assert self.bottom_opt is not None
             self.bottom_opt.load_state_dict(state["bottom_opt"])
         self.replaced, self.perturbable = int(state["replaced"]), int(state["perturbable"])
+        if self.config.label_dp_epsilon is not None:
+            if state.get("trained_labels") is None or \
+                    len(state["trained_labels"]) != len(self._labels):
+                raise ValueError("state holds no randomized labels for these rows: a label-DP "
+                                 "customer cannot resume without drawing them again")
+            self._labels = state["trained_labels"].clone().long()
         if state.get("released_ids") is not None:
             if len(state["released_ids"]) != len(self._rows):
                 raise ValueError(f"state released {len(state['released_ids'])} rows, "
@@ -429,13 +452,17 @@ def make_customer(bb: Backbone, bottom: Bottom, config: SplitConfig, num_labels:
 def train_split(customer: SplitCustomer, provider: ProviderSession, *,
                 progress: Callable[[dict], None] | None = None,
                 observe: Callable[[list[int], Activations], None] | None = None,
-                should_stop: Callable[[], bool] | None = None) -> list[dict]:
+                should_stop: Callable[[], bool] | None = None,
+                observe_grad: Callable[[list[int], OutputGrad], None] | None = None
+                ) -> list[dict]:
     """Run the message exchange for ``config.epochs`` epochs over the loaded rows.
 
     Every value that crosses between the parties is a protocol message; the same loop runs
     over HTTP once the two calls on ``provider`` become requests. ``observe(idx, acts)`` sees
     each release with the rows it came from (a measurement hook for the attack benchmarks:
-    it is what the provider receives, plus the ground-truth row index). After both parties
+    it is what the provider receives, plus the ground-truth row index); ``observe_grad(idx,
+    grad)`` likewise sees each ∂l/∂g the provider receives (the label-inference attack's
+    input, :mod:`rapt.attacks.label_inference`). After both parties
     loaded a checkpoint it continues where ``provider.step`` says: data order depends only on
     ``config.seed`` and the epoch, so the remaining batches are the same ones."""
     cfg = customer.config
@@ -459,6 +486,8 @@ def train_split(customer: SplitCustomer, provider: ProviderSession, *,
                 observe(rows, acts)
             out = provider.forward(acts)
             grad, stats = customer.loss_grad(out)
+            if observe_grad is not None:
+                observe_grad(rows, grad)
             back = provider.backward(grad)
             if back is not None:
                 customer.apply(back)
