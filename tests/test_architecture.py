@@ -21,7 +21,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("rapt.config", "rapt.noise", "rapt.stats", "rapt.data", "rapt.models", "rapt.nn_search",
      "rapt.artifacts", "rapt.dp", "rapt.gnmax", "rapt.llm", "rapt.padding", "rapt.http",
      "rapt.attack_table", "rapt.privacy_rule", "rapt.predictions",
-     "rapt.progress"),
+     "rapt.progress", "rapt.precision"),
     ("rapt.privatization", "rapt.cti", "rapt.heads", "rapt.tuners", "rapt.reconstruction",
      "rapt.multi_lora", "rapt.attacks.inversion", "rapt.channel"),
     ("rapt.training", "rapt.trainer", "rapt.pate", "rapt.split", "rapt.attacks",

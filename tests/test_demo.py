@@ -79,7 +79,14 @@ def test_run_demo_tiny(small_bert, shared_data, monkeypatch):
     assert {s for s, _ in steps} == {f"{n}, seed {i}" for i in (0, 1)
                                      for n in ("no privacy", "+privatization", "+reconstruction")}
     assert len(res.rows[3]["rec_acc_end"]) == 2
+    # every stage timed once in the log and in the result (issue 31 item 3), and they add up
+    stages = res.stage_seconds
+    assert list(stages) == ["backbone", "data", "calibration", "privatization",
+                            "inversion attack", "tuning", "prediction"]
+    assert all(v >= 0 for v in stages.values()) and sum(stages.values()) <= res.seconds
+    assert sum(s.startswith("time per stage: backbone") for s in logs) == 1
     table = format_table(res)
+    assert "time per stage: " in table
     assert "+reconstruction" in table and res.verdict in table
     assert "| 0 | 0 |" in table.splitlines()[2]  # the no-privacy row claims no privacy
     make_plot(res)
@@ -103,6 +110,8 @@ def test_demo_cli_minilm(tmp_path, shared_data, monkeypatch):
     assert saved["config"]["train_size"] == 32 and saved["config"]["plain_len"] == 4
     for f in ("results.json", "results.md", "demo.png"):
         assert (out / f).is_file()
+    assert "time per stage: " in r.output and "plot: " in r.output
+    assert "plot" in saved["stage_seconds"]
 
 
 def test_demo_config_benchmark_and_validation():

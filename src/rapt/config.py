@@ -15,6 +15,11 @@ from typing import Any, Literal
 
 METHODS: tuple[str, ...] = ("prompt", "prefix", "lora", "full")
 HEADS: tuple[str, ...] = ("auto", "linear", "label-description", "verbalizer")
+# Forward-pass precision (rapt.precision): "auto" is bf16 where the hardware has native bf16.
+PRECISIONS: tuple[str, ...] = ("auto", "fp32", "bf16")
+PRECISION_HELP = ("backbone forward passes: fp32 | bf16 (bfloat16 autocast; heads, losses, DP "
+                  "clipping and noise and privatization stay fp32) | auto (bf16 where the CPU "
+                  "has AVX512-BF16 or AMX, or the GPU supports it; else fp32)")
 
 # Per-method learning rates (AdamW, linear decay): prompt ≈ 1e-2..3e-2, prefix ≈ 5e-3..1e-2,
 # LoRA ≈ 1e-3, full ≈ 2e-5 (the paper's 6e-5 is for BERT-base, 4 epochs at batch 128).
@@ -90,6 +95,9 @@ class TuneConfig:
     # Head-only control: the prompt/prefix (or LoRA / full weights) stay at their init and only
     # the head trains; with a frozen head nothing trains and the result is the prompt at init.
     freeze_prompt: bool = False
+    # Backbone forward passes (rapt.precision). fp32 stays the default until bf16 is shown
+    # equal in accuracy (benchmarks/results/precision.md).
+    precision: Literal["auto", "fp32", "bf16"] = "fp32"
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -126,6 +134,9 @@ class TuneConfig:
                              "text per label (e.g. ['a negative review', 'a positive review'])")
         if self.head == "verbalizer" and not self.label_words:
             raise ValueError("TuneConfig.head='verbalizer' needs label_words, one per label")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"TuneConfig.precision must be one of {', '.join(PRECISIONS)} "
+                             f"(got {self.precision!r})")
 
     def to_dict(self) -> dict:
         d = asdict(self) if self.dp is None else {**asdict(_replace_dp(self)), "dp": _dp_dict(

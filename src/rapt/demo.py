@@ -23,14 +23,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from rapt.config import (
     DEFAULT_PLAIN_TOKENS,
     DEFAULT_PRIVATIZER_MODE,
+    PRECISIONS,
     default_lr,
 )
 from rapt.pipeline import plain_tokens_for  # noqa: F401  (re-exported: benchmarks use it)
@@ -80,6 +82,7 @@ class DemoConfig:
     noise_seed: int | None = None  # privacy noise: OS entropy unless set (then "seeded")
     privatizer_mode: str = DEFAULT_PRIVATIZER_MODE
     channel: str | None = None  # a channel model folder (rapt adapt): adds +denoise-then-tune
+    precision: str = "fp32"  # backbone passes: fp32 | bf16 | auto (rapt.precision)
 
     def __post_init__(self) -> None:
         for name in ("train_size", "test_size", "epochs", "batch_size", "seeds",
@@ -92,6 +95,9 @@ class DemoConfig:
         if not 0 < self.whole_fraction <= 1:
             raise ValueError(f"DemoConfig.whole_fraction must lie in (0, 1] "
                              f"(got {self.whole_fraction})")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"DemoConfig.precision must be one of {', '.join(PRECISIONS)} "
+                             f"(got {self.precision!r})")
         if self.eta is None and not 0 < self.target_p < 1:
             raise ValueError(f"DemoConfig.target_p must lie strictly between 0 and 1 "
                              f"(got {self.target_p})")
@@ -124,9 +130,29 @@ class DemoResult:
     # test queries ("privacy") and the gap won back (rapt.stats.gap_won_back).
     channel: dict = field(default_factory=dict)
     channel_verdict: str = ""
+    stage_seconds: dict = field(default_factory=dict)  # StageTimes.seconds
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+@dataclass
+class StageTimes:
+    """Wall-clock seconds per stage of a run, summed over the seeds, in first-seen order."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def time(self, stage: str) -> Iterator[None]:
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - t
+
+    def line(self) -> str:
+        """'time per stage: backbone 2 s, data 1 s, ...'."""
+        return "time per stage: " + ", ".join(f"{k} {v:.1f} s" for k, v in self.seconds.items())
 
 
 def _accuracy(pred: list[int], gold: list[int]) -> float:
@@ -155,6 +181,7 @@ class _Tally:
     acc: dict[str, list[float]] = field(init=False)
     info: dict[str, dict] = field(init=False)
     ps: list[float] = field(default_factory=list)
+    stages: StageTimes = field(default_factory=StageTimes)
 
     def __post_init__(self) -> None:
         self.acc = {s: [] for s in self.settings}
@@ -170,27 +197,32 @@ def run_demo(config: DemoConfig, log: Callable[[str], None] = print,
     from rapt.models import load_backbone
     from rapt.pipeline import Customization
 
-    t0 = time.perf_counter()
-    bb = backbone if backbone is not None else load_backbone(config.backbone)
-    den = channel if channel is not None else _load_channel(config, bb, log)
-    train, test = _demo_data(config, log)
-    head_kw = _head_options(config, bb, list(train.label_names))
-    n_text, whole = _text_length(config, bb.tokenizer, train.texts, log)
-    custom = Customization.create(bb, eta=config.eta,
-                                  target_p=config.target_p if config.eta is None else None,
-                                  noise_seed=config.noise_seed,
-                                  privatizer_mode=config.privatizer_mode)
+    t0, stages = time.perf_counter(), StageTimes()
+    with stages.time("backbone"):
+        bb = backbone if backbone is not None else load_backbone(config.backbone)
+        den = channel if channel is not None else _load_channel(config, bb, log)
+    with stages.time("data"):
+        train, test = _demo_data(config, log)
+        head_kw = _head_options(config, bb, list(train.label_names))
+        n_text, whole = _text_length(config, bb.tokenizer, train.texts, log)
+    with stages.time("calibration"):
+        custom = Customization.create(bb, eta=config.eta,
+                                      target_p=config.target_p if config.eta is None else None,
+                                      noise_seed=config.noise_seed,
+                                      privatizer_mode=config.privatizer_mode)
     if config.eta is None:  # the calibration every command uses
         log(f"η = {custom.eta:.3g} (calibrated for P ≈ {config.target_p} on the public text "
             "sample)")
     lr = config.lr if config.lr is not None else default_lr(config.method)
     base = dict(method=config.method, num_virtual_tokens=config.num_virtual_tokens, lr=lr,
                 epochs=config.epochs, batch_size=config.batch_size,
-                rec_weight=config.rec_weight, rec_reduction=config.rec_reduction, **head_kw)
+                rec_weight=config.rec_weight, rec_reduction=config.rec_reduction,
+                precision=config.precision, **head_kw)
     result = DemoResult(config=asdict(config), eta=float(custom.eta), p=0.0,
                         inversion_privacy=0.0, seeded=custom.privatizer.seeded,
                         text_length=n_text, rows_whole=whole, target_p=custom.target_p)
-    tally = _Tally((*SETTINGS, channel_setting(den)) if den is not None else SETTINGS)
+    tally = _Tally((*SETTINGS, channel_setting(den)) if den is not None else SETTINGS,
+                   stages=stages)
     for i in range(config.seeds):
         _run_seed(custom, config, (train, test), n_text, base, config.seed + i, result, tally,
                   log, progress, den)
@@ -209,6 +241,8 @@ def run_demo(config: DemoConfig, log: Callable[[str], None] = print,
     else:
         log(NO_CHANNEL_LINE)
     result.seconds = time.perf_counter() - t0
+    result.stage_seconds = dict(stages.seconds)
+    log(stages.line())
     return result
 
 
@@ -284,22 +318,26 @@ def _run_seed(custom, config: DemoConfig, data, n_text: int, base: dict, seed: i
     with_k = replace(custom, encoding=Encoding.sampled(tok, n_text + m, m,
                                                        config.plain_sequences, len(train), seed))
     k_rows, k_test = with_k.rows(train.texts), with_k.rows(test.texts, queries=True)
-    priv_k = with_k.privatize(k_rows, measure=False)
-    priv_k_test = with_k.privatize(k_test, measure=False)
+    with tally.stages.time("privatization"):
+        priv_k = with_k.privatize(k_rows, measure=False)
+        priv_k_test = with_k.privatize(k_test, measure=False)
     cut = with_k.encoding.text_only
     clean = (cut(tok, k_rows), cut(tok, k_test))
     priv = (cut(tok, priv_k), cut(tok, priv_k_test))
     tally.ps.append(replacement_probability(clean[0], priv[0], custom.backbone.special_ids))
     first = not tally.acc["no privacy"]
     if first:
-        result.inversion_success = float(with_k.measure(k_test, priv_k_test)["inversion_success"])
+        with tally.stages.time("inversion attack"):
+            result.inversion_success = float(
+                with_k.measure(k_test, priv_k_test)["inversion_success"])
         result.inversion_privacy = 1.0 - result.inversion_success
         log(f"privatized with η = {result.eta:.3g}: measured P = {tally.ps[0]:.3f} (training "
             f"rows); nearest-neighbour inversion recovers {result.inversion_success:.1%} of the "
             f"test queries' tokens (empirical privacy {result.inversion_privacy:.3f})")
         log(table_line(custom.backbone.name, result.eta))
     if first and channel is not None and channel_setting(channel) == CHANNEL_SETTING:
-        _channel_privacy(replace(custom, channel=channel), clean[1], priv[1], result, log)
+        with tally.stages.time("channel attack"):
+            _channel_privacy(replace(custom, channel=channel), clean[1], priv[1], result, log)
     runs = [("no privacy", clean, False, False), ("head only", priv, False, True),
             ("+privatization", priv, False, False),
             ("+reconstruction", (priv_k, priv_k_test), True, False)]
@@ -313,8 +351,10 @@ def _run_seed(custom, config: DemoConfig, data, n_text: int, base: dict, seed: i
                       channel=channel if name in (CHANNEL_SETTING, ADAPTER_SETTING) else None)
         cb = (lambda r, name=f"{name}, seed {seed}": progress(name, r)) \
             if progress is not None else None
-        tuned = run.tune(rows, train.labels, len(train.label_names), progress=cb)
-        a = _accuracy(run.predict(test_rows), test.labels)
+        with tally.stages.time("tuning"):
+            tuned = run.tune(rows, train.labels, len(train.label_names), progress=cb)
+        with tally.stages.time("prediction"):
+            a = _accuracy(run.predict(test_rows), test.labels)
         tally.acc[name].append(a)
         _record(tally.info[name], tuned, time.perf_counter() - t, first, rec)
         result.head = tuned.meta["head"]
@@ -409,6 +449,8 @@ def format_table(result: DemoResult) -> str:
               f"{c['seeds']} paired seeds; {result.seconds:.0f} s in all. Head only = the "
               "prefix kept at its init (only a trainable head, if any, trains).",
               "", result.verdict]
+    if result.stage_seconds:
+        lines[-2:-2] = ["", StageTimes(dict(result.stage_seconds)).line() + "."]
     ch = result.channel
     if ch and ch.get("setting") == ADAPTER_SETTING:
         lines += [result.channel_verdict, "",

@@ -31,6 +31,7 @@ from rapt.heads import (
 )
 from rapt.models import Backbone
 from rapt.noise import NoiseSource
+from rapt.precision import autocast, device_of, resolve_precision
 from rapt.reconstruction import (
     ReconstructionHead,
     _as_sequences,
@@ -83,6 +84,7 @@ class RaptModel(nn.Module):
                  offset: int = 0) -> None:
         super().__init__()
         self.kind = backbone.kind
+        self.precision = config.precision
         self.tuner: Tuner = build_tuner(backbone, config.method,
                                         num_virtual_tokens=config.num_virtual_tokens,
                                         prefix_projection=config.prefix_projection,
@@ -105,8 +107,12 @@ class RaptModel(nn.Module):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor,
                 with_rec: bool = True) -> tuple[Tensor, Tensor | None, Tensor]:
-        """-> (task logits (B, C), reconstruction logits (B, m, |T|) or None, hidden (B, n, h))."""
-        hidden = self.tuner(input_ids, attention_mask)
+        """-> (task logits (B, C), reconstruction logits (B, m, |T|) or None, hidden (B, n, h)).
+        Only the tuner's backbone pass runs at ``precision``; its states come back as float32,
+        so the heads (and everything after them: losses, DP clipping) stay fp32."""
+        with autocast(self.precision, input_ids.device):
+            hidden = self.tuner(input_ids, attention_mask)
+        hidden = hidden.float()
         logits = self.head(hidden, task_mask(attention_mask, self.plain_len, self.offset))
         rec = None
         if with_rec and self.rec_head is not None and self.plain_len:
@@ -462,6 +468,8 @@ def _result(backbone, config: TuneConfig, model: RaptModel, num_labels, seqs, m,
         "total_steps": total,
         "stopped": state.stopped,
         "train_seconds": round(seconds, 3),
+        # what "auto" became on this machine (predict decides again on its own)
+        "precision": resolve_precision(config.precision, device_of(backbone.model)),
         "dp": guarantee,
     }
     if guarantee is None:  # under a guarantee the history (private batches) stays local

@@ -14,6 +14,7 @@ import copy
 import typer
 
 from rapt.cli._app import TARGET_EP_HELP, TARGET_P_HELP, TEXT_PAIR_OPT
+from rapt.config import PRECISION_HELP
 from rapt.privacy_rule import DEFAULT_MIN_P, MIN_P_HELP
 
 FORMAT_HELP = ("file format if the extension does not tell: csv, tsv, jsonl, lines, "
@@ -44,6 +45,9 @@ MIN_P = typer.Option(DEFAULT_MIN_P, "--min-p", min=0.0, max=1.0, help=MIN_P_HELP
 NOISE_SEED = typer.Option(None, "--noise-seed", help="seed the privacy noise: tests and "
                           "benchmarks only, voids the guarantee (seeded: true); default: OS "
                           "entropy")
+
+# -- compute ------------------------------------------------------------------------------------
+PRECISION = typer.Option(None, "--precision", help=PRECISION_HELP)
 
 
 def with_help(option, help: str):

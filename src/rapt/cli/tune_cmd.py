@@ -5,6 +5,7 @@ rapt.attacks.attribute. They read files, print and save; the stages live in rapt
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -36,18 +37,22 @@ from rapt.cli.options import (
     LABEL_NAMES,
     LIMIT,
     MIN_P,
+    PRECISION,
     TARGET_EP,
     TARGET_P,
     TEXT_COLUMN,
     TEXT_PAIR_COLUMN,
     parse_label_descriptions,
     split_names,
+    with_default,
     with_help,
 )
 from rapt.config import (
     DEFAULT_PLAIN_TOKENS,
     DEFAULT_PRIVATIZER_MODE,
     LR_HELP,
+    PRECISION_HELP,
+    PRECISIONS,
     VIRTUAL_TOKENS_HELP,
 )
 from rapt.config import tune_default as _d
@@ -198,6 +203,7 @@ def tune(
                                                  help="micro-batch size under DP (default 32)"),
     channel: Path | None = typer.Option(None, "--channel", help=_TUNE_HELP["channel"]),
     resume: bool = typer.Option(False, "--resume", help=_TUNE_HELP["resume"]),
+    precision: str = with_default(PRECISION, _d("precision")),
 ) -> None:
     """Privatize a dataset locally, tune a prompt on it and save the artifact. Ctrl-C (or
     SIGTERM) stops after the current step and saves a checkpoint in --out; --resume goes on."""
@@ -409,7 +415,7 @@ def _tune_config_and_rows(o: SimpleNamespace, bb, ds, dp, encoding):
                          rec_vocab_size=o.rec_vocab_size, rec_weight=o.rec_weight, dp=dp,
                          rec_reduction=o.rec_reduction, head=o.head, label_descriptions=descs,
                          head_temperature=o.head_temperature, freeze_prompt=o.freeze_prompt,
-                         label_words=words)
+                         label_words=words, precision=o.precision)
         return cfg, encoding.rows(bb.tokenizer, ds.texts, ds.text_pairs)
     except ValueError as e:
         _fail(str(e))
@@ -581,6 +587,7 @@ def predict(
     channel: Path | None = typer.Option(None, "--channel", help=_PREDICT_HELP["channel"]),
     allow_channel_mismatch: bool = typer.Option(
         False, "--allow-channel-mismatch", help=_PREDICT_HELP["allow_channel_mismatch"]),
+    precision: str | None = with_help(PRECISION, PRECISION_HELP + " (default: the artifact's)"),
 ) -> None:
     """Privatize queries locally (same η as training) and predict with a tuned prompt. The data
     need no labels; accuracy is reported when every example has one. Prints η, the measured P
@@ -594,6 +601,10 @@ def predict(
         tuned = TunedPrompt.load(artifact)
     except ArtifactError as e:
         _fail(str(e))
+    if precision is not None:
+        if precision not in PRECISIONS:
+            _fail(f"--precision must be one of {', '.join(PRECISIONS)} (got {precision!r})")
+        tuned.config.precision = precision  # read by the model predict builds
     names, ds = _query_data(o, tuned.meta)
     _check_pairs(tuned.meta, artifact, ds)
     bb = load_backbone_or_fail(backbone or tuned.meta.get("backbone", "minilm"))
@@ -730,6 +741,7 @@ def demo(
     seed: int | None = typer.Option(None, help=_DEMO_HELP["seed"]),
     noise_seed: int | None = typer.Option(None, help=_DEMO_HELP["noise_seed"]),
     channel: Path | None = typer.Option(None, "--channel", help=_DEMO_HELP["channel"]),
+    precision: str | None = with_help(PRECISION, PRECISION_HELP + " (default fp32)"),
 ) -> None:
     """RAPT end to end on a small SST-2 subset: privatize, tune (no privacy / head only /
     +privatization / +reconstruction, and +denoise-then-tune with --channel) on paired seeds,
@@ -745,12 +757,15 @@ def demo(
     except ValueError as e:
         _fail(str(e))
     bars.close()
+    t = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
+    fig = make_plot(res)
+    fig.savefig(out / "demo.png", dpi=120)
+    res.stage_seconds["plot"] = time.perf_counter() - t
     table = format_table(res)
     (out / "results.json").write_text(json.dumps(res.as_dict(), indent=2) + "\n")
     (out / "results.md").write_text(table + "\n")
-    fig = make_plot(res)
-    fig.savefig(out / "demo.png", dpi=120)
+    typer.echo(f"plot: {res.stage_seconds['plot']:.1f} s")
     typer.echo("")
     typer.echo(table)
     warn_weak_privacy({"eta": res.eta, "replacement_probability": res.p,

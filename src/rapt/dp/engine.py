@@ -192,6 +192,9 @@ class DPSGD:
                 if g is None:
                     continue  # a forward without backward (e.g. evaluation with grad on)
                 b = a.shape[0]
+                # Under bf16 autocast (rapt.precision) a layer's input and output gradient
+                # may be bfloat16: per-example gradients, norms and clipping stay float32.
+                a, g = a.float(), g.float()
                 if a.dim() == 2:
                     gw = torch.einsum("bo,bi->boi", g, a)
                     gb = g

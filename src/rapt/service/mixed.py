@@ -31,6 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from rapt.multi_lora import Adapter, adapter_from_peft_state, per_row_adapters
+from rapt.precision import autocast, resolve_precision
 from rapt.trainer import pad_batch, task_mask
 from rapt.tuners import base_model, prefix_forward, prompt_forward, segment_ids, segment_sep_id
 
@@ -40,7 +41,8 @@ Item = tuple[Any, list[list[int]]]  # (tuned prompt, rows of token ids)
 @dataclass(frozen=True)
 class Mixable:
     """What a mixed pass needs from one tuned prompt. Prompts of one ``family`` share passes:
-    ("prompt", N), ("prefix", 0) or ("lora", 0)."""
+    ("prompt", N), ("prefix", 0) or ("lora", 0), and of one ``precision`` (the prompt's
+    ``config.precision`` resolved on the backbone's device: rapt.precision)."""
 
     family: tuple[str, int]
     head: nn.Module
@@ -48,6 +50,7 @@ class Mixable:
     offset: int
     # prompt: (N, h); prefix: key/values (L, 2, kv_heads, N, head_dim); lora: an Adapter
     weights: Any
+    precision: str = "fp32"
 
     @property
     def extra_positions(self) -> int:
@@ -77,6 +80,9 @@ def mixable(backbone: Any, prompt: Any) -> Mixable | None:
 
 def _build(backbone: Any, prompt: Any) -> Mixable | None:
     method = getattr(getattr(prompt, "config", None), "method", None)
+    dev = next(iter(backbone.model.parameters())).device
+    prec = resolve_precision(getattr(prompt.config, "precision", "fp32"), dev) if method \
+        else "fp32"
     if method in ("prompt", "prefix") and hasattr(prompt, "build"):
         model = prompt.build(backbone)
         if method == "prompt":
@@ -85,16 +91,15 @@ def _build(backbone: Any, prompt: Any) -> Mixable | None:
         else:
             w = model.tuner.key_values(1)[:, :, 0].detach()  # computed once: eval mode
             family = ("prefix", 0)
-        return Mixable(family, model.head, model.plain_len, model.offset, w)
+        return Mixable(family, model.head, model.plain_len, model.offset, w, prec)
     if method == "lora" and hasattr(prompt, "build_head"):
-        dev = next(iter(backbone.model.parameters())).device
         try:
             adapter = adapter_from_peft_state(prompt.tensors, "tuner.copy.", device=dev)
         except ValueError:  # not a plain LoRA: the per-prompt path runs it through peft
             return None
         meta = prompt.meta
         return Mixable(("lora", 0), prompt.build_head(backbone), int(meta.get("plain_len", 0)),
-                       int(meta.get("plain_offset", 0)), adapter)
+                       int(meta.get("plain_offset", 0)), adapter, prec)
     return None
 
 
@@ -111,9 +116,9 @@ def forward(backbone: Any, items: Sequence[Item], max_rows: int = 64,
                              "share a mixed pass; run it with its own predict_proba")
         specs.append(spec)
     out: list[Tensor | None] = [None] * len(items)
-    families: dict[tuple[str, int], list[int]] = collections.defaultdict(list)
+    families: dict[tuple, list[int]] = collections.defaultdict(list)
     for i, s in enumerate(specs):
-        families[s.family].append(i)
+        families[(s.family, s.precision)].append(i)
     for idx in families.values():
         probs = group_forward(backbone, [specs[i] for i in idx], [items[i][1] for i in idx],
                               max_rows, max_padding)
@@ -131,8 +136,9 @@ def group_forward(backbone: Any, specs: Sequence[Mixable], rows: Sequence[Sequen
 
     Returns per-item probabilities (n_i, C_i); equal to each prompt's own ``predict_proba``
     up to floating-point summation order."""
-    if len({s.family for s in specs}) > 1:
-        raise ValueError(f"one family per group, got {sorted({s.family for s in specs})}")
+    if len({(s.family, s.precision) for s in specs}) > 1:
+        raise ValueError("one family and precision per group, got "
+                         f"{sorted({(s.family, s.precision) for s in specs})}")
     flat = sorted((len(r), specs[i].extra_positions, i, j)
                   for i, rs in enumerate(rows) for j, r in enumerate(rs))
     out = [torch.empty(len(rs), 0) for rs in rows]
@@ -159,8 +165,10 @@ def _one_pass(backbone: Any, specs: Sequence[Mixable], rows: Sequence[Sequence[l
     family = specs[picks[0][0]].family[0]
     sep = segment_sep_id(backbone)
     types = segment_ids(ids, mask, sep) if sep is not None else None
-    hidden = _PASSES[family](backbone.model, [specs[i].weights for i, _ in picks], ids, mask,
-                             types)
+    with autocast(specs[picks[0][0]].precision, dev):
+        hidden = _PASSES[family](backbone.model, [specs[i].weights for i, _ in picks], ids,
+                                 mask, types)
+    hidden = hidden.float()  # heads and softmax in fp32, as in RaptModel
     by_item: dict[int, list[int]] = collections.defaultdict(list)
     for k, (i, _) in enumerate(picks):
         by_item[i].append(k)

@@ -6,7 +6,13 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from rapt.config import LR_HELP, VIRTUAL_TOKENS_HELP, default_lr, default_virtual_tokens
+from rapt.config import (
+    LR_HELP,
+    PRECISION_HELP,
+    VIRTUAL_TOKENS_HELP,
+    default_lr,
+    default_virtual_tokens,
+)
 from rapt.config import tune_default as _d
 
 TokenIds = list[list[int]]
@@ -201,6 +207,8 @@ class JobCreate(BaseModel):
     label_descriptions: list[Annotated[Text, Field(min_length=1, max_length=200)]] | None = \
         Field(None, min_length=2, max_length=1000)
     head_temperature: float = Field(_d("head_temperature"), gt=0, le=10)
+    precision: Literal["auto", "fp32", "bf16"] = Field(_d("precision"),
+                                                       description=PRECISION_HELP)
     dp: DPOptions | None = None
     use_channel: bool | None = Field(
         None, description="read the privatized rows back through the provider's channel "
