@@ -190,3 +190,41 @@ def test_cli_precision(tmp_path):
         r = run(app, argv)
         assert r.exit_code == 2 and "precision must be one of auto, fp32, bf16" in r.output, \
             r.output
+
+
+@pytest.mark.parametrize("unfreeze", [False, True])
+def test_sap_bottom_and_top_in_bf16(tiny_bert, unfreeze):
+    """SAP: the bottom and the top run under bf16 autocast; the release, the top's output,
+    ∂l/∂g and the gradient sent back are fp32 (output noise is added in fp32), and they stay
+    within NORM_RTOL (norm of the difference, relative) of the fp32 run's."""
+    from rapt.service.schemas import SapSessionCreate
+    from rapt.split import SplitConfig, predict_split, setup_split
+
+    tok = tiny_bert.tokenizer
+    rows = [tok(t)["input_ids"] for t in TEXTS]
+    seen: dict[str, list[torch.Tensor]] = {}
+    for p in ("fp32", "bf16"):
+        cfg = SplitConfig(split_layer=1, unfreeze_bottom=unfreeze, epochs=1,
+                          batch_size=len(rows), eta=50.0, privatize="output", noise_seed=3,
+                          precision=p)
+        customer, provider = setup_split(tiny_bert, cfg, 2, len(rows))
+        customer.load(rows, LABELS)
+        acts = customer.release(list(range(len(rows))), 0)
+        out = provider.forward(acts)
+        grad, _ = customer.loss_grad(out)
+        back = provider.backward(grad)
+        seen[p] = [acts.hidden, out.output, grad.grad]
+        if unfreeze:
+            assert back is not None
+            seen[p].append(back.grad)
+            customer.apply(back)
+        assert all(t.dtype == torch.float32 for t in seen[p])
+        probs = predict_split(customer, provider, rows)
+        assert probs.dtype == torch.float32 and torch.isfinite(probs).all()
+    assert not torch.equal(seen["bf16"][1], seen["fp32"][1]), "the top did not run in bf16"
+    for a, b in zip(seen["bf16"], seen["fp32"], strict=True):
+        assert (a - b).norm() <= NORM_RTOL * b.norm(), ((a - b).norm(), b.norm())
+    assert SplitConfig(precision="bf16").provider_view()["precision"] == "bf16"
+    assert SapSessionCreate(backbone="b", n_examples=1, precision="bf16").precision == "bf16"
+    with pytest.raises(ValueError, match="SplitConfig.precision"):
+        SplitConfig(precision="half")

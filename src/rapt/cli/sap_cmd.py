@@ -40,15 +40,18 @@ from rapt.cli.options import (
     LIMIT,
     MIN_P,
     NOISE_SEED,
+    PRECISION,
     TARGET_EP,
     TARGET_P,
     TEXT_COLUMN,
     split_names,
+    with_default,
     with_help,
 )
 from rapt.cli.options import (
     FORMAT as FORMAT_OPT,
 )
+from rapt.config import PRECISIONS
 
 sap_app = sub_app(help="Split-and-Privatize: split the backbone, privatize the bottom's "
                            "release, keep the labels local.", no_args_is_help=True)
@@ -148,6 +151,7 @@ def sap_tune(
     key: str | None = typer.Option(None, "--key", help="API key for --url (env RAPT_API_KEY)"),
     remote_backbone: str | None = typer.Option(
         None, help="the service's name for the backbone (default: --backbone)"),
+    precision: str = with_default(PRECISION, "fp32"),
 ) -> None:
     """Train a split model: the customer privatizes and runs the bottom, the provider tunes the
     top, the labels never leave the customer."""
@@ -160,7 +164,8 @@ def sap_tune(
                   unfreeze_bottom=unfreeze_bottom, method=method, privatize=privatize,
                   label_dp_epsilon=label_dp_epsilon,
                   lr=lr, head_lr=head_lr, epochs=epochs, batch_size=batch_size,
-                  max_length=max_length, seed=seed, noise_seed=noise_seed)
+                  max_length=max_length, seed=seed, noise_seed=noise_seed,
+                  precision=precision)
     if e is None and url is not None:
         fail("--url: the bottom's release leaves this machine; give --eta or --target-p (or "
              "--target-ep)")
@@ -314,12 +319,15 @@ def _remote(fn):
         fail(str(e))
 
 
-def _load_artifact(folder: Path, noise_seed: int | None, key: str | None = None):
+def _load_artifact(folder: Path, noise_seed: int | None, key: str | None = None,
+                   precision: str | None = None):
     import torch
     from safetensors.torch import load_file
 
     from rapt.split import SplitConfig, load_top, setup_split
 
+    if precision is not None and precision not in PRECISIONS:
+        fail(f"--precision must be one of {', '.join(PRECISIONS)} (got {precision!r})")
     meta_path = folder / "sap.json"
     for p in (meta_path, folder / "customer.safetensors"):
         if not p.is_file():
@@ -328,7 +336,8 @@ def _load_artifact(folder: Path, noise_seed: int | None, key: str | None = None)
         doc = json.loads(meta_path.read_text())
         if doc.get("format") != FORMAT:
             raise ValueError(f"field 'format' must be {FORMAT!r}")
-        cfg = SplitConfig.from_dict({**doc["config"], "noise_seed": noise_seed})
+        cfg = SplitConfig.from_dict({**doc["config"], "noise_seed": noise_seed,
+                                     **({"precision": precision} if precision else {})})
     except (ValueError, KeyError, TypeError) as e:
         fail(f"{meta_path}: {e}")
     bb = load_backbone_or_fail(doc["backbone"])
@@ -374,6 +383,8 @@ def sap_predict(
     min_p: float = MIN_P,
     key: str | None = typer.Option(None, "--key", help="API key of a remote session (a folder "
                                    "from `rapt sap tune --url`; env RAPT_API_KEY)"),
+    precision: str | None = with_help(PRECISION, "the customer's bottom (and a local top): "
+                                      "fp32 | bf16 | auto (default: the artifact's)"),
 ) -> None:
     """Predict with a split model; queries are privatized afresh, as in training (SAP §4.5).
     A remote model's top answers from its service session."""
@@ -381,7 +392,7 @@ def sap_predict(
 
     warn_if_seeded(noise_seed)
     check_out_or_fail(out)
-    bb, doc, cfg, customer, provider = _load_artifact(artifact, noise_seed, key)
+    bb, doc, cfg, customer, provider = _load_artifact(artifact, noise_seed, key, precision)
     ds = _data(data, split, limit, text_column, label_column, label_names=doc["label_names"],
                fmt=fmt)
     if len(ds) == 0:

@@ -330,6 +330,7 @@ class SapSessionCreate(BaseModel):
     max_length: int = Field(64, ge=3, le=1 << 16)
     seed: int = Field(0, ge=0, le=MAX_SEED,
                       description="top init and data order (never privacy noise)")
+    precision: Literal["auto", "fp32", "bf16"] = Field("fp32", description=PRECISION_HELP)
 
 
 class SapSessionInfo(BaseModel):

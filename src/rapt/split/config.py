@@ -6,7 +6,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-from rapt.config import DEFAULT_PRIVATIZER_MODE, known_fields
+from rapt.config import DEFAULT_PRIVATIZER_MODE, PRECISIONS, known_fields
 from rapt.cti import CTI_RULES, DEFAULT_SMOOTHING
 
 __all__ = ["PRIVATIZE_MODES", "PROVIDER_FIELDS", "SPLIT_METHODS", "SplitConfig"]
@@ -19,7 +19,7 @@ PRIVATIZE_MODES: tuple[str, ...] = ("tokens", "output")
 PROVIDER_FIELDS: tuple[str, ...] = (
     "split_layer", "unfreeze_bottom", "method", "lora_r", "lora_alpha", "num_virtual_tokens",
     "pooling", "lr", "weight_decay", "warmup_ratio", "epochs", "batch_size", "max_length",
-    "seed")
+    "seed", "precision")
 
 
 @dataclass
@@ -60,7 +60,9 @@ class SplitConfig:
     ("lora" = peft LoRA on the attention query/value projections, the paper's choice;
     "prompt" = trainable vectors prepended at the top's input). ``seed`` drives weight init
     and data order only; the privacy noise is seeded only by ``noise_seed`` (None = OS
-    entropy, as any real use must).
+    entropy, as any real use must). ``precision``: the bottom's and the top's forward passes
+    (:mod:`rapt.precision`: fp32, bf16 autocast, or auto); the released states, output noise,
+    token privatization, head and loss stay fp32.
     """
 
     split_layer: int = 0
@@ -89,6 +91,7 @@ class SplitConfig:
     seed: int = 0
     noise_seed: int | None = None
     privatizer_mode: Literal["exact", "fast", "annoy"] = DEFAULT_PRIVATIZER_MODE
+    precision: Literal["auto", "fp32", "bf16"] = "fp32"
 
     def __post_init__(self) -> None:
         if isinstance(self.split_layer, bool) or not isinstance(self.split_layer, int) \
@@ -143,6 +146,9 @@ class SplitConfig:
         if self.privatizer_mode not in ("exact", "fast", "annoy"):
             raise ValueError(f"SplitConfig.privatizer_mode must be exact, fast or annoy, got "
                              f"{self.privatizer_mode!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"SplitConfig.precision must be one of {', '.join(PRECISIONS)}, "
+                             f"got {self.precision!r}")
         for name in ("lora_r", "lora_alpha", "num_virtual_tokens", "epochs", "batch_size",
                      "max_length"):
             v = getattr(self, name)

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from rapt.cti import CTIResult, contributing_tokens, privatize_with_scale
 from rapt.models import Backbone
 from rapt.noise import NoiseSource
+from rapt.precision import autocast
 from rapt.privatization import Privatizer, candidate_ids_from_tokenizer, sample_noise
 from rapt.split.config import SplitConfig
 from rapt.split.model import Bottom, split_backbone
@@ -233,7 +234,9 @@ class SplitCustomer:
         ``privatize="output"`` mode (fresh on every call), padding zeroed."""
         dev = self._device()
         mask = mask.to(dev)
-        h = self.bottom(ids.to(dev), mask)
+        with autocast(self.config.precision, dev):
+            h = self.bottom(ids.to(dev), mask)
+        h = h.float()  # output noise and the release are fp32 whatever the bottom ran in
         if self.output_noise is not None:
             valid = mask.bool()
             z = sample_noise(int(valid.sum()), h.shape[-1], float(self.config.eta),

@@ -7,6 +7,7 @@ import copy
 import torch
 from torch import Tensor, nn
 
+from rapt.precision import autocast
 from rapt.split.config import SplitConfig
 from rapt.split.model import Top
 from rapt.split.protocol import (
@@ -112,7 +113,7 @@ class ProviderSession:
         dev = self._device()
         dtype = next(iter(self.top.parameters())).dtype
         if not train:
-            with torch.no_grad():
+            with torch.no_grad(), autocast(self.config.precision, dev):
                 g = self.top(acts.hidden.to(dev, dtype), acts.mask.to(dev).long())
             return TopOutput(acts.step, g.detach().float().cpu())
         if self._pending is not None:
@@ -122,7 +123,9 @@ class ProviderSession:
             raise SplitProtocolError("Activations", "step",
                                      f"step {acts.step} is not after step {self._last_step}")
         x = acts.hidden.detach().to(dev, dtype).requires_grad_(self.config.unfreeze_bottom)
-        g = self.top(x, acts.mask.to(dev).long())
+        with autocast(self.config.precision, dev):
+            g = self.top(x, acts.mask.to(dev).long())
+        g = g.float()  # ∂l/∂g arrives in fp32; the cast back is in the graph
         self._pending = (acts.step, x, g)
         self._before_pending, self._last_step = self._last_step, acts.step
         return TopOutput(acts.step, g.detach().float().cpu())
