@@ -1,13 +1,13 @@
 """`rapt sap tune|predict|attack`: Split-and-Privatize on a dataset or the user's own file.
 
 Both parties run in this process, or, with ``--url``, the provider is a `rapt serve` service
-(``/v1/sap/...``): the customer downloads the bottom, the top never leaves the server and the
-labels never leave this machine. The artifact folder holds each party's half apart:
-``provider.safetensors`` (the top's tuned adapter; in-process only) and
-``customer.safetensors`` (the customer's output layer, and its bottom when trained), with
-``sap.json`` (split config, labels, η, contributing tokens, and for a remote run the service
-URL and session id, which `rapt sap predict` then uses). Privacy noise comes from OS entropy
-unless ``--noise-seed`` is given (with a warning).
+(``/v1/sap/...``): the customer downloads the bottom, the top never leaves the server and the labels
+are not sent (the ∂l/∂g returned to it reveals them: docs/THREAT_MODEL.md). The artifact folder
+holds each party's half apart: ``provider.safetensors`` (the top's tuned adapter; in-process only)
+and ``customer.safetensors`` (the customer's output layer, and its bottom when trained), with
+``sap.json`` (split config, labels, η, contributing tokens, and for a remote run the service URL and
+session id, which `rapt sap predict` then uses). Privacy noise comes from OS entropy unless
+``--noise-seed`` is given (with a warning).
 """
 
 from __future__ import annotations
@@ -154,7 +154,7 @@ def sap_tune(
     precision: str = with_default(PRECISION, "fp32"),
 ) -> None:
     """Train a split model: the customer privatizes and runs the bottom, the provider tunes the
-    top, the labels never leave the customer."""
+    top. Labels are not sent, but the returned ∂l/∂g reveals them (--label-dp-epsilon)."""
     ds = _labelled_data(data, split, limit, text_column, label_column,
                         label_names=split_names(label_names), fmt=fmt, label_base=label_base)
     bb = load_backbone_or_fail(backbone)
