@@ -1,7 +1,10 @@
 """bf16 autocast against fp32 (issue 31 item 1): step time and accuracy on MiniLM, CPU.
 
-Two parts, written to ``benchmarks/results/precision.{json,md}``:
+Three parts, written to ``benchmarks/results/precision.{json,md}``:
 
+* ``norms``: per-example gradient norms (what DP clipping reads) of the prompt/prefix and the
+  label-description head's task loss on 32 SST-2 rows, bf16 against fp32 on MiniLM: the
+  largest relative difference (the unit tests bound it on a tiny model).
 * ``step``: seconds per optimizer step of the trainer (``rapt.trainer.tune``: the backbone pass
   under ``TuneConfig.precision``, heads/loss/clipping in fp32) at batch B = 32, rows of L = 64
   SST-2 tokens, for prompt (150 virtual tokens, the RAPT paper's) and prefix (10) tuning,
@@ -110,6 +113,37 @@ def part_step(bb, args) -> list[dict]:
     return out
 
 
+def part_norms(bb, args) -> list[dict]:
+    from torch.nn import functional as F
+
+    from rapt.dp import DPSGD
+    from rapt.trainer import RaptModel, pad_batch
+
+    ds = load_dataset("sst2-sentences", "train").subset(args.batch, seed=0)
+    ids, mask = pad_batch([bb.tokenizer(t)["input_ids"][:args.length] for t in ds.texts],
+                          bb.tokenizer.pad_token_id)
+    out = []
+    for method in ("prompt", "prefix"):
+        norms = {}
+        for p in PRECISIONS:
+            cfg = TuneConfig(method=method, head="label-description", precision=p,
+                             label_descriptions=label_descriptions_for("sst2-sentences"))
+            model = RaptModel(bb, cfg, 2)
+            eng = DPSGD(model, DPConfig(noise_multiplier=0.0), len(ds), 1,
+                        batch_size=len(ds), seed=0)
+            logits, _, _ = model(ids, mask)
+            F.cross_entropy(logits, torch.tensor(ds.labels), reduction="none").sum().backward()
+            eng.accumulate()
+            norms[p] = eng.last_norms.clone()
+            eng.close()
+        rel = ((norms["bf16"] - norms["fp32"]).abs() / norms["fp32"])
+        out.append({"method": method, "rows": len(ds), "max_rel_diff": rel.max().item(),
+                    "median_rel_diff": rel.median().item(),
+                    "clip_at_1_same": bool(((norms["bf16"] > 1) == (norms["fp32"] > 1)).all())})
+        print(json.dumps(out[-1]), flush=True)
+    return out
+
+
 def part_accuracy(bb, args) -> dict:
     over = {k: v for k, v in (("train_size", args.train_size), ("test_size", args.test_size),
                                ("epochs", args.epochs)) if v is not None}
@@ -163,6 +197,14 @@ def markdown(res: dict) -> str:
              f"Machine: {m['platform']}, {m['cpu_count']} CPUs, torch {m['torch']}, "
              f"{m['torch_threads']} threads, native bf16: {m['native_bf16']}; load average "
              f"{m['loadavg_start'][0]:.2f} at start, {m['loadavg_end'][0]:.2f} at end.", ""]
+    if res.get("norms"):
+        lines += ["## Per-example gradient norms (DP clipping's input)", "",
+                  "| method | rows | max relative difference | median | same side of C = 1 |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {r['method']} | {r['rows']} | {r['max_rel_diff']:.2e} | "
+                  f"{r['median_rel_diff']:.2e} | {'yes' if r['clip_at_1_same'] else 'no'} |"
+                  for r in res["norms"]]
+        lines.append("")
     if res.get("step"):
         lines += ["## Optimizer step and prediction", "",
                   "| method | DP | B × L | fp32 | bf16 | speed-up |", "|---|---|---|---|---|---|"]
@@ -198,7 +240,7 @@ def markdown(res: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--parts", default="step,accuracy")
+    ap.add_argument("--parts", default="norms,step,accuracy")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--target-p", type=float, default=0.4)
@@ -216,6 +258,8 @@ def main() -> None:
     bb = load_backbone("minilm")
     t0 = time.perf_counter()
     parts = args.parts.split(",")
+    if "norms" in parts:
+        res["norms"] = part_norms(bb, args)
     if "step" in parts:
         res["step"] = part_step(bb, args)
     if "accuracy" in parts:
