@@ -66,12 +66,24 @@ ALL_CONTROLS = (*CONTROLS, *CLEAN_PROMPT_CONTROLS)
 NOISE_SEED0 = 1000
 
 
+def _same_regime(had: dict, now: dict) -> bool:
+    """Whether stored results were made in the regime ``now``: a DemoConfig field added since
+    (absent from ``had``) counts as the same when it holds its default (the old behaviour)."""
+    from dataclasses import fields
+
+    defaults = {f.name: f.default for f in fields(DemoConfig)}
+    old, new = had.get("demo_config") or {}, dict(now["demo_config"])
+    for k in [k for k in new if k not in old and new[k] == defaults.get(k)]:
+        del new[k]
+    return old == new and all(had.get(k) == now[k] for k in now if k != "demo_config")
+
+
 def _load(path: Path, header: dict) -> dict:
     """The results so far (resume) if they were made with the same regime, else a new doc."""
     if path.is_file():
         doc = json.loads(path.read_text())
         had = doc.get("regime") or {}
-        if {k: had.get(k) for k in header["regime"]} == header["regime"]:
+        if _same_regime(had, header["regime"]):
             return doc
         # Never overwrite finished runs of another regime: they may be committed results.
         diff = [k for k in header["regime"] if had.get(k) != header["regime"][k]]
