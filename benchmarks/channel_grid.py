@@ -23,7 +23,8 @@ from pathlib import Path
 from rapt.stats import gap_won_back, holm, mean_ci
 
 RESULTS = Path(__file__).resolve().parent / "results"
-DEFAULT_INPUTS = ("channel.json", "channel_fp.json", "channel_p0.2.json", "channel_lora.json")
+DEFAULT_INPUTS = ("channel.json", "channel_fp.json", "channel_fp_adapter_long.json",
+                  "channel_p0.2.json", "channel_lora.json")
 REMEDIES = ("+channel adapter", "+denoise-then-tune", "+privatized-MLM backbone")
 TASKS = {"sst2": "SST-2", "financial_phrasebank": "FP"}
 
@@ -52,12 +53,15 @@ def _acc(runs: list[dict], setting: str) -> dict[int, float]:
 def cells(doc: dict) -> list[dict]:
     """Per (task, P, method): each setting's mean ± CI and each remedy's paired comparison;
     Holm-adjusted p-values over all remedy comparisons of the grid."""
-    keys = sorted({(r["task"], r["P"], r["method"]) for r in doc["runs"]},
-                  key=lambda k: (k[0] != "sst2", k[0], -k[1], k[2]))
+    order = {s["file"]: i for i, s in enumerate(doc["sources"])}
+    keys = sorted({(r["task"], r["P"], r["method"], r["source"]) for r in doc["runs"]},
+                  key=lambda k: (k[0] != "sst2", k[0], -k[1], k[2] != "prefix", order[k[3]]))
     out = []
-    for task, P, method in keys:
-        runs = [r for r in doc["runs"] if (r["task"], r["P"], r["method"]) == (task, P, method)]
-        cell: dict = {"task": task, "P": P, "method": method, "settings": {}, "remedies": {}}
+    for task, P, method, source in keys:
+        runs = [r for r in doc["runs"]
+                if (r["task"], r["P"], r["method"], r["source"]) == (task, P, method, source)]
+        cell: dict = {"task": task, "P": P, "method": method, "source": source,
+                      "settings": {}, "remedies": {}}
         for s in dict.fromkeys(r["setting"] for r in runs):
             acc = _acc(runs, s)
             m, ci = mean_ci(list(acc.values()))
@@ -91,8 +95,8 @@ def markdown(doc: dict, grid: list[dict]) -> str:
              "Paired differences to +privatization with 95 % CIs; Holm-adjusted p over every "
              "remedy comparison below. Goal: ≥ half of the gap won back with the CI above 0.",
              "", "| task | P | method | no privacy | +privatization | gap (points) | remedy | "
-             "remedy − privatization (points) | share of gap | p (Holm) | goal |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "remedy − privatization (points) | share of gap | p (Holm) | goal | file |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in grid:
         s = c["settings"]
         if "no privacy" not in s or "+privatization" not in s:
@@ -105,7 +109,7 @@ def markdown(doc: dict, grid: list[dict]) -> str:
             lines.append(base + f"{100 * g['mean_diff']:.1f} ± {100 * g['ci95']:.1f} | {rem} | "
                          f"{100 * d['mean_diff']:+.1f} ± {100 * d['ci95']:.1f} | "
                          f"{v['share']:.0%} | {v['p_holm']:.3f} | "
-                         f"{'met' if v['goal_met'] else 'not met'} |")
+                         f"{'met' if v['goal_met'] else 'not met'} | {c['source']} |")
     lines += ["", "Controls (no extra tuning; the named prompt re-scored):", "",
               "| task | P | method | control | accuracy |", "|---|---|---|---|---|"]
     for c in grid:
@@ -124,6 +128,8 @@ def markdown(doc: dict, grid: list[dict]) -> str:
         seen.add(key)
         lines.append(f"| {TASKS.get(a['task'], a['task'])} | {a['P']} | {a['attacker']} | "
                      f"{a['recovery']:.1%} | {a['recovery_replaced']:.1%} |")
+    if doc.get("notes"):
+        lines += ["", "## Reading", "", doc["notes"]]
     lines += ["", "Sources:", ""]
     for src in doc["sources"]:
         lines.append(f"- `{src['file']}`: `{src['command']}` (adapter `{src['adapter']}`, "
@@ -165,7 +171,10 @@ def plot(grid: list[dict], out: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--inputs", nargs="*", default=None,
-                    help="bench_channel JSON files (default: the four committed cells)")
+                    help="bench_channel JSON files (default: the committed cells)")
+    ap.add_argument("--notes", default=None,
+                    help="file whose text goes into the JSON and the md as the reading of the "
+                         "numbers (default: keep the reading already in channel_grid.json)")
     args = ap.parse_args()
     paths = [Path(p) for p in args.inputs] if args.inputs else [
         RESULTS / n for n in DEFAULT_INPUTS if (RESULTS / n).is_file()]
@@ -173,6 +182,9 @@ def main() -> None:
         sys.exit("no bench_channel results found")
     doc = gather(paths)
     doc["command"] = " ".join(["python", *sys.argv])
+    old = RESULTS / "channel_grid.json"
+    doc["notes"] = (Path(args.notes).read_text().strip() if args.notes else
+                    json.loads(old.read_text()).get("notes") if old.is_file() else None)
     grid = cells(doc)
     doc["grid"] = grid
     (RESULTS / "channel_grid.json").write_text(json.dumps(doc, indent=2) + "\n")
