@@ -183,6 +183,7 @@ def main() -> None:
     head_kw = _head_options(cfg, bb, list(train.label_names))
     n_text, whole = _text_length(cfg, bb.tokenizer, train.texts, print)
     doc["regime"]["text_length"], doc["regime"]["rows_whole"] = n_text, whole
+    doc["regime"]["n_train"], doc["regime"]["n_test"] = len(train), len(test)
     lr = cfg.lr if cfg.lr is not None else default_lr(cfg.method)
     base = dict(method=cfg.method, num_virtual_tokens=cfg.num_virtual_tokens, lr=lr,
                 epochs=cfg.epochs, batch_size=cfg.batch_size, max_length=n_text, **head_kw)
@@ -384,6 +385,13 @@ def _adapter_line(doc: dict) -> list[str]:
             "released."]
 
 
+def _sizes(reg: dict, c: dict) -> str:
+    if "n_test" in reg:
+        return f"{reg['n_train']} training / {reg['n_test']} test sentences"
+    return (f"{c['train_size']} training / at most {c['test_size']} test sentences (the test "
+            "split's size if smaller)")
+
+
 def _method_words(c: dict) -> str:
     if c["method"] == "prefix":
         return f"{c['num_virtual_tokens']} virtual tokens"
@@ -418,7 +426,7 @@ def markdown(doc: dict) -> str:
     task = "SST-2" if c["dataset"].startswith("sst2") else "Financial PhraseBank"
     lines += ["", f"Machine: {m['platform']}, {where}.", "",
               f"{task} ({c['dataset']}), {c['method']} tuning of {c['backbone']} in `rapt demo`'s "
-              f"regime: {c['train_size']} training / {c['test_size']} test sentences, "
+              f"regime: {_sizes(reg, c)}, "
               f"{_method_words(c)}, {c['epochs']} epochs at batch "
               f"{c['batch_size']}, frozen label-description head, rows cut at "
               f"{reg.get('text_length')} tokens; η = {reg['eta']:.4g} (calibrated for P ≈ "

@@ -132,8 +132,13 @@ def markdown(doc: dict, grid: list[dict]) -> str:
         lines += ["", "## Reading", "", doc["notes"]]
     lines += ["", "Sources:", ""]
     for src in doc["sources"]:
+        m = src.get("machine") or {}
+        runs = "; ".join(f"{h['started']}, {h['wall_s'] / 60:.0f} min, load "
+                         f"{h['load_start'][0]:.1f}→{h['load_end'][0]:.1f}"
+                         for h in src.get("history") or [])
         lines.append(f"- `{src['file']}`: `{src['command']}` (adapter `{src['adapter']}`, "
-                     f"denoiser `{src['denoiser']}`)")
+                     f"denoiser `{src['denoiser']}`); {m.get('platform')}, {m.get('cpus')} "
+                     f"shared CPUs, {m.get('threads')} torch thread(s); sessions: {runs}")
     return "\n".join(lines) + "\n"
 
 
@@ -158,8 +163,13 @@ def plot(grid: list[dict], out: Path) -> None:
                 es.append(c["settings"][name]["ci95"])
         if xs:
             ax.bar(xs, ys, width, yerr=es, capsize=3, color=color, label=name)
-    ax.set_xticks(range(len(cols)), [f"{TASKS.get(c['task'], c['task'])}, P {c['P']}, "
-                                     f"{c['method']}" for c in cols], fontsize=8)
+    def label(c: dict) -> str:
+        twin = sum((d["task"], d["P"], d["method"]) == (c["task"], c["P"], c["method"])
+                   for d in cols) > 1  # two runs of one cell: name the file
+        return (f"{TASKS.get(c['task'], c['task'])}, P {c['P']}, {c['method']}"
+                + (f"\n({Path(c['source']).stem})" if twin else ""))
+
+    ax.set_xticks(range(len(cols)), [label(c) for c in cols], fontsize=8)
     ax.set_ylim(0.4, 1.0)
     ax.set_ylabel("test accuracy (5 paired seeds, 95 % CI)")
     ax.legend(fontsize=7, ncol=2)
