@@ -25,7 +25,8 @@ from rapt.stats import gap_won_back, holm, mean_ci
 RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_INPUTS = ("channel.json", "channel_lora.json", "channel_p0.2.json",
                   "channel_p0.2_lora.json", "channel_fp.json", "channel_fp_adapter_long.json",
-                  "channel_fp_lora.json", "channel_fp_p0.2.json", "channel_fp_p0.2_lora.json")
+                  "channel_fp_lora.json", "channel_fp_p0.2.json", "channel_fp_p0.2_lora.json",
+                  "channel_attacks_p0.6.json", "channel_fp_attacks_p0.6.json")
 REMEDIES = ("+channel adapter", "+denoise-then-tune", "+privatized-MLM backbone")
 TASKS = {"sst2": "SST-2", "financial_phrasebank": "FP"}
 
