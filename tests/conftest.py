@@ -37,6 +37,15 @@ def tiny_llama(tiny_tokenizer):
 
 
 @pytest.fixture(scope="session")
+def smollm2():
+    """The packaged SmolLM2-135M, read once per session: dequantizing its GGUF takes longer
+    than any test that uses it, and those tests only read the model."""
+    from rapt.models import load_backbone
+
+    return load_backbone("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
 def shared_data() -> Path:
     """../shared/data (or $RAPT_DATA_DIR); tests that need it skip when it is absent."""
     env = os.environ.get("RAPT_DATA_DIR")

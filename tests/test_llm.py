@@ -247,13 +247,11 @@ def test_mode_validation(bpe_llama):
 
 
 @pytest.mark.integration
-def test_smollm2_cached_matches_naive():
+def test_smollm2_cached_matches_naive(smollm2):
     """SmolLM2: the issue-15 boundary ("…positive\n\n" + "Review:") is scored as the joint
     tokenization (Ċ Ċ Review, not ĊĊ Review), without <|im_start|> in front, and the cached,
     batched and naive paths give the same label probabilities."""
-    from rapt.models import load_backbone
-
-    bb = load_backbone("smollm2-135m")
+    bb = smollm2
     tok = bb.tokenizer
     fast = HFLabelScorer(bb, [" negative", " positive"], batch_size=4)
     batched = HFLabelScorer(bb, [" negative", " positive"], batch_size=4, mode="batched")

@@ -12,7 +12,12 @@ def test_tiny_backbones(tiny_bert, tiny_llama, tiny_tokenizer):
 
 
 def test_unknown_backbone_clear_error(monkeypatch):
+    import huggingface_hub.constants
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # huggingface_hub reads the variable once, at import: without this the lookup went to the
+    # network and waited out its retries (23 s of the suite)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(BackboneNotFoundError, match="built-in name"):
         load_backbone("no-such-org/no-such-model-xyz")
 
@@ -36,8 +41,8 @@ def test_minilm_packaged():
 
 
 @pytest.mark.integration
-def test_smollm2_packaged():
-    bb = load_backbone("smollm2-135m")
+def test_smollm2_packaged(smollm2):
+    bb = smollm2  # conftest: load_backbone("smollm2-135m"), once per session
     assert bb.kind == "causal"
     assert bb.embeddings.shape[1] == 576
     ids = bb.tokenizer("The capital of France is", return_tensors="pt")

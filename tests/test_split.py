@@ -471,10 +471,10 @@ def test_resume_is_bit_exact_for_a_frozen_bottom(tiny_tokenizer, split):
 
 @pytest.mark.integration
 @pytest.mark.parametrize("name,n", [("minilm", 3), ("smollm2-135m", 4)])
-def test_real_backbones_split_exactly(name, n):
+def test_real_backbones_split_exactly(name, n, request):
     from rapt.models import load_backbone
 
-    bb = load_backbone(name)
+    bb = request.getfixturevalue("smollm2") if name == "smollm2-135m" else load_backbone(name)
     rows = encode_texts(bb.tokenizer, ["The company reported strong profit growth .",
                                        "Sales fell ."], 32)
     ids, mask = _pad(rows, bb.tokenizer.pad_token_id)
