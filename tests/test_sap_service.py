@@ -420,7 +420,8 @@ def test_cli_sap_tune_and_predict_against_the_service(service, tmp_path, monkeyp
     st = tc.get(f"/v1/sap/sessions/{doc['remote']['session']}").json()
     assert st["steps_done"] == 4
     r = cli.invoke(app, ["sap", "predict", str(out), str(csv)])
-    assert r.exit_code == 0 and "8 predictions; accuracy" in r.output, r.output
+    assert r.exit_code == 0, r.output
+    assert "8 predictions:" in r.output and "accuracy" in r.output and "on 8 examples" in r.output
     tc.delete(f"/v1/sap/sessions/{doc['remote']['session']}")
     r = cli.invoke(app, ["sap", "predict", str(out), str(csv)])
     assert r.exit_code == 2 and "no sap session" in r.output and "Traceback" not in r.output
