@@ -66,14 +66,17 @@ ALL_CONTROLS = (*CONTROLS, *CLEAN_PROMPT_CONTROLS)
 NOISE_SEED0 = 1000
 
 
+# What the runs did before a DemoConfig field existed: results without the field were made so.
+BEFORE_FIELD = {"precision": "fp32"}
+
+
 def _same_regime(had: dict, now: dict) -> bool:
     """Whether stored results were made in the regime ``now``: a DemoConfig field added since
-    (absent from ``had``) counts as the same when it holds its default (the old behaviour)."""
-    from dataclasses import fields
-
-    defaults = {f.name: f.default for f in fields(DemoConfig)}
+    (absent from ``had``) counts as the same when it holds the value that reproduces the old
+    behaviour (:data:`BEFORE_FIELD`)."""
     old, new = had.get("demo_config") or {}, dict(now["demo_config"])
-    for k in [k for k in new if k not in old and new[k] == defaults.get(k)]:
+    for k in [k for k in new if k not in old and k in BEFORE_FIELD
+              and new[k] == BEFORE_FIELD[k]]:
         del new[k]
     return old == new and all(had.get(k) == now[k] for k in now if k != "demo_config")
 
@@ -141,8 +144,10 @@ def main() -> None:
     from rapt.privatization import calibrate_eta_public, replacement_probability
     from rapt.trainer import TuneConfig
 
+    # fp32 pinned: every committed channel result was measured so (DemoConfig's default moves).
     cfg = DemoConfig(backbone=args.backbone, dataset=DATASETS[args.task],
-                     target_p=args.target_p, seeds=args.seeds, method=args.method)
+                     target_p=args.target_p, seeds=args.seeds, method=args.method,
+                     precision="fp32")
     if args.quick:
         cfg = replace(cfg, train_size=48, test_size=40, epochs=1, seeds=min(args.seeds, 2))
     stem = Path(args.out) if args.out else RESULTS / ("channel_quick" if args.quick
