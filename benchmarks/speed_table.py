@@ -140,8 +140,14 @@ def wallclock() -> list[Row]:
             fig = f"{r['seconds'] / 60:.1f} min ({r['summary']})"
             what = f"test suite ({name})"
         else:
-            stages = ", ".join(f"{k} {v:.0f} s" for k, v in r.get("stage_seconds", {}).items())
-            fig = f"{r['seconds'] / 60:.1f} min; {stages}; {r.get('verdict') or ''}"
+            secs = [x["seconds"] for x in recs]
+            stages = ", ".join(f"{k} {v:.0f} s" for k, v in r.get("stage_seconds", {}).items()
+                               if v >= 1)
+            words = [(x.get("verdict") or "").split(" here:")[0].removeprefix("reconstruction ")
+                     for x in recs]
+            fig = (f"{min(secs) / 60:.1f}–{max(secs) / 60:.1f} min over {len(recs)} run(s) "
+                   f"(last: {stages}); verdicts: {'; '.join(words)}" if len(recs) > 1 else
+                   f"{r['seconds'] / 60:.1f} min ({stages}); verdict: {words[0]}")
             what = f"`rapt demo` ({name})"
         rows.append(_row(what, fig, r, "wallclock.json", r["machine"]))
     for what, kind in (("test suite", "test"), ("`rapt demo`", "demo")):

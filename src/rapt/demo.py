@@ -51,7 +51,8 @@ NO_CHANNEL_LINE = ("no channel model given: `rapt adapt` builds one for this bac
 class DemoConfig:
     """Defaults: the benchmark's regime (prefix tuning, frozen label-description head, m = 40,
     eq. 7's summed L_rec, text cut where 95 % of training rows stay whole) sized to finish in
-    about 4.5 minutes on 2 quiet CPU cores: 3 paired seeds of 200 optimizer steps (at 120 steps
+    about 4 minutes on 2 quiet CPU cores (3.6-4.0 min in bf16 on AVX512-BF16, 4.7 min in fp32:
+    benchmarks/results/wallclock.json): 3 paired seeds of 200 optimizer steps (at 120 steps
     the prefix barely trains, and the verdict flipped between 'hurt' and 'no significant
     difference' from one run to the next).
     Privatized at P ≈ :data:`rapt.privacy_rule.DEFAULT_TARGET_P`, a level the weak-privacy
@@ -82,7 +83,10 @@ class DemoConfig:
     noise_seed: int | None = None  # privacy noise: OS entropy unless set (then "seeded")
     privatizer_mode: str = DEFAULT_PRIVATIZER_MODE
     channel: str | None = None  # a channel model folder (rapt adapt): adds +denoise-then-tune
-    precision: str = "fp32"  # backbone passes: fp32 | bf16 | auto (rapt.precision)
+    # Backbone passes (rapt.precision): auto = bf16 on CPUs with native bf16. In this very
+    # setting bf16 and fp32 scored the same (-0.0 ± 0.2 points, 5 paired seeds:
+    # benchmarks/results/precision.md) at 1.8x the prefix step speed.
+    precision: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("train_size", "test_size", "epochs", "batch_size", "seeds",

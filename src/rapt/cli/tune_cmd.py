@@ -741,7 +741,8 @@ def demo(
     seed: int | None = typer.Option(None, help=_DEMO_HELP["seed"]),
     noise_seed: int | None = typer.Option(None, help=_DEMO_HELP["noise_seed"]),
     channel: Path | None = typer.Option(None, "--channel", help=_DEMO_HELP["channel"]),
-    precision: str | None = with_help(PRECISION, PRECISION_HELP + " (default fp32)"),
+    precision: str | None = with_help(PRECISION, PRECISION_HELP + " (default auto: "
+                                      "measured equal to fp32 in this setting)"),
 ) -> None:
     """RAPT end to end on a small SST-2 subset: privatize, tune (no privacy / head only /
     +privatization / +reconstruction, and +denoise-then-tune with --channel) on paired seeds,
