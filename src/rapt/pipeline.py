@@ -50,27 +50,41 @@ CHANNEL_NOTE = (
     "unchanged.")
 
 
-def load_channel_model(folder: str | Path, backbone: Any) -> Any:
-    """The channel model that ``rapt adapt`` saved in ``folder``, rebuilt on ``backbone``: a
-    :class:`rapt.attacks.denoiser.Denoiser` (role "denoiser": rewrites privatized rows) or a
-    :class:`rapt.channel_adapter.ChannelAdapter` (role "adapter": the backbone that reads
-    them), told apart by the folder's ``format``. Raises ArtifactError naming the file."""
+def read_channel_config(folder: str | Path) -> dict:
+    """The ``config.json`` of the channel model that ``rapt adapt`` saved in ``folder``
+    ({"format", "version", "config", "meta"}), its format checked and no tensor read: what a
+    caller needs to tell a denoiser from an adapter, or to check the backbone it was built on.
+    Raises ArtifactError naming the file."""
     from rapt import channel_adapter
     from rapt.artifacts import CONFIG_FILE, ArtifactError
     from rapt.attacks import denoiser
 
     cfg = Path(folder) / CONFIG_FILE
     try:
-        fmt = json.loads(cfg.read_text()).get("format")
+        data = json.loads(cfg.read_text())
+        fmt = data.get("format")
     except (OSError, ValueError, AttributeError) as e:
         raise ArtifactError(f"{cfg}: cannot read a channel model's config ({e})") from e
-    if fmt == channel_adapter.FORMAT:
+    if fmt not in (channel_adapter.FORMAT, denoiser.KIND.format):
+        raise ArtifactError(f"{cfg}: field 'format' is {fmt!r}; a channel model is "
+                            f"{denoiser.KIND.format!r} or {channel_adapter.FORMAT!r} (from "
+                            "`rapt adapt`)")
+    if not isinstance(data.get("meta", {}), dict):
+        raise ArtifactError(f"{cfg}: field 'meta' must be an object")
+    return data
+
+
+def load_channel_model(folder: str | Path, backbone: Any) -> Any:
+    """The channel model that ``rapt adapt`` saved in ``folder``, rebuilt on ``backbone``: a
+    :class:`rapt.attacks.denoiser.Denoiser` (role "denoiser": rewrites privatized rows) or a
+    :class:`rapt.channel_adapter.ChannelAdapter` (role "adapter": the backbone that reads
+    them), told apart by the folder's ``format``. Raises ArtifactError naming the file."""
+    from rapt import channel_adapter
+    from rapt.attacks import denoiser
+
+    if read_channel_config(folder)["format"] == channel_adapter.FORMAT:
         return channel_adapter.ChannelAdapter.load(folder, backbone)
-    if fmt == denoiser.KIND.format:
-        return denoiser.Denoiser.load(folder, backbone)
-    raise ArtifactError(f"{cfg}: field 'format' is {fmt!r}; a channel model is "
-                        f"{denoiser.KIND.format!r} or {channel_adapter.FORMAT!r} (from `rapt "
-                        "adapt`)")
+    return denoiser.Denoiser.load(folder, backbone)
 
 
 def _role(channel: Any) -> str | None:

@@ -2,11 +2,11 @@
 
 One channel model (a :class:`rapt.attacks.denoiser.Denoiser` or a
 :class:`rapt.channel_adapter.ChannelAdapter`, saved by ``rapt adapt``) per backbone, loaded at
-start-up (``rapt serve --channel BACKBONE=FOLDER``, ``ServiceConfig.channels``) and refused
-then if the folder is not a channel model or was built on another backbone. Jobs on
-privatized rows are read back through a denoiser, and so does predict for a prompt tuned that way,
-both through :class:`rapt.pipeline.Customization` (text positions only; specials and RAPT's
-plain tokens stay as uploaded). The channel model only ever sees what the customer uploaded
+start-up (``rapt serve --channel BACKBONE=FOLDER``, ``ServiceConfig.channels``) and refused then
+if the folder is not a channel model or was built on another backbone. Jobs on privatized rows
+are read back through a denoiser, and so are predict's queries for a prompt tuned that way, both
+through :class:`rapt.pipeline.Customization` (text positions only; specials and RAPT's plain
+tokens stay as uploaded). The channel model only ever sees what the customer uploaded
 (privatized ids): post-processing of the release; the same model is also an attacker at that η,
 once well trained the strongest rapt has (docs/THREAT_MODEL.md). A channel adapter leaves the
 rows as uploaded: jobs tune, and predict runs, on the backbone with the adapter merged in (its
@@ -87,20 +87,14 @@ def check_channel_folder(folder: str | Path, backbone: str) -> dict:
     """The provenance of the channel model in ``folder`` (read without building it), or a
     ChannelError when it is not a channel model or was built on another backbone than
     ``backbone``: the cheap check ``rapt serve`` makes before it loads anything."""
-    from rapt import channel_adapter
-    from rapt.artifacts import ArtifactError, load_artifact
-    from rapt.attacks import denoiser
+    from rapt.artifacts import ArtifactError
+    from rapt.pipeline import read_channel_config
 
-    errors = []
-    for kind in (denoiser.KIND, channel_adapter.KIND):
-        try:
-            _, _, meta = load_artifact(folder, kind=kind)
-            break
-        except ArtifactError as e:
-            errors.append(str(e))
-    else:
+    try:
+        meta = read_channel_config(folder).get("meta", {})
+    except ArtifactError as e:
         raise ChannelError(f"--channel {backbone}={folder}: not a channel model folder from "
-                           f"`rapt adapt`: {errors[0]}") from None
+                           f"`rapt adapt`: {e}") from None
     recorded = meta.get("backbone")
     if not same_backbone(recorded, backbone):
         what = (f"was built on backbone {recorded!r}" if recorded is not None

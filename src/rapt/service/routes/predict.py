@@ -30,9 +30,18 @@ def predict(body: PredictRequest, svc: Svc, me: Owner) -> PredictResponse:
         # The prompt was tuned on the adapted backbone: it predicts there, not on the shared
         # one the micro-batcher serves.
         probs = prompt.predict_proba(channel.model.adapted_backbone(
-            svc.backbones[row["backbone"]]), ids).float().cpu()
-        return PredictResponse(prompt_id=row["id"], labels=probs.argmax(-1).tolist(),
-                               probabilities=probs.tolist(), channel=channel.info)
+            svc.backbones[row["backbone"]]), ids)
+    else:
+        probs = _batched(svc, row, prompt, channel, body, ids)
+    probs = probs.float().cpu()
+    return PredictResponse(prompt_id=row["id"], labels=probs.argmax(-1).tolist(),
+                           probabilities=probs.tolist(),
+                           channel=channel.info if channel is not None else None)
+
+
+def _batched(svc, row: dict, prompt, channel, body: PredictRequest, ids) -> torch.Tensor:
+    """Class probabilities (N, C) through the backbone's micro-batcher, the rows read back
+    through the prompt's denoiser first when it was tuned with one."""
     if channel is not None:  # read back as the training rows were; tokenized texts hold no k
         plain = row["plain_ids"] if body.input_ids is not None else None
         ids = denoise_rows(channel, svc.backbones[row["backbone"]], ids, plain)
@@ -41,13 +50,9 @@ def predict(body: PredictRequest, svc: Svc, me: Owner) -> PredictResponse:
     except InferenceQueueFullError as e:
         raise ServiceError(429, "queue_full", str(e)) from e
     try:
-        probs: torch.Tensor = fut.result(timeout=300)
+        return fut.result(timeout=300)
     except FutureTimeout as e:
         raise ServiceError(503, "timeout", "inference took longer than 300 s") from e
     except Exception:
         svc.forget_prompt(row["id"])  # a prompt that failed is loaded afresh next time
         raise
-    probs = probs.float().cpu()
-    return PredictResponse(prompt_id=row["id"], labels=probs.argmax(-1).tolist(),
-                           probabilities=probs.tolist(),
-                           channel=channel.info if channel is not None else None)
