@@ -69,3 +69,50 @@ def test_tune_warns_after_training_when_the_model_collapsed(tiny):
     assert r.exit_code == 0, r.output
     assert "warning: these predictions: predictions are near-constant" in r.stderr
     assert "accuracy 0.500 is within the 95% CI" in r.stderr
+
+
+def test_service_jobs_check_their_training_rows_and_the_client_says_so(tiny, tmp_path,
+                                                                       capsys):
+    """`client tune --wait` (issue 32 items 4 and 5): the service's job runner predicts the
+    training rows after tuning and the prompt's info carries the head and the warnings; the
+    client prints them with this machine's label names. Skewed rows collapse; separable rows
+    under LoRA do not."""
+    from types import SimpleNamespace
+
+    from rapt.cli.serve_cmd import _echo_training_check
+    from rapt.models import load_backbone
+    from rapt.service.routes.prompts import _info
+    from rapt.service.worker import TrainData, default_runner
+
+    _, bb_dir, skew, sep = tiny
+    bb = load_backbone(bb_dir)
+
+    def job(csv, **params):
+        lines = csv.read_text().splitlines()[1:]
+        texts, labels = zip(*(ln.rsplit(",", 1) for ln in lines), strict=True)
+        ids = [bb.tokenizer(t)["input_ids"] for t in texts]
+        y = [["neg", "pos"].index(lab) for lab in labels]
+        none = lambda *a, **k: None  # noqa: E731
+        tuned = default_runner(bb, TrainData(ids, y, 2, None), params, progress=none,
+                               should_stop=lambda: False, checkpoint=none, resume=None)
+        folder = tmp_path / csv.stem
+        tuned.save(folder)
+        return _info({"id": "pr_1", "job_id": "jb_1", "backbone": "tiny", "num_labels": 2,
+                      "method": params["method"], "reconstruction": False, "plain_ids": None,
+                      "created": 0.0, "path": str(folder)})
+
+    collapsed = job(skew, method="prompt", num_virtual_tokens=2, epochs=1)
+    assert collapsed.head == "linear"
+    assert any("'label 1' for 20 of 20 rows" in m for m in collapsed.training_warnings)
+    learnt = job(sep, method="lora", epochs=8, lr=0.01, batch_size=4)
+    assert learnt.training_warnings == []
+    # a prompt whose folder is gone answers with its row alone
+    assert _info({**collapsed.model_dump(), "path": str(tmp_path / "gone")}).head is None
+
+    client = SimpleNamespace(prompt=lambda pid: collapsed.model_dump(),
+                             label_names_for=lambda pid: ["neg", "pos"])
+    _echo_training_check(client, "pr_1")
+    err = capsys.readouterr().err
+    assert "head: linear" in err
+    assert "predictions are near-constant: 'pos' for 20 of 20 rows" in err
+    assert "what to try:" in err

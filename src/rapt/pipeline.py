@@ -39,6 +39,8 @@ from torch import Tensor
 
 from rapt.config import DEFAULT_PRIVATIZER_MODE, TuneConfig
 
+COLLAPSE_CHECK_ROWS = 1000  # training rows predicted after tuning to spot a collapse
+
 PRIVATIZE_CHUNK = 256  # rows per privatize call when progress is reported
 
 PlainIds = list[int] | list[list[int]]
@@ -392,3 +394,20 @@ class Customization:
     def predict(self, rows: Sequence[Sequence[int]]) -> list[int]:
         """Predicted label ids for rows in the artifact's layout."""
         return self.predict_proba(rows).argmax(-1).tolist()
+
+    def training_check(self, rows: Sequence[Sequence[int]], labels: Sequence[int],
+                       names: Sequence[str], max_rows: int = COLLAPSE_CHECK_ROWS) -> dict:
+        """Predict (a seeded sample of at most ``max_rows``) training rows as trained on, after
+        tuning: {"rows": n, "warnings": [...]} from :func:`rapt.stats.collapse_warnings`
+        (near-constant predictions, or no better than the majority class; issue 32 item 4)."""
+        import random
+
+        from rapt.stats import collapse_warnings
+
+        idx = list(range(len(rows)))
+        if len(idx) > max_rows:
+            idx = sorted(random.Random(0).sample(idx, max_rows))
+        pred = self.predict([rows[i] for i in idx])
+        return {"rows": len(idx),
+                "warnings": collapse_warnings(pred, [labels[i] for i in idx], names)}
+

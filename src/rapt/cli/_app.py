@@ -278,7 +278,11 @@ def warn_collapse(pred, gold, names, *, when: str, fixes: str = TUNE_FIXES) -> b
     (:func:`rapt.stats.collapse_warnings`), and what to change; -> whether it warned."""
     from rapt.stats import collapse_warnings
 
-    msgs = collapse_warnings(pred, gold, names)
+    return echo_collapse(collapse_warnings(pred, gold, names), when=when, fixes=fixes)
+
+
+def echo_collapse(msgs: list[str], *, when: str, fixes: str = TUNE_FIXES) -> bool:
+    """Stderr: each collapse warning in ``msgs``, then what to change; -> whether it warned."""
     for m in msgs:
         typer.echo(f"warning: {when}: {m}", err=True)
     if msgs:

@@ -16,6 +16,7 @@ from rapt.cli._app import (
     app,
     check_eta_options,
     check_out_or_fail,
+    echo_collapse,
     echo_data_notes,
     echo_predictions,
     echo_table_line,
@@ -494,6 +495,20 @@ def client_tune(
         typer.echo(json.dumps(st, indent=1))
         if st["state"] != "succeeded":
             raise typer.Exit(1)
+        _echo_training_check(c, st["prompt_id"])
+
+
+def _echo_training_check(c, prompt_id: str) -> None:
+    """Stderr: the head the job trained and the service's collapse check on its training rows
+    (issue 32 items 4 and 5), labels by name where this machine recorded them."""
+    info = _guard(lambda: c.prompt(prompt_id))
+    if info.get("head"):
+        typer.echo(f"head: {info['head']}", err=True)
+    msgs = info.get("training_warnings") or []
+    names = c.label_names_for(prompt_id) if msgs else None
+    for i, name in enumerate(names or []):
+        msgs = [m.replace(f"'label {i}'", f"'{name}'") for m in msgs]
+    echo_collapse(msgs, when="after training (the service's predictions on training rows)")
 
 
 @client_app.command("status")

@@ -18,12 +18,12 @@ from rapt.cli._app import (
     app,
     check_eta_options,
     check_out_or_fail,
+    echo_collapse,
     echo_predictions,
     echo_privacy,
     eta_for_target_ep,
     load_backbone_or_fail,
     load_data_or_fail,
-    warn_collapse,
     warn_if_seeded,
     warn_weak_privacy,
 )
@@ -255,20 +255,12 @@ def _training_rows(o: SimpleNamespace, custom, rows, ds, cfg):
     return rows, None
 
 
-COLLAPSE_CHECK_ROWS = 1000  # training rows predicted after training to spot a collapse
-
-
 def _warn_training_collapse(custom, rows, ds) -> None:
-    """Predict (up to COLLAPSE_CHECK_ROWS of) the training rows as trained on and warn when the
-    model answers one class or does no better than the majority class (issue 32 item 4)."""
-    import random
-
-    idx = list(range(len(rows)))
-    if len(idx) > COLLAPSE_CHECK_ROWS:
-        idx = sorted(random.Random(0).sample(idx, COLLAPSE_CHECK_ROWS))
-    pred = custom.predict([rows[i] for i in idx])
-    warn_collapse(pred, [ds.labels[i] for i in idx], ds.label_names,
-                  when=f"after training (predictions on {len(idx)} training rows)")
+    """Warn when the model, on the training rows as trained on, answers one class or does no
+    better than the majority class (issue 32 item 4)."""
+    check = custom.training_check(rows, ds.labels, ds.label_names)
+    echo_collapse(check["warnings"],
+                  when=f"after training (predictions on {check['rows']} training rows)")
 
 
 def _record_meta(tuned, custom, ds, o: SimpleNamespace) -> None:

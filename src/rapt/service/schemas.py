@@ -265,6 +265,12 @@ class PromptInfo(BaseModel):
     created: float
     channel: ChannelInfo | None = Field(None, description=_CHANNEL_FIELD + "; predict refuses "
                                         "(409) when the server no longer holds it")
+    head: str | None = Field(None, description="the task head the job trained (linear, "
+                             "label-description, verbalizer)")
+    training_warnings: list[str] | None = Field(
+        None, description="after tuning, the job predicted (up to 1,000 of) its training rows: "
+        "why the predictions look collapsed (near-constant, or no better than the majority "
+        "class), labels by id; [] when they do not; None for prompts from before this check")
 
 
 class PredictRequest(BaseModel):

@@ -109,6 +109,9 @@ def default_runner(backbone: Any, data: TrainData, params: dict[str, Any], *,
     tuned = custom.tune(data.input_ids, data.labels, data.num_labels, progress=progress,
                         should_stop=should_stop, checkpoint=checkpoint, resume=resume)
     tuned.meta["channel"] = custom.channel_meta()
+    # The service holds no label names (they stay with the customer): ids stand in for them.
+    tuned.meta["training_check"] = custom.training_check(
+        data.input_ids, data.labels, [f"label {i}" for i in range(data.num_labels)])
     return tuned
 
 

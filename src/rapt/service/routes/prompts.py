@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import Annotated
@@ -19,12 +20,36 @@ router = APIRouter(prefix="/v1/prompts", dependencies=[Depends(owner)])
 @router.get("", response_model=list[PromptInfo])
 def list_prompts(svc: Svc, me: Owner) -> list[PromptInfo]:
     """The caller's own prompts only."""
-    return [PromptInfo(**p) for p in svc.store.list_prompts(me)]
+    return [_info(p) for p in svc.store.list_prompts(me)]
 
 
 @router.get("/{prompt_id}", response_model=PromptInfo, responses=ERRORS)
 def get_prompt(row: Annotated[dict, Depends(prompt_of)]) -> PromptInfo:
-    return PromptInfo(**row)
+    return _info(row)
+
+
+def _info(row: dict) -> PromptInfo:
+    """The row, with the head and training check that the worker saved in the prompt's
+    config (read from its folder: they are not store columns)."""
+    meta = _saved_meta(row.get("path"))
+    check = meta.get("training_check")
+    return PromptInfo(**{**row, "head": meta.get("head"),
+                         "training_warnings": check.get("warnings")
+                         if isinstance(check, dict) else None})
+
+
+def _saved_meta(path: str | None) -> dict:
+    """The ``meta`` of the prompt folder's config.json; {} when it cannot be read (a prompt
+    whose files are gone answers with its row alone)."""
+    from rapt.artifacts import CONFIG_FILE
+
+    if not path:
+        return {}
+    try:
+        meta = json.loads((Path(path) / CONFIG_FILE).read_text()).get("meta")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
 
 
 @router.delete("/{prompt_id}", status_code=204, response_class=Response, responses=ERRORS,
