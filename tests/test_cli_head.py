@@ -60,3 +60,14 @@ def test_auto_head_is_printed_with_its_reason(tiny):
     r, doc = _tune(tiny, "--label-descriptions", "a bad film|a good film", "--head", "linear")
     assert "read in label id order: neg = 'a bad film'; pos = 'a good film'" in r.stderr
     assert "head: linear\n" in r.stderr  # not auto: no reason given
+
+
+def test_default_method_is_printed(tiny):
+    """Issue 32 item 1: without --method the run says which method it defaulted to."""
+    r, doc = _tune(tiny)
+    assert "method: lora (default; --method" in r.stderr
+    assert doc["config"]["method"] == "lora"
+    r, doc = _tune(tiny, "--method", "prefix")
+    assert "method:" not in r.stderr and doc["config"]["method"] == "prefix"
+    r, doc = _tune(tiny, "--dp-noise", "0.5", "--batch-size", "2")
+    assert "method: prefix (default under DP" in r.stderr and doc["config"]["method"] == "prefix"

@@ -599,7 +599,7 @@ def test_rows_must_fit_the_backbone_positions_with_the_prompt(tmp_path, tiny_ber
     key = add_key(tmp_path)
     app = make_app(tmp_path, tiny_bert, default_runner, prompt_loader=None, max_seq_len=512)
     with TestClient(app) as c:
-        pid = make_prompt(c, key, num_virtual_tokens=4, epochs=1, batch_size=6)
+        pid = make_prompt(c, key, method="prompt", num_virtual_tokens=4, epochs=1, batch_size=6)
         r = c.post("/v1/predict", json={"prompt_id": pid, "input_ids": [row_of(8), row_of(253)]},
                    headers=hdr(key))
         assert r.status_code == 422, r.text
@@ -617,8 +617,8 @@ def test_rows_must_fit_the_backbone_positions_with_the_prompt(tmp_path, tiny_ber
         body["input_ids"] = [row_of(250)] * 6
         ds = c.post("/v1/datasets", json=body, headers=hdr(key)).json()["id"]
         before = c.app.state.svc.store.counts()
-        r = c.post("/v1/jobs", json={"dataset_id": ds, "num_virtual_tokens": 20},
-                   headers=hdr(key))
+        r = c.post("/v1/jobs", json={"dataset_id": ds, "method": "prompt",
+                                     "num_virtual_tokens": 20}, headers=hdr(key))
         assert r.status_code == 422, r.text
         detail = r.json()["detail"]
         assert "num_virtual_tokens" in detail and "256" in detail and "<= 6" in detail, detail

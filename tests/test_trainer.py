@@ -259,3 +259,22 @@ def test_cli_tune_reconstruction_is_off_by_default():
 
     opt = inspect.signature(tune_cmd.tune).parameters["reconstruction"].default
     assert opt.default is False and "off by default" in opt.help
+
+
+def test_default_method_is_the_measured_one_and_prefix_under_dp(tok):
+    """Issue 32 item 1: a run without a method tunes LoRA (benchmarks/results/defaults.md);
+    under DP, which covers prompt and prefix only, prefix. The service's job defaults agree,
+    and an explicit LoRA under DP is refused with what to do."""
+    from rapt.dp import DPConfig
+    from rapt.service.schemas import JobCreate
+
+    assert TuneConfig().method == "lora"
+    assert TuneConfig(dp=DPConfig(noise_multiplier=1.0)).method == "prefix"
+    assert TuneConfig(method="prompt", dp=DPConfig(noise_multiplier=1.0)).method == "prompt"
+    assert JobCreate(dataset_id="d").method == "lora"
+    assert JobCreate(dataset_id="d", dp={"noise_multiplier": 1.0}).method == "prefix"
+    assert JobCreate(dataset_id="d").lr == TuneConfig().lr == 1e-3
+    bb = _bert(tok)
+    with pytest.raises(ValueError, match="leave the method out to get 'prefix'"):
+        tune(bb, [[2, 5, 3]], [1], 2, TuneConfig(method="lora",
+                                                 dp=DPConfig(noise_multiplier=1.0)))

@@ -7,7 +7,7 @@ Without a configured η the client refuses to send anything unless ``no_privacy=
 
     c = RaptClient("http://127.0.0.1:8000", key, backbone="minilm", target_p=0.4)
     ds = c.upload("reviews.csv")           # η calibrated on rapt's public text sample
-    job = c.tune(ds, method="prompt")      # TuneConfig's defaults (rapt.config)
+    job = c.tune(ds)                       # TuneConfig's defaults (rapt.config): LoRA
     status = c.wait(job)                   # progress bar (rapt.progress)
     out = c.predict(status["prompt_id"], ["a private query"])  # the training data's η
 """
@@ -352,7 +352,7 @@ class RaptClient:
         names = self._label_record().get(self._label_key(job["dataset_id"]))
         return list(names) if names and len(names) == int(info["num_labels"]) else None
 
-    def tune(self, dataset_id: str, *, method: str = "prompt",
+    def tune(self, dataset_id: str, *, method: str | None = None,
              reconstruction: bool | None = None, **hyper: Any) -> str:
         """Create a tuning job; returns its id. ``reconstruction`` defaults to whether the
         dataset was uploaded with plain tokens. Other keywords: lr, epochs, batch_size,
@@ -360,8 +360,8 @@ class RaptClient:
         left out or None take ``rapt.config.TuneConfig``'s defaults on the service."""
         if reconstruction is None:
             reconstruction = bool(self.dataset(dataset_id).get("plain_ids"))
-        given = {k: v for k, v in hyper.items() if v is not None}
-        job = self.api.call("POST", "/v1/jobs", {"dataset_id": dataset_id, "method": method,
+        given = {k: v for k, v in {"method": method, **hyper}.items() if v is not None}
+        job = self.api.call("POST", "/v1/jobs", {"dataset_id": dataset_id,
                                               "reconstruction": reconstruction, **given})
         return job["id"]
 

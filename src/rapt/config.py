@@ -21,6 +21,13 @@ PRECISION_HELP = ("backbone forward passes: fp32 | bf16 (bfloat16 autocast; head
                   "clipping and noise and privatization stay fp32) | auto (bf16 where the CPU "
                   "has AVX512-BF16 or AMX, or the GPU supports it; else fp32)")
 
+# The method a run gets when none is given, chosen from a measured table
+# (benchmarks/results/defaults.md, issue 32): LoRA was the most accurate at its defaults on
+# SST-2, FP, TREC and CB, clean and at P 0.4, and among the fastest. PromptDPSGD clips
+# per-example gradients of a prompt or prefix only, so a DP run without a method gets prefix.
+DEFAULT_METHOD = "lora"
+DP_DEFAULT_METHOD = "prefix"
+DP_METHODS: tuple[str, ...] = ("prompt", "prefix")
 # Per-method learning rates (AdamW, linear decay): prompt ≈ 1e-2..3e-2, prefix ≈ 5e-3..1e-2,
 # LoRA ≈ 1e-3, full ≈ 2e-5 (the paper's 6e-5 is for BERT-base, 4 epochs at batch 128).
 DEFAULT_LR: dict[str, float] = {"prompt": 2e-2, "prefix": 1e-2, "lora": 1e-3, "full": 3e-5}
@@ -34,6 +41,15 @@ DEFAULT_TEMPERATURE = 0.05
 # "exact" returns, faster), so every command and the client use it unless told otherwise.
 DEFAULT_PRIVATIZER_MODE: Literal["exact", "fast", "annoy"] = "fast"
 DEFAULT_PLAIN_TOKENS = 40  # RAPT §4.1: m = 40 plain tokens for reconstruction
+
+
+METHOD_HELP = ("prompt | prefix | lora (default: lora; prefix with DP, which covers prompt and "
+               "prefix only: benchmarks/results/defaults.md)")
+
+
+def default_method(dp: bool) -> str:
+    """The tuning method a run gets when none is given (``dp``: a PromptDPSGD run)."""
+    return DP_DEFAULT_METHOD if dp else DEFAULT_METHOD
 
 
 def default_lr(method: str) -> float:
@@ -60,10 +76,12 @@ VIRTUAL_TOKENS_HELP = ("default per method: "
 
 @dataclass
 class TuneConfig:
-    """Tuning settings. ``lr`` and ``num_virtual_tokens`` left at None take the method's
-    default (``DEFAULT_LR``, ``DEFAULT_VIRTUAL_TOKENS``) when the config is built."""
+    """Tuning settings. ``method`` left at None takes :func:`default_method`; ``lr`` and
+    ``num_virtual_tokens`` left at None take the method's default (``DEFAULT_LR``,
+    ``DEFAULT_VIRTUAL_TOKENS``) when the config is built."""
 
-    method: Literal["prompt", "prefix", "lora", "full"] = "prompt"
+    # None: default_method(dp is not None), LoRA (prefix under DP)
+    method: Literal["prompt", "prefix", "lora", "full"] | None = None
     num_virtual_tokens: int | None = None  # None: DEFAULT_VIRTUAL_TOKENS[method]
     prefix_projection: bool = False
     lr: float | None = None  # None: DEFAULT_LR[method]
@@ -100,6 +118,8 @@ class TuneConfig:
     precision: Literal["auto", "fp32", "bf16"] = "fp32"
 
     def __post_init__(self) -> None:
+        if self.method is None:
+            self.method = default_method(self.dp is not None)
         if self.method not in METHODS:
             raise ValueError(f"TuneConfig.method must be one of {', '.join(METHODS)} "
                              f"(got {self.method!r})")
@@ -165,8 +185,11 @@ def known_fields(cls: type, d: dict) -> dict:
     return dict(d)
 
 
-def tune_default(name: str, method: str = "prompt") -> Any:
-    """The default of TuneConfig field ``name`` (per-method ones resolved for ``method``)."""
+def tune_default(name: str, method: str = DEFAULT_METHOD) -> Any:
+    """The default of TuneConfig field ``name`` (per-method ones resolved for ``method``; the
+    method itself is the one of a run without DP)."""
+    if name == "method":
+        return DEFAULT_METHOD
     if name == "lr":
         return default_lr(method)
     if name == "num_virtual_tokens":

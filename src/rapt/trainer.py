@@ -21,7 +21,12 @@ import torch
 from torch import Tensor, nn
 
 from rapt import __version__
-from rapt.config import HEADS, TuneConfig  # noqa: F401  (re-exported; defaults live there)
+from rapt.config import (  # noqa: F401  (TuneConfig re-exported; defaults live there)
+    DP_DEFAULT_METHOD,
+    DP_METHODS,
+    HEADS,
+    TuneConfig,
+)
 from rapt.heads import (
     ClassificationHead,
     LabelDescriptionHead,
@@ -344,9 +349,10 @@ def tune(
         if len(r) < off + m:
             raise ValueError(f"row {i} has {len(r)} tokens, fewer than the {off} + {m} leading "
                              "special + plain tokens")
-    if config.dp is not None and config.method not in ("prompt", "prefix"):
+    if config.dp is not None and config.method not in DP_METHODS:
         raise ValueError("PromptDPSGD covers prompt and prefix tuning only "
-                         f"(method={config.method!r})")
+                         f"(method={config.method!r}); leave the method out to get "
+                         f"{DP_DEFAULT_METHOD!r}")
     dev = next(iter(backbone.model.parameters())).device
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)

@@ -51,6 +51,7 @@ from rapt.config import (
     DEFAULT_PLAIN_TOKENS,
     DEFAULT_PRIVATIZER_MODE,
     LR_HELP,
+    METHOD_HELP,
     PRECISION_HELP,
     PRECISIONS,
     VIRTUAL_TOKENS_HELP,
@@ -158,7 +159,7 @@ def tune(
     data: str = typer.Argument(..., help=_TUNE_HELP["data"]),
     out: Path = typer.Option(Path("runs/prompt"), "--out", "-o", help="artifact folder"),
     backbone: str = typer.Option("minilm", help="backbone name or path"),
-    method: str = typer.Option(_d("method"), help="prompt | prefix | lora | full"),
+    method: str | None = typer.Option(None, help=METHOD_HELP + " | full"),
     split: str = typer.Option("train"),
     limit: int | None = LIMIT,
     text_column: str | None = TEXT_COLUMN,
@@ -216,6 +217,9 @@ def tune(
     cfg, rows = _tune_config_and_rows(o, bb, ds, dp, encoding)
     from rapt.trainer import resolve_head
 
+    if method is None:
+        typer.echo(f"method: {cfg.method} (default{'' if dp is None else ' under DP'}; --method "
+                   "prompt | prefix | lora | full)", err=True)
     _echo_head(bb, cfg, bool(label_descriptions))
     if resolve_head(bb.kind, cfg) == "verbalizer":
         _check_label_words(bb, cfg.label_words)
@@ -227,7 +231,7 @@ def tune(
     tuned = _tune_with_bar(custom, rows, ds, out=out, resume=resumed)
     _warn_training_collapse(custom, rows, ds)
     _record_meta(tuned, custom, ds, o)
-    _save_tuned(tuned, out, method)
+    _save_tuned(tuned, out, cfg.method)
     tune_resume.drop(out)
 
 

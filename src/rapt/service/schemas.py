@@ -11,6 +11,7 @@ from rapt.config import (
     PRECISION_HELP,
     VIRTUAL_TOKENS_HELP,
     default_lr,
+    default_method,
     default_virtual_tokens,
 )
 from rapt.config import tune_default as _d
@@ -186,7 +187,8 @@ class JobCreate(BaseModel):
     model_config = REQUEST
 
     dataset_id: Text = Field(max_length=64)
-    method: Literal["prompt", "prefix", "lora"] = _d("method")
+    method: Literal["prompt", "prefix", "lora"] | None = Field(
+        None, description="default: LoRA, or prefix with dp (rapt.config.default_method)")
     reconstruction: bool = _d("reconstruction")
     num_virtual_tokens: int | None = Field(
         None, ge=1, le=512, description=VIRTUAL_TOKENS_HELP)
@@ -219,6 +221,8 @@ class JobCreate(BaseModel):
     @model_validator(mode="after")
     def _method_defaults(self) -> JobCreate:
         # Resolved here so that the stored job records the values it really trains with.
+        if self.method is None:
+            self.method = default_method(self.dp is not None)
         if self.lr is None:
             self.lr = default_lr(self.method)
         if self.num_virtual_tokens is None:

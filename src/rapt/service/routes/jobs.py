@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends
 
+from rapt.config import DP_METHODS
 from rapt.service.deps import Owner, Svc, job_of, owned, owner
 from rapt.service.errors import ERRORS, ServiceError
 from rapt.service.inference import backbone_positions, positions_used
@@ -103,7 +104,7 @@ def _check_job(svc: Service, body: JobCreate, ds: dict) -> None:
         raise ServiceError(422, "validation_error",
                            f"label_descriptions: {len(body.label_descriptions)} given, "
                            f"dataset '{ds['id']}' has {ds['num_labels']} labels")
-    if body.dp is not None and body.method not in ("prompt", "prefix"):
+    if body.dp is not None and body.method not in DP_METHODS:
         raise ServiceError(422, "validation_error",
                            f"dp: PromptDPSGD covers prompt and prefix tuning only "
                            f"(method={body.method!r})")
