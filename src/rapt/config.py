@@ -43,8 +43,8 @@ DEFAULT_PRIVATIZER_MODE: Literal["exact", "fast", "annoy"] = "fast"
 DEFAULT_PLAIN_TOKENS = 40  # RAPT §4.1: m = 40 plain tokens for reconstruction
 
 
-METHOD_HELP = ("prompt | prefix | lora (default: lora; prefix with DP, which covers prompt and "
-               "prefix only: benchmarks/results/defaults.md)")
+METHOD_DEFAULT_HELP = ("default: lora, or prefix under DP, which covers prompt and prefix "
+                       "only; chosen from benchmarks/results/defaults.md")
 
 
 def default_method(dp: bool) -> str:

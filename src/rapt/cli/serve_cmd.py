@@ -35,7 +35,7 @@ from rapt.cli.options import (
     split_names,
     with_help,
 )
-from rapt.config import DEFAULT_PLAIN_TOKENS, LR_HELP, METHOD_HELP, VIRTUAL_TOKENS_HELP
+from rapt.config import DEFAULT_PLAIN_TOKENS, LR_HELP, METHOD_DEFAULT_HELP, VIRTUAL_TOKENS_HELP
 from rapt.config import tune_default as _d
 from rapt.privacy_rule import DEFAULT_MIN_P
 
@@ -462,7 +462,7 @@ def client_upload(
 @client_app.command("tune")
 def client_tune(
     dataset_id: str,
-    method: str | None = typer.Option(None, help=METHOD_HELP),
+    method: str | None = typer.Option(None, help=f"prompt | prefix | lora ({METHOD_DEFAULT_HELP})"),
     reconstruction: bool | None = typer.Option(
         None, "--reconstruction/--no-reconstruction", help="default: on when the dataset was "
         "uploaded with --reconstruction (plain tokens), else off"),

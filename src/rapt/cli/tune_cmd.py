@@ -51,7 +51,7 @@ from rapt.config import (
     DEFAULT_PLAIN_TOKENS,
     DEFAULT_PRIVATIZER_MODE,
     LR_HELP,
-    METHOD_HELP,
+    METHOD_DEFAULT_HELP,
     PRECISION_HELP,
     PRECISIONS,
     VIRTUAL_TOKENS_HELP,
@@ -159,7 +159,8 @@ def tune(
     data: str = typer.Argument(..., help=_TUNE_HELP["data"]),
     out: Path = typer.Option(Path("runs/prompt"), "--out", "-o", help="artifact folder"),
     backbone: str = typer.Option("minilm", help="backbone name or path"),
-    method: str | None = typer.Option(None, help=METHOD_HELP + " | full"),
+    method: str | None = typer.Option(
+        None, help=f"prompt | prefix | lora | full ({METHOD_DEFAULT_HELP})"),
     split: str = typer.Option("train"),
     limit: int | None = LIMIT,
     text_column: str | None = TEXT_COLUMN,
