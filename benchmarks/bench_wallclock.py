@@ -1,12 +1,14 @@
 """Wall-clock time of the two entry points a new user runs (issue 31 items 2, 3, 5).
 
 ``--what test`` times the test suite as ``make test`` runs it (``OMP_NUM_THREADS=2 python -m
-pytest -q`` plus ``--pytest-args``); ``--what demo`` times ``rapt demo`` (plus ``--demo-args``)
-and keeps the time of each stage and the verdict that it printed. Each run is appended to
-``benchmarks/results/wallclock.json`` under its name, with the machine and the load average at
-start and end; ``benchmarks/speed_table.py`` reads the latest of each.
+pytest -q`` plus ``--pytest-args``); ``--what fresh-test`` times ``make test`` in a fresh clone
+of HEAD, install included (issue 31 item 2's measure); ``--what demo`` times ``rapt demo``
+(plus ``--demo-args``) and keeps the time of each stage and the verdict that it printed. Each
+run is appended to ``benchmarks/results/wallclock.json`` under its name, with the machine and
+the load average at start and end; ``benchmarks/speed_table.py`` reads the latest of each.
 
     python benchmarks/bench_wallclock.py --what test
+    python benchmarks/bench_wallclock.py --what fresh-test
     python benchmarks/bench_wallclock.py --what demo --demo-args "--precision bf16"
 """
 
@@ -46,9 +48,7 @@ def run(argv: list[str], env: dict) -> tuple[float, str, int]:
     return time.perf_counter() - t, p.stdout + p.stderr, p.returncode
 
 
-def time_tests(args, env: dict) -> dict:
-    argv = [sys.executable, "-m", "pytest", "-q", *shlex.split(args.pytest_args)]
-    seconds, out, code = run(argv, env)
+def _pytest_record(argv: list[str], seconds: float, out: str, code: int) -> dict:
     summary = next((ln for ln in reversed(out.splitlines()) if " in " in ln and
                     ("passed" in ln or "failed" in ln)), "")
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|error|"
@@ -57,6 +57,30 @@ def time_tests(args, env: dict) -> dict:
                                                            ln)]
     return {"argv": argv, "seconds": round(seconds, 1), "exit_code": code, "summary": summary,
             "counts": counts, "durations": durations[:60]}
+
+
+def time_tests(args, env: dict) -> dict:
+    argv = [sys.executable, "-m", "pytest", "-q", *shlex.split(args.pytest_args)]
+    return _pytest_record(argv, *run(argv, env))
+
+
+def time_fresh_clone(args, env: dict) -> dict:
+    """``make test`` in a fresh clone of HEAD (install included), as CI runs it: the clone
+    sits beside a link to this checkout's ``../shared``. pip's cache stays warm, so
+    downloads are not counted."""
+    with tempfile.TemporaryDirectory() as tmp:
+        repo = Path(tmp) / "rapt"
+        subprocess.run(["git", "clone", "-q", str(ROOT), str(repo)], check=True)
+        if (ROOT.parent / "shared").exists():
+            (Path(tmp) / "shared").symlink_to(ROOT.parent / "shared")
+        env = {k: v for k, v in env.items() if k not in ("VIRTUAL_ENV", "OMP_NUM_THREADS")}
+        t = time.perf_counter()
+        p = subprocess.run(["make", "test"], cwd=repo, env=env, capture_output=True, text=True)
+        rec = _pytest_record(["make", "test"], time.perf_counter() - t, p.stdout + p.stderr,
+                             p.returncode)
+        rec["commit"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, text=True,
+                                       capture_output=True).stdout.strip()
+    return rec
 
 
 def time_demo(args, env: dict) -> dict:
@@ -74,7 +98,7 @@ def time_demo(args, env: dict) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--what", choices=["test", "demo"], required=True)
+    ap.add_argument("--what", choices=["test", "fresh-test", "demo"], required=True)
     ap.add_argument("--name", help="key in wallclock.json (default: --what)")
     ap.add_argument("--threads", default="2", help="OMP_NUM_THREADS of the timed command")
     ap.add_argument("--pytest-args", default="")
@@ -85,7 +109,8 @@ def main() -> None:
     rec = {"command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
            "machine": {**machine(), "omp_num_threads": args.threads},
            "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    rec.update(time_tests(args, env) if args.what == "test" else time_demo(args, env))
+    timer = {"test": time_tests, "fresh-test": time_fresh_clone, "demo": time_demo}[args.what]
+    rec.update(timer(args, env))
     rec["machine"]["loadavg_end"] = list(os.getloadavg())
     doc = json.loads(args.out.read_text()) if args.out.exists() else {}
     doc.setdefault(args.name or args.what, []).append(rec)
