@@ -51,17 +51,19 @@ NO_CHANNEL_LINE = ("no channel model given: `rapt adapt` builds one for this bac
 class DemoConfig:
     """Defaults: the benchmark's regime (prefix tuning, frozen label-description head, m = 40,
     eq. 7's summed L_rec, text cut where 95 % of training rows stay whole) sized to finish in
-    about 4 minutes on 2 quiet CPU cores (3.6-4.0 min in bf16 on AVX512-BF16, 4.7 min in fp32:
-    benchmarks/results/wallclock.json): 3 paired seeds of 200 optimizer steps (at 120 steps
-    the prefix barely trains, and the verdict flipped between 'hurt' and 'no significant
-    difference' from one run to the next).
+    under 3 minutes on 2 quiet CPU cores in bf16 (issue 31: 2.6 min over 3 runs on
+    AVX512-BF16, benchmarks/results/wallclock.json "demo-train600"): 3 paired seeds of 150
+    optimizer steps (600 rows, 2 epochs). At 120 steps the prefix barely trains. The verdict
+    at P 0.6 is 'no significant difference' or 'hurt' from one run to the next, always
+    negative, at 150 steps (-1.2 to -2.1 points) as at 200 (800 rows: -2.9 to -5.7 points,
+    3.6-4.0 min in bf16, 4.7 min in fp32).
     Privatized at P ≈ :data:`rapt.privacy_rule.DEFAULT_TARGET_P`, a level the weak-privacy
     rule does not flag (issue 32 item 3; P 0.4 until then).
     ``DemoConfig.benchmark()`` is ``benchmarks/bench_rapt.py``'s cpu profile at P 0.4."""
 
     backbone: str = "minilm"
     dataset: str = "sst2-sentences"
-    train_size: int = 800
+    train_size: int = 600
     test_size: int = 500
     max_length: int | None = None  # tokens per row, [CLS]/[SEP] in, k out; None: whole_fraction
     whole_fraction: float = 0.95

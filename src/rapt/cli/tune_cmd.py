@@ -717,7 +717,7 @@ def demo(
                                           help=_DEMO_HELP["benchmark_config"]),
     backbone: str | None = typer.Option(None, help="default minilm"),
     dataset: str | None = typer.Option(None, help="default sst2-sentences"),
-    train_size: int | None = typer.Option(None, help="default 800"),
+    train_size: int | None = typer.Option(None, help="default 600"),
     test_size: int | None = typer.Option(None, help="default 500"),
     method: str | None = typer.Option(None, help="default prefix"),
     epochs: int | None = typer.Option(None, help="default 2"),
