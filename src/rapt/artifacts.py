@@ -66,6 +66,32 @@ def save_artifact(folder: str | Path, tensors: dict[str, torch.Tensor], config: 
     return folder
 
 
+def read_config(folder: str | Path, kinds: tuple[Kind, ...] = (TUNED_PROMPT,)
+                ) -> tuple[Kind, dict]:
+    """(the folder's kind among ``kinds``, its config.json {"format", "version", "config",
+    "meta"}), checked without reading the tensors; :class:`ArtifactError` names the file."""
+    cfg_path = Path(folder) / CONFIG_FILE
+    if not cfg_path.is_file():
+        raise ArtifactError(f"{cfg_path}: missing (not a {' or '.join(k.what for k in kinds)} "
+                            "folder?)")
+    try:
+        doc = json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as e:
+        raise ArtifactError(f"{cfg_path}: line {e.lineno}: invalid JSON ({e.msg})") from e
+    kind = next((k for k in kinds if isinstance(doc, dict) and doc.get("format") == k.format),
+                None)
+    if kind is None:
+        raise ArtifactError(f"{cfg_path}: field 'format' must be "
+                            + " or ".join(repr(k.format) for k in kinds))
+    if int(doc.get("version", 0)) > kind.version:
+        raise ArtifactError(f"{cfg_path}: version {doc.get('version')} is newer than this rapt "
+                            f"reads ({kind.version})")
+    for key in ("config", "meta"):
+        if not isinstance(doc.get(key), dict):
+            raise ArtifactError(f"{cfg_path}: field {key!r} missing or not an object")
+    return kind, doc
+
+
 def load_artifact(folder: str | Path, kind: Kind = TUNED_PROMPT
                   ) -> tuple[dict[str, torch.Tensor], dict, dict]:
     """-> (tensors, config dict, meta dict); raises :class:`ArtifactError` with the file name."""
@@ -74,18 +100,7 @@ def load_artifact(folder: str | Path, kind: Kind = TUNED_PROMPT
     for p in (cfg_path, t_path):
         if not p.is_file():
             raise ArtifactError(f"{p}: missing (not a {kind.what} folder?)")
-    try:
-        doc = json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as e:
-        raise ArtifactError(f"{cfg_path}: line {e.lineno}: invalid JSON ({e.msg})") from e
-    if not isinstance(doc, dict) or doc.get("format") != kind.format:
-        raise ArtifactError(f"{cfg_path}: field 'format' must be {kind.format!r}")
-    if int(doc.get("version", 0)) > kind.version:
-        raise ArtifactError(f"{cfg_path}: version {doc.get('version')} is newer than this rapt "
-                            f"reads ({kind.version})")
-    for key in ("config", "meta"):
-        if not isinstance(doc.get(key), dict):
-            raise ArtifactError(f"{cfg_path}: field {key!r} missing or not an object")
+    _, doc = read_config(folder, (kind,))
     try:
         tensors = load_file(str(t_path))
     except Exception as e:  # safetensors raises its own error types

@@ -28,7 +28,6 @@ and :attr:`Customization.reader`, the backbone with the adapter merged in, tunes
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -52,28 +51,16 @@ CHANNEL_NOTE = (
     "unchanged.")
 
 
-def read_channel_config(folder: str | Path) -> dict:
-    """The ``config.json`` of the channel model that ``rapt adapt`` saved in ``folder``
-    ({"format", "version", "config", "meta"}), its format checked and no tensor read: what a
-    caller needs to tell a denoiser from an adapter, or to check the backbone it was built on.
-    Raises ArtifactError naming the file."""
+def read_channel_config(folder: str | Path) -> tuple[Any, dict]:
+    """(its artifact kind, its ``config.json``) for the channel model that ``rapt adapt``
+    saved in ``folder``, checked without reading a tensor: what a caller needs to tell a
+    denoiser from an adapter, or to check the backbone it was built on. Raises ArtifactError
+    naming the file."""
     from rapt import channel_adapter
-    from rapt.artifacts import CONFIG_FILE, ArtifactError
+    from rapt.artifacts import read_config
     from rapt.attacks import denoiser
 
-    cfg = Path(folder) / CONFIG_FILE
-    try:
-        data = json.loads(cfg.read_text())
-        fmt = data.get("format")
-    except (OSError, ValueError, AttributeError) as e:
-        raise ArtifactError(f"{cfg}: cannot read a channel model's config ({e})") from e
-    if fmt not in (channel_adapter.FORMAT, denoiser.KIND.format):
-        raise ArtifactError(f"{cfg}: field 'format' is {fmt!r}; a channel model is "
-                            f"{denoiser.KIND.format!r} or {channel_adapter.FORMAT!r} (from "
-                            "`rapt adapt`)")
-    if not isinstance(data.get("meta", {}), dict):
-        raise ArtifactError(f"{cfg}: field 'meta' must be an object")
-    return data
+    return read_config(folder, (denoiser.KIND, channel_adapter.KIND))
 
 
 def load_channel_model(folder: str | Path, backbone: Any) -> Any:
@@ -84,7 +71,7 @@ def load_channel_model(folder: str | Path, backbone: Any) -> Any:
     from rapt import channel_adapter
     from rapt.attacks import denoiser
 
-    if read_channel_config(folder)["format"] == channel_adapter.FORMAT:
+    if read_channel_config(folder)[0] == channel_adapter.KIND:
         return channel_adapter.ChannelAdapter.load(folder, backbone)
     return denoiser.Denoiser.load(folder, backbone)
 

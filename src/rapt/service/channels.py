@@ -91,7 +91,7 @@ def check_channel_folder(folder: str | Path, backbone: str) -> dict:
     from rapt.pipeline import read_channel_config
 
     try:
-        meta = read_channel_config(folder).get("meta", {})
+        meta = read_channel_config(folder)[1]["meta"]
     except ArtifactError as e:
         raise ChannelError(f"--channel {backbone}={folder}: not a channel model folder from "
                            f"`rapt adapt`: {e}") from None

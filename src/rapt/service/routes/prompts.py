@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 from typing import Annotated
@@ -41,15 +40,14 @@ def _info(row: dict) -> PromptInfo:
 def _saved_meta(path: str | None) -> dict:
     """The ``meta`` of the prompt folder's config.json; {} when it cannot be read (a prompt
     whose files are gone answers with its row alone)."""
-    from rapt.artifacts import CONFIG_FILE
+    from rapt.artifacts import read_config
 
     if not path:
         return {}
     try:
-        meta = json.loads((Path(path) / CONFIG_FILE).read_text()).get("meta")
-    except (OSError, ValueError, AttributeError):
+        return read_config(path)[1]["meta"]
+    except (ValueError, OSError):  # ArtifactError is a ValueError
         return {}
-    return meta if isinstance(meta, dict) else {}
 
 
 @router.delete("/{prompt_id}", status_code=204, response_class=Response, responses=ERRORS,
