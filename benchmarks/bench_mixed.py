@@ -220,8 +220,9 @@ def write_report(result: dict, out: Path) -> None:
         f"{m['torch_threads']} intra-op thread(s); load average (1, 5, 15 min) at start "
         f"{', '.join(f'{x:.1f}' for x in m['loadavg_start'])}, at end "
         f"{', '.join(f'{x:.1f}' for x in m['loadavg_end'])}.", "",
-        "The machine was shared with other jobs the whole time (another benchmark and test "
-        "suites), so absolute rows/s are under load and noisy. Every setting and path was "
+        f"On {s.get('device', 'cpu')}"
+        f"{' (' + m['gpu'] + ')' if m.get('gpu') else ''}; absolute rows/s move with the load "
+        "above. Every setting and path was "
         f"measured once per round, {s['rounds']} rounds; rows/s are medians, ratios are medians "
         "of per-round ratios (measurements seconds apart), the comparable numbers.", "",
         f"One batch of {s['rows']} rows ({s['row_tokens']} tokens with [CLS]/[SEP]) spread "
@@ -308,6 +309,8 @@ def goals(rows: list[dict]) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--backbone", default="minilm")
+    ap.add_argument("--device", default="cpu", help="forward part only (the service runs on "
+                    "the CPU: use --no-service elsewhere)")
     ap.add_argument("--quick", action="store_true", help="tiny random BERT, seconds")
     ap.add_argument("--rows", type=int, default=64)
     ap.add_argument("--row-tokens", default="12,30", help="min,max tokens between the specials")
@@ -335,7 +338,9 @@ def main() -> None:
 
     tmp = Path(tempfile.mkdtemp(prefix="rapt-bench-mixed-"))
     backbone = tiny_backbone(tmp / "tiny") if args.quick else args.backbone
-    bb = load_backbone(backbone)
+    if args.device != "cpu" and not args.no_service:
+        raise SystemExit("--device: the loopback service part runs on the CPU; add --no-service")
+    bb = load_backbone(backbone, device=args.device)
     lo, hi = (int(x) for x in args.row_tokens.split(","))
     rows = make_rows(bb, args.rows, lo, hi)
     counts = [int(x) for x in args.counts.split(",")]
@@ -348,10 +353,12 @@ def main() -> None:
     result = {
         "command": " ".join(["python", "benchmarks/bench_mixed.py", *sys.argv[1:]]),
         "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
+                    "gpu": (torch.cuda.get_device_name(args.device)
+                            if args.device.startswith("cuda") else None),
                     "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
                     "loadavg_start": load_start, "loadavg_end": os.getloadavg()},
         "settings": {"backbone": "tiny-random-bert" if args.quick else backbone,
-                     "rows": len(rows), "row_tokens": f"{lo + 2}-{hi + 2}", "device": "cpu",
+                     "rows": len(rows), "row_tokens": f"{lo + 2}-{hi + 2}", "device": args.device,
                      "backbone_mb": round(sum(p.numel() * p.element_size()
                                               for p in bb.model.parameters()) / 2**20, 1),
                      "counts": counts, "rounds": args.rounds, "methods": METHODS},

@@ -165,6 +165,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", choices=sorted(PROFILES), default="cpu")
     ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--backbone", default="minilm", help="MiniLM as a name or a local folder")
+    ap.add_argument("--device", default="cpu")
     ap.add_argument("--tasks", default=None, help="comma list (default: the profile's)")
     ap.add_argument("--methods", default=None)
     ap.add_argument("--seeds", type=int, default=None)
@@ -223,7 +225,7 @@ def main() -> None:
         res["summary"], res["paired"] = summarize(res), paired(res)
         path.write_text(json.dumps(res, indent=1) + "\n")
 
-    bb = load_backbone("minilm")
+    bb = load_backbone(args.backbone, device=args.device)
     tok = bb.tokenizer
     cand = candidate_ids_from_tokenizer(tok, bb.embeddings.shape[0])
     m = prof["plain_len"]

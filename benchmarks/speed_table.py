@@ -121,6 +121,51 @@ def mixed() -> list[Row]:
     return rows
 
 
+def gpu() -> list[Row]:
+    """The lent GPU's figures (issue 31 item 4): bench_gpu.py's parts and bench_mixed.py on
+    CUDA. Their machine is the GPU, not this machine's CPUs."""
+    rows = []
+    d = _load("gpu_privatize.json")
+    if d is not None:
+        at = {(r["target_p"], r["mode"]): r for r in d["privatize"]["rows"]}
+        r, rf = at[(0.5, "exact")], at[(0.5, "fast")]
+        differ = sum(x["cpu_differ"] or 0 for x in d["privatize"]["rows"])
+        fig = (f"{r['os_entropy_tokens_per_s']:,.0f} tokens/s end to end with OS entropy "
+               f"(exact search; fast {rf['os_entropy_tokens_per_s']:,.0f}), search alone "
+               f"{r['search_only_tokens_per_s']:,.0f}, noise alone "
+               f"{r['noise_only_tokens_per_s']:,.0f} (P ≈ 0.5); seeded output "
+               f"{'identical to' if differ == 0 else 'DIFFERS from'} the CPU's; goal ≥ 1M "
+               "end to end")
+        rows.append(_gpu_row("privatization on a GPU", fig, d, "gpu_privatize.json"))
+    d = _load("gpu_tune.json")
+    if d is not None:
+        (name, res), = d["tune"]["backbones"].items()
+        fig = "; ".join(
+            f"{m} {res[f'{m} fp32']['examples_per_s']:,.0f} fp32 / "
+            f"{res[f'{m} bf16']['examples_per_s']:,.0f} bf16" for m in ("prompt", "prefix", "lora")
+            if "examples_per_s" in res.get(f"{m} fp32", {}) | res.get(f"{m} bf16", {}))
+        rows.append(_gpu_row("tuning examples/s on a GPU", f"MiniLM, batch 32: {fig}", d,
+                             "gpu_tune.json"))
+    d = _load("mixed_gpu.json")
+    if d is not None:
+        at64 = {r["method"]: r for r in d["forward"] if r["prompts"] == 64}
+        fig = ", ".join(f"{m} {r['mixed_over_per_prompt']:.2f}×" for m, r in at64.items())
+        row = _row("mixed serving on a GPU, 64 prompts", f"mixed / per-prompt throughput: "
+                   f"{fig}; goal ≥ 4×", d, "mixed_gpu.json")
+        row["machine"] = f"{d['machine'].get('gpu')}, {d['machine']['cpu_count']} CPUs"
+        rows.append(row)
+    return rows
+
+
+def _gpu_row(what: str, figure: str, d: dict, source: str) -> Row:
+    env = d["environment"]
+    row = _row(what, figure, d, source, {"platform": env["platform"],
+                                         "cpu_count": env["cpu_count"]})
+    row["machine"] = f"{env.get('gpu', env['device'])}, {env['cpu_count']} CPUs"
+    row["load"] = "not recorded"
+    return row
+
+
 def pate() -> list[Row]:
     d = _load("pate_speed.json")
     if d is None:
@@ -159,12 +204,12 @@ def wallclock() -> list[Row]:
 
 
 SECTIONS: list[Callable[[], list[Row]]] = [privatization, tuning, precision, sap_http, mixed,
-                                           pate, wallclock]
+                                           pate, wallclock, gpu]
 
 
 def table() -> str:
     rows = [r for f in SECTIONS for r in f()]
-    lines = ["# Speed figures (CPU)", "",
+    lines = ["# Speed figures", "",
              "Regenerate: `python benchmarks/speed_table.py` (reads benchmarks/results/*.json; "
              "each figure's own command is in the last column). Load is the 1-minute load "
              "average at the start (→ end) of the run: the machines are shared, and a load "
