@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -109,6 +111,39 @@ def test_os_bits_are_a_fresh_chacha20_keystream(monkeypatch):
     assert not np.array_equal(noise._os_bits(4), noise._os_bits(4))
 
 
+def test_large_os_draws_use_one_fresh_key_per_parallel_slice(monkeypatch):
+    """A draw large enough to be split is filled slice by slice in threads, each slice from its
+    own keystream under its own os.urandom key (so, keys forced to zeros, every slice is RFC
+    8439's all-zero keystream from block 0); with real keys the slices differ and the words stay
+    uniform."""
+    monkeypatch.setattr(noise, "_KEYSTREAM_THREADS", 3)
+    n = 3 * noise._PARALLEL_MIN_WORDS + 5  # 3 slices of ceil(n / 3) words, the last shorter
+    keys = []
+
+    def zeros(k: int) -> bytes:
+        keys.append(k)
+        return bytes(k)
+
+    monkeypatch.setattr(noise.os, "urandom", zeros)
+    w = noise._os_bits(n)
+    per = -(-n // 3)
+    assert keys == [32] * 3 and w.shape == (n,) and w.dtype == np.int64
+    head = np.frombuffer(bytes.fromhex("76b8e0ada0f13d90405d6ae55386bd28"), dtype="<u8") >> 12
+    for s in range(0, n, per):
+        np.testing.assert_array_equal(w[s:s + 2], head.astype(np.int64))
+    monkeypatch.undo()  # real keys again (the thread count too: any split must hold)
+    monkeypatch.setattr(noise, "_KEYSTREAM_THREADS", 3)
+    w = noise._os_bits(n)
+    assert not np.array_equal(w[:per], w[per:2 * per])
+    assert 0 <= w.min() and w.max() < 2 ** noise.BITS
+    u = (w + 0.5) / 2.0 ** noise.BITS  # 3M uniforms: mean 1/2 within 6 standard errors
+    assert abs(u.mean() - 0.5) < 6 * math.sqrt(1 / 12 / n)
+    for bit in (0, 25, 51):  # every bit of every slice is a fair coin
+        for s in range(0, n, per):
+            ones = ((w[s:s + per] >> bit) & 1).mean()
+            assert abs(ones - 0.5) < 6 * 0.5 / math.sqrt(min(per, n - s))
+
+
 @pytest.mark.parametrize("seed", [None, 3])
 def test_secure_normal_sums_four_draws_and_keeps_the_law(seed, monkeypatch):
     """The default (secure) normal is (z1+z2+z3+z4)/2 of Box–Muller draws (opacus secure_mode):
@@ -142,3 +177,20 @@ def test_derived_streams_are_repeatable_and_distinct():
     assert a.derive("noise", 3).seeded
     u = NoiseSource()
     assert u.derive("noise", 3) is u
+
+
+def test_large_os_draws_work_in_a_forked_child():
+    """The keystream threads belong to one process: a child forked after the parent used them
+    gets its own (it would otherwise wait forever on threads that fork did not copy)."""
+    import os
+
+    n = 2 * noise._PARALLEL_MIN_WORDS + 1
+    noise._os_bits(n)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        try:
+            ok = noise._os_bits(n).shape == (n,)
+        finally:
+            os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
