@@ -671,7 +671,9 @@ def main() -> None:
     ap.add_argument("--name", default="sap", help="result file stem")
     ap.add_argument("--parts", default="fig2,table3,table4,aia")
     ap.add_argument("--seeds", type=int, default=None)
-    ap.add_argument("--seed-offset", type=int, default=0, help="first seed (with --append)")
+    ap.add_argument("--seed-offset", type=int, default=0,
+                    help="first seed of Figure 2 and Table 4 (with --append, or for parallel "
+                         "processes combined by --merge)")
     ap.add_argument("--tasks", default=None, help="comma list (default: the profile's)")
     ap.add_argument("--cti-rules", default="uniform",
                     help="comma list of CTI rules run in Figure 2 (uniform = the paper's; "
@@ -819,7 +821,7 @@ def main() -> None:
         modes = args.t4_privatize.split(",")
         if not set(modes) <= set(PRIVATIZE_SETTINGS):
             raise SystemExit(f"--t4-privatize: choose from {', '.join(PRIVATIZE_SETTINGS)}")
-        for seed in range(prof["t4_seeds"]):
+        for seed in range(args.seed_offset, args.seed_offset + prof["t4_seeds"]):
             for n in prof["t4_splits"]:
                 for p in (None, *prof["t4_levels"]):
                     for mode in modes:
