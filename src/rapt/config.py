@@ -15,11 +15,11 @@ from typing import Any, Literal
 
 METHODS: tuple[str, ...] = ("prompt", "prefix", "lora", "full")
 HEADS: tuple[str, ...] = ("auto", "linear", "label-description", "verbalizer")
-# Forward-pass precision (rapt.precision): "auto" is bf16 where the hardware has native bf16.
+# Forward-pass precision (rapt.precision): "auto" is bf16 on a CPU with native bf16, else fp32.
 PRECISIONS: tuple[str, ...] = ("auto", "fp32", "bf16")
 PRECISION_HELP = ("backbone forward passes: fp32 | bf16 (bfloat16 autocast; heads, losses, DP "
                   "clipping and noise and privatization stay fp32) | auto (bf16 where the CPU "
-                  "has AVX512-BF16 or AMX, or the GPU supports it; else fp32)")
+                  "has AVX512-BF16 or AMX; else fp32, GPUs included)")
 
 # The method a run gets when none is given, chosen from a measured table
 # (benchmarks/results/defaults.md, issue 32): on 2,000 rows of SST-2, FP and TREC, clean and at

@@ -1,9 +1,13 @@
 """Numeric precision of the backbone's forward passes: fp32, or bfloat16 autocast.
 
 ``TuneConfig.precision`` (and ``--precision``) picks it: "fp32" (the default), "bf16"
-(``torch.autocast`` to bfloat16 around the backbone) or "auto" (bf16 where the hardware has
-native bf16 arithmetic: an x86 CPU with AVX512-BF16 or AMX, a CUDA GPU that supports it; fp32
-elsewhere, where emulated bf16 is slower than fp32).
+(``torch.autocast`` to bfloat16 around the backbone) or "auto": bf16 where it was measured
+faster at equal accuracy, an x86 CPU with native bf16 (AVX512-BF16 or AMX; 1.8-2.7x,
+benchmarks/results/precision.md), and fp32 everywhere else. That includes CUDA GPUs, although
+they compute bf16 natively: on an H100, MiniLM tuning at batch 32 ran 2.1-4.7x *slower* under
+bf16 autocast than in fp32 (benchmarks/results/gpu_tune.md; a model this small is bound by
+per-op launch and dispatch costs, which autocast adds to). Ask for "bf16" explicitly where a
+larger model makes the GPU compute-bound.
 
 Only the backbone's pass runs in reduced precision. Its hidden states are cast back to float32
 before the task head, so heads, losses, softmax, the DP engine's per-example gradients,
@@ -61,9 +65,11 @@ def native_bf16(device: torch.device | str) -> bool:
 
 
 def resolve_precision(precision: str, device: torch.device | str) -> Resolved:
-    """"fp32" or "bf16": ``precision`` with "auto" decided for ``device``."""
+    """"fp32" or "bf16": ``precision`` with "auto" decided for ``device`` (bf16 on a CPU with
+    native bf16 only: see the module docstring for why not on CUDA)."""
     if check_precision(precision) == "auto":
-        return "bf16" if native_bf16(device) else "fp32"
+        dev = torch.device(device)
+        return "bf16" if dev.type == "cpu" and native_bf16(dev) else "fp32"
     return precision  # type: ignore[return-value]
 
 
