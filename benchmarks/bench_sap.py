@@ -245,7 +245,9 @@ class Bench:
         t = time.perf_counter()
         customer, provider = setup_split(
             self.bb, cfg, tr.num_labels, len(rtr),
-            privatizer=self.privatizer(eta, seed) if eta is not None else None)
+            # output noise is drawn by the customer itself (no token search)
+            privatizer=(self.privatizer(eta, seed)
+                        if eta is not None and privatize == "tokens" else None))
         if cti:
             customer.fit_cti(*self.cti_rows[task])
         seen: list[tuple[list[int], object]] = []
