@@ -695,6 +695,11 @@ def main() -> None:
                          "(ours so far) and/or output (the paper's §4.1/§4.3 placement)")
     ap.add_argument("--attack-rows", type=int, default=None,
                     help="EP over the first N training rows (default: the profile's, 500)")
+    ap.add_argument("--t4-levels", default=None,
+                    help="comma list of Table 4's target P (default: the profile's; P 0.875 "
+                         "is η ≈ 50, the paper's Table 4 point, on MiniLM)")
+    ap.add_argument("--t4-splits", default=None,
+                    help="comma list of Table 4's split depths n (default: the profile's)")
     ap.add_argument("--t3-seeds", type=int, default=None, help="Table 3 seeds (default: profile)")
     ap.add_argument("--t4-seeds", type=int, default=None, help="Table 4 seeds (default: profile)")
     ap.add_argument("--baseline-seeds", type=int, default=None,
@@ -752,6 +757,10 @@ def main() -> None:
         prof["tasks"] = tuple(args.tasks.split(","))
     if args.levels:
         prof["levels"] = tuple(float(x) for x in args.levels.split(","))
+    if args.t4_levels:
+        prof["t4_levels"] = tuple(float(x) for x in args.t4_levels.split(","))
+    if args.t4_splits:
+        prof["t4_splits"] = tuple(int(x) for x in args.t4_splits.split(","))
     for key in ("t3_seeds", "t4_seeds", "attack_rows"):
         if getattr(args, key) is not None:
             prof[key] = getattr(args, key)
