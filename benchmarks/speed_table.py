@@ -139,13 +139,15 @@ def gpu() -> list[Row]:
         rows.append(_gpu_row("privatization on a GPU", fig, d, "gpu_privatize.json"))
     d = _load("gpu_tune.json")
     if d is not None:
-        (name, res), = d["tune"]["backbones"].items()
-        fig = "; ".join(
-            f"{m} {res[f'{m} fp32']['examples_per_s']:,.0f} fp32 / "
-            f"{res[f'{m} bf16']['examples_per_s']:,.0f} bf16" for m in ("prompt", "prefix", "lora")
-            if "examples_per_s" in res.get(f"{m} fp32", {}) | res.get(f"{m} bf16", {}))
-        rows.append(_gpu_row("tuning examples/s on a GPU", f"MiniLM, batch 32: {fig}", d,
-                             "gpu_tune.json"))
+        for name, res in d["tune"]["backbones"].items():
+            fig = "; ".join(
+                f"{m} {res[f'{m} fp32']['examples_per_s']:,.0f} fp32 / "
+                f"{res[f'{m} bf16']['examples_per_s']:,.0f} bf16"
+                for m in ("prompt", "prefix", "lora")
+                if all("examples_per_s" in res.get(f"{m} {q}", {}) for q in ("fp32", "bf16")))
+            rows.append(_gpu_row("tuning examples/s on a GPU",
+                                 f"{Path(name).name}, batch 32: {fig or 'no run finished'}", d,
+                                 "gpu_tune.json"))
     d = _load("mixed_gpu.json")
     if d is not None:
         at64 = {r["method"]: r for r in d["forward"] if r["prompts"] == 64}

@@ -5,7 +5,8 @@ GNMax's vote noise) draws through a :class:`NoiseSource`:
 
 * ``NoiseSource()`` (no seed): every call keys a fresh ChaCha20 keystream (RFC 8439, the
   ``cryptography`` package, i.e. OpenSSL) with 32 bytes from ``os.urandom`` (the kernel's
-  CSPRNG, itself ChaCha20-based on Linux) and reads the draw's bits from it. The key is a local
+  CSPRNG, itself ChaCha20-based on Linux) and reads the draw's bits from it (a large draw:
+  one fresh keystream per slice, filled by threads in parallel). The key is a local
   of that call and is never stored or reused, so there is still no generator state: nothing to
   checkpoint, nothing that, once seen, predicts another call's bits. A resumed run simply draws
   fresh noise. (Python cannot zero freed memory, so the key, like the noise itself, may linger
@@ -67,16 +68,16 @@ _ZERO_NONCE = bytes(16)  # ChaCha20 counter + nonce; a fixed nonce is safe under
 _ONE_BITS = 0x3FF0000000000000  # IEEE-754 bits of 1.0 (exponent 0, empty mantissa)
 
 
-def bits_to_uniform(k: Tensor, *, out_of_place: bool = True) -> Tensor:
+def bits_to_uniform(k: Tensor, *, inplace: bool = False) -> Tensor:
     """Integers k in [0, 2**BITS) (int64) -> float64 uniforms (k + 0.5)·2**-BITS in
     [U_MIN, U_MAX].
 
     k as the mantissa of 1.0 is exactly 1 + k·2^-52; subtracting 1 - 2^-53 then leaves
     (k + ½)·2^-52, which is representable, so IEEE subtraction returns it exactly. Same values as
     ``(k.double() + 0.5) * 2**-52`` at ~6x the speed (no int-to-float conversion).
-    ``out_of_place=False`` reuses k's memory (k is then gone): a caller's own fresh draw skips
-    a copy as large as the draw."""
-    k = k.clone() if out_of_place else k
+    ``inplace=True`` reuses k's memory (k is then gone): a caller's own fresh draw skips a copy
+    as large as the draw."""
+    k = k if inplace else k.clone()
     return k.bitwise_or_(_ONE_BITS).view(torch.float64).sub_(U_MAX)
 
 
@@ -167,7 +168,7 @@ class NoiseSource:
         k = self._bits(int(n))
         # The bits travel, not the uniforms (same bytes): the exact bit arithmetic then runs on
         # the device, with the same result as on the CPU.
-        return bits_to_uniform(k if device is None else k.to(device), out_of_place=False)
+        return bits_to_uniform(k if device is None else k.to(device), inplace=True)
 
     def _box_muller(self, n: int, device: torch.device | str | None) -> Tensor:
         """n standard normals, one Box–Muller output each (float64, (n,)); |z| <= 8.57."""
