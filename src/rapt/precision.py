@@ -53,23 +53,12 @@ def cpu_has_native_bf16() -> bool:
     return any(f in flags.split() for f in _CPU_FLAGS)
 
 
-def native_bf16(device: torch.device | str) -> bool:
-    """Whether ``device`` runs bfloat16 natively (CPU: :func:`cpu_has_native_bf16`; CUDA:
-    ``torch.cuda.is_bf16_supported``); other devices: False."""
-    dev = torch.device(device)
-    if dev.type == "cpu":
-        return cpu_has_native_bf16()
-    if dev.type == "cuda":
-        return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
-    return False
-
-
 def resolve_precision(precision: str, device: torch.device | str) -> Resolved:
     """"fp32" or "bf16": ``precision`` with "auto" decided for ``device`` (bf16 on a CPU with
     native bf16 only: see the module docstring for why not on CUDA)."""
     if check_precision(precision) == "auto":
-        dev = torch.device(device)
-        return "bf16" if dev.type == "cpu" and native_bf16(dev) else "fp32"
+        on_cpu = torch.device(device).type == "cpu"
+        return "bf16" if on_cpu and cpu_has_native_bf16() else "fp32"
     return precision  # type: ignore[return-value]
 
 
@@ -91,5 +80,5 @@ def device_of(module: torch.nn.Module) -> torch.device:
     return p.device if p is not None else torch.device("cpu")
 
 
-__all__ = ["autocast", "check_precision", "cpu_has_native_bf16", "device_of", "native_bf16",
+__all__ = ["autocast", "check_precision", "cpu_has_native_bf16", "device_of",
            "resolve_precision"]
