@@ -210,12 +210,14 @@ class Bench:
     def run(self, table: str, task: str, p: float | None, seed: int, *, cti: bool = False,
             cti_rule: str = "uniform", cti_alpha: float = DEFAULT_SMOOTHING, split: int = 0,
             unfreeze: bool = False, privatize: str = "tokens",
-            label_dp: float | None = None) -> dict:
+            label_dp: float | None = None, eta: float | None = None) -> dict:
         prof = self.prof
         # The tables share settings (Table 3's frozen rows and Table 4's n = 0 rows are Figure
         # 2's SST-2 SAP rows): a run already made with the same settings, in this file or a
         # --reuse file, is copied instead of trained again (same seeds: identical numbers).
         setting = cti_setting(cti_rule, cti_alpha) if cti else PRIVATIZE_SETTINGS[privatize]
+        if eta is not None:  # η given directly (p is None): the setting names it
+            setting += f" η={eta:g}"
         if label_dp is not None:
             setting += f" label-DP ε={label_dp:g}"
         key = (task, p, seed, setting, split, unfreeze)
@@ -235,7 +237,7 @@ class Bench:
                 print(json.dumps(run), flush=True)
                 self.save()
                 return run
-        eta = self.eta(p)
+        eta = self.eta(p) if eta is None else eta
         cfg = SplitConfig(split_layer=split, eta=eta, cti=cti, cti_rule=cti_rule,
                           cti_smoothing=cti_alpha, unfreeze_bottom=unfreeze,
                           privatize=privatize, label_dp_epsilon=label_dp,
@@ -548,7 +550,8 @@ def markdown(res: dict) -> str:
         rows.sort(key=lambda r: (r["task"], r["split"], r["unfreeze"], r["setting"],
                                  _p_key(r["P_target"])))
         for r in rows:
-            p = "none" if r["P_target"] is None else f"{r['P_target']:.2f}"
+            p = (("none" if r["eta"] is None else "–") if r["P_target"] is None
+                 else f"{r['P_target']:.2f}")
             eta = "∞" if r["eta"] is None else f"{r['eta']:.1f}"
             lines.append(f"| {r['task']} | {r['setting']} | {r['split']} | "
                          f"{'unfrozen' if r['unfreeze'] else 'frozen'} | {p} | {eta} | "
@@ -627,9 +630,11 @@ def plot(res: dict, path: Path) -> None:
                                  key=lambda k: (k[0], _p_key(k[1]))):
             rows = sorted((r for r in t4 if r["P_target"] == p and r["setting"] == setting),
                           key=lambda r: r["split"])
-            tag = "no privacy" if p is None else f"P {p}" + (
-                "" if setting == "SAP" else f", {setting.removeprefix('SAP ')}")
-            style = ":" if p is None else "-" if setting == "SAP" else "--"
+            direct = p is None and setting != "SAP"  # output noise at a direct η
+            mode = setting.removeprefix("SAP ")
+            tag = (mode if direct else "no privacy" if p is None
+                   else f"P {p}" + ("" if setting == "SAP" else f", {mode}"))
+            style = ":" if p is None and not direct else "-" if setting == "SAP" else "--"
             for metric, color in (("UA", "tab:blue"), ("EP", "tab:red")):
                 ax.errorbar([r["split"] for r in rows], [100 * r[metric] for r in rows],
                             yerr=[100 * r[f"{metric}_sd"] for r in rows], color=color,
@@ -698,6 +703,9 @@ def main() -> None:
     ap.add_argument("--t4-levels", default=None,
                     help="comma list of Table 4's target P (default: the profile's; P 0.875 "
                          "is η ≈ 50, the paper's Table 4 point, on MiniLM)")
+    ap.add_argument("--t4-etas", default=None,
+                    help="comma list of η given directly to Table 4's output mode (below the "
+                         "token calibration's range, where no P names them)")
     ap.add_argument("--t4-splits", default=None,
                     help="comma list of Table 4's split depths n (default: the profile's)")
     ap.add_argument("--t3-seeds", type=int, default=None, help="Table 3 seeds (default: profile)")
@@ -832,6 +840,11 @@ def main() -> None:
         modes = args.t4_privatize.split(",")
         if not set(modes) <= set(PRIVATIZE_SETTINGS):
             raise SystemExit(f"--t4-privatize: choose from {', '.join(PRIVATIZE_SETTINGS)}")
+        t4_etas = [float(e) for e in args.t4_etas.split(",")] if args.t4_etas else []
+        if t4_etas and "output" not in modes:
+            raise SystemExit("--t4-etas: direct η are for output noise (--t4-privatize output)")
+        if not all(math.isfinite(e) and e > 0 for e in t4_etas):
+            raise SystemExit(f"--t4-etas: every η must be a positive number, got {t4_etas}")
         for seed in range(args.seed_offset, args.seed_offset + prof["t4_seeds"]):
             for n in prof["t4_splits"]:
                 for p in (None, *prof["t4_levels"]):
@@ -841,6 +854,10 @@ def main() -> None:
                             continue
                         plan.append(("table4", "sst2", p, seed, {"split": n,
                                                                  "privatize": mode}))
+                for eta in t4_etas:
+                    if n >= 1:
+                        plan.append(("table4", "sst2", None, seed, {"split": n, "eta": eta,
+                                                                    "privatize": "output"}))
     # Runs that repeat Figure 2's SST-2 SAP settings (frozen, n = 0) go last, so that a
     # Figure 2 process running beside this one has made them by then (see --reuse).
     plan.sort(key=lambda r: r[0] != "fig2" and r[1] == "sst2" and not r[4].get("unfreeze")
