@@ -610,6 +610,30 @@ def markdown(res: dict) -> str:
     return "\n".join(lines)
 
 
+def _plot_eta_sweep(ax, t4: list[dict]) -> None:
+    """UA and EP against η at one split depth, a line per placement (tokens, output noise)."""
+    for mode, style in (("tokens", "-"), ("output", "--")):
+        rows = sorted((r for r in t4 if r["eta"] is not None
+                       and (r["setting"].startswith(PRIVATIZE_SETTINGS["output"])
+                            == (mode == "output"))), key=lambda r: r["eta"])
+        for metric, color in (("UA", "tab:blue"), ("EP", "tab:red")):
+            if rows:
+                ax.errorbar([r["eta"] for r in rows], [100 * r[metric] for r in rows],
+                            yerr=[100 * r[f"{metric}_sd"] for r in rows], color=color,
+                            linestyle=style, marker="o", capsize=3, label=f"{metric}, {mode}")
+    none = [r for r in t4 if r["eta"] is None]
+    if none:
+        ax.axhline(100 * none[0]["UA"], color="gray", linestyle=":", label="UA no privacy")
+    ax.set_xscale("log")
+    etas = sorted({r["eta"] for r in t4 if r["eta"] is not None})
+    ax.set_xticks(etas, [f"{e:.3g}" for e in etas], minor=False)
+    ax.set_xticks([], minor=True)
+    ax.set_xlabel("η (log scale)")
+    ax.set_ylabel("%")
+    ax.set_title(f"SST-2, split after n = {t4[0]['split']} blocks: UA and EP vs η")
+    ax.legend(fontsize=7)
+
+
 def plot(res: dict, path: Path) -> None:
     import matplotlib
 
@@ -624,7 +648,9 @@ def plot(res: dict, path: Path) -> None:
         return
     n_ax = len(tasks) + bool(t4)
     fig, axes = plt.subplots(1, n_ax, figsize=(5.5 * n_ax, 4), squeeze=False)
-    if t4:  # Figure 4: EP and UA against the split position
+    if t4 and len({r["split"] for r in t4}) == 1:  # one depth (an η sweep): against η
+        _plot_eta_sweep(axes[0][-1], t4)
+    elif t4:  # Figure 4: EP and UA against the split position
         ax = axes[0][-1]
         for setting, p in sorted({(r["setting"], r["P_target"]) for r in t4},
                                  key=lambda k: (k[0], _p_key(k[1]))):
