@@ -466,7 +466,8 @@ def label_section(res: dict, summary: list[dict]) -> list[str]:
     for r in sorted(rows, key=lambda r: (r["table"], r["task"], r["split"], r["setting"],
                                          _p_key(r["P_target"]))):
         a = r["label_attack"]
-        p = "none" if r["P_target"] is None else f"{r['P_target']:.2f}"
+        p = (("none" if r["eta"] is None else "–") if r["P_target"] is None
+             else f"{r['P_target']:.2f}")
         out.append(f"| {r['table']} | {r['task']} | {r['setting']} | {r['split']} | {p} | "
                    f"{100 * r['UA']:.1f} ± {100 * r['UA_sd']:.1f} | "
                    f"{100 * a['accuracy']:.1f} ± {100 * a['accuracy_sd']:.1f} | "
