@@ -63,9 +63,9 @@ second for the neutral class and caps k at 1 (3 tokens, 0.29 % coverage), α = 0
 k = 7 (21 tokens, 1.00 %), α = 0.01 gives k = 9 (27 tokens, 0.95 %) (issue 28). Results on
 CTI should therefore name α, and a conclusion should hold across α.
 
-Measured (``benchmarks/results/sap_findings.md``): α = 0.1 gains UA over α = 1 on that split at
-P 0.6 and 0.4, and nothing on SST-2. The default stays 1 because a smaller α releases rarer,
-more identifying words unperturbed.
+Measured (``benchmarks/results/sap_findings.md``): on that split the uniform rule beats SAP at
+P 0.6 and 0.4 with α = 0.1 but not with α = 1; on SST-2 it beats SAP at neither. The default
+stays 1 because a smaller α releases rarer, more identifying words unperturbed.
 """
 
 CTI_RULES: tuple[str, ...] = ("uniform", "per-class")
