@@ -466,8 +466,7 @@ def label_section(res: dict, summary: list[dict]) -> list[str]:
     for r in sorted(rows, key=lambda r: (r["table"], r["task"], r["split"], r["setting"],
                                          _p_key(r["P_target"]))):
         a = r["label_attack"]
-        p = (("none" if r["eta"] is None else "–") if r["P_target"] is None
-             else f"{r['P_target']:.2f}")
+        p = _p_cell(r)
         out.append(f"| {r['table']} | {r['task']} | {r['setting']} | {r['split']} | {p} | "
                    f"{100 * r['UA']:.1f} ± {100 * r['UA_sd']:.1f} | "
                    f"{100 * a['accuracy']:.1f} ± {100 * a['accuracy_sd']:.1f} | "
@@ -516,6 +515,13 @@ def _p(d: dict, metric: str) -> str:
     return f"{raw:.3f} ({adj:.3f})"
 
 
+def _p_cell(r: dict) -> str:
+    """A summary row's P column: its target P, 'none' without privacy, '–' for a direct η."""
+    if r["P_target"] is not None:
+        return f"{r['P_target']:.2f}"
+    return "none" if r["eta"] is None else "–"
+
+
 def _p_key(p):
     return -1.0 if p is None else -p  # no privacy first, then decreasing P (= increasing η)
 
@@ -551,8 +557,7 @@ def markdown(res: dict) -> str:
         rows.sort(key=lambda r: (r["task"], r["split"], r["unfreeze"], r["setting"],
                                  _p_key(r["P_target"])))
         for r in rows:
-            p = (("none" if r["eta"] is None else "–") if r["P_target"] is None
-                 else f"{r['P_target']:.2f}")
+            p = _p_cell(r)
             eta = "∞" if r["eta"] is None else f"{r['eta']:.1f}"
             lines.append(f"| {r['task']} | {r['setting']} | {r['split']} | "
                          f"{'unfrozen' if r['unfreeze'] else 'frozen'} | {p} | {eta} | "
