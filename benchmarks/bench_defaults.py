@@ -76,7 +76,8 @@ def _report(out: str) -> dict:
 
 def run_cell(task: str, method: str, p: float | None, seed: int, rows: int) -> dict:
     data, train_split, eval_splits = TASKS[task]
-    privacy = [] if p is None else ["--target-p", str(p), "--noise-seed", str(seed)]
+    # the clean cells say so: without a level `rapt tune` privatizes at the default P
+    privacy = ["--no-privacy"] if p is None else ["--target-p", str(p), "--noise-seed", str(seed)]
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="rapt-defaults-") as tmp:
         art = Path(tmp) / "model"
@@ -86,7 +87,7 @@ def run_cell(task: str, method: str, p: float | None, seed: int, rows: int) -> d
         correct = n = 0
         predict_s = 0.0
         for split in eval_splits:
-            qs = ["--noise-seed", str(1000 + seed)] if p is not None else ["--no-privatize"]
+            qs = ["--noise-seed", str(1000 + seed)] if p is not None else ["--no-privacy"]
             dt, pout = _rapt(["predict", str(art), data, "--split", split, "--json-report", *qs])
             rep = _report(pout)
             predict_s += dt

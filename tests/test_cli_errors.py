@@ -129,7 +129,7 @@ def test_user_errors_exit_2_naming_the_problem(env, case, tmp_path):
 def test_valid_calls_succeed(env, tmp_path):
     """Negative control for the error cases: the same commands with good inputs exit 0."""
     preds = tmp_path / "preds.jsonl"
-    r = _run(env, ["predict", "art", "good", "--no-privatize", "--out", str(preds)])
+    r = _run(env, ["predict", "art", "good", "--no-privacy", "--out", str(preds)])
     assert r.exit_code == 0, r.output
     assert "accuracy" in r.output and len(preds.read_text().splitlines()) == 4
     r = _run(env, ["attack", "attribute", "--data", "attr", *B])
@@ -143,7 +143,7 @@ def test_attribute_missing_artifact_exits_2(env):
 
 
 def test_predict_unknown_label_exits_2(env):
-    r = _run(env, ["predict", "art", "unknown", "--no-privatize"])
+    r = _run(env, ["predict", "art", "unknown", "--no-privacy"])
     assert r.exit_code == 2 and "maybe" in r.output, r.output
 
 
@@ -152,7 +152,7 @@ def test_predict_accuracy_uses_the_prompts_label_names(env, tmp_path):
     Negative control: on a file holding both labels the two agree."""
     for name in ("good", "onlypos"):
         preds = tmp_path / f"{name}.jsonl"
-        r = _run(env, ["predict", "art", name, "--no-privatize", "--out", str(preds)])
+        r = _run(env, ["predict", "art", name, "--no-privacy", "--out", str(preds)])
         assert r.exit_code == 0, r.output
         gold = [line.split(",")[1] for line in env[name].read_text().splitlines()[1:]]
         pred = [json.loads(line)["label"] for line in preds.read_text().splitlines()]
@@ -164,14 +164,14 @@ def test_predict_unlabelled_file_prints_label_names(env, tmp_path):
     """Issue 13 item 1: predicting needs no labels. Without --out the predictions are printed
     by name; with --out they are written; no accuracy, exit 0, no traceback."""
     for data in ("lines", "nolabelcol"):
-        r = _run(env, ["predict", "art", data, "--no-privatize"])
+        r = _run(env, ["predict", "art", data, "--no-privacy"])
         assert r.exit_code == 0, (data, r.output, r.exception)
         printed = [line.split("\t") for line in r.stdout.splitlines() if "\t" in line]
         assert [t for _, t in printed] == ["good film", "bad film"], r.stdout
         assert {p for p, _ in printed} <= {"neg", "pos"}, r.stdout
         assert "accuracy" not in r.output and "Traceback" not in r.output
     preds = tmp_path / "p.jsonl"
-    r = _run(env, ["predict", "art", "lines", "--no-privatize", "--out", str(preds)])
+    r = _run(env, ["predict", "art", "lines", "--no-privacy", "--out", str(preds)])
     assert r.exit_code == 0, (r.output, r.exception)
     rows = [json.loads(line) for line in preds.read_text().splitlines()]
     assert [x["text"] for x in rows] == ["good film", "bad film"]
@@ -179,9 +179,9 @@ def test_predict_unlabelled_file_prints_label_names(env, tmp_path):
 
 
 def test_predict_label_names_must_match_the_artifact(env):
-    r = _run(env, ["predict", "art", "good", "--no-privatize", "--label-names", "a,b"])
+    r = _run(env, ["predict", "art", "good", "--no-privacy", "--label-names", "a,b"])
     assert r.exit_code == 2 and "--label-names" in r.output and "neg,pos" in r.output, r.output
-    r = _run(env, ["predict", "art", "good", "--no-privatize", "--label-names", "neg,pos"])
+    r = _run(env, ["predict", "art", "good", "--no-privacy", "--label-names", "neg,pos"])
     assert r.exit_code == 0 and "accuracy" in r.output, r.output
 
 
@@ -194,7 +194,7 @@ def test_tune_text_at_label_file_then_predict(env, tmp_path):
     assert "text-at-label" in r.output  # the guess is announced
     meta = json.loads((art / "config.json").read_text())["meta"]
     assert meta["label_names"] == ["neg", "pos"]
-    r = _run(env, ["predict", str(art), "at", "--no-privatize"])
+    r = _run(env, ["predict", str(art), "at", "--no-privacy"])
     assert r.exit_code == 0 and "accuracy" in r.output and "on 4 examples" in r.output, r.output
 
 
@@ -210,7 +210,7 @@ def test_tune_one_based_label_ids_with_label_names(env, tmp_path):
     meta = json.loads((art / "config.json").read_text())["meta"]
     assert meta["label_names"] == ["neg", "pos"] and meta["label_base"] == 1
     preds = tmp_path / "p.jsonl"
-    r = _run(env, ["predict", str(art), "onebased", "--no-privatize", "--out", str(preds)])
+    r = _run(env, ["predict", str(art), "onebased", "--no-privacy", "--out", str(preds)])
     assert r.exit_code == 0 and "on 4 examples" in r.output, (r.output, r.exception)
     gold = ["pos", "neg", "pos", "neg"]
     pred = [json.loads(line)["label"] for line in preds.read_text().splitlines()]
@@ -222,18 +222,18 @@ def test_predict_prints_a_summary_and_the_first_rows_or_writes_csv(env, tmp_path
     """Issue 32 item 2: without --out, `rapt predict` prints counts per label, the first 10
     rows and how many more there are, then accuracy and a confusion table; --out FILE.csv
     writes every row by label name; any other suffix is refused before work."""
-    r = _run(env, ["predict", "art", "manyat", "--no-privatize"])
+    r = _run(env, ["predict", "art", "manyat", "--no-privacy"])
     assert r.exit_code == 0, r.output
     lines = r.stdout.splitlines()
     assert lines[0].startswith("10 predictions: neg ") and "pos " in lines[0]
     assert len([x for x in lines if "\t" in x]) == 10 and "more" not in r.stdout
     assert "confusion (rows: gold, columns: predicted)" in r.stdout
     out = tmp_path / "p.csv"
-    r = _run(env, ["predict", "art", "good", "--no-privatize", "--out", str(out)])
+    r = _run(env, ["predict", "art", "good", "--no-privacy", "--out", str(out)])
     assert r.exit_code == 0 and f"wrote 4 predictions to {out} (csv)" in r.output, r.output
     head, *rows = out.read_text().splitlines()
     assert head == "row,text,label,gold,p(neg),p(pos)" and len(rows) == 4
     assert [x.split(",")[3] for x in rows] == ["pos", "neg", "pos", "neg"]
-    r = _run(env, ["predict", "art", "good", "--no-privatize", "--out", str(tmp_path / "p.txt")])
+    r = _run(env, ["predict", "art", "good", "--no-privacy", "--out", str(tmp_path / "p.txt")])
     errors = [x for x in r.output.splitlines() if x.startswith("error:")]
     assert r.exit_code == 2 and len(errors) == 1 and "*.jsonl or *.csv" in errors[0], r.output

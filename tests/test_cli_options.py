@@ -82,5 +82,5 @@ def test_dp_log_goes_inside_the_output_folder(tiny):
     assert "remove it before sharing the folder" in r.output
     assert json.loads(log.read_text())["history"]
     assert "history" not in json.loads((out / "config.json").read_text())["meta"]
-    r = runner.invoke(app, ["predict", str(out), str(data), "--no-privatize"])
+    r = runner.invoke(app, ["predict", str(out), str(data), "--no-privacy"])
     assert r.exit_code == 0 and "accuracy" in r.output, r.output

@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 from test_service import add_key, make_bert
 
-from rapt.client import ClientError, PrivacyNotConfiguredError, RaptClient, ServiceError
+from rapt.client import ClientError, RaptClient, ServiceError
 from rapt.service import Limits, ServiceConfig, create_app
 
 TEXTS = [
@@ -115,17 +115,39 @@ def test_leak_detector_catches_unprivatized_uploads(service, tmp_path):
     assert uploads[0]["privacy"] == {"mechanism": "none"}
 
 
-def test_refuses_without_privatization(service, tmp_path):
+def test_privatizes_at_the_default_level_without_configuration(service, tmp_path):
+    """No η, no target_p, no no_privacy: the upload goes out privatized at the η calibrated for
+    the default level (the one every command uses), never in clear; a prompt tuned on clear
+    text gets its queries privatized at that level too, with a warning. Mutations caught: a
+    clear default (the leak detector fires), another default level (another η)."""
+    from rapt.client import PrivacyWarning
+    from rapt.privacy_rule import DEFAULT_TARGET_P
+    from rapt.privatization import calibrate_eta_public
+
     tc, key, bb = service
     sent = capture(tc)
     c = RaptClient(api_key=key, backbone=bb, remote_backbone="tiny", http=tc)
-    with pytest.raises(PrivacyNotConfiguredError, match="no_privacy=True"):
-        c.upload(write_csv(tmp_path / "p.csv"))
-    assert sent == []
-    # predict first asks the service for the η recorded with the prompt (a GET, no body)
+    ds = c.upload(write_csv(tmp_path / "p.csv"), max_length=32)
+    want = calibrate_eta_public(bb, DEFAULT_TARGET_P)
+    assert c.eta == pytest.approx(want) and c.last_privacy["eta_source"] == "default"
+    assert c.last_privacy["target_p"] == DEFAULT_TARGET_P
+    uploads = [json.loads(b) for b in sent if b and b"input_ids" in b]
+    assert uploads[0]["privacy"]["mechanism"] == "dchi-text2text"
+    assert uploads[0]["privacy"]["eta"] == pytest.approx(want)
+    assert not any(t in b"\n".join(sent).decode() for t in TEXTS)
+    # a prompt tuned on clear text: its queries still go out privatized, at the default level
+    clear = RaptClient(api_key=key, backbone=bb, remote_backbone="tiny", http=tc,
+                       no_privacy=True)
+    with pytest.warns(PrivacyWarning):
+        ds = clear.upload(write_csv(tmp_path / "c.csv"), max_length=32)
+    st = clear.wait(clear.tune(ds, epochs=1, batch_size=4, num_virtual_tokens=2),
+                    progress=False, poll_s=0.05, timeout=60)
+    fresh = RaptClient(api_key=key, backbone=bb, remote_backbone="tiny", http=tc)
+    with pytest.warns(PrivacyWarning, match="unprivatized data.*default level"):
+        fresh.predict(st["prompt_id"], TEXTS[:2], max_length=32)
+    assert fresh.eta == pytest.approx(want) and fresh.last_privacy["eta_source"] == "default"
     with pytest.raises(ServiceError, match="not_found"):
         c.predict("pr_x", ["a query"])
-    assert sent == [b""]
     with pytest.raises(ClientError, match="not both"):
         RaptClient(api_key=key, backbone=bb, http=tc, eta=1.0, no_privacy=True)
 
@@ -151,7 +173,7 @@ def test_env_configuration_and_errors(service, tmp_path, monkeypatch):
     assert e.value.status == 404 and e.value.error == "not_found"
 
 
-def test_cli_refuses_without_privacy_flag(tmp_path, monkeypatch):
+def test_cli_upload_defaults_to_the_default_level(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
     from rapt.cli import app
@@ -159,7 +181,11 @@ def test_cli_refuses_without_privacy_flag(tmp_path, monkeypatch):
     monkeypatch.setenv("RAPT_URL", "http://127.0.0.1:9")
     monkeypatch.setenv("RAPT_API_KEY", "rapt_k")
     out = CliRunner().invoke(app, ["client", "upload", str(write_csv(tmp_path / "p.csv"))])
-    assert out.exit_code == 2 and "refusing to send" in out.output and "--no-privacy" in out.output
+    assert out.exit_code == 2 and "the default level, P ≈ 0.6" in out.output
+    assert "--no-privacy for clear text" in out.output
+    out = CliRunner().invoke(app, ["client", "upload", str(tmp_path / "p.csv"), "--no-privacy",
+                                   "--target-p", "0.6"])
+    assert out.exit_code == 2 and "not both" in out.output
     monkeypatch.delenv("RAPT_URL")
     out = CliRunner().invoke(app, ["client", "status", "job_x"])
     assert out.exit_code == 2 and "RAPT_URL" in out.output
@@ -226,8 +252,8 @@ def test_privacy_is_reported_for_every_upload_and_predict(service, tmp_path):
         c = run_flow(tc, key, bb, tmp_path, eta=1e6, seed=0)  # η → ∞: nothing is replaced
     messages = [str(w.message) for w in seeded_warning]
     assert any("seeded" in m for m in messages)
-    assert sum("weak privacy on this upload" in m for m in messages) == 1
-    assert sum("weak privacy on this predict" in m for m in messages) == 1
+    assert sum("weak privacy on this training data" in m for m in messages) == 1
+    assert sum("weak privacy on this query set" in m for m in messages) == 1
     r = c.last_privacy
     assert r["what"] == "predict" and r["replacement_probability"] == 0.0
     assert r["inversion_success"] == 1.0 and r["n_tokens"] > 0
@@ -500,3 +526,55 @@ def test_pad_to_bucket_and_strip_padding():
     assert strip_padding(padded, 0) == rows
     assert strip_padding([[0, 0]], 0) == [[0]]  # never an empty row
     assert strip_padding([[5, 0]], None) == [[5, 0]]
+
+
+def test_cli_client_flow_prints_like_the_other_commands(tmp_path, monkeypatch):
+    """`client upload`, `client tune --wait` and `client predict` through the CLI, on the
+    in-process service: the weak-privacy warning is the CLI's one line (`warning: weak privacy
+    on this training data` / `query set`), after the privacy lines, as `rapt tune` prints it;
+    no "Loading weights" bar; `tune --wait` prints the method, the training data's η and
+    `head:` before the JSON status."""
+    from transformers.utils import logging as hf_logging
+    from typer.testing import CliRunner
+
+    import rapt.client as client_module
+    from rapt.cli import app
+    from rapt.http import HttpSession
+
+    bb = make_bert()
+    folder = tmp_path / "bb"
+    bb.model.save_pretrained(folder)
+    bb.tokenizer.save_pretrained(folder)
+    cfg = ServiceConfig(db_path=tmp_path / "svc.db", backbones=[str(folder)],
+                        limits=Limits(max_seq_len=64), progress_interval_s=0.0)
+    key = add_key(tmp_path)
+    monkeypatch.setenv("RAPT_CACHE", str(tmp_path / "cache"))
+    hf_logging.enable_progress_bar()
+    try:
+        with TestClient(create_app(cfg, backbones={str(folder): bb})) as tc:
+            monkeypatch.setattr(client_module, "HttpSession",
+                                lambda url, k, timeout=120.0, client=None:
+                                HttpSession(url, k, client=tc))
+            run = CliRunner().invoke
+            base = ["--url", "http://testserver", "--key", key]
+            up = run(app, ["client", "upload", str(write_csv(tmp_path / "d.csv")), *base,
+                           "--backbone", str(folder), "--eta", "1e6", "--max-length", "32"])
+            assert up.exit_code == 0, up.output
+            tune = run(app, ["client", "tune", up.stdout.strip(), *base, "--epochs", "1",
+                             "--batch-size", "4", "--wait"])
+            assert tune.exit_code == 0, tune.output
+            prompt_id = json.loads(tune.stdout[tune.stdout.index("{"):])["prompt_id"]
+            pred = run(app, ["client", "predict", prompt_id, "a good film", "a bad plot",
+                             *base, "--backbone", str(folder)])
+            assert pred.exit_code == 0, pred.output
+    finally:
+        hf_logging.enable_progress_bar()
+    for r, what in ((up, "training data"), (pred, "query set")):
+        err = r.stderr
+        assert "Loading weights" not in err and "WARNING" not in err
+        assert err.count(f"warning: weak privacy on this {what}: ") == 1
+        assert err.index("rows privatized; privacy: η = 1e+06") < err.index("warning: weak")
+    out = tune.output
+    assert "method: lora (default; --method" in out
+    assert "privacy: η = 1e+06 (declared with dataset" in out
+    assert out.index("method:") < out.index("head: ") < out.index('"state": "succeeded"')

@@ -111,8 +111,8 @@ def test_service_jobs_check_their_training_rows_and_the_client_says_so(tiny, tmp
 
     client = SimpleNamespace(prompt=lambda pid: collapsed.model_dump(),
                              label_names_for=lambda pid: ["neg", "pos"])
-    _echo_training_check(client, "pr_1")
+    _echo_training_check(client, {"prompt_id": "pr_1", "epsilon": None},
+                         collapsed.model_dump())
     err = capsys.readouterr().err
-    assert "head: linear" in err
     assert "predictions are near-constant: 'pos' for 20 of 20 rows" in err
     assert "what to try:" in err

@@ -3,10 +3,11 @@
 Everything that leaves the machine is privatized token ids (dχ-privacy text-to-text, RAPT
 §3.1), integer labels, the public plain tokens used for reconstruction, and the declared
 mechanism metadata (η, embedding, search mode). Raw text and original token ids never do.
-Without a configured η the client refuses to send anything unless ``no_privacy=True``.
+Without a configured η the client privatizes at the default level (P ≈
+:data:`rapt.privacy_rule.DEFAULT_TARGET_P`); it sends clear text only with ``no_privacy=True``.
 
-    c = RaptClient("http://127.0.0.1:8000", key, backbone="minilm", target_p=0.4)
-    ds = c.upload("reviews.csv")           # η calibrated on rapt's public text sample
+    c = RaptClient("http://127.0.0.1:8000", key, backbone="minilm")
+    ds = c.upload("reviews.csv")           # η calibrated for P ≈ 0.6 on rapt's public text
     job = c.tune(ds)                       # TuneConfig's defaults (rapt.config): LoRA
     status = c.wait(job)                   # progress bar (rapt.progress)
     out = c.predict(status["prompt_id"], ["a private query"])  # the training data's η
@@ -28,13 +29,16 @@ import httpx
 
 from rapt.config import DEFAULT_PLAIN_TOKENS, DEFAULT_PRIVATIZER_MODE
 from rapt.http import HttpSession, ServiceError, warn_plain_http
-from rapt.privacy_rule import DEFAULT_MIN_P  # the one weak-privacy threshold (re-exported)
+
+# DEFAULT_MIN_P: the one weak-privacy threshold (re-exported)
+from rapt.privacy_rule import DEFAULT_MIN_P, DEFAULT_TARGET_P
 
 if TYPE_CHECKING:  # imported where used: rapt.pipeline brings torch, `import rapt.client` not
     from rapt.pipeline import Customization
 
+# ServiceError: rapt.http's, kept importable here
 __all__ = ["ClientError", "Prediction", "PrivacyNotConfiguredError", "PrivacyWarning",
-           "RaptClient", "ServiceError"]  # ServiceError: rapt.http's, kept importable here
+           "RaptClient", "ServiceError", "WeakPrivacyWarning"]
 
 
 class ClientError(RuntimeError):
@@ -47,6 +51,11 @@ class PrivacyNotConfiguredError(ClientError):
 
 class PrivacyWarning(UserWarning):
     """Weak or no privacy on data about to leave (or that just left) this machine."""
+
+
+class WeakPrivacyWarning(PrivacyWarning):
+    """The weak-privacy rule (:mod:`rapt.privacy_rule`) flagged what was just measured; the CLI
+    prints it after the privacy lines, as every command does."""
 
 
 
@@ -67,6 +76,10 @@ class Prediction:
     @property
     def label_strings(self) -> list[str] | None:
         return [self.label_names[i] for i in self.labels] if self.label_names else None
+
+
+# The weak-privacy warning names a release as the CLI's commands do.
+_RELEASE_NAMES = {"upload": "training data", "predict": "query set"}
 
 
 class RaptClient:
@@ -153,21 +166,18 @@ class RaptClient:
             self._backbone = load_backbone(self._backbone_arg)
         return self._backbone
 
-    def _check_privacy(self, why: str = "") -> None:
-        if self.eta is None and self.target_p is not None and not self.no_privacy:
+    def _check_privacy(self) -> None:
+        """Without an η, calibrate one: for ``target_p``, or for the default level
+        (:data:`rapt.privacy_rule.DEFAULT_TARGET_P`); clear text only with ``no_privacy``."""
+        if self.eta is None and not self.no_privacy:
             from rapt.pipeline import Customization
 
+            target = self.target_p if self.target_p is not None else DEFAULT_TARGET_P
             # Calibrated as every command calibrates (rapt.pipeline); its privatizer is kept.
-            custom = Customization.create(self.backbone, target_p=self.target_p,
+            custom = Customization.create(self.backbone, target_p=target,
                                           noise_seed=self.seed, privatizer_mode=self.mode)
-            self._set_eta(custom.eta, "target_p")
+            self._set_eta(custom.eta, "target_p" if self.target_p is not None else "default")
             self._custom = custom
-        if self.eta is None and not self.no_privacy:
-            raise PrivacyNotConfiguredError(
-                f"refusing to send: no privatization is configured{why}. Set eta (the "
-                "dχ-privacy parameter, e.g. eta=100) or target_p (e.g. target_p=0.4, η "
-                "calibrated on rapt's public text sample), or, to send your data unprotected, "
-                "pass no_privacy=True explicitly")
 
     def _set_eta(self, eta: float, source: str) -> None:
         if eta != self.eta:
@@ -196,9 +206,9 @@ class RaptClient:
 
             # The rule every command applies (rapt.privacy_rule): table and measured recovery.
             msg = weak_privacy_warning(report, backbone=self.backbone.name, min_p=self.min_p,
-                                       what=what)
+                                       what=_RELEASE_NAMES.get(what, what))
             if msg is not None:
-                warnings.warn(msg, PrivacyWarning, stacklevel=3)
+                warnings.warn(msg, WeakPrivacyWarning, stacklevel=3)
         self.last_privacy = report
         return report
 
@@ -212,7 +222,8 @@ class RaptClient:
             custom = Customization.create(self.backbone, eta=self.eta, noise_seed=self.seed,
                                           privatizer_mode=self.mode)
             # The P that η was calibrated for, reported beside the measured P.
-            custom.target_p = self.target_p if custom.privatizer is not None else None
+            target = DEFAULT_TARGET_P if self.eta_source == "default" else self.target_p
+            custom.target_p = target if custom.privatizer is not None else None
             self._custom = custom
         return self._custom
 
@@ -417,16 +428,20 @@ class RaptClient:
         gold labels, if any, by the prompt's label names. Without an η (or target_p) given to
         the client, the queries get the η recorded with the prompt's training data. Label
         names: ``label_names``, else those recorded here at upload."""
-        why = ""
         info = self.prompt(prompt_id)  # its recorded η (below) and its rows' plain tokens
         if not self._eta_chosen and not self.no_privacy:
             decl = info.get("privacy") or {}
             if decl.get("mechanism") == "dchi-text2text" and decl.get("eta"):
                 self._set_eta(float(decl["eta"]), f"prompt {prompt_id}")
             else:
-                why = (f" (prompt {prompt_id} was tuned on unprivatized data" if decl
-                       else f" (the service recorded no η for prompt {prompt_id}") + ")"
-        self._check_privacy(why)
+                if self.eta_source != "default":
+                    self.eta, self._custom = None, None  # the default level, calibrated below
+                why = (f"prompt {prompt_id} was tuned on unprivatized data" if decl
+                       else f"the service recorded no η for prompt {prompt_id}")
+                warnings.warn(f"{why}: its queries are privatized at the default level, P ≈ "
+                              f"{DEFAULT_TARGET_P:g} (pass no_privacy=True to send them in "
+                              "clear, as it was tuned)", PrivacyWarning, stacklevel=2)
+        self._check_privacy()
         names = list(label_names) if label_names else self.label_names_for(prompt_id)
         gold = None
         if isinstance(texts, str | Path) and Path(texts).exists():
@@ -500,7 +515,9 @@ class RaptClient:
         if config.eta is None and not self.no_privacy:
             raise PrivacyNotConfiguredError(
                 "refusing to send: SplitConfig.eta is not set, so the bottom's release would "
-                "not be privatized; set eta (e.g. eta=60) or pass no_privacy=True explicitly")
+                "not be privatized; set eta (the default level is the η of P ≈ "
+                f"{DEFAULT_TARGET_P:g}: rapt.privatization.calibrate_eta_public(backbone, "
+                f"{DEFAULT_TARGET_P:g})) or pass no_privacy=True explicitly")
         bb = self.backbone
         tensors = self.sap_bottom(config.split_layer, cache_dir=cache_dir)
         bottom, _ = split_backbone(bb, config.split_layer, pooling=config.pooling)

@@ -58,7 +58,7 @@ class DemoConfig:
     negative, at 150 steps (-1.2 to -2.1 points) as at 200 (800 rows: -2.9 to -5.7 points,
     3.6-4.0 min in bf16, 4.7 min in fp32).
     Privatized at P ≈ :data:`rapt.privacy_rule.DEFAULT_TARGET_P`, a level the weak-privacy
-    rule does not flag (issue 32 item 3; P 0.4 until then).
+    rule does not flag.
     ``DemoConfig.benchmark()`` is ``benchmarks/bench_rapt.py``'s cpu profile at P 0.4."""
 
     backbone: str = "minilm"

@@ -386,7 +386,7 @@ class Customization:
                        names: Sequence[str], max_rows: int = COLLAPSE_CHECK_ROWS) -> dict:
         """Predict (a seeded sample of at most ``max_rows``) training rows as trained on, after
         tuning: {"rows": n, "warnings": [...]} from :func:`rapt.stats.collapse_warnings`
-        (near-constant predictions, or no better than the majority class; issue 32 item 4)."""
+        (near-constant predictions, or no better than the majority class)."""
         import random
 
         from rapt.stats import collapse_warnings

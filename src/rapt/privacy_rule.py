@@ -1,4 +1,4 @@
-"""The one weak-privacy rule of every command that privatizes (issue 32 item 3, issue 28 item 5).
+"""The one weak-privacy rule of every command that privatizes.
 
 A release is *weak* when its empirical privacy, 1 − the token recovery of the strongest attacker
 rapt knows at its η, is below ``min_p`` (default :data:`DEFAULT_MIN_P` = 0.5: that attacker

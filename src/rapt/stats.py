@@ -96,7 +96,7 @@ NEAR_CONSTANT = 0.95  # share of rows in one predicted class above which predict
 def collapse_warnings(pred: Sequence[int], gold: Sequence[int | None] | None,
                       names: Sequence[str], *, near_constant: float = NEAR_CONSTANT,
                       level: float = 0.95) -> list[str]:
-    """Why a classifier's predictions look collapsed (issue 32 item 4), one sentence each; []
+    """Why a classifier's predictions look collapsed, one sentence each; []
     when they do not:
 
     * near-constant: one class takes at least ``near_constant`` of the predictions (and there

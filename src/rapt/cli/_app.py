@@ -171,6 +171,30 @@ def check_eta_options(eta: float | None, target_p: float | None,
         fail(f"--eta must be a positive finite number (got {eta})")
 
 
+def privacy_level(eta: float | None, target_p: float | None, target_ep: float | None,
+                  no_privacy: bool, *, clear: str | None) -> float | None:
+    """The --target-p of a command that sends or trains: ``target_p`` as given; without any
+    level :data:`rapt.privacy_rule.DEFAULT_TARGET_P`, announced on stderr; None with
+    --no-privacy, announced as the warning ``--no-privacy: {clear}`` (None: the caller announces
+    it; with a level too: exit 2). Clear text is never a default."""
+    from rapt.privacy_rule import DEFAULT_TARGET_P
+
+    check_eta_options(eta, target_p, target_ep)
+    given = eta is not None or target_p is not None or target_ep is not None
+    if no_privacy:
+        if given:
+            fail("--no-privacy uses the text in clear: give it or a level (--eta, --target-p, "
+                 "--target-ep), not both")
+        if clear is not None:
+            typer.echo(f"warning: --no-privacy: {clear}", err=True)
+        return None
+    if not given:
+        typer.echo(f"privacy: the default level, P ≈ {DEFAULT_TARGET_P:g} (--target-p "
+                   f"{DEFAULT_TARGET_P:g}); --no-privacy for clear text", err=True)
+        return DEFAULT_TARGET_P
+    return target_p
+
+
 def eta_for_target_ep(backbone: str, target_ep: float, *, err: bool = True) -> float:
     """The η of ``--target-ep`` through the shipped attack table (no model needed: the table is
     keyed by the backbone's name), with one line saying so; one error line and exit 2 when the
@@ -251,10 +275,11 @@ def check_out_or_fail(out) -> None:
         fail(str(e))
 
 
-def echo_predictions(preds, out, *, eta: float | None = None) -> None:
+def echo_predictions(preds, out, *, eta: float | None = None, fixes: str | None = None) -> None:
     """The one prediction output of `predict`, `sap predict` and `client predict`
     (:mod:`rapt.predictions`): every row to ``out`` (JSONL/CSV by suffix) when given, else a
-    summary and the first rows; accuracy and the confusion table when the input has labels."""
+    summary and the first rows; accuracy and the confusion table when the input has labels.
+    ``fixes``: what to try should they look collapsed (:func:`collapse_fixes` of the run)."""
     if out is not None:
         from rapt.predictions import write_predictions
 
@@ -263,17 +288,34 @@ def echo_predictions(preds, out, *, eta: float | None = None) -> None:
     for line in preds.report_lines(show_rows=out is None, eta=eta):
         typer.echo(line)
     warn_collapse(preds.pred, preds.gold, preds.names, when="these predictions",
-                  fixes=PREDICT_FIXES)
+                  fixes=fixes or collapse_fixes(method=None, private=eta is not None,
+                                                retune=True))
 
 
-TUNE_FIXES = ("more epochs (--epochs), a lower privacy level (a smaller --target-p, or a "
-              "larger --dp-epsilon under DP) or another method (--method lora learned best on "
-              "new tasks in issue 32's run)")
-PREDICT_FIXES = ("if the model collapsed in training too, tune it again with more epochs, a "
-                 "lower privacy level or another method")
+def collapse_fixes(*, method: str | None, private: bool, dp: bool = False,
+                   retune: bool = False, extra: tuple[str, ...] = ()) -> str:
+    """What to try after a collapsed run, fitted to it: a lower privacy level only when it
+    was privatized (a larger ε only under DP), another method than the one it used (None:
+    unknown), then ``extra``; ``retune``: phrased for predictions of a tuned model."""
+    tries = ["more epochs (--epochs)"]
+    if private or dp:
+        lower = (["a smaller --target-p"] if private else []) + (
+            ["a larger --dp-epsilon"] if dp else [])
+        tries.append(f"a lower privacy level ({', or '.join(lower)})")
+    if method == "lora":
+        tries.append("--method prefix (it learnt more than LoRA from a few hundred sentence "
+                     "pairs: benchmarks/results/defaults.md)")
+    elif method is not None:
+        tries.append("--method lora (the most accurate in 5 of 6 settings of "
+                     "benchmarks/results/defaults.md)")
+    else:
+        tries.append("another --method")
+    tries += list(extra)
+    text = ", ".join(tries[:-1]) + " or " + tries[-1]
+    return f"if the model collapsed in training too, tune it again with {text}" if retune else text
 
 
-def warn_collapse(pred, gold, names, *, when: str, fixes: str = TUNE_FIXES) -> bool:
+def warn_collapse(pred, gold, names, *, when: str, fixes: str) -> bool:
     """Stderr warnings when predictions are near-constant or no better than the majority class
     (:func:`rapt.stats.collapse_warnings`), and what to change; -> whether it warned."""
     from rapt.stats import collapse_warnings
@@ -281,7 +323,7 @@ def warn_collapse(pred, gold, names, *, when: str, fixes: str = TUNE_FIXES) -> b
     return echo_collapse(collapse_warnings(pred, gold, names), when=when, fixes=fixes)
 
 
-def echo_collapse(msgs: list[str], *, when: str, fixes: str = TUNE_FIXES) -> bool:
+def echo_collapse(msgs: list[str], *, when: str, fixes: str) -> bool:
     """Stderr: each collapse warning in ``msgs``, then what to change; -> whether it warned."""
     for m in msgs:
         typer.echo(f"warning: {when}: {m}", err=True)

@@ -1,4 +1,4 @@
-"""The data and privacy options every command shares (issue 32 item 7): one definition each,
+"""The data and privacy options every command shares: one definition each,
 so a flag reads the same and means the same in `tune`, `predict`, `privatize`, `sap`, `client`,
 `data check`, `demo` and `attack`.
 
@@ -15,7 +15,7 @@ import typer
 
 from rapt.cli._app import TARGET_EP_HELP, TARGET_P_HELP, TEXT_PAIR_OPT
 from rapt.config import PRECISION_HELP
-from rapt.privacy_rule import DEFAULT_MIN_P, MIN_P_HELP
+from rapt.privacy_rule import DEFAULT_MIN_P, DEFAULT_TARGET_P, MIN_P_HELP
 
 FORMAT_HELP = ("file format if the extension does not tell: csv, tsv, jsonl, lines, "
                "label-text ('LABEL sentence'), text-at-label ('sentence@label'), trec, "
@@ -42,6 +42,11 @@ ETA = typer.Option(None, "--eta", help="privatize locally with this dχ-privacy 
 TARGET_P = typer.Option(None, "--target-p", help=TARGET_P_HELP)
 TARGET_EP = typer.Option(None, "--target-ep", help=TARGET_EP_HELP)
 MIN_P = typer.Option(DEFAULT_MIN_P, "--min-p", min=0.0, max=1.0, help=MIN_P_HELP)
+# Without a level, every command that sends or trains privatizes at DEFAULT_TARGET_P; clear
+# text only when the user types this flag.
+NO_PRIVACY_HELP = (f"use the text in clear, unprivatized (the default is P ≈ {DEFAULT_TARGET_P:g}"
+                   " when no --eta / --target-p / --target-ep is given)")
+NO_PRIVACY = typer.Option(False, "--no-privacy", help=NO_PRIVACY_HELP)
 NOISE_SEED = typer.Option(None, "--noise-seed", help="seed the privacy noise: tests and "
                           "benchmarks only, voids the guarantee (seeded: true); default: OS "
                           "entropy")

@@ -21,12 +21,14 @@ import typer
 from rapt.cli._app import (
     app,
     check_out_or_fail,
+    collapse_fixes,
     echo_predictions,
     echo_privacy,
     echo_table_line,
     fail,
     load_backbone_or_fail,
     load_data_or_fail,
+    privacy_level,
     resolve_eta,
     sub_app,
     warn_collapse,
@@ -39,6 +41,7 @@ from rapt.cli.options import (
     LABEL_NAMES,
     LIMIT,
     MIN_P,
+    NO_PRIVACY,
     NOISE_SEED,
     PRECISION,
     TARGET_EP,
@@ -115,9 +118,11 @@ def sap_tune(
     backbone: str = typer.Option("minilm", help="backbone name or path"),
     split_layer: int = typer.Option(0, help="blocks the customer runs after the embedding "
                                             "layer (0 = embedding layer only)"),
-    eta: float | None = with_help(ETA, "dχ privacy parameter (none: no privatization)"),
+    eta: float | None = ETA,
     target_p: float | None = TARGET_P,
     target_ep: float | None = TARGET_EP,
+    no_privacy: bool = with_help(NO_PRIVACY, "release the bottom's output unprivatized (the "
+                                 "default is P ≈ 0.6 when no level is given)"),
     min_p: float = MIN_P,
     cti: bool = typer.Option(False, "--cti/--no-cti", help="contributing-token identification"),
     cti_multiplier: float = typer.Option(math.inf, help="η multiplier on contributing tokens "
@@ -155,6 +160,8 @@ def sap_tune(
 ) -> None:
     """Train a split model: the customer privatizes and runs the bottom, the provider tunes the
     top. Labels are not sent, but the returned ∂l/∂g reveals them (--label-dp-epsilon)."""
+    target_p = privacy_level(eta, target_p, target_ep, no_privacy,
+                             clear="the bottom's release is not privatized")
     ds = _labelled_data(data, split, limit, text_column, label_column,
                         label_names=split_names(label_names), fmt=fmt, label_base=label_base)
     bb = load_backbone_or_fail(backbone)
@@ -166,13 +173,8 @@ def sap_tune(
                   lr=lr, head_lr=head_lr, epochs=epochs, batch_size=batch_size,
                   max_length=max_length, seed=seed, noise_seed=noise_seed,
                   precision=precision)
-    if e is None and url is not None:
-        fail("--url: the bottom's release leaves this machine; give --eta or --target-p (or "
-             "--target-ep)")
-    if e is None:
-        typer.echo("warning: no --eta/--target-p: the bottom's release is not privatized", err=True)
     warn_if_seeded(noise_seed)
-    client = _client(url, key, bb, remote_backbone or backbone) if url else None
+    client = _client(url, key, bb, remote_backbone or backbone, no_privacy) if url else None
     rows, customer, provider, sid = _start_parties(bb, cfg, ds, client, url)
     hist = _train(customer, provider)
     _warn_collapse(customer, provider, rows, ds)
@@ -181,6 +183,7 @@ def sap_tune(
     cti_tokens = _save_tensors(out, customer, provider if client is None else None)
     doc = _sap_doc(cfg, backbone, ds, data, cti_tokens, customer, privacy, noise_seed,
                    provider, hist)
+    doc["no_privacy"] = bool(no_privacy)
     if client is not None:  # the key is not written: give it again to `rapt sap predict`
         doc["remote"] = {"url": url, "session": sid, "backbone": client.remote_backbone}
     (out / "sap.json").write_text(json.dumps(doc, indent=2) + "\n")
@@ -206,14 +209,16 @@ def _echo_release_privacy(customer, rows, cfg, bb, backbone: str, target_p: floa
 def _warn_collapse(customer, provider, rows, ds, limit: int = 1000) -> None:
     """Predict (the first ``limit`` of) the training rows, queries privatized afresh as at
     predict, and warn when the split model answers one class or no better than the majority
-    class (issue 32 item 4)."""
+    class; the advice fits this run."""
     from rapt.split import predict_split
 
     probs = _remote(lambda: predict_split(customer, provider, rows[:limit]))
+    cfg = customer.config
+    extra = (() if cfg.unfreeze_bottom else ("--unfreeze-bottom",)) + ("a higher --lr",)
     warn_collapse(probs.argmax(-1).tolist(), ds.labels[:limit], ds.label_names,
                   when=f"after training (predictions on {min(limit, len(rows))} training rows)",
-                  fixes="more epochs (--epochs), a lower privacy level (a smaller --target-p), "
-                  "--unfreeze-bottom or a higher --lr")
+                  fixes=collapse_fixes(method=cfg.method, private=cfg.eta is not None,
+                                       extra=extra))
 
 
 def _sap_doc(cfg, backbone: str, ds, data: str, cti_tokens, customer, privacy: dict | None,
@@ -300,11 +305,12 @@ def _save_tensors(out: Path, customer, provider) -> list[int] | None:
     return cstate["cti_tokens"]
 
 
-def _client(url: str, key: str | None, bb, remote_backbone: str):
+def _client(url: str, key: str | None, bb, remote_backbone: str, no_privacy: bool = False):
     from rapt.client import ClientError, RaptClient
 
     try:
-        return RaptClient(url, key, backbone=bb, remote_backbone=remote_backbone)
+        return RaptClient(url, key, backbone=bb, remote_backbone=remote_backbone,
+                          no_privacy=no_privacy)
     except ClientError as e:
         fail(str(e))
 
@@ -347,7 +353,7 @@ def _load_artifact(folder: Path, noise_seed: int | None, key: str | None = None,
     if remote is None:
         customer, provider = setup_split(bb, cfg, int(doc["num_labels"]), 1)
     else:  # the top stays on the service: its session answers the queries
-        client = _client(remote["url"], key, bb, remote["backbone"])
+        client = _client(remote["url"], key, bb, remote["backbone"], cfg.eta is None)
         customer = _remote(lambda: client.sap_customer(cfg, int(doc["num_labels"])))
         provider = _remote(lambda: client.sap_provider(remote["session"]))
     try:
@@ -403,12 +409,16 @@ def sap_predict(
     if privacy is not None:
         echo_privacy(privacy, backbone=doc["backbone"], err=True, min_p=min_p,
                      what="query set")
+    else:
+        typer.echo(f"warning: {artifact} was trained with --no-privacy: queries are used in "
+                   "clear text too", err=True)
     from rapt.predictions import Predictions
 
     labelled = ds.report.get("label_source") is not None
     preds = Predictions(doc["label_names"], probs.tolist(), texts=ds.texts,
                         gold=[e.label for e in ds.examples] if labelled else None)
-    echo_predictions(preds, out, eta=cfg.eta)
+    echo_predictions(preds, out, eta=cfg.eta, fixes=collapse_fixes(
+        method=cfg.method, private=cfg.eta is not None, retune=True))
 
 
 def _label_attack(ds, bb, cfg) -> None:

@@ -14,21 +14,24 @@ import typer
 from rapt.cli._app import (
     TEXT_PAIR_OPT,
     app,
-    check_eta_options,
     check_out_or_fail,
+    collapse_fixes,
     echo_collapse,
     echo_data_notes,
     echo_predictions,
     echo_table_line,
     eta_for_target_ep,
     flag_words,
+    privacy_level,
     sub_app,
+    warn_weak_privacy,
 )
 from rapt.cli.options import (
     ETA,
     LABEL_COLUMN,
     LABEL_NAMES,
     MIN_P,
+    NO_PRIVACY,
     TARGET_EP,
     TARGET_P,
     TEXT_COLUMN,
@@ -190,6 +193,7 @@ def serve(
                                       max_dataset_bytes_per_key=int(
                                           max_dataset_mb_per_key * 1024 * 1024)))
     _announce(cfg, host, port, tls=ssl_certfile is not None)
+    no_loading_bars()
     tls = ({"ssl_keyfile": str(ssl_keyfile), "ssl_certfile": str(ssl_certfile)}
            if ssl_certfile else {})
     uvicorn.run(create_app(cfg), host=host, port=port, log_level="info", **tls)
@@ -348,8 +352,8 @@ TARGET_EP_OPT = TARGET_EP
 JSON_OPT = typer.Option(False, "--json-report", help="also print one JSON line with the privacy "
                         "report (η, measured P, nearest-neighbour inversion success); it stays "
                         "on this machine")
-NOPRIV_OPT = typer.Option(False, "--no-privacy",
-                          help="send token ids unprivatized (explicit opt-out)")
+NOPRIV_OPT = with_help(NO_PRIVACY, "send token ids unprivatized (the default is P ≈ 0.6, or "
+                       "for predict the η recorded with the prompt's training data)")
 BB_OPT = typer.Option("minilm", "--backbone",
                       help="local copy of the service's backbone (tokenizer + embeddings)")
 PAD_OPT = typer.Option(None, "--pad-to-bucket", min=1, help="pad every row sent to a multiple "
@@ -363,6 +367,7 @@ def _client(url, key, backbone="minilm", eta=None, no_privacy=False, seed=None,
             target_p=None, plain_tokens=DEFAULT_PLAIN_TOKENS, pad_to_bucket=None):
     from rapt.client import ClientError, RaptClient
 
+    no_loading_bars()
     try:
         with _privacy_warnings():
             return RaptClient(url, key, backbone=backbone, eta=eta, target_p=target_p,
@@ -372,15 +377,28 @@ def _client(url, key, backbone="minilm", eta=None, no_privacy=False, seed=None,
         raise _fail(str(e)) from e
 
 
+def no_loading_bars() -> None:
+    """Silence transformers' "Loading weights" bar: the client and the service load a backbone
+    as a detail of their work, and the bar would sit among their own lines (or flood a log)."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        return
+    hf_logging.disable_progress_bar()
+
+
 @contextlib.contextmanager
 def _privacy_warnings():
-    """Show the client's PrivacyWarnings as one line each on stderr, at once (so a
-    --no-privacy warning appears before anything is sent)."""
-    from rapt.client import PrivacyWarning
+    """Show the client's PrivacyWarnings as one stderr line each, at once (so a --no-privacy
+    warning appears before anything is sent), as every command writes its warnings; the
+    weak-privacy one is left to :func:`_echo_privacy`, after the privacy lines."""
+    from rapt.client import PrivacyWarning, WeakPrivacyWarning
 
     def show(message, category, *args, **kwargs):
+        if issubclass(category, WeakPrivacyWarning):
+            return
         if issubclass(category, PrivacyWarning):
-            typer.echo(f"WARNING: {message}", err=True)
+            typer.echo(f"warning: {flag_words(str(message))}", err=True)
         else:
             previous(message, category, *args, **kwargs)
 
@@ -404,8 +422,8 @@ def _guard(fn):
 
 
 def _echo_privacy(c, json_report: bool = False) -> None:
-    """The privacy line of what was sent and the attack table's line at its η (stderr); with
-    --json-report both as one JSON line."""
+    """The privacy line of what was sent, the attack table's line at its η and the weak-privacy
+    warning, as every command prints them (stderr); with --json-report both as one JSON line."""
     from dataclasses import asdict
 
     from rapt.attack_table import strongest_at
@@ -413,12 +431,18 @@ def _echo_privacy(c, json_report: bool = False) -> None:
 
     r = c.last_privacy
     table = None
-    if r and not r["no_privacy"]:
+    if r and r["no_privacy"]:
+        typer.echo(f"{r['what']}: {r['rows']} rows sent in clear text (--no-privacy): no "
+                   "privacy", err=True)
+    elif r:
         src = r.get("eta_source") or ""
-        note = f" (η recorded on the service with {src})" if src.startswith("prompt") else ""
+        note = (f" (η recorded on the service with {src})" if src.startswith("prompt")
+                else " (the default level)" if src == "default" else "")
         typer.echo(f"{r['what']}: {r['rows']} rows privatized; {privacy_line(r)}{note}",
                    err=True)
         echo_table_line(c.backbone.name, r["eta"], err=True)
+        warn_weak_privacy(r, backbone=c.backbone.name, min_p=r.get("min_p"),
+                          what={"upload": "training data", "predict": "query set"}[r["what"]])
         table = asdict(strongest_at(c.backbone.name, r["eta"]))
     if json_report and r:
         typer.echo(json.dumps({"privacy": r, "attack_table": table}))
@@ -446,7 +470,8 @@ def client_upload(
     and on stderr η, the measured P and the nearest-neighbour inversion success."""
     from rapt.data import load_dataset
 
-    check_eta_options(eta, target_p, target_ep)
+    # the client warns of --no-privacy itself, before anything is sent
+    target_p = privacy_level(eta, target_p, target_ep, no_privacy, clear=None)
     if target_ep is not None:
         eta = eta_for_target_ep(backbone, target_ep)
     c = _client(url, key, backbone, eta, no_privacy, seed, min_p, target_p=target_p,
@@ -490,25 +515,44 @@ def client_tune(
                                 num_virtual_tokens=num_virtual_tokens, max_length=max_length,
                                 seed=seed, dp=dp))
     typer.echo(job)
+    _echo_job_setup(c, job, dataset_id, given_method=method is not None, dp=dp is not None)
     if wait:
         st = _guard(lambda: c.wait(job))
+        info = _guard(lambda: c.prompt(st["prompt_id"])) if st["state"] == "succeeded" else {}
+        if info.get("head"):
+            typer.echo(f"head: {info['head']}", err=True)
         typer.echo(json.dumps(st, indent=1))
         if st["state"] != "succeeded":
             raise typer.Exit(1)
-        _echo_training_check(c, st["prompt_id"])
+        _echo_training_check(c, st, info)
 
 
-def _echo_training_check(c, prompt_id: str) -> None:
-    """Stderr: the head the job trained and the service's collapse check on its training rows
-    (issue 32 items 4 and 5), labels by name where this machine recorded them."""
-    info = _guard(lambda: c.prompt(prompt_id))
-    if info.get("head"):
-        typer.echo(f"head: {info['head']}", err=True)
+def _echo_job_setup(c, job: str, dataset_id: str, *, given_method: bool, dp: bool) -> None:
+    """Stderr, as `rapt tune` prints them: the job's method (and that it is the default) and
+    the privacy of the rows it trains on, as their upload declared it."""
+    st = _guard(lambda: c.status(job))
+    typer.echo(f"method: {st['method']}" + ("" if given_method else " (default" + (
+        " under DP" if dp else "") + "; --method prompt | prefix | lora)"), err=True)
+    decl = _guard(lambda: c.dataset(dataset_id)).get("privacy") or {}
+    if decl.get("mechanism") == "dchi-text2text":
+        typer.echo(f"privacy: η = {decl['eta']:.4g} (declared with dataset {dataset_id} at "
+                   "upload)", err=True)
+    else:
+        typer.echo(f"warning: dataset {dataset_id} was uploaded with --no-privacy: the job trains "
+                   "on clear text", err=True)
+
+
+def _echo_training_check(c, st: dict, info: dict) -> None:
+    """Stderr: the service's collapse check on the job's training rows, labels by name where
+    this machine recorded them, with advice that fits the job."""
     msgs = info.get("training_warnings") or []
-    names = c.label_names_for(prompt_id) if msgs else None
+    names = c.label_names_for(st["prompt_id"]) if msgs else None
     for i, name in enumerate(names or []):
         msgs = [m.replace(f"'label {i}'", f"'{name}'") for m in msgs]
-    echo_collapse(msgs, when="after training (the service's predictions on training rows)")
+    private = (info.get("privacy") or {}).get("mechanism") == "dchi-text2text"
+    echo_collapse(msgs, when="after training (the service's predictions on training rows)",
+                  fixes=collapse_fixes(method=info.get("method"), private=private,
+                                       dp=st.get("epsilon") is not None))
 
 
 @client_app.command("status")
@@ -568,5 +612,8 @@ def client_predict(
     preds = _guard(lambda: Predictions(
         pred.label_names or [str(i) for i in range(len(pred.probabilities[0]))],
         pred.probabilities, texts=pred.texts, text_pairs=pred.text_pairs, gold=pred.gold))
-    echo_predictions(preds, out, eta=c.eta)
+    info = c.prompt(prompt_id)
+    echo_predictions(preds, out, eta=c.eta, fixes=collapse_fixes(
+        method=info.get("method"), retune=True,
+        private=(info.get("privacy") or {}).get("mechanism") == "dchi-text2text"))
     _echo_privacy(c, json_report)

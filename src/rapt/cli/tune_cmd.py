@@ -18,12 +18,14 @@ from rapt.cli._app import (
     app,
     check_eta_options,
     check_out_or_fail,
+    collapse_fixes,
     echo_collapse,
     echo_predictions,
     echo_privacy,
     eta_for_target_ep,
     load_backbone_or_fail,
     load_data_or_fail,
+    privacy_level,
     warn_if_seeded,
     warn_weak_privacy,
 )
@@ -37,6 +39,7 @@ from rapt.cli.options import (
     LABEL_NAMES,
     LIMIT,
     MIN_P,
+    NO_PRIVACY,
     PRECISION,
     TARGET_EP,
     TARGET_P,
@@ -172,6 +175,7 @@ def tune(
     eta: float | None = ETA,
     target_p: float | None = TARGET_P,
     target_ep: float | None = TARGET_EP,
+    no_privacy: bool = NO_PRIVACY,
     min_p: float = MIN_P,
     reconstruction: bool = typer.Option(_d("reconstruction"), help=_TUNE_HELP["reconstruction"]),
     plain_len: int = typer.Option(DEFAULT_PLAIN_TOKENS, help="number of plain tokens m"),
@@ -224,7 +228,7 @@ def tune(
     _echo_head(bb, cfg, bool(label_descriptions))
     if resolve_head(bb.kind, cfg) == "verbalizer":
         _check_label_words(bb, cfg.label_words)
-    custom = _customization(bb, eta, target_p, noise_seed, privatizer_mode, encoding, cfg)
+    custom = _customization(bb, eta, o.target_p, noise_seed, privatizer_mode, encoding, cfg)
     custom.channel = _load_channel(channel, bb) if channel is not None else None
     if dp is not None and custom.privatizer is None:
         warn_if_seeded(noise_seed)
@@ -255,17 +259,18 @@ def _training_rows(o: SimpleNamespace, custom, rows, ds, cfg):
                    "it (this run starts afresh and replaces it)", err=True)
     if custom.privatizer is not None:
         return _privatize_and_echo(custom, rows, o.min_p), None
-    typer.echo("warning: no --eta/--target-p given: training on clean (unprivatized) text",
-               err=True)
-    return rows, None
+    return rows, None  # --no-privacy, announced when the options were read
 
 
 def _warn_training_collapse(custom, rows, ds) -> None:
     """Warn when the model, on the training rows as trained on, answers one class or does no
-    better than the majority class (issue 32 item 4)."""
+    better than the majority class; the advice fits this run."""
     check = custom.training_check(rows, ds.labels, ds.label_names)
+    cfg = custom.config
     echo_collapse(check["warnings"],
-                  when=f"after training (predictions on {check['rows']} training rows)")
+                  when=f"after training (predictions on {check['rows']} training rows)",
+                  fixes=collapse_fixes(method=cfg.method, private=custom.privatizer is not None,
+                                       dp=cfg.dp is not None))
 
 
 def _record_meta(tuned, custom, ds, o: SimpleNamespace) -> None:
@@ -274,20 +279,26 @@ def _record_meta(tuned, custom, ds, o: SimpleNamespace) -> None:
     if ds.report.get("label_base") is not None:
         tuned.meta["label_base"] = ds.report["label_base"]
     tuned.meta.update({**custom.privacy_meta(), "label_names": ds.label_names,
-                       "dataset": str(o.data),
+                       "no_privacy": bool(o.no_privacy), "dataset": str(o.data),
                        "text_column": ds.report.get("text_column"),
-                       "text_pair_column": ds.report.get("text_pair_column")})
+                       "text_pair_column": ds.report.get("text_pair_column"),
+                       "label_column": ds.report.get("label_source")
+                       if ds.report.get("text_column") else None,
+                       "format": o.fmt})
     if tuned.meta.get("channel"):
         tuned.meta["channel"]["path"] = str(o.channel)
 
 
 def _tune_eta(o: SimpleNamespace) -> float | None:
-    """--eta, or the η of --target-ep through the shipped attack table (--target-p is
-    calibrated later, on the loaded backbone); --channel needs one of them."""
-    check_eta_options(o.eta, o.target_p, o.target_ep)
-    if o.channel is not None and o.eta is None and o.target_p is None and o.target_ep is None:
-        _fail("--channel reads privatized text back: give --eta or --target-p too, or "
-              "--target-ep")
+    """--eta, or the η of --target-ep through the shipped attack table; ``o.target_p`` becomes
+    the level to calibrate later, on the loaded backbone (the default one when none is given,
+    None with --no-privacy); --channel needs a level."""
+    dp = o.dp_epsilon is not None or o.dp_noise is not None
+    o.target_p = privacy_level(o.eta, o.target_p, o.target_ep, o.no_privacy, clear=(
+        "training on clear (unprivatized) text" + ("; DP-SGD covers the trained prompt, not the "
+                                                   "queries `rapt predict` sends" if dp else "")))
+    if o.channel is not None and o.no_privacy:
+        _fail("--channel reads privatized text back: leave out --no-privacy")
     return eta_for_target_ep(o.backbone, o.target_ep) if o.target_ep is not None else o.eta
 
 
@@ -430,7 +441,7 @@ def _given_descriptions(text: str, names: list[str]) -> list[str]:
 
 
 def _echo_head(bb, cfg, given_descriptions: bool) -> None:
-    """The head the run uses, and for --head auto why (issue 32 item 5)."""
+    """The head the run uses, and for --head auto why."""
     from rapt.trainer import resolve_head
 
     head = resolve_head(bb.kind, cfg)
@@ -455,7 +466,7 @@ def _loss_postfix(r: dict) -> dict:
 def _tune_with_bar(custom, rows, ds, *, out: Path, resume=None):
     """``custom.tune`` with a step bar on stderr (loss, and ε under DP). Ctrl-C or SIGTERM
     stops it after the current step: the checkpoint goes to ``out`` and the command exits
-    with 128 + the signal's number (issue 32 item 1)."""
+    with 128 + the signal's number."""
     from rapt.progress import progress_bar
 
     bar = progress_bar(desc="tune", unit="step")
@@ -527,6 +538,24 @@ def _stored_columns(meta: dict, data: str, fmt: str | None) -> tuple[str | None,
     return want
 
 
+def _stored_label_column(meta: dict, data: str, fmt: str | None) -> str | None:
+    """The label column `rapt tune` read, when ``data`` has it (predict needs no labels: a
+    file without it is read unlabelled, as before)."""
+    from rapt.data import columns_of
+
+    want = meta.get("label_column")
+    present = columns_of(data, fmt) if want else None
+    return want if present is not None and want in present else None
+
+
+def _stored_format(meta: dict, data: str) -> str | None:
+    """The --format `rapt tune` was given, for a file with the training file's suffix."""
+    fmt, trained_on = meta.get("format"), meta.get("dataset")
+    if not fmt or not trained_on:
+        return None
+    return fmt if Path(trained_on).suffix.lower() == Path(data).suffix.lower() else None
+
+
 def _check_pairs(meta: dict, artifact: Path, ds) -> None:
     """A prompt tuned on sentence pairs reads pairs, one tuned on single texts single texts."""
     if "text_pair_column" not in meta:  # artifacts from before pairs were recorded
@@ -545,7 +574,10 @@ def _check_pairs(meta: dict, artifact: Path, ds) -> None:
 
 _PREDICT_HELP = {
     "text_column": "default: the column `rapt tune` read, when the file has it",
-    "label_column": "gold labels, if any: accuracy is printed when every example has one",
+    "label_column": "gold labels, if any: accuracy is printed when every example has one "
+    "(default: the column `rapt tune` read, when the file has it)",
+    "no_privacy": "send clear queries, unprivatized (default: the artifact's level: its η, or "
+    "clear text for a prompt tuned with --no-privacy)",
     "label_names": "default: the names stored in the artifact by `rapt tune` (give them only "
     "for an artifact without; they must match the artifact's)",
     "out": "write every prediction to this file, JSONL or CSV by its suffix (.jsonl/.csv): "
@@ -576,8 +608,7 @@ def predict(
     backbone: str | None = typer.Option(None, help="default: the artifact's backbone"),
     eta: float | None = with_help(ETA, "default: the artifact's η (same as training)"),
     min_p: float = MIN_P,
-    no_privatize: bool = typer.Option(False, "--no-privatize",
-                                      help="send clean queries (no local privacy)"),
+    no_privacy: bool = with_help(NO_PRIVACY, _PREDICT_HELP["no_privacy"]),
     out: Path | None = typer.Option(None, help=_PREDICT_HELP["out"]),
     noise_seed: int | None = typer.Option(None, help=_PREDICT_HELP["noise_seed"]),
     json_report: bool = typer.Option(False, "--json-report", help=_PREDICT_HELP["json_report"]),
@@ -605,7 +636,7 @@ def predict(
     names, ds = _query_data(o, tuned.meta)
     _check_pairs(tuned.meta, artifact, ds)
     bb = load_backbone_or_fail(backbone or tuned.meta.get("backbone", "minilm"))
-    eta = _query_eta(tuned.meta, eta, no_privatize)
+    eta = _query_eta(tuned.meta, eta, no_privacy, bb, artifact)
     from rapt.pipeline import Customization
 
     check_eta_options(eta, None)
@@ -624,7 +655,9 @@ def predict(
     preds = Predictions(names or [str(i) for i in range(probs.shape[1])], probs.tolist(),
                         texts=ds.texts, text_pairs=ds.text_pairs,
                         gold=[e.label for e in ds.examples])
-    echo_predictions(preds, out, eta=eta)
+    echo_predictions(preds, out, eta=eta, fixes=collapse_fixes(
+        method=tuned.config.method, private=tuned.meta.get("eta") is not None,
+        dp=bool(tuned.meta.get("dp")), retune=True))
     if json_report:
         typer.echo(json.dumps({"artifact": str(artifact), "examples": len(preds),
                                "accuracy": preds.accuracy(), "eta": eta,
@@ -645,10 +678,17 @@ def _query_data(o: SimpleNamespace, meta: dict):
     label_base = o.label_base if o.label_base is not None else meta.get("label_base")
     user_file = o.data not in BUILTINS
     text_column, text_pair_column = o.text_column, o.text_pair_column
+    fmt = o.fmt if o.fmt is not None or not user_file else _stored_format(meta, o.data)
     if user_file and text_column is None and text_pair_column is None:
-        text_column, text_pair_column = _stored_columns(meta, o.data, o.fmt)
-    ds = _load_data(o.data, o.split, o.limit, text_column, o.label_column,
-                    label_names=names if user_file else None, fmt=o.fmt,
+        text_column, text_pair_column = _stored_columns(meta, o.data, fmt)
+    label_column = o.label_column
+    if user_file and label_column is None:
+        label_column = _stored_label_column(meta, o.data, fmt)
+        if label_column not in (None, "label"):
+            typer.echo(f"note: gold labels from column '{label_column}', the one `rapt tune` "
+                       "read (--label-column names another)", err=True)
+    ds = _load_data(o.data, o.split, o.limit, text_column, label_column,
+                    label_names=names if user_file else None, fmt=fmt,
                     label_base=label_base if user_file and names else None,
                     text_pair_column=text_pair_column)
     return names, ds
@@ -679,14 +719,29 @@ def _predict_channel(o: SimpleNamespace, meta: dict, bb):
     return den
 
 
-def _query_eta(meta: dict, eta: float | None, no_privatize: bool) -> float | None:
-    """The queries' η: none with --no-privatize, else --eta or the training's (warned)."""
-    eta = None if no_privatize else (eta if eta is not None else meta.get("eta"))
-    if eta is None and not no_privatize:
-        typer.echo("warning: this prompt was tuned without privatization and no --eta was "
-                   "given: queries are used in clear text", err=True)
-    elif no_privatize:
-        typer.echo("warning: --no-privatize: queries are used in clear text", err=True)
+def _query_eta(meta: dict, eta: float | None, no_privacy: bool, bb,
+               artifact: Path) -> float | None:
+    """The queries' η as the artifact recorded it: --eta when given, else the training's; None
+    (clear queries, announced) with --no-privacy or for a prompt tuned with --no-privacy. An
+    artifact that records neither gets the default level."""
+    if no_privacy:
+        if eta is not None:
+            _fail("--no-privacy sends the queries in clear: give it or --eta, not both")
+        typer.echo("warning: --no-privacy: queries are used in clear text", err=True)
+        return None
+    if eta is not None or meta.get("eta") is not None:
+        return eta if eta is not None else float(meta["eta"])
+    if meta.get("no_privacy"):
+        typer.echo(f"warning: {artifact} was tuned with --no-privacy: queries are used in clear "
+                   "text too (--eta privatizes them)", err=True)
+        return None
+    from rapt.privacy_rule import DEFAULT_TARGET_P
+    from rapt.privatization import calibrate_eta_public
+
+    eta = calibrate_eta_public(bb, DEFAULT_TARGET_P)
+    typer.echo(f"note: {artifact} records no privacy level: queries are privatized at the "
+               f"default level, P ≈ {DEFAULT_TARGET_P:g} (η = {eta:.4g}); --no-privacy sends "
+               "them in clear", err=True)
     return eta
 
 

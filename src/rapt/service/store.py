@@ -178,7 +178,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         add_columns("jobs", "worker", "heartbeat", "attempts", "cancel_requested"),
         create_tables("locks"),
         insert_rows("locks", {"name": "job_queue"}))),
-    Migration(3, "SAP split sessions (issue 11)", (create_tables("sap_sessions"),)),
+    Migration(3, "SAP split sessions", (create_tables("sap_sessions"),)),
     # Dataset rows move to files (``Store._move_data_to_files``, run at every open, since a
     # migration step has no files folder); records kept for the jobs that name a deleted
     # dataset lose their sizes too.
@@ -186,7 +186,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         lambda conn: conn.execute(datasets.update().where(datasets.c.deleted.is_not(None))
                                   .values(n_examples=0, num_labels=0, max_row_len=0, bytes=0,
                                           data="", privacy="{}", plain_ids=None)),)),
-    Migration(5, "the channel model a prompt was tuned through (issue 27)", (
+    Migration(5, "the channel model a prompt was tuned through", (
         add_columns("prompts", "channel"),)),
 )
 
