@@ -179,8 +179,8 @@ def test_tune_and_predict_with_channel_record_and_check_it(setup, tmp_path):
 def test_tune_channel_errors(setup, tmp_path):
     bb, _, csv, _, _ = setup
     r = runner.invoke(app, ["tune", str(csv), "--backbone", str(bb), "--channel",
-                            str(tmp_path)])
-    assert r.exit_code == 2 and "give --eta or --target-p too" in r.stderr, r.output
+                            str(tmp_path), "--no-privacy"])
+    assert r.exit_code == 2 and "leave out --no-privacy" in r.stderr, r.output
     r = _tune(setup, tmp_path / "a", "--channel", str(tmp_path / "missing"))
     assert r.exit_code == 2 and "--channel" in r.stderr and "missing" in r.stderr, r.output
 

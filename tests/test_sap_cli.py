@@ -63,7 +63,8 @@ def test_sap_tune_predict_attack(setup):
     (["--text-column", "review", "--label-column", "stars"], "stars"),
     (["--text-column", "review", "--label-column", "sentiment", "--split-layer", "2"],
      "--split-layer 2"),  # issue 13: flag names, not split_layer=2
-    (["--text-column", "review", "--label-column", "sentiment", "--cti"], "--cti needs eta"),
+    (["--text-column", "review", "--label-column", "sentiment", "--cti", "--no-privacy"],
+     "--cti needs eta"),
     (["--text-column", "review", "--label-column", "sentiment", "--eta", "5",
       "--cti-multiplier", "0.5"], "cti-multiplier"),
     (["--text-column", "review", "--label-column", "sentiment", "--eta", "5", "--cti",

@@ -269,7 +269,7 @@ def test_one_weak_privacy_rule_in_every_privatizing_command(bert_dir, csv_file, 
             assert weak(runner.invoke(app, argv)) is expect, (name, level)
     r = runner.invoke(app, ["client", "upload", str(csv_file), *bb, "--target-p", "0.25",
                             "--max-length", "32", *service])
-    assert "WARNING: weak privacy on this upload" in r.stderr, r.output
+    assert "warning: weak privacy on this training data" in r.stderr, r.output
     # the threshold is the user's: --min-p 0.1 lets the same level pass
     r = runner.invoke(app, ["client", "upload", str(csv_file), *bb, "--target-p", "0.25",
                             "--max-length", "32", "--min-p", "0.1", *service])
@@ -386,7 +386,7 @@ def test_help_at_80_columns(path):
     (["tune", "CSV", "--head", "verbalizer"], "--head verbalizer needs --label-words"),
     (["tune", "CSV", "--eta", "5", "--target-p", "0.4"], "give --eta or --target-p, not both"),
     (["client", "upload", "CSV", "--eta", "5", "--no-privacy", "--url", "http://127.0.0.1:9",
-      "--key", "k"], "give either --eta (or --target-p) or --no-privacy, not both"),
+      "--key", "k"], "give it or a level (--eta, --target-p, --target-ep), not both"),
 ])
 def test_errors_name_flags_not_python_keywords(bert_dir, csv_file, argv, expected):
     """Before: "DemoConfig.train_size", "TuneConfig.num_virtual_tokens",

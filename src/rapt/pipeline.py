@@ -12,7 +12,7 @@ privacy report (η, measured P, nearest-neighbour inversion success).
 
 It does no I/O: callers read files, print and save; progress goes to plain callables.
 
-    c = Customization.create(bb, Encoding(128), TuneConfig(), target_p=0.4)
+    c = Customization.create(bb, Encoding(128), TuneConfig(), target_p=0.6)
     rows = c.privatize(c.rows(texts))          # c.privacy: η, P, inversion success
     tuned = c.tune(rows, labels, num_labels)   # c.artifact
     probs = c.for_artifact(tuned).predict_proba(c.privatize(c.rows(queries, queries=True)))

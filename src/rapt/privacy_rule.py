@@ -60,8 +60,8 @@ class PrivacyVerdict:
         p = f"measured P = {self.p:.3f}, " if self.p is not None else ""
         return (f"weak privacy on this {what}: {p}the strongest attacker ({self.attacker}) "
                 f"recovers {1 - ep:.1%} of the tokens, empirical privacy {ep:.3f} < --min-p "
-                f"{self.min_p:g} at {level}; for more privacy use a higher --target-p (e.g. "
-                f"{DEFAULT_TARGET_P:g}) or a smaller --eta")
+                f"{self.min_p:g} at {level}; for more privacy use a higher --target-p (the "
+                f"default level is {DEFAULT_TARGET_P:g}) or a smaller --eta")
 
 
 def judge(report: dict | None, *, backbone: str, eta: float | None = None,

@@ -19,6 +19,7 @@ from rapt.cli._app import (
     echo_data_notes,
     echo_privacy,
     load_backbone_or_fail,
+    privacy_level,
     resolve_eta,
     sub_app,
     warn_if_seeded,
@@ -203,8 +204,7 @@ def privatize(
     fmt_used = ds.report.get("format") or _resolve_format(input, format_opt)
 
     bb = load_backbone_or_fail(backbone)
-    if eta is None and target_p is None and target_ep is None:
-        target_p = DEFAULT_TARGET_P  # never a default level that the rule flags as weak
+    target_p = privacy_level(eta, target_p, target_ep, False, clear=None)  # the default level
     eta = resolve_eta(bb, eta, target_p, target_ep)[0]
     if target_p is not None:
         typer.echo(f"calibrated eta = {eta:.3f} for target P = {target_p} on rapt's public text "
