@@ -140,3 +140,42 @@ def test_collapse_advice_fits_the_run():
     for text in (lora_clear, prompt_private, dp_clear,
                  collapse_fixes(method=None, private=True, retune=True)):
         assert "issue" not in text
+
+
+def test_serve_loads_its_backbones_without_a_loading_bar(tmp_path, monkeypatch):
+    """`rapt serve` turns transformers' "Loading weights" bar off before the app (which loads
+    the backbones) starts; before, it sat among the service's log lines."""
+    import uvicorn
+    from transformers.utils import logging as hf_logging
+
+    seen: list[bool] = []
+    monkeypatch.setattr(uvicorn, "run",
+                        lambda *a, **k: seen.append(hf_logging.is_progress_bar_enabled()))
+    hf_logging.enable_progress_bar()
+    try:
+        r = runner.invoke(app, ["serve", "--db", str(tmp_path / "svc.db")])
+    finally:
+        hf_logging.enable_progress_bar()
+    assert r.exit_code == 0, r.output
+    assert seen == [False]
+
+
+def test_sap_tune_privatizes_by_default_and_records_no_privacy(tiny):
+    """`sap tune` without a level releases at the default level; --no-privacy is recorded in
+    sap.json and `sap predict` says its queries go in clear."""
+    tmp, bb, data = tiny
+    small = ["--backbone", bb, "--epochs", "1", "--batch-size", "4"]
+    r = runner.invoke(app, ["sap", "tune", str(data), "--out", str(tmp / "sap"), *small])
+    assert r.exit_code == 0, r.output
+    assert "privacy: the default level, P ≈ 0.6" in r.stderr
+    doc = json.loads((tmp / "sap" / "sap.json").read_text())
+    assert doc["config"]["eta"] is not None and doc["no_privacy"] is False
+    r = runner.invoke(app, ["sap", "tune", str(data), "--out", str(tmp / "sap0"), *small,
+                            "--no-privacy"])
+    assert r.exit_code == 0, r.output
+    assert "warning: --no-privacy: the bottom's release is not privatized" in r.stderr
+    doc = json.loads((tmp / "sap0" / "sap.json").read_text())
+    assert doc["config"]["eta"] is None and doc["no_privacy"] is True
+    r = runner.invoke(app, ["sap", "predict", str(tmp / "sap0"), str(data)])
+    assert r.exit_code == 0, r.output
+    assert "trained with --no-privacy: queries are used in clear text" in r.stderr

@@ -409,8 +409,9 @@ def test_cli_sap_tune_and_predict_against_the_service(service, tmp_path, monkeyp
     common = ["sap", "tune", str(csv), "--backbone", str(folder), "--remote-backbone", "tiny",
               "--split-layer", "1", "--epochs", "2", "--batch-size", "4", "--out", str(out),
               "--url", "http://127.0.0.1:1"]
-    r = cli.invoke(app, common)
-    assert r.exit_code == 2 and "--url" in r.output and "--eta" in r.output, r.output
+    r = cli.invoke(app, common)  # no level: the release leaves privatized at the default one
+    assert r.exit_code == 0 and "privacy: the default level" in r.stderr, r.output
+    assert json.loads((out / "sap.json").read_text())["config"]["eta"] is not None
     r = cli.invoke(app, [*common, "--eta", "30", "--noise-seed", "1"])
     assert r.exit_code == 0, r.output
     doc = json.loads((out / "sap.json").read_text())
