@@ -172,11 +172,13 @@ def check_eta_options(eta: float | None, target_p: float | None,
 
 
 def privacy_level(eta: float | None, target_p: float | None, target_ep: float | None,
-                  no_privacy: bool, *, clear: str | None) -> float | None:
+                  no_privacy: bool, *, clear: str | None,
+                  can_be_clear: bool = True) -> float | None:
     """The --target-p of a command that sends or trains: ``target_p`` as given; without any
     level :data:`rapt.privacy_rule.DEFAULT_TARGET_P`, announced on stderr; None with
     --no-privacy, announced as the warning ``--no-privacy: {clear}`` (None: the caller announces
-    it; with a level too: exit 2). Clear text is never a default."""
+    it; with a level too: exit 2). Clear text is never a default (``can_be_clear``: whether the
+    command has --no-privacy at all, for the default's line)."""
     from rapt.privacy_rule import DEFAULT_TARGET_P
 
     check_eta_options(eta, target_p, target_ep)
@@ -190,7 +192,8 @@ def privacy_level(eta: float | None, target_p: float | None, target_ep: float | 
         return None
     if not given:
         typer.echo(f"privacy: the default level, P ≈ {DEFAULT_TARGET_P:g} (--target-p "
-                   f"{DEFAULT_TARGET_P:g}); --no-privacy for clear text", err=True)
+                   f"{DEFAULT_TARGET_P:g})" + ("; --no-privacy for clear text" if can_be_clear
+                                              else ""), err=True)
         return DEFAULT_TARGET_P
     return target_p
 

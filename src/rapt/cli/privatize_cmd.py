@@ -204,7 +204,7 @@ def privatize(
     fmt_used = ds.report.get("format") or _resolve_format(input, format_opt)
 
     bb = load_backbone_or_fail(backbone)
-    target_p = privacy_level(eta, target_p, target_ep, False, clear=None)  # the default level
+    target_p = privacy_level(eta, target_p, target_ep, False, clear=None, can_be_clear=False)
     eta = resolve_eta(bb, eta, target_p, target_ep)[0]
     if target_p is not None:
         typer.echo(f"calibrated eta = {eta:.3f} for target P = {target_p} on rapt's public text "
