@@ -180,3 +180,15 @@ def test_cli_tune_dp_errors_name_the_flag_for_delta_and_no_noise(tune_inputs, tm
     r, _ = _tune(tune_inputs, tmp_path, "--dp-noise", "0")
     assert r.exit_code == 2 and "--dp-noise must be > 0" in r.output, r.output
     assert "no privacy guarantee" in r.output
+
+
+def test_a_saved_config_without_noise_loads_as_non_private():
+    """rapt once trained "under DP" with σ = 0 (ε = ∞); now that DPConfig refuses σ = 0, such a
+    saved config still loads, as what it was: no guarantee (mutation: DPConfig(**d) fails)."""
+    from rapt.config import TuneConfig
+
+    saved = TuneConfig(dp=DPConfig(noise_multiplier=1.0)).to_dict()
+    saved["dp"]["noise_multiplier"] = 0.0
+    assert TuneConfig.from_dict(saved).dp is None
+    saved["dp"]["noise_multiplier"] = 0.5
+    assert TuneConfig.from_dict(saved).dp.noise_multiplier == 0.5

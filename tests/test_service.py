@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import threading
@@ -647,6 +648,22 @@ def test_dp_job_checkpoints_mid_run_and_resumes_after_a_crash(tmp_path):
         assert info["dp"]["epsilon"] == pytest.approx(planned, rel=1e-9)
         assert info["dp"]["seeded"] is False  # OS noise: the resumed steps drew fresh noise
         assert not list((tmp_path / "svc.db.files" / "checkpoints").glob("*.pt"))
+
+
+def test_prompt_info_shows_the_dp_guarantee_or_none():
+    """A prompt's info carries ε with its δ (and σ, q, steps) of a DP run; none without DP,
+    nor for the noise-free runs older servers accepted (ε = ∞ is no guarantee, and JSON has no
+    infinity to send)."""
+    from rapt.service.routes.prompts import _dp_guarantee
+
+    rec = {"epsilon": 0.63, "delta": 1e-5, "noise_multiplier": 5.0, "max_grad_norm": 1.0,
+           "sample_rate": 0.5, "steps": 2, "accountant": "rdp", "seeded": False,
+           "n_examples": 2, "planned_steps": 2}
+    got = _dp_guarantee(rec)
+    assert (got.epsilon, got.delta, got.steps) == (0.63, 1e-5, 2)
+    assert "n_examples" not in got.model_dump()
+    assert _dp_guarantee(None) is None
+    assert _dp_guarantee({**rec, "epsilon": math.inf, "noise_multiplier": 0.0}) is None
 
 
 def test_graceful_shutdown_before_first_checkpoint_requeues(tmp_path):
