@@ -464,7 +464,7 @@ def _tune_with_bar(custom, rows, ds, *, out: Path, resume=None):
 
     bar = progress_bar(desc="tune", unit="step")
     stop = tune_resume.StopSignals()
-    dp = custom.config.dp
+    dp = getattr(custom.config, "dp", None)
     delta = dp.resolve_delta(len(rows)) if dp is not None else None
 
     def progress(r: dict) -> None:
