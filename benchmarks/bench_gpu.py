@@ -189,8 +189,8 @@ def part_tune(args, device: torch.device) -> dict:
                                                        (False, True), args.precisions):
             if dp and method == "lora":  # PromptDPSGD covers prompt and prefix tuning only
                 continue
-            dpc = (DPConfig(target_epsilon=8.0, delta=1.0 / n, max_grad_norm=1.0,
-                            physical_batch_size=32) if dp else None)
+            dpc = (DPConfig(target_epsilon=8.0, max_grad_norm=1.0, physical_batch_size=32)
+                   if dp else None)
             cfg = TuneConfig(method=method, epochs=1, batch_size=32, max_length=64, dp=dpc,
                              precision=precision, **extra)
             key = f"{method}{' dp' if dp else ''} {precision}"
@@ -254,9 +254,9 @@ def markdown(r: dict) -> str:
     if tu:
         lines += ["## Tuning examples/s (`rapt.trainer.tune`, 1 epoch, batch 32, max length 64)",
                   "", f"{tu['examples']} SST-2 train sentences; DP = PromptDPSGD at ε = 8, "
-                  "δ = 1/N, C = 1; precision = the backbone forward's (`TuneConfig.precision`; "
-                  "loss, clipping and noise stay fp32). Timed from the call to the tuned "
-                  "prompt, after one untimed warm-up run.", "",
+                  "δ = min(1e-5, 1/(10N)), C = 1; precision = the backbone forward's "
+                  "(`TuneConfig.precision`; loss, clipping and noise stay fp32). Timed from "
+                  "the call to the tuned prompt, after one untimed warm-up run.", "",
                   "| backbone | setting | examples/s |", "|---|---|---|"]
         for name, res in tu["backbones"].items():
             if "error" in res:

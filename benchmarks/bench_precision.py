@@ -129,8 +129,8 @@ def part_norms(bb, args) -> list[dict]:
             cfg = TuneConfig(method=method, head="label-description", precision=p,
                              label_descriptions=label_descriptions_for("sst2-sentences"))
             model = RaptModel(bb, cfg, 2)
-            eng = DPSGD(model, DPConfig(noise_multiplier=0.0), len(ds), 1,
-                        batch_size=len(ds), seed=0)
+            eng = DPSGD(model, DPConfig(noise_multiplier=1.0), len(ds), 1,
+                        batch_size=len(ds), seed=0)  # norms only: no step, no noise
             logits, _, _ = model(ids, mask)
             F.cross_entropy(logits, torch.tensor(ds.labels), reduction="none").sum().backward()
             eng.accumulate()

@@ -58,3 +58,45 @@ def test_monotone_and_edge_cases():
         find_noise_multiplier(0.0, 1e-5, 0.1, 10)
     assert steps_for_epochs(3, 0.1) == 30
     assert steps_for_epochs(1, 1024 / 6920) == 7
+
+
+# N -> the logical batch and σ of a small job at the default δ; opacus' own accountant is the
+# reference (no home-made bound), queried directly here.
+@pytest.mark.parametrize(("n", "batch", "sigma", "epochs"), [
+    (2, 1, 5.0, 1), (2, 1, 2.0, 1), (2, 1, 5.0, 3), (64, 8, 1.0, 3), (10_000, 256, 0.8, 2),
+])
+def test_epsilon_at_the_default_delta_matches_opacus(n, batch, sigma, epochs):
+    """Old behaviour: δ defaulted to 1/N, so 2 rows at batch 1 reported ε = 0.0 at σ 5 or 2
+    (the conversion at δ = 0.5 went below 0 and was clamped); opacus gives 0.63 and 2.06 at
+    δ = 1e-5 for one epoch."""
+    from opacus.accountants import RDPAccountant
+
+    from rapt.dp import DPConfig
+
+    cfg = DPConfig(noise_multiplier=sigma)
+    q, delta = cfg.resolve_sample_rate(n, batch), cfg.resolve_delta(n)
+    steps = steps_for_epochs(epochs, q)
+    ref = RDPAccountant()
+    for _ in range(steps):
+        ref.step(noise_multiplier=sigma, sample_rate=q)
+    want = ref.get_epsilon(delta=delta)
+    assert want > 0 and delta < 1 / n
+    assert epsilon(sigma, q, steps, delta) == pytest.approx(want, rel=1e-9)
+    if (n, epochs) == (2, 1):
+        assert epsilon(sigma, q, steps, delta) == pytest.approx(
+            {5.0: 0.63, 2.0: 2.06}[sigma], abs=0.005)
+
+
+def test_a_negative_conversion_is_refused_not_reported_as_zero():
+    """Old behaviour: ε below 0 (δ = 1/N = 0.5 on 2 rows gave -0.69) was clamped to 0.0, which
+    reads as perfect privacy, and calibration "reached" ε = 1e-6 through such a negative ε."""
+    with pytest.raises(ValueError, match=r"δ = 0.5 is too large.*ε = -0.6"):
+        epsilon(5.0, 0.5, 1, 0.5)
+    with pytest.raises(ValueError, match="too large"):
+        find_noise_multiplier(1e-6, 1 / 64, 0.125, 8)
+    # At the default δ a target of 1e-6 on 64 rows is out of reach: refused with the floor.
+    with pytest.raises(ValueError, match=r"cannot reach ε = 1e-06 .*ε ≥ 0\.1"):
+        find_noise_multiplier(1e-6, 1e-5, 0.125, 8)
+    # A small but reachable target gives a small, positive ε, not a clamped 0.
+    sigma = find_noise_multiplier(0.2, 1e-5, 0.125, 8)
+    assert 0.19 < epsilon(sigma, 0.125, 8, 1e-5) <= 0.2

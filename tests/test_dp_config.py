@@ -17,6 +17,7 @@ from rapt.dp import DPConfig
     ({"target_epsilon": 8.0, "noise_multiplier": 1.0}, "not both"),
     ({}, "one of target_epsilon or noise_multiplier"),
     ({"noise_multiplier": -0.5}, "noise_multiplier"),
+    ({"noise_multiplier": 0.0}, "noise_multiplier.*no privacy guarantee"),
     ({"noise_multiplier": 1.0, "sample_rate": 0.0}, r"sample_rate.*\(0, 1\]"),
     ({"noise_multiplier": 1.0, "sample_rate": 1.2}, r"sample_rate.*\(0, 1\]"),
     ({"noise_multiplier": 1.0, "max_grad_norm": 0.0}, "max_grad_norm"),
@@ -33,7 +34,7 @@ def test_invalid_settings(kwargs, match):
 
 def test_resolution():
     cfg = DPConfig(target_epsilon=8.0)
-    assert cfg.resolve_delta(1000) == pytest.approx(1e-3)
+    assert cfg.resolve_delta(1000) == 1e-5
     assert cfg.resolve_sample_rate(1000, batch_size=100) == pytest.approx(0.1)
     with pytest.raises(ValueError, match="sample_rate is not set"):
         cfg.resolve_sample_rate(1000)
@@ -42,6 +43,19 @@ def test_resolution():
     with pytest.raises(ValueError, match=r"\(0, 1\]"):
         cfg.resolve_sample_rate(10, batch_size=11)
     assert DPConfig(noise_multiplier=1.0, sample_rate=0.3).resolve_sample_rate(10) == 0.3
+
+
+def test_default_delta_is_well_below_one_over_n_and_a_larger_one_is_refused():
+    """Old behaviour: δ defaulted to 1/N (0.5 for 2 rows, where the accountant's ε is 0 for
+    any noise) and any δ < 1 was accepted."""
+    for n, want in [(1, 1e-5), (2, 1e-5), (64, 1e-5), (10_000, 1e-5), (10**5, 1e-6),
+                    (10**6, 1e-7)]:
+        assert DPConfig(noise_multiplier=1.0).resolve_delta(n) == pytest.approx(want)
+    assert DPConfig(noise_multiplier=1.0, delta=0.01).resolve_delta(64) == 0.01
+    for delta, n in [(0.5, 2), (1 / 64, 64), (0.9, 2), (1e-4, 10**4)]:
+        with pytest.raises(ValueError, match=r"dp\.delta = .* is not below 1/N .*default") as e:
+            DPConfig(noise_multiplier=1.0, delta=delta).resolve_delta(n, "dp.delta")
+        assert f"N = {n} training rows" in str(e.value)
 
 
 def test_dp_config_from_options_helper():
@@ -53,6 +67,7 @@ def test_dp_config_from_options_helper():
     assert dp_config_from_options(noise=1.2).noise_multiplier == 1.2
     for kwargs, flag in [({"epsilon": 0.0}, "--dp-epsilon"), ({"epsilon": -3.0}, "--dp-epsilon"),
                          ({"epsilon": math.inf}, "--dp-epsilon"), ({"noise": -1.0}, "--dp-noise"),
+                         ({"noise": 0.0}, "--dp-noise.*no privacy guarantee"),
                          ({"epsilon": 8, "clip": 0.0}, "--dp-clip"),
                          ({"epsilon": 8, "delta": 2.0}, "--dp-delta"),
                          ({"epsilon": 8, "sample_rate": 0.0}, "--dp-sample-rate"),
@@ -103,6 +118,9 @@ BAD_DP_OPTIONS = [
     (["--dp-epsilon", "8", "--dp-delta", "2"], "--dp-delta", "delta"),
     (["--dp-epsilon", "8", "--dp-physical-batch", "0"], "--dp-physical-batch",
      "physical_batch_size"),
+    # Noise 0 used to train "under DP" with ε = ∞; δ = 1/4 on 4 rows used to be accepted.
+    (["--dp-noise", "0"], "--dp-noise", "noise_multiplier"),
+    (["--dp-epsilon", "8", "--dp-delta", "0.25"], "--dp-delta", "--dp-delta"),
 ]
 
 
@@ -152,3 +170,25 @@ def test_cli_tune_valid_dp_options_train(tune_inputs, tmp_path):
     dp = TunedPrompt.load(out).meta["dp"]
     assert dp["noise_multiplier"] == 1.0 and dp["max_grad_norm"] == 0.5, dp
     assert dp["delta"] == pytest.approx(1e-3) and dp["epsilon"] > 0, dp
+    assert f"(ε = {dp['epsilon']:.3g}, δ = 0.001)" in r.stdout, r.stdout
+
+
+def test_cli_tune_dp_errors_name_the_flag_for_delta_and_no_noise(tune_inputs, tmp_path):
+    """The δ and noise-0 refusals name the flag and say why (4 rows: 1/N = 0.25)."""
+    r, _ = _tune(tune_inputs, tmp_path, "--dp-epsilon", "8", "--dp-delta", "0.25")
+    assert r.exit_code == 2 and "--dp-delta = 0.25 is not below 1/N = 0.25" in r.output, r.output
+    r, _ = _tune(tune_inputs, tmp_path, "--dp-noise", "0")
+    assert r.exit_code == 2 and "--dp-noise must be > 0" in r.output, r.output
+    assert "no privacy guarantee" in r.output
+
+
+def test_a_saved_config_without_noise_loads_as_non_private():
+    """rapt once trained "under DP" with σ = 0 (ε = ∞); now that DPConfig refuses σ = 0, such a
+    saved config still loads, as what it was: no guarantee (mutation: DPConfig(**d) fails)."""
+    from rapt.config import TuneConfig
+
+    saved = TuneConfig(dp=DPConfig(noise_multiplier=1.0)).to_dict()
+    saved["dp"]["noise_multiplier"] = 0.0
+    assert TuneConfig.from_dict(saved).dp is None
+    saved["dp"]["noise_multiplier"] = 0.5
+    assert TuneConfig.from_dict(saved).dp.noise_multiplier == 0.5

@@ -139,8 +139,9 @@ def test_clipping_bounds_each_example_and_sums(setup):
     norms = full.norm(dim=1)
     c = float(norms.min()) * 0.5  # every example gets clipped
     n_ex, q = 12, 0.5
-    cfg = DPConfig(noise_multiplier=0.0, max_grad_norm=c, sample_rate=q, physical_batch_size=4)
+    cfg = DPConfig(noise_multiplier=1.0, max_grad_norm=c, sample_rate=q, physical_batch_size=4)
     dp = DPSGD(model, cfg, n_examples=n_ex, steps=5, seed=0)
+    dp.noise_multiplier = 0.0  # clipping alone, to compare sums exactly (DPConfig refuses σ 0)
     params = dict(model.named_parameters())
     # One example per logical step: the written gradient × qN is that example's clipped gradient.
     for b in range(ids.shape[0]):
@@ -166,8 +167,9 @@ def test_clipping_bounds_each_example_and_sums(setup):
 def test_large_clip_is_plain_sum(setup):
     model, (ids, mask, y, rec_y) = setup
     naive = _naive(model, ids, mask, y, rec_y)
-    dp = DPSGD(model, DPConfig(noise_multiplier=0.0, max_grad_norm=1e6, sample_rate=1.0),
+    dp = DPSGD(model, DPConfig(noise_multiplier=1.0, max_grad_norm=1e6, sample_rate=1.0),
                n_examples=6, steps=1, seed=0)
+    dp.noise_multiplier = 0.0  # clipping alone (DPConfig refuses σ 0)
     model.per_example_loss(ids, mask, y, rec_y).sum().backward()
     dp.accumulate()
     dp.finalize()
@@ -265,8 +267,9 @@ def test_noise_once_per_logical_step_across_micro_batches():
         assert stats.kstest(z / wrong, "norm").pvalue < 1e-6
     # Zero noise: the same steps give exactly the clipped sum over q·N (no per-batch rescaling).
     quiet = KnownGradPrompt(shape)
-    dp0 = DPSGD(quiet, DPConfig(noise_multiplier=0.0, max_grad_norm=c, sample_rate=q,
+    dp0 = DPSGD(quiet, DPConfig(noise_multiplier=1.0, max_grad_norm=c, sample_rate=q,
                                 physical_batch_size=3), n_examples=n, steps=10, seed=0)
+    dp0.noise_multiplier = 0.0  # (DPConfig refuses σ 0)
     for mb in dp0.micro_batches(torch.arange(7)):
         quiet(x[mb]).sum().backward()
         dp0.accumulate()
@@ -282,13 +285,14 @@ def test_epsilon_tracks_steps_and_target(setup):
     for _ in range(50):
         dp.finalize()
     eps = dp.epsilon()
-    assert eps == pytest.approx(epsilon(dp.noise_multiplier, 0.1, 50, 0.01, "rdp"))
+    assert dp.delta == 1e-5  # the default at N = 100: min(1e-5, 1/(10N))
+    assert eps == pytest.approx(epsilon(dp.noise_multiplier, 0.1, 50, 1e-5, "rdp"))
     assert 2.9 <= eps <= 3.0  # calibrated σ spends the target budget over the planned steps
     rec = dp.record()
     for k in ("epsilon", "delta", "noise_multiplier", "max_grad_norm", "sample_rate", "steps",
               "accountant"):
         assert k in rec
-    assert rec["steps"] == 50 and rec["delta"] == 0.01 and rec["accountant"] == "rdp"
+    assert rec["steps"] == 50 and rec["delta"] == 1e-5 and rec["accountant"] == "rdp"
     with pytest.raises(RuntimeError, match="budget"):
         dp.finalize()  # a 51st step would overspend the calibrated budget
 
@@ -435,8 +439,22 @@ def test_linear_outside_the_batch_is_refused(tiny_bert):
         dp.accumulate()
 
 
-def test_noise_std_zero_sigma_gives_infinite_epsilon(setup):
+def test_no_noise_is_refused_and_a_delta_too_large_fails_at_build(setup):
+    """Old behaviour: σ = 0 trained "under DP" and reported ε = ∞ (the service showed null, as
+    for a job without DP); δ = 1/N was the default, and a δ whose ε conversion goes below 0
+    reported ε = 0.0 at every step."""
     model, _ = setup
-    dp = DPSGD(model, DPConfig(noise_multiplier=0.0, sample_rate=0.5), n_examples=10, steps=2)
+    with pytest.raises(ValueError, match="no privacy guarantee"):
+        DPConfig(noise_multiplier=0.0, sample_rate=0.5)
+    assert math.isinf(epsilon(0.0, 0.5, 2, 1e-5))  # the accountant's answer stays honest
+    with pytest.raises(ValueError, match="not below 1/N"):
+        DPSGD(model, DPConfig(noise_multiplier=5.0, delta=0.5), n_examples=2, steps=2,
+              batch_size=1)
+    with pytest.raises(ValueError, match="too large for a meaningful ε"):
+        DPSGD(model, DPConfig(noise_multiplier=50.0, delta=0.4), n_examples=2, steps=2,
+              batch_size=1)
+    dp = DPSGD(model, DPConfig(noise_multiplier=5.0), n_examples=2, steps=2, batch_size=1)
     dp.finalize()
-    assert math.isinf(dp.epsilon())
+    assert dp.delta == 1e-5 and dp.epsilon() > 0.4
+    assert dp.epsilon() == pytest.approx(epsilon(5.0, 0.5, 1, 1e-5))
+    dp.close()

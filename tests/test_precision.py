@@ -34,7 +34,7 @@ def _per_example(bb, method: str, head: str, precision: str):
     kw = {"label_descriptions": DESCRIPTIONS} if head == "label-description" else {}
     cfg = TuneConfig(method=method, num_virtual_tokens=4, head=head, precision=precision, **kw)
     model = RaptModel(bb, cfg, 2)
-    eng = DPSGD(model, DPConfig(noise_multiplier=0.0, max_grad_norm=1.0), len(TEXTS), 1,
+    eng = DPSGD(model, DPConfig(noise_multiplier=1.0, max_grad_norm=1.0), len(TEXTS), 1,
                 batch_size=len(TEXTS), seed=0)
     try:
         ids, mask = _batch(bb.tokenizer)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import threading
@@ -329,6 +330,13 @@ BAD_JOBS = [
     ("epochs 0", {"epochs": 0}, "epochs"),
     ("batch too big", {"batch_size": 10**6}, "batch_size"),
     ("dp both", {"dp": {"target_epsilon": 1.0, "noise_multiplier": 1.0}}, "dp"),
+    # Old behaviour: 202, then DP-SGD without noise reporting ε null like a job without DP.
+    ("dp noise 0", {"dp": {"noise_multiplier": 0.0}}, "no privacy guarantee"),
+    ("dp delta 1/N", {"batch_size": 2, "dp": {"noise_multiplier": 1.0, "delta": 1 / 6}},
+     "dp.delta"),
+    # Old behaviour: accepted, and ε reported 0.0 (the conversion at δ = 1/N went below 0).
+    ("dp target out of reach", {"batch_size": 2, "dp": {"target_epsilon": 1e-6}},
+     "cannot reach ε = 1e-06"),
     ("unknown option", {"momentum": 0.9}, "momentum"),
     ("descriptions per label", {"label_descriptions": ["a", "b", "c"]}, "label_descriptions"),
     ("description head without them", {"head": "label-description"}, "label_descriptions"),
@@ -537,7 +545,8 @@ def test_real_trainer_job_resumes_exactly_after_restart(tmp_path, dp):
             total = st_ref["total_steps"]
             assert st["step"] == st["total_steps"] == st_ref["step"] == total
             q = DPConfig(**dp).resolve_sample_rate(8, body["batch_size"])
-            planned = epsilon(dp["noise_multiplier"], q, total, 1 / 8)
+            planned = epsilon(dp["noise_multiplier"], q, total, 1e-5)  # δ at N = 8
+            assert st["delta"] == st_ref["delta"] == 1e-5
             assert st["epsilon"] == pytest.approx(st_ref["epsilon"], rel=1e-9)
             assert st["epsilon"] == pytest.approx(planned, rel=1e-9)
             for s in (st, st_ref):
@@ -550,6 +559,111 @@ def test_real_trainer_job_resumes_exactly_after_restart(tmp_path, dp):
         assert a.keys() == b.keys()
         for k in a:  # the interrupted job ends where the uninterrupted one does
             assert torch.allclose(a[k], b[k], atol=1e-5), k
+
+
+class CrashAfterFirstCheckpoint:
+    """The real runner, whose process "dies" right after its first checkpoint: no later
+    checkpoint or progress of the run reaches the store, as after kill -9."""
+
+    def __init__(self):
+        self.checkpointed = threading.Event()
+        self.first_step: int | None = None
+
+    def __call__(self, backbone, data, params, *, progress, should_stop, checkpoint, resume):
+        from rapt.service.worker import default_runner
+
+        dead = threading.Event()
+
+        def ck(state):
+            if dead.is_set():
+                return
+            checkpoint(state)
+            self.first_step = state["step"]
+            dead.set()
+            self.checkpointed.set()
+            while not should_stop():
+                time.sleep(0.01)
+
+        def prog(info):
+            if not dead.is_set():
+                progress(info)
+
+        return default_runner(backbone, data, params, progress=prog, should_stop=should_stop,
+                              checkpoint=ck, resume=resume)
+
+
+def _as_killed(tmp_path, jid: str) -> None:
+    """Leave the job's row as kill -9 of its server leaves it: running, leased by a process
+    of this host that no longer exists, with the checkpoint it recorded."""
+    import socket
+    import subprocess
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    store = open_store(tmp_path)
+    try:
+        assert store.get_job(jid, None)["checkpoint"]
+        store.update_job(jid, state="running", worker=f"{socket.gethostname()}:{gone.pid}:x",
+                         heartbeat=time.time())
+    finally:
+        store.close()
+
+
+def test_dp_job_checkpoints_mid_run_and_resumes_after_a_crash(tmp_path):
+    """Old behaviour: a DP job checkpointed only at the end of each epoch, so a crash in its
+    only epoch (kill -9 at step 27/128) failed it, "interrupted ... before its first
+    checkpoint", while a LoRA job resumed. Now it checkpoints about ten times per run like the
+    others, and resumes: it ends at the planned step with the ε of an uninterrupted run (the
+    steps before the crash are counted once)."""
+    from rapt.dp.accounting import epsilon
+    from rapt.service.worker import default_runner
+
+    key = add_key(tmp_path)
+    dp = {"noise_multiplier": 1.0, "max_grad_norm": 1.0}
+    body = {"epochs": 1, "batch_size": 2, "num_virtual_tokens": 4, "lr": 0.05, "dp": dp}
+    runner = CrashAfterFirstCheckpoint()
+    with TestClient(make_app(tmp_path, make_bert(), runner)) as c:
+        ds = c.post("/v1/datasets", json=upload_body(n=16), headers=hdr(key)).json()
+        jid = c.post("/v1/jobs", json={"dataset_id": ds["id"], **body},
+                     headers=hdr(key)).json()["id"]
+        assert runner.checkpointed.wait(30)
+        ref = c.post("/v1/jobs", json={"dataset_id": ds["id"], **body},
+                     headers=hdr(key)).json()["id"]  # queued: runs after the restart
+    total = 8  # q = 2/16: one expected pass in 8 Poisson steps
+    assert 1 <= runner.first_step < total  # a checkpoint before the end of the only epoch
+    _as_killed(tmp_path, jid)
+    cfg = ServiceConfig(db_path=tmp_path / "svc.db", backbones=["tiny"], progress_interval_s=0)
+    with TestClient(create_app(cfg, backbones={"tiny": make_bert()},
+                               runner=default_runner)) as c:
+        st, st_ref = wait_job(c, key, jid, timeout=60), wait_job(c, key, ref, timeout=60)
+        assert st["state"] == st_ref["state"] == "succeeded", (st, st_ref)
+        assert st["resumed_from_step"] == runner.first_step, st
+        assert st["step"] == st["total_steps"] == st_ref["step"] == total
+        planned = epsilon(dp["noise_multiplier"], 2 / 16, total, 1e-5)
+        assert st["delta"] == st_ref["delta"] == 1e-5
+        assert st["epsilon"] == pytest.approx(planned, rel=1e-9)
+        assert st_ref["epsilon"] == pytest.approx(planned, rel=1e-9)
+        info = c.get(f"/v1/prompts/{st['prompt_id']}", headers=hdr(key)).json()
+        assert info["dp"]["steps"] == total and info["dp"]["delta"] == 1e-5, info
+        assert info["dp"]["epsilon"] == pytest.approx(planned, rel=1e-9)
+        assert info["dp"]["seeded"] is False  # OS noise: the resumed steps drew fresh noise
+        assert not list((tmp_path / "svc.db.files" / "checkpoints").glob("*.pt"))
+
+
+def test_prompt_info_shows_the_dp_guarantee_or_none():
+    """A prompt's info carries ε with its δ (and σ, q, steps) of a DP run; none without DP,
+    nor for the noise-free runs older servers accepted (ε = ∞ is no guarantee, and JSON has no
+    infinity to send)."""
+    from rapt.service.routes.prompts import _dp_guarantee
+
+    rec = {"epsilon": 0.63, "delta": 1e-5, "noise_multiplier": 5.0, "max_grad_norm": 1.0,
+           "sample_rate": 0.5, "steps": 2, "accountant": "rdp", "seeded": False,
+           "n_examples": 2, "planned_steps": 2}
+    got = _dp_guarantee(rec)
+    assert (got.epsilon, got.delta, got.steps) == (0.63, 1e-5, 2)
+    assert "n_examples" not in got.model_dump()
+    assert _dp_guarantee(None) is None
+    assert _dp_guarantee({**rec, "epsilon": math.inf, "noise_multiplier": 0.0}) is None
 
 
 def test_graceful_shutdown_before_first_checkpoint_requeues(tmp_path):

@@ -141,13 +141,21 @@ def test_jobs_are_bounded_and_checked_at_creation(svc):
 
 
 def test_dp_epsilon_is_never_negative(tmp_path, tiny_bert):
-    """Old behaviour: with δ = 1/N = 0.5 (2 rows) the running and final ε were about -0.69."""
+    """Old behaviour: with δ = 1/N = 0.5 (2 rows) the running and final ε were about -0.69,
+    then clamped to 0.0, which reads as perfect privacy; the status did not show δ. Now δ
+    defaults to 1e-5 here, a conversion below 0 is refused, and ε is opacus' at that δ."""
+    from opacus.accountants import RDPAccountant
+
     from rapt.dp.accounting import epsilon
     from rapt.service.worker import default_runner
 
-    assert epsilon(1.0, 1e-9, 10, 0.5) == 0.0
-    assert epsilon(5.0, 0.5, 1, 0.5) == 0.0
+    with pytest.raises(ValueError, match="too large"):
+        epsilon(1.0, 1e-9, 10, 0.5)
+    with pytest.raises(ValueError, match="too large"):
+        epsilon(5.0, 0.5, 1, 0.5)
     assert epsilon(1.0, 0.01, 100, 1e-5) > 0
+    ref = RDPAccountant()
+    ref.history = [(5.0, 0.5, 4)]  # 2 epochs at q = 0.5
     key = add_key(tmp_path)
     app = make_app(tmp_path, tiny_bert, default_runner, max_seq_len=32)
     seen = []
@@ -164,7 +172,8 @@ def test_dp_epsilon_is_never_negative(tmp_path, tiny_bert):
                 break
             time.sleep(0.02)
     assert st["state"] == "succeeded", st
-    assert st["epsilon"] is not None and all(e is None or e >= 0 for e in seen), seen
+    assert st["epsilon"] is not None and all(e is None or e > 0 for e in seen), seen
+    assert st["delta"] == 1e-5 and st["epsilon"] == pytest.approx(ref.get_epsilon(1e-5))
 
 
 def test_queue_is_fair_between_keys_and_bounded_per_key(tmp_path, backend):  # noqa: F811

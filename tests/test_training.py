@@ -134,11 +134,12 @@ def _roundtrip(state: dict, tmp_path: Path) -> dict:
     return torch.load(tmp_path / "ck.pt", weights_only=True)
 
 
-@pytest.mark.parametrize("name", ["prefix-rec", "lora", "prompt-llama-rec"])
+@pytest.mark.parametrize("name", ["prefix-rec", "lora", "prompt-llama-rec", "prefix-dp-rec"])
 def test_resume_mid_epoch_is_exact(tok, name, tmp_path):
     """A run resumed from a mid-epoch checkpoint (step 2 of 3 in epoch 0) ends bit-equal to the
     uninterrupted one, history included. Mutations caught: not restoring the RNG, resuming at
-    the epoch start (skip ignored), the optimizer state not loaded."""
+    the epoch start (skip ignored), the optimizer state not loaded. Under DP with a noise seed
+    the resumed steps' batches and noise derive from (seed, t), and ε counts every step once."""
     full, states = run_case(tok, name, checkpoint_every=2)
     assert [s["step"] for s in states] == [2, 4, 6] and states[0]["kind"] == "tune"
     resumed, _ = run_case(tok, name, resume=_roundtrip(states[0], tmp_path), checkpoint_every=2)

@@ -173,7 +173,11 @@ class TuneConfig:
             try:
                 from rapt.dp import DPConfig
 
-                d["dp"] = DPConfig(**d["dp"])
+                # Clipping without noise, which rapt once accepted, guarantees nothing (ε = ∞,
+                # as the artifact's meta["dp"] says): such a record loads as non-private.
+                no_noise = d["dp"].get("noise_multiplier") == 0 and \
+                    d["dp"].get("target_epsilon") is None
+                d["dp"] = None if no_noise else DPConfig(**d["dp"])
             except ImportError:  # keep the record readable without the DP module
                 pass
         return cls(**d)

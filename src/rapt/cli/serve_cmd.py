@@ -497,7 +497,8 @@ def client_tune(
     num_virtual_tokens: int | None = typer.Option(
         None, help=VIRTUAL_TOKENS_HELP),
     max_length: int = typer.Option(_d("max_length")), seed: int = typer.Option(_d("seed")),
-    dp_epsilon: float | None = typer.Option(None, help="PromptDPSGD: target ε (δ = 1/N)"),
+    dp_epsilon: float | None = typer.Option(None, help="PromptDPSGD: target ε (at δ = "
+                                            "min(1e-5, 1/(10·N)) for N rows)"),
     dp_noise: float | None = typer.Option(None, help="PromptDPSGD: noise multiplier σ"),
     dp_clip: float | None = typer.Option(None, help="PromptDPSGD: per-example clipping norm C "
                                          "(default 1)"),

@@ -204,7 +204,8 @@ def tune(
     dp_epsilon: float | None = typer.Option(None, help="PromptDPSGD target ε"),
     dp_noise: float | None = typer.Option(None, help="PromptDPSGD noise multiplier σ"),
     dp_clip: float | None = typer.Option(None, help="PromptDPSGD clipping norm C (default 1)"),
-    dp_delta: float | None = typer.Option(None, help="δ (default 1/N)"),
+    dp_delta: float | None = typer.Option(None, help="PromptDPSGD δ, below 1/N (default "
+                                          "min(1e-5, 1/(10·N)) for N training rows)"),
     dp_physical_batch: int | None = typer.Option(None,
                                                  help="micro-batch size under DP (default 32)"),
     channel: Path | None = typer.Option(None, "--channel", help=_TUNE_HELP["channel"]),
@@ -217,7 +218,7 @@ def tune(
     eta = _tune_eta(o)
     ds = _training_data(o)
     bb = load_backbone_or_fail(backbone)
-    dp = _dp_config(o)
+    dp = _dp_config(o, len(ds))
     encoding = _encoding(o, bb, len(ds))
     cfg, rows = _tune_config_and_rows(o, bb, ds, dp, encoding)
     from rapt.trainer import resolve_head
@@ -372,12 +373,15 @@ def _training_data(o: SimpleNamespace):
     return ds
 
 
-def _dp_config(o: SimpleNamespace):
+def _dp_config(o: SimpleNamespace, n_rows: int):
     from rapt.dp import dp_config_from_options
 
     try:
-        return dp_config_from_options(o.dp_epsilon, o.dp_noise, o.dp_clip, o.dp_delta,
-                                      o.dp_physical_batch, noise_seed=o.noise_seed)
+        dp = dp_config_from_options(o.dp_epsilon, o.dp_noise, o.dp_clip, o.dp_delta,
+                                    o.dp_physical_batch, noise_seed=o.noise_seed)
+        if dp is not None:
+            dp.resolve_delta(n_rows, "--dp-delta")  # δ ≥ 1/N: an error naming the flag
+        return dp
     except ValueError as e:
         _fail(str(e))
 
@@ -471,12 +475,15 @@ def _tune_with_bar(custom, rows, ds, *, out: Path, resume=None):
 
     bar = progress_bar(desc="tune", unit="step")
     stop = tune_resume.StopSignals()
+    dp = getattr(custom.config, "dp", None)
+    delta = dp.resolve_delta(len(rows)) if dp is not None else None
 
     def progress(r: dict) -> None:
         bar.total = r["total_steps"]
         post = _loss_postfix(r)
-        if "epsilon" in r:
-            post["ε"] = f"{r['epsilon']:.2f}"
+        if "epsilon" in r:  # 3 significant digits: a small ε must not print as 0.00
+            post["ε"] = f"{r['epsilon']:.3g}"
+            post["δ"] = f"{delta:.3g}"
         bar.set_postfix(post)
         bar.update(1)
 

@@ -17,6 +17,8 @@ from opacus.accountants.utils import get_noise_multiplier
 
 from rapt.dp.config import ACCOUNTANTS, check_sample_rate
 
+_MAX_SIGMA = 2.0 ** 20  # beyond opacus' search (MAX_SIGMA = 1e6): the ε no noise goes below
+
 
 def make_accountant(kind: str) -> IAccountant:
     """A fresh opacus accountant: ``"rdp"`` or ``"prv"``."""
@@ -43,20 +45,33 @@ def epsilon(
 ) -> float:
     """ε after ``steps`` Poisson-sampled Gaussian steps (σ = ``noise_multiplier``, rate q).
 
-    σ = 0 gives ε = ∞ (no noise); 0 steps gives ε = 0.
+    σ = 0 gives ε = ∞ (no noise); 0 steps gives ε = 0. ValueError when δ is so large that
+    the accountant's conversion goes below 0 (ε would then say nothing).
     """
     _check(noise_multiplier, sample_rate, steps, delta)
     if steps == 0:
         return 0.0
     if noise_multiplier == 0:
         return math.inf
+    eps = _raw_epsilon(noise_multiplier, sample_rate, steps, delta, accountant)
+    if eps < 0:
+        # The RDP -> (ε, δ) conversion (Balle et al. 2020) goes below 0 only when δ is large
+        # (above ~0.006 with opacus' orders; δ = 1/N = 0.5 gave -0.69). Reporting 0 there would
+        # be true but read as perfect privacy, while δ alone carries the (weak) guarantee.
+        raise ValueError(
+            f"δ = {delta:g} is too large for a meaningful ε: the {accountant} accountant's "
+            f"(ε, δ) conversion gives ε = {eps:.3g} < 0 (σ = {noise_multiplier:g}, q = "
+            f"{sample_rate:g}, {steps} steps), so δ alone bounds the privacy loss; use a "
+            "smaller δ (the default is min(1e-5, 1/(10·N)))")
+    return eps
+
+
+def _raw_epsilon(noise_multiplier: float, sample_rate: float, steps: int, delta: float,
+                 accountant: str) -> float:
     acc = make_accountant(accountant)
     # opacus' accountants compose a history of (σ, q, steps) triples.
     acc.history = [(float(noise_multiplier), float(sample_rate), int(steps))]
-    # The RDP -> (ε, δ) conversion (Balle et al. 2020) goes below 0 when δ is large (δ = 1/N
-    # = 0.5 for N = 2 gives ln(1 - δ) = -0.69). An (ε, δ) guarantee holds for every larger ε,
-    # and a negative ε means nothing, so 0 is the bound reported.
-    return max(0.0, float(acc.get_epsilon(delta=delta)))
+    return float(acc.get_epsilon(delta=delta))
 
 
 def find_noise_multiplier(
@@ -70,21 +85,28 @@ def find_noise_multiplier(
     if steps < 1:
         raise ValueError(f"steps must be ≥ 1 to calibrate noise (got {steps})")
     make_accountant(accountant)  # validates the name with our message
-    try:
-        with warnings.catch_warnings():
-            # The search probes very large σ, where opacus notes that its largest RDP order is
-            # optimal; the σ finally returned is checked with the same accountant.
-            warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")
-            return float(get_noise_multiplier(
+    with warnings.catch_warnings():
+        # The search probes very large σ, where opacus notes that its largest RDP order is
+        # optimal; the σ finally returned is checked with the same accountant.
+        warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")
+        try:
+            sigma = float(get_noise_multiplier(
                 target_epsilon=float(target_epsilon), target_delta=float(delta),
                 sample_rate=float(sample_rate), steps=int(steps), accountant=accountant,
                 epsilon_tolerance=epsilon_tolerance,
             ))
-    except ValueError as e:
-        raise ValueError(
-            f"cannot reach ε = {target_epsilon} at δ = {delta:g} with q = {sample_rate:g} over "
-            f"{steps} steps ({e}); raise ε, or lower q or the number of steps"
-        ) from e
+        except ValueError as e:
+            floor = _raw_epsilon(_MAX_SIGMA, sample_rate, steps, delta, accountant)
+            raise ValueError(
+                f"cannot reach ε = {target_epsilon:g} at δ = {delta:g} with q = "
+                f"{sample_rate:g} over {steps} steps ({e}): however much noise is added, the "
+                f"{accountant} accountant reports ε ≥ {floor:.3g} at this δ; ask for a "
+                f"larger ε"
+            ) from e
+        # opacus stops at the first σ whose ε is ≤ the target, a negative one included: the
+        # guarantee must hold at one step too (ε grows with the steps), or δ is too large.
+        epsilon(sigma, sample_rate, 1, delta, accountant)
+    return sigma
 
 
 def steps_for_epochs(epochs: float, sample_rate: float) -> int:

@@ -15,10 +15,13 @@ class DPConfig:
     """DP-SGD settings for prompt / prefix tuning (Flocks of Stochastic Parrots, Alg. 1).
 
     Give exactly one of ``target_epsilon`` (σ is then calibrated for the planned steps) or
-    ``noise_multiplier`` (σ, noise std in units of ``max_grad_norm``; 0 = clipping only, ε = ∞).
-    The sampling rate q is ``sample_rate`` or, when unset, the trainer's logical batch size / N.
-    ``delta`` defaults to 1/N, as in the paper. ``physical_batch_size`` bounds memory: a logical
-    Poisson batch is processed in micro-batches of at most that many examples.
+    ``noise_multiplier`` (σ > 0, noise std in units of ``max_grad_norm``; clipping without
+    noise gives no guarantee and is refused). The sampling rate q is ``sample_rate`` or, when
+    unset, the trainer's logical batch size / N. ``delta`` defaults to min(1e-5, 1/(10·N))
+    (:func:`default_delta`) and must stay below 1/N; the paper's δ = 1/N is refused, since a
+    mechanism that publishes one random row in the clear meets it. ``physical_batch_size``
+    bounds memory: a logical Poisson batch is processed in micro-batches of at most that many
+    examples.
     ``noise_seed`` makes the Poisson sampling and the Gaussian noise repeatable (tests and
     benchmarks only; the run is then recorded as ``seeded``); None draws both from the OS
     CSPRNG. It is separate from ``TuneConfig.seed`` (init, data order) on purpose.
@@ -51,8 +54,9 @@ class DPConfig:
                 )
         if self.noise_multiplier is not None:
             s = float(self.noise_multiplier)
-            if not math.isfinite(s) or s < 0:
-                raise ValueError(f"DPConfig.noise_multiplier must be finite and ≥ 0 (got {s})")
+            if not math.isfinite(s) or s <= 0:
+                raise ValueError(f"DPConfig.noise_multiplier must be finite and > 0 (got {s}): "
+                                 f"{NO_NOISE}")
         c = float(self.max_grad_norm)
         if not math.isfinite(c) or c <= 0:
             raise ValueError(f"DPConfig.max_grad_norm (clip C) must be finite and > 0 (got {c})")
@@ -85,17 +89,33 @@ class DPConfig:
         return check_sample_rate(int(batch_size) / n_examples, f"batch_size/N = {batch_size}/"
                                  f"{n_examples}")
 
-    def resolve_delta(self, n_examples: int) -> float:
-        """δ: ``delta`` or 1/N (the paper's choice)."""
-        check_n_examples(n_examples)
-        if self.delta is not None:
-            return float(self.delta)
-        if n_examples < 2:
-            raise ValueError("DPConfig.delta = 1/N needs N ≥ 2 examples; set delta explicitly")
-        return 1.0 / n_examples
+    def resolve_delta(self, n_examples: int, field: str = "DPConfig.delta") -> float:
+        """δ for a data set of ``n_examples``: ``delta``, which must be below 1/N (ValueError
+        naming ``field``, the caller's name for it), or :func:`default_delta`."""
+        n = check_n_examples(n_examples)
+        if self.delta is None:
+            return default_delta(n)
+        d = float(self.delta)
+        if d >= 1.0 / n:
+            raise ValueError(
+                f"{field} = {d:g} is not below 1/N = {1.0 / n:g} (N = {n} training rows): "
+                "a mechanism that publishes one row in the clear meets such a δ, so the "
+                f"(ε, δ) it reports says nothing; give {field} well below 1/N, or leave it "
+                f"out for the default min(1e-5, 1/(10·N)) = {default_delta(n):g}")
+        return d
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+NO_NOISE = ("clipping without noise gives no privacy guarantee (ε = ∞); give a noise "
+            "multiplier > 0 or a target ε, or train without DP")
+
+
+def default_delta(n_examples: int) -> float:
+    """The default δ: min(1e-5, 1/(10·N)), well below 1/N at every N (the usual rule: δ much
+    smaller than the chance of picking any one row)."""
+    return min(1e-5, 1.0 / (10 * check_n_examples(n_examples)))
 
 
 def check_sample_rate(q: float, what: str = "sample_rate") -> float:
@@ -132,8 +152,9 @@ def dp_config_from_options(
     if epsilon is not None and (not math.isfinite(epsilon) or epsilon <= 0):
         raise ValueError(f"--dp-epsilon must be a finite number > 0 (got {epsilon}); "
                          "omit it for non-private training")
-    if noise is not None and (not math.isfinite(noise) or noise < 0):
-        raise ValueError(f"--dp-noise must be ≥ 0 (got {noise})")
+    if noise is not None and (not math.isfinite(noise) or noise <= 0):
+        raise ValueError(f"--dp-noise must be > 0 (got {noise}): {NO_NOISE}, i.e. leave out "
+                         "--dp-noise and --dp-epsilon")
     if clip is not None and (not math.isfinite(clip) or clip <= 0):
         raise ValueError(f"--dp-clip must be > 0 (got {clip})")
     if delta is not None and not 0 < delta < 1:

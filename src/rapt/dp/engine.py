@@ -75,6 +75,9 @@ class DPSGD:
                 float(config.target_epsilon), self.delta, self.sample_rate, self.planned_steps,
                 accountant=self.accountant,
             )
+        # Now, not at the first report: ε grows with the steps, so if one step already gives
+        # a meaningful ε every later step does (a δ too large for the accountant is refused).
+        _epsilon(self.noise_multiplier, self.sample_rate, 1, self.delta, self.accountant)
         self.expected_batch_size = self.sample_rate * self.n_examples
         self.steps = 0
         self.examples_seen = 0
@@ -279,7 +282,7 @@ class DPSGD:
 
     # ---------------------------------------------------------------- accounting
     def epsilon(self, delta: float | None = None) -> float:
-        """ε spent so far at δ (default: the configured δ, 1/N unless set)."""
+        """ε spent so far at δ (default: the configured δ, ``DPConfig.resolve_delta``)."""
         d = self.delta if delta is None else float(delta)
         key = (self.steps, d)
         if key not in self._eps_cache:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from rapt.config import (
     LR_HELP,
@@ -165,12 +165,23 @@ class DPOptions(BaseModel):
     model_config = REQUEST
 
     target_epsilon: float | None = Field(None, gt=0, le=1000)
-    noise_multiplier: float | None = Field(None, ge=0, le=100)
+    noise_multiplier: float | None = Field(None, gt=0, le=100)
     max_grad_norm: float = Field(1.0, gt=0, le=1000)
-    delta: float | None = Field(None, gt=0, lt=1)
+    delta: float | None = Field(None, gt=0, lt=1, description="must be below 1/N (N: the "
+                                "dataset's rows); default min(1e-5, 1/(10·N))")
     sample_rate: float | None = Field(None, gt=0, le=1)
     physical_batch_size: int | None = Field(None, ge=1, le=4096)
     accountant: Literal["rdp", "prv"] = "rdp"
+
+    @field_validator("noise_multiplier", mode="before")
+    @classmethod
+    def _some_noise(cls, v: object) -> object:
+        # Before the range check, so that 0 gets a message saying why, not just "> 0".
+        if isinstance(v, int | float) and not isinstance(v, bool) and v == 0:
+            raise ValueError("0 adds no noise: clipping alone gives no privacy guarantee "
+                             "(ε = ∞); give noise_multiplier > 0 or target_epsilon, or leave "
+                             "dp out to train without DP")
+        return v
 
     @model_validator(mode="after")
     def _one_of(self) -> DPOptions:
@@ -244,7 +255,9 @@ class JobStatus(BaseModel):
     loss: float | None
     epoch: float | None = Field(description="epochs completed so far, fractional (1.0 when a "
                                 "one-epoch job is done)")
-    epsilon: float | None = Field(None, description="DP ε spent so far (DP jobs)")
+    epsilon: float | None = Field(None, description="DP ε spent so far (DP jobs), at `delta`")
+    delta: float | None = Field(None, description="the δ of the job's (ε, δ) guarantee (DP "
+                                "jobs): dp.delta, or min(1e-5, 1/(10·N)) for N rows")
     elapsed_s: float
     eta_s: float | None = Field(description="estimated seconds left (from steps done so far)")
     resumed_from_step: int | None
@@ -252,6 +265,20 @@ class JobStatus(BaseModel):
     error: str | None
     created: float
     channel: ChannelInfo | None = Field(None, description=_CHANNEL_FIELD)
+
+
+class DPGuarantee(BaseModel):
+    """The (ε, δ)-DP guarantee of a prompt tuned with PromptDPSGD, as its job accounted it."""
+
+    epsilon: float = Field(description="ε spent over `steps` steps, at `delta`")
+    delta: float
+    noise_multiplier: float = Field(description="σ, in units of max_grad_norm")
+    max_grad_norm: float
+    sample_rate: float = Field(description="Poisson sampling rate q")
+    steps: int
+    accountant: str
+    seeded: bool = Field(description="true: the noise came from a seed, which voids the "
+                         "guarantee for whoever knows it")
 
 
 class PromptInfo(BaseModel):
@@ -275,6 +302,8 @@ class PromptInfo(BaseModel):
         None, description="after tuning, the job predicted (up to 1,000 of) its training rows: "
         "why the predictions look collapsed (near-constant, or no better than the majority "
         "class), labels by id; [] when they do not; None for prompts from before this check")
+    dp: DPGuarantee | None = Field(None, description="the (ε, δ)-DP guarantee of a prompt tuned "
+                                   "with dp; null: tuned without DP")
 
 
 class PredictRequest(BaseModel):

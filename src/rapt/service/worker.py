@@ -98,9 +98,10 @@ def default_runner(backbone: Any, data: TrainData, params: dict[str, Any], *,
     from rapt.pipeline import Customization, Encoding
 
     config = tune_config(params)
-    if not config.checkpoint_every and config.dp is None:
-        # About ten checkpoints per job, so a restart loses little work.
-        steps = math.ceil(len(data.labels) / config.batch_size) * config.epochs
+    if not config.checkpoint_every:
+        # About ten checkpoints per job, so a restart loses little work; DP jobs too (a resumed
+        # DP run counts the steps already taken and draws fresh noise for the rest).
+        steps = planned_steps(params, len(data.labels))
         config.checkpoint_every = max(1, math.ceil(steps / 10))
     # Rows of a dataset with plain tokens hold them whether or not the job reconstructs them;
     # the trainer needs them to keep the task head off those positions.

@@ -35,6 +35,7 @@ def job_status(svc: Service, job: dict) -> JobStatus:
                      state=job["state"], method=job["params"].get("method", "prompt"),
                      step=step, total_steps=total, loss=cur["loss"], epoch=cur["epoch"],
                      epsilon=cur.get("epsilon"),
+                     delta=(job["params"].get("dp") or {}).get("delta"),
                      elapsed_s=elapsed, eta_s=eta, resumed_from_step=job["resumed_from_step"],
                      prompt_id=job["prompt_id"], error=job["error"], created=job["created"],
                      channel=job["params"].get("channel"))
@@ -52,6 +53,8 @@ def create_job(body: JobCreate, svc: Svc, me: Owner) -> JobStatus:
     # dataset is deleted (which erases the dataset's own copy).
     params["privacy"] = ds["privacy"]
     params["channel"] = _job_channel(svc, body, ds)
+    if params["dp"] is not None:  # the δ it trains with, recorded for every status to show
+        params["dp"]["delta"] = tune_config(params).dp.resolve_delta(ds["n_examples"])
     try:  # queue capacity checked and the row inserted in one transaction: a 429 leaves
         # no row, and API processes sharing the store cannot overfill the queue together
         jid = svc.store.create_job(me, ds["id"], ds["backbone"], params,
@@ -125,6 +128,27 @@ def _check_job(svc: Service, body: JobCreate, ds: dict) -> None:
                            f"this job would take {steps} steps over dataset '{ds['id']}' "
                            f"({ds['n_examples']} rows); the limit is max_steps_per_job="
                            f"{svc.limits.max_steps_per_job} (change {knobs})")
+    if body.dp is not None:
+        try:
+            _check_dp(body, ds["n_examples"], steps)
+        except ValueError as e:
+            raise ServiceError(422, "validation_error", str(e)) from e
+
+
+def _check_dp(body: JobCreate, n_examples: int, steps: int) -> None:
+    """ValueError for a δ of at least 1/N or too large for a meaningful ε, or for a target ε
+    that no noise reaches. A target is calibrated here with the rdp accountant only (a fraction
+    of a second); prv's calibration takes seconds, so such a job fails with the same message
+    when it starts."""
+    from rapt.dp.accounting import epsilon, find_noise_multiplier
+
+    dp = tune_config(body.model_dump()).dp
+    delta = dp.resolve_delta(n_examples, "dp.delta")
+    q = dp.resolve_sample_rate(n_examples, body.batch_size)
+    if dp.noise_multiplier is not None:
+        epsilon(dp.noise_multiplier, q, 1, delta, dp.accountant)
+    elif dp.accountant == "rdp":
+        find_noise_multiplier(dp.target_epsilon, delta, q, steps, accountant=dp.accountant)
 
 
 @router.get("", response_model=list[JobStatus])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import shutil
 from pathlib import Path
 from typing import Annotated
@@ -10,7 +11,7 @@ from fastapi import APIRouter, Depends, Response
 
 from rapt.service.deps import Owner, Svc, owner, prompt_of
 from rapt.service.errors import ERRORS
-from rapt.service.schemas import PromptInfo
+from rapt.service.schemas import DPGuarantee, PromptInfo
 
 # On the router, so a route added here cannot forget the key check.
 router = APIRouter(prefix="/v1/prompts", dependencies=[Depends(owner)])
@@ -28,13 +29,22 @@ def get_prompt(row: Annotated[dict, Depends(prompt_of)]) -> PromptInfo:
 
 
 def _info(row: dict) -> PromptInfo:
-    """The row, with the head and training check that the worker saved in the prompt's
-    config (read from its folder: they are not store columns)."""
+    """The row, with the head, training check and DP guarantee that the worker saved in the
+    prompt's config (read from its folder: they are not store columns)."""
     meta = _saved_meta(row.get("path"))
     check = meta.get("training_check")
     return PromptInfo(**{**row, "head": meta.get("head"),
                          "training_warnings": check.get("warnings")
-                         if isinstance(check, dict) else None})
+                         if isinstance(check, dict) else None,
+                         "dp": _dp_guarantee(meta.get("dp"))})
+
+
+def _dp_guarantee(record: object) -> DPGuarantee | None:
+    """The DP engine's record as the API shows it; None without DP, and for the noise-free
+    runs older servers accepted (ε = ∞: no guarantee)."""
+    if not isinstance(record, dict) or not math.isfinite(record.get("epsilon", math.inf)):
+        return None
+    return DPGuarantee(**{k: record[k] for k in DPGuarantee.model_fields})
 
 
 def _saved_meta(path: str | None) -> dict:
