@@ -35,6 +35,9 @@ class ServiceConfig:
     backbones: list[str] = field(default_factory=lambda: ["minilm"])
     limits: Limits = field(default_factory=Limits)
     job_threads: int = 1  # concurrent training jobs
+    # A running job that has had this many seconds while another key's job waits stops at its
+    # next step, checkpoints and goes to the back of the queue (0: jobs run to the end).
+    job_slice_s: float = 30.0
     batch_wait_ms: float = 0.0  # extra wait for more requests (0: take what queued up
     # while the previous pass ran, which adds no latency)
     max_batch_rows: int = 64  # rows per inference forward pass

@@ -812,6 +812,14 @@ class Store:
                         jobs.c.id == jid)).one()._mapping))
         return None  # lost eight races in a row: the caller polls again
 
+    def queued_jobs(self, backbones: list[str] | None = None) -> list[tuple[str, str]]:
+        """(id, owner) of the queued jobs (of one of ``backbones``): what a worker checks
+        before it asks a job to yield its time slice."""
+        q = sa.select(jobs.c.id, jobs.c.owner).where(jobs.c.state == "queued")
+        if backbones is not None:
+            q = q.where(jobs.c.backbone.in_(backbones))
+        return [(r["id"], r["owner"]) for r in self._rows(q)]
+
     def update_claimed(self, jid: str, worker: str, /, **fields: Any) -> bool:
         """Set columns of a job this worker still holds; False (nothing written) when the
         job's lease went to another worker or the job ended."""
