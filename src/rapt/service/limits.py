@@ -22,9 +22,16 @@ class Limits:
     max_predict_rows: int = 512  # rows per inference request
     max_inference_queue: int = 4096  # rows waiting for the micro-batcher
     max_datasets_per_key: int = 100  # stored datasets per API key (deleted ones not counted)
-    max_dataset_bytes_per_key: int = 1 << 30  # stored token ids + labels per key, bytes (JSON)
+    # Stored bytes per key: datasets' token ids + labels (JSON) and SAP sessions' files
+    # (uploaded releases, saved state), all counted together.
+    max_dataset_bytes_per_key: int = 1 << 30
     max_sap_sessions_per_key: int = 16  # SAP split sessions per API key
     max_sap_release_bytes: int = 1 << 30  # a frozen-bottom session's uploaded release, bytes
+    # SAP sessions held in memory (the top's copy and the release); idle ones beyond these are
+    # dropped (reloaded from their files when used), busy ones make a new one wait (429).
+    max_sap_live_sessions: int = 8  # in all
+    max_sap_live_sessions_per_key: int = 2  # of one key
+    max_sap_live_bytes: int = 4 << 30  # their tops' and releases' bytes, in all
 
 
 @dataclass
