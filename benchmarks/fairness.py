@@ -130,7 +130,7 @@ def one_run(folder: Path, slice_s: float, observe_s: float) -> dict:
                         ("succeeded", "failed") and s, timeout)
         waited = time.monotonic() - t0
         a = b.job("A", long)
-        rate = a["step"] / a["elapsed"] if a["elapsed"] else None
+        rate = a["step"] / a["elapsed_s"] if a["elapsed_s"] else None
         out = {"slice_s": slice_s, "long_total_steps": a["total_steps"],
                "long_step_at_b_done": a["step"], "long_state_at_b_done": a["state"],
                "long_steps_per_s": rate}
