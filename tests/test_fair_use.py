@@ -287,3 +287,22 @@ def test_sap_sessions_in_memory_are_bounded_per_key_and_in_all(tmp_path):
             assert r.status_code == 429 and "max_sap_live_bytes" in r.text, r.text
         finally:
             sap._live[a2].lock.release()
+
+
+def test_sap_client_retries_while_the_sessions_in_memory_are_busy(tmp_path):
+    """A 429 sap_busy says retry shortly: the client's SAP requests do, within retry_s."""
+    from rapt.client import RaptClient
+
+    key = add_key(tmp_path)
+    app = sap_app(tmp_path, max_sap_live_sessions=1)
+    probe = wire.encode(Activations(0, torch.randn(1, 3, 32), ones(1, 3)))
+    with TestClient(app) as c:
+        sap = app.state.svc.sap
+        busy, mine = sap_session(c, key), sap_session(c, key)
+        assert sap_post(c, key, busy, "predict", probe).status_code == 200
+        sap._live[busy].lock.acquire()
+        threading.Timer(0.5, sap._live[busy].lock.release).start()
+        client = RaptClient(api_key=key, backbone=make_bert(), remote_backbone="tiny", http=c)
+        r = client.api.request_retrying("POST", f"/v1/sap/sessions/{mine}/predict",
+                                        retry_s=30, content=probe, headers=OCTET)
+        assert r.status_code == 200 and set(sap._live) == {mine}
