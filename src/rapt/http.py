@@ -91,15 +91,17 @@ class HttpSession:
     def request_retrying(self, method: str, path: str, *, retry_s: float,
                          **kw: Any) -> httpx.Response:
         """:meth:`request`, retrying transport failures (server restarting, connection
-        dropped) with backoff (0.1 s doubling to 2 s) for up to ``retry_s`` seconds. Only for
-        requests the service makes harmless to repeat (SAP steps carry their step number)."""
+        dropped) and 429 ``sap_busy`` (the server's SAP sessions in memory are all in use)
+        with backoff (0.1 s doubling to 2 s) for up to ``retry_s`` seconds. Only for requests
+        the service makes harmless to repeat (SAP steps carry their step number)."""
         deadline = time.monotonic() + retry_s
         delay = 0.1
         while True:
             try:
                 return self.request(method, path, **kw)
             except ServiceError as e:
-                if e.status != 0 or time.monotonic() > deadline:
+                again = e.status == 0 or (e.status == 429 and e.error == "sap_busy")
+                if not again or time.monotonic() > deadline:
                     raise
                 time.sleep(delay)
                 delay = min(2.0, delay * 2)

@@ -128,6 +128,8 @@ def serve(
                                        "(repeat for several)"),
     device: str = typer.Option("cpu"),
     job_threads: int = typer.Option(1, help="training jobs run at once"),
+    job_slice_s: float = typer.Option(30.0, help="seconds a job runs while another key's job "
+                                      "waits before it yields and requeues (0: never)"),
     max_upload_mb: float = typer.Option(32.0, help="largest request body, MiB"),
     max_seq_len: int = typer.Option(512, help="longest token row accepted"),
     max_queued_jobs: int = typer.Option(16, help="jobs that may wait for the worker"),
@@ -181,7 +183,7 @@ def serve(
                         store_url=None if isinstance(target, Path) else target,
                         files_dir=files, jobs=jobs, ray_address=ray_address,
                         ray_actors=ray_actors, lease_s=lease_s, channels=channels,
-                        backbones=list(backbone), device=device,
+                        backbones=list(backbone), device=device, job_slice_s=job_slice_s,
                         job_threads=job_threads, batch_wait_ms=batch_wait_ms,
                         max_batch_rows=max_batch_rows, mixed_passes=mixed_passes,
                         limits=Limits(max_upload_bytes=int(max_upload_mb * 1024 * 1024),

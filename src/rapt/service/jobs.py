@@ -102,7 +102,7 @@ class RayJobs:
                  max_queued: int, actors: int = 1, address: str | None = None,
                  actor_options: dict[str, Any] | None = None, device: str = "cpu",
                  threads: int = 1, progress_interval_s: float = 0.5, lease_s: float = 30.0,
-                 heartbeat_s: float = 1.0, poll_s: float = 0.5,
+                 heartbeat_s: float = 1.0, poll_s: float = 0.5, slice_s: float = 0.0,
                  init_options: dict[str, Any] | None = None,
                  channels: dict[str, str] | None = None):
         from ray import cloudpickle
@@ -120,7 +120,8 @@ class RayJobs:
             self.actor_options.setdefault("num_gpus", 1)
         self.worker_options = {"max_queued": max_queued, "threads": threads,
                                "progress_interval_s": progress_interval_s, "lease_s": lease_s,
-                               "heartbeat_s": heartbeat_s, "poll_s": poll_s}
+                               "heartbeat_s": heartbeat_s, "poll_s": poll_s,
+                               "slice_s": slice_s}
         self.init_options = init_options or {}
         self.channels = {n: str(f) for n, f in (channels or {}).items()}
         self.actors: list[Any] = []

@@ -22,9 +22,16 @@ class Limits:
     max_predict_rows: int = 512  # rows per inference request
     max_inference_queue: int = 4096  # rows waiting for the micro-batcher
     max_datasets_per_key: int = 100  # stored datasets per API key (deleted ones not counted)
-    max_dataset_bytes_per_key: int = 1 << 30  # stored token ids + labels per key, bytes (JSON)
+    # Stored bytes per key: datasets' token ids + labels (JSON) and SAP sessions' files
+    # (uploaded releases, saved state), all counted together.
+    max_dataset_bytes_per_key: int = 1 << 30
     max_sap_sessions_per_key: int = 16  # SAP split sessions per API key
     max_sap_release_bytes: int = 1 << 30  # a frozen-bottom session's uploaded release, bytes
+    # SAP sessions held in memory (the top's copy and the release); idle ones beyond these are
+    # dropped (reloaded from their files when used), busy ones make a new one wait (429).
+    max_sap_live_sessions: int = 8  # in all
+    max_sap_live_sessions_per_key: int = 2  # of one key
+    max_sap_live_bytes: int = 4 << 30  # their tops' and releases' bytes, in all
 
 
 @dataclass
@@ -35,6 +42,9 @@ class ServiceConfig:
     backbones: list[str] = field(default_factory=lambda: ["minilm"])
     limits: Limits = field(default_factory=Limits)
     job_threads: int = 1  # concurrent training jobs
+    # A running job that has had this many seconds while another key's job waits stops at its
+    # next step, checkpoints and goes to the back of the queue (0: jobs run to the end).
+    job_slice_s: float = 30.0
     batch_wait_ms: float = 0.0  # extra wait for more requests (0: take what queued up
     # while the previous pass ran, which adds no latency)
     max_batch_rows: int = 64  # rows per inference forward pass

@@ -80,8 +80,11 @@ class _Live:
     row: dict[str, Any]
     config: SplitConfig
     provider: ProviderSession
-    release: list[Tensor] = field(default_factory=list)  # frozen: (n_i, h) per row
+    # Frozen: (n_i, h) per row, in the dtype it was uploaded in (a half-precision release
+    # stays half precision; each batch is converted to the top's dtype when it is used).
+    release: list[Tensor] = field(default_factory=list)
     release_bytes: int = 0
+    top_bytes: int = 0  # the session's copy of the top (parameters and buffers)
     reply: Tensor | None = None  # ActivationGrad.grad of the last applied step (unfrozen)
     lengths: Tensor | None = None  # valid positions per row of the replied batch
     pending_lengths: Tensor | None = None  # ... and of the pending forward
@@ -92,6 +95,11 @@ class _Live:
     def last_step(self) -> int:
         return self.provider.step - 1  # steps are consecutive from 0
 
+    @property
+    def memory(self) -> int:
+        """Bytes this session holds in memory (its top and release)."""
+        return self.top_bytes + self.release_bytes
+
 
 def _atomic_write(path: Path, write) -> None:
     tmp = path.with_name(path.name + ".tmp")
@@ -101,12 +109,14 @@ def _atomic_write(path: Path, write) -> None:
 
 class SplitSessions:
     """All SAP sessions of the process: loaded lazily from the store, at most ``max_live`` in
-    memory (an evicted session is reloaded from its files; its pending forward is dropped)."""
+    memory, of which ``limits.max_sap_live_sessions_per_key`` of one key, holding at most
+    ``limits.max_sap_live_bytes`` (an evicted session is reloaded from its files; its pending
+    forward is dropped)."""
 
     def __init__(self, store: Store, backbones: dict[str, Any], limits: Limits,
-                 max_live: int = 8):
+                 max_live: int | None = None):
         self.store, self.backbones, self.limits = store, backbones, limits
-        self.max_live = max_live
+        self.max_live = limits.max_sap_live_sessions if max_live is None else max_live
         self._live: collections.OrderedDict[str, _Live] = collections.OrderedDict()
         self._lock = threading.Lock()  # the _live table and session loading
         self._bottoms: collections.OrderedDict[tuple[str, int], tuple[bytes, str]] = \
@@ -186,19 +196,58 @@ class SplitSessions:
         with self._lock:
             live = self._live.get(sid)
             if live is None:
+                self._make_room(owner, sid, int(row.get("release_bytes") or 0))
                 live = self._load(row)
+                self._make_room(owner, sid, live.memory)  # the top's copy too, now known
                 self._live[sid] = live
-                for k, v in list(self._live.items()):
-                    if len(self._live) <= self.max_live:
-                        break
-                    # Only an idle session is dropped, and marked under its own lock, so a
-                    # request that already holds it can never act on a stale copy.
-                    if k != sid and v.lock.acquire(blocking=False):
-                        v.evicted = True
-                        v.lock.release()
-                        del self._live[k]
             self._live.move_to_end(sid)
         return live
+
+    def _make_room(self, owner: str, sid: str, need: int) -> None:
+        """Under ``self._lock``: drop idle sessions, least recently used first, until session
+        ``sid`` of ``owner`` (in memory or about to be) fits the in-memory limits with ``need``
+        more bytes; 429 when the sessions in the way are all in use."""
+        lim = self.limits
+
+        def others(of_owner: bool) -> list[_Live]:
+            return [v for k, v in self._live.items()
+                    if k != sid and (not of_owner or v.row["owner"] == owner)]
+
+        def held() -> int:
+            own = self._live[sid].memory if sid in self._live else 0
+            return own + sum(v.memory for v in others(False))
+
+        while len(others(True)) + 1 > lim.max_sap_live_sessions_per_key:
+            if not self._evict_one(sid, owner):
+                raise SapError(429, "sap_busy", f"this key has {len(others(True))} SAP sessions "
+                               "in memory, all in use; the limit is max_sap_live_sessions_per_"
+                               f"key={lim.max_sap_live_sessions_per_key}: retry when one of "
+                               "its requests has ended")
+        while len(others(False)) + 1 > self.max_live:
+            if not self._evict_one(sid):
+                raise SapError(429, "sap_busy", f"the server has {len(others(False))} SAP "
+                               "sessions in memory, all in use; the limit is max_sap_live_"
+                               f"sessions={self.max_live}: retry shortly")
+        while held() + need > lim.max_sap_live_bytes:
+            if not self._evict_one(sid):
+                raise SapError(429, "sap_busy", f"the SAP sessions in memory hold {held()} "
+                               f"bytes and this one needs {need} more; the limit is "
+                               f"max_sap_live_bytes={lim.max_sap_live_bytes}: retry shortly")
+
+    def _evict_one(self, sid: str, owner: str | None = None) -> bool:
+        """Under ``self._lock``: drop the least recently used idle session other than ``sid``
+        (of ``owner`` when given); False when there is none. Only an idle session is dropped,
+        marked under its own lock, so a request that already holds it never acts on a stale
+        copy."""
+        for k, v in list(self._live.items()):
+            if k == sid or (owner is not None and v.row["owner"] != owner):
+                continue
+            if v.lock.acquire(blocking=False):
+                v.evicted = True
+                v.lock.release()
+                del self._live[k]
+                return True
+        return False
 
     @contextmanager
     def _session(self, owner: str, sid: str) -> Iterator[_Live]:
@@ -221,24 +270,28 @@ class SplitSessions:
         cfg = SplitConfig(**row["config"])
         _, top = split_backbone(bb, cfg.split_layer, pooling=cfg.pooling)
         tune_top(top, cfg, bb.embeddings.detach())
-        live = _Live(row, cfg, ProviderSession(top, cfg, int(row["total_steps"])))
+        live = _Live(row, cfg, ProviderSession(top, cfg, int(row["total_steps"])),
+                     top_bytes=sum(t.numel() * t.element_size()
+                                   for t in (*top.parameters(), *top.buffers())))
         folder = Path(row["path"])
         state_path = folder / STATE_FILE
         if state_path.exists():
             state = torch.load(state_path, map_location="cpu", weights_only=True)
             live.provider.load_state_dict(state["provider"])
             live.reply, live.lengths = state.get("reply"), state.get("lengths")
+        sizes = {"state_bytes": state_path.stat().st_size if state_path.exists() else 0}
         if not cfg.unfreeze_bottom:
             max_bytes = self.limits.max_sap_release_bytes
             for f in sorted(folder.glob("release-*.safetensors")):
                 data = f.read_bytes()
                 live.release += wire.decode(data, Release, max_bytes=max_bytes).rows()
                 live.release_bytes += len(data)
-        if row["last_step"] != live.last_step or row["rows_received"] != len(live.release):
+        sizes.update(last_step=live.last_step, rows_received=len(live.release),
+                     release_bytes=live.release_bytes)
+        if any(row.get(k) != v for k, v in sizes.items()):
             # the files are the truth: the row may lag by one step after a crash
-            self.store.update_sap_session(row["id"], last_step=live.last_step,
-                                          rows_received=len(live.release))
-            row.update(last_step=live.last_step, rows_received=len(live.release))
+            self.store.update_sap_session(row["id"], **sizes)
+            row.update(sizes)
         return live
 
     def info(self, owner: str, sid: str) -> dict[str, Any]:
@@ -331,13 +384,20 @@ class SplitSessions:
         if live.release_bytes + len(data) > self.limits.max_sap_release_bytes:
             raise SapError(413, "payload_too_large", "the release would exceed the limit "
                            f"max_sap_release_bytes={self.limits.max_sap_release_bytes}")
-        folder = Path(live.row["path"])
-        _atomic_write(folder / f"release-{msg.offset:012d}.safetensors",
-                      lambda p: p.write_bytes(data))
-        live.release += [r.float().clone() for r in msg.rows()]
+        with self._lock:  # the chunk will be held in memory too
+            self._make_room(live.row["owner"], sid, len(data))
+        path = Path(live.row["path"]) / f"release-{msg.offset:012d}.safetensors"
+        try:  # the file counts in the key's storage quota, checked and recorded with it
+            self.store.add_sap_release(
+                sid, live.row["owner"], len(data), have + B,
+                lambda: _atomic_write(path, lambda p: p.write_bytes(data)),
+                max_bytes=self.limits.max_dataset_bytes_per_key)
+        except QuotaError as e:
+            raise SapError(429, "quota_exceeded", str(e)) from None
+        live.release += msg.rows()  # views of the chunk's one tensor, in its dtype
         live.release_bytes += len(data)
-        self.store.update_sap_session(sid, rows_received=len(live.release))
-        live.row["rows_received"] = len(live.release)
+        live.row.update(rows_received=len(live.release),
+                        release_bytes=live.release_bytes)
         return self._info(live.row)
 
     def _step_conflict(self, live: _Live, what: str, step: int) -> SapError:
@@ -374,7 +434,9 @@ class SplitSessions:
                 if max(rows) >= n:
                     raise SapError(422, "invalid_message", f"BatchRef.rows: index {max(rows)} "
                                    f"is not a row of the release (n_examples={n})")
-                hidden, mask = wire.pad_rows([live.release[i] for i in rows])
+                # this batch only, in the top's dtype (the release stays as uploaded)
+                hidden, mask = wire.pad_rows([live.release[i] for i in rows],
+                                             dtype=next(p.top.parameters()).dtype)
                 acts = Activations(msg.step, hidden, mask)
             else:
                 acts = msg
@@ -414,7 +476,8 @@ class SplitSessions:
             try:
                 _atomic_write(Path(live.row["path"]) / STATE_FILE,
                               lambda f: torch.save(state, f))
-                self.store.update_sap_session(sid, last_step=live.last_step)
+                self.store.update_sap_session(sid, last_step=live.last_step, state_bytes=(
+                    Path(live.row["path"]) / STATE_FILE).stat().st_size)
             except BaseException:
                 # This copy is ahead of what was saved: never answer (or replay) from it. The
                 # next request reloads the files, the truth.

@@ -70,7 +70,8 @@ class Service:
             config.jobs, self.store, backbones if config.jobs == "inprocess" else job_backbones,
             runner, max_queued=self.limits.max_queued_jobs, threads=config.job_threads,
             progress_interval_s=config.progress_interval_s, lease_s=config.lease_s,
-            heartbeat_s=config.heartbeat_s, actors=config.ray_actors,
+            heartbeat_s=config.heartbeat_s, slice_s=config.job_slice_s,
+            actors=config.ray_actors,
             address=config.ray_address, actor_options=config.ray_actor_options,
             device=config.device,
             # Ray actors load the channel models from their folders, on their own backbones.

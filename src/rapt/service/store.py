@@ -109,7 +109,11 @@ sap_sessions = sa.Table(
     Column("n_examples", Integer, nullable=False), Column("total_steps", Integer, nullable=False),
     Column("last_step", Integer, nullable=False), Column("rows_received", Integer, nullable=False),
     Column("path", Text, nullable=False), Column("created", Double, nullable=False),
-    Column("updated", Double, nullable=False))
+    Column("updated", Double, nullable=False),
+    # Bytes of its files (migration 6), which count in the owner's storage quota with the
+    # datasets: the release chunks uploaded, and the saved state (top tensors, optimizer).
+    Column("release_bytes", Integer, nullable=False, server_default="0"),
+    Column("state_bytes", Integer, nullable=False, server_default="0"))
 
 # Named rows locked (SELECT ... FOR UPDATE) to serialize a check-then-insert across processes
 # on PostgreSQL; SQLite's write transactions are serialized already.
@@ -188,6 +192,8 @@ MIGRATIONS: tuple[Migration, ...] = (
                                           data="", privacy="{}", plain_ids=None)),)),
     Migration(5, "the channel model a prompt was tuned through", (
         add_columns("prompts", "channel"),)),
+    Migration(6, "SAP session file sizes, for the per-key storage quota", (
+        add_columns("sap_sessions", "release_bytes", "state_bytes"),)),
 )
 
 
@@ -204,6 +210,10 @@ def sql(text: str, args: tuple | list = ()) -> sa.TextClause:
 
 def new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(8)}"
+
+
+QUOTA_FIX = ("delete datasets with DELETE /v1/datasets/{id} or SAP sessions with "
+             "DELETE /v1/sap/sessions/{id}")
 
 
 class QuotaError(Exception):
@@ -583,19 +593,17 @@ class Store:
             # one after the other, on every backend.
             conn.execute(sa.select(api_keys.c.id).where(api_keys.c.id == owner)
                          .with_for_update())
-            n, used = conn.execute(
-                sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(
-                    sa.func.coalesce(c.bytes, sa.func.length(c.data))), 0))
-                .where(c.owner == owner, c.deleted.is_(None))).one()
-            n, used = int(n), int(used)
+            n = int(conn.execute(sa.select(sa.func.count()).select_from(datasets).where(
+                c.owner == owner, c.deleted.is_(None))).scalar())
+            used = self._stored_bytes(conn, owner)
             if max_count is not None and n + 1 > max_count:
                 raise QuotaError(f"this key already stores {n} datasets; the quota is "
                                  f"max_datasets_per_key={max_count} (delete some with "
                                  "DELETE /v1/datasets/{id})")
             if max_bytes is not None and used + size > max_bytes:
                 raise QuotaError(f"this dataset ({size} bytes) and the {used} bytes this key "
-                                 f"already stores exceed the quota max_dataset_bytes_per_key="
-                                 f"{max_bytes} (delete some with DELETE /v1/datasets/{{id}})")
+                                 f"already stores (datasets and SAP sessions) exceed the quota "
+                                 f"max_dataset_bytes_per_key={max_bytes} ({QUOTA_FIX})")
             conn.execute(datasets.insert().values(
                 id=did, owner=owner, backbone=backbone, n_examples=len(labels),
                 num_labels=num_labels, max_row_len=max(map(len, input_ids)),
@@ -603,6 +611,23 @@ class Store:
                 plain_ids=json.dumps(plain_ids) if plain_ids is not None else None,
                 data="", created=time.time(), bytes=size))
             write_private(self._data_path(did), data.encode())
+
+    @staticmethod
+    def _stored_bytes(conn: sa.Connection, owner: str) -> int:
+        """Bytes a key stores, as its storage quota counts them: its datasets' data and its
+        SAP sessions' files (releases and saved state)."""
+        c, s = datasets.c, sap_sessions.c
+        ds = conn.execute(sa.select(sa.func.coalesce(sa.func.sum(
+            sa.func.coalesce(c.bytes, sa.func.length(c.data))), 0))
+            .where(c.owner == owner, c.deleted.is_(None))).scalar()
+        sap = conn.execute(sa.select(sa.func.coalesce(sa.func.sum(
+            s.release_bytes + s.state_bytes), 0)).where(s.owner == owner)).scalar()
+        return int(ds) + int(sap)
+
+    def stored_bytes(self, owner: str) -> int:
+        """See ``_stored_bytes``."""
+        with self._tx() as conn:
+            return self._stored_bytes(conn, owner)
 
     def _data_path(self, did: str) -> Path:
         """The file holding a dataset's token ids and labels (JSON)."""
@@ -812,6 +837,14 @@ class Store:
                         jobs.c.id == jid)).one()._mapping))
         return None  # lost eight races in a row: the caller polls again
 
+    def queued_jobs(self, backbones: list[str] | None = None) -> list[tuple[str, str]]:
+        """(id, owner) of the queued jobs (of one of ``backbones``): what a worker checks
+        before it asks a job to yield its time slice."""
+        q = sa.select(jobs.c.id, jobs.c.owner).where(jobs.c.state == "queued")
+        if backbones is not None:
+            q = q.where(jobs.c.backbone.in_(backbones))
+        return [(r["id"], r["owner"]) for r in self._rows(q)]
+
     def update_claimed(self, jid: str, worker: str, /, **fields: Any) -> bool:
         """Set columns of a job this worker still holds; False (nothing written) when the
         job's lease went to another worker or the job ended."""
@@ -957,6 +990,26 @@ class Store:
         if row:
             row["config"] = json.loads(row["config"])
         return row
+
+    def add_sap_release(self, sid: str, owner: str, size: int, rows_received: int,
+                        write: Callable[[], None], *, max_bytes: int | None = None) -> None:
+        """Record a release chunk of ``size`` bytes (and the rows the session then has),
+        calling ``write()`` to store its file inside the transaction; raises QuotaError
+        (nothing written) when the owner's stored bytes would exceed ``max_bytes``."""
+        s = sap_sessions.c
+        with self._tx() as conn:
+            # The owner's key row is the quota's lock, as for datasets.
+            conn.execute(sa.select(api_keys.c.id).where(api_keys.c.id == owner)
+                         .with_for_update())
+            used = self._stored_bytes(conn, owner)
+            if max_bytes is not None and used + size > max_bytes:
+                raise QuotaError(f"this release chunk ({size} bytes) and the {used} bytes this "
+                                 f"key already stores (datasets and SAP sessions) exceed the "
+                                 f"quota max_dataset_bytes_per_key={max_bytes} ({QUOTA_FIX})")
+            write()
+            conn.execute(sap_sessions.update().where(s.id == sid, s.owner == owner).values(
+                release_bytes=s.release_bytes + size, rows_received=rows_received,
+                updated=time.time()))
 
     def update_sap_session(self, sid: str, **fields: Any) -> None:
         """Set columns (last_step, rows_received); ``updated`` is set to now."""

@@ -116,6 +116,11 @@ def default_runner(backbone: Any, data: TrainData, params: dict[str, Any], *,
     return tuned
 
 
+# run_loop checkpoints once more when should_stop() ends a run, so a job stopped for its time
+# slice resumes where it stopped (JobWorker yields only jobs that do).
+default_runner.checkpoints_when_stopped = True  # type: ignore[attr-defined]
+
+
 __all__ = ["JobRunner", "JobWorker", "QueueFullError", "TrainData", "default_runner",
            "planned_steps", "tune_config"]
 
@@ -141,6 +146,10 @@ class _Run:
     elapsed_before: float
     t0: float = field(default_factory=time.monotonic)
     last_write: float = 0.0  # monotonic time of the last progress written to the store
+    # Its time slice is over and another key's job waits: stop at the next step and go to
+    # the back of the queue (resumed from the checkpoint written when it stops).
+    yielding: threading.Event = field(default_factory=threading.Event)
+    checkpointed: bool = False  # a checkpoint was written during this claim
 
     @property
     def id(self) -> str:
@@ -158,12 +167,19 @@ class JobWorker:
     a job twice. A heartbeat thread renews the leases of the jobs this worker runs and picks up
     cancel requests made through any API process; jobs whose worker stopped renewing (a crash,
     a killed process) are taken back and resumed from their last checkpoint by whichever
-    worker notices first. ``max_queued`` bounds the jobs waiting in the whole store."""
+    worker notices first. ``max_queued`` bounds the jobs waiting in the whole store.
+
+    Time slices (``slice_s`` > 0): a job that has run ``slice_s`` seconds since it was claimed
+    while a job of another key waits (seen on two heartbeats in a row) stops at its next step,
+    checkpoints and goes back to the queue; ``Store.claim_next`` then serves the key that
+    waited (round robin across keys), so one key's long job delays another key's job by about
+    one slice, not by its whole run. Only jobs whose runner checkpoints when stopped yield."""
 
     def __init__(self, store: Store, backbones: dict[str, Any], runner: JobRunner, *,
                  max_queued: int, threads: int = 1, progress_interval_s: float = 0.5,
                  lease_s: float = 30.0, heartbeat_s: float = 1.0, poll_s: float = 0.5,
-                 name: str = "", channels: dict[str, Any] | None = None):
+                 name: str = "", channels: dict[str, Any] | None = None,
+                 slice_s: float = 0.0):
         self.store = store
         self.backbones = backbones
         # backbone -> rapt.service.channels.Channel: the channel models jobs may record
@@ -172,6 +188,10 @@ class JobWorker:
         self.max_queued = max_queued
         self.progress_interval_s = progress_interval_s
         self.lease_s, self.heartbeat_s, self.poll_s = lease_s, heartbeat_s, poll_s
+        self.slice_s = slice_s
+        self._runs: dict[str, _Run] = {}  # running here, for the time-slice check
+        self._waiting: set[str] = set()  # other keys' queued jobs seen at the last check
+        self._no_yield: set[str] = set()  # jobs that yielded without a checkpoint: never again
         # host:pid:random, so a worker on this host can tell a dead process's leases at once.
         self.worker_id = (f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
                           + (f":{name}" if name else ""))
@@ -299,12 +319,36 @@ class JobWorker:
                     self._lost[job_id].set()
                 if cancel and job_id in self._cancel:
                     self._cancel[job_id].set()
+            try:
+                self._end_slices()
+            except Exception:
+                log.exception("checking time slices failed")
             if time.monotonic() - last_reap >= min(self.lease_s / 2, 5.0):
                 last_reap = time.monotonic()
                 try:
                     self.reap_stale()
                 except Exception:
                     log.exception("checking for stale jobs failed")
+
+    def _end_slices(self) -> None:
+        """Ask the longest-running job whose slice is over to yield, when a job of another key
+        has waited since the previous check (a job an idle worker claims at once is no
+        reason to yield)."""
+        over = [r for r in list(self._runs.values())
+                if self.slice_s > 0 and not r.yielding.is_set() and r.id not in self._no_yield
+                and time.monotonic() - r.t0 >= self.slice_s
+                and (r.checkpointed or getattr(self.runner, "checkpoints_when_stopped", False))]
+        if not over:
+            self._waiting = set()
+            return
+        waiting = self.store.queued_jobs(list(self.backbones))
+        seen, self._waiting = self._waiting, {jid for jid, _ in waiting}
+        for run in sorted(over, key=lambda r: r.t0):
+            if any(jid in seen and owner != run.job["owner"] for jid, owner in waiting):
+                log.info("job %s: time slice of %.0f s over and another key's job waits; "
+                         "it goes to the back of the queue", run.id, self.slice_s)
+                run.yielding.set()
+                return
 
     def _loop(self) -> None:
         while not self._shutdown.is_set():
@@ -327,6 +371,7 @@ class JobWorker:
             finally:
                 self._cancel.pop(job["id"], None)
                 self._lost.pop(job["id"], None)
+                self._runs.pop(job["id"], None)
 
     def _run(self, job: dict[str, Any]) -> None:
         """Run a job this worker has claimed (state 'running', its lease): train, then save the
@@ -363,6 +408,7 @@ class JobWorker:
         if not store.update_claimed(job_id, me, started=time.time(),
                                     resumed_from_step=start_step):
             return None
+        self._runs[job_id] = run
         return run
 
     def _progress(self, run: _Run, info: dict) -> None:
@@ -392,6 +438,7 @@ class JobWorker:
         with os.fdopen(os.open(tmp, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600), "wb") as f:
             torch.save(state, f)
         os.replace(tmp, path)  # atomic: a crash mid-write keeps the previous checkpoint
+        run.checkpointed = True
         live = self._live.get(run.id, {})
         if not self.store.update_claimed(run.id, self.worker_id, checkpoint=str(path),
                                          **{k: v for k, v in live.items() if k != "elapsed"},
@@ -401,7 +448,8 @@ class JobWorker:
                 erase_file(path)
 
     def _should_stop(self, run: _Run) -> bool:
-        return run.cancel.is_set() or run.lost.is_set() or self._shutdown.is_set()
+        return (run.cancel.is_set() or run.lost.is_set() or self._shutdown.is_set()
+                or run.yielding.is_set())
 
     def _train(self, run: _Run) -> tuple[TrainData, Any] | None:
         """(the job's data, the runner's result); None when it failed (recorded)."""
@@ -454,7 +502,9 @@ class JobWorker:
                                     elapsed=elapsed, heartbeat=None):
                 self._drop_checkpoint(job_id)
             return True
-        if self._shutdown.is_set() and stopped:
+        if (self._shutdown.is_set() or run.yielding.is_set()) and stopped:
+            if run.yielding.is_set() and not run.checkpointed:
+                self._no_yield.add(job_id)  # it would lose its work at every slice
             ck = store.get_job(job_id, None)["checkpoint"]
             if ck and Path(ck).exists():  # back to the queue: any worker resumes it
                 store.update_claimed(job_id, me, state="queued", worker=None, heartbeat=None,

@@ -190,10 +190,11 @@ def decode(data: bytes, expect: type | tuple[type, ...], *, max_bytes: int) -> o
     return cls(**kw)  # __post_init__: shapes, masks, finiteness
 
 
-def pad_rows(rows: list[Tensor]) -> tuple[Tensor, Tensor]:
-    """Per-row hidden states [(n_i, h)] -> right-padded (B, max n, h) zeros and mask (B, n)."""
+def pad_rows(rows: list[Tensor], dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
+    """Per-row hidden states [(n_i, h)] -> right-padded (B, max n, h) zeros (in ``dtype``,
+    default the first row's) and mask (B, n)."""
     n, h = max(r.shape[0] for r in rows), rows[0].shape[-1]
-    hidden = torch.zeros(len(rows), n, h, dtype=rows[0].dtype)
+    hidden = torch.zeros(len(rows), n, h, dtype=dtype or rows[0].dtype)
     mask = torch.zeros(len(rows), n, dtype=torch.long)
     for i, r in enumerate(rows):
         hidden[i, :r.shape[0]] = r
