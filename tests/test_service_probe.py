@@ -19,6 +19,7 @@ from fastapi.testclient import TestClient
 from test_sap_service import _post, _session, ones
 from test_sap_service import service as sap_service  # noqa: F401  (the SAP service fixture)
 from test_service import (
+    SQLITE_ONLY,
     FakeRunner,
     add_key,
     backend,  # noqa: F401  (the store-backend fixture)
@@ -46,6 +47,7 @@ def svc(tmp_path, tiny_bert, backend):  # noqa: F811
 
 
 # -- keys never in a URL -------------------------------------------------------------------------
+@SQLITE_ONLY
 def test_api_key_in_the_query_is_refused(svc):
     """The key is read from headers only: a valid key in any query parameter is 401."""
     for name in ("api_key", "apikey", "key", "token", "access_token", "authorization"):
@@ -163,6 +165,7 @@ def test_a_replayed_backward_with_another_body_is_409(sap_service, tmp_path):  #
 
 
 # -- validation ---------------------------------------------------------------------------------
+@SQLITE_ONLY
 @pytest.mark.parametrize("texts,pairs", [
     (["\u0000\u0000"], None), (["fine", "\u0000 \u200b\t"], None), (["fine"], ["\u0000"])])
 def test_blank_rows_are_refused(svc, texts, pairs):
@@ -175,6 +178,7 @@ def test_blank_rows_are_refused(svc, texts, pairs):
     assert svc.store.counts() == before
 
 
+@SQLITE_ONLY
 def test_rows_the_tokenizer_empties_are_refused(svc):
     """A text of characters the tokenizer drops (here a lone combining accent, which BERT's
     accent stripping removes) is refused once tokenized, not trained on as an empty row."""
@@ -183,6 +187,7 @@ def test_rows_the_tokenizer_empties_are_refused(svc):
     assert r.status_code == 422 and "no token is left" in r.json()["detail"], r.text
 
 
+@SQLITE_ONLY
 @pytest.mark.parametrize("eta,ok", [(1e-320, False), (5e-4, False), (2e6, False),
                                     (1e-3, True), (1e6, True)])
 def test_eta_outside_the_supported_range_is_refused(svc, tmp_path, eta, ok):
@@ -215,6 +220,7 @@ def test_eta_outside_the_supported_range_is_refused(svc, tmp_path, eta, ok):
     assert out.exit_code == 2 and "--eta must be a finite number in" in out.output, out.output
 
 
+@SQLITE_ONLY
 def test_pad_tokens_count_toward_the_length_limit(svc):
     """Old behaviour: trailing pad tokens were stripped before the length check, so one row
     with 100,000 pads (max_seq_len 32) was stored (201)."""
@@ -233,6 +239,7 @@ def test_pad_tokens_count_toward_the_length_limit(svc):
 
 
 # -- the OpenAPI document -----------------------------------------------------------------------
+@SQLITE_ONLY
 def test_openapi_lists_the_error_codes_each_route_answers_with(svc):
     """Old behaviour: list routes documented no 401, the meta routes no 413, and routes with
     parameters documented FastAPI's own 422 body, not the service's."""
@@ -259,6 +266,7 @@ def test_openapi_lists_the_error_codes_each_route_answers_with(svc):
     assert "HTTPValidationError" not in doc["components"]["schemas"]
 
 
+@SQLITE_ONLY
 def test_405_names_every_method_of_the_path_in_allow(svc):
     """Old behaviour: 405 carried no `Allow` header (the error handler dropped it); the router's
     own would name only the first route of a path that has several."""
