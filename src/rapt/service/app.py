@@ -89,6 +89,11 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        cause = exc.__cause__
+        if exc.status_code == 400 and isinstance(cause, UnicodeDecodeError):
+            # Bytes that are no text: the same 422 as any other body that is not JSON.
+            return error_response(422, "validation_error", f"body is not valid JSON "
+                                  f"({cause.encoding}: {cause.reason} at byte {cause.start})")
         code = HTTPStatus(exc.status_code).phrase.lower().replace(" ", "_")
         resp = error_response(exc.status_code, code, str(exc.detail))
         resp.headers.update(exc.headers or {})

@@ -20,6 +20,10 @@ BINARY = {200: {"content": {OCTET: {}}, "description": "a safetensors message"}}
 # A message of a session: its own (404), in step order (409), well formed (422), on a
 # backbone this server loaded (503).
 MESSAGE = {**errors(404, 409, 422, 503), **BINARY}
+# The message routes read the body themselves: the document still says what it is.
+BODY = {"requestBody": {"required": True, "description": "a safetensors message "
+                        "(rapt.split.wire)", "content": {OCTET: {"schema": {
+                            "type": "string", "format": "binary"}}}}}
 
 
 @router.get("/bottom", response_class=Response,
@@ -58,7 +62,8 @@ def sap_delete(session_id: str, svc: Svc, me: Owner) -> Response:
 
 
 @router.post("/sessions/{session_id}/release", response_model=SapSessionInfo,
-             responses=errors(404, 409, 413, 422, 503))
+             responses=errors(404, 409, 413, 422, 503),
+             openapi_extra=BODY)
 async def sap_release(session_id: str, request: Request, me: Owner) -> SapSessionInfo:
     """Frozen bottom: a ``Release`` chunk (safetensors body), contiguous from row 0."""
     data = await request.body()
@@ -66,7 +71,8 @@ async def sap_release(session_id: str, request: Request, me: Owner) -> SapSessio
     return SapSessionInfo(**info)
 
 
-@router.post("/sessions/{session_id}/forward", response_class=Response, responses=MESSAGE)
+@router.post("/sessions/{session_id}/forward", response_class=Response, responses=MESSAGE,
+             openapi_extra=BODY)
 async def sap_forward(session_id: str, request: Request, me: Owner) -> Response:
     """Training step ``last_step + 1``: ``Activations`` (unfrozen bottom) or ``BatchRef``
     (frozen) in, ``TopOutput`` g out (safetensors)."""
@@ -82,7 +88,8 @@ async def sap_forward(session_id: str, request: Request, me: Owner) -> Response:
                      "type": "object", "required": ["step", "last_step", "replayed"],
                      "properties": {"step": {"type": "integer"},
                                     "last_step": {"type": "integer"},
-                                    "replayed": {"type": "boolean"}}}}}}})
+                                    "replayed": {"type": "boolean"}}}}}}},
+             openapi_extra=BODY)
 async def sap_backward(session_id: str, request: Request, me: Owner) -> Response:
     """``OutputGrad`` ∂l/∂g in; the update is applied exactly once (a repeat of the last
     applied step is answered from the saved reply, ``X-Rapt-Replayed: 1``). Out:
@@ -98,7 +105,8 @@ async def sap_backward(session_id: str, request: Request, me: Owner) -> Response
 
 
 @router.post("/sessions/{session_id}/predict", response_class=Response,
-             responses={**errors(404, 422, 503), **BINARY})
+             responses={**errors(404, 422, 503), **BINARY},
+             openapi_extra=BODY)
 async def sap_predict(session_id: str, request: Request, me: Owner) -> Response:
     """Inference: ``Activations`` of privatized queries in, ``TopOutput`` g out; the
     customer applies its own output layer."""
