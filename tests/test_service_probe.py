@@ -199,6 +199,7 @@ def test_eta_outside_the_supported_range_is_refused(svc, tmp_path, eta, ok):
     from rapt.client import ClientError, RaptClient
     from rapt.config import ETA_MAX, ETA_MIN
     from rapt.privatization import Privatizer
+    from rapt.split import SplitConfig
 
     body = upload_body()
     body["privacy"]["eta"] = eta
@@ -213,6 +214,8 @@ def test_eta_outside_the_supported_range_is_refused(svc, tmp_path, eta, ok):
         Privatizer(emb, eta)
     with pytest.raises(ClientError, match="eta must be a finite number in"):
         RaptClient("https://x", "k", backbone=object(), eta=eta)
+    with pytest.raises(ValueError, match="SplitConfig.eta must be a finite number in"):
+        SplitConfig(eta=eta)
     src = tmp_path / "in.txt"
     src.write_text("a movie\n")
     out = CliRunner().invoke(cli, ["privatize", str(src), str(tmp_path / "out.txt"),
@@ -236,6 +239,17 @@ def test_pad_tokens_count_toward_the_length_limit(svc):
     body["input_ids"][0] = real + [0] * (32 - len(real))
     r = svc.post("/v1/datasets", json=body, headers=hdr(a))
     assert r.status_code == 201 and r.json()["max_row_len"] == len(real), r.text
+
+
+@SQLITE_ONLY
+def test_a_body_that_is_not_text_is_422_like_any_body_that_is_not_json(svc):
+    """Found by schemathesis: bytes that are not UTF-8 under `Content-Type: application/json`
+    got FastAPI's 400 "There was an error parsing the body", which no route documented; a body
+    that is not JSON is 422 everywhere else."""
+    for path in ("/v1/datasets", "/v1/jobs", "/v1/predict", "/v1/sap/sessions"):
+        r = svc.post(path, content=b'{\x0bD1\xff\xfeZ', headers={
+            **hdr(svc.alice), "Content-Type": "application/json"})
+        assert r.status_code == 422 and "not valid JSON" in r.json()["detail"], (path, r.text)
 
 
 # -- the OpenAPI document -----------------------------------------------------------------------
