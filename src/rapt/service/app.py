@@ -4,6 +4,7 @@ Every error is a JSON body ``{"error": code, "detail": message}``; an unexpected
 whose detail holds only an error id, under which the server log keeps the one traceback. Every
 user object belongs to the API key that created it; any other key gets 404 for it, and nothing
 lists other keys' objects; users list and delete their own datasets and prompts. The API key is
+read from headers only, never from the URL (whose query the access log does not keep), and
 checked before a request body is read. Backbones are loaded once per process at startup.
 
 This module only wires the app: the routes are in ``rapt.service.routes`` (one router per
