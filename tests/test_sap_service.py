@@ -252,13 +252,14 @@ def test_bad_messages_are_refused_and_change_nothing(service, tmp_path):
     assert tc.post(f"/v1/sap/sessions/{sid}/forward", content=wire.encode(good)).status_code \
         == 401
     # the pending forward survived all that: the right gradient applies step 0 once
-    r = post(sid, "backward", OutputGrad(0, torch.randn(4, 32)))
+    grad0 = wire.encode(OutputGrad(0, torch.randn(4, 32)))
+    r = post(sid, "backward", grad0)
     assert r.status_code == 200 and r.headers["x-rapt-replayed"] == "0"
     reply = wire.decode(r.content, wire.MESSAGES["ActivationGrad"], max_bytes=1 << 20)
     assert reply.step == 0 and reply.grad.shape == (4, 6, 32)
     # a repeated backward (lost reply) is answered from the saved reply, nothing applied twice
     before = snapshot(sid)
-    r2 = post(sid, "backward", OutputGrad(0, torch.randn(4, 32)))
+    r2 = post(sid, "backward", grad0)
     assert r2.status_code == 200 and r2.headers["x-rapt-replayed"] == "1"
     assert torch.equal(wire.decode(r2.content, wire.MESSAGES["ActivationGrad"],
                                    max_bytes=1 << 20).grad, reply.grad)

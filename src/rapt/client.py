@@ -16,7 +16,6 @@ Without a configured η the client privatizes at the default level (P ≈
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 import warnings
@@ -27,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from rapt.config import DEFAULT_PLAIN_TOKENS, DEFAULT_PRIVATIZER_MODE
+from rapt.config import DEFAULT_PLAIN_TOKENS, DEFAULT_PRIVATIZER_MODE, eta_problem
 from rapt.http import HttpSession, ServiceError, warn_plain_http
 
 # DEFAULT_MIN_P: the one weak-privacy threshold (re-exported)
@@ -104,8 +103,8 @@ class RaptClient:
             raise ClientError("no API key: pass --key or set RAPT_API_KEY")
         if url and http is None:
             warn_plain_http(url, PrivacyWarning, stacklevel=2)
-        if eta is not None and not (eta > 0 and math.isfinite(eta)):
-            raise ClientError(f"eta must be a positive finite number, got {eta}")
+        if eta is not None and eta_problem(eta):
+            raise ClientError(f"eta {eta_problem(eta)}")
         if target_p is not None and not 0 < target_p < 1:
             raise ClientError(f"target_p must lie strictly between 0 and 1, got {target_p}")
         if eta is not None and target_p is not None:

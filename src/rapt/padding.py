@@ -2,9 +2,10 @@
 
 dχ-privatization replaces tokens one for one, so a row's length travels unchanged; padding
 every row up to a multiple of ``bucket`` with the pad token makes the bodies' sizes, and the
-row lengths seen on the wire, coarser. The service strips the trailing pad tokens again before
-anything else (the attention mask then hides nothing that was real), so predictions and
-training are the same as without padding. The provider therefore still learns each row's true
+row lengths seen on the wire, coarser. The service checks the rows as sent (pad tokens count
+toward its length limits), then strips the trailing pad tokens before anything else (the
+attention mask then hides nothing that was real), so predictions and training are the same as
+without padding. The provider therefore still learns each row's true
 length: padding hides lengths from whoever sees only the traffic, not from the provider
 (docs/THREAT_MODEL.md).
 

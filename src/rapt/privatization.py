@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from rapt.config import ETA_MAX, ETA_MIN, eta_problem
 from rapt.nn_search import MODES, NNIndex, SearchMode, build_index
 from rapt.noise import NoiseSource
 
@@ -51,8 +52,9 @@ _UNUSED = re.compile(r"^(\[unused\d+\]|<unused\d+>|<\|reserved_special_token_\d+
 
 def _check_eta(eta: float) -> float:
     eta = float(eta)
-    if not math.isfinite(eta) or eta <= 0:
-        raise ValueError(f"eta must be a positive finite number, got {eta}")
+    problem = eta_problem(eta)
+    if problem:
+        raise ValueError(f"eta {problem}")
     return eta
 
 
@@ -400,19 +402,19 @@ def calibrate_eta(embeddings: Tensor, target_p: float, sample_ids: Tensor | Sequ
     p = p_at(eta0)
     if abs(p - target_p) <= tol:
         return eta0
-    # Bracket: P(lo) >= target >= P(hi), expanding by 4x per step.
+    # Bracket: P(lo) >= target >= P(hi), expanding by 4x per step within [ETA_MIN, ETA_MAX].
     if p > target_p:
         while p > target_p:
-            lo, hi = hi, hi * 4.0
-            if hi > 1e12:
-                raise ValueError(f"P stays above {target_p} for every η (is the candidate set "
-                                 "missing the inputs' own tokens?)")
+            if hi >= ETA_MAX:
+                raise ValueError(f"P stays above {target_p} for every η up to {ETA_MAX:g} (is "
+                                 "the candidate set missing the inputs' own tokens?)")
+            lo, hi = hi, min(hi * 4.0, ETA_MAX)
             p = p_at(hi)
     else:
         while p < target_p:
-            hi, lo = lo, lo / 4.0
-            if lo < 1e-12:
-                raise ValueError(f"P stays below {target_p} for every η")
+            if lo <= ETA_MIN:
+                raise ValueError(f"P stays below {target_p} for every η down to {ETA_MIN:g}")
+            hi, lo = lo, max(lo / 4.0, ETA_MIN)
             p = p_at(lo)
     for _ in range(max_iter):
         mid = math.sqrt(lo * hi)

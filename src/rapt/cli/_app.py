@@ -155,7 +155,7 @@ def check_eta_options(eta: float | None, target_p: float | None,
                       target_ep: float | None = None) -> None:
     """Bad --eta / --target-p / --target-ep values, or more than one given, are user errors
     (exit 2); cheap, so a command can check them before it loads anything."""
-    import math
+    from rapt.config import eta_problem
 
     given = [f for f, v in (("--eta", eta), ("--target-p", target_p), ("--target-ep", target_ep))
              if v is not None]
@@ -167,8 +167,8 @@ def check_eta_options(eta: float | None, target_p: float | None,
         fail(f"--target-p must lie strictly between 0 and 1 (got {target_p})")
     if target_ep is not None and not 0 < target_ep < 1:
         fail(f"--target-ep must lie strictly between 0 and 1 (got {target_ep})")
-    if eta is not None and not (math.isfinite(eta) and eta > 0):
-        fail(f"--eta must be a positive finite number (got {eta})")
+    if eta is not None and eta_problem(eta):
+        fail(f"--eta {eta_problem(eta)}")
 
 
 def privacy_level(eta: float | None, target_p: float | None, target_ep: float | None,

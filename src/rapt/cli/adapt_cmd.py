@@ -25,6 +25,7 @@ import typer
 
 from rapt.cli._app import TARGET_P_HELP, app, check_eta_options, load_backbone_or_fail
 from rapt.cli._app import fail as _fail
+from rapt.config import eta_problem
 
 _HELP = {
     "out": "channel model folder (written atomically: nothing half-written on error or Ctrl-C)",
@@ -120,6 +121,8 @@ def _check_options(o: SimpleNamespace) -> None:
         lo, hi, n = o.eta_band
         if not (0 < lo <= hi) or n < 1:
             _fail(f"--eta-band LO HI N needs 0 < LO <= HI and N >= 1 (got {lo:g} {hi:g} {n})")
+        if eta_problem(lo) or eta_problem(hi):
+            _fail(f"--eta-band: η {eta_problem(lo) or eta_problem(hi)}")
     if (o.corpus is None) == (o.corpus_for is None):
         _fail("give the public corpus with exactly one of --corpus-for TASK or --corpus FILE")
     if o.corpus is not None and not o.corpus.is_file():

@@ -4,6 +4,7 @@ Every error is a JSON body ``{"error": code, "detail": message}``; an unexpected
 whose detail holds only an error id, under which the server log keeps the one traceback. Every
 user object belongs to the API key that created it; any other key gets 404 for it, and nothing
 lists other keys' objects; users list and delete their own datasets and prompts. The API key is
+read from headers only, never from the URL (whose query the access log does not keep), and
 checked before a request body is read. Backbones are loaded once per process at startup.
 
 This module only wires the app: the routes are in ``rapt.service.routes`` (one router per
@@ -25,10 +26,16 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rapt import __version__
-from rapt.service.errors import ERRORS, ServiceError, error_response, loc_text
+from rapt.service.access_log import scrub_access_log
+from rapt.service.errors import ERRORS, ServiceError, error_response, errors, loc_text
 from rapt.service.inference import Forward
 from rapt.service.limits import ServiceConfig
-from rapt.service.middleware import InternalErrorMiddleware, RequestGateMiddleware, keyed_routes
+from rapt.service.middleware import (
+    InternalErrorMiddleware,
+    RequestGateMiddleware,
+    allowed_methods,
+    keyed_routes,
+)
 from rapt.service.routes import ROUTERS
 from rapt.service.split_sessions import SapError
 from rapt.service.state import Service, default_prompt_loader
@@ -45,14 +52,17 @@ def create_app(config: ServiceConfig, *, backbones: dict[str, Any] | None = None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        scrub_access_log()  # after the server configured its logging: no query in its lines
         app.state.svc = Service(config, backbones, runner, prompt_loader, forward)
         try:
             yield
         finally:
             app.state.svc.close()
 
+    # 413 (the request gate) and 500 can answer any route; each router and route adds its own.
     app = FastAPI(title="rapt provider service", version=__version__, lifespan=lifespan,
-                  description="Prompt tuning and inference on privatized data (RAPT).")
+                  description="Prompt tuning and inference on privatized data (RAPT).",
+                  responses=errors(413, 500))
     # The last added is the outermost: errors -> route, API key, body size -> routes.
     app.add_middleware(RequestGateMiddleware, limit=config.limits.max_upload_bytes)
     app.add_middleware(InternalErrorMiddleware)
@@ -80,8 +90,17 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        cause = exc.__cause__
+        if exc.status_code == 400 and isinstance(cause, UnicodeDecodeError):
+            # Bytes that are no text: the same 422 as any other body that is not JSON.
+            return error_response(422, "validation_error", f"body is not valid JSON "
+                                  f"({cause.encoding}: {cause.reason} at byte {cause.start})")
         code = HTTPStatus(exc.status_code).phrase.lower().replace(" ", "_")
-        return error_response(exc.status_code, code, str(exc.detail))
+        resp = error_response(exc.status_code, code, str(exc.detail))
+        resp.headers.update(exc.headers or {})
+        if exc.status_code == 405:  # RFC 9110: the methods the path takes, all of them
+            resp.headers["Allow"] = ", ".join(allowed_methods(request.scope))
+        return resp
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

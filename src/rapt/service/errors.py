@@ -10,6 +10,25 @@ from rapt.service.schemas import ErrorBody
 ERRORS = {code: {"model": ErrorBody}
           for code in (400, 401, 403, 404, 409, 413, 422, 429, 500, 503)}
 
+_WHEN = {
+    401: "missing, unknown or revoked API key (checked before the body is read)",
+    403: "the key is not an operator (admin) key",
+    404: "no such object among the caller's own (another key's objects look missing too)",
+    409: "the request conflicts with the object's state",
+    413: "the request body is over the limit max_upload_bytes (or a stored-size limit)",
+    422: "the request is refused by validation: the schema's, or a rule it cannot state "
+         "(exactly one of two fields, labels below num_labels, rows the backbone can hold, ...)",
+    429: "a quota or queue of this key or of the server is full",
+    500: "unexpected error; the detail holds only an id the operator finds in the server log",
+    503: "a backbone or stored files that the request needs are not available here",
+}
+
+
+def errors(*codes: int) -> dict[int | str, dict]:
+    """OpenAPI ``responses=`` for the error ``codes`` a route (or router, or the app) answers
+    with, each with the JSON error body and when it happens."""
+    return {code: {"model": ErrorBody, "description": _WHEN[code]} for code in codes}
+
 
 class ServiceError(Exception):
     """An error the client caused (or must know about), returned as JSON."""

@@ -148,6 +148,17 @@ def keyed_routes(app: Any) -> frozenset[tuple[int, str | None]]:
                      if _takes_key(getattr(r, "dependant", None)))
 
 
+def allowed_methods(scope: dict) -> list[str]:
+    """Every method some route takes at the request's path, for a 405's ``Allow`` (the router
+    names only the first route it tried there, and a path may have several)."""
+    methods: set[str] = set()
+    for route in flat_routes(scope["app"].router.routes):
+        match, _ = route.matches(scope)
+        if match != Match.NONE:
+            methods |= set(getattr(route, "methods", None) or ())
+    return sorted(methods)
+
+
 def _route_of(scope: dict) -> Any | None:
     """The route that fully matches the request (path and method), if any."""
     for route in flat_routes(scope["app"].router.routes):

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import unicodedata
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from rapt.config import (
+    ETA_MAX,
+    ETA_MIN,
     LR_HELP,
     PRECISION_HELP,
     VIRTUAL_TOKENS_HELP,
@@ -37,6 +40,12 @@ def _valid_unicode(text: str) -> str:
 
 Text = Annotated[str, AfterValidator(_valid_unicode)]
 
+
+def _blank(text: str) -> bool:
+    """Nothing a tokenizer keeps: only whitespace, control and format characters (NUL, the
+    zero-width space...), which tokenizers drop, so the row would arrive empty."""
+    return all(ch.isspace() or unicodedata.category(ch) in ("Cc", "Cf") for ch in text)
+
 # Every request body: unknown fields refused, no type coercion, floats finite (JSON's
 # Infinity, NaN and 1e999 would otherwise pass range checks such as eta > 0).
 REQUEST = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
@@ -57,7 +66,8 @@ class PrivacyDeclaration(BaseModel):
     mechanism: Literal["dchi-text2text", "none"] = Field(
         description="'dchi-text2text' (Feyisetan et al. 2020, RAPT §3.1) or 'none' "
         "(the user explicitly opted out of privatization)")
-    eta: float | None = Field(None, gt=0, description="privacy parameter η (smaller = more noise)")
+    eta: float | None = Field(None, ge=ETA_MIN, le=ETA_MAX,
+                              description="privacy parameter η (smaller = more noise)")
     embedding: Text | None = Field(None, max_length=200,
                                    description="embedding model the mechanism used")
     nn_mode: Text | None = Field(None, max_length=20, description="nearest-neighbour search mode")
@@ -119,16 +129,17 @@ def _one_of(input_ids: TokenIds | None, texts: list[str] | None,
             raise ValueError(f"text_pairs has {len(text_pairs)} entries but texts has "
                              f"{len(texts)}")
         for i, t in enumerate(text_pairs):
-            if not t.strip():
-                raise ValueError(f"text_pairs[{i}] is empty")
+            if _blank(t):
+                raise ValueError(f"text_pairs[{i}] is empty (only whitespace or control "
+                                 "characters)")
     if input_ids is not None:
         for i, row in enumerate(input_ids):
             if not row:
                 raise ValueError(f"input_ids[{i}] is empty")
         return len(input_ids)
     for i, t in enumerate(texts):
-        if not t.strip():
-            raise ValueError(f"texts[{i}] is empty")
+        if _blank(t):
+            raise ValueError(f"texts[{i}] is empty (only whitespace or control characters)")
     return len(texts)
 
 

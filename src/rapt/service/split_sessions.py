@@ -11,7 +11,8 @@ same g: a retry after a lost reply); any other step is 409 ``step_conflict``. ``
 ``last_step + 1`` applies the update once, then saves the session (trainable top tensors,
 optimizer, scheduler, step counters and the reply) atomically to ``state.pt`` before it
 answers. A repeated ``backward`` of ``last_step`` is answered idempotently from that saved reply
-(header ``X-Rapt-Replayed: 1``) and changes nothing. After a restart the pending forward is
+(header ``X-Rapt-Replayed: 1``) and changes nothing; a repeat whose body differs from the applied
+one (compared by SHA-256) is 409 ``replay_mismatch``. After a restart the pending forward is
 gone: ``backward`` then answers 409 ``no_forward`` and the client sends ``forward`` again
 (the top is deterministic, so g is the same). Every 409 carries ``X-Rapt-Last-Step``.
 
@@ -86,6 +87,7 @@ class _Live:
     release_bytes: int = 0
     top_bytes: int = 0  # the session's copy of the top (parameters and buffers)
     reply: Tensor | None = None  # ActivationGrad.grad of the last applied step (unfrozen)
+    applied: str | None = None  # SHA-256 of the last applied OutputGrad body (replays match it)
     lengths: Tensor | None = None  # valid positions per row of the replied batch
     pending_lengths: Tensor | None = None  # ... and of the pending forward
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -279,6 +281,7 @@ class SplitSessions:
             state = torch.load(state_path, map_location="cpu", weights_only=True)
             live.provider.load_state_dict(state["provider"])
             live.reply, live.lengths = state.get("reply"), state.get("lengths")
+            live.applied = state.get("applied")
         sizes = {"state_bytes": state_path.stat().st_size if state_path.exists() else 0}
         if not cfg.unfreeze_bottom:
             max_bytes = self.limits.max_sap_release_bytes
@@ -457,7 +460,12 @@ class SplitSessions:
             msg = self._decode(data, OutputGrad)
             p = live.provider
             last = live.last_step
+            digest = hashlib.sha256(data).hexdigest()
             if msg.step == last and last >= 0:  # a retry whose reply was lost
+                if live.applied is not None and digest != live.applied:
+                    raise SapError(409, "replay_mismatch", f"OutputGrad.step={msg.step}: step "
+                                   f"{msg.step} was applied with another body; a retry must "
+                                   f"send the same bytes (the next step is {last + 1})", last)
                 return self._reply(live, msg.step), True, last
             if msg.step != last + 1:
                 raise self._step_conflict(live, "OutputGrad", msg.step)
@@ -471,8 +479,9 @@ class SplitSessions:
             except SplitProtocolError as e:
                 raise SapError(422, "invalid_message", str(e)) from None
             live.reply = back.grad if back is not None else None
-            live.lengths = live.pending_lengths
-            state = {"provider": p.state_dict(), "reply": live.reply, "lengths": live.lengths}
+            live.lengths, live.applied = live.pending_lengths, digest
+            state = {"provider": p.state_dict(), "reply": live.reply, "lengths": live.lengths,
+                     "applied": digest}
             try:
                 _atomic_write(Path(live.row["path"]) / STATE_FILE,
                               lambda f: torch.save(state, f))

@@ -100,6 +100,7 @@ class Service:
         """Revoke (and with ``purge`` delete everything of) a key; its running jobs here stop
         at their next step, its split sessions leave this process's memory."""
         kid = self.store.find_key_id(ref, live_only=not purge)
+        self.store.check_revocable(kid)  # before anything of the key is deleted
         sessions = 0
         for sid in self.store.owned_sap_sessions(kid):
             try:
@@ -206,18 +207,26 @@ class Service:
         from rapt.padding import dedicated_pad_id, strip_padding
         from rapt.reconstruction import encode_texts
 
-        field = "input_ids"
+        bb = self.backbones[backbone]
         if texts is not None:
             if len(texts) > max_rows:
                 raise ServiceError(422, "limit_exceeded", f"texts has {len(texts)} rows; the "
                                    f"limit is {max_rows_name}={max_rows}")
-            input_ids = encode_texts(self.backbones[backbone].tokenizer, texts, text_pairs)
-            field = "texts (tokenized)"
-        else:  # rows a client padded to a length bucket (rapt.padding): the real rows only
-            pad = dedicated_pad_id(self.backbones[backbone].tokenizer)
-            input_ids = strip_padding(input_ids, pad)
-        self.check_rows(backbone, input_ids, field, max_rows, max_rows_name, prompt_tokens)
-        return input_ids
+            input_ids = encode_texts(bb.tokenizer, texts, text_pairs)
+            special = set(bb.special_ids)
+            empty = next((i for i, r in enumerate(input_ids)
+                          if all(t in special for t in r)), None)
+            if empty is not None:
+                raise ServiceError(422, "validation_error", f"texts[{empty}]: no token is left "
+                                   "once tokenized (the tokenizer drops every character)")
+            self.check_rows(backbone, input_ids, "texts (tokenized)", max_rows, max_rows_name,
+                            prompt_tokens)
+            return input_ids
+        # Rows a client padded to a length bucket (rapt.padding): checked as sent, pads
+        # included, so padding cannot carry a row past the limits; then the real rows only.
+        self.check_rows(backbone, input_ids, "input_ids", max_rows, max_rows_name,
+                        prompt_tokens)
+        return strip_padding(input_ids, dedicated_pad_id(bb.tokenizer))
 
     def backbone_name(self, name: str) -> str:
         if name not in self.backbones:

@@ -220,6 +220,11 @@ class QuotaError(Exception):
     """A per-key storage quota would be exceeded (message names the quota)."""
 
 
+class LastAdminKeyError(ValueError):
+    """Revoking this key would leave no live admin key: nobody could use the operator routes
+    (revoke, purge, stats) over HTTP any more."""
+
+
 class QueueFullError(RuntimeError):
     """The job queue holds ``max_queued`` waiting jobs already (or this key its
     ``max_queued_per_key``)."""
@@ -496,12 +501,33 @@ class Store:
         with self._tx() as conn:
             return self._find_key(conn, ref, live_only)["id"]
 
+    @staticmethod
+    def _keep_an_admin(conn: sa.Connection, kid: str) -> None:
+        """LastAdminKeyError when ``kid`` is the only live admin key. The live admin rows are
+        locked (PostgreSQL), so two admins revoking each other at once cannot both pass."""
+        c = api_keys.c
+        live = set(conn.execute(sa.select(c.id).where(c.admin != 0, c.revoked.is_(None))
+                                .with_for_update()).scalars())
+        if live == {kid}:
+            raise LastAdminKeyError(
+                f"key '{kid}' is the last live admin key: revoking it would lock every "
+                "operator out of the admin routes; add another first (`rapt serve keys add "
+                "NAME --admin`), then revoke this one")
+
+    def check_revocable(self, kid: str) -> None:
+        """LastAdminKeyError when revoking ``kid`` would leave no live admin key (checked
+        again, under lock, by ``revoke_key`` and ``purge_key``)."""
+        with self._tx() as conn:
+            self._keep_an_admin(conn, kid)
+
     def _revoke(self, conn: sa.Connection, kid: str) -> tuple[list[str], list[str], list[str]]:
         """Revoke key ``kid`` in ``conn``'s transaction: its queued jobs are cancelled, its
         running ones flagged for their worker (which stops at its next step and creates no
         prompt), its split sessions deleted. Returns (cancelled job ids, running job ids,
-        session folders to remove)."""
+        session folders to remove). LastAdminKeyError (nothing changed) for the last live
+        admin key."""
         c, j, s = api_keys.c, jobs.c, sap_sessions.c
+        self._keep_an_admin(conn, kid)
         now = time.time()
         conn.execute(api_keys.update().where(c.id == kid, c.revoked.is_(None))
                      .values(revoked=now))
@@ -522,7 +548,8 @@ class Store:
         """Revoke the key with id ``ref``, or the one live key named ``ref``; returns its row
         with ``cancelled`` (queued jobs cancelled), ``stopping`` (running jobs asked to stop)
         and ``sessions`` (split sessions deleted). Its datasets and prompts stay until
-        ``purge_key``. Raises LookupError (no such key) or ValueError (ambiguous name)."""
+        ``purge_key``. Raises LookupError (no such key) or ValueError (ambiguous name, or
+        LastAdminKeyError: the last live admin key)."""
         with self._tx() as conn:
             row = self._find_key(conn, ref, live_only=True)
             queued, running, folders = self._revoke(conn, row["id"])

@@ -302,6 +302,21 @@ class JobWorker:
             p.unlink(missing_ok=True)
         self.store.update_job(job_id, checkpoint=None)
 
+    def _end(self, job_id: str, **fields: Any) -> bool:
+        """Give a job this worker holds its final state (failed or cancelled) with its
+        checkpoint erased *first*: a client that sees the job ended never finds its file on
+        disk (the other order left a window between the two). False, and the file kept, when
+        the lease went to another worker, which resumes from it."""
+        if not self.store.update_claimed(job_id, self.worker_id, heartbeat=time.time()):
+            return False
+        self._erase_checkpoint(job_id)
+        return self.store.update_claimed(job_id, self.worker_id, checkpoint=None, **fields)
+
+    def _erase_checkpoint(self, job_id: str) -> None:
+        path = self._checkpoint_path(job_id)
+        for p in (path, path.with_suffix(".tmp")):
+            erase_file(p)
+
     def live_progress(self, job_id: str) -> dict[str, Any] | None:
         return self._live.get(job_id)
 
@@ -398,10 +413,8 @@ class JobWorker:
                 # The file is the server's own; weights_only still refuses code objects.
                 resume = torch.load(job["checkpoint"], weights_only=True)
             except Exception as e:
-                if store.update_claimed(job_id, me, state="failed", finished=time.time(),
-                                        error=f"could not read the checkpoint to resume "
-                                              f"from: {e}"):
-                    self._drop_checkpoint(job_id)
+                self._end(job_id, state="failed", finished=time.time(),
+                          error=f"could not read the checkpoint to resume from: {e}")
                 return None
         run = _Run(job, cancel, lost, resume, float(job["elapsed"] or 0.0))
         start_step = int(resume.get("step", 0)) if resume is not None else None
@@ -474,10 +487,8 @@ class JobWorker:
         except Exception as e:
             log.error("job %s failed:\n%s", run.id, traceback.format_exc())
             self._live.pop(run.id, None)
-            if store.update_claimed(run.id, me, state="failed", finished=time.time(),
-                                    elapsed=run.elapsed(), error=f"{type(e).__name__}: {e}",
-                                    heartbeat=None):
-                self._drop_checkpoint(run.id)
+            self._end(run.id, state="failed", finished=time.time(), elapsed=run.elapsed(),
+                      error=f"{type(e).__name__}: {e}", heartbeat=None)
             return None
         finally:
             live = self._live.pop(run.id, None)
@@ -498,9 +509,8 @@ class JobWorker:
         meta = getattr(result, "meta", None)
         stopped = meta.get("stopped", True) if isinstance(meta, dict) else self._should_stop(run)
         if run.cancel.is_set():
-            if store.update_claimed(job_id, me, state="cancelled", finished=time.time(),
-                                    elapsed=elapsed, heartbeat=None):
-                self._drop_checkpoint(job_id)
+            self._end(job_id, state="cancelled", finished=time.time(), elapsed=elapsed,
+                      heartbeat=None)
             return True
         if (self._shutdown.is_set() or run.yielding.is_set()) and stopped:
             if run.yielding.is_set() and not run.checkpointed:
@@ -531,6 +541,9 @@ class JobWorker:
             if live:  # the last step's progress, which the write interval may have held back
                 store.update_claimed(job_id, me, **{k: v for k, v in live.items()
                                                     if k != "elapsed"})
+            # As in _end: the checkpoint goes before the job can show succeeded.
+            if store.update_claimed(job_id, me, heartbeat=time.time()):
+                self._erase_checkpoint(job_id)
             done = store.finish_job_with_prompt(
                 job_id, job["owner"], job["backbone"], train.num_labels,
                 params.get("method", "prompt"), bool(params.get("reconstruction")),
@@ -539,20 +552,17 @@ class JobWorker:
                 channel=params.get("channel"))
         except Exception as e:
             shutil.rmtree(folder, ignore_errors=True)
-            if store.update_claimed(job_id, me, state="failed", finished=time.time(),
-                                    elapsed=elapsed, heartbeat=None,
-                                    error=f"could not save the tuned prompt: "
-                                          f"{type(e).__name__}: {e}"):
-                self._drop_checkpoint(job_id)
+            self._end(job_id, state="failed", finished=time.time(), elapsed=elapsed,
+                      heartbeat=None, error=f"could not save the tuned prompt: "
+                                            f"{type(e).__name__}: {e}")
             return
         if not done:  # the lease went to another worker, or a cancel came, while it saved
             shutil.rmtree(folder, ignore_errors=True)
             row = store.get_job(job_id, None)
             if row is None:  # purged with its key: nothing of it may stay
                 erase_file(self._checkpoint_path(job_id))
-            elif row["cancel_requested"] is not None and store.update_claimed(
-                    job_id, me, state="cancelled", finished=time.time(), elapsed=elapsed,
-                    heartbeat=None):
-                self._drop_checkpoint(job_id)
+            elif row["cancel_requested"] is not None:
+                self._end(job_id, state="cancelled", finished=time.time(), elapsed=elapsed,
+                          heartbeat=None)
             return
         self._drop_checkpoint(job_id)

@@ -6,7 +6,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-from rapt.config import DEFAULT_PRIVATIZER_MODE, PRECISIONS, known_fields
+from rapt.config import DEFAULT_PRIVATIZER_MODE, PRECISIONS, eta_problem, known_fields
 from rapt.cti import CTI_RULES, DEFAULT_SMOOTHING
 
 __all__ = ["PRIVATIZE_MODES", "PROVIDER_FIELDS", "SPLIT_METHODS", "SplitConfig"]
@@ -98,9 +98,9 @@ class SplitConfig:
                 or self.split_layer < 0:
             raise ValueError(f"SplitConfig.split_layer must be an integer >= 0 (the number of "
                              f"transformer blocks the customer runs), got {self.split_layer!r}")
-        if self.eta is not None and not (math.isfinite(self.eta) and self.eta > 0):
-            raise ValueError(f"SplitConfig.eta must be a positive finite number, or None for no "
-                             f"privatization (got {self.eta!r})")
+        if self.eta is not None and eta_problem(self.eta):
+            raise ValueError(f"SplitConfig.eta {eta_problem(self.eta)}; None: no "
+                             "privatization")
         if not self.cti_multiplier >= 1.0:  # also rejects NaN
             raise ValueError(f"SplitConfig.cti_multiplier must be >= 1 (η on contributing "
                              f"tokens is multiplied by it; inf = no noise on them), got "

@@ -5,27 +5,27 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends
 
 from rapt.service.deps import Svc, admin
-from rapt.service.errors import ERRORS, ServiceError
+from rapt.service.errors import ServiceError, errors
 from rapt.service.state import Service
 
 # On the router, so a route added here cannot forget the operator check.
-router = APIRouter(prefix="/v1", dependencies=[Depends(admin)])
+router = APIRouter(prefix="/v1", dependencies=[Depends(admin)], responses=errors(401, 403))
 
 
-@router.get("/stats", responses=ERRORS)
+@router.get("/stats")
 def stats(svc: Svc) -> dict:
     """Micro-batching counters per backbone, over all tenants: operator (admin) keys only."""
     return {n: vars(b.stats) for n, b in svc.batchers.items()}
 
 
-@router.post("/admin/keys/{key}/revoke", responses=ERRORS)
+@router.post("/admin/keys/{key}/revoke", responses=errors(404, 409, 422))
 def admin_revoke_key(key: str, svc: Svc) -> dict:
     """Revoke a key (id or name): its queued jobs are cancelled, its running ones stop at
     their next step without a prompt, its split sessions are deleted."""
     return _key_op(svc, key, purge=False)
 
 
-@router.delete("/admin/keys/{key}", responses=ERRORS)
+@router.delete("/admin/keys/{key}", responses=errors(404, 409, 422))
 def admin_purge_key(key: str, svc: Svc) -> dict:
     """Revoke a key (id or name) and delete everything it owns: datasets, jobs,
     prompts, split sessions and their files (as `rapt serve keys purge`)."""

@@ -7,16 +7,16 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Response
 
 from rapt.service.deps import Owner, Svc, dataset_of, owner
-from rapt.service.errors import ERRORS, ServiceError
+from rapt.service.errors import ServiceError, errors
 from rapt.service.schemas import DatasetInfo, DatasetUpload
 from rapt.service.state import Service
 from rapt.service.store import QuotaError
 
 # On the router, so a route added here cannot forget the key check.
-router = APIRouter(prefix="/v1/datasets", dependencies=[Depends(owner)])
+router = APIRouter(prefix="/v1/datasets", dependencies=[Depends(owner)], responses=errors(401))
 
 
-@router.post("", status_code=201, response_model=DatasetInfo, responses=ERRORS)
+@router.post("", status_code=201, response_model=DatasetInfo, responses=errors(422, 429))
 def upload_dataset(body: DatasetUpload, svc: Svc, me: Owner) -> DatasetInfo:
     """Store a privatized dataset. Per-key quotas: max_datasets_per_key datasets and
     max_dataset_bytes_per_key bytes (429 quota_exceeded)."""
@@ -64,12 +64,13 @@ def list_datasets(svc: Svc, me: Owner) -> list[DatasetInfo]:
     return [DatasetInfo(**d) for d in svc.store.list_datasets(me)]
 
 
-@router.get("/{dataset_id}", response_model=DatasetInfo, responses=ERRORS)
+@router.get("/{dataset_id}", response_model=DatasetInfo, responses=errors(404, 422))
 def get_dataset(row: Annotated[dict, Depends(dataset_of)]) -> DatasetInfo:
     return DatasetInfo(**row)
 
 
-@router.delete("/{dataset_id}", status_code=204, response_class=Response, responses=ERRORS,
+@router.delete("/{dataset_id}", status_code=204, response_class=Response,
+               responses=errors(404, 409, 422),
                dependencies=[Depends(dataset_of)])
 def delete_dataset(dataset_id: str, svc: Svc, me: Owner) -> Response:
     """Erase a dataset's data (409 while a queued or running job uses it). Prompts tuned

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends
 
 from rapt.config import DP_METHODS
 from rapt.service.deps import Owner, Svc, job_of, owned, owner
-from rapt.service.errors import ERRORS, ServiceError
+from rapt.service.errors import ServiceError, errors
 from rapt.service.inference import backbone_positions, positions_used
 from rapt.service.schemas import JobCreate, JobStatus
 from rapt.service.state import Service
@@ -16,7 +16,7 @@ from rapt.service.store import QueueFullError
 from rapt.service.worker import planned_steps, tune_config
 
 # On the router, so a route added here cannot forget the key check.
-router = APIRouter(prefix="/v1/jobs", dependencies=[Depends(owner)])
+router = APIRouter(prefix="/v1/jobs", dependencies=[Depends(owner)], responses=errors(401))
 
 
 def job_status(svc: Service, job: dict) -> JobStatus:
@@ -41,7 +41,8 @@ def job_status(svc: Service, job: dict) -> JobStatus:
                      channel=job["params"].get("channel"))
 
 
-@router.post("", status_code=202, response_model=JobStatus, responses=ERRORS)
+@router.post("", status_code=202, response_model=JobStatus,
+             responses=errors(404, 422, 429, 503))
 def create_job(body: JobCreate, svc: Svc, me: Owner) -> JobStatus:
     ds = owned(svc, "dataset", body.dataset_id, me)
     svc.require_backbone("dataset", ds)
@@ -157,12 +158,12 @@ def list_jobs(svc: Svc, me: Owner) -> list[JobStatus]:
     return [job_status(svc, j) for j in svc.store.list_jobs(me)]
 
 
-@router.get("/{job_id}", response_model=JobStatus, responses=ERRORS)
+@router.get("/{job_id}", response_model=JobStatus, responses=errors(404, 422))
 def get_job(job: Annotated[dict, Depends(job_of)], svc: Svc) -> JobStatus:
     return job_status(svc, job)
 
 
-@router.post("/{job_id}/cancel", response_model=JobStatus, responses=ERRORS)
+@router.post("/{job_id}/cancel", response_model=JobStatus, responses=errors(404, 409, 422))
 def cancel_job(job_id: str, job: Annotated[dict, Depends(job_of)], svc: Svc,
                me: Owner) -> JobStatus:
     if job["state"] not in ("queued", "running"):

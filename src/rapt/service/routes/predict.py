@@ -9,15 +9,16 @@ from fastapi import APIRouter, Depends
 
 from rapt.service.channels import denoise_rows
 from rapt.service.deps import Owner, Svc, owned, owner
-from rapt.service.errors import ERRORS, ServiceError
+from rapt.service.errors import ServiceError, errors
 from rapt.service.inference import InferenceQueueFullError, prompt_positions
 from rapt.service.schemas import PredictRequest, PredictResponse
 
 # On the router, so a route added here cannot forget the key check.
-router = APIRouter(prefix="/v1", dependencies=[Depends(owner)])
+router = APIRouter(prefix="/v1", dependencies=[Depends(owner)], responses=errors(401))
 
 
-@router.post("/predict", response_model=PredictResponse, responses=ERRORS)
+@router.post("/predict", response_model=PredictResponse,
+             responses=errors(404, 409, 422, 429, 503))
 def predict(body: PredictRequest, svc: Svc, me: Owner) -> PredictResponse:
     row = owned(svc, "prompt", body.prompt_id, me)
     svc.require_backbone("prompt", row)

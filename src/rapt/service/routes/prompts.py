@@ -10,11 +10,11 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Response
 
 from rapt.service.deps import Owner, Svc, owner, prompt_of
-from rapt.service.errors import ERRORS
+from rapt.service.errors import errors
 from rapt.service.schemas import DPGuarantee, PromptInfo
 
 # On the router, so a route added here cannot forget the key check.
-router = APIRouter(prefix="/v1/prompts", dependencies=[Depends(owner)])
+router = APIRouter(prefix="/v1/prompts", dependencies=[Depends(owner)], responses=errors(401))
 
 
 @router.get("", response_model=list[PromptInfo])
@@ -23,7 +23,7 @@ def list_prompts(svc: Svc, me: Owner) -> list[PromptInfo]:
     return [_info(p) for p in svc.store.list_prompts(me)]
 
 
-@router.get("/{prompt_id}", response_model=PromptInfo, responses=ERRORS)
+@router.get("/{prompt_id}", response_model=PromptInfo, responses=errors(404, 422))
 def get_prompt(row: Annotated[dict, Depends(prompt_of)]) -> PromptInfo:
     return _info(row)
 
@@ -60,7 +60,8 @@ def _saved_meta(path: str | None) -> dict:
         return {}
 
 
-@router.delete("/{prompt_id}", status_code=204, response_class=Response, responses=ERRORS,
+@router.delete("/{prompt_id}", status_code=204, response_class=Response,
+               responses=errors(404, 422),
                dependencies=[Depends(prompt_of)])
 def delete_prompt(prompt_id: str, svc: Svc, me: Owner) -> Response:
     """Delete a prompt and its files."""
