@@ -27,7 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rapt import __version__
 from rapt.service.access_log import scrub_access_log
-from rapt.service.errors import ERRORS, ServiceError, error_response, errors, loc_text
+from rapt.service.errors import ServiceError, error_response, errors, loc_text
 from rapt.service.inference import Forward
 from rapt.service.limits import ServiceConfig
 from rapt.service.middleware import (
@@ -41,7 +41,7 @@ from rapt.service.split_sessions import SapError
 from rapt.service.state import Service, default_prompt_loader
 from rapt.service.worker import JobRunner
 
-__all__ = ["ERRORS", "Service", "ServiceError", "create_app", "default_prompt_loader"]
+__all__ = ["Service", "ServiceError", "create_app", "default_prompt_loader"]
 
 
 def create_app(config: ServiceConfig, *, backbones: dict[str, Any] | None = None,

@@ -6,10 +6,6 @@ from fastapi.responses import JSONResponse
 
 from rapt.service.schemas import ErrorBody
 
-# OpenAPI ``responses=`` of a route that can fail: the codes the service answers with.
-ERRORS = {code: {"model": ErrorBody}
-          for code in (400, 401, 403, 404, 409, 413, 422, 429, 500, 503)}
-
 _WHEN = {
     401: "missing, unknown or revoked API key (checked before the body is read)",
     403: "the key is not an operator (admin) key",

@@ -17,9 +17,9 @@ router = APIRouter(prefix="/v1/sap", dependencies=[Depends(owner)], responses=er
 
 OCTET = "application/octet-stream"
 BINARY = {200: {"content": {OCTET: {}}, "description": "a safetensors message"}}
-# A message of a session: its own (404), in step order (409), well formed (422), on a
-# backbone this server loaded (503).
-MESSAGE = {**errors(404, 409, 422, 503), **BINARY}
+# A message of a session: its own (404), in step order (409), well formed (422), room for
+# it in memory (429 sap_busy), on a backbone this server loaded (503).
+MESSAGE = {**errors(404, 409, 422, 429, 503), **BINARY}
 # The message routes read the body themselves: the document still says what it is.
 BODY = {"requestBody": {"required": True, "description": "a safetensors message "
                         "(rapt.split.wire)", "content": {OCTET: {"schema": {
@@ -62,7 +62,7 @@ def sap_delete(session_id: str, svc: Svc, me: Owner) -> Response:
 
 
 @router.post("/sessions/{session_id}/release", response_model=SapSessionInfo,
-             responses=errors(404, 409, 413, 422, 503),
+             responses=errors(404, 409, 413, 422, 429, 503),
              openapi_extra=BODY)
 async def sap_release(session_id: str, request: Request, me: Owner) -> SapSessionInfo:
     """Frozen bottom: a ``Release`` chunk (safetensors body), contiguous from row 0."""
@@ -105,7 +105,7 @@ async def sap_backward(session_id: str, request: Request, me: Owner) -> Response
 
 
 @router.post("/sessions/{session_id}/predict", response_class=Response,
-             responses={**errors(404, 422, 503), **BINARY},
+             responses={**errors(404, 422, 429, 503), **BINARY},
              openapi_extra=BODY)
 async def sap_predict(session_id: str, request: Request, me: Owner) -> Response:
     """Inference: ``Activations`` of privatized queries in, ``TopOutput`` g out; the
