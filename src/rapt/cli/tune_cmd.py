@@ -141,8 +141,12 @@ _TUNE_HELP = {
     "freeze_prompt": "control: keep the prompt at its init, train only a trainable head",
     "label_words": "causal LMs: comma-separated verbalizer words, one per label (default: the "
     "label names, with a leading space or without, whichever starts with distinct tokens)",
-    "resume": "continue the run stopped (Ctrl-C / SIGTERM) in --out, on the privatized rows "
-    "saved with its checkpoint; the other options must be the same",
+    "resume": "continue the run into --out stopped by Ctrl-C / SIGTERM, on the privatized rows "
+    "saved with its checkpoint (OUT.resume.NOT-PRIVATE.pt, beside the folder); the other "
+    "options must be the same",
+    "train_log": "write the per-step losses to OUT.train-log.NOT-PRIVATE.json beside the folder "
+    "(mode 0600; under DP they are not covered by ε, so only when asked; without DP they are "
+    "also in the artifact's config)",
     "seed": "init, data order and plain tokens (not privacy noise)",
     "noise_seed": "seed the privacy noise (dχ and DP-SGD): tests/benchmarks only, voids the "
     "guarantee; default: OS entropy",
@@ -205,10 +209,11 @@ def tune(
                                                  help="micro-batch size under DP (default 32)"),
     channel: Path | None = typer.Option(None, "--channel", help=_TUNE_HELP["channel"]),
     resume: bool = typer.Option(False, "--resume", help=_TUNE_HELP["resume"]),
+    train_log: bool = typer.Option(False, "--train-log", help=_TUNE_HELP["train_log"]),
     precision: str = with_default(PRECISION, _d("precision")),
 ) -> None:
-    """Privatize a dataset locally, tune a prompt on it and save the artifact. Ctrl-C (or
-    SIGTERM) stops after the current step and saves a checkpoint in --out; --resume goes on."""
+    """Privatize a dataset locally, tune a prompt on it, save it to --out (shareable; what is
+    measured on your rows goes beside it). Ctrl-C saves a checkpoint; --resume goes on."""
     o = SimpleNamespace(**locals())  # the options, for the stage helpers below
     eta = _tune_eta(o)
     ds = _training_data(o)
@@ -232,7 +237,7 @@ def tune(
     tuned = _tune_with_bar(custom, rows, ds, out=out, resume=resumed)
     _warn_training_collapse(custom, rows, ds)
     _record_meta(tuned, custom, ds, o)
-    _save_tuned(tuned, out, cfg.method)
+    _save_tuned(tuned, out, cfg.method, custom.privacy, train_log)
     tune_resume.drop(out)
 
 
@@ -251,8 +256,8 @@ def _training_rows(o: SimpleNamespace, custom, rows, ds, cfg):
                          what="training data", err=True)
         return saved.rows, saved
     if tune_resume.path_in(o.out).is_file():
-        typer.echo(f"note: {o.out} holds the checkpoint of a stopped run; --resume continues "
-                   "it (this run starts afresh and replaces it)", err=True)
+        typer.echo(f"note: {tune_resume.path_in(o.out)} is the checkpoint of a stopped run; "
+                   "--resume continues it (this run starts afresh and replaces it)", err=True)
     if custom.privatizer is not None:
         return _privatize_and_echo(custom, rows, o.min_p), None
     typer.echo("warning: no --eta/--target-p given: training on clean (unprivatized) text",
@@ -270,13 +275,17 @@ def _warn_training_collapse(custom, rows, ds) -> None:
 
 def _record_meta(tuned, custom, ds, o: SimpleNamespace) -> None:
     """What `rapt predict` reads back from the artifact: label names and base, the columns
-    read (given or detected), the training data's privatization and channel model."""
+    read (given or detected), the training data's privatization (its level: what was measured
+    on the rows goes beside the folder) and channel model."""
+    from rapt.artifacts import shareable_privacy
+
     if ds.report.get("label_base") is not None:
         tuned.meta["label_base"] = ds.report["label_base"]
     tuned.meta.update({**custom.privacy_meta(), "label_names": ds.label_names,
                        "dataset": str(o.data),
                        "text_column": ds.report.get("text_column"),
                        "text_pair_column": ds.report.get("text_pair_column")})
+    tuned.meta["privacy"] = shareable_privacy(custom.privacy, custom.backbone.name)
     if tuned.meta.get("channel"):
         tuned.meta["channel"]["path"] = str(o.channel)
 
@@ -458,7 +467,9 @@ def _tune_with_bar(custom, rows, ds, *, out: Path, resume=None):
     with 128 + the signal's number (issue 32 item 1)."""
     from rapt.progress import progress_bar
 
-    bar = progress_bar(desc="tune", unit="step")
+    # a resumed run's bar goes on from the step and the time it stopped at
+    bar = progress_bar(desc="tune", unit="step", initial=resume.step if resume else 0,
+                       elapsed=resume.seconds if resume else 0.0)
     stop = tune_resume.StopSignals()
 
     def progress(r: dict) -> None:
@@ -478,6 +489,8 @@ def _tune_with_bar(custom, rows, ds, *, out: Path, resume=None):
         bar.close()
         _fail(str(e))
     bar.close()
+    if resume is not None:  # the time before the stop counts too
+        tuned.meta["train_seconds"] = round(resume.seconds + tuned.meta["train_seconds"], 3)
     if tuned.meta.get("stopped"):
         _save_stopped(custom, rows, ds, out, stop, tuned.meta)
     return tuned
@@ -490,28 +503,30 @@ def _save_stopped(custom, rows, ds, out: Path, stop, meta: dict) -> None:
         typer.echo("stopped before the first step: nothing to save", err=True)
         raise typer.Exit(stop.exit_code)
     path = tune_resume.save(out, stop.latest, custom.config, rows, ds.labels, custom.privacy,
-                            custom.eta)
+                            custom.eta, meta["train_seconds"])
     typer.echo(f"stopped at step {meta['steps']} of {meta['total_steps']}; checkpoint saved to "
                f"{path}; continue with the same command and --resume", err=True)
     raise typer.Exit(stop.exit_code)
 
 
-TRAIN_LOG = "train-log.NOT-PRIVATE.json"  # under DP: in the output folder, never in the artifact
+def _save_tuned(tuned, out: Path, method: str, measured: dict | None, train_log: bool) -> None:
+    """Save the artifact, which may be shared; beside it, mode 0600, what was measured on the
+    private rows (the release's privacy report) and, with --train-log, the per-step log (under
+    DP the config never holds it: it is not covered by ε)."""
+    from rapt.artifacts import write_measured, write_train_log
 
-
-def _save_tuned(tuned, out: Path, method: str) -> None:
-    """Save the artifact; under DP the per-step log goes into the same folder as a file of its
-    own (the artifact's config never holds it, and loading ignores it)."""
     tuned.save(out)
     msg = f"saved the {method}-tuned model to {out}"
     if tuned.meta.get("dp"):
         msg += f" (ε = {tuned.meta['dp']['epsilon']:.3g}, δ = {tuned.meta['dp']['delta']:.3g})"
-        log = out / TRAIN_LOG
-        log.write_text(json.dumps({"warning": "per-step losses and accuracies on private "
-                                   "batches: not covered by ε, keep local, never publish",
-                                   "history": tuned.train_log}) + "\n")
-        msg += (f"; the per-step log is {log}: not covered by ε, remove it before sharing the "
-                "folder")
+    local = []
+    if measured:
+        local.append(str(write_measured(out, {"privacy": measured})))
+    if train_log:
+        local.append(str(write_train_log(out, tuned.train_log)))
+    if local:
+        msg += (f"; kept beside it, not to be shared (measured on your rows"
+                f"{', not covered by ε' if tuned.meta.get('dp') else ''}): {', '.join(local)}")
     typer.echo(msg)
 
 
@@ -763,6 +778,7 @@ def demo(
     table = format_table(res)
     (out / "results.json").write_text(json.dumps(res.as_dict(), indent=2) + "\n")
     (out / "results.md").write_text(table + "\n")
+    _keep_local_unless_public(cfg.dataset, out)
     typer.echo(f"plot: {res.stage_seconds['plot']:.1f} s")
     typer.echo("")
     typer.echo(table)
@@ -770,6 +786,21 @@ def demo(
                        "inversion_success": res.inversion_success}, backbone=cfg.backbone,
                       min_p=min_p, what="demo's privatized text")
     typer.echo(f"\nwrote {out / 'results.json'}, {out / 'results.md'}, {out / 'demo.png'}")
+
+
+def _keep_local_unless_public(dataset: str, out: Path) -> None:
+    """The demo's folder holds accuracies and privacy measured on its data: shareable for a
+    built-in public set; on a file of your own they are statistics of your rows, so the files
+    are made owner-only (0600) and the folder is named as not to be shared."""
+    from rapt.data import BUILTINS
+
+    if dataset in BUILTINS:
+        return
+    for name in ("results.json", "results.md", "demo.png"):
+        if (out / name).exists():
+            (out / name).chmod(0o600)
+    typer.echo(f"note: {out} holds accuracies and privacy measured on {dataset}, your own "
+               "rows (files made owner-only, 0600): keep it local, do not share it", err=True)
 
 
 def _demo_config(o: SimpleNamespace):
