@@ -29,11 +29,13 @@ from rapt.noise import NoiseSource
 
 __all__ = [
     "NOISE_BLOCK",
+    "PIECES",
     "PrivatizedTexts",
     "Privatizer",
     "calibrate_eta",
     "calibrate_eta_public",
     "candidate_ids_from_tokenizer",
+    "detokenize",
     "public_sample_ids",
     "measure_p",
     "privacy_line",
@@ -321,6 +323,47 @@ def tokenize_texts(texts: Sequence[str], tokenizer) -> list[list[int]]:
     return [list(x) for x in enc["input_ids"]]
 
 
+PIECES = ("join", "split")  # how detokenize writes a WordPiece "##" piece
+
+
+def detokenize(tokenizer, ids: Sequence[int], pieces: str = "join") -> str:
+    """The text of released token ids: a function of the ids alone, never of the original text
+    or of which tokens were replaced (spacing that followed the original words, or the
+    replaced tokens, would tell a reader where the original tokens are -- what the inversion
+    attacker looks for -- and the release would no longer be post-processing of the mechanism).
+
+    WordPiece vocabularies (the BERT family: ``##`` marks a piece that continues a word):
+    ``"join"`` glues a piece to the word token before it, as the tokenizer's own decoding does,
+    so the text tokenizes back to the released pieces wherever WordPiece's greedy match allows;
+    a piece the mechanism drew at a word's position then makes a non-word ("great" + "##aint"
+    -> "greataint"). ``"split"`` writes every piece as a word of its own ("great aint"): no
+    glued non-words, but a piece that did continue its word is split off too ("play ing"), and
+    read back it becomes a whole-word token, not the piece released. Either way a piece with no
+    word before it (text start, after punctuation or a special token) is written without its
+    ``##``. Other vocabularies (byte-level BPE marks word starts on the token itself): the
+    tokenizer's decoding. An uncased vocabulary (minilm's) has lower-case tokens only, so its
+    output is lower-case: that is the text the backbone reads.
+    """
+    if pieces not in PIECES:
+        raise ValueError(f"pieces must be one of {', '.join(PIECES)}, got {pieces!r}")
+    ids = [int(i) for i in ids]
+    toks = tokenizer.convert_ids_to_tokens(ids)
+    if not any(t.startswith("##") for t in toks):
+        return tokenizer.decode(ids, clean_up_tokenization_spaces=True)
+    special = set(tokenizer.all_special_tokens)
+    words: list[str] = []
+    for t in toks:
+        if not (t.startswith("##") and len(t) > 2):
+            words.append(t)
+            continue
+        prev = words[-1] if words else ""
+        if pieces == "join" and prev and prev not in special and prev[-1].isalnum():
+            words[-1] = prev + t[2:]
+        else:
+            words.append(t[2:])
+    return tokenizer.clean_up_tokenization(" ".join(words))
+
+
 @dataclass
 class PrivatizedTexts:
     """Result of :func:`privatize_texts_detailed`: texts, original and private ids, P."""
@@ -335,8 +378,10 @@ class PrivatizedTexts:
 def privatize_texts_detailed(texts: Sequence[str], tokenizer, privatizer: Privatizer, *,
                              token_eta_scale: Tensor | None = None,
                              noise: NoiseSource | None = None,
-                             progress: Callable[[int], None] | None = None) -> PrivatizedTexts:
-    """Privatize each text token by token; returns decoded texts, ids and the measured P.
+                             progress: Callable[[int], None] | None = None,
+                             pieces: str = "join") -> PrivatizedTexts:
+    """Privatize each text token by token; returns texts (:func:`detokenize` with ``pieces``),
+    ids and the measured P.
 
     ``token_eta_scale`` is an optional per-vocabulary η multiplier (V,) (e.g. from CTI)."""
     if not texts:
@@ -350,7 +395,7 @@ def privatize_texts_detailed(texts: Sequence[str], tokenizer, privatizer: Privat
     priv_flat = privatizer.privatize_ids(flat, eta_scale=scale, noise=noise,
                                          progress=progress).cpu()
     priv = [row.tolist() for row in torch.split(priv_flat, lengths)]
-    out_texts = [tokenizer.decode(row, clean_up_tokenization_spaces=True) for row in priv]
+    out_texts = [detokenize(tokenizer, row, pieces) for row in priv]
     p = replacement_probability(flat, priv_flat, privatizer.special_ids.tolist())
     return PrivatizedTexts(out_texts, orig, priv, p, dict(privatizer.last_stats))
 

@@ -154,6 +154,22 @@ def _rewrite(src: Path, name: str, fmt: str, n_records: int, texts: list[str],
 
 
 
+_PIECES_HELP = ("WordPiece vocabularies (minilm): join (a '##' piece glued to the word before "
+                "it, as the tokenizer decodes; the text reads back as the released tokens, but "
+                "a piece drawn at a word's position makes a non-word) | split (every piece a "
+                "word of its own: readable, but not read back as released). Spacing never "
+                "depends on the original text. Uncased vocabularies write lower-case text")
+
+
+def _check_options(mode: str, chunk_size: int, pieces: str) -> None:
+    if mode not in ("exact", "fast", "annoy"):
+        _fail(f"--mode must be exact, fast or annoy, got {mode!r}")
+    if chunk_size < 1:
+        _fail(f"--chunk-size must be >= 1, got {chunk_size}")
+    if pieces not in ("join", "split"):
+        _fail(f"--pieces must be join or split, got {pieces!r}")
+
+
 @app.command()
 def privatize(
     input: str = typer.Argument(..., help="input file, or a built-in dataset name"),
@@ -182,6 +198,7 @@ def privatize(
         False, "--all-tokens", help="allow every vocabulary row as output (by default special "
         "and [unused] tokens are excluded)"),
     chunk_size: int = typer.Option(4096, "--chunk-size", help="tokens per step (memory)"),
+    pieces: str = typer.Option("join", "--pieces", help=_PIECES_HELP),
     json_report: bool = typer.Option(False, "--json-report",
                                      help="print the report as one JSON line at the end"),
 ) -> None:
@@ -190,10 +207,7 @@ def privatize(
     Prints η, the measured replacement probability P, the nearest-neighbour inversion success,
     the shipped attack table's strongest attacker at that η and the throughput."""
     check_eta_options(eta, target_p, target_ep)
-    if mode not in ("exact", "fast", "annoy"):
-        _fail(f"--mode must be exact, fast or annoy, got {mode!r}")
-    if chunk_size < 1:
-        _fail(f"--chunk-size must be >= 1, got {chunk_size}")
+    _check_options(mode, chunk_size, pieces)
     format_opt = None if fmt == "auto" else fmt
     ds = _load(input, split, format_opt, text_column, text_pair_column)
     src = Path(ds.source)
@@ -211,7 +225,8 @@ def privatize(
                    "sample (P on this input is measured below)", err=True)
     warn_if_seeded(seed)
     priv, res, out_texts, out_pairs = _privatize_dataset(
-        bb, ds, eta, seed=seed, mode=mode, chunk_size=chunk_size, all_tokens=all_tokens)
+        bb, ds, eta, seed=seed, mode=mode, chunk_size=chunk_size, all_tokens=all_tokens,
+        pieces=pieces)
     # The loader's columns: it may have detected a sentence pair the flags did not name.
     body = _rewrite(src, input, fmt_used, len(ds), out_texts, out_pairs,
                     ds.report.get("text_column") or text_column,
@@ -237,7 +252,7 @@ def privatize(
 
 
 def _privatize_dataset(bb, ds, eta: float, *, seed: int | None, mode: str, chunk_size: int,
-                       all_tokens: bool):
+                       all_tokens: bool, pieces: str = "join"):
     """Privatize every text (and pair text) of ``ds`` at ``eta`` with a bar on stderr.
 
     Returns (privatizer, detailed result, private texts, private pair texts — None where the
@@ -260,7 +275,8 @@ def _privatize_dataset(bb, ds, eta: float, *, seed: int | None, mode: str, chunk
                       chunk_size=chunk_size, seed=seed)
     n_tok = sum(len(r) for r in tokenize_texts(all_texts, bb.tokenizer))
     with progress_bar(total=n_tok, unit="tok", desc="privatize") as bar:
-        res = privatize_texts_detailed(all_texts, bb.tokenizer, priv, progress=bar.update)
+        res = privatize_texts_detailed(all_texts, bb.tokenizer, priv, progress=bar.update,
+                                       pieces=pieces)
     out_texts = res.texts[: len(texts)]
     out_pairs: list[str | None] = (
         [t if p is not None else None for t, p in zip(res.texts[len(texts):], pairs,
