@@ -216,7 +216,7 @@ def privatize(
     # the loader's format: a .txt of 'sentence@label' lines is read (and written) as such
     fmt_used = ds.report.get("format") or _resolve_format(input, format_opt)
 
-    bb = load_backbone_or_fail(backbone)
+    bb = load_backbone_or_fail(backbone, embeddings_only=True)  # the mechanism needs no model
     if eta is None and target_p is None and target_ep is None:
         target_p = DEFAULT_TARGET_P  # never a default level that the rule flags as weak
     eta = resolve_eta(bb, eta, target_p, target_ep)[0]
