@@ -117,6 +117,8 @@ def test_dp_tune_ctrl_c_and_resume_leave_only_shareable_files_in_out(tiny, monke
 def test_the_train_log_is_written_beside_out_only_when_asked(tiny):
     tmp = tiny[0]
     out = tmp / "logged"
+    out.mkdir()
+    (out / "train-log.NOT-PRIVATE.json").write_text("{}")  # left inside by an older rapt
     r = runner.invoke(app, [*_dp_tune(tiny, out), "--train-log"])
     assert r.exit_code == 0, r.output
     log = beside(out, "train-log.NOT-PRIVATE.json")

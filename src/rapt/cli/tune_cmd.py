@@ -513,20 +513,26 @@ def _save_tuned(tuned, out: Path, method: str, measured: dict | None, train_log:
     """Save the artifact, which may be shared; beside it, mode 0600, what was measured on the
     private rows (the release's privacy report) and, with --train-log, the per-step log (under
     DP the config never holds it: it is not covered by ε)."""
-    from rapt.artifacts import write_measured, write_train_log
+    from rapt.artifacts import TRAIN_LOG, beside, write_measured, write_train_log
 
     tuned.save(out)
     msg = f"saved the {method}-tuned model to {out}"
     if tuned.meta.get("dp"):
         msg += f" (ε = {tuned.meta['dp']['epsilon']:.3g}, δ = {tuned.meta['dp']['delta']:.3g})"
     local = []
+    legacy = out / TRAIN_LOG  # where rapt wrote it before: out of the folder one shares
+    if legacy.is_file():
+        legacy.chmod(0o600)
+        legacy.replace(beside(out, TRAIN_LOG))
+        local.append(str(beside(out, TRAIN_LOG)))
     if measured:
         local.append(str(write_measured(out, {"privacy": measured})))
     if train_log:
         local.append(str(write_train_log(out, tuned.train_log)))
     if local:
         msg += (f"; kept beside it, not to be shared (measured on your rows"
-                f"{', not covered by ε' if tuned.meta.get('dp') else ''}): {', '.join(local)}")
+                f"{', not covered by ε' if tuned.meta.get('dp') else ''}): "
+                f"{', '.join(dict.fromkeys(local))}")
     typer.echo(msg)
 
 
