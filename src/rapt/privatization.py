@@ -84,31 +84,31 @@ def sample_noise(n: int, d: int, eta: float | Tensor, noise: NoiseSource | None 
     return ((gamma / eta_t).to(torch.float32)).unsqueeze(1) * v
 
 
-_SHARED: list[tuple] = []  # the last index built by shared_index, with its key
+_SHARED: list[tuple] = []  # the last index built by shared_index: (table copy, candidates, mode)
 
 
 def shared_index(embeddings: Tensor, candidate_ids: Tensor | None, mode: SearchMode) -> NNIndex:
     """The nearest-neighbour index over the ``candidate_ids`` rows of ``embeddings`` (all rows
     for None), built once for consecutive callers with the same table, candidates and mode:
     η's calibration and the privatizer that follows it share one build (about a second for a
-    30k-token vocabulary). The cache keeps a reference to the table, so its memory cannot pass
-    to another tensor, and keys on its version counter, so an in-place change builds anew.
-    Its search counters start from zero for each caller."""
+    30k-token vocabulary). A hit needs a table equal, value for value, to a copy taken at the
+    build (a few milliseconds), so no change of the table, however made, reuses a stale
+    index. Its search counters start from zero for each caller."""
     cand = None if candidate_ids is None else torch.as_tensor(candidate_ids).to(
         embeddings.device)
-    key = (embeddings.data_ptr(), tuple(embeddings.shape), embeddings.stride(),
-           embeddings.dtype, embeddings.device, embeddings._version, mode)
+    table = embeddings.detach()
     if _SHARED:
-        (k, table, c, index) = _SHARED[0]
-        if k == key and table.data_ptr() == embeddings.data_ptr() and (
-                (c is None and cand is None) or (c is not None and cand is not None
-                                                 and torch.equal(c, cand))):
+        (t, c, m, index) = _SHARED[0]
+        if (m == mode and t.shape == table.shape and t.dtype == table.dtype
+                and t.device == table.device and torch.equal(t, table)
+                and ((c is None and cand is None) or (c is not None and cand is not None
+                                                     and torch.equal(c, cand)))):
             for name in index.stats:
                 index.stats[name] = 0
             return index
-    vecs = embeddings if cand is None else embeddings[cand]
-    index = build_index(vecs.detach().float(), mode)
-    _SHARED[:] = [(key, embeddings, None if cand is None else cand.clone(), index)]
+    vecs = table if cand is None else table[cand]
+    index = build_index(vecs.float(), mode)
+    _SHARED[:] = [(table.clone(), None if cand is None else cand.clone(), mode, index)]
     return index
 
 
