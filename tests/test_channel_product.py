@@ -145,8 +145,10 @@ def test_tune_and_predict_with_channel_record_and_check_it(setup, tmp_path):
     assert meta["channel"]["provenance"]["corpus"]["sources"][0]["name"].endswith("public.txt")
     assert meta["channel"]["provenance"]["etas"] == [120.0]
     assert "post-processing" in meta["channel"]["note"].lower()
-    priv = meta["privacy"]["channel"]
-    strongest = max(priv["recovery"], meta["privacy"]["inversion_success"])
+    measured = json.loads((tmp_path / "art.measured.NOT-PRIVATE.json").read_text())["privacy"]
+    assert "channel" not in meta["privacy"]  # measured on the rows: beside the folder
+    priv = measured["channel"]
+    strongest = max(priv["recovery"], measured["inversion_success"])
     assert priv["empirical_privacy"] == pytest.approx(1 - strongest)
     assert priv["strongest_attacker"] == ("channel denoiser" if priv["recovery"] == strongest
                                           else "nearest neighbour")

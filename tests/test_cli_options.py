@@ -66,20 +66,24 @@ def test_sap_tune_takes_label_names_and_format(tiny):
     assert json.loads((out / "sap.json").read_text())["label_names"] == ["neg", "pos"]
 
 
-def test_dp_log_goes_inside_the_output_folder(tiny):
-    """Before: `*.train-log.NOT-PRIVATE.json` beside the folder; now a file of its own inside
-    it, which loading ignores."""
+def test_dp_log_goes_beside_the_output_folder_only_when_asked(tiny):
+    """The per-step log of a DP run is not covered by ε: it is written only with --train-log,
+    beside the folder (which may then be shared as it is), never in it or its config."""
     tmp, bb = tiny
     data = tmp / "d.csv"
     data.write_text("text,label\n" + "good film,pos\nbad film,neg\n" * 4)
     out = tmp / "dp"
-    r = runner.invoke(app, ["tune", str(data), "--out", str(out), "--backbone", bb,
-                            "--dp-noise", "1.0", "--epochs", "1", "--batch-size", "4",
-                            "--num-virtual-tokens", "2", "--noise-seed", "0"])
+    argv = ["tune", str(data), "--out", str(out), "--backbone", bb, "--dp-noise", "1.0",
+            "--epochs", "1", "--batch-size", "4", "--num-virtual-tokens", "2", "--noise-seed",
+            "0"]
+    log = tmp / "dp.train-log.NOT-PRIVATE.json"
+    r = runner.invoke(app, argv)
     assert r.exit_code == 0, r.output
-    log = out / "train-log.NOT-PRIVATE.json"
-    assert log.is_file() and not list(tmp.glob("*.train-log.NOT-PRIVATE.json"))
-    assert "remove it before sharing the folder" in r.output
+    assert not log.exists() and not list(out.glob("*NOT-PRIVATE*"))
+    r = runner.invoke(app, [*argv, "--train-log"])
+    assert r.exit_code == 0, r.output
+    assert log.is_file() and not list(out.glob("*NOT-PRIVATE*"))
+    assert "not to be shared" in r.output
     assert json.loads(log.read_text())["history"]
     assert "history" not in json.loads((out / "config.json").read_text())["meta"]
     r = runner.invoke(app, ["predict", str(out), str(data), "--no-privacy"])

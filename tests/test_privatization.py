@@ -438,3 +438,52 @@ def test_cli_tune_noise_is_unseeded_by_default(tiny_backbone_dir, tmp_path):
         assert r.exit_code == 0, r.output
         etas.append(TunedPrompt.load(tmp_path / name[0]).meta["eta"])
     assert etas[0] == etas[1]
+
+
+def test_calibration_and_privatizer_share_one_index_and_the_eta_is_cached(tiny_bert,
+                                                                          monkeypatch):
+    """η's calibration and the privatizer after it build the nearest-neighbour index once; a
+    second calibration reads η from the cache file, after one measurement confirms it; a
+    cached η that no longer gives the target P (an edited file) is calibrated afresh."""
+    import json
+
+    import rapt.privatization as pr
+    from rapt.pipeline import make_privatizer
+
+    builds = []
+    real_build = pr.build_index
+    monkeypatch.setattr(pr, "build_index", lambda *a, **k: builds.append(1) or real_build(*a,
+                                                                                        **k))
+    # a target P the tiny vocabulary can hit within the tolerance: one it gives at some η
+    sample = pr.public_sample_ids(tiny_bert.tokenizer, tiny_bert.special_ids)
+    cand = pr.candidate_ids_from_tokenizer(tiny_bert.tokenizer, tiny_bert.embeddings.shape[0])
+    target = next(p for e in (8.0, 32.0, 128.0, 512.0, 2048.0)
+                  if 0.2 < (p := pr.measure_p(tiny_bert.embeddings, e, sample,
+                                              tiny_bert.special_ids, candidate_ids=cand,
+                                              mode="fast")) < 0.8)
+    builds.clear()
+    pr._SHARED.clear()
+    priv = make_privatizer(tiny_bert, None, target, noise_seed=0, mode="fast")
+    assert len(builds) == 1 and priv.index is pr._SHARED[0][3]
+    eta = priv.eta
+    row = tiny_bert.embeddings[7].detach().clone()
+    with torch.no_grad():  # a change of the table, even one torch does not count: built anew
+        tiny_bert.embeddings.data[7] += 1.0
+    pr.Privatizer(tiny_bert.embeddings, eta, special_ids=tiny_bert.special_ids,
+                  candidate_ids=priv.candidate_ids, mode="fast")
+    assert len(builds) == 2
+    with torch.no_grad():
+        tiny_bert.embeddings[7].copy_(row)
+
+    def no_bisection(*a, **k):
+        raise AssertionError("calibrated again although the cache holds η")
+
+    with monkeypatch.context() as m:
+        m.setattr(pr, "calibrate_eta", no_bisection)
+        assert pr.calibrate_eta_public(tiny_bert, target) == eta
+    path = pr._eta_cache_path()
+    doc = json.loads(path.read_text())
+    doc = {k: 1e6 for k in doc}  # a wrong η (P ≈ 0 at 1e6): never used
+    path.write_text(json.dumps(doc))
+    assert pr.calibrate_eta_public(tiny_bert, target) == pytest.approx(eta)
+    assert json.loads(path.read_text()) != doc  # the right η is written back

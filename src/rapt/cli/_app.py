@@ -92,15 +92,16 @@ def fail(msg: str) -> NoReturn:
     raise typer.Exit(2)
 
 
-def load_backbone_or_fail(name: str):
-    """``rapt.models.load_backbone(name)``, or one clear error line (unknown name, unreadable
-    folder, a package that is not installed) and exit status 2."""
-    from rapt.models import BackboneNotFoundError, load_backbone
+def load_backbone_or_fail(name: str, *, embeddings_only: bool = False):
+    """``rapt.models.load_backbone(name)`` (``load_embeddings`` with ``embeddings_only``: the
+    tokenizer and embedding matrix, no model), or one clear error line (unknown name,
+    unreadable folder, a package that is not installed) and exit status 2."""
+    from rapt.models import BackboneNotFoundError, load_backbone, load_embeddings
     from rapt.progress import quiet_library_bars
 
     quiet_library_bars()  # transformers' "Loading weights" bar would flood a log file
     try:
-        return load_backbone(name)
+        return load_embeddings(name) if embeddings_only else load_backbone(name)
     except (BackboneNotFoundError, OSError, ValueError) as e:
         fail(str(e))
 

@@ -181,14 +181,25 @@ def sap_tune(
     privacy = _echo_release_privacy(customer, rows, cfg, bb, backbone, target_p, min_p)
     out.mkdir(parents=True, exist_ok=True)
     cti_tokens = _save_tensors(out, customer, provider if client is None else None)
-    doc = _sap_doc(cfg, backbone, ds, data, cti_tokens, customer, privacy, noise_seed,
-                   provider, hist)
+    doc = _sap_doc(cfg, backbone, ds, data, cti_tokens, privacy, noise_seed, provider)
     doc["no_privacy"] = bool(no_privacy)
     if client is not None:  # the key is not written: give it again to `rapt sap predict`
         doc["remote"] = {"url": url, "session": sid, "backbone": client.remote_backbone}
     (out / "sap.json").write_text(json.dumps(doc, indent=2) + "\n")
     typer.echo(f"saved SAP model (split after {split_layer} blocks, {method}) to {out}"
-               + (f"; measured P = {customer.measured_p:.3f}" if e is not None else ""))
+               + (f"; measured P = {customer.measured_p:.3f}" if e is not None else "")
+               + _save_measured(out, customer, privacy, hist))
+
+
+def _save_measured(out: Path, customer, privacy: dict | None, hist: list[dict]) -> str:
+    """What was measured on the private rows (the release's privacy report, measured P, the
+    final loss), written beside ``out`` (mode 0600), never into the folder one shares; -> the
+    note for the saved line."""
+    from rapt.artifacts import write_measured
+
+    path = write_measured(out, {"privacy": privacy, "measured_p": customer.measured_p,
+                                "final_loss": hist[-1]["loss"] if hist else None})
+    return f"; kept beside it, not to be shared (measured on your rows): {path}"
 
 
 def _echo_release_privacy(customer, rows, cfg, bb, backbone: str, target_p: float | None,
@@ -221,14 +232,16 @@ def _warn_collapse(customer, provider, rows, ds, limit: int = 1000) -> None:
                                        extra=extra))
 
 
-def _sap_doc(cfg, backbone: str, ds, data: str, cti_tokens, customer, privacy: dict | None,
-             noise_seed: int | None, provider, hist: list[dict]) -> dict:
-    """``sap.json`` of a trained split model (the remote session is added by the caller)."""
+def _sap_doc(cfg, backbone: str, ds, data: str, cti_tokens, privacy: dict | None,
+             noise_seed: int | None, provider) -> dict:
+    """``sap.json`` of a trained split model (the remote session is added by the caller): the
+    release's privacy level only; what was measured on the rows goes beside the folder."""
+    from rapt.artifacts import shareable_privacy
+
     return {"format": FORMAT, "version": VERSION, "config": cfg.to_dict(), "backbone": backbone,
             "label_names": ds.label_names, "num_labels": ds.num_labels, "dataset": str(data),
-            "cti_tokens": cti_tokens, "measured_p": customer.measured_p, "privacy": privacy,
-            "seeded": noise_seed is not None, "steps": provider.step,
-            "final_loss": hist[-1]["loss"] if hist else None}
+            "cti_tokens": cti_tokens, "privacy": shareable_privacy(privacy, backbone),
+            "seeded": noise_seed is not None, "steps": provider.step}
 
 
 def _labelled_data(data: str, split: str, limit: int | None, text_column: str | None,

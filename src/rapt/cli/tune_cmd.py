@@ -144,8 +144,12 @@ _TUNE_HELP = {
     "freeze_prompt": "control: keep the prompt at its init, train only a trainable head",
     "label_words": "causal LMs: comma-separated verbalizer words, one per label (default: the "
     "label names, with a leading space or without, whichever starts with distinct tokens)",
-    "resume": "continue the run stopped (Ctrl-C / SIGTERM) in --out, on the privatized rows "
-    "saved with its checkpoint; the other options must be the same",
+    "resume": "continue the run into --out stopped by Ctrl-C / SIGTERM, on the privatized rows "
+    "saved with its checkpoint (OUT.resume.NOT-PRIVATE.pt, beside the folder); the other "
+    "options must be the same",
+    "train_log": "write the per-step losses to OUT.train-log.NOT-PRIVATE.json beside the folder "
+    "(mode 0600; under DP they are not covered by ε, so only when asked; without DP they are "
+    "also in the artifact's config)",
     "seed": "init, data order and plain tokens (not privacy noise)",
     "noise_seed": "seed the privacy noise (dχ and DP-SGD): tests/benchmarks only, voids the "
     "guarantee; default: OS entropy",
@@ -210,10 +214,11 @@ def tune(
                                                  help="micro-batch size under DP (default 32)"),
     channel: Path | None = typer.Option(None, "--channel", help=_TUNE_HELP["channel"]),
     resume: bool = typer.Option(False, "--resume", help=_TUNE_HELP["resume"]),
+    train_log: bool = typer.Option(False, "--train-log", help=_TUNE_HELP["train_log"]),
     precision: str = with_default(PRECISION, _d("precision")),
 ) -> None:
-    """Privatize a dataset locally, tune a prompt on it and save the artifact. Ctrl-C (or
-    SIGTERM) stops after the current step and saves a checkpoint in --out; --resume goes on."""
+    """Privatize a dataset locally, tune a prompt on it, save it to --out (shareable; what is
+    measured on your rows goes beside it). Ctrl-C saves a checkpoint; --resume goes on."""
     o = SimpleNamespace(**locals())  # the options, for the stage helpers below
     eta = _tune_eta(o)
     ds = _training_data(o)
@@ -221,14 +226,7 @@ def tune(
     dp = _dp_config(o, len(ds))
     encoding = _encoding(o, bb, len(ds))
     cfg, rows = _tune_config_and_rows(o, bb, ds, dp, encoding)
-    from rapt.trainer import resolve_head
-
-    if method is None:
-        typer.echo(f"method: {cfg.method} (default{'' if dp is None else ' under DP'}; --method "
-                   "prompt | prefix | lora | full)", err=True)
-    _echo_head(bb, cfg, bool(label_descriptions))
-    if resolve_head(bb.kind, cfg) == "verbalizer":
-        _check_label_words(bb, cfg.label_words)
+    _echo_method_and_head(bb, cfg, method is None, dp is not None, bool(label_descriptions))
     custom = _customization(bb, eta, o.target_p, noise_seed, privatizer_mode, encoding, cfg)
     custom.channel = _load_channel(channel, bb) if channel is not None else None
     if dp is not None and custom.privatizer is None:
@@ -237,7 +235,7 @@ def tune(
     tuned = _tune_with_bar(custom, rows, ds, out=out, resume=resumed)
     _warn_training_collapse(custom, rows, ds)
     _record_meta(tuned, custom, ds, o)
-    _save_tuned(tuned, out, cfg.method)
+    _save_tuned(tuned, out, cfg.method, custom.privacy, train_log)
     tune_resume.drop(out)
 
 
@@ -256,8 +254,8 @@ def _training_rows(o: SimpleNamespace, custom, rows, ds, cfg):
                          what="training data", err=True)
         return saved.rows, saved
     if tune_resume.path_in(o.out).is_file():
-        typer.echo(f"note: {o.out} holds the checkpoint of a stopped run; --resume continues "
-                   "it (this run starts afresh and replaces it)", err=True)
+        typer.echo(f"note: {tune_resume.path_in(o.out)} is the checkpoint of a stopped run; "
+                   "--resume continues it (this run starts afresh and replaces it)", err=True)
     if custom.privatizer is not None:
         return _privatize_and_echo(custom, rows, o.min_p), None
     return rows, None  # --no-privacy, announced when the options were read
@@ -276,7 +274,10 @@ def _warn_training_collapse(custom, rows, ds) -> None:
 
 def _record_meta(tuned, custom, ds, o: SimpleNamespace) -> None:
     """What `rapt predict` reads back from the artifact: label names and base, the columns
-    read (given or detected), the training data's privatization and channel model."""
+    read (given or detected), the training data's privatization (its level: what was measured
+    on the rows goes beside the folder) and channel model."""
+    from rapt.artifacts import shareable_privacy
+
     if ds.report.get("label_base") is not None:
         tuned.meta["label_base"] = ds.report["label_base"]
     tuned.meta.update({**custom.privacy_meta(), "label_names": ds.label_names,
@@ -286,6 +287,7 @@ def _record_meta(tuned, custom, ds, o: SimpleNamespace) -> None:
                        "label_column": ds.report.get("label_source")
                        if ds.report.get("text_column") else None,
                        "format": o.fmt})
+    tuned.meta["privacy"] = shareable_privacy(custom.privacy, custom.backbone.name)
     if tuned.meta.get("channel"):
         tuned.meta["channel"]["path"] = str(o.channel)
 
@@ -444,11 +446,18 @@ def _given_descriptions(text: str, names: list[str]) -> list[str]:
     return descs
 
 
-def _echo_head(bb, cfg, given_descriptions: bool) -> None:
-    """The head the run uses, and for --head auto why."""
+def _echo_method_and_head(bb, cfg, default_method: bool, dp: bool,
+                          given_descriptions: bool) -> None:
+    """The method (when it is the default) and the head the run uses, and for --head auto why;
+    a verbalizer's label words are checked before any work."""
     from rapt.trainer import resolve_head
 
+    if default_method:
+        typer.echo(f"method: {cfg.method} (default{' under DP' if dp else ''}; --method "
+                   "prompt | prefix | lora | full)", err=True)
     head = resolve_head(bb.kind, cfg)
+    if head == "verbalizer":
+        _check_label_words(bb, cfg.label_words)
     why = ""
     if cfg.head == "auto":
         why = {"verbalizer": " (auto: a causal LM scores its label words)",
@@ -473,7 +482,9 @@ def _tune_with_bar(custom, rows, ds, *, out: Path, resume=None):
     with 128 + the signal's number."""
     from rapt.progress import progress_bar
 
-    bar = progress_bar(desc="tune", unit="step")
+    # a resumed run's bar goes on from the step and the time it stopped at
+    bar = progress_bar(desc="tune", unit="step", initial=resume.step if resume else 0,
+                       elapsed=resume.seconds if resume else 0.0)
     stop = tune_resume.StopSignals()
     dp = getattr(custom.config, "dp", None)
     delta = dp.resolve_delta(len(rows)) if dp is not None else None
@@ -496,6 +507,8 @@ def _tune_with_bar(custom, rows, ds, *, out: Path, resume=None):
         bar.close()
         _fail(str(e))
     bar.close()
+    if resume is not None:  # the time before the stop counts too
+        tuned.meta["train_seconds"] = round(resume.seconds + tuned.meta["train_seconds"], 3)
     if tuned.meta.get("stopped"):
         _save_stopped(custom, rows, ds, out, stop, tuned.meta)
     return tuned
@@ -508,28 +521,36 @@ def _save_stopped(custom, rows, ds, out: Path, stop, meta: dict) -> None:
         typer.echo("stopped before the first step: nothing to save", err=True)
         raise typer.Exit(stop.exit_code)
     path = tune_resume.save(out, stop.latest, custom.config, rows, ds.labels, custom.privacy,
-                            custom.eta)
+                            custom.eta, meta["train_seconds"])
     typer.echo(f"stopped at step {meta['steps']} of {meta['total_steps']}; checkpoint saved to "
                f"{path}; continue with the same command and --resume", err=True)
     raise typer.Exit(stop.exit_code)
 
 
-TRAIN_LOG = "train-log.NOT-PRIVATE.json"  # under DP: in the output folder, never in the artifact
+def _save_tuned(tuned, out: Path, method: str, measured: dict | None, train_log: bool) -> None:
+    """Save the artifact, which may be shared; beside it, mode 0600, what was measured on the
+    private rows (the release's privacy report) and, with --train-log, the per-step log (under
+    DP the config never holds it: it is not covered by ε)."""
+    from rapt.artifacts import TRAIN_LOG, beside, write_measured, write_train_log
 
-
-def _save_tuned(tuned, out: Path, method: str) -> None:
-    """Save the artifact; under DP the per-step log goes into the same folder as a file of its
-    own (the artifact's config never holds it, and loading ignores it)."""
     tuned.save(out)
     msg = f"saved the {method}-tuned model to {out}"
     if tuned.meta.get("dp"):
         msg += f" (ε = {tuned.meta['dp']['epsilon']:.3g}, δ = {tuned.meta['dp']['delta']:.3g})"
-        log = out / TRAIN_LOG
-        log.write_text(json.dumps({"warning": "per-step losses and accuracies on private "
-                                   "batches: not covered by ε, keep local, never publish",
-                                   "history": tuned.train_log}) + "\n")
-        msg += (f"; the per-step log is {log}: not covered by ε, remove it before sharing the "
-                "folder")
+    local = []
+    legacy = out / TRAIN_LOG  # where rapt wrote it before: out of the folder one shares
+    if legacy.is_file():
+        legacy.chmod(0o600)
+        legacy.replace(beside(out, TRAIN_LOG))
+        local.append(str(beside(out, TRAIN_LOG)))
+    if measured:
+        local.append(str(write_measured(out, {"privacy": measured})))
+    if train_log:
+        local.append(str(write_train_log(out, tuned.train_log)))
+    if local:
+        msg += (f"; kept beside it, not to be shared (measured on your rows"
+                f"{', not covered by ε' if tuned.meta.get('dp') else ''}): "
+                f"{', '.join(dict.fromkeys(local))}")
     typer.echo(msg)
 
 
@@ -825,6 +846,7 @@ def demo(
     table = format_table(res)
     (out / "results.json").write_text(json.dumps(res.as_dict(), indent=2) + "\n")
     (out / "results.md").write_text(table + "\n")
+    _keep_local_unless_public(cfg.dataset, out)
     typer.echo(f"plot: {res.stage_seconds['plot']:.1f} s")
     typer.echo("")
     typer.echo(table)
@@ -832,6 +854,21 @@ def demo(
                        "inversion_success": res.inversion_success}, backbone=cfg.backbone,
                       min_p=min_p, what="demo's privatized text")
     typer.echo(f"\nwrote {out / 'results.json'}, {out / 'results.md'}, {out / 'demo.png'}")
+
+
+def _keep_local_unless_public(dataset: str, out: Path) -> None:
+    """The demo's folder holds accuracies and privacy measured on its data: shareable for a
+    built-in public set; on a file of your own they are statistics of your rows, so the files
+    are made owner-only (0600) and the folder is named as not to be shared."""
+    from rapt.data import BUILTINS
+
+    if dataset in BUILTINS:
+        return
+    for name in ("results.json", "results.md", "demo.png"):
+        if (out / name).exists():
+            (out / name).chmod(0o600)
+    typer.echo(f"note: {out} holds accuracies and privacy measured on {dataset}, your own "
+               "rows (files made owner-only, 0600): keep it local, do not share it", err=True)
 
 
 def _demo_config(o: SimpleNamespace):

@@ -1,17 +1,19 @@
-"""`rapt tune` stopped and resumed (issue 32 item 1): Ctrl-C or SIGTERM stops the run after its
-current step and saves a checkpoint in the output folder; `rapt tune ... --resume` continues
-it exactly (data order, init and dropout; DP-SGD draws fresh noise, as every resumed DP run).
+"""`rapt tune` stopped and resumed: Ctrl-C or SIGTERM stops the run after its current step and
+saves a checkpoint beside the output folder; `rapt tune ... --resume` continues it exactly
+(data order, init and dropout; DP-SGD draws fresh noise, as every resumed DP run).
 
-The checkpoint (``OUT/resume.NOT-PRIVATE.pt``, mode 0600) holds the trainer's state
+The checkpoint (``OUT.resume.NOT-PRIVATE.pt`` next to OUT, never inside it: the folder is the
+part one shares; mode 0600) holds the trainer's state
 (:meth:`rapt.training.TrainState.state_dict`), the tuner config, and the *privatized* training
 rows with their labels and privacy report: a resumed run trains on the same release instead of
 privatizing the data a second time (two independent privatizations of one text would give an
-attacker two noisy looks at it). It is deleted when the run finishes.
+attacker two noisy looks at it), and the seconds trained so far (the finished run's
+``train_seconds`` and its progress bar count the whole run). It is deleted when the run
+finishes.
 """
 
 from __future__ import annotations
 
-import os
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +29,14 @@ VERSION = 1
 
 
 def path_in(out: Path) -> Path:
+    """Where the checkpoint of a run into ``out`` goes: ``OUT.resume.NOT-PRIVATE.pt``."""
+    from rapt.artifacts import beside
+
+    return beside(out, FILE)
+
+
+def _legacy(out: Path) -> Path:
+    """Inside the folder, where rapt wrote it before (read by --resume, removed by drop)."""
     return Path(out) / FILE
 
 
@@ -39,6 +49,7 @@ class Resume:
     labels: list[int]
     privacy: dict | None
     eta: float | None
+    seconds: float = 0.0  # training time before the stop
 
     @property
     def step(self) -> int:
@@ -57,9 +68,11 @@ def load(out: Path, config: Any, labels: list[int], eta: float | None) -> Resume
     import torch
 
     path = path_in(out)
+    if not path.is_file() and _legacy(out).is_file():
+        path = _legacy(out)
     if not path.is_file():
-        fail(f"--resume: no checkpoint in {out} ({FILE} is written when a run is stopped with "
-             "Ctrl-C or SIGTERM); leave --resume out to start afresh")
+        fail(f"--resume: no checkpoint for {out} ({path.name} is written beside it when a run "
+             "is stopped with Ctrl-C or SIGTERM); leave --resume out to start afresh")
     try:
         doc = torch.load(path, weights_only=True)
     except Exception as e:  # a truncated or foreign file: say which
@@ -79,29 +92,31 @@ def load(out: Path, config: Any, labels: list[int], eta: float | None) -> Resume
         fail(f"--resume: η {eta} now, {doc.get('eta')} in the stopped run; give the same "
              "--eta / --target-p / --target-ep")
     return Resume(doc["state"], [list(r) for r in doc["rows"]], list(doc["labels"]),
-                  doc.get("privacy"), doc.get("eta"))
+                  doc.get("privacy"), doc.get("eta"), float(doc.get("seconds") or 0.0))
 
 
 def save(out: Path, state: dict, config: Any, rows: list[list[int]], labels: list[int],
-         privacy: dict | None, eta: float | None) -> Path:
-    """Write the checkpoint atomically, readable by its owner only (0600)."""
+         privacy: dict | None, eta: float | None, seconds: float = 0.0) -> Path:
+    """Write the checkpoint atomically, readable by its owner only (0600); ``seconds``: the
+    training time so far, this run's and any earlier part's."""
+    import io
+
     import torch
 
-    path = path_in(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
+    from rapt.artifacts import write_private
+
     doc = {"format": FORMAT, "version": VERSION, "state": state, "config": config.to_dict(),
            "rows": [list(map(int, r)) for r in rows], "labels": [int(y) for y in labels],
-           "privacy": privacy, "eta": eta}
-    with os.fdopen(os.open(tmp, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600), "wb") as f:
-        torch.save(doc, f)
-    os.replace(tmp, path)
-    return path
+           "privacy": privacy, "eta": eta, "seconds": float(seconds)}
+    buf = io.BytesIO()
+    torch.save(doc, buf)
+    return write_private(path_in(out), buf.getvalue())
 
 
 def drop(out: Path) -> None:
     """Delete a finished run's checkpoint (it holds the release and the trained state)."""
     path_in(out).unlink(missing_ok=True)
+    _legacy(out).unlink(missing_ok=True)
 
 
 @dataclass
