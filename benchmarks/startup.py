@@ -65,13 +65,16 @@ def _machine(threads: str | None) -> dict:
 
 
 def measure(src: Path, python: str, repeats: int, backbone: str, data: Path,
-            threads: str | None) -> dict:
-    """Median and every time of the three commands, with the tiny model built first."""
+            threads: str | None, warm_cache: bool = False) -> dict:
+    """Median and every time of the three commands, with the tiny model built first. Each
+    measured process gets an empty ``$RAPT_CACHE`` (a first use: η calibrated, nothing cached)
+    unless ``warm_cache``, where the runs share one cache that the tiny model's tune filled."""
     env = {**os.environ, "PYTHONPATH": str(src / "src")}
     if threads is not None:
         env["OMP_NUM_THREADS"] = threads
     with tempfile.TemporaryDirectory(prefix="rapt-startup-") as tmp:
         work = Path(tmp)
+        env["RAPT_CACHE"] = str(work / "cache")
         texts = work / "texts.csv"
         with texts.open("w", newline="", encoding="utf-8") as f:
             w = csv.writer(f)
@@ -92,8 +95,9 @@ def measure(src: Path, python: str, repeats: int, backbone: str, data: Path,
         runs: dict[str, list[float]] = {}
         for name, args in commands.items():
             runs[name] = []
-            for _ in range(repeats):
-                secs, out, code = _cli(python, src, args, env, work)
+            for i in range(repeats):
+                run_env = env if warm_cache else {**env, "RAPT_CACHE": str(work / f"cold{i}")}
+                secs, out, code = _cli(python, src, args, run_env, work)
                 if code != 0:
                     raise SystemExit(f"{name} failed:\n{out}")
                 runs[name].append(round(secs, 3))
@@ -122,13 +126,15 @@ def write(label: str, record: dict, results: Path = RESULTS) -> None:
         cells = [f"{doc[lb]['commands'][n]['median_s']:.2f} s" if n in doc[lb]["commands"]
                  else "" for lb in labels]
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
-    lines += ["", "| run | machine | OMP_NUM_THREADS | repeats | load at start → end |",
-              "|---|---|---|---|---|"]
+    lines += ["", "| run | machine | OMP_NUM_THREADS | repeats | $RAPT_CACHE "
+              "| load at start → end |",
+              "|---|---|---|---|---|---|"]
     for lb in labels:
         r = doc[lb]
         la = f"{r['loadavg_start'][0]:.2f} → {r['loadavg_end'][0]:.2f}"
         lines.append(f"| {lb} | {r['machine']['cpu']}, {r['machine']['cpu_count']} cores | "
-                     f"{r['machine']['omp_num_threads'] or 'unset'} | {r['repeats']} | {la} |")
+                     f"{r['machine']['omp_num_threads'] or 'unset'} | {r['repeats']} | "
+                     f"{r.get('cache', '?')} | {la} |")
     (results / "startup.md").write_text("\n".join(lines) + "\n")
 
 
@@ -141,14 +147,17 @@ def main() -> None:
     ap.add_argument("--backbone", default="minilm")
     ap.add_argument("--data", type=Path, default=DATA, help="a GLUE SST-2 TSV file")
     ap.add_argument("--threads", default=None, help="set OMP_NUM_THREADS (default: unset)")
+    ap.add_argument("--warm-cache", action="store_true",
+                    help="share one $RAPT_CACHE across runs (default: each run starts empty)")
     ap.add_argument("--results", type=Path, default=RESULTS, help="folder of startup.json/.md")
     a = ap.parse_args()
     src = a.src.resolve()
     if not (src / "src" / "rapt" / "cli").is_dir():
         raise SystemExit(f"--src {src}: no src/rapt/cli there (give a rapt source tree)")
     start = list(os.getloadavg())
-    commands = measure(src, a.python, a.repeats, a.backbone, a.data, a.threads)
+    commands = measure(src, a.python, a.repeats, a.backbone, a.data, a.threads, a.warm_cache)
     record = {"src": str(src), "commit": _commit(src), "repeats": a.repeats,
+              "cache": "warm" if a.warm_cache else "empty per run",
               "machine": _machine(a.threads), "loadavg_start": start,
               "loadavg_end": list(os.getloadavg()), "commands": commands}
     label = a.label or record["commit"] or "run"
