@@ -157,9 +157,8 @@ def markdown(r: dict) -> str:
     out = ["# Fairness: a 1-step job of key B behind a 100,000-step job of key A", "",
            f"`{r['command']}` — {m['platform']}, {m['cpu_count']} cores, torch {m['torch']}, "
            f"{m['omp_threads']} thread; load average {m['loadavg_start'][0]:.2f} at start, "
-           f"{m['loadavg_end'][0]:.2f} at the end. **The machine is shared with other jobs: "
-           "timings are noisy** (the bound has slack for that; rerun on a quiet machine for "
-           "tight numbers).", "",
+           f"{m['loadavg_end'][0]:.2f} at the end (about 1 is this benchmark alone on its "
+           "thread; more means other jobs shared the cores, and the waits grow with them).", "",
            "One job worker, in-process service, SQLite store, the real trainer on a tiny "
            "random BERT (2 layers, hidden 32). A's job: 1,000 rows × 100 epochs at batch 1 = "
            "100,000 steps. B's job: 1 step, submitted as soon as A's job runs (the start of "
