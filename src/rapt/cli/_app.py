@@ -307,10 +307,10 @@ def collapse_fixes(*, method: str | None, private: bool, dp: bool = False,
             ["a larger --dp-epsilon"] if dp else [])
         tries.append(f"a lower privacy level ({', or '.join(lower)})")
     if method == "lora":
-        tries.append("--method prefix (it learnt more than LoRA from a few hundred sentence "
-                     "pairs: benchmarks/results/defaults.md)")
+        tries.append("--method prefix (ahead of LoRA on 250 sentence pairs, 2 settings of "
+                     "benchmarks/results/defaults.md)")
     elif method is not None:
-        tries.append("--method lora (the most accurate in 5 of 6 settings of "
+        tries.append("--method lora (the most accurate in 5 of 8 settings of "
                      "benchmarks/results/defaults.md)")
     else:
         tries.append("another --method")
