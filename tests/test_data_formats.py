@@ -12,10 +12,13 @@ from rapt.data import DataError, Reader, Record, format_for, load_dataset, regis
 
 
 @pytest.fixture
-def registry(monkeypatch):
-    """A copy of FORMATS for the test to register into; the module's registry is left alone."""
-    monkeypatch.setattr(data, "FORMATS", dict(data.FORMATS))
-    return data.FORMATS
+def registry():
+    """FORMATS for the test to register into; its entries are restored afterwards (the same dict,
+    since every module of rapt.data reads that one)."""
+    saved = dict(data.FORMATS)
+    yield data.FORMATS
+    data.FORMATS.clear()
+    data.FORMATS.update(saved)
 
 
 def _read_pipes(text: str, path: Path, spec) -> list[Record | None]:
