@@ -76,7 +76,6 @@ class Service:
             device=config.device,
             # Ray actors load the channel models from their folders, on their own backbones.
             channels=self.channels if config.jobs == "inprocess" else dict(config.channels))
-        self.worker = self.jobs  # the name older code used
         forward = forward or (default_forward if config.mixed_passes else per_prompt_forward)
         self.batchers = {
             name: MicroBatcher(bb, forward,
