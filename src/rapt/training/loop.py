@@ -26,7 +26,7 @@ from typing import Any, NamedTuple, Protocol
 import torch
 from torch import Tensor, nn
 
-from rapt.reconstruction import reconstruction_loss
+from rapt.tuning.reconstruction import reconstruction_loss
 
 #: Format of :meth:`TrainState.state_dict`; version 1 is the trainer's flat dict before it
 #: (``model``, ``optimizer``, ``scheduler``, ``torch_rng``, ``dp``, ``rec_vocab`` at the top).
@@ -99,7 +99,7 @@ class Reconstruction:
 @dataclass
 class DenoisingObjective:
     """Cross-entropy of the original token at each position, given the privatized row (the
-    contextual denoiser of :mod:`rapt.attacks.denoiser`); ``out.logits`` is (B, L, V).
+    contextual denoiser of :mod:`rapt.channel.denoiser`); ``out.logits`` is (B, L, V).
 
     ``targets`` (N, L): original ids, -100 where nothing is predicted (special tokens, pad);
     ``replaced`` (N, L): positions the mechanism changed. Per example: the mean CE over its
@@ -125,7 +125,7 @@ class DenoisingObjective:
 @dataclass
 class HiddenDistillation:
     """Mean squared error between the student's hidden states ``out.hidden`` (B, L, h) and a
-    frozen teacher's (the channel adapter of :mod:`rapt.channel_adapter`: the student reads
+    frozen teacher's (the channel adapter of :mod:`rapt.channel.adapter`: the student reads
     privatized rows, the teacher the aligned clean ones).
 
     ``teacher(idx)`` -> (B, L, h) teacher states, computed without gradient; ``positions``

@@ -11,8 +11,9 @@ time: what it outputs is post-processing of the dχ release. The same model is t
 attacker we field (its recovery rate is the honest empirical privacy) and the first utility
 remedy (denoise-then-tune: rows pass through :meth:`Denoiser.denoise` before tuning and predict).
 
-Training goes through :func:`rapt.training.run_loop` with a :class:`rapt.training.MeanStep` over
-a :class:`rapt.training.DenoisingObjective`; nothing here reads or writes files except
+Training goes through :func:`rapt.training.loop.run_loop` with a
+:class:`rapt.training.loop.MeanStep` over a :class:`rapt.training.loop.DenoisingObjective`;
+nothing here reads or writes files except
 :meth:`Denoiser.save` / :meth:`Denoiser.load`.
 """
 
@@ -29,8 +30,8 @@ from torch import Tensor, nn
 
 from rapt.artifacts import ArtifactError, Kind, load_artifact, save_artifact
 from rapt.attacks.recovery import ReconstructionInput, register_attacker
-from rapt.channel import check_aligned, encode_rows, special_wrap
-from rapt.training import (
+from rapt.channel.corpus import check_aligned, encode_rows, special_wrap
+from rapt.training.loop import (
     DenoisingObjective,
     MeanStep,
     ModelOutput,
@@ -274,7 +275,7 @@ def train_denoiser(backbone: Backbone, clean_rows: Rows, private_rows: Rows,
 
     ``meta``: provenance recorded with the model (corpus, η or η band, ...); the backbone, the
     row and token counts and the training history's last record are added. ``progress`` gets
-    :func:`rapt.training.run_loop`'s records (loss, token_acc, replaced_acc, ...)."""
+    :func:`rapt.training.loop.run_loop`'s records (loss, token_acc, replaced_acc, ...)."""
     config = config or DenoiserConfig()
     model = Denoiser(backbone, config, meta)
     data = _pairs(model, clean_rows, private_rows)
@@ -346,7 +347,7 @@ def denoiser_attack(inp: ReconstructionInput) -> list[list[int]]:
         if not inp.public_rows:
             raise ValueError("the denoiser attacker needs a trained denoiser "
                              "(option denoiser=FOLDER) or public_rows to train one on")
-        from rapt.privatization import Privatizer
+        from rapt.privacy.mechanism import Privatizer
 
         cfg = DenoiserConfig(**{k: t(inp.options[f"denoiser_{k}"])
                                 for k, t in _OPTION_TYPES.items()

@@ -7,14 +7,15 @@ privatized by the provider with the same mechanism, and learns to match the teac
 hidden states at the text positions, plus (``pooled_weight``) the mean-pooled sentence vector.
 dχ privatization is token for token, so the positions of the two rows align.
 
-The training pairs are public text (:func:`rapt.channel.public_corpus_for`), so training costs no
-privacy; the adapted backbone (:meth:`ChannelAdapter.adapted_backbone`: the LoRA merged into a
-plain copy) only ever reads the rows the customer released, so whatever is tuned or predicted on
-it is post-processing of the dχ output. The customer's task prompt is then tuned on top of it,
+The training pairs are public text (:func:`rapt.channel.corpus.public_corpus_for`), so training
+costs no privacy; the adapted backbone (:meth:`ChannelAdapter.adapted_backbone`: the LoRA merged
+into a plain copy) only ever reads the rows the customer released, so whatever is tuned or predicted
+on it is post-processing of the dχ output. The customer's task prompt is then tuned on top of it,
 the privatizer staying the public backbone's (the mechanism is the customer's).
 
-Training goes through :func:`rapt.training.run_loop` with a :class:`rapt.training.MeanStep`
-over a :class:`rapt.training.HiddenDistillation`; nothing here reads or writes files except
+Training goes through :func:`rapt.training.loop.run_loop` with a
+:class:`rapt.training.loop.MeanStep` over a :class:`rapt.training.loop.HiddenDistillation`;
+nothing here reads or writes files except
 :meth:`ChannelAdapter.save` / :meth:`ChannelAdapter.load`.
 """
 
@@ -29,8 +30,8 @@ import torch
 from torch import Tensor, nn
 
 from rapt.artifacts import ArtifactError, Kind, load_artifact, save_artifact
-from rapt.channel import check_aligned, encode_rows
-from rapt.training import (
+from rapt.channel.corpus import check_aligned, encode_rows
+from rapt.training.loop import (
     HiddenDistillation,
     MeanStep,
     ModelOutput,
@@ -38,7 +39,7 @@ from rapt.training import (
     TrainableTensors,
     run_adamw,
 )
-from rapt.tuners import base_model, copy_without_hooks
+from rapt.tuning.tuners import base_model, copy_without_hooks
 
 if TYPE_CHECKING:
     from rapt.models import Backbone
@@ -247,7 +248,7 @@ def train_channel_adapter(backbone: Backbone, clean_rows: Rows, private_rows: Ro
     frozen teacher, read under no_grad and never modified.
 
     ``meta``: provenance (corpus, η, ...); the backbone, row and token counts and the last
-    training record are added. ``progress`` gets :func:`rapt.training.run_loop`'s records
+    training record are added. ``progress`` gets :func:`rapt.training.loop.run_loop`'s records
     (loss, hidden_mse, pooled_mse, pooled_cos, ...)."""
     config = config or ChannelAdapterConfig()
     data = _pairs(backbone, clean_rows, private_rows, config.max_length)
