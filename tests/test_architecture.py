@@ -40,7 +40,9 @@ def _modules() -> dict[str, Path]:
 
 
 def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
-    """rapt modules that ``path`` imports anywhere in its body (absolute imports only)."""
+    """rapt modules that ``path`` imports anywhere in its body (absolute imports only), with the
+    packages around them: importing ``rapt.a.b`` runs ``rapt/a/__init__.py`` first, and with it
+    whatever that ``__init__`` imports."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -52,7 +54,13 @@ def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
                     found.add(node.module)
         elif isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name in modules)
-    return found
+    return found | {p for m in found for p in _packages(m) if p in modules}
+
+
+def _packages(module: str) -> list[str]:
+    """The packages around ``module``, outermost first: rapt.a.b.c -> [rapt, rapt.a, rapt.a.b]."""
+    parts = module.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
 
 
 def _layer(module: str) -> int | None:
@@ -63,8 +71,10 @@ def _layer(module: str) -> int | None:
 
 
 def _graph() -> dict[str, set[str]]:
+    """Module -> the rapt modules it imports. A module's own packages are left out: they are
+    loaded before it anyway, and their ``__init__`` importing it is no circle."""
     modules = _modules()
-    return {m: _imports(p, modules) - {m} for m, p in modules.items()}
+    return {m: _imports(p, modules) - {m} - set(_packages(m)) for m, p in modules.items()}
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -113,6 +123,17 @@ def test_no_import_circle():
 
 def test_cycle_finder_finds_a_circle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_a_package_init_counts_as_imported(tmp_path: Path):
+    """``from rapt.privacy.inversion import x`` also runs ``rapt/privacy/__init__.py``; an upward
+    import through a package's ``__init__`` is an upward import."""
+    src = tmp_path / "m.py"
+    src.write_text("from rapt.privacy.inversion import invert_ids\n"
+                   "def f():\n    import rapt.split.wire\n")
+    assert _imports(src, _modules()) >= {"rapt.privacy", "rapt.privacy.inversion",
+                                         "rapt.split", "rapt.split.wire"}
+    assert "rapt" not in _graph()["rapt.privacy.inversion"]
 
 
 def test_no_upward_import():
