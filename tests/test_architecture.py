@@ -21,8 +21,8 @@ MAX_FUNCTION_LINES = 80
 LAYERS: list[tuple[str, ...]] = [
     ("rapt.config", "rapt.noise", "rapt.stats", "rapt.data", "rapt.models", "rapt.dp",
      "rapt.padding", "rapt.http", "rapt.predictions", "rapt.progress", "rapt.precision"),
-    ("rapt.privacy", "rapt.artifacts", "rapt.pate"),
-    ("rapt.training", "rapt.tuning"),
+    ("rapt.privacy", "rapt.artifacts", "rapt.pate", "rapt.training"),
+    ("rapt.tuning",),
     ("rapt.channel", "rapt.attacks", "rapt.split"),
     ("rapt.pipeline", "rapt.demo", "rapt.client"),
     ("rapt.service",),

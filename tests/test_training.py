@@ -19,14 +19,13 @@ from rapt.dp import DPConfig
 from rapt.training.loop import (
     ModelOutput,
     Plan,
-    Reconstruction,
     SummedLoss,
     TaskCE,
     TrainableTensors,
     TrainState,
     run_loop,
 )
-from rapt.tuning.reconstruction import build_rows, sample_plain_tokens
+from rapt.tuning.reconstruction import Reconstruction, build_rows, sample_plain_tokens
 from rapt.tuning.tune import TuneConfig, tune
 
 PIN = Path(__file__).parent / "data" / "tune_pin.pt"

@@ -14,7 +14,7 @@ on it is post-processing of the dχ output. The customer's task prompt is then t
 the privatizer staying the public backbone's (the mechanism is the customer's).
 
 Training goes through :func:`rapt.training.loop.run_loop` with a
-:class:`rapt.training.loop.MeanStep` over a :class:`rapt.training.loop.HiddenDistillation`;
+:class:`rapt.training.loop.MeanStep` over a :class:`HiddenDistillation`;
 nothing here reads or writes files except
 :meth:`ChannelAdapter.save` / :meth:`ChannelAdapter.load`.
 """
@@ -32,7 +32,6 @@ from torch import Tensor, nn
 from rapt.artifacts import ArtifactError, Kind, load_artifact, save_artifact
 from rapt.channel.corpus import check_aligned, encode_rows
 from rapt.training.loop import (
-    HiddenDistillation,
     MeanStep,
     ModelOutput,
     SummedLoss,
@@ -44,7 +43,7 @@ from rapt.tuning.tuners import base_model, copy_without_hooks
 if TYPE_CHECKING:
     from rapt.models import Backbone
 
-__all__ = ["ChannelAdapter", "ChannelAdapterConfig", "distillation_loss",
+__all__ = ["ChannelAdapter", "ChannelAdapterConfig", "HiddenDistillation", "distillation_loss",
            "train_channel_adapter"]
 
 FORMAT = "rapt-channel-adapter"
@@ -137,6 +136,45 @@ def _pairs(backbone: Backbone, clean_rows: Rows, private_rows: Rows, max_length:
     private, _, _ = encode_rows(backbone.tokenizer, private_rows, max_length)
     special = torch.tensor(backbone.special_ids, dtype=torch.long)
     return _Pairs(clean, private, mask, mask.bool() & ~torch.isin(clean, special))
+
+
+@dataclass
+class HiddenDistillation:
+    """Mean squared error between the student's hidden states ``out.hidden`` (B, L, h) and a
+    frozen teacher's (the channel adapter: the student reads
+    privatized rows, the teacher the aligned clean ones).
+
+    ``teacher(idx)`` -> (B, L, h) teacher states, computed without gradient; ``positions``
+    (N, L): the token positions matched; ``pooled`` (N, L): the positions mean-pooled for the
+    sentence-vector term, weighted ``pooled_weight`` (0: off). Per example: the mean over its
+    matched positions of the per-dimension MSE, plus the weighted MSE of the pooled vectors.
+    Stats per example: ``hidden_mse``, ``pooled_mse``, ``pooled_cos``."""
+
+    teacher: Callable[[Tensor], Tensor]
+    positions: Tensor
+    pooled: Tensor
+    pooled_weight: float = 0.0
+    weight: float = 1.0
+
+    def __call__(self, out: ModelOutput, idx: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        s = out.hidden.float()
+        L = s.shape[1]  # batches are padded to their own longest row
+        with torch.no_grad():
+            t = self.teacher(idx).float()
+        if t.shape != s.shape:
+            raise ValueError(f"teacher states {tuple(t.shape)} do not match the student's "
+                             f"{tuple(s.shape)}")
+        pos = self.positions[idx][:, :L].to(s.device).float()
+        tok = ((s - t) ** 2).mean(-1)  # (B, L)
+        hidden = (tok * pos).sum(1) / pos.sum(1).clamp(min=1)
+        pm = self.pooled[idx][:, :L].to(s.device).float().unsqueeze(-1)
+        ps = (s * pm).sum(1) / pm.sum(1).clamp(min=1)
+        pt = (t * pm).sum(1) / pm.sum(1).clamp(min=1)
+        pooled = ((ps - pt) ** 2).mean(-1)
+        loss = hidden + self.pooled_weight * pooled if self.pooled_weight else hidden
+        cos = nn.functional.cosine_similarity(ps, pt, dim=-1)
+        return loss, {"hidden_mse": hidden.detach(), "pooled_mse": pooled.detach(),
+                      "pooled_cos": cos.detach()}
 
 
 def _distillation(student: nn.Module, teacher: nn.Module, data: _Pairs,

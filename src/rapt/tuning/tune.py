@@ -35,7 +35,6 @@ from rapt.training.loop import (
     GradientStep,
     MeanStep,
     ModelOutput,
-    Reconstruction,
     SummedLoss,
     TaskCE,
     TrainableTensors,
@@ -52,6 +51,7 @@ from rapt.tuning.heads import (
     label_token_ids,
 )
 from rapt.tuning.reconstruction import (
+    Reconstruction,
     ReconstructionHead,
     _as_sequences,
     build_rows,
