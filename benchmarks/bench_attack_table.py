@@ -18,7 +18,7 @@ contextual denoiser only where ``--denoiser BACKBONE=FOLDER`` gives a trained on
 `rapt adapt`), and only at the grid points within its η band (× / ÷ 1.25): it is only valid near
 the η it was trained at, and the table says so.
 
-Writes ``src/rapt/resources/attack_table.json`` (read by :mod:`rapt.attack_table`) and
+Writes ``src/rapt/resources/attack_table.json`` (read by :mod:`rapt.privacy.attack_table`) and
 ``benchmarks/results/attack_table.{json,md,png}``.
 
     python benchmarks/bench_attack_table.py [--points 12] [--threads 1]
@@ -62,7 +62,7 @@ def public_split(backbone, per_source: int, n_eval: int, max_tokens: int, seed: 
     """(attacked rows, prior rows, provenance): the public corpus disjoint from SST-2,
     tokenized and shuffled; the first ``n_eval`` non-empty rows (cut to ``max_tokens``) are
     attacked, the others form the prior."""
-    from rapt.channel import public_corpus_for
+    from rapt.channel.corpus import public_corpus_for
 
     corpus = public_corpus_for("sst2", max_rows_per_source=per_source, seed=seed)
     corpus = corpus.tokenize(backbone.tokenizer)
@@ -81,7 +81,7 @@ def load_denoiser(spec: str | None, bb):
     """(Denoiser, (η lo, η hi)) from a saved folder, or (None, None)."""
     if spec is None:
         return None, None
-    from rapt.attacks.denoiser import Denoiser
+    from rapt.channel.denoiser import Denoiser
 
     den = Denoiser.load(spec, bb)
     band = den.meta.get("eta_band") or [den.meta.get("eta")]
@@ -93,9 +93,9 @@ def load_denoiser(spec: str | None, bb):
 def measure_backbone(name: str, args, denoiser_spec: str | None) -> dict:
     """Every point of one backbone's grid (see the module docstring)."""
     from rapt.attacks.recovery import reconstruct
-    from rapt.channel import eta_band
+    from rapt.channel.corpus import eta_band
     from rapt.models import load_backbone
-    from rapt.privatization import calibrate_eta_public
+    from rapt.privacy.mechanism import calibrate_eta_public
 
     t0 = time.perf_counter()
     bb = load_backbone(name)
@@ -157,7 +157,7 @@ def markdown(doc: dict) -> str:
              "Recovery = share of non-special tokens the attacker guesses right (all / replaced "
              "only); empirical privacy (EP) = 1 − the strongest attacker's recovery over all "
              "tokens. Shipped as `src/rapt/resources/attack_table.json` "
-             "(read by `rapt.attack_table`), printed by every command beside P.", ""]
+             "(read by `rapt.privacy.attack_table`), printed by every command beside P.", ""]
     for name, e in doc["backbones"].items():
         c = e["corpus"]
         src = ", ".join(f"{s['name']}/{s['split']} {s['texts']}" for s in c["sources"])
@@ -269,7 +269,7 @@ def main() -> None:
                "wall_s": round(time.perf_counter() - t0, 1), "seed": args.seed,
                "noise": "seeded per point (a benchmark: the table is not a release)"},
            "backbones": backbones}
-    from rapt.attack_table import parse_table
+    from rapt.privacy.attack_table import parse_table
 
     parse_table(doc, "the table just measured")  # what rapt reads must parse
     out_dir = Path("/tmp/attack_table_quick") if args.quick else RESULTS

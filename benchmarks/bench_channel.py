@@ -8,14 +8,14 @@ seeds: seed s fixes the prefix init, the data order and the privacy noise (noise
 * ``no privacy``: clean rows, clean queries;
 * ``+privatization``: rows and queries privatized at η (calibrated for P on public text);
 * ``+denoise-then-tune``: the same privatized rows and queries, read back by a saved
-  :class:`rapt.attacks.denoiser.Denoiser` (trained on public text only, by
+  :class:`rapt.channel.denoiser.Denoiser` (trained on public text only, by
   ``benchmarks/bench_channel_denoiser.py --save DIR``) before tuning and again at predict,
   through :class:`rapt.pipeline.Customization`'s ``channel``; the denoiser never sees originals;
 * ``+privatized-MLM backbone`` (remedy c, after Qu et al.): rows and queries as released, the
   prompt tuned on the same denoiser's fine-tuned encoder (:meth:`Denoiser.adapted_backbone`);
 * ``+channel adapter`` (remedy b, only with ``--adapter DIR``): rows and queries as released,
   the prompt tuned on the backbone with a LoRA distilled on public (clean, privatized) pairs
-  (:class:`rapt.channel_adapter.ChannelAdapter`, ``benchmarks/bench_channel_adapter.py``).
+  (:class:`rapt.channel.adapter.ChannelAdapter`, ``benchmarks/bench_channel_adapter.py``).
 
 Controls (no extra tuning, the ``+privatization`` prompt re-scored): ``+privatization, clean
 queries`` and ``+privatization, denoised queries``.
@@ -31,7 +31,7 @@ run is appended to the JSON as it finishes and a rerun skips the runs already th
         [--quick]
 
 The denoiser and the adapter must come from public text disjoint from ``--task``
-(:func:`rapt.channel.check_disjoint`).
+(:func:`rapt.channel.corpus.check_disjoint`).
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def main() -> None:
                     help="comma-separated subset of the settings and controls to run "
                          "(default: every one the given channel models allow)")
     ap.add_argument("--adapter", default=None,
-                    help="folder of a saved rapt.channel_adapter.ChannelAdapter: adds the "
+                    help="folder of a saved rapt.channel.adapter.ChannelAdapter: adds the "
                          "'+channel adapter' setting (remedy b)")
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--target-p", type=float, default=0.4)
@@ -135,14 +135,14 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)  # the machine is shared
 
-    from rapt.attacks.denoiser import Denoiser
     from rapt.attacks.recovery import ReconstructionInput, run_attackers
-    from rapt.channel import check_disjoint, public_corpus_for
+    from rapt.channel.corpus import check_disjoint, public_corpus_for
+    from rapt.channel.denoiser import Denoiser
     from rapt.config import default_lr
     from rapt.models import load_backbone
     from rapt.pipeline import Customization, Encoding
-    from rapt.privatization import calibrate_eta_public, replacement_probability
-    from rapt.trainer import TuneConfig
+    from rapt.privacy.mechanism import calibrate_eta_public, replacement_probability
+    from rapt.tuning.tune import TuneConfig
 
     # fp32 pinned: every committed channel result was measured so (DemoConfig's default moves).
     cfg = DemoConfig(backbone=args.backbone, dataset=DATASETS[args.task],
@@ -170,7 +170,7 @@ def main() -> None:
     doc = _load(path, json.loads(json.dumps(header, default=str)))
     adapter = None
     if args.adapter:  # kept outside the regime, so adding it resumes the other settings
-        from rapt.channel_adapter import ChannelAdapter
+        from rapt.channel.adapter import ChannelAdapter
 
         adapter = ChannelAdapter.load(args.adapter, bb)
         if not args.quick:

@@ -4,7 +4,7 @@ privatized text more like clean text after distillation on public text?
 Public text (``public_corpus_for(task)``; for SST-2: TREC, Financial PhraseBank, CB premises
 and hypotheses, TrustPilot; for FP: SST-2, TREC, CB, TrustPilot) is privatized by the
 provider at the η that ``calibrate_eta_public`` gives for P ≈ 0.4; a
-:class:`rapt.channel_adapter.ChannelAdapter` (LoRA) is trained for a wall-clock budget on
+:class:`rapt.channel.adapter.ChannelAdapter` (LoRA) is trained for a wall-clock budget on
 ``--threads`` threads so that MiniLM's last hidden states on the privatized rows match its own
 on the clean rows. Reported, raw backbone against adapted:
 
@@ -40,23 +40,23 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_channel_denoiser import privatize, public_texts  # noqa: E402
 
-from rapt.channel import encode_rows  # noqa: E402
-from rapt.channel_adapter import (  # noqa: E402
+from rapt.channel.adapter import (  # noqa: E402
     ChannelAdapterConfig,
     distillation_loss,
     train_channel_adapter,
 )
+from rapt.channel.corpus import encode_rows  # noqa: E402
 from rapt.data import load_dataset  # noqa: E402
-from rapt.heads import pool  # noqa: E402
 from rapt.models import load_backbone  # noqa: E402
-from rapt.privatization import (  # noqa: E402
+from rapt.privacy.mechanism import (  # noqa: E402
     Privatizer,
     calibrate_eta_public,
     candidate_ids_from_tokenizer,
     replacement_probability,
     tokenize_texts,
 )
-from rapt.tuners import base_model  # noqa: E402
+from rapt.tuning.heads import pool  # noqa: E402
+from rapt.tuning.tuners import base_model  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 HOLDOUT = 300  # public rows kept out of training, for the held-out distillation loss

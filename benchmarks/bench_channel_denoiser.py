@@ -3,7 +3,7 @@
 Public text (``public_corpus_for(--task)``; for SST-2: TREC, Financial PhraseBank, CB premises
 and hypotheses, TrustPilot; never the task's own text) is privatized by the provider at the η
 that ``calibrate_eta_public`` gives for P ≈ ``--target-p``, ``--repeats`` times with fresh
-noise (:func:`rapt.channel.privatize_channel`); a :class:`rapt.attacks.denoiser.Denoiser` is
+noise (:func:`rapt.channel.corpus.privatize_channel`); a :class:`rapt.channel.denoiser.Denoiser` is
 trained on the (privatized -> original) pairs, either for a wall-clock budget on ``--threads``
 threads (the default, for a shared CPU) or for ``--epochs`` passes over every pair (to
 convergence on a GPU; ``--budget-min`` is then only a wall cap). Its change margin is fitted on
@@ -39,12 +39,12 @@ from pathlib import Path
 
 import torch
 
-from rapt.attacks.denoiser import DenoiserConfig, fit_change_margin, train_denoiser
-from rapt.attacks.inversion import invert_ids
-from rapt.channel import privatize_channel, public_corpus_for
+from rapt.channel.corpus import privatize_channel, public_corpus_for
+from rapt.channel.denoiser import DenoiserConfig, fit_change_margin, train_denoiser
 from rapt.data import load_dataset
 from rapt.models import load_backbone
-from rapt.privatization import (
+from rapt.privacy.inversion import invert_ids
+from rapt.privacy.mechanism import (
     Privatizer,
     calibrate_eta_public,
     candidate_ids_from_tokenizer,

@@ -6,7 +6,7 @@ Part ``speed`` (side by side, one process, interleaved repeats, median):
   * the same DP step through a generic per-sample-gradient engine: ``torch.func``
     ``vmap(grad(loss))`` over the whole MiniLM with the prompt, then clip + noise.
   Goals: DP / non-private ≤ 1.15, generic / DP ≥ 3.
-Part ``table``: soft prompt and prefix at ε = 8, 3, ∞ with ``rapt.trainer.tune`` on a stated
+Part ``table``: soft prompt and prefix at ε = 8, 3, ∞ with ``rapt.tuning.tune.tune`` on a stated
   subset of GLUE SST-2 train, accuracy on the full SST-2 dev set (CPU profile).
 
     python benchmarks/bench_dpsgd.py --part speed
@@ -47,7 +47,7 @@ def _variants(bb, method: str, ids: torch.Tensor, mask: torch.Tensor, y: torch.T
     from torch.func import grad, vmap
 
     from rapt.dp import DPSGD, DPConfig
-    from rapt.trainer import RaptModel, TuneConfig
+    from rapt.tuning.tune import RaptModel, TuneConfig
 
     B = ids.shape[0]
     emb = bb.model.get_input_embeddings()
@@ -272,7 +272,7 @@ def _accuracy(res, bb, x: list, y: list) -> float:
 def _run_cell(task: dict) -> dict:
     from rapt.dp import DPConfig
     from rapt.dp.accounting import epsilon as dp_epsilon
-    from rapt.trainer import TuneConfig, tune
+    from rapt.tuning.tune import TuneConfig, tune
 
     a, bb, d = _W["args"], _W["bb"], _W["data"]
     method, eps = task["method"], str(task["target_epsilon"])
@@ -366,7 +366,7 @@ def bench_table(args) -> dict:
                          "n_val": args.n_val, "n_dev": 872, "epochs": args.epochs,
                          "logical_batch": args.batch, "physical_batch": args.physical_batch,
                          "clip": args.clip, "lrs": args.lrs, "virtual_tokens": args.tokens,
-                         "max_length": args.length, "optimizer": "AdamW (rapt.trainer)",
+                         "max_length": args.length, "optimizer": "AdamW (rapt.tuning.tune)",
                          "head": "linear (trainable, as P-tuning v2 / Flocks)", "seeds": seeds,
                          "workers": args.workers,
                          "delta": "min(1e-5, 1/(10N))"},

@@ -10,7 +10,7 @@ Parts (``--parts``, comma list):
   the device's nearest neighbours against a float64 brute force on the CPU for the same noised
   vectors (disagreements are only allowed where the two nearest rows tie to float32 precision).
   Goal (issue 14): ≥ 1M tokens/s, exact.
-* ``tune``: ``rapt.trainer.tune`` examples/s (one epoch over SST-2 train sentences, batch 32,
+* ``tune``: ``rapt.tuning.tune.tune`` examples/s (one epoch over SST-2 train sentences, batch 32,
   no DP and PromptDPSGD at ε = 8) per method, for each backbone in ``--backbones`` that loads
   (SmolLM2's GGUF must be present: on the device machine it travels as two halves, see
   benchmarks/gpu/README.md); a backbone that does not load is recorded with the reason.
@@ -75,7 +75,7 @@ def environment(device: torch.device) -> dict:
 def sst2_ids(tokenizer, n_tokens: int) -> torch.Tensor:
     """The first ``n_tokens`` tokens of SST-2 train sentences (repeated if fewer), flat."""
     from rapt.data import load_dataset
-    from rapt.privatization import tokenize_texts
+    from rapt.privacy.mechanism import tokenize_texts
 
     ds = load_dataset("sst2-sentences", "train")
     flat: list[int] = []
@@ -89,7 +89,7 @@ def sst2_ids(tokenizer, n_tokens: int) -> torch.Tensor:
 
 def part_privatize(args, device: torch.device) -> dict:
     from rapt.models import load_backbone
-    from rapt.privatization import Privatizer, calibrate_eta, replacement_probability
+    from rapt.privacy.mechanism import Privatizer, calibrate_eta, replacement_probability
 
     bb = load_backbone(args.minilm)
     E = bb.embeddings.detach().float().to(device).contiguous()
@@ -132,7 +132,7 @@ def same_as_cpu(E: torch.Tensor, eta: float, specials, mode: str, ids: torch.Ten
     number of output ids that differ. The noise bits come from one seeded CPU stream either
     way; the device computes the float64 transforms and the search itself, so a difference
     can only come from rounding in those, and shows up as a flipped near-tie."""
-    from rapt.privatization import Privatizer
+    from rapt.privacy.mechanism import Privatizer
 
     if E.device.type == "cpu":
         return {"cpu_sample": 0, "cpu_differ": None}
@@ -164,8 +164,8 @@ def part_tune(args, device: torch.device) -> dict:
     from rapt.data import load_dataset
     from rapt.dp import DPConfig
     from rapt.models import BackboneNotFoundError, load_backbone
-    from rapt.privatization import tokenize_texts
-    from rapt.trainer import TuneConfig, tune
+    from rapt.privacy.mechanism import tokenize_texts
+    from rapt.tuning.tune import TuneConfig, tune
 
     ds = load_dataset("sst2-sentences", "train")
     n = args.tune_examples
@@ -252,7 +252,8 @@ def markdown(r: dict) -> str:
                   f"{' (not checked: CPU run)' if env['device'] == 'cpu' else ''}.", ""]
     tu = r.get("tune")
     if tu:
-        lines += ["## Tuning examples/s (`rapt.trainer.tune`, 1 epoch, batch 32, max length 64)",
+        lines += ["## Tuning examples/s (`rapt.tuning.tune.tune`, 1 epoch, batch 32, "
+                  "max length 64)",
                   "", f"{tu['examples']} SST-2 train sentences; DP = PromptDPSGD at ε = 8, "
                   "δ = min(1e-5, 1/(10N)), C = 1; precision = the backbone forward's "
                   "(`TuneConfig.precision`; loss, clipping and noise stay fp32). Timed from "

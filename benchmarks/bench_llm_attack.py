@@ -33,17 +33,17 @@ from bench_channel_denoiser import privatize, recovery  # noqa: E402
 
 from rapt.attacks import ATTACKERS, ReconstructionInput  # noqa: E402
 from rapt.attacks.llm_recovery import DEFAULT_MAX_CHANGE, changed_share  # noqa: E402
-from rapt.channel import public_corpus_for  # noqa: E402
+from rapt.channel.corpus import public_corpus_for  # noqa: E402
 from rapt.data import load_dataset  # noqa: E402
 from rapt.models import load_backbone  # noqa: E402
-from rapt.nn_search import build_index  # noqa: E402
-from rapt.privatization import (  # noqa: E402
+from rapt.privacy.mechanism import (  # noqa: E402
     Privatizer,
     calibrate_eta_public,
     candidate_ids_from_tokenizer,
     replacement_probability,
     tokenize_texts,
 )
+from rapt.privacy.nn_search import build_index  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 GRID = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0)

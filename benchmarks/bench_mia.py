@@ -24,9 +24,9 @@ import torch
 
 from rapt.attacks.mia import mean_roc, prompt_mia
 from rapt.data import load_dataset
-from rapt.llm import HFLabelScorer
 from rapt.models import load_backbone
-from rapt.pate import as_demos, get_template
+from rapt.pate.pate import as_demos, get_template
+from rapt.pate.scorer import HFLabelScorer
 from rapt.stats import mean_ci
 
 RESULTS = Path(__file__).resolve().parent / "results"

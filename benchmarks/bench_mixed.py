@@ -39,7 +39,7 @@ METHODS = {"prompt": {"num_virtual_tokens": 20}, "prefix": {"num_virtual_tokens"
 def synthetic_prompts(bb, method: str, n: int, seed: int = 0, **config) -> list:
     """``n`` TunedPrompts of ``method`` with random weights, built from one model's tensor
     layout (for LoRA: one private copy of the backbone, not n)."""
-    from rapt.trainer import RaptModel, TuneConfig, TunedPrompt
+    from rapt.tuning.tune import RaptModel, TuneConfig, TunedPrompt
 
     cfg = TuneConfig(method=method, **{**METHODS[method], **config})
     layout = {k: v.shape for k, v in RaptModel(bb, cfg, 2).trainable_tensors().items()}
@@ -81,7 +81,7 @@ def forward_bench(bb, rows: list[list[int]], counts: list[int], rounds: int) -> 
     """Rows/s of the mixed and per-prompt paths per method and number of distinct prompts."""
     from rapt.service import mixed
     from rapt.service.inference import per_prompt_forward
-    from rapt.tuners import base_model
+    from rapt.tuning.tuners import base_model
 
     paths = {"mixed": mixed.forward, "per_prompt": per_prompt_forward}
     passes: list[int] = []

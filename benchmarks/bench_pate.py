@@ -26,10 +26,10 @@ import torch
 
 from rapt.attacks.mia import student_mia
 from rapt.cli.pate_cmd import load_task
-from rapt.gnmax import GNMaxConfig
-from rapt.llm import HFLabelScorer
 from rapt.models import load_backbone
-from rapt.pate import SEEDED_WARNING, get_template, make_teachers, pate_experiment
+from rapt.pate.gnmax import GNMaxConfig
+from rapt.pate.pate import SEEDED_WARNING, get_template, make_teachers, pate_experiment
+from rapt.pate.scorer import HFLabelScorer
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -177,8 +177,8 @@ def paper_scale_accounting(noise_seed: int | None = None) -> list[dict]:
     histograms: pure accounting, no LLM, to compare with the paper's ε < 0.3 at δ = 1e-6. Each
     row is its own synthetic ensemble (no composition across rows); the data-independent ε of
     the same queries is given next to the data-dependent one."""
-    from rapt.gnmax import ConfidentGNMax
-    from rapt.pate import epsilon_from_rdp, rdp_data_independent_release
+    from rapt.pate.gnmax import ConfidentGNMax
+    from rapt.pate.pate import epsilon_from_rdp, rdp_data_independent_release
 
     rows = []
     for top in (200, 190, 180, 150, 100):
@@ -229,7 +229,7 @@ def paper_comparison(task: str, r: dict) -> list[str]:
     lines += [f"| ε both releases composed (δ=1e-6) | {rel['epsilon']:.3f} | - |", "",
               "With σ1 = 1 and T = 180 of 200, a release that answers queries costs at least "
               "ε ≈ 1.17 at δ = 1e-6 in our accountant, even with unanimous votes; only a release "
-              "that rejects (nearly) everything costs less (module docstring of `rapt.gnmax`; "
+              "that rejects (nearly) everything costs less (module docstring of `rapt.pate.gnmax`; "
               "synthetic table below). So the paper's 0.147-0.187 is out of reach at the same "
               "T, σ1, σ2; a lower ε needs a larger σ1 (fewer answered queries) or fewer "
               "queries."]

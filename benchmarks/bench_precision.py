@@ -5,7 +5,7 @@ Three parts, written to ``benchmarks/results/precision.{json,md}``:
 * ``norms``: per-example gradient norms (what DP clipping reads) of the prompt/prefix and the
   label-description head's task loss on 32 SST-2 rows, bf16 against fp32 on MiniLM: the
   largest relative difference (the unit tests bound it on a tiny model).
-* ``step``: seconds per optimizer step of the trainer (``rapt.trainer.tune``: the backbone pass
+* ``step``: seconds per optimizer step of the trainer (``rapt.tuning.tune.tune``: the backbone pass
   under ``TuneConfig.precision``, heads/loss/clipping in fp32) at batch B = 32, rows of L = 64
   SST-2 tokens, for prompt (150 virtual tokens, the RAPT paper's) and prefix (10) tuning,
   without and with PromptDPSGD (sample rate 1: every step holds the same B rows); plus
@@ -39,9 +39,9 @@ from rapt.dp import DPConfig
 from rapt.models import load_backbone
 from rapt.pipeline import Customization, Encoding
 from rapt.precision import cpu_has_native_bf16
-from rapt.reconstruction import text_length_for
 from rapt.stats import effect_word, mean_ci, paired_difference
-from rapt.trainer import TuneConfig, tune
+from rapt.tuning.reconstruction import text_length_for
+from rapt.tuning.tune import TuneConfig, tune
 
 OUT = Path(__file__).resolve().parent / "results"
 PRECISIONS = ("fp32", "bf16")
@@ -117,7 +117,7 @@ def part_norms(bb, args) -> list[dict]:
     from torch.nn import functional as F
 
     from rapt.dp import DPSGD
-    from rapt.trainer import RaptModel, pad_batch
+    from rapt.tuning.tune import RaptModel, pad_batch
 
     ds = load_dataset("sst2-sentences", "train").subset(args.batch, seed=0)
     ids, mask = pad_batch([bb.tokenizer(t)["input_ids"][:args.length] for t in ds.texts],

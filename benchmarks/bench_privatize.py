@@ -30,11 +30,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rapt.attacks.inversion import inversion_attack
 from rapt.data import load_dataset
 from rapt.models import load_backbone
-from rapt.nn_search import AnnoyIndex, ExactIndex, FastIndex
-from rapt.privatization import Privatizer, calibrate_eta, replacement_probability, tokenize_texts
+from rapt.privacy.inversion import inversion_attack
+from rapt.privacy.mechanism import (
+    Privatizer,
+    calibrate_eta,
+    replacement_probability,
+    tokenize_texts,
+)
+from rapt.privacy.nn_search import AnnoyIndex, ExactIndex, FastIndex
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -37,13 +37,14 @@ from rapt.data import label_descriptions_for, load_dataset
 from rapt.demo import plain_tokens_for
 from rapt.models import load_backbone
 from rapt.noise import NoiseSource
-from rapt.privatization import (
+from rapt.privacy.mechanism import (
     Privatizer,
     calibrate_eta_public,
     candidate_ids_from_tokenizer,
     replacement_probability,
 )
-from rapt.reconstruction import (
+from rapt.stats import effect_word, mean_ci, paired_difference
+from rapt.tuning.reconstruction import (
     build_rows,
     drop_plain,
     plain_offset,
@@ -51,8 +52,7 @@ from rapt.reconstruction import (
     sample_plain_tokens,
     text_length_for,
 )
-from rapt.stats import effect_word, mean_ci, paired_difference
-from rapt.trainer import TuneConfig, tune
+from rapt.tuning.tune import TuneConfig, tune
 
 
 def step_time_ratio(bb, rows, labels, plain, cfg_kw: dict, steps: int, repeats: int,
@@ -62,8 +62,8 @@ def step_time_ratio(bb, rows, labels, plain, cfg_kw: dict, steps: int, repeats: 
     length), alternating the two so a busy machine slows both alike."""
     from torch import nn
 
-    from rapt.reconstruction import reconstruction_loss
-    from rapt.trainer import RaptModel, pad_batch
+    from rapt.tuning.reconstruction import reconstruction_loss
+    from rapt.tuning.tune import RaptModel, pad_batch
 
     cfg = TuneConfig(**cfg_kw)
     off, m = plain_offset(bb.tokenizer), len(plain)

@@ -52,10 +52,10 @@ from rapt.attacks.split_inversion import (
     invert_by_optimization,
     invert_embedding_layer,
 )
-from rapt.cti import DEFAULT_SMOOTHING
 from rapt.data import load_dataset
 from rapt.models import load_backbone
-from rapt.privatization import Privatizer, calibrate_eta_public, candidate_ids_from_tokenizer
+from rapt.privacy.cti import DEFAULT_SMOOTHING
+from rapt.privacy.mechanism import Privatizer, calibrate_eta_public, candidate_ids_from_tokenizer
 from rapt.split import (
     SplitConfig,
     encode_texts,
@@ -104,7 +104,7 @@ PROFILES = {
 }
 # Setting name per SplitConfig.privatize (the token mode is plain "SAP", as before).
 PRIVATIZE_SETTINGS = {"tokens": "SAP", "output": "SAP output noise"}
-# Setting names per CTI rule (rapt.cti.CTI_RULES); "uniform" is the paper's SAP-CTI. A
+# Setting names per CTI rule (rapt.privacy.cti.CTI_RULES); "uniform" is the paper's SAP-CTI. A
 # smoothing α other than rapt's default 1 is appended (" α=0.1"): the paper gives no α.
 CTI_SETTINGS = {"uniform": "SAP-CTI", "per-class": "SAP-CTI per-class k"}
 

@@ -126,7 +126,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     load_start = os.getloadavg()
-    from rapt.client import RaptClient
+    from rapt.client.client import RaptClient
     from rapt.data import load_dataset
     from rapt.models import load_backbone
     from rapt.service import Limits, auth

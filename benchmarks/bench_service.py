@@ -146,7 +146,7 @@ def forward_bench(backbone_name: str, prompt_dirs: list[Path], rows: list[list[i
     from rapt.models import load_backbone
     from rapt.service import mixed
     from rapt.service.inference import per_prompt_forward
-    from rapt.trainer import TunedPrompt
+    from rapt.tuning.tune import TunedPrompt
 
     bb = load_backbone(backbone_name)
     prompts = [TunedPrompt.load(d) for d in prompt_dirs]
@@ -193,7 +193,7 @@ def main() -> None:
     args = ap.parse_args()
     load_start = os.getloadavg()
     t_start = time.time()
-    from rapt.client import RaptClient
+    from rapt.client.client import RaptClient
     from rapt.data import load_dataset
     from rapt.service import auth
     from rapt.service.store import Store

@@ -4,7 +4,7 @@ Reads ``src/rapt/resources/attack_table.json`` (written by ``bench_attack_table.
 is measured here) and writes ``benchmarks/results/privacy_vs_eta.png``: per backbone, the
 measured replacement probability P and every attacker's token recovery at each grid η, the
 empirical privacy (1 − the strongest recovery) it implies, the weak-privacy threshold of
-:mod:`rapt.privacy_rule` and the default level the commands privatize at.
+:mod:`rapt.privacy.rule` and the default level the commands privatize at.
 
     python benchmarks/plot_privacy_vs_eta.py
 """
@@ -20,8 +20,8 @@ import matplotlib.ticker
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from rapt.attack_table import load_table  # noqa: E402
-from rapt.privacy_rule import DEFAULT_MIN_P, DEFAULT_TARGET_P  # noqa: E402
+from rapt.privacy.attack_table import load_table  # noqa: E402
+from rapt.privacy.rule import DEFAULT_MIN_P, DEFAULT_TARGET_P  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "results" / "privacy_vs_eta.png"
 

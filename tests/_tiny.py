@@ -105,8 +105,8 @@ def random_prompt(backbone, seed: int, num_labels: int = 2, *, plain_len: int = 
     fields): every tuned tensor N(0, scale²), LoRA's B divided by peft's scaling so the update
     stays O(scale²) whatever the rank. Prompts then differ visibly, and the mixed-pass tests
     need no training."""
-    from rapt.trainer import RaptModel, TuneConfig, TunedPrompt
-    from rapt.tuners import lora_scaling
+    from rapt.tuning.tune import RaptModel, TuneConfig, TunedPrompt
+    from rapt.tuning.tuners import lora_scaling
 
     cfg = TuneConfig(seed=seed, **config)
     model = RaptModel(backbone, cfg, num_labels, plain_len=plain_len, offset=plain_offset)

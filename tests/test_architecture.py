@@ -16,16 +16,14 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 MAX_FUNCTION_LINES = 80
 
 # Lowest layer first; a module takes the first layer one of whose prefixes it matches. A module
-# may import from its own layer and the layers below it only.
+# may import from its own layer and the layers below it only. A package's ``__init__`` is the
+# package's own name, so a package sits in one layer as a whole.
 LAYERS: list[tuple[str, ...]] = [
-    ("rapt.config", "rapt.noise", "rapt.stats", "rapt.data", "rapt.models", "rapt.nn_search",
-     "rapt.artifacts", "rapt.dp", "rapt.gnmax", "rapt.llm", "rapt.padding", "rapt.http",
-     "rapt.attack_table", "rapt.privacy_rule", "rapt.predictions",
-     "rapt.progress", "rapt.precision"),
-    ("rapt.privatization", "rapt.cti", "rapt.heads", "rapt.tuners", "rapt.reconstruction",
-     "rapt.multi_lora", "rapt.attacks.inversion", "rapt.channel"),
-    ("rapt.training", "rapt.trainer", "rapt.pate", "rapt.split", "rapt.attacks",
-     "rapt.channel_adapter"),
+    ("rapt.config", "rapt.noise", "rapt.stats", "rapt.data", "rapt.models", "rapt.dp",
+     "rapt.padding", "rapt.http", "rapt.predictions", "rapt.progress", "rapt.precision"),
+    ("rapt.privacy", "rapt.artifacts", "rapt.pate", "rapt.training"),
+    ("rapt.tuning",),
+    ("rapt.channel", "rapt.attacks", "rapt.split"),
     ("rapt.pipeline", "rapt.demo", "rapt.client"),
     ("rapt.service",),
     ("rapt.cli",),
@@ -42,7 +40,9 @@ def _modules() -> dict[str, Path]:
 
 
 def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
-    """rapt modules that ``path`` imports anywhere in its body (absolute imports only)."""
+    """rapt modules that ``path`` imports anywhere in its body (absolute imports only), with the
+    packages around them: importing ``rapt.a.b`` runs ``rapt/a/__init__.py`` first, and with it
+    whatever that ``__init__`` imports."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -54,7 +54,13 @@ def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
                     found.add(node.module)
         elif isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name in modules)
-    return found
+    return found | {p for m in found for p in _packages(m) if p in modules}
+
+
+def _packages(module: str) -> list[str]:
+    """The packages around ``module``, outermost first: rapt.a.b.c -> [rapt, rapt.a, rapt.a.b]."""
+    parts = module.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
 
 
 def _layer(module: str) -> int | None:
@@ -65,8 +71,10 @@ def _layer(module: str) -> int | None:
 
 
 def _graph() -> dict[str, set[str]]:
+    """Module -> the rapt modules it imports. A module's own packages are left out: they are
+    loaded before it anyway, and their ``__init__`` importing it is no circle."""
     modules = _modules()
-    return {m: _imports(p, modules) - {m} for m, p in modules.items()}
+    return {m: _imports(p, modules) - {m} - set(_packages(m)) for m, p in modules.items()}
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -115,6 +123,17 @@ def test_no_import_circle():
 
 def test_cycle_finder_finds_a_circle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_a_package_init_counts_as_imported(tmp_path: Path):
+    """``from rapt.privacy.inversion import x`` also runs ``rapt/privacy/__init__.py``; an upward
+    import through a package's ``__init__`` is an upward import."""
+    src = tmp_path / "m.py"
+    src.write_text("from rapt.privacy.inversion import invert_ids\n"
+                   "def f():\n    import rapt.split.wire\n")
+    assert _imports(src, _modules()) >= {"rapt.privacy", "rapt.privacy.inversion",
+                                         "rapt.split", "rapt.split.wire"}
+    assert "rapt" not in _graph()["rapt.privacy.inversion"]
 
 
 def test_no_upward_import():

@@ -10,8 +10,8 @@ import pytest
 import torch
 from _tiny import make_llama
 
-from rapt.reconstruction import build_rows, plain_offset, sample_plain_tokens
-from rapt.trainer import TuneConfig, TunedPrompt, tune
+from rapt.tuning.reconstruction import build_rows, plain_offset, sample_plain_tokens
+from rapt.tuning.tune import TuneConfig, TunedPrompt, tune
 
 TEXTS = ["the movie was good", "a bad film", "great story and fun music", "boring plot",
          "the actor was very good", "awful and dull", "really fun film", "the worst scene"]

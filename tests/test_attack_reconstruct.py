@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from rapt.attacks import ATTACKERS, ReconstructionInput, register_attacker, run_attackers
 from rapt.attacks.recovery import nearest_neighbour_attack, reconstruct, token_recovery
 from rapt.cli import app
-from rapt.privatization import candidate_ids_from_tokenizer, tokenize_texts
+from rapt.privacy.mechanism import candidate_ids_from_tokenizer, tokenize_texts
 
 SENTENCES = ["the movie was very good", "a boring plot and a bad actor",
              "this film is not fun but the music is great", "it was the worst scene ever",

@@ -1,4 +1,4 @@
-"""The shipped attack table (rapt.attack_table): interpolation, refusal outside the grid,
+"""The shipped attack table (rapt.privacy.attack_table): interpolation, refusal outside the grid,
 --target-ep's η, the shipped resource itself, and the line the commands print beside P."""
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ import pytest
 from _tiny import make_bert, save_backbone
 from typer.testing import CliRunner
 
-from rapt import attack_table
-from rapt.attack_table import (
+from rapt.cli import app
+from rapt.privacy import attack_table
+from rapt.privacy.attack_table import (
     AttackTableError,
     eta_for_target_ep,
     load_table,
@@ -21,7 +22,6 @@ from rapt.attack_table import (
     strongest_at,
     table_line,
 )
-from rapt.cli import app
 
 ETAS = [40.0, 50.0, 62.5, 78.125, 97.65625]
 

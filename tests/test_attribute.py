@@ -81,9 +81,9 @@ def test_feature_extractors(tmp_path):
     from transformers import BertConfig, BertModel, BertTokenizerFast
 
     from rapt.models import from_model
-    from rapt.reconstruction import build_rows
-    from rapt.trainer import TuneConfig, tune
-    from rapt.tuners import base_model
+    from rapt.tuning.reconstruction import build_rows
+    from rapt.tuning.tune import TuneConfig, tune
+    from rapt.tuning.tuners import base_model
 
     (tmp_path / "vocab.txt").write_text(
         "\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "good", "bad", "movie", "a"])

@@ -9,7 +9,7 @@ import torch
 
 from rapt.attacks.bayes import BayesAttacker, bayes_attack, unigram_log_prior
 from rapt.attacks.recovery import ATTACKERS, ReconstructionInput, run_attackers
-from rapt.privatization import Privatizer
+from rapt.privacy.mechanism import Privatizer
 
 EMB = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 1.2], [2.5, 0.5], [1.5, 2.0]])
 COUNTS = [60, 20, 10, 5, 1]

@@ -1,11 +1,11 @@
-"""Channel data (rapt.channel): public corpora disjoint from the task, privatized pairs."""
+"""Channel data (rapt.channel.corpus): public corpora disjoint from the task, privatized pairs."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from rapt.channel import (
+from rapt.channel.corpus import (
     PUBLIC_SOURCES,
     ChannelCorpus,
     eta_band,
@@ -13,7 +13,7 @@ from rapt.channel import (
     public_corpus_for,
     task_family,
 )
-from rapt.privatization import Privatizer
+from rapt.privacy.mechanism import Privatizer
 
 
 def test_public_sources_exclude_the_task():
@@ -95,7 +95,7 @@ def test_eta_band_is_geometric():
 def test_check_disjoint_refuses_a_corpus_that_holds_the_task():
     """A denoiser trained on SST-2's public corpus (which holds FP) is fine for SST-2 and
     refused for FP, naming the splits; a hand-edited provenance that lies is caught too."""
-    from rapt.channel import check_disjoint
+    from rapt.channel.corpus import check_disjoint
 
     prov = {"disjoint_from": "sst2", "sources": [{"name": "financial_phrasebank",
                                                   "split": "train"}, {"name": "trec",

@@ -12,13 +12,13 @@ import torch
 from _tiny import WORDS
 
 from rapt.artifacts import ArtifactError
-from rapt.channel_adapter import (
+from rapt.channel.adapter import (
     ChannelAdapter,
     ChannelAdapterConfig,
     distillation_loss,
     train_channel_adapter,
 )
-from rapt.privatization import Privatizer, calibrate_eta, candidate_ids_from_tokenizer
+from rapt.privacy.mechanism import Privatizer, calibrate_eta, candidate_ids_from_tokenizer
 
 FAST = ChannelAdapterConfig(lora_r=8, lr=1e-2, epochs=10, batch_size=32, max_length=16, seed=0)
 
@@ -108,7 +108,7 @@ def test_adapted_states_on_privatized_rows_are_closer_to_the_clean_teacher(tiny_
 
 
 def test_callers_backbone_is_never_modified(tiny_bert, pairs):
-    from rapt.trainer import TuneConfig, tune
+    from rapt.tuning.tune import TuneConfig, tune
 
     train_c, train_p, _, test_p = pairs
     model = tiny_bert.model
@@ -129,7 +129,7 @@ def test_callers_backbone_is_never_modified(tiny_bert, pairs):
 
 
 def test_adapter_never_receives_original_ids_at_tune_or_predict(tiny_bert, pairs):
-    from rapt.trainer import TuneConfig, tune
+    from rapt.tuning.tune import TuneConfig, tune
 
     train_c, train_p, test_c, test_p = pairs
     ad = train_channel_adapter(tiny_bert, train_c[:64], train_p[:64],

@@ -13,7 +13,7 @@ import torch
 from _tiny import TOY_WORDS, make_bert, save_backbone
 from typer.testing import CliRunner
 
-from rapt.attacks.denoiser import Denoiser, DenoiserConfig
+from rapt.channel.denoiser import Denoiser, DenoiserConfig
 from rapt.cli import app
 from rapt.config import TuneConfig
 from rapt.models import load_backbone
@@ -104,7 +104,7 @@ def test_adapt_interrupted_saves_nothing(setup, tmp_path, monkeypatch):
         raise KeyboardInterrupt
 
     with monkeypatch.context() as m:  # Ctrl-C while training
-        m.setattr("rapt.attacks.denoiser.train_denoiser", interrupt)
+        m.setattr("rapt.channel.denoiser.train_denoiser", interrupt)
         r = runner.invoke(app, argv)
     assert r.exit_code == 130 and "nothing saved" in r.stderr
     assert list(tmp_path.iterdir()) == []
@@ -249,7 +249,7 @@ def adapter_setup(setup, tmp_path_factory):
 
 
 def test_adapt_kind_adapter_saves_an_adapter_with_provenance(setup, adapter_setup):
-    from rapt.channel_adapter import ChannelAdapter
+    from rapt.channel.adapter import ChannelAdapter
     from rapt.pipeline import load_channel_model
 
     bb, corpus, _, _, _ = setup
@@ -275,8 +275,8 @@ def test_adapt_kind_adapter_saves_an_adapter_with_provenance(setup, adapter_setu
 def test_tune_and_predict_with_a_channel_adapter(setup, adapter_setup, tmp_path):
     """The prompt is tuned and predicts on the adapted backbone (rows as released); the
     artifact records the adapter and the public backbone's name; predict checks the adapter."""
-    from rapt.channel_adapter import ChannelAdapter
-    from rapt.trainer import TunedPrompt
+    from rapt.channel.adapter import ChannelAdapter
+    from rapt.tuning.tune import TunedPrompt
 
     bb, _, csv, den_folder, _ = setup
     ch, _ = adapter_setup

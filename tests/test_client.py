@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 from test_service import add_key, make_bert
 
-from rapt.client import ClientError, RaptClient, ServiceError
+from rapt.client.client import ClientError, RaptClient, ServiceError
 from rapt.service import Limits, ServiceConfig, create_app
 
 TEXTS = [
@@ -120,9 +120,9 @@ def test_privatizes_at_the_default_level_without_configuration(service, tmp_path
     the default level (the one every command uses), never in clear; a prompt tuned on clear
     text gets its queries privatized at that level too, with a warning. Mutations caught: a
     clear default (the leak detector fires), another default level (another η)."""
-    from rapt.client import PrivacyWarning
-    from rapt.privacy_rule import DEFAULT_TARGET_P
-    from rapt.privatization import calibrate_eta_public
+    from rapt.client.client import PrivacyWarning
+    from rapt.privacy.mechanism import calibrate_eta_public
+    from rapt.privacy.rule import DEFAULT_TARGET_P
 
     tc, key, bb = service
     sent = capture(tc)
@@ -245,7 +245,7 @@ def test_privacy_is_reported_for_every_upload_and_predict(service, tmp_path):
 
     Mutations caught: measuring only on upload (predict's report would keep the upload's
     'what'), a threshold test inverted (no warning at η = 1e6), no warning on a clear predict."""
-    from rapt.client import PrivacyWarning
+    from rapt.client.client import PrivacyWarning
 
     tc, key, bb = service
     with pytest.warns(PrivacyWarning) as seeded_warning:
@@ -324,7 +324,7 @@ def test_pair_dataset_leaves_the_device_privatized(service, tmp_path):
     """Issue 13: a pair file goes up as rows [CLS] k a [SEP] b [SEP] with both texts
     privatized; no raw text and no original 3-gram of either text's ids is sent. The service
     trains on the pair rows and predicts, from ids or from privatized texts + text_pairs."""
-    from rapt.reconstruction import encode_texts
+    from rapt.tuning.reconstruction import encode_texts
 
     tc, key, bb = service
     sent = capture(tc)
@@ -375,9 +375,9 @@ def test_cli_client_upload_and_predict_pairs(service, tmp_path, monkeypatch):
     missing pair column is one error line naming file and column, and nothing is sent."""
     from typer.testing import CliRunner
 
-    import rapt.client as client_mod
+    import rapt.client.client as client_mod
     from rapt.cli import app
-    from rapt.reconstruction import build_rows
+    from rapt.tuning.reconstruction import build_rows
 
     tc, key, bb = service
     folder = tmp_path / "bb"
@@ -537,7 +537,7 @@ def test_cli_client_flow_prints_like_the_other_commands(tmp_path, monkeypatch):
     from transformers.utils import logging as hf_logging
     from typer.testing import CliRunner
 
-    import rapt.client as client_module
+    import rapt.client.client as client_module
     from rapt.cli import app
     from rapt.http import HttpSession
 

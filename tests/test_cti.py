@@ -1,4 +1,4 @@
-"""rapt.cti: utility importance (SAP eq. 5), the <= 1% coverage rule, and eta_scale."""
+"""rapt.privacy.cti: utility importance (SAP eq. 5), the <= 1% coverage rule, and eta_scale."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from rapt.cti import (
+from rapt.privacy.cti import (
     DEFAULT_ETA_MULTIPLIER,
     contributing_tokens,
     eta_scale,
@@ -49,7 +49,7 @@ def test_alpha_is_a_documented_parameter_that_moves_the_ranking():
     frequent, moderately indicative token outranks a rare token seen in one class only."""
     import inspect
 
-    from rapt.cti import DEFAULT_SMOOTHING
+    from rapt.privacy.cti import DEFAULT_SMOOTHING
     from rapt.split import SplitConfig
 
     assert DEFAULT_SMOOTHING == 1.0 and SplitConfig().cti_smoothing == 1.0
@@ -220,7 +220,7 @@ def test_result_eta_scale_and_privatizer_weaker_noise():
     x = torch.tensor([250, 5, 250, 6])
     assert res.eta_scale(x).tolist() == [2.0, 1.0, 2.0, 1.0]
 
-    priv = pytest.importorskip("rapt.privatization")
+    priv = pytest.importorskip("rapt.privacy.mechanism")
     g = torch.Generator().manual_seed(0)
     emb = torch.randn(300, 8, generator=g)
     p = priv.Privatizer(emb, eta=4.0, special_ids=[0, 1, 2], seed=0)
@@ -237,8 +237,8 @@ def test_sap_and_cti_share_the_noise_of_every_other_position(multiplier):
     """Issue 28: with one seed, SAP and SAP-CTI draw each position's noise from the same slot
     of the stream, so they agree wherever the token is not contributing (the old code skipped
     contributing positions and shifted every later draw onto another token)."""
-    from rapt.cti import privatize_with_scale
-    from rapt.privatization import Privatizer
+    from rapt.privacy.cti import privatize_with_scale
+    from rapt.privacy.mechanism import Privatizer
 
     g = torch.Generator().manual_seed(1)
     emb = torch.randn(80, 8, generator=g)

@@ -14,7 +14,7 @@ CFG = dict(train_size=24, test_size=12, max_length=16, plain_len=4, epochs=1, ba
 
 
 def test_demo_channel_row_and_verdict(small_bert, shared_data, monkeypatch):  # noqa: F811
-    from rapt.attacks.denoiser import Denoiser, DenoiserConfig
+    from rapt.channel.denoiser import Denoiser, DenoiserConfig
     from rapt.data import load_dataset
     from rapt.demo import (
         CHANNEL_SETTING,

@@ -11,10 +11,10 @@ import pytest
 import torch
 from _tiny import WORDS
 
-from rapt.attacks.denoiser import Denoiser, DenoiserConfig, train_denoiser
-from rapt.attacks.inversion import invert_ids
 from rapt.attacks.recovery import ATTACKERS, ReconstructionInput
-from rapt.privatization import Privatizer, calibrate_eta, candidate_ids_from_tokenizer
+from rapt.channel.denoiser import Denoiser, DenoiserConfig, train_denoiser
+from rapt.privacy.inversion import invert_ids
+from rapt.privacy.mechanism import Privatizer, calibrate_eta, candidate_ids_from_tokenizer
 
 
 def _chain_rows(tok, n: int, length: int, seed: int) -> list[list[int]]:
@@ -168,7 +168,7 @@ def test_pairs_must_be_aligned(tiny_bert):
 
 
 def test_change_margin_keeps_received_tokens_and_is_fitted_on_public_pairs(tiny_bert, chain):
-    from rapt.attacks.denoiser import fit_change_margin
+    from rapt.channel.denoiser import fit_change_margin
 
     train_c, train_p, test_c, test_p = chain
     # An untrained head: plain argmax changes tokens at random, so it loses to copying.
@@ -189,7 +189,7 @@ def test_change_margin_keeps_received_tokens_and_is_fitted_on_public_pairs(tiny_
 def test_adapted_backbone_is_the_denoisers_encoder_and_tunes(tiny_bert, chain):
     """Remedy (c): a prompt tuned on the adapted backbone reads rows through the denoiser's
     fine-tuned encoder (not the public one); a LoRA denoiser has no adapted encoder."""
-    from rapt.trainer import TuneConfig, tune
+    from rapt.tuning.tune import TuneConfig, tune
 
     clean, priv = chain[0], chain[1]
     den = train_denoiser(tiny_bert, clean[:64], priv[:64],

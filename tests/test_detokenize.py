@@ -10,7 +10,7 @@ from _tiny import TOY_WORDS, make_bert, make_tokenizer, save_backbone
 from typer.testing import CliRunner
 
 from rapt.cli import app
-from rapt.privatization import (
+from rapt.privacy.mechanism import (
     Privatizer,
     candidate_ids_from_tokenizer,
     detokenize,

@@ -162,7 +162,7 @@ def test_cli_tune_dp_option_without_budget_is_refused(tune_inputs, tmp_path, ext
 
 def test_cli_tune_valid_dp_options_train(tune_inputs, tmp_path):
     """Negative control for the refusals above: valid --dp-* options train and record DP."""
-    from rapt.trainer import TunedPrompt
+    from rapt.tuning.tune import TunedPrompt
 
     r, out = _tune(tune_inputs, tmp_path, "--dp-noise", "1.0", "--dp-clip", "0.5",
                    "--dp-delta", "1e-3", "--dp-physical-batch", "2")

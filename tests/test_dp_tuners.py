@@ -1,4 +1,4 @@
-"""PromptDPSGD over the real tuners (rapt.tuners / rapt.trainer): broadcast per-example
+"""PromptDPSGD over the real tuners (rapt.tuning.tuners / rapt.tuning.tune): broadcast per-example
 gradients equal single-example backward passes, and the trainer's DP branch runs end to end."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from torch.nn import functional as F
 
 from rapt.dp import DPSGD, DPConfig
 
-trainer = pytest.importorskip("rapt.trainer")
+trainer = pytest.importorskip("rapt.tuning.tune")
 
 @pytest.fixture(scope="module")
 def dp_tok(tmp_path_factory):
@@ -121,7 +121,7 @@ def test_dp_artifact_carries_no_private_statistics(tiny_bert, tmp_path):
     its reconstruction vocabulary comes from the tokenizer, not the rows: T's size does not
     change when the private rows do. Mutations caught: keeping ``meta["history"]`` under DP;
     building T from the rows' token counts."""
-    from rapt.reconstruction import candidate_plain_ids, plain_offset
+    from rapt.tuning.reconstruction import candidate_plain_ids, plain_offset
 
     rows, labels = _dp_toy(tiny_bert)
     tok = tiny_bert.tokenizer

@@ -291,7 +291,7 @@ def test_sap_sessions_in_memory_are_bounded_per_key_and_in_all(tmp_path):
 
 def test_sap_client_retries_while_the_sessions_in_memory_are_busy(tmp_path):
     """A 429 sap_busy says retry shortly: the client's SAP requests do, within retry_s."""
-    from rapt.client import RaptClient
+    from rapt.client.client import RaptClient
 
     key = add_key(tmp_path)
     app = sap_app(tmp_path, max_sap_live_sessions=1)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
-from rapt.gnmax import (
+from rapt.pate.gnmax import (
     DEFAULT_ORDERS,
     ConfidentGNMax,
     GNMaxConfig,
@@ -44,7 +44,7 @@ def test_data_independent_values():
 
 def _theorem6_mp(q, s, lam):
     """Papernot et al. 2018, Theorem 6, evaluated in 60-digit mpmath straight from the paper's
-    statement (not from rapt.gnmax): a mechanism that is (μ, μ/s²)-RDP for all μ, with
+    statement (not from rapt.pate.gnmax): a mechanism that is (μ, μ/s²)-RDP for all μ, with
     q̃ >= Pr[M(D) != i*]; Proposition 10's orders μ2 = s·sqrt(log 1/q̃), μ1 = μ2 + 1,
     ε_i = μ_i / s². Returns (min(bound, λ/s²), whether the data-dependent bound applied)."""
     with mp.workdps(60):
@@ -84,7 +84,7 @@ def test_theorem6_against_mpmath():
     """GNMax's data-dependent RDP vs an independent 60-digit mpmath evaluation of Theorem 6.
 
     The cases cover bounds from 1e-12 to ~1 and orders on both sides of μ1 (fallback to λ/σ²).
-    Mutations of rapt.gnmax tried by hand, each made this test fail: μ1 = μ2 + 2; exponent
+    Mutations of rapt.pate.gnmax tried by hand, each made this test fail: μ1 = μ2 + 2; exponent
     (1 - 1/μ2) -> (1 - 1/μ1) in A; ε2 = μ1/σ² instead of μ2/σ²; B's q̃^(1/(μ1-1)) ->
     q̃^(1/μ1); the (1 - q̃) weight dropped from the first term; orders < μ1 -> orders <= μ1 + 1.
     """
@@ -109,10 +109,10 @@ def test_theorem6_reference_value_in_a_nontrivial_regime():
     2018, Theorem 6 with Proposition 7's q̃ and Proposition 10's orders), 226x below the
     data-independent 10/400 = 0.025. The bound here is ~1e-4, not < 1e-9 as in the unanimous
     case, so every term of A and B shows in the digits compared. Computed straight from the
-    paper in 50-digit mpmath, independent of rapt.gnmax; the intermediate values are written
+    paper in 50-digit mpmath, independent of rapt.pate.gnmax; the intermediate values are written
     out so that a wrong q̃ or μ cannot hide behind a matching final number.
 
-    Mutations of rapt.gnmax tried by hand, each made this test fail: μ1 = μ2 + 2; ε2 = μ1/σ²;
+    Mutations of rapt.pate.gnmax tried by hand, each made this test fail: μ1 = μ2 + 2; ε2 = μ1/σ²;
     exponent (μ2-1)/μ2 -> (μ1-1)/μ1 in A; the (1 - q̃) weight dropped; q̃ without the ½."""
     with mp.workdps(50):
         sigma, lam = mp.mpf(20), mp.mpf(10)

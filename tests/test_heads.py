@@ -8,10 +8,10 @@ import torch
 from _tiny import TOY_WORDS, make_bert, make_llama, make_tokenizer
 from torch.nn import functional as F
 
-from rapt.heads import ClassificationHead, LabelDescriptionHead, Verbalizer
-from rapt.reconstruction import build_rows, reconstruction_loss, sample_plain_tokens
-from rapt.trainer import RaptModel, TuneConfig, TunedPrompt, pad_batch, tune
-from rapt.tuners import base_model
+from rapt.tuning.heads import ClassificationHead, LabelDescriptionHead, Verbalizer
+from rapt.tuning.reconstruction import build_rows, reconstruction_loss, sample_plain_tokens
+from rapt.tuning.tune import RaptModel, TuneConfig, TunedPrompt, pad_batch, tune
+from rapt.tuning.tuners import base_model
 
 DESCS = ["a bad movie", "a good movie"]
 POS, NEG = ["good", "great", "fun", "fine"], ["bad", "awful", "boring", "long"]

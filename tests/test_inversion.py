@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from rapt.attacks import inversion_attack, invert_ids, invert_vectors
-from rapt.nn_search import build_index
-from rapt.privatization import Privatizer, replacement_probability
+from rapt.privacy.inversion import inversion_attack, invert_ids, invert_vectors
+from rapt.privacy.mechanism import Privatizer, replacement_probability
+from rapt.privacy.nn_search import build_index
 
 
 def _emb(V=300, d=16, seed=0):

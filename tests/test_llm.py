@@ -8,7 +8,7 @@ import pytest
 import torch
 from _tiny import make_llama, make_word_llama
 
-from rapt.llm import HFLabelScorer, LabelScorer, LabelWordError, label_token_ids, normalize
+from rapt.pate.scorer import HFLabelScorer, LabelScorer, LabelWordError, label_token_ids, normalize
 
 
 @pytest.fixture()

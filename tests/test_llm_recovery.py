@@ -19,7 +19,7 @@ from rapt.attacks.llm_recovery import (
     changed_share,
     llm_attack,
 )
-from rapt.privatization import Privatizer, candidate_ids_from_tokenizer
+from rapt.privacy.mechanism import Privatizer, candidate_ids_from_tokenizer
 
 # ------------------------------------------------------------------------------- alignment
 

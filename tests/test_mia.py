@@ -13,7 +13,7 @@ from rapt.attacks.mia import (
     student_mia,
     true_label_scores,
 )
-from rapt.pate import PateInputError, PromptTemplate
+from rapt.pate.pate import PateInputError, PromptTemplate
 
 TEMPLATE = PromptTemplate("text: {text} label:", (" no", " yes"))
 

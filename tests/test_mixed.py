@@ -10,7 +10,7 @@ from _tiny import random_prompt
 
 from rapt.service import mixed
 from rapt.service.inference import default_forward, per_prompt_forward
-from rapt.tuners import base_model
+from rapt.tuning.tuners import base_model
 
 ATOL = 1e-5
 
@@ -90,7 +90,7 @@ def test_random_mixes_match_the_per_prompt_path(bb_name, family, request):
 def test_lora_updates_matter_at_the_tested_tolerance(bb_name, request):
     """Guards the equality above: without its adapter a LoRA prompt predicts differently by
     far more than 1e-5, so a mixed pass that dropped the updates could not pass."""
-    from rapt.trainer import TunedPrompt
+    from rapt.tuning.tune import TunedPrompt
 
     bb = request.getfixturevalue(bb_name)
     p = _prompts(bb, "lora")[2]

@@ -1,5 +1,5 @@
-"""rapt.multi_lora: per-row LoRA updates over a shared model (zero-padded ranks, hooks that act
-only in their own thread, peft state dicts read strictly)."""
+"""rapt.tuning.multi_lora: per-row LoRA updates over a shared model (zero-padded ranks, hooks that
+act only in their own thread, peft state dicts read strictly)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from rapt.multi_lora import (
+from rapt.tuning.multi_lora import (
     LoraWeights,
     adapter_from_peft_state,
     per_row_adapters,

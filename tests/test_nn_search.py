@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rapt.nn_search import AnnoyIndex, ExactIndex, FastIndex, build_index
+from rapt.privacy.nn_search import AnnoyIndex, ExactIndex, FastIndex, build_index
 
 
 def _brute(queries: torch.Tensor, vectors: torch.Tensor) -> torch.Tensor:
@@ -113,7 +113,7 @@ def test_cuda_exact_matches_cpu():
 def test_fast_equals_exact_on_minilm():
     from rapt.models import load_backbone
     from rapt.noise import NoiseSource
-    from rapt.privatization import sample_noise
+    from rapt.privacy.mechanism import sample_noise
 
     E = load_backbone("minilm").embeddings.detach()
     g = torch.Generator().manual_seed(0)

@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from rapt.cli import app
 from rapt.data import DataError, load_dataset
-from rapt.reconstruction import build_rows, plain_offset
+from rapt.tuning.reconstruction import build_rows, plain_offset
 
 PAIRS = [("good film", "fun plot", "same"), ("bad film", "good plot", "diff"),
          ("boring story", "boring film", "same"), ("great music", "awful music", "diff"),
@@ -98,7 +98,7 @@ def test_missing_pair_column_names_file_and_column(tmp_path):
 
 
 def test_bert_rows_hold_both_texts_between_two_seps(tok):
-    from rapt.reconstruction import pairs_separated
+    from rapt.tuning.reconstruction import pairs_separated
 
     k = tok.convert_tokens_to_ids(["music", "plot"])
     ids = {w: tok.convert_tokens_to_ids(w) for w in TOY_WORDS}
@@ -136,7 +136,7 @@ def _bpe_like_tokenizer():
 
 
 def test_tokenizer_without_pair_separator_joins_with_a_newline():
-    from rapt.reconstruction import encode_texts, pairs_separated
+    from rapt.tuning.reconstruction import encode_texts, pairs_separated
 
     tok = _bpe_like_tokenizer()
     assert not pairs_separated(tok)
@@ -152,8 +152,8 @@ def test_tokenizer_without_pair_separator_joins_with_a_newline():
 def test_segment_ids_follow_the_tokenizer_and_reach_the_body(tok):
     """The tuners give BERT bodies the token type ids the tokenizer gives pairs (recomputed from
     the [SEP]s of padded, plain-token rows), and all zeros to single texts."""
-    from rapt.trainer import pad_batch
-    from rapt.tuners import build_tuner, segment_ids
+    from rapt.tuning.tune import pad_batch
+    from rapt.tuning.tuners import build_tuner, segment_ids
 
     enc = tok(["good film", "the plot was very long"], ["bad plot", "fun"], padding=True)
     ids, mask = torch.tensor(enc["input_ids"]), torch.tensor(enc["attention_mask"])
@@ -189,7 +189,7 @@ def test_segment_ids_follow_the_tokenizer_and_reach_the_body(tok):
 def test_service_mixed_batch_of_pair_rows_matches_each_prompt(tok):
     """The service's shared forward pass gives pair rows their segment ids too."""
     from rapt.service import mixed
-    from rapt.trainer import TuneConfig, tune
+    from rapt.tuning.tune import TuneConfig, tune
 
     bb = make_bert(tok)
     rows = build_rows(tok, [a for a, _, _ in PAIRS], 24, text_pairs=[b for _, b, _ in PAIRS])

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from _tiny import make_word_llama
 
-from rapt.gnmax import ConfidentGNMax, GNMaxConfig, vote_counts
-from rapt.pate import (
+from rapt.pate.gnmax import ConfidentGNMax, GNMaxConfig, vote_counts
+from rapt.pate.pate import (
     PateInputError,
     PromptTemplate,
     PublicSet,
@@ -166,7 +166,7 @@ def test_end_to_end_tiny_llama():
     """pate_experiment's report: the private release (composed ε over both public sets from the
     same teachers, data-independent ε, δ, seeded) is apart from the not-private diagnostics."""
     from rapt.attacks.mia import student_mia
-    from rapt.llm import HFLabelScorer
+    from rapt.pate.scorer import HFLabelScorer
 
     bb = make_word_llama()
     sc = HFLabelScorer(bb, ["bad", "good"], batch_size=8)
@@ -432,8 +432,8 @@ def test_cli_pate_and_mia_end_to_end(shared_data, monkeypatch, tmp_path):
 
 
 def test_top_token_only_votes():
-    from rapt.gnmax import vote_counts
-    from rapt.llm import HFLabelScorer
+    from rapt.pate.gnmax import vote_counts
+    from rapt.pate.scorer import HFLabelScorer
 
     sc = HFLabelScorer(make_word_llama(), ["bad", "good"])
     priv = sentiment_data(12, 0)

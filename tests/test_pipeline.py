@@ -71,7 +71,7 @@ def test_privacy_report_counts_text_positions_only(tiny_bert):
 
 
 def test_target_p_calibrates_eta_and_is_reported(tiny_bert):
-    from rapt.privatization import calibrate_eta_public
+    from rapt.privacy.mechanism import calibrate_eta_public
 
     custom = Customization.create(tiny_bert, Encoding(32), target_p=0.5, noise_seed=0)
     assert custom.eta == pytest.approx(calibrate_eta_public(tiny_bert, 0.5))

@@ -13,7 +13,7 @@ from torch.nn import functional as F
 
 from rapt import precision as prec
 from rapt.dp import DPSGD, DPConfig
-from rapt.trainer import RaptModel, TuneConfig, TunedPrompt, pad_batch, tune
+from rapt.tuning.tune import RaptModel, TuneConfig, TunedPrompt, pad_batch, tune
 
 # Stated tolerance: bf16 keeps 8 significant bits (2^-8 ≈ 0.4 % per rounding); through a
 # 2-layer encoder and the backward pass the norms move by well under 1 % (measured: ≤ 0.2 %).

@@ -1,4 +1,4 @@
-"""The one weak-privacy rule (issue 32 item 3, issue 28 item 5): `rapt.privacy_rule.judge`, its
+"""The one weak-privacy rule (issue 32 item 3, issue 28 item 5): `rapt.privacy.rule.judge`, its
 threshold, and the default levels of the commands that privatize without being told."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from rapt.attack_table import load_table, strongest_at
-from rapt.privacy_rule import (
+from rapt.privacy.attack_table import load_table, strongest_at
+from rapt.privacy.rule import (
     DEFAULT_MIN_P,
     DEFAULT_TARGET_P,
     judge,

@@ -1,5 +1,5 @@
 """Private by default: every command that sends or trains privatizes at the one default level
-(rapt.privacy_rule.DEFAULT_TARGET_P) unless --no-privacy is typed, which is printed and
+(rapt.privacy.rule.DEFAULT_TARGET_P) unless --no-privacy is typed, which is printed and
 recorded in the artifact; `rapt predict` follows what the artifact recorded, label column
 included; the collapse advice fits the run it is about."""
 
@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from rapt.cli import app
 from rapt.cli._app import collapse_fixes
-from rapt.privacy_rule import DEFAULT_TARGET_P
+from rapt.privacy.rule import DEFAULT_TARGET_P
 
 runner = CliRunner()
 FAST = ["--epochs", "1", "--batch-size", "4", "--num-virtual-tokens", "2", "--method", "prompt"]
@@ -36,7 +36,7 @@ def test_tune_privatizes_at_the_default_level_and_predict_follows(tiny):
     """No level given: the default level, said so, recorded (η calibrated for P 0.6), and
     `rapt predict` privatizes the queries at that η. Before: clear text with a warning."""
     from rapt.models import load_backbone
-    from rapt.privatization import calibrate_eta_public
+    from rapt.privacy.mechanism import calibrate_eta_public
 
     tmp, bb, data = tiny
     out = tmp / "default"

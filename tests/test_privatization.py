@@ -11,7 +11,7 @@ import torch
 from scipy import stats
 
 from rapt.noise import NoiseSource
-from rapt.privatization import (
+from rapt.privacy.mechanism import (
     Privatizer,
     calibrate_eta,
     candidate_ids_from_tokenizer,
@@ -399,7 +399,7 @@ def test_cli_tune_noise_is_unseeded_by_default(tiny_backbone_dir, tmp_path):
     from typer.testing import CliRunner
 
     from rapt.cli import app
-    from rapt.trainer import TunedPrompt
+    from rapt.tuning.tune import TunedPrompt
 
     src = tmp_path / "in.csv"
     src.write_text("text,label\n" + "".join(
@@ -447,7 +447,7 @@ def test_calibration_and_privatizer_share_one_index_and_the_eta_is_cached(tiny_b
     cached η that no longer gives the target P (an edited file) is calibrated afresh."""
     import json
 
-    import rapt.privatization as pr
+    import rapt.privacy.mechanism as pr
     from rapt.pipeline import make_privatizer
 
     builds = []

@@ -9,7 +9,7 @@ import torch
 from _tiny import TOY_WORDS, make_tokenizer
 
 from rapt.noise import NoiseSource
-from rapt.reconstruction import (
+from rapt.tuning.reconstruction import (
     ReconstructionHead,
     build_rows,
     candidate_plain_ids,
@@ -53,7 +53,7 @@ def test_row_layout_cls_k_x_sep(tok):
 
 
 def test_privatize_rows_keeps_specials_and_layout(tok):
-    from rapt.privatization import Privatizer
+    from rapt.privacy.mechanism import Privatizer
 
     torch.manual_seed(0)
     emb = torch.randn(len(tok), 16)
@@ -136,7 +136,7 @@ def test_plain_offset_without_the_probe_word(tmp_path):
     """Plain tokens go right after [CLS] whatever the vocabulary (found while checking
     attribute features by hand: with a vocabulary lacking "a", build_rows put k after the
     first two text tokens). Negative control: the same vocabulary plus "a" gives 1."""
-    from rapt.reconstruction import plain_offset
+    from rapt.tuning.reconstruction import plain_offset
 
     (tmp_path / "with_a").mkdir()
     assert plain_offset(make_tokenizer(tmp_path / "with_a", ["good", "movie", "a"])) == 1

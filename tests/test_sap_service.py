@@ -17,7 +17,7 @@ from test_client import LABELS, TEXTS, leaked_ngrams
 from test_service import add_key, make_bert
 from test_service_e2e import server  # noqa: F401  (the uvicorn fixture)
 
-from rapt.client import PrivacyNotConfiguredError, RaptClient
+from rapt.client.client import PrivacyNotConfiguredError, RaptClient
 from rapt.service import Limits, ServiceConfig, create_app
 from rapt.split import (
     Activations,
@@ -391,7 +391,7 @@ def test_cli_sap_tune_and_predict_against_the_service(service, tmp_path, monkeyp
     `rapt sap predict` on that folder asks the session; errors are one line naming the flag."""
     from typer.testing import CliRunner
 
-    import rapt.client as client_mod
+    import rapt.client.client as client_mod
     from rapt.cli import app
 
     tc, (key, _), bb = service
@@ -469,7 +469,7 @@ def test_lost_replies_are_retried_and_applied_once(service, tmp_path, monkeypatc
     """The first backward and the forward after it reach the server, but their replies are
     lost (a dropped connection): the client sends the same step again, the server answers the
     backward from its saved reply and recomputes the forward, and every step is applied once."""
-    from rapt.client import ServiceError
+    from rapt.client.client import ServiceError
     from rapt.http import HttpSession
 
     tc, (key, _), bb = service

@@ -252,7 +252,7 @@ def test_two_api_processes_share_one_queue(tmp_path, tiny_bert, pg_url):
 
 # -- Ray -------------------------------------------------------------------------------------
 class PausingTrainer:
-    """The real runner (``default_runner``: rapt.trainer.tune), pausing after each checkpoint
+    """The real runner (``default_runner``: rapt.tuning.tune.tune), pausing after each checkpoint
     so that a test can kill its worker mid-job. Module-level, so Ray actors import it."""
 
     def __init__(self, pause_s: float = 0.6):

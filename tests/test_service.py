@@ -449,10 +449,10 @@ def test_concurrent_requests_share_forward_passes(svc):
 def test_mixed_prompts_one_forward_pass_matches_per_prompt(tiny_bert):
     """Soft prompts of several tasks share one backbone pass and give each prompt's own
     predict_proba (plain-token masking included)."""
-    from rapt.reconstruction import build_rows
     from rapt.service import mixed
     from rapt.service.inference import MicroBatcher
-    from rapt.trainer import TuneConfig, tune
+    from rapt.tuning.reconstruction import build_rows
+    from rapt.tuning.tune import TuneConfig, tune
 
     tok = tiny_bert.tokenizer
     texts = ["the movie was good", "awful plot and boring actors", "great fun", "sad and dull"]
@@ -480,7 +480,7 @@ def test_mixed_prompts_one_forward_pass_matches_per_prompt(tiny_bert):
         assert batcher.stats.batches == 1 and batcher.stats.forward_passes < len(items)
     finally:
         batcher.close()
-    from rapt.tuners import base_model
+    from rapt.tuning.tuners import base_model
 
     passes = []
     hook = base_model(tiny_bert.model).register_forward_hook(lambda *a: passes.append(1))
@@ -1268,7 +1268,7 @@ def test_serve_tls_options_reach_uvicorn(tmp_path, monkeypatch):
 
 def test_client_warns_before_sending_the_key_over_plain_http():
     """Old behaviour: the client sent the API key over plain http to any host, silently."""
-    from rapt.client import PrivacyWarning, RaptClient
+    from rapt.client.client import PrivacyWarning, RaptClient
 
     with pytest.warns(PrivacyWarning, match="plain http"):
         RaptClient("http://203.0.113.5:8000", "rapt_x").close()

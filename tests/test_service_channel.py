@@ -14,13 +14,13 @@ import torch
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
-from rapt.attacks.denoiser import Denoiser, DenoiserConfig
+from rapt.channel.denoiser import Denoiser, DenoiserConfig
 from rapt.pipeline import Customization, Encoding, channel_fingerprint
 from rapt.service import Limits, ServiceConfig, auth, create_app
 from rapt.service.channels import ChannelError
 from rapt.service.store import Store
 from rapt.service.worker import tune_config
-from rapt.trainer import TunedPrompt
+from rapt.tuning.tune import TunedPrompt
 
 JOB = {"method": "prompt", "num_virtual_tokens": 2, "epochs": 1, "batch_size": 4, "lr": 0.05,
        "max_length": 32, "head": "linear", "seed": 3}
@@ -291,7 +291,7 @@ def test_ray_actors_load_the_channel_and_apply_it(tmp_path, tiny_bert, ray_local
 def test_a_channel_adapter_tunes_and_predicts_on_the_adapted_backbone(tmp_path, tiny_bert):
     """With a channel adapter the rows stay as uploaded; the job tunes on, and predict runs on,
     the backbone with the adapter merged in (not the shared micro-batched one)."""
-    from rapt.channel_adapter import ChannelAdapterConfig, train_channel_adapter
+    from rapt.channel.adapter import ChannelAdapterConfig, train_channel_adapter
 
     tok = tiny_bert.tokenizer
     body = dataset(tok)

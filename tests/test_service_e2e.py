@@ -20,8 +20,8 @@ import torch
 from test_client import LABELS, TEXTS, write_csv
 from test_service import make_bert
 
-from rapt.client import RaptClient
-from rapt.trainer import TunedPrompt
+from rapt.client.client import RaptClient
+from rapt.tuning.tune import TunedPrompt
 
 RAPT = [sys.executable, "-c", "import sys; from rapt.cli import main; sys.argv[0] = 'rapt'; main()"]
 

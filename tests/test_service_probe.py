@@ -196,9 +196,9 @@ def test_eta_outside_the_supported_range_is_refused(svc, tmp_path, eta, ok):
     from typer.testing import CliRunner
 
     from rapt.cli import app as cli
-    from rapt.client import ClientError, RaptClient
+    from rapt.client.client import ClientError, RaptClient
     from rapt.config import ETA_MAX, ETA_MIN
-    from rapt.privatization import Privatizer
+    from rapt.privacy.mechanism import Privatizer
     from rapt.split import SplitConfig
 
     body = upload_body()

@@ -26,7 +26,7 @@ from rapt.split import (
     train_split,
 )
 from rapt.split.customer import _pad
-from rapt.tuners import base_model
+from rapt.tuning.tuners import base_model
 
 TEXTS = ["the movie was good and fun", "bad plot and awful actors", "great story",
          "boring and dull film", "a brilliant and funny scene", "the worst movie ever",

@@ -139,7 +139,7 @@ def test_output_mode_config_is_checked(tiny_tokenizer):
     assert SplitConfig.from_dict(cfg.to_dict()) == cfg
     assert "privatize" not in cfg.provider_view()  # the provider is not told
     bb = make_bert(tiny_tokenizer)
-    from rapt.privatization import Privatizer
+    from rapt.privacy.mechanism import Privatizer
 
     pz = Privatizer(bb.embeddings.detach(), 2.0)
     with pytest.raises(ValueError, match="output noise needs none"):

@@ -76,7 +76,7 @@ class _Tok:
 
 
 def test_text_length_for_and_identical_truncation(monkeypatch):
-    from rapt import reconstruction as R
+    from rapt.tuning import reconstruction as R
 
     monkeypatch.setattr(R, "plain_offset", lambda tok: 1)
     tok = _Tok()

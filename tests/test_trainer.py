@@ -8,9 +8,9 @@ import pytest
 import torch
 from _tiny import TOY_WORDS, make_bert, make_llama, make_tokenizer
 
-from rapt.reconstruction import build_rows, sample_plain_tokens
-from rapt.trainer import TuneConfig, TunedPrompt, tune
-from rapt.tuners import METHODS
+from rapt.tuning.reconstruction import build_rows, sample_plain_tokens
+from rapt.tuning.tune import TuneConfig, TunedPrompt, tune
+from rapt.tuning.tuners import METHODS
 
 POS, NEG = ["good", "great", "fun", "fine"], ["bad", "awful", "boring", "long"]
 

@@ -1,4 +1,4 @@
-"""The DP-agnostic training loop (rapt.training) and its pin against the trainer's outputs.
+"""The DP-agnostic training loop (rapt.training.loop) and its pin against the trainer's outputs.
 
 ``test_tune_outputs_are_pinned`` compares ``tune``'s final tensors and per-step history, per
 method, with and without DP and reconstruction, with values recorded from the trainer before
@@ -16,18 +16,17 @@ import torch
 from _tiny import TOY_WORDS, make_bert, make_llama, make_tokenizer
 
 from rapt.dp import DPConfig
-from rapt.reconstruction import build_rows, sample_plain_tokens
-from rapt.trainer import TuneConfig, tune
-from rapt.training import (
+from rapt.training.loop import (
     ModelOutput,
     Plan,
-    Reconstruction,
     SummedLoss,
     TaskCE,
     TrainableTensors,
     TrainState,
     run_loop,
 )
+from rapt.tuning.reconstruction import Reconstruction, build_rows, sample_plain_tokens
+from rapt.tuning.tune import TuneConfig, tune
 
 PIN = Path(__file__).parent / "data" / "tune_pin.pt"
 WORDS = ["good", "great", "fun", "fine", "bad", "awful", "boring", "long"]

@@ -76,7 +76,7 @@ def test_stop_then_resume_matches_an_uninterrupted_run(tiny, monkeypatch):
         raise AssertionError("a resumed run privatized its data again")
 
     with monkeypatch.context() as m:
-        m.setattr("rapt.privatization.Privatizer.privatize_ids", no_second_privatization)
+        m.setattr("rapt.privacy.mechanism.Privatizer.privatize_ids", no_second_privatization)
         r = runner.invoke(app, [*_argv(tiny, out), "--resume"])
     assert r.exit_code == 0, r.output
     assert "resuming the run stopped at step 3" in r.stderr and not ck.exists()

@@ -6,8 +6,8 @@ import pytest
 import torch
 from _tiny import TOY_WORDS, make_bert, make_llama, make_tokenizer
 
-from rapt.trainer import RaptModel, TuneConfig
-from rapt.tuners import METHODS, build_tuner
+from rapt.tuning.tune import RaptModel, TuneConfig
+from rapt.tuning.tuners import METHODS, build_tuner
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +61,7 @@ def test_prefix_parameter_shape_follows_kv_heads(tok):
 def test_prompt_positions_align_with_inputs(bb):
     """Output row i is input token i: equal to running the backbone on [P; X] by hand and
     dropping the N prompt rows (padding of the inputs stays masked)."""
-    from rapt.tuners import base_model
+    from rapt.tuning.tuners import base_model
 
     tuner = build_tuner(bb, "prompt", num_virtual_tokens=2)
     ids, mask = _batch(bb.tokenizer)
@@ -74,7 +74,7 @@ def test_prompt_positions_align_with_inputs(bb):
 
 def test_prefix_changes_every_layer_input(bb):
     """A non-zero prefix changes the states; a second tuner with the same seed agrees."""
-    from rapt.tuners import base_model
+    from rapt.tuning.tuners import base_model
 
     ids, mask = _batch(bb.tokenizer)
     plain = base_model(bb.model)(input_ids=ids, attention_mask=mask).last_hidden_state

@@ -26,7 +26,7 @@ from typer.testing import CliRunner
 
 from rapt.cli import app
 from rapt.config import DEFAULT_PRIVATIZER_MODE, TuneConfig
-from rapt.heads import label_token_ids
+from rapt.tuning.heads import label_token_ids
 
 runner = CliRunner()
 PUBLIC = files("rapt").joinpath("resources/public_sample.txt").read_text(encoding="utf-8")
@@ -72,7 +72,7 @@ def _cli_tune_config(monkeypatch, argv) -> TuneConfig:
     def capture(bb, rows, labels, n, cfg, **kw):
         raise Captured(cfg)
 
-    monkeypatch.setattr("rapt.trainer.tune", capture)
+    monkeypatch.setattr("rapt.tuning.tune.tune", capture)
     r = runner.invoke(app, ["tune", *argv])
     assert isinstance(r.exception, Captured), r.output
     return r.exception.args[0]
@@ -89,7 +89,7 @@ def _client_tune_config(monkeypatch, argv) -> TuneConfig:
             {} if reconstruction is None else {"reconstruction": reconstruction}), **{
             k: v for k, v in hyper.items() if v is not None}})
 
-    monkeypatch.setattr("rapt.client.RaptClient.tune", capture)
+    monkeypatch.setattr("rapt.client.client.RaptClient.tune", capture)
     r = runner.invoke(app, ["client", "tune", "ds_x", "--url", "http://127.0.0.1:9", "--key",
                             "k", *argv])
     assert isinstance(r.exception, Captured), r.output
@@ -123,7 +123,7 @@ def test_privatizer_mode_and_reconstruction_defaults_agree():
     client to exact."""
     import inspect
 
-    from rapt.client import RaptClient
+    from rapt.client.client import RaptClient
     from rapt.demo import DemoConfig
     from rapt.split import SplitConfig
 
@@ -164,7 +164,7 @@ def service(bert_dir, tmp_path, monkeypatch):
             tc.headers.update(kw.get("headers") or {})
             return tc
 
-        monkeypatch.setattr("rapt.client.httpx.Client", client)
+        monkeypatch.setattr("rapt.client.client.httpx.Client", client)
         yield ["--url", "http://127.0.0.1:9", "--key", key]
 
 

@@ -157,7 +157,7 @@ def shareable_privacy(report: dict | None, backbone: str) -> dict | None:
         return None
     out = {k: report[k] for k in SHAREABLE_PRIVACY if k in report}
     if report.get("eta") is not None:
-        from rapt.attack_table import SOURCE_NOTE, strongest_at
+        from rapt.privacy.attack_table import SOURCE_NOTE, strongest_at
 
         ans = strongest_at(backbone, float(report["eta"]))
         out["table"] = {"source": SOURCE_NOTE, "p": ans.p, "strongest_attacker": ans.attacker_name,

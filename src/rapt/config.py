@@ -4,7 +4,7 @@
 ``RaptClient`` and the service's ``JobCreate`` read their defaults from its field defaults and
 from the per-method tables below, instead of repeating literals. This module imports no torch,
 so the CLI can read the defaults when it builds its options (``rapt --help`` stays fast).
-``rapt.trainer`` re-exports everything here.
+``rapt.tuning.tune`` re-exports everything here.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ DEFAULT_LR: dict[str, float] = {"prompt": 2e-2, "prefix": 1e-2, "lora": 1e-3, "f
 # LoRA and full tuning have none (the value is recorded but unused).
 DEFAULT_VIRTUAL_TOKENS: dict[str, int] = {"prompt": 150, "prefix": 10, "lora": 20, "full": 20}
 # Label-description head: cos / 0.05, the scale all-MiniLM-L6-v2 was trained with (see
-# rapt.heads for the measurement behind it).
+# rapt.tuning.heads for the measurement behind it).
 DEFAULT_TEMPERATURE = 0.05
 # Nearest-neighbour search of the dχ mechanism: "fast" is certified exact (it returns what
 # "exact" returns, faster), so every command and the client use it unless told otherwise.
@@ -120,8 +120,8 @@ class TuneConfig:
     weight_decay: float = 0.0
     warmup_ratio: float = 0.06
     checkpoint_every: int = 0  # steps between checkpoint() calls; 0 = end of every epoch
-    # Task head (see rapt.heads). "auto": the verbalizer for a causal LM given label_words, the
-    # label-description head given label_descriptions, else a new linear head on pooled states
+    # Task head (see rapt.tuning.heads). "auto": the verbalizer for a causal LM given label_words,
+    # the label-description head given label_descriptions, else a new linear head on pooled states
     # (a linear probe: the prompt barely matters; a control).
     head: Literal["auto", "linear", "label-description", "verbalizer"] = "auto"
     label_descriptions: list[str] | None = None  # one per label, e.g. "a negative review"

@@ -36,7 +36,7 @@ from rapt.config import (
     default_lr,
 )
 from rapt.pipeline import plain_tokens_for  # noqa: F401  (re-exported: benchmarks use it)
-from rapt.privacy_rule import DEFAULT_TARGET_P
+from rapt.privacy.rule import DEFAULT_TARGET_P
 from rapt.stats import effect_word, gap_won_back, mean_ci, paired_difference
 
 SETTINGS = ("no privacy", "head only", "+privatization", "+reconstruction")
@@ -57,7 +57,7 @@ class DemoConfig:
     at P 0.6 is 'no significant difference' or 'hurt' from one run to the next, always
     negative, at 150 steps (-1.2 to -2.1 points) as at 200 (800 rows: -2.9 to -5.7 points,
     3.6-4.0 min in bf16, 4.7 min in fp32).
-    Privatized at P ≈ :data:`rapt.privacy_rule.DEFAULT_TARGET_P`, a level the weak-privacy
+    Privatized at P ≈ :data:`rapt.privacy.rule.DEFAULT_TARGET_P`, a level the weak-privacy
     rule does not flag.
     ``DemoConfig.benchmark()`` is ``benchmarks/bench_rapt.py``'s cpu profile at P 0.4."""
 
@@ -166,7 +166,7 @@ def _accuracy(pred: list[int], gold: list[int]) -> float:
 
 
 def _head_options(config: DemoConfig, bb, label_names: list[str]) -> dict:
-    """TuneConfig keywords for the task head; "auto" is RAPT's default (rapt.trainer): the
+    """TuneConfig keywords for the task head; "auto" is RAPT's default (rapt.tuning.tune): the
     verbalizer over a causal LM's head, the frozen label-description head on an encoder."""
     from rapt.data import label_descriptions_for
 
@@ -199,7 +199,7 @@ def run_demo(config: DemoConfig, log: Callable[[str], None] = print,
              backbone: Any = None, channel: Any = None) -> DemoResult:
     """Run the demo; ``progress(setting, step_record)`` is called after each training step
     (the setting named "<setting>, seed <s>"). ``channel``: a channel model (a
-    ``rapt.attacks.denoiser.Denoiser``) instead of loading ``config.channel``."""
+    ``rapt.channel.denoiser.Denoiser``) instead of loading ``config.channel``."""
     from rapt.models import load_backbone
     from rapt.pipeline import Customization
 
@@ -298,7 +298,7 @@ def _text_length(config: DemoConfig, tok, texts: list[str],
                  log: Callable[[str], None]) -> tuple[int, float]:
     """(text tokens per row, share of training rows whole). One text length for every setting
     (the rows with k are m tokens longer), so no setting sees more of a sentence than another."""
-    from rapt.reconstruction import text_length_for
+    from rapt.tuning.reconstruction import text_length_for
 
     n_text, whole = text_length_for(tok, texts, config.whole_fraction)
     if config.max_length is not None:
@@ -315,10 +315,10 @@ def _run_seed(custom, config: DemoConfig, data, n_text: int, base: dict, seed: i
     """One paired seed: privatize the rows with k once, cut k out for the settings without
     it, and tune and score every setting on that same draw (+denoise-then-tune: the
     +privatization rows and queries, read back by ``channel``)."""
-    from rapt.attack_table import table_line
     from rapt.pipeline import Encoding
-    from rapt.privatization import replacement_probability
-    from rapt.trainer import TuneConfig
+    from rapt.privacy.attack_table import table_line
+    from rapt.privacy.mechanism import replacement_probability
+    from rapt.tuning.tune import TuneConfig
 
     (train, test), m, tok = data, config.plain_len, custom.backbone.tokenizer
     with_k = replace(custom, encoding=Encoding.sampled(tok, n_text + m, m,

@@ -1,7 +1,7 @@
 """HTTP plumbing of the user's side: the service's error type, one authenticated session with
 its request, JSON call and retry, and the plain-http warning.
 
-Below both :mod:`rapt.client` (the service's routes) and :mod:`rapt.split.remote` (SAP steps
+Below both :mod:`rapt.client.client` (the service's routes) and :mod:`rapt.split.remote` (SAP steps
 over ``/v1/sap/...``), so neither imports the other. Only ``httpx``; no rapt import.
 """
 

@@ -4,10 +4,10 @@
 assemble by hand: the backbone, the privatizer (η, or the η calibrated for a target replacement
 probability P on rapt's public text sample; the noise seed; the nearest-neighbour index mode),
 the :class:`Encoding` (texts → token-id rows, the plain tokens k of reconstruction, sentence
-pairs), the provider's channel model (optional: a :class:`rapt.attacks.denoiser.Denoiser` that
+pairs), the provider's channel model (optional: a :class:`rapt.channel.denoiser.Denoiser` that
 reads privatized rows back before tuning and predict, "denoise-then-tune", or a channel adapter
 that makes the backbone read them as clean text), the tuner config
-(:class:`rapt.config.TuneConfig`), the artifact (:class:`rapt.trainer.TunedPrompt`) and the
+(:class:`rapt.config.TuneConfig`), the artifact (:class:`rapt.tuning.tune.TunedPrompt`) and the
 privacy report (η, measured P, nearest-neighbour inversion success).
 
 It does no I/O: callers read files, print and save; progress goes to plain callables.
@@ -21,7 +21,7 @@ With ``channel=denoiser`` the privatized rows are denoised inside :meth:`Customi
 :meth:`Customization.predict_proba` (text positions only: specials and plain tokens k stay as
 released), and the privacy report adds the channel's own recovery on the release: the same
 model is also an attacker at that η (once well trained, the strongest rapt has). With
-``channel=adapter`` (a :class:`rapt.channel_adapter.ChannelAdapter`) the rows stay as released
+``channel=adapter`` (a :class:`rapt.channel.adapter.ChannelAdapter`) the rows stay as released
 and :attr:`Customization.reader`, the backbone with the adapter merged in, tunes and predicts.
 """
 
@@ -56,20 +56,20 @@ def read_channel_config(folder: str | Path) -> tuple[Any, dict]:
     saved in ``folder``, checked without reading a tensor: what a caller needs to tell a
     denoiser from an adapter, or to check the backbone it was built on. Raises ArtifactError
     naming the file."""
-    from rapt import channel_adapter
     from rapt.artifacts import read_config
-    from rapt.attacks import denoiser
+    from rapt.channel import adapter as channel_adapter
+    from rapt.channel import denoiser
 
     return read_config(folder, (denoiser.KIND, channel_adapter.KIND))
 
 
 def load_channel_model(folder: str | Path, backbone: Any) -> Any:
     """The channel model that ``rapt adapt`` saved in ``folder``, rebuilt on ``backbone``: a
-    :class:`rapt.attacks.denoiser.Denoiser` (role "denoiser": rewrites privatized rows) or a
-    :class:`rapt.channel_adapter.ChannelAdapter` (role "adapter": the backbone that reads
+    :class:`rapt.channel.denoiser.Denoiser` (role "denoiser": rewrites privatized rows) or a
+    :class:`rapt.channel.adapter.ChannelAdapter` (role "adapter": the backbone that reads
     them), told apart by the folder's ``format``. Raises ArtifactError naming the file."""
-    from rapt import channel_adapter
-    from rapt.attacks import denoiser
+    from rapt.channel import adapter as channel_adapter
+    from rapt.channel import denoiser
 
     if read_channel_config(folder)[0] == channel_adapter.KIND:
         return channel_adapter.ChannelAdapter.load(folder, backbone)
@@ -95,7 +95,7 @@ def channel_fingerprint(channel: Any) -> str:
 def plain_tokens_for(tokenizer, m: int, sequences: int, n_rows: int, seed: int):
     """(plain_ids, plain_index): one sequence for all rows, or ``sequences`` of them assigned
     to the rows uniformly at random (seeded). Test rows use sequence 0."""
-    from rapt.reconstruction import sample_plain_tokens
+    from rapt.tuning.reconstruction import sample_plain_tokens
 
     if sequences <= 1:
         return sample_plain_tokens(tokenizer, m, seed=seed), None
@@ -107,7 +107,7 @@ def plain_tokens_for(tokenizer, m: int, sequences: int, n_rows: int, seed: int):
 @dataclass
 class Encoding:
     """Texts (or sentence pairs) → token-id rows ``[leading specials] k x [trailing specials]``
-    (rapt.reconstruction's layout) of at most ``max_length`` ids, k included."""
+    (rapt.tuning.reconstruction's layout) of at most ``max_length`` ids, k included."""
 
     max_length: int | None = 128
     plain: PlainIds | None = None  # the public plain tokens k (or several sequences of m ids)
@@ -123,7 +123,7 @@ class Encoding:
     @classmethod
     def parsed(cls, tokenizer, max_length: int | None, text: str) -> Encoding:
         """Plain tokens given as text (e.g. RAPT Table 8's list); ValueError if empty."""
-        from rapt.reconstruction import parse_plain_tokens
+        from rapt.tuning.reconstruction import parse_plain_tokens
 
         return cls(max_length, parse_plain_tokens(tokenizer, text))
 
@@ -135,7 +135,7 @@ class Encoding:
     @property
     def plain_len(self) -> int:
         """m: plain tokens per row (0 without reconstruction)."""
-        from rapt.reconstruction import _as_sequences
+        from rapt.tuning.reconstruction import _as_sequences
 
         seqs = _as_sequences(self.plain)
         return len(seqs[0]) if seqs else 0
@@ -145,7 +145,7 @@ class Encoding:
              queries: bool = False) -> list[list[int]]:
         """Token-id rows; training rows take ``plain_index``'s sequences, ``queries`` (and
         rows without an index) sequence 0."""
-        from rapt.reconstruction import _as_sequences, build_rows
+        from rapt.tuning.reconstruction import _as_sequences, build_rows
 
         index = self.plain_index
         if len(_as_sequences(self.plain)) > 1 and (queries or index is None):
@@ -155,7 +155,7 @@ class Encoding:
 
     def text_only(self, tokenizer, rows: Sequence[Sequence[int]]) -> list[list[int]]:
         """The same rows without k (the text positions: what P and inversion are about)."""
-        from rapt.reconstruction import drop_plain
+        from rapt.tuning.reconstruction import drop_plain
 
         m = self.plain_len
         return drop_plain(rows, tokenizer, m) if m else [list(r) for r in rows]
@@ -166,7 +166,11 @@ def make_privatizer(backbone: Any, eta: float | None = None, target_p: float | N
     """The dχ privatizer at η, or at the η that gives P ≈ ``target_p`` on rapt's public text
     sample (the calibration every command uses); None when neither is given. Noise from OS
     entropy unless ``noise_seed`` (tests and benchmarks only: no guarantee)."""
-    from rapt.privatization import Privatizer, calibrate_eta_public, candidate_ids_from_tokenizer
+    from rapt.privacy.mechanism import (
+        Privatizer,
+        calibrate_eta_public,
+        candidate_ids_from_tokenizer,
+    )
 
     if eta is not None and target_p is not None:
         raise ValueError("give eta or target_p, not both")
@@ -190,13 +194,13 @@ class Customization:
     backbone: Any
     encoding: Encoding = field(default_factory=Encoding)
     config: TuneConfig | None = None
-    privatizer: Any = None  # rapt.privatization.Privatizer; None: rows stay clean
+    privatizer: Any = None  # rapt.privacy.mechanism.Privatizer; None: rows stay clean
     target_p: float | None = None  # the P η was calibrated for (None: η given)
     noise_seed: int | None = None  # also seeds DP-SGD noise through config.dp
     privatizer_mode: str = DEFAULT_PRIVATIZER_MODE
-    artifact: Any = None  # rapt.trainer.TunedPrompt, once tuned (or loaded)
+    artifact: Any = None  # rapt.tuning.tune.TunedPrompt, once tuned (or loaded)
     privacy: dict | None = None  # privacy report of the last measured release
-    # rapt.attacks.denoiser.Denoiser (rewrites the rows) or rapt.channel_adapter.ChannelAdapter
+    # rapt.channel.denoiser.Denoiser (rewrites the rows) or rapt.channel.adapter.ChannelAdapter
     # (the backbone that reads them: see reader); None: the public backbone reads rows as released
     channel: Any = None
     # (private rows, denoised rows) of the last denoise call: measure() and tune() share it.
@@ -257,7 +261,7 @@ class Customization:
         """Privatized rows (``rows`` as they are without a privatizer); with ``measure`` the
         privacy report goes to ``self.privacy``. ``progress(n)`` after each chunk of n rows
         (then the rows go in chunks of PRIVATIZE_CHUNK)."""
-        from rapt.reconstruction import privatize_rows
+        from rapt.tuning.reconstruction import privatize_rows
 
         if self.privatizer is None:
             return rows
@@ -273,9 +277,9 @@ class Customization:
         return out
 
     def measure(self, clean: Sequence[Sequence[int]], private: Sequence[Sequence[int]]) -> dict:
-        """The privacy report of a release (``rapt.privatization.privacy_report``: η, P,
+        """The privacy report of a release (``rapt.privacy.mechanism.privacy_report``: η, P,
         inversion success, ...) on the text positions only: the plain tokens are public."""
-        from rapt.privatization import privacy_report
+        from rapt.privacy.mechanism import privacy_report
 
         tok = self.backbone.tokenizer
         self.privacy = privacy_report(self.encoding.text_only(tok, clean),
@@ -310,8 +314,8 @@ class Customization:
 
     def _text_span(self, row: Sequence[int], special: set[int]) -> tuple[int, int]:
         """(start, end) of a row's text: after the leading specials and the plain tokens k,
-        before the trailing specials (rapt.reconstruction's layout)."""
-        from rapt.reconstruction import plain_offset
+        before the trailing specials (rapt.tuning.reconstruction's layout)."""
+        from rapt.tuning.reconstruction import plain_offset
 
         start = min(len(row), plain_offset(self.backbone.tokenizer) + self.encoding.plain_len)
         end = len(row)
@@ -349,9 +353,9 @@ class Customization:
              should_stop: Callable[[], bool] | None = None,
              checkpoint: Callable[[dict], None] | None = None,
              resume: dict | None = None) -> Any:
-        """``rapt.trainer.tune`` on (privatized) rows with this config and plain tokens; the
+        """``rapt.tuning.tune.tune`` on (privatized) rows with this config and plain tokens; the
         TunedPrompt is kept as ``self.artifact`` and returned."""
-        from rapt.trainer import tune
+        from rapt.tuning.tune import tune
 
         if self.config is None:
             raise ValueError("Customization.config is not set: no tuner config to tune with")

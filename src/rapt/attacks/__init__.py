@@ -1,14 +1,14 @@
 """Attacks that measure empirical privacy (= 1 − attack success rate).
 
 Reconstruction attackers register themselves in :data:`rapt.attacks.recovery.ATTACKERS` when
-their module is imported; the imports below make that registry complete (see
-:mod:`rapt.attacks.recovery` for the interface).
+their module is imported; the imports below register this package's attackers (see
+:mod:`rapt.attacks.recovery` for the interface). The contextual denoiser is a channel model that
+trains through the training loop, so it registers ``"denoiser"`` where it is imported
+(:mod:`rapt.channel.denoiser`) and this package stays light.
 """
 
 from rapt.attacks import bayes as _bayes  # noqa: F401  (registers "bayes")
-from rapt.attacks import denoiser as _denoiser  # noqa: F401  (registers "denoiser")
 from rapt.attacks import llm_recovery as _llm_recovery  # noqa: F401  (registers "llm")
-from rapt.attacks.inversion import InversionResult, inversion_attack, invert_ids, invert_vectors
 from rapt.attacks.recovery import (
     ATTACKERS,
     Attacker,
@@ -18,6 +18,5 @@ from rapt.attacks.recovery import (
     token_recovery,
 )
 
-__all__ = ["ATTACKERS", "Attacker", "InversionResult", "ReconstructionInput", "inversion_attack",
-           "invert_ids", "invert_vectors", "register_attacker", "run_attackers",
+__all__ = ["ATTACKERS", "Attacker", "ReconstructionInput", "register_attacker", "run_attackers",
            "token_recovery"]

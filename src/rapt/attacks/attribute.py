@@ -37,7 +37,7 @@ class AttributeResult:
 
 
 def _pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor]:
-    from rapt.trainer import pad_batch
+    from rapt.tuning.tune import pad_batch
 
     return pad_batch(rows, pad_id)
 
@@ -62,7 +62,7 @@ def hidden_features(backbone: Backbone, rows: Sequence[Sequence[int]], tuned=Non
                     batch_size: int = 64) -> Tensor:
     """Mean-pooled last-layer states -> (N, h): of the tuned model (a ``TunedPrompt``; plain
     token positions excluded, as its task head sees them) or of the bare backbone."""
-    from rapt.trainer import pad_batch
+    from rapt.tuning.tune import pad_batch
 
     dev = next(iter(backbone.model.parameters())).device
     out = []
@@ -74,7 +74,7 @@ def hidden_features(backbone: Backbone, rows: Sequence[Sequence[int]], tuned=Non
         if model is not None:
             _, _, hidden = model(ids, mask, with_rec=False)
         else:
-            from rapt.tuners import base_model
+            from rapt.tuning.tuners import base_model
 
             hidden = base_model(backbone.model)(input_ids=ids, attention_mask=mask,
                                                 use_cache=False).last_hidden_state

@@ -7,7 +7,7 @@ unigram statistics (from public text).  For a released token w' it guesses
 
 ``prior``: public unigram counts + ``alpha`` (add-α smoothing over the non-special vocabulary).
 ``p(w' | w)``: estimated by Monte Carlo: each candidate original w is privatized ``samples``
-times with our own :class:`rapt.privatization.Privatizer`, and p(w' | w) = count / samples.
+times with our own :class:`rapt.privacy.mechanism.Privatizer`, and p(w' | w) = count / samples.
 
 Approximation (keeps a 30k vocabulary tractable): the candidates w for a released w' are the
 ``k`` most frequent public tokens plus w' itself -- a rare original that the mechanism replaced
@@ -27,8 +27,8 @@ import torch
 from torch import Tensor
 
 from rapt.attacks.recovery import ReconstructionInput, register_attacker
-from rapt.nn_search import NNIndex
-from rapt.privatization import Privatizer
+from rapt.privacy.mechanism import Privatizer
+from rapt.privacy.nn_search import NNIndex
 
 __all__ = ["BayesAttacker", "DEFAULT_K", "DEFAULT_SAMPLES", "bayes_attack", "unigram_log_prior"]
 

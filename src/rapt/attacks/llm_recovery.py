@@ -3,7 +3,7 @@
 After "The Double-edged Sword of LLM-based Data Reconstruction" (arXiv 2508.18976): the attacker
 decodes a privatized row of the *encoder's* tokenizer to text and asks a causal LLM (default
 SmolLM2-135M-Instruct) for the original sentence. The prompt's examples are *public* sentences
-privatized at the same η by the provider's own :class:`rapt.privatization.Privatizer`, paired
+privatized at the same η by the provider's own :class:`rapt.privacy.mechanism.Privatizer`, paired
 with their originals; then comes the target's privatized text. The reply is tokenized with the
 encoder's tokenizer and aligned to the privatized row (:func:`align_guess`), so that
 :func:`rapt.attacks.recovery.token_recovery` scores it position by position. The LLM sees only
@@ -147,7 +147,7 @@ def few_shot_examples(inp: ReconstructionInput, decode: Callable[[list[int]], st
     """``n`` (privatized, original) text pairs from ``inp.public_rows``, privatized at ``inp.eta``
     with the mechanism's own embeddings and candidates (seeded by ``inp.seed``): rows of
     :data:`SHOT_LENGTHS` tokens where there are enough, preferring ones with a replacement."""
-    from rapt.privatization import Privatizer
+    from rapt.privacy.mechanism import Privatizer
 
     if n <= 0:
         return []

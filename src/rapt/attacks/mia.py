@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.stats import rankdata
 
-from rapt.llm import LabelScorer, normalize
-from rapt.pate import Demo, PateInputError, Progress, PromptTemplate
+from rapt.pate.pate import Demo, PateInputError, Progress, PromptTemplate
+from rapt.pate.scorer import LabelScorer, normalize
 
 
 def roc_auc(member_scores: Sequence[float], nonmember_scores: Sequence[float]) -> float:

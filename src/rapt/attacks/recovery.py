@@ -11,10 +11,11 @@ for row, same lengths.  It never receives the original ids: scoring happens afte
 :func:`token_recovery`, against rows the attacker never saw.
 
 Registry: ``ATTACKERS`` maps a name to an attacker.  A module that defines one calls
-:func:`register_attacker` at import; ``rapt.attacks/__init__`` imports those modules, so the
-registry is complete whenever ``rapt.attacks`` is imported.  Registered here: ``"nn"``
-(nearest neighbour); in :mod:`rapt.attacks.bayes`: ``"bayes"``; the contextual denoiser
-(``rapt.attacks.denoiser``) registers ``"denoiser"``.  Attacker-specific settings travel in
+:func:`register_attacker` at import; ``rapt.attacks/__init__`` imports this package's, so they
+are registered whenever ``rapt.attacks`` is imported.  Registered here: ``"nn"`` (nearest
+neighbour); in :mod:`rapt.attacks.bayes`: ``"bayes"``; the contextual denoiser registers
+``"denoiser"`` when :mod:`rapt.channel.denoiser` is imported (as the commands that offer it do).
+Attacker-specific settings travel in
 ``ReconstructionInput.options`` (e.g. ``{"bayes_k": 2000, "bayes_samples": 64}``).
 """
 
@@ -27,8 +28,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rapt.attacks.inversion import invert_ids
-from rapt.nn_search import NNIndex
+from rapt.privacy.inversion import invert_ids
+from rapt.privacy.nn_search import NNIndex
 
 __all__ = ["ATTACKERS", "Attacker", "ReconstructionInput", "nearest_neighbour_attack",
            "reconstruct", "register_attacker", "run_attackers", "token_recovery"]
@@ -43,7 +44,7 @@ class ReconstructionInput:
     ``special_ids``: ids the mechanism passes through; ``candidate_ids``: the mechanism's
     output vocabulary (None = all V); ``index``: a prebuilt search over the candidates
     (optional, speeds NN); ``public_rows``: tokenized public text (a prior / training data for
-    attackers that learn the channel, e.g. from :class:`rapt.channel.ChannelCorpus`);
+    attackers that learn the channel, e.g. from :class:`rapt.channel.corpus.ChannelCorpus`);
     ``backbone``: the loaded backbone (tokenizer, model) for attackers that need it;
     ``seed``: for attackers that sample (None = OS entropy); ``options``: per-attacker
     settings.
@@ -85,7 +86,7 @@ def _flat(rows: Sequence[Sequence[int]]) -> Tensor:
 
 
 def nearest_neighbour_attack(inp: ReconstructionInput) -> list[list[int]]:
-    """Nearest-neighbour inversion of a token release (:func:`rapt.attacks.inversion.invert_ids`).
+    """Nearest-neighbour inversion of a token release (:func:`rapt.privacy.inversion.invert_ids`).
 
     With the mechanism's own embeddings and candidates every released token is its own
     nearest neighbour, so this returns the private ids: it recovers exactly the tokens the
@@ -145,12 +146,12 @@ def reconstruct(rows: Sequence[Sequence[int]], backbone: Any, eta: float, names:
     ``rapt attack reconstruct`` prints).  ``seed`` seeds the mechanism (``seed``) and the
     attackers (``seed + 1``); None = OS entropy.  Returns {"eta", "p", "n_tokens",
     "attackers": name -> token_recovery dict}."""
-    from rapt.nn_search import build_index
-    from rapt.privatization import (
+    from rapt.privacy.mechanism import (
         Privatizer,
         candidate_ids_from_tokenizer,
         replacement_probability,
     )
+    from rapt.privacy.nn_search import build_index
 
     emb = backbone.embeddings.detach()
     cand = candidate_ids_from_tokenizer(backbone.tokenizer, emb.shape[0])

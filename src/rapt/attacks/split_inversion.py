@@ -5,7 +5,7 @@ the *initial* bottom model, token accuracy = attack success, empirical privacy =
   is matched with the embedding-layer output of every vocabulary token at that position
   (:func:`invert_embedding_layer`; for Llama-style bottoms positions do not enter, for
   BERT-style ones position and token-type embeddings and the LayerNorm do). This is the
-  nearest-neighbour attack of :mod:`rapt.attacks.inversion` through the embedding layer.
+  nearest-neighbour attack of :mod:`rapt.privacy.inversion` through the embedding layer.
 * Deeper bottoms (n >= 1): the optimisation attack of Song & Raghunathan (CCS 2020, §4.2,
   white box): each position's token is relaxed to a word-selection vector, softmax(z) over
   candidate tokens, whose mixture of word embeddings goes through the bottom; z is optimised

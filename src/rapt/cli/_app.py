@@ -176,11 +176,11 @@ def privacy_level(eta: float | None, target_p: float | None, target_ep: float | 
                   no_privacy: bool, *, clear: str | None,
                   can_be_clear: bool = True) -> float | None:
     """The --target-p of a command that sends or trains: ``target_p`` as given; without any
-    level :data:`rapt.privacy_rule.DEFAULT_TARGET_P`, announced on stderr; None with
+    level :data:`rapt.privacy.rule.DEFAULT_TARGET_P`, announced on stderr; None with
     --no-privacy, announced as the warning ``--no-privacy: {clear}`` (None: the caller announces
     it; with a level too: exit 2). Clear text is never a default (``can_be_clear``: whether the
     command has --no-privacy at all, for the default's line)."""
-    from rapt.privacy_rule import DEFAULT_TARGET_P
+    from rapt.privacy.rule import DEFAULT_TARGET_P
 
     check_eta_options(eta, target_p, target_ep)
     given = eta is not None or target_p is not None or target_ep is not None
@@ -203,8 +203,8 @@ def eta_for_target_ep(backbone: str, target_ep: float, *, err: bool = True) -> f
     """The η of ``--target-ep`` through the shipped attack table (no model needed: the table is
     keyed by the backbone's name), with one line saying so; one error line and exit 2 when the
     table cannot give it (another backbone, a target out of its range)."""
-    from rapt.attack_table import AttackTableError
-    from rapt.attack_table import eta_for_target_ep as from_table
+    from rapt.privacy.attack_table import AttackTableError
+    from rapt.privacy.attack_table import eta_for_target_ep as from_table
 
     try:
         eta = from_table(backbone, target_ep)
@@ -225,7 +225,7 @@ def resolve_eta(bb: Any, eta: float | None, target_p: float | None,
     if target_ep is not None:
         return eta_for_target_ep(bb.name, target_ep), True
     if target_p is not None:
-        from rapt.privatization import calibrate_eta_public
+        from rapt.privacy.mechanism import calibrate_eta_public
 
         return calibrate_eta_public(bb, target_p), True
     return eta, False
@@ -235,8 +235,8 @@ def echo_privacy(report: dict, *, backbone: str, err: bool = False, prefix: str 
                  min_p: float | None = None, what: str = "release") -> None:
     """The privacy line of a release (η, measured P, nearest-neighbour inversion success),
     under it the shipped attack table's strongest attacker at this backbone and η, and the
-    weak-privacy warning of :mod:`rapt.privacy_rule` (threshold ``min_p``, default its own)."""
-    from rapt.privatization import privacy_line
+    weak-privacy warning of :mod:`rapt.privacy.rule` (threshold ``min_p``, default its own)."""
+    from rapt.privacy.mechanism import privacy_line
 
     typer.echo(prefix + privacy_line(report), err=err)
     echo_table_line(backbone, report.get("eta"), err=err, prefix=prefix)
@@ -245,9 +245,9 @@ def echo_privacy(report: dict, *, backbone: str, err: bool = False, prefix: str 
 
 def warn_weak_privacy(report: dict | None, *, backbone: str, min_p: float | None = None,
                       what: str = "release", eta: float | None = None) -> bool:
-    """One stderr warning when :func:`rapt.privacy_rule.judge` flags the release as weak (the
+    """One stderr warning when :func:`rapt.privacy.rule.judge` flags the release as weak (the
     same rule in every command); -> whether it did."""
-    from rapt.privacy_rule import DEFAULT_MIN_P, weak_privacy_warning
+    from rapt.privacy.rule import DEFAULT_MIN_P, weak_privacy_warning
 
     msg = weak_privacy_warning(report, backbone=backbone, eta=eta, what=what,
                                min_p=DEFAULT_MIN_P if min_p is None else min_p)
@@ -259,10 +259,10 @@ def warn_weak_privacy(report: dict | None, *, backbone: str, min_p: float | None
 def echo_table_line(backbone: str, eta: float | None, *, err: bool = False,
                     prefix: str = "") -> None:
     """The strongest attacker's recovery at (backbone, η) by the shipped attack table
-    (:func:`rapt.attack_table.table_line`); nothing without η."""
+    (:func:`rapt.privacy.attack_table.table_line`); nothing without η."""
     if eta is None:
         return
-    from rapt.attack_table import table_line
+    from rapt.privacy.attack_table import table_line
 
     typer.echo(prefix + table_line(backbone, float(eta)), err=err)
 

@@ -1,13 +1,13 @@
 """`rapt adapt`: the provider side of the channel remedies (issue 27).
 
-Builds the channel model -- a :class:`rapt.channel_adapter.ChannelAdapter` (``--kind adapter``:
+Builds the channel model -- a :class:`rapt.channel.adapter.ChannelAdapter` (``--kind adapter``:
 LoRA distilled so that the backbone reads privatized text as clean text, the remedy that wins
-back the most in benchmarks/results/channel.md) or a :class:`rapt.attacks.denoiser.Denoiser`
+back the most in benchmarks/results/channel.md) or a :class:`rapt.channel.denoiser.Denoiser`
 (``--kind denoiser``: denoise-then-tune, and an attacker) -- for one backbone at an η (or the
 η of a target P, or a band of η) from public text privatized by the provider, and saves it as
 a folder with its provenance. `rapt tune` / `rapt predict` take it with
-``--channel``. The stages live in rapt.channel and rapt.attacks.denoiser; this module reads the
-corpus, shows progress, prints the held-out recovery and writes the folder atomically.
+``--channel``. The stages live in rapt.channel.corpus and rapt.channel.denoiser; this module reads
+the corpus, shows progress, prints the held-out recovery and writes the folder atomically.
 """
 
 from __future__ import annotations
@@ -156,7 +156,7 @@ def _check_backbone(o: SimpleNamespace, bb) -> None:
 
 def _read_corpus(o: SimpleNamespace) -> tuple[list[str], dict]:
     """(texts, provenance) of the public corpus."""
-    from rapt.channel import ChannelCorpus, public_corpus_for
+    from rapt.channel.corpus import ChannelCorpus, public_corpus_for
 
     if o.corpus_for is not None:
         try:
@@ -180,7 +180,7 @@ def _read_corpus(o: SimpleNamespace) -> tuple[list[str], dict]:
 def _tokenized(texts: list[str], tokenizer, o: SimpleNamespace, prov: dict) -> list[list[int]]:
     """Token ids of a seeded subset of at most --max-rows texts (empty ones dropped); the
     texts and tokens used go into ``prov``."""
-    from rapt.privatization import tokenize_texts
+    from rapt.privacy.mechanism import tokenize_texts
 
     if o.max_rows is not None and len(texts) > o.max_rows:
         keep = sorted(random.Random(o.seed).sample(range(len(texts)), o.max_rows))
@@ -210,7 +210,7 @@ def _split_holdout(rows: list[list[int]], o: SimpleNamespace):
 def _privatizer_and_etas(o: SimpleNamespace, bb):
     """The privatizer (at --eta, the η of --target-p, or the band's geometric middle) and
     the η values the channel data is privatized at."""
-    from rapt.channel import eta_band
+    from rapt.channel.corpus import eta_band
     from rapt.pipeline import make_privatizer
 
     if o.eta_band is not None:
@@ -223,8 +223,8 @@ def _privatizer_and_etas(o: SimpleNamespace, bb):
 
 def _fitter(o: SimpleNamespace):
     """(train function, its config, the bar's second figure) for --kind; errors exit 2."""
-    from rapt.attacks import denoiser
-    from rapt.channel_adapter import ChannelAdapterConfig, train_channel_adapter
+    from rapt.channel import denoiser
+    from rapt.channel.adapter import ChannelAdapterConfig, train_channel_adapter
 
     try:
         if o.kind == "adapter":
@@ -241,7 +241,7 @@ def _fitter(o: SimpleNamespace):
 def _train(o: SimpleNamespace, bb, priv, etas: list[float], rows, prov: dict):
     """Privatize the training rows at each η (--repeats times) and train the channel model
     with a step bar, stopping at --budget-min. -> (model, provenance of the channel data)."""
-    from rapt.channel import privatize_channel
+    from rapt.channel.corpus import privatize_channel
     from rapt.progress import progress_bar
 
     fit, cfg, second = _fitter(o)
@@ -277,7 +277,7 @@ def _train(o: SimpleNamespace, bb, priv, etas: list[float], rows, prov: dict):
 
 def _p_by_eta(pairs, special_ids) -> dict[str, float]:
     """Measured replacement probability of the channel data, per η."""
-    from rapt.privatization import replacement_probability
+    from rapt.privacy.mechanism import replacement_probability
 
     out = {}
     for e in dict.fromkeys(pairs.eta):
@@ -308,8 +308,8 @@ def _evaluate_adapter(o: SimpleNamespace, bb, adapter, held: list[list[int]],
                       etas: list[float]) -> list:
     """How the raw and the adapted backbone read the held-out public rows, privatized afresh at
     each η, against the raw backbone on the clean rows (the distillation objective)."""
-    from rapt.channel import privatize_channel
-    from rapt.channel_adapter import distillation_loss
+    from rapt.channel.adapter import distillation_loss
+    from rapt.channel.corpus import privatize_channel
     from rapt.pipeline import make_privatizer
 
     seed = None if o.noise_seed is None else o.noise_seed + 101

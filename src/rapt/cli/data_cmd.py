@@ -111,8 +111,8 @@ def cti(
     batch_size: int = typer.Option(1024, "--batch-size", help="texts per tokenizer call"),
 ) -> None:
     """Print the top contributing tokens per class (SAP utility importance)."""
-    from rapt.cti import CTI_RULES, contributing_tokens
     from rapt.data import DataError
+    from rapt.privacy.cti import CTI_RULES, contributing_tokens
 
     if rule not in CTI_RULES:
         _fail(f"--rule must be one of {', '.join(CTI_RULES)}, got {rule!r}")

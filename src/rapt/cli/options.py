@@ -15,7 +15,7 @@ import typer
 
 from rapt.cli._app import TARGET_EP_HELP, TARGET_P_HELP, TEXT_PAIR_OPT
 from rapt.config import PRECISION_HELP
-from rapt.privacy_rule import DEFAULT_MIN_P, DEFAULT_TARGET_P, MIN_P_HELP
+from rapt.privacy.rule import DEFAULT_MIN_P, DEFAULT_TARGET_P, MIN_P_HELP
 
 FORMAT_HELP = ("file format if the extension does not tell: csv, tsv, jsonl, lines, "
                "label-text ('LABEL sentence'), text-at-label ('sentence@label'), trec, "

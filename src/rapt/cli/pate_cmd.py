@@ -1,5 +1,5 @@
 """`rapt pate` (PromptPATE private prompt + Flocks Table 2 row) and `rapt mia` (membership
-inference on prompts): thin layers over rapt.pate, rapt.gnmax and rapt.attacks.mia."""
+inference on prompts): thin layers over rapt.pate.pate, rapt.pate.gnmax and rapt.attacks.mia."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def load_task(task: str, *, n_public: int, test_size: int, public: str, max_word
     IID public inputs are a random part of the task's train split, removed from the private pool
     (so no private example is also a public query); their labels are kept only for reporting.
     """
-    from rapt.pate import PublicSet, as_demos
+    from rapt.pate.pate import PublicSet, as_demos
 
     train = _load(task, "train")
     test = _load(task, TEST_SPLIT.get(task, "test"))
@@ -73,7 +73,7 @@ def load_task(task: str, *, n_public: int, test_size: int, public: str, max_word
 
 
 def _template(task: str, template: str | None, label_words: str | None, num_labels: int):
-    from rapt.pate import PateInputError, get_template
+    from rapt.pate.pate import PateInputError, get_template
 
     try:
         t = get_template(template or task)
@@ -91,7 +91,7 @@ def _template(task: str, template: str | None, label_words: str | None, num_labe
 
 
 def _scorer(backbone: str, words, batch_size: int):
-    from rapt.llm import HFLabelScorer, LabelWordError
+    from rapt.pate.scorer import HFLabelScorer, LabelWordError
     bb = load_backbone_or_fail(backbone)
     if bb.kind != "causal":
         _fail(f"backbone '{backbone}' is an encoder; PromptPATE needs a causal LM")
@@ -146,8 +146,8 @@ def pate(
     """PromptPATE: teachers vote on public inputs, Confident-GNMax labels them, a student prompt
     is selected. The report keeps the private release (student prompts, ε composed over every
     release from the same teachers, δ) apart from diagnostics that are not covered by ε."""
-    from rapt.gnmax import GNMaxConfig
-    from rapt.pate import SEEDED_WARNING, PateInputError, pate_experiment, validate_inputs
+    from rapt.pate.gnmax import GNMaxConfig
+    from rapt.pate.pate import SEEDED_WARNING, PateInputError, pate_experiment, validate_inputs
     from rapt.progress import progress_bar
 
     if queries < 1 and public != "none":
@@ -221,7 +221,7 @@ def mia(
 ) -> None:
     """Membership inference on k-shot prompts: AUC of P(true label) for members vs non-members."""
     from rapt.attacks.mia import mean_roc, prompt_mia
-    from rapt.pate import as_demos
+    from rapt.pate.pate import as_demos
     from rapt.progress import progress_bar
 
     train = _load(task, "train")

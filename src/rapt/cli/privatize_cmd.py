@@ -36,7 +36,7 @@ from rapt.cli.options import (
     with_help,
 )
 from rapt.config import DEFAULT_PRIVATIZER_MODE
-from rapt.privacy_rule import DEFAULT_TARGET_P
+from rapt.privacy.rule import DEFAULT_TARGET_P
 
 attack_app = sub_app(help="Simulated attacks that measure empirical privacy.",
                          no_args_is_help=True)
@@ -272,7 +272,7 @@ def _privatize_dataset(bb, ds, eta: float, *, seed: int | None, mode: str, chunk
 
     Returns (privatizer, detailed result, private texts, private pair texts — None where the
     record has no pair)."""
-    from rapt.privatization import (
+    from rapt.privacy.mechanism import (
         Privatizer,
         candidate_ids_from_tokenizer,
         privatize_texts_detailed,
@@ -304,8 +304,8 @@ def _privatize_report(res, priv, *, target_p: float | None, src: Path, output: P
                       examples: int, eta: float, mode: str, backbone: str,
                       seed: int | None, threads: int | None = None) -> dict:
     """The run's report (``--json-report``), with the measured privacy under "privacy"."""
-    from rapt.attack_table import strongest_at
-    from rapt.privatization import privacy_report
+    from rapt.privacy.attack_table import strongest_at
+    from rapt.privacy.mechanism import privacy_report
 
     st = res.stats
     privacy = privacy_report(res.original_ids, res.private_ids, priv, target_p=target_p)
@@ -351,14 +351,14 @@ def invert(
     success rate and the empirical privacy = 1 − success."""
     import torch
 
-    from rapt.attacks.inversion import inversion_attack
-    from rapt.nn_search import build_index
-    from rapt.privatization import (
+    from rapt.privacy.inversion import inversion_attack
+    from rapt.privacy.mechanism import (
         Privatizer,
         candidate_ids_from_tokenizer,
         replacement_probability,
         tokenize_texts,
     )
+    from rapt.privacy.nn_search import build_index
 
     if setting not in ("text", "vectors"):
         _fail(f"--setting must be text or vectors, got {setting!r}")
@@ -412,6 +412,7 @@ _SLOW = {"denoiser": "denoiser", "llm": "llm_backbone"}
 
 def _attacker_names(requested: list[str], options: dict) -> list[str]:
     from rapt.attacks import ATTACKERS
+    from rapt.channel import denoiser  # noqa: F401  (registers "denoiser")
 
     every = [k for k in sorted(ATTACKERS, key=lambda k: (k != "nn", k))
              if k not in _SLOW or _SLOW[k] in options]
@@ -472,8 +473,8 @@ def reconstruct(
     from the release (and public knowledge only), report token recovery over all tokens and
     over the replaced tokens only."""
     from rapt.attacks.recovery import reconstruct as run
-    from rapt.channel import public_corpus_for, task_family
-    from rapt.privatization import tokenize_texts
+    from rapt.channel.corpus import public_corpus_for, task_family
+    from rapt.privacy.mechanism import tokenize_texts
 
     check_eta_options(eta, target_p)
     if eta is None and target_p is None:

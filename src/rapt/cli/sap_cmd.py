@@ -319,7 +319,7 @@ def _save_tensors(out: Path, customer, provider) -> list[int] | None:
 
 
 def _client(url: str, key: str | None, bb, remote_backbone: str, no_privacy: bool = False):
-    from rapt.client import ClientError, RaptClient
+    from rapt.client.client import ClientError, RaptClient
 
     try:
         return RaptClient(url, key, backbone=bb, remote_backbone=remote_backbone,
@@ -330,7 +330,7 @@ def _client(url: str, key: str | None, bb, remote_backbone: str, no_privacy: boo
 
 def _remote(fn):
     """Run fn; a service or client error becomes one line naming what failed (exit 2)."""
-    from rapt.client import ClientError, ServiceError
+    from rapt.client.client import ClientError, ServiceError
 
     try:
         return fn()
@@ -380,7 +380,7 @@ def _load_artifact(folder: Path, noise_seed: int | None, key: str | None = None,
     except (ValueError, RuntimeError) as e:
         fail(f"{folder}: tensors do not fit this backbone and config ({e})")
     if doc.get("cti_tokens") is not None and cfg.cti:
-        from rapt.cti import CTIResult
+        from rapt.privacy.cti import CTIResult
 
         empty = torch.zeros(0)
         customer.cti = CTIResult(0, list(doc["cti_tokens"]), [], 0.0, empty, empty, empty)
@@ -496,7 +496,7 @@ def sap_attack(
         invert_embedding_layer,
         score_inversion,
     )
-    from rapt.privatization import candidate_ids_from_tokenizer
+    from rapt.privacy.mechanism import candidate_ids_from_tokenizer
     from rapt.split import encode_texts, setup_split, split_backbone
 
     warn_if_seeded(noise_seed)

@@ -40,7 +40,7 @@ from rapt.cli.options import (
 )
 from rapt.config import DEFAULT_PLAIN_TOKENS, LR_HELP, METHOD_DEFAULT_HELP, VIRTUAL_TOKENS_HELP
 from rapt.config import tune_default as _d
-from rapt.privacy_rule import DEFAULT_MIN_P
+from rapt.privacy.rule import DEFAULT_MIN_P
 
 if TYPE_CHECKING:
     from rapt.service.limits import ServiceConfig
@@ -367,7 +367,7 @@ MIN_P_OPT = MIN_P
 def _client(url, key, backbone="minilm", eta=None, no_privacy=False, seed=None,
             min_p=DEFAULT_MIN_P,
             target_p=None, plain_tokens=DEFAULT_PLAIN_TOKENS, pad_to_bucket=None):
-    from rapt.client import ClientError, RaptClient
+    from rapt.client.client import ClientError, RaptClient
 
     no_loading_bars()
     try:
@@ -394,7 +394,7 @@ def _privacy_warnings():
     """Show the client's PrivacyWarnings as one stderr line each, at once (so a --no-privacy
     warning appears before anything is sent), as every command writes its warnings; the
     weak-privacy one is left to :func:`_echo_privacy`, after the privacy lines."""
-    from rapt.client import PrivacyWarning, WeakPrivacyWarning
+    from rapt.client.client import PrivacyWarning, WeakPrivacyWarning
 
     def show(message, category, *args, **kwargs):
         if issubclass(category, WeakPrivacyWarning):
@@ -413,7 +413,7 @@ def _privacy_warnings():
 
 def _guard(fn):
     """Run fn; errors the user can act on become one line and exit code 2."""
-    from rapt.client import ClientError, ServiceError
+    from rapt.client.client import ClientError, ServiceError
     from rapt.data import DataError, cli_message
 
     try:
@@ -428,8 +428,8 @@ def _echo_privacy(c, json_report: bool = False) -> None:
     warning, as every command prints them (stderr); with --json-report both as one JSON line."""
     from dataclasses import asdict
 
-    from rapt.attack_table import strongest_at
-    from rapt.privatization import privacy_line
+    from rapt.privacy.attack_table import strongest_at
+    from rapt.privacy.mechanism import privacy_line
 
     r = c.last_privacy
     table = None

@@ -60,7 +60,7 @@ from rapt.config import (
     VIRTUAL_TOKENS_HELP,
 )
 from rapt.config import tune_default as _d
-from rapt.privacy_rule import DEFAULT_TARGET_P
+from rapt.privacy.rule import DEFAULT_TARGET_P
 
 
 def _load_data(data: str, split: str, limit: int | None, text_column: str | None,
@@ -108,7 +108,7 @@ def _customization(bb, eta: float | None, target_p: float | None, noise_seed: in
 def _check_label_words(bb, words: list[str] | None) -> None:
     """The verbalizer's words must start with distinct tokens: fail before any work with a
     fix the user can type."""
-    from rapt.heads import label_token_ids
+    from rapt.tuning.heads import label_token_ids
 
     if bb.kind != "causal" or not words:
         return
@@ -407,7 +407,7 @@ def _encoding(o: SimpleNamespace, bb, n_rows: int):
 def _tune_config_and_rows(o: SimpleNamespace, bb, ds, dp, encoding):
     """(TuneConfig, clean rows) from the options; a bad value is one error line."""
     from rapt.data import label_descriptions_for
-    from rapt.trainer import TuneConfig
+    from rapt.tuning.tune import TuneConfig
 
     try:
         descs = (_given_descriptions(o.label_descriptions, ds.label_names)
@@ -450,7 +450,7 @@ def _echo_method_and_head(bb, cfg, default_method: bool, dp: bool,
                           given_descriptions: bool) -> None:
     """The method (when it is the default) and the head the run uses, and for --head auto why;
     a verbalizer's label words are checked before any work."""
-    from rapt.trainer import resolve_head
+    from rapt.tuning.tune import resolve_head
 
     if default_method:
         typer.echo(f"method: {cfg.method} (default{' under DP' if dp else ''}; --method "
@@ -650,7 +650,7 @@ def predict(
     and the nearest-neighbour inversion success of the privatized queries."""
     o = SimpleNamespace(**locals())  # the options, for the stage helpers below
     from rapt.artifacts import ArtifactError
-    from rapt.trainer import TunedPrompt
+    from rapt.tuning.tune import TunedPrompt
 
     check_out_or_fail(out)
     try:
@@ -763,8 +763,8 @@ def _query_eta(meta: dict, eta: float | None, no_privacy: bool, bb,
         typer.echo(f"warning: {artifact} was tuned with --no-privacy: queries are used in clear "
                    "text too (--eta privatizes them)", err=True)
         return None
-    from rapt.privacy_rule import DEFAULT_TARGET_P
-    from rapt.privatization import calibrate_eta_public
+    from rapt.privacy.mechanism import calibrate_eta_public
+    from rapt.privacy.rule import DEFAULT_TARGET_P
 
     eta = calibrate_eta_public(bb, DEFAULT_TARGET_P)
     typer.echo(f"note: {artifact} records no privacy level: queries are privatized at the "
@@ -875,7 +875,7 @@ def _demo_config(o: SimpleNamespace):
     """The DemoConfig of `rapt demo`'s options (those given override the defaults, or the
     benchmark's with --benchmark-config); a bad value is one error line."""
     from rapt.demo import DemoConfig
-    from rapt.trainer import HEADS
+    from rapt.tuning.tune import HEADS
 
     given = {k: v for k, v in vars(o).items()
              if v is not None and k not in ("out", "benchmark_config", "min_p")}
@@ -939,8 +939,8 @@ def _register_attack() -> None:
         """Attribute inference: a 2-layer MLP on mean-pooled representations predicts a
         private attribute; reports accuracy, empirical privacy and the majority-class rate."""
         from rapt.attacks.attribute import attribute_attack, embedding_features, hidden_features
-        from rapt.reconstruction import build_rows
-        from rapt.trainer import TunedPrompt
+        from rapt.tuning.reconstruction import build_rows
+        from rapt.tuning.tune import TunedPrompt
 
         if attribute not in ("gender", "age"):
             _fail(f"--attribute must be gender or age (got {attribute!r})")

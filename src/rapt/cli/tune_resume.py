@@ -4,7 +4,7 @@ saves a checkpoint beside the output folder; `rapt tune ... --resume` continues 
 
 The checkpoint (``OUT.resume.NOT-PRIVATE.pt`` next to OUT, never inside it: the folder is the
 part one shares; mode 0600) holds the trainer's state
-(:meth:`rapt.training.TrainState.state_dict`), the tuner config, and the *privatized* training
+(:meth:`rapt.training.loop.TrainState.state_dict`), the tuner config, and the *privatized* training
 rows with their labels and privacy report: a resumed run trains on the same release instead of
 privatizing the data a second time (two independent privatizations of one text would give an
 attacker two noisy looks at it), and the seconds trained so far (the finished run's

@@ -119,7 +119,7 @@ class _Builtin:
     # One file cut into named splits by a fixed-seed shuffle: ((split, size), ...); the last
     # split named with size None takes the rest.
     seeded_splits: tuple[tuple[str, int | None], ...] = ()
-    # One sentence per label for the frozen label-description head (rapt.heads); () = none.
+    # One sentence per label for the frozen label-description head (rapt.tuning.heads); () = none.
     descriptions: tuple[str, ...] = ()
 
 

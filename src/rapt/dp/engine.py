@@ -96,7 +96,8 @@ class DPSGD:
             m for m in model.modules() if callable(getattr(m, "per_example_tensors", None))
         ]
         for m in self._broadcasters:
-            if hasattr(m, "track_per_example"):  # rapt.tuners records the copies only on request
+            # rapt.tuning.tuners records the copies only on request
+            if hasattr(m, "track_per_example"):
                 m.track_per_example = True
         self._linears = [
             (n, m) for n, m in model.named_modules()

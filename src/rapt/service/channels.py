@@ -1,7 +1,7 @@
 """The provider's channel models in the service (issue 27: channel adapter, denoise-then-tune).
 
-One channel model (a :class:`rapt.attacks.denoiser.Denoiser` or a
-:class:`rapt.channel_adapter.ChannelAdapter`, saved by ``rapt adapt``) per backbone, loaded at
+One channel model (a :class:`rapt.channel.denoiser.Denoiser` or a
+:class:`rapt.channel.adapter.ChannelAdapter`, saved by ``rapt adapt``) per backbone, loaded at
 start-up (``rapt serve --channel BACKBONE=FOLDER``, ``ServiceConfig.channels``) and refused then
 if the folder is not a channel model or was built on another backbone. Jobs on privatized rows
 are read back through a denoiser, and so are predict's queries for a prompt tuned that way, both

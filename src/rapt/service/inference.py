@@ -50,7 +50,7 @@ def backbone_positions(backbone: Any) -> int | None:
 
 def positions_used(method: str, num_virtual_tokens: int) -> int:
     """Input positions a tuned prompt takes before the row: a soft prompt is prepended to the
-    input; prefix key/values and LoRA/full weights take none (rapt.tuners)."""
+    input; prefix key/values and LoRA/full weights take none (rapt.tuning.tuners)."""
     return int(num_virtual_tokens) if method == "prompt" else 0
 
 
@@ -135,7 +135,7 @@ class MicroBatcher:
         self._hook = None
         model = getattr(backbone, "model", None)
         if model is not None:
-            from rapt.tuners import base_model
+            from rapt.tuning.tuners import base_model
 
             # Counts body passes made by this thread only (training shares the module).
             self._hook = base_model(model).register_forward_hook(self._count_pass)

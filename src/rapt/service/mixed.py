@@ -11,8 +11,8 @@ row carries its own prompt in (Li & Liang 2021; RAPT §1). Per method ("family")
   slots and explicit positions keep the real tokens at 0..n-1 whatever the prefix length, as
   for one prefix (``tuners.prefix_forward``).
 - **lora**: every targeted linear adds each row's own low-rank update, gathered per row and
-  applied as batched matmuls (``rapt.multi_lora``, the technique of Punica / S-LoRA); adapters
-  are never merged and no per-customer copy of the backbone is built.
+  applied as batched matmuls (``rapt.tuning.multi_lora``, the technique of Punica / S-LoRA);
+  adapters are never merged and no per-customer copy of the backbone is built.
 
 Full fine-tuning and objects without a tuning config cannot share a pass; the caller
 (``rapt.service.inference``) sends those one pass per prompt, the reference path that every
@@ -30,10 +30,16 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from rapt.multi_lora import Adapter, adapter_from_peft_state, per_row_adapters
 from rapt.precision import autocast, resolve_precision
-from rapt.trainer import pad_batch, task_mask
-from rapt.tuners import base_model, prefix_forward, prompt_forward, segment_ids, segment_sep_id
+from rapt.tuning.multi_lora import Adapter, adapter_from_peft_state, per_row_adapters
+from rapt.tuning.tune import pad_batch, task_mask
+from rapt.tuning.tuners import (
+    base_model,
+    prefix_forward,
+    prompt_forward,
+    segment_ids,
+    segment_sep_id,
+)
 
 Item = tuple[Any, list[list[int]]]  # (tuned prompt, rows of token ids)
 

@@ -93,7 +93,7 @@ class DatasetUpload(BaseModel):
                                      description="privatized texts, instead of input_ids")
     text_pairs: list[Text] | None = Field(
         None, min_length=1, description="privatized second texts of sentence pairs, one per "
-        "text (encoded as rapt.reconstruction.encode_texts pairs them)")
+        "text (encoded as rapt.tuning.reconstruction.encode_texts pairs them)")
     labels: list[int] = Field(min_length=1)
     num_labels: int = Field(ge=2, le=1000)
     privacy: PrivacyDeclaration
@@ -225,7 +225,7 @@ class JobCreate(BaseModel):
     rec_vocab_size: int = Field(_d("rec_vocab_size"), ge=2, le=1_000_000)
     rec_weight: float = Field(_d("rec_weight"), ge=0, le=100)
     rec_reduction: Literal["mean", "sum"] = _d("rec_reduction")
-    # Task head (rapt.heads). Label descriptions are public task metadata ("a positive
+    # Task head (rapt.tuning.heads). Label descriptions are public task metadata ("a positive
     # review"), not the user's data; "auto" picks the label-description head when given them.
     head: Literal["auto", "linear", "label-description"] = _d("head")
     label_descriptions: list[Annotated[Text, Field(min_length=1, max_length=200)]] | None = \

@@ -30,7 +30,7 @@ log = logging.getLogger("rapt.service")
 
 
 def default_prompt_loader(folder: Path) -> Any:
-    from rapt.trainer import TunedPrompt
+    from rapt.tuning.tune import TunedPrompt
 
     return TunedPrompt.load(folder)
 
@@ -202,9 +202,9 @@ class Service:
                 prompt_tokens: int = 0, text_pairs: list[str] | None = None
                 ) -> list[list[int]]:
         """Checked token id rows, tokenizing (privatized) texts, or sentence pairs, with the
-        backbone's tokenizer as the user side does (rapt.reconstruction.encode_texts)."""
+        backbone's tokenizer as the user side does (rapt.tuning.reconstruction.encode_texts)."""
         from rapt.padding import dedicated_pad_id, strip_padding
-        from rapt.reconstruction import encode_texts
+        from rapt.tuning.reconstruction import encode_texts
 
         bb = self.backbones[backbone]
         if texts is not None:

@@ -38,7 +38,7 @@ log = logging.getLogger("rapt.service")
 class TrainData:
     """What a runner gets: privatized ids (specials included), labels, public plain tokens,
     and the provider's channel model to read the rows back with before tuning (a
-    ``rapt.attacks.denoiser.Denoiser``; None: tune on the rows as uploaded)."""
+    ``rapt.channel.denoiser.Denoiser``; None: tune on the rows as uploaded)."""
 
     input_ids: list[list[int]]
     labels: list[int]
@@ -56,8 +56,8 @@ class JobRunner(Protocol):
 
 
 def tune_config(params: dict[str, Any]) -> Any:
-    """A ``rapt.trainer.TuneConfig`` from a job's validated parameters (raises ValueError)."""
-    from rapt.trainer import TuneConfig
+    """A ``rapt.tuning.tune.TuneConfig`` from a job's validated parameters (raises ValueError)."""
+    from rapt.tuning.tune import TuneConfig
 
     fields = {f.name for f in dataclasses.fields(TuneConfig)}
     kwargs = {k: v for k, v in params.items() if k in fields and k != "dp"}

@@ -21,8 +21,9 @@ What each party sees and keeps private:
   bottom it is released afresh every epoch, so an attacker gets E looks.
 
 Privacy statement (``SplitConfig.privatize="tokens"``, the default): each released token
-position is ηdχ-private given the (private) choice of contributing tokens; see :mod:`rapt.cti`
-for what CTI weakens. The blocks after the mechanism are post-processing, so splitting deeper
+position is ηdχ-private given the (private) choice of contributing tokens; see
+:mod:`rapt.privacy.cti` for what CTI weakens. The blocks after the mechanism are post-processing,
+so splitting deeper
 never weakens the guarantee; on MiniLM it did not make inversion harder either (the attack
 recovers the privatized ids). With ``privatize="output"`` (split >= 1, the placement SAP
 §4.1/§4.3 describes) the noise is on the bottom's output states instead: the statement is

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 from typing import Literal
 
 from rapt.config import DEFAULT_PRIVATIZER_MODE, PRECISIONS, eta_problem, known_fields
-from rapt.cti import CTI_RULES, DEFAULT_SMOOTHING
+from rapt.privacy.cti import CTI_RULES, DEFAULT_SMOOTHING
 
 __all__ = ["PRIVATIZE_MODES", "PROVIDER_FIELDS", "SPLIT_METHODS", "SplitConfig"]
 
@@ -33,8 +33,8 @@ class SplitConfig:
     identification from the customer's labelled rows; contributing tokens get η multiplied by
     ``cti_multiplier`` (``inf`` = no noise at all on them, as SAP Algorithm 1 does);
     ``cti_rule``: "uniform" (the paper's one k for all classes) or "per-class" (ours, not the
-    paper's: each class fills the coverage budget on its own, :data:`rapt.cti.CTI_RULES`);
-    ``cti_smoothing``: α of the add-α estimate in :func:`rapt.cti.utility_importance` (the
+    paper's: each class fills the coverage budget on its own, :data:`rapt.privacy.cti.CTI_RULES`);
+    ``cti_smoothing``: α of the add-α estimate in :func:`rapt.privacy.cti.utility_importance` (the
     paper gives none; 1 is ours, and α moves the uniform rule's k: :data:`DEFAULT_SMOOTHING`).
     ``privatize``: where the η noise goes. "tokens" (default, SAP Algorithm 1 at every depth):
     dχ noise on each token embedding, then the nearest vocabulary token, then the bottom's

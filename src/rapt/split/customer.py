@@ -21,11 +21,11 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-from rapt.cti import CTIResult, contributing_tokens, privatize_with_scale
 from rapt.models import Backbone
 from rapt.noise import NoiseSource
 from rapt.precision import autocast
-from rapt.privatization import Privatizer, candidate_ids_from_tokenizer, sample_noise
+from rapt.privacy.cti import CTIResult, contributing_tokens, privatize_with_scale
+from rapt.privacy.mechanism import Privatizer, candidate_ids_from_tokenizer, sample_noise
 from rapt.split.config import SplitConfig
 from rapt.split.model import Bottom, split_backbone
 from rapt.split.protocol import (
@@ -154,13 +154,13 @@ class SplitCustomer:
     def privacy_report(self, rows: Sequence[Sequence[int]], *,
                        target_p: float | None = None) -> dict | None:
         """η, P and the nearest-neighbour inversion success of the privatized tokens behind
-        the release of ``rows`` (:func:`rapt.privatization.privacy_report`; what split 0 hands
+        the release of ``rows`` (:func:`rapt.privacy.mechanism.privacy_report`; what split 0 hands
         over, deeper splits add the bottom's blocks on top): a frozen bottom's one release, or
         for an unfrozen one a fresh draw made for the measurement only (every step draws its
         own). None without privatization, and with ``privatize="output"``, where no token is
         privatized (the inversion attacks of :mod:`rapt.attacks.split_inversion` measure that
         release)."""
-        from rapt.privatization import privacy_report
+        from rapt.privacy.mechanism import privacy_report
 
         if self.privatizer is None:
             return None

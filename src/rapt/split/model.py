@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from rapt.models import Backbone, cache_kwargs
-from rapt.tuners import base_model
+from rapt.tuning.tuners import base_model
 
 __all__ = ["Bottom", "Top", "split_backbone"]
 

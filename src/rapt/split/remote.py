@@ -3,7 +3,7 @@
 :func:`predict_split` run unchanged against a session of the service (``/v1/sap/...``).
 
 This is the client half of the wire and the only module of ``rapt.split`` that does I/O, through
-the :class:`rapt.http.HttpSession` it is given (:meth:`rapt.client.RaptClient.sap_provider`
+the :class:`rapt.http.HttpSession` it is given (:meth:`rapt.client.client.RaptClient.sap_provider`
 passes its own). A frozen bottom's release is uploaded once
 (:meth:`RemoteProvider.upload_release`); its training batches then travel as row indices
 (``BatchRef``). A dropped connection is retried for ``retry_s`` seconds with the same step

@@ -44,7 +44,7 @@ def _check_plain_ids(svc: Service, backbone: str, plain_ids: list[int],
         raise ServiceError(422, "invalid_token_id",
                            f"plain_ids[{bad[0]}] = {plain_ids[bad[0]]} is not a "
                            f"token id of backbone '{backbone}' (vocabulary size {vocab})")
-    from rapt.reconstruction import plain_offset
+    from rapt.tuning.reconstruction import plain_offset
 
     # The trainer reads row i's plain tokens at positions off .. off + m: a shorter
     # row would fail only when a job runs.

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from rapt.noise import NoiseSource
-from rapt.privatization import Privatizer, tokenize_texts
+from rapt.privacy.mechanism import Privatizer, tokenize_texts
 
 __all__ = ["PUBLIC_SOURCES", "ChannelCorpus", "ChannelPairs", "check_aligned", "check_disjoint",
            "encode_rows", "eta_band", "privatize_channel",

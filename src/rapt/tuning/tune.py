@@ -1,13 +1,13 @@
 """The one trainer: prompt / prefix / LoRA / full tuning, optional RAPT reconstruction, optional DP.
 
 ``tune(backbone, input_ids, labels, num_labels, config)`` trains on token-id rows that the user
-already privatized (see :mod:`rapt.reconstruction` for the row layout with plain tokens) and
+already privatized (see :mod:`rapt.tuning.reconstruction` for the row layout with plain tokens) and
 returns a :class:`TunedPrompt`: the trained prompt/prefix (or LoRA / full weights) plus the task
 head, without the reconstruction head. Loss per example: CE(task) + ``rec_weight`` · L_rec
 (RAPT eq. 10). Without DP the batch loss is the mean; with ``config.dp`` it is the PromptDPSGD
 loop of :class:`rapt.dp.DPSGD` (Poisson logical batches, physical micro-batches, per-example
 clipping through the broadcast protocol). The loop itself, the two gradient steps, the summed
-objectives and the checked resume state live in :mod:`rapt.training`; this module builds them.
+objectives and the checked resume state live in :mod:`rapt.training.loop`; this module builds them.
 """
 
 from __future__ import annotations
@@ -27,31 +27,14 @@ from rapt.config import (  # noqa: F401  (TuneConfig re-exported; defaults live 
     HEADS,
     TuneConfig,
 )
-from rapt.heads import (
-    ClassificationHead,
-    LabelDescriptionHead,
-    Verbalizer,
-    encode_descriptions,
-    label_token_ids,
-)
 from rapt.models import Backbone
 from rapt.noise import NoiseSource
 from rapt.precision import autocast, device_of, resolve_precision
-from rapt.reconstruction import (
-    ReconstructionHead,
-    _as_sequences,
-    build_rows,
-    plain_offset,
-    privatize_rows,
-    public_rec_vocabulary,
-    rec_vocabulary,
-)
-from rapt.training import (
+from rapt.training.loop import (
     DPStep,
     GradientStep,
     MeanStep,
     ModelOutput,
-    Reconstruction,
     SummedLoss,
     TaskCE,
     TrainableTensors,
@@ -60,7 +43,24 @@ from rapt.training import (
     upgrade_checkpoint,
     warmup_linear,
 )
-from rapt.tuners import Tuner, build_tuner
+from rapt.tuning.heads import (
+    ClassificationHead,
+    LabelDescriptionHead,
+    Verbalizer,
+    encode_descriptions,
+    label_token_ids,
+)
+from rapt.tuning.reconstruction import (
+    Reconstruction,
+    ReconstructionHead,
+    _as_sequences,
+    build_rows,
+    plain_offset,
+    privatize_rows,
+    public_rec_vocabulary,
+    rec_vocabulary,
+)
+from rapt.tuning.tuners import Tuner, build_tuner
 
 
 def resolve_head(kind: str, config: TuneConfig) -> str:
@@ -332,7 +332,7 @@ def tune(
     ``progress`` gets ``{"step", "total_steps", "epoch", "loss", "task_loss", "rec_loss",
     "rec_acc", "lr", "epsilon"?}`` after every optimizer step; ``should_stop()`` is polled every
     step (a stopped run returns what it has, ``meta["stopped"] = True``); ``checkpoint(state)``
-    gets a resumable state (:meth:`rapt.training.TrainState.state_dict`, plain tensors and
+    gets a resumable state (:meth:`rapt.training.loop.TrainState.state_dict`, plain tensors and
     numbers) every ``config.checkpoint_every`` steps (or each epoch end), which ``resume=state``
     continues exactly; a state of another method, N or DP setting is refused (ValueError), and
     the flat states of rapt before it still resume.
@@ -362,7 +362,7 @@ def tune(
 
 def _tune(backbone, input_ids, labels, num_labels, config: TuneConfig, seqs, plain_index, m,
           off, dev, progress, should_stop, checkpoint, resume) -> TunedPrompt:
-    """build -> :func:`rapt.training.run_loop` -> :func:`_result`."""
+    """build -> :func:`rapt.training.loop.run_loop` -> :func:`_result`."""
     saved = upgrade_checkpoint(resume) if resume is not None else None
     rec_vocab = _rec_vocab(backbone, input_ids, config, seqs, saved)
     model = RaptModel(backbone, config, num_labels, rec_vocab, m, off).to(dev)

@@ -5,10 +5,10 @@ rapt knows at its η, is below ``min_p`` (default :data:`DEFAULT_MIN_P` = 0.5: t
 recovers more than half of the text tokens). The recoveries that count:
 
 * the shipped attack table's strongest attacker at (backbone, η), measured on public text
-  (:func:`rapt.attack_table.strongest_at`): fixed for a configured level, so a level is judged
-  the same way by every command;
+  (:func:`rapt.privacy.attack_table.strongest_at`): fixed for a configured level, so a level is
+  judged the same way by every command;
 * the nearest-neighbour inversion measured on this release (``inversion_success`` of
-  :func:`rapt.privatization.privacy_report`), which catches data that privatize worse than the
+  :func:`rapt.privacy.mechanism.privacy_report`), which catches data that privatize worse than the
   public text;
 * the channel model's recovery when the rows were read back by one (denoise-then-tune).
 
@@ -78,7 +78,7 @@ def judge(report: dict | None, *, backbone: str, eta: float | None = None,
     # who -> (recovery, tokens it was measured on; None: the table's, taken as it is)
     recoveries: dict[str, tuple[float, int | None]] = {}
     if eta is not None:
-        from rapt.attack_table import strongest_at
+        from rapt.privacy.attack_table import strongest_at
 
         ans = strongest_at(backbone, float(eta))
         if ans.recovery is not None:

@@ -7,14 +7,15 @@ privatized by the provider with the same mechanism, and learns to match the teac
 hidden states at the text positions, plus (``pooled_weight``) the mean-pooled sentence vector.
 dχ privatization is token for token, so the positions of the two rows align.
 
-The training pairs are public text (:func:`rapt.channel.public_corpus_for`), so training costs no
-privacy; the adapted backbone (:meth:`ChannelAdapter.adapted_backbone`: the LoRA merged into a
-plain copy) only ever reads the rows the customer released, so whatever is tuned or predicted on
-it is post-processing of the dχ output. The customer's task prompt is then tuned on top of it,
+The training pairs are public text (:func:`rapt.channel.corpus.public_corpus_for`), so training
+costs no privacy; the adapted backbone (:meth:`ChannelAdapter.adapted_backbone`: the LoRA merged
+into a plain copy) only ever reads the rows the customer released, so whatever is tuned or predicted
+on it is post-processing of the dχ output. The customer's task prompt is then tuned on top of it,
 the privatizer staying the public backbone's (the mechanism is the customer's).
 
-Training goes through :func:`rapt.training.run_loop` with a :class:`rapt.training.MeanStep`
-over a :class:`rapt.training.HiddenDistillation`; nothing here reads or writes files except
+Training goes through :func:`rapt.training.loop.run_loop` with a
+:class:`rapt.training.loop.MeanStep` over a :class:`HiddenDistillation`;
+nothing here reads or writes files except
 :meth:`ChannelAdapter.save` / :meth:`ChannelAdapter.load`.
 """
 
@@ -29,21 +30,20 @@ import torch
 from torch import Tensor, nn
 
 from rapt.artifacts import ArtifactError, Kind, load_artifact, save_artifact
-from rapt.channel import check_aligned, encode_rows
-from rapt.training import (
-    HiddenDistillation,
+from rapt.channel.corpus import check_aligned, encode_rows
+from rapt.training.loop import (
     MeanStep,
     ModelOutput,
     SummedLoss,
     TrainableTensors,
     run_adamw,
 )
-from rapt.tuners import base_model, copy_without_hooks
+from rapt.tuning.tuners import base_model, copy_without_hooks
 
 if TYPE_CHECKING:
     from rapt.models import Backbone
 
-__all__ = ["ChannelAdapter", "ChannelAdapterConfig", "distillation_loss",
+__all__ = ["ChannelAdapter", "ChannelAdapterConfig", "HiddenDistillation", "distillation_loss",
            "train_channel_adapter"]
 
 FORMAT = "rapt-channel-adapter"
@@ -136,6 +136,45 @@ def _pairs(backbone: Backbone, clean_rows: Rows, private_rows: Rows, max_length:
     private, _, _ = encode_rows(backbone.tokenizer, private_rows, max_length)
     special = torch.tensor(backbone.special_ids, dtype=torch.long)
     return _Pairs(clean, private, mask, mask.bool() & ~torch.isin(clean, special))
+
+
+@dataclass
+class HiddenDistillation:
+    """Mean squared error between the student's hidden states ``out.hidden`` (B, L, h) and a
+    frozen teacher's (the channel adapter: the student reads
+    privatized rows, the teacher the aligned clean ones).
+
+    ``teacher(idx)`` -> (B, L, h) teacher states, computed without gradient; ``positions``
+    (N, L): the token positions matched; ``pooled`` (N, L): the positions mean-pooled for the
+    sentence-vector term, weighted ``pooled_weight`` (0: off). Per example: the mean over its
+    matched positions of the per-dimension MSE, plus the weighted MSE of the pooled vectors.
+    Stats per example: ``hidden_mse``, ``pooled_mse``, ``pooled_cos``."""
+
+    teacher: Callable[[Tensor], Tensor]
+    positions: Tensor
+    pooled: Tensor
+    pooled_weight: float = 0.0
+    weight: float = 1.0
+
+    def __call__(self, out: ModelOutput, idx: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        s = out.hidden.float()
+        L = s.shape[1]  # batches are padded to their own longest row
+        with torch.no_grad():
+            t = self.teacher(idx).float()
+        if t.shape != s.shape:
+            raise ValueError(f"teacher states {tuple(t.shape)} do not match the student's "
+                             f"{tuple(s.shape)}")
+        pos = self.positions[idx][:, :L].to(s.device).float()
+        tok = ((s - t) ** 2).mean(-1)  # (B, L)
+        hidden = (tok * pos).sum(1) / pos.sum(1).clamp(min=1)
+        pm = self.pooled[idx][:, :L].to(s.device).float().unsqueeze(-1)
+        ps = (s * pm).sum(1) / pm.sum(1).clamp(min=1)
+        pt = (t * pm).sum(1) / pm.sum(1).clamp(min=1)
+        pooled = ((ps - pt) ** 2).mean(-1)
+        loss = hidden + self.pooled_weight * pooled if self.pooled_weight else hidden
+        cos = nn.functional.cosine_similarity(ps, pt, dim=-1)
+        return loss, {"hidden_mse": hidden.detach(), "pooled_mse": pooled.detach(),
+                      "pooled_cos": cos.detach()}
 
 
 def _distillation(student: nn.Module, teacher: nn.Module, data: _Pairs,
@@ -247,7 +286,7 @@ def train_channel_adapter(backbone: Backbone, clean_rows: Rows, private_rows: Ro
     frozen teacher, read under no_grad and never modified.
 
     ``meta``: provenance (corpus, η, ...); the backbone, row and token counts and the last
-    training record are added. ``progress`` gets :func:`rapt.training.run_loop`'s records
+    training record are added. ``progress`` gets :func:`rapt.training.loop.run_loop`'s records
     (loss, hidden_mse, pooled_mse, pooled_cos, ...)."""
     config = config or ChannelAdapterConfig()
     data = _pairs(backbone, clean_rows, private_rows, config.max_length)

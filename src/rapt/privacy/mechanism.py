@@ -29,8 +29,8 @@ import torch
 from torch import Tensor
 
 from rapt.config import ETA_MAX, ETA_MIN, eta_problem
-from rapt.nn_search import MODES, NNIndex, SearchMode, build_index
 from rapt.noise import NoiseSource
+from rapt.privacy.nn_search import MODES, NNIndex, SearchMode, build_index
 
 __all__ = [
     "NOISE_BLOCK",
@@ -120,8 +120,9 @@ class Privatizer:
     ``embeddings``: (V, d) input-embedding matrix; ``eta``: privacy parameter (smaller = more
     noise); ``special_ids``: tokens that pass through unchanged; ``candidate_ids``: vocabulary
     rows allowed as outputs (default all; see :func:`candidate_ids_from_tokenizer`); ``mode``:
-    "exact" (float32 full scan), "fast" (certified exact, see :class:`rapt.nn_search.FastIndex`)
-    or "annoy" (approximate reference); ``chunk_size``: tokens noised and searched per step
+    "exact" (float32 full scan), "fast" (certified exact, see
+    :class:`rapt.privacy.nn_search.FastIndex`) or "annoy" (approximate reference); ``chunk_size``:
+    tokens noised and searched per step
     (bounds memory together with the index's own batching); ``seed``: makes the noise
     repeatable (tests, benchmarks) and marks the run ``seeded``; None (default) draws from the
     OS CSPRNG, as any real use must.
@@ -604,10 +605,10 @@ def privacy_report(original_ids: Tensor | Sequence[Sequence[int]],
                    target_p: float | None = None) -> dict:
     """The privacy of one release, measured where the text is (never sent): η, the replacement
     probability P (share of non-special tokens that changed) and the success rate of the
-    nearest-neighbour inversion attack (``rapt.attacks.inversion``) by an attacker who holds the
+    nearest-neighbour inversion attack (``rapt.privacy.inversion``) by an attacker who holds the
     same embeddings and candidate vocabulary. ``target_p``: the P that η was calibrated for
     on the public sample, recorded alongside."""
-    from rapt.attacks.inversion import inversion_attack
+    from rapt.privacy.inversion import inversion_attack
 
     orig, priv = _flatten_ids(original_ids), _flatten_ids(private_ids)
     special = privatizer.special_ids.cpu().tolist()

@@ -4,7 +4,7 @@ Everything that leaves the machine is privatized token ids (dχ-privacy text-to-
 §3.1), integer labels, the public plain tokens used for reconstruction, and the declared
 mechanism metadata (η, embedding, search mode). Raw text and original token ids never do.
 Without a configured η the client privatizes at the default level (P ≈
-:data:`rapt.privacy_rule.DEFAULT_TARGET_P`); it sends clear text only with ``no_privacy=True``.
+:data:`rapt.privacy.rule.DEFAULT_TARGET_P`); it sends clear text only with ``no_privacy=True``.
 
     c = RaptClient("http://127.0.0.1:8000", key, backbone="minilm")
     ds = c.upload("reviews.csv")           # η calibrated for P ≈ 0.6 on rapt's public text
@@ -30,9 +30,10 @@ from rapt.config import DEFAULT_PLAIN_TOKENS, DEFAULT_PRIVATIZER_MODE, eta_probl
 from rapt.http import HttpSession, ServiceError, warn_plain_http
 
 # DEFAULT_MIN_P: the one weak-privacy threshold (re-exported)
-from rapt.privacy_rule import DEFAULT_MIN_P, DEFAULT_TARGET_P
+from rapt.privacy.rule import DEFAULT_MIN_P, DEFAULT_TARGET_P
 
-if TYPE_CHECKING:  # imported where used: rapt.pipeline brings torch, `import rapt.client` not
+# imported where used: rapt.pipeline brings torch, `import rapt.client.client` not
+if TYPE_CHECKING:
     from rapt.pipeline import Customization
 
 # ServiceError: rapt.http's, kept importable here
@@ -53,7 +54,7 @@ class PrivacyWarning(UserWarning):
 
 
 class WeakPrivacyWarning(PrivacyWarning):
-    """The weak-privacy rule (:mod:`rapt.privacy_rule`) flagged what was just measured; the CLI
+    """The weak-privacy rule (:mod:`rapt.privacy.rule`) flagged what was just measured; the CLI
     prints it after the privacy lines, as every command does."""
 
 
@@ -167,7 +168,7 @@ class RaptClient:
 
     def _check_privacy(self) -> None:
         """Without an η, calibrate one: for ``target_p``, or for the default level
-        (:data:`rapt.privacy_rule.DEFAULT_TARGET_P`); clear text only with ``no_privacy``."""
+        (:data:`rapt.privacy.rule.DEFAULT_TARGET_P`); clear text only with ``no_privacy``."""
         if self.eta is None and not self.no_privacy:
             from rapt.pipeline import Customization
 
@@ -201,9 +202,9 @@ class RaptClient:
                           n_tokens=sum(len(r) for r in text))
         else:
             report.update(replace(self.customization, encoding=layout).measure(rows, private))
-            from rapt.privacy_rule import weak_privacy_warning
+            from rapt.privacy.rule import weak_privacy_warning
 
-            # The rule every command applies (rapt.privacy_rule): table and measured recovery.
+            # The rule every command applies (rapt.privacy.rule): table and measured recovery.
             msg = weak_privacy_warning(report, backbone=self.backbone.name, min_p=self.min_p,
                                        what=_RELEASE_NAMES.get(what, what))
             if msg is not None:
@@ -234,7 +235,7 @@ class RaptClient:
     def plain_ids(self) -> list[int]:
         """The public plain tokens k (RAPT §3.2.2): arbitrary, so they carry nothing private."""
         if isinstance(self._plain_arg, int):
-            from rapt.reconstruction import sample_plain_tokens
+            from rapt.tuning.reconstruction import sample_plain_tokens
 
             return list(sample_plain_tokens(self.backbone.tokenizer, self._plain_arg, seed=0))
         return [int(t) for t in self._plain_arg]
@@ -242,8 +243,9 @@ class RaptClient:
     def _rows(self, texts: Sequence[str], pairs: Sequence[str | None] | None,
               plain: Sequence[int] | None, max_length: int, *,
               queries: bool = False) -> list[list[int]]:
-        """Token id rows ``[leading specials] k x [trailing specials]`` (rapt.reconstruction's
-        layout, sentence pairs included; :class:`rapt.pipeline.Encoding`)."""
+        """Token id rows ``[leading specials] k x [trailing specials]``
+        (rapt.tuning.reconstruction's layout, sentence pairs included;
+        :class:`rapt.pipeline.Encoding`)."""
         from rapt.pipeline import Encoding
 
         layout = Encoding(max_length, list(plain) if plain else None)
@@ -515,7 +517,7 @@ class RaptClient:
             raise PrivacyNotConfiguredError(
                 "refusing to send: SplitConfig.eta is not set, so the bottom's release would "
                 "not be privatized; set eta (the default level is the η of P ≈ "
-                f"{DEFAULT_TARGET_P:g}: rapt.privatization.calibrate_eta_public(backbone, "
+                f"{DEFAULT_TARGET_P:g}: rapt.privacy.mechanism.calibrate_eta_public(backbone, "
                 f"{DEFAULT_TARGET_P:g})) or pass no_privacy=True explicitly")
         bb = self.backbone
         tensors = self.sap_bottom(config.split_layer, cache_dir=cache_dir)

@@ -11,8 +11,9 @@ time: what it outputs is post-processing of the dχ release. The same model is t
 attacker we field (its recovery rate is the honest empirical privacy) and the first utility
 remedy (denoise-then-tune: rows pass through :meth:`Denoiser.denoise` before tuning and predict).
 
-Training goes through :func:`rapt.training.run_loop` with a :class:`rapt.training.MeanStep` over
-a :class:`rapt.training.DenoisingObjective`; nothing here reads or writes files except
+Training goes through :func:`rapt.training.loop.run_loop` with a
+:class:`rapt.training.loop.MeanStep` over a :class:`DenoisingObjective`;
+nothing here reads or writes files except
 :meth:`Denoiser.save` / :meth:`Denoiser.load`.
 """
 
@@ -29,9 +30,8 @@ from torch import Tensor, nn
 
 from rapt.artifacts import ArtifactError, Kind, load_artifact, save_artifact
 from rapt.attacks.recovery import ReconstructionInput, register_attacker
-from rapt.channel import check_aligned, encode_rows, special_wrap
-from rapt.training import (
-    DenoisingObjective,
+from rapt.channel.corpus import check_aligned, encode_rows, special_wrap
+from rapt.training.loop import (
     MeanStep,
     ModelOutput,
     SummedLoss,
@@ -42,8 +42,8 @@ from rapt.training import (
 if TYPE_CHECKING:
     from rapt.models import Backbone
 
-__all__ = ["Denoiser", "DenoiserConfig", "denoiser_attack", "fit_change_margin",
-           "train_denoiser"]
+__all__ = ["Denoiser", "DenoiserConfig", "DenoisingObjective", "denoiser_attack",
+           "fit_change_margin", "train_denoiser"]
 
 FORMAT = "rapt-denoiser"
 VERSION = 1
@@ -264,6 +264,32 @@ def _pairs(model: Denoiser, clean_rows: Rows, private_rows: Rows) -> _Pairs:
     return _Pairs(ids, mask, targets, predicted & (ids != tgt), int(predicted.sum()))
 
 
+@dataclass
+class DenoisingObjective:
+    """Cross-entropy of the original token at each position, given the privatized row (the
+    contextual denoiser); ``out.logits`` is (B, L, V).
+
+    ``targets`` (N, L): original ids, -100 where nothing is predicted (special tokens, pad);
+    ``replaced`` (N, L): positions the mechanism changed. Per example: the mean CE over its
+    predicted positions. Stats are per token (1-D, so a logical batch averages over tokens):
+    ``token_acc`` over every predicted position, ``replaced_acc`` over the replaced ones."""
+
+    targets: Tensor
+    replaced: Tensor
+    weight: float = 1.0
+
+    def __call__(self, out: ModelOutput, idx: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        L = out.logits.shape[1]  # batches are padded to their own longest row
+        tgt = self.targets[idx][:, :L].to(out.logits.device)
+        rep = self.replaced[idx][:, :L].to(out.logits.device)
+        ce = nn.functional.cross_entropy(out.logits.float().transpose(1, 2), tgt,
+                                         ignore_index=-100, reduction="none")  # (B, L)
+        valid = tgt != -100
+        loss = ce.sum(1) / valid.sum(1).clamp(min=1)
+        right = (out.logits.argmax(-1) == tgt).float().detach()
+        return loss, {"token_acc": right[valid], "replaced_acc": right[valid & rep]}
+
+
 def train_denoiser(backbone: Backbone, clean_rows: Rows, private_rows: Rows,
                    config: DenoiserConfig | None = None, *,
                    meta: dict | None = None,
@@ -274,7 +300,7 @@ def train_denoiser(backbone: Backbone, clean_rows: Rows, private_rows: Rows,
 
     ``meta``: provenance recorded with the model (corpus, η or η band, ...); the backbone, the
     row and token counts and the training history's last record are added. ``progress`` gets
-    :func:`rapt.training.run_loop`'s records (loss, token_acc, replaced_acc, ...)."""
+    :func:`rapt.training.loop.run_loop`'s records (loss, token_acc, replaced_acc, ...)."""
     config = config or DenoiserConfig()
     model = Denoiser(backbone, config, meta)
     data = _pairs(model, clean_rows, private_rows)
@@ -346,7 +372,7 @@ def denoiser_attack(inp: ReconstructionInput) -> list[list[int]]:
         if not inp.public_rows:
             raise ValueError("the denoiser attacker needs a trained denoiser "
                              "(option denoiser=FOLDER) or public_rows to train one on")
-        from rapt.privatization import Privatizer
+        from rapt.privacy.mechanism import Privatizer
 
         cfg = DenoiserConfig(**{k: t(inp.options[f"denoiser_{k}"])
                                 for k, t in _OPTION_TYPES.items()

@@ -1,4 +1,5 @@
-"""Privatized token reconstruction (RAPT §3.2.2, eqs. 6-7): plain tokens, rows, head, loss.
+"""Privatized token reconstruction (RAPT §3.2.2, eqs. 6-7): plain tokens, rows, head,
+loss and its objective.
 
 Row layout (the one convention every RAPT caller shares)::
 
@@ -22,11 +23,13 @@ import math
 import re
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
 from rapt.noise import NoiseSource
+from rapt.training.loop import ModelOutput
 
 _UNUSED = re.compile(r"^(\[unused\d+\]|<unused\d+>|<\|.*\|>|<.*>|\[.*\])$")
 
@@ -278,3 +281,23 @@ def reconstruction_loss(logits: Tensor, targets: Tensor, reduction: str = "mean"
     ``mean`` divides by m so the weight does not grow with the number of plain tokens."""
     nll = nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
     return nll.sum(1) if reduction == "sum" else nll.mean(1)
+
+
+@dataclass
+class Reconstruction:
+    """RAPT's L_rec (eq. 7): predict each row's plain tokens from their hidden states.
+
+    ``targets`` (S, m): the plain sequences as indices into the reconstruction vocabulary T;
+    ``sequence`` (N,): which of them example i holds."""
+
+    targets: Tensor
+    sequence: Tensor
+    weight: float = 1.0
+    reduction: str = "mean"
+
+    def __call__(self, out: ModelOutput, idx: Tensor) -> tuple[Tensor, dict[str, Tensor]] | None:
+        if out.rec is None:
+            return None
+        tgt = self.targets[self.sequence[idx]].to(out.rec.device)
+        r = reconstruction_loss(out.rec.float(), tgt, self.reduction)
+        return r, {"rec_loss": r.detach(), "rec_acc": (out.rec.argmax(-1) == tgt).float()}

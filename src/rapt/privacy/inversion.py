@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from rapt.nn_search import NNIndex, SearchMode, build_index
+from rapt.privacy.nn_search import NNIndex, SearchMode, build_index
 
 __all__ = ["InversionResult", "inversion_attack", "invert_ids", "invert_vectors"]
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from rapt.tuners import lora_scaling
+from rapt.tuning.tuners import lora_scaling
 
 
 @dataclass(frozen=True)

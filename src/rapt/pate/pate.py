@@ -4,7 +4,8 @@
    teacher, so one example changes at most one vote).
 2. Each teacher votes on public unlabeled inputs with its contextually calibrated prediction
    (Zhao et al. 2021: p_cal ∝ p / p("N/A")).
-3. Confident-GNMax (``rapt.gnmax``) releases noisy labels, with RDP accounting and a budget stop.
+3. Confident-GNMax (``rapt.pate.gnmax``) releases noisy labels, with RDP accounting and a budget
+   stop.
 4. Student: candidate k-shot prompts built from released (public input, noisy label) pairs; the
    best on a held-out part of the released pairs is the private prompt. Private data is never
    used for selection.
@@ -19,7 +20,7 @@ released-label counts, ε composed over every release from the same teachers, δ
 ``diagnostics_not_private`` (ε = ∞: per-query ε curves, consensus, teacher indices, baselines,
 test accuracies), which reads the private votes and data directly and must not be published.
 
-Everything here works on in-memory examples and a :class:`rapt.llm.LabelScorer`; no I/O.
+Everything here works on in-memory examples and a :class:`rapt.pate.scorer.LabelScorer`; no I/O.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from opacus.accountants.analysis.rdp import get_privacy_spent
 
-from rapt.gnmax import (
+from rapt.pate.gnmax import (
     ConfidentGNMax,
     GNMaxConfig,
     GNMaxResult,
@@ -38,7 +39,7 @@ from rapt.gnmax import (
     rdp_data_independent_threshold,
     vote_counts,
 )
-from rapt.llm import LabelScorer, normalize
+from rapt.pate.scorer import LabelScorer, normalize
 
 
 class PateInputError(ValueError):

@@ -10,9 +10,11 @@ own affair:
   per-example clipping, Gaussian noise, ε in ``extra()``.
 
 The per-example loss is a :class:`SummedLoss`: one forward pass, then a weighted sum of
-objectives (:class:`TaskCE`, :class:`Reconstruction`, :class:`DenoisingObjective`,
-:class:`HiddenDistillation`), each with its own statistics, which the steps average over the
-whole logical batch (under DP too, across micro-batches).
+objectives (:class:`TaskCE` here; each method's own beside it: RAPT's
+:class:`rapt.tuning.reconstruction.Reconstruction`, the channel's
+:class:`rapt.channel.denoiser.DenoisingObjective` and
+:class:`rapt.channel.adapter.HiddenDistillation`), each with its own statistics, which the steps
+average over the whole logical batch (under DP too, across micro-batches).
 """
 
 from __future__ import annotations
@@ -25,8 +27,6 @@ from typing import Any, NamedTuple, Protocol
 
 import torch
 from torch import Tensor, nn
-
-from rapt.reconstruction import reconstruction_loss
 
 #: Format of :meth:`TrainState.state_dict`; version 1 is the trainer's flat dict before it
 #: (``model``, ``optimizer``, ``scheduler``, ``torch_rng``, ``dp``, ``rec_vocab`` at the top).
@@ -74,91 +74,6 @@ class TaskCE:
                                            self.labels[idx].to(out.logits.device),
                                            reduction="none")
         return task, {"task_loss": task.detach()}
-
-
-@dataclass
-class Reconstruction:
-    """RAPT's L_rec (eq. 7): predict each row's plain tokens from their hidden states.
-
-    ``targets`` (S, m): the plain sequences as indices into the reconstruction vocabulary T;
-    ``sequence`` (N,): which of them example i holds."""
-
-    targets: Tensor
-    sequence: Tensor
-    weight: float = 1.0
-    reduction: str = "mean"
-
-    def __call__(self, out: ModelOutput, idx: Tensor) -> tuple[Tensor, dict[str, Tensor]] | None:
-        if out.rec is None:
-            return None
-        tgt = self.targets[self.sequence[idx]].to(out.rec.device)
-        r = reconstruction_loss(out.rec.float(), tgt, self.reduction)
-        return r, {"rec_loss": r.detach(), "rec_acc": (out.rec.argmax(-1) == tgt).float()}
-
-
-@dataclass
-class DenoisingObjective:
-    """Cross-entropy of the original token at each position, given the privatized row (the
-    contextual denoiser of :mod:`rapt.attacks.denoiser`); ``out.logits`` is (B, L, V).
-
-    ``targets`` (N, L): original ids, -100 where nothing is predicted (special tokens, pad);
-    ``replaced`` (N, L): positions the mechanism changed. Per example: the mean CE over its
-    predicted positions. Stats are per token (1-D, so a logical batch averages over tokens):
-    ``token_acc`` over every predicted position, ``replaced_acc`` over the replaced ones."""
-
-    targets: Tensor
-    replaced: Tensor
-    weight: float = 1.0
-
-    def __call__(self, out: ModelOutput, idx: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-        L = out.logits.shape[1]  # batches are padded to their own longest row
-        tgt = self.targets[idx][:, :L].to(out.logits.device)
-        rep = self.replaced[idx][:, :L].to(out.logits.device)
-        ce = nn.functional.cross_entropy(out.logits.float().transpose(1, 2), tgt,
-                                         ignore_index=-100, reduction="none")  # (B, L)
-        valid = tgt != -100
-        loss = ce.sum(1) / valid.sum(1).clamp(min=1)
-        right = (out.logits.argmax(-1) == tgt).float().detach()
-        return loss, {"token_acc": right[valid], "replaced_acc": right[valid & rep]}
-
-
-@dataclass
-class HiddenDistillation:
-    """Mean squared error between the student's hidden states ``out.hidden`` (B, L, h) and a
-    frozen teacher's (the channel adapter of :mod:`rapt.channel_adapter`: the student reads
-    privatized rows, the teacher the aligned clean ones).
-
-    ``teacher(idx)`` -> (B, L, h) teacher states, computed without gradient; ``positions``
-    (N, L): the token positions matched; ``pooled`` (N, L): the positions mean-pooled for the
-    sentence-vector term, weighted ``pooled_weight`` (0: off). Per example: the mean over its
-    matched positions of the per-dimension MSE, plus the weighted MSE of the pooled vectors.
-    Stats per example: ``hidden_mse``, ``pooled_mse``, ``pooled_cos``."""
-
-    teacher: Callable[[Tensor], Tensor]
-    positions: Tensor
-    pooled: Tensor
-    pooled_weight: float = 0.0
-    weight: float = 1.0
-
-    def __call__(self, out: ModelOutput, idx: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-        s = out.hidden.float()
-        L = s.shape[1]  # batches are padded to their own longest row
-        with torch.no_grad():
-            t = self.teacher(idx).float()
-        if t.shape != s.shape:
-            raise ValueError(f"teacher states {tuple(t.shape)} do not match the student's "
-                             f"{tuple(s.shape)}")
-        pos = self.positions[idx][:, :L].to(s.device).float()
-        tok = ((s - t) ** 2).mean(-1)  # (B, L)
-        hidden = (tok * pos).sum(1) / pos.sum(1).clamp(min=1)
-        pm = self.pooled[idx][:, :L].to(s.device).float().unsqueeze(-1)
-        ps = (s * pm).sum(1) / pm.sum(1).clamp(min=1)
-        pt = (t * pm).sum(1) / pm.sum(1).clamp(min=1)
-        pooled = ((ps - pt) ** 2).mean(-1)
-        loss = hidden + self.pooled_weight * pooled if self.pooled_weight else hidden
-        cos = nn.functional.cosine_similarity(ps, pt, dim=-1)
-        return loss, {"hidden_mse": hidden.detach(), "pooled_mse": pooled.detach(),
-                      "pooled_cos": cos.detach()}
 
 
 class SummedLoss:
@@ -495,7 +410,6 @@ def run_adamw(step: GradientStep, model: torch.nn.Module, kind: str, method: str
     return state
 
 
-__all__ = ["STATE_FORMAT", "DPStep", "DenoisingObjective", "GradientStep", "HiddenDistillation",
-           "MeanStep", "ModelOutput", "Objective", "Plan", "Reconstruction", "StepStats",
-           "SummedLoss", "TaskCE", "TrainState", "TrainableTensors", "run_adamw", "run_loop",
-           "upgrade_checkpoint", "warmup_linear"]
+__all__ = ["STATE_FORMAT", "DPStep", "GradientStep", "MeanStep", "ModelOutput", "Objective",
+           "Plan", "StepStats", "SummedLoss", "TaskCE", "TrainState", "TrainableTensors",
+           "run_adamw", "run_loop", "upgrade_checkpoint", "warmup_linear"]

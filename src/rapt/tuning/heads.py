@@ -175,7 +175,7 @@ def encode_descriptions(backbone, descriptions: Sequence[str], pooling: Pooling 
     """(C, h) pooled sentence embeddings of ``descriptions`` from the frozen backbone, no prompt:
     the tokenizer's own special tokens, pooling over the attention mask (as sentence-transformers
     mean pooling does)."""
-    from rapt.tuners import base_model
+    from rapt.tuning.tuners import base_model
 
     if len(descriptions) < 2 or any(not str(d).strip() for d in descriptions):
         raise ValueError("need at least 2 non-empty label descriptions, "

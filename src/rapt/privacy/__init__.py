@@ -1,0 +1,3 @@
+"""How private a release is: the dχ mechanism (``mechanism``), its nearest-neighbour search, SAP's
+contributing tokens (``cti``), the inversion attack the mechanism measures itself with, the shipped
+attack table and the one weak-privacy rule (``rule``)."""
