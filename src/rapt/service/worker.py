@@ -72,20 +72,11 @@ def tune_config(params: dict[str, Any]) -> Any:
 
 def planned_steps(params: dict[str, Any], n_examples: int) -> int:
     """Optimizer steps a job over ``n_examples`` rows will take, as the trainer plans them
-    (DP: Poisson steps for ``epochs`` expected passes at rate q; else batches per epoch times
-    epochs). ValueError, naming the field, for a DP batch larger than the dataset."""
-    config = tune_config(params)
-    if config.dp is None:
-        return math.ceil(n_examples / config.batch_size) * config.epochs
-    from rapt.dp.accounting import steps_for_epochs
+    (:func:`rapt.trainer.planned_steps`; ValueError, naming the field, for a DP batch larger
+    than the dataset)."""
+    from rapt.trainer import planned_steps as steps_of
 
-    if config.dp.sample_rate is None and config.batch_size > n_examples:
-        raise ValueError(
-            f"batch_size={config.batch_size} is larger than the dataset ({n_examples} rows): "
-            f"DP samples each row with q = batch_size / N, which must be at most 1; use "
-            f"batch_size <= {n_examples} or set dp.sample_rate")
-    q = config.dp.resolve_sample_rate(n_examples, config.batch_size)
-    return steps_for_epochs(config.epochs, q)
+    return steps_of(tune_config(params), n_examples)
 
 
 def default_runner(backbone: Any, data: TrainData, params: dict[str, Any], *,
