@@ -10,7 +10,6 @@ inside Ray actors (``rapt.service.jobs``).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import os
@@ -28,6 +27,7 @@ from typing import Any, Protocol
 
 import torch
 
+from rapt.config import tune_config
 from rapt.service.channels import recorded_channel
 from rapt.service.store import QueueFullError, Store, erase_file, new_id, private_tree
 
@@ -53,21 +53,6 @@ class JobRunner(Protocol):
                  checkpoint: Callable[[dict], None], resume: dict | None) -> Any:
         """Train and return an object with ``save(folder)`` (a TunedPrompt)."""
         ...
-
-
-def tune_config(params: dict[str, Any]) -> Any:
-    """A ``rapt.trainer.TuneConfig`` from a job's validated parameters (raises ValueError)."""
-    from rapt.trainer import TuneConfig
-
-    fields = {f.name for f in dataclasses.fields(TuneConfig)}
-    kwargs = {k: v for k, v in params.items() if k in fields and k != "dp"}
-    if params.get("dp"):
-        from rapt.dp import DPConfig
-
-        dp_fields = {f.name for f in dataclasses.fields(DPConfig)}
-        kwargs["dp"] = DPConfig(**{k: v for k, v in params["dp"].items()
-                                   if k in dp_fields and v is not None})
-    return TuneConfig(**kwargs)
 
 
 def planned_steps(params: dict[str, Any], n_examples: int) -> int:
@@ -113,7 +98,7 @@ default_runner.checkpoints_when_stopped = True  # type: ignore[attr-defined]
 
 
 __all__ = ["JobRunner", "JobWorker", "QueueFullError", "TrainData", "default_runner",
-           "planned_steps", "tune_config"]
+           "planned_steps"]
 
 
 def _epochs_done(info: dict, epochs: Any) -> float | None:
