@@ -1,5 +1,6 @@
-"""The channel adapter (issue 27, remedy (b)): LoRA that makes a backbone read privatized text
-as it reads clean text, learned from public text by distillation.
+"""The channel adapter: LoRA that makes a backbone read privatized text as it reads clean text,
+learned from public text by distillation (the other channel remedy, the denoiser, rewrites the
+rows instead).
 
 A frozen teacher (the public backbone) reads clean public rows; a student (a private copy of
 the backbone with peft LoRA on its attention and feed-forward projections) reads the same rows
@@ -188,7 +189,7 @@ class ChannelAdapter:
         return model
 
     def adapted_backbone(self, backbone: Backbone) -> Backbone:
-        """Remedy (b): a :class:`rapt.models.Backbone` named ``"<name>+channel-adapter"`` whose
+        """A :class:`rapt.models.Backbone` named ``"<name>+channel-adapter"`` whose
         model is a private copy of ``backbone``'s with this LoRA merged in, so tuners see a plain
         model. ``backbone`` is not modified. The privatizer must keep using ``backbone``'s own
         embeddings (the same, as the adapter leaves the embedding layer alone). Built once per

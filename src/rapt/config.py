@@ -23,7 +23,7 @@ PRECISION_HELP = ("backbone forward passes: fp32 | bf16 (bfloat16 autocast; head
                   "has AVX512-BF16 or AMX; else fp32, GPUs included)")
 
 # The method a run gets when none is given, chosen from a measured table
-# (benchmarks/results/defaults.md, issue 32): on 2,000 rows of SST-2, FP and TREC, clean and at
+# (benchmarks/results/defaults.md): on 2,000 rows of SST-2, FP and TREC, clean and at
 # P 0.4, LoRA was the most accurate in 5 of 6 settings (TREC clean: 1.3 ± 1.9 points below
 # prefix) and took 46-104 s; prompt tuning (150 virtual tokens) took 314-392 s and was not
 # more accurate; prefix was 3-5 points lower on SST-2 and FP. On CB (250 pair rows) prefix

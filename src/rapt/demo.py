@@ -1,5 +1,5 @@
 """The main job behind ``rapt demo``: RAPT end to end on a small SST-2 subset, in the regime
-``benchmarks/bench_rapt.py`` measures (issue 9), on a few paired seeds.
+``benchmarks/bench_rapt.py`` measures, on a few paired seeds.
 
 1. The user side tokenizes sentences, inserts the plain tokens k and privatizes every token
    with the dχ-privacy mechanism at η (calibrated to a target replacement probability P on
@@ -15,7 +15,7 @@
 4. The embedding inversion attack scores what the provider could recover from the tokens.
 5. Per setting: mean accuracy ± 95 % CI over the seeds, and one verdict line from the paired
    difference +reconstruction − +privatization (rapt.stats, the benchmark's rule).
-6. With a channel model from ``rapt adapt`` (``channel``; issue 27), a fifth setting,
+6. With a channel model from ``rapt adapt`` (``channel``), a fifth setting,
    +denoise-then-tune: the +privatization rows and queries read back by it (through
    :class:`rapt.pipeline.Customization`) before tuning and predict, and a second verdict line:
    the share of the privatization gap (no privacy − +privatization) it wins back, paired.
@@ -52,7 +52,7 @@ NO_CHANNEL_LINE = ("no channel model given: `rapt adapt` builds one for this bac
 class DemoConfig:
     """Defaults: the benchmark's regime (prefix tuning, frozen label-description head, m = 40,
     eq. 7's summed L_rec, text cut where 95 % of training rows stay whole) sized to finish in
-    under 3 minutes on 2 quiet CPU cores in bf16 (issue 31: 2.6 min over 3 runs on
+    under 3 minutes on 2 quiet CPU cores in bf16 (measured: 2.6 min over 3 runs on
     AVX512-BF16, benchmarks/results/wallclock.json "demo-train600"): 3 paired seeds of 150
     optimizer steps (600 rows, 2 epochs). At 120 steps the prefix barely trains. The verdict
     at P 0.6 is 'no significant difference' or 'hurt' from one run to the next, always

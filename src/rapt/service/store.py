@@ -95,11 +95,11 @@ prompts = sa.Table(
     Column("method", Text, nullable=False), Column("reconstruction", Integer, nullable=False),
     Column("plain_ids", Text), Column("path", Text, nullable=False),
     Column("created", Double, nullable=False), Column("privacy", Text),
-    # The provider's channel model the prompt was tuned through (migration 5, issue 27):
+    # The provider's channel model the prompt was tuned through (migration 5):
     # fingerprint and provenance as JSON; NULL: none.
     Column("channel", Text))
 
-# SAP split sessions (issue 11). The session's top state and the frozen release live as files
+# SAP split sessions. The session's top state and the frozen release live as files
 # under <files>/sap/<id>/; last_step mirrors the state file.
 sap_sessions = sa.Table(
     "sap_sessions", metadata,
@@ -982,7 +982,7 @@ class Store:
             conn.execute(prompts.delete().where(prompts.c.id == pid))
         return path
 
-    # --- SAP split sessions (issue 11) ---
+    # --- SAP split sessions ---
     def create_sap_session(self, owner: str, backbone: str, config: dict, n_examples: int,
                            total_steps: int, *, max_count: int | None = None) -> str:
         """Insert a split session (its files go under ``sap_dir``); raises QuotaError when the
