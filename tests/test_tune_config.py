@@ -46,3 +46,27 @@ def test_a_head_without_its_inputs_or_with_too_few_descriptions_is_refused():
                     dataset="my.csv")
     with pytest.raises(ValueError, match=r"label_descriptions: 1 given for 2 labels"):
         tune_config({"label_descriptions": ["only one"]}, kind="encoder", label_names=NAMES)
+
+
+@pytest.mark.parametrize("n,batch,epochs", [(10, 4, 3), (8, 4, 2), (1, 32, 1)])
+def test_every_caller_counts_the_steps_of_a_run_the_same_way(n, batch, epochs):
+    from rapt.service.worker import planned_steps as job_steps
+    from rapt.split import SplitConfig, total_steps
+    from rapt.trainer import planned_steps
+    from rapt.training import MeanStep, Plan
+
+    want = -(-n // batch) * epochs  # batches per epoch, the last one short
+    assert Plan.of_batches(n, batch, epochs).total_steps == want
+    assert MeanStep(None, n, batch, epochs, 0).plan.total_steps == want
+    assert total_steps(n, SplitConfig(batch_size=batch, epochs=epochs)) == want
+    assert planned_steps(tune_config({"batch_size": batch, "epochs": epochs}), n) == want
+    assert job_steps({"batch_size": batch, "epochs": epochs}, n) == want
+
+
+def test_a_dp_batch_larger_than_the_data_is_refused_with_the_fix():
+    from rapt.trainer import planned_steps
+
+    with pytest.raises(ValueError, match="batch_size=8 is larger than the dataset.*dp.sample_rate"):
+        planned_steps(tune_config({"batch_size": 8, "dp": {"noise_multiplier": 1.0}}), 4)
+    assert planned_steps(tune_config({"batch_size": 2, "epochs": 1,
+                                      "dp": {"noise_multiplier": 1.0}}), 4) == 2
