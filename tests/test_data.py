@@ -460,15 +460,15 @@ def test_label_names_one_based_ids_are_explicit(tmp_path):
                  label_names=["neg", "pos"], label_base=1)
 
 
-def test_cli_message_speaks_flags():
-    from rapt.data import cli_message
+def test_cli_messages_speak_load_datasets_keywords_as_flags():
+    from rapt.cli._app import flag_words
 
-    assert cli_message("x; choose one with text_column=") == "x; choose one with --text-column"
-    assert cli_message("pass format= one of ['csv']") == "pass --format one of ['csv']"
-    assert cli_message("say which with label_base=0") == "say which with --label-base 0"
-    assert cli_message("pass format='lines' to") == "pass --format lines to"
-    assert (cli_message("'a' given as label_column (columns")
+    assert flag_words("x; choose one with text_column=") == "x; choose one with --text-column"
+    assert flag_words("pass format= one of ['csv']") == "pass --format one of ['csv']"
+    assert flag_words("say which with label_base=0") == "say which with --label-base 0"
+    assert flag_words("pass format='lines' to") == "pass --format lines to"
+    assert (flag_words("'a' given as label_column (columns")
             == "'a' given as --label-column (columns")
     # paths and words that merely contain the names are left alone
     path = "/tmp/test_label_column0/f.csv: format"
-    assert cli_message(path) == path
+    assert flag_words(path) == path

@@ -150,9 +150,9 @@ def test_mixed_passes_group_by_precision(tiny_bert):
 def test_job_and_demo_options():
     from pydantic import ValidationError
 
+    from rapt.config import tune_config
     from rapt.demo import DemoConfig
     from rapt.service.schemas import JobCreate
-    from rapt.service.worker import tune_config
 
     job = JobCreate(dataset_id="d", precision="bf16")
     assert tune_config(job.model_dump()).precision == "bf16"

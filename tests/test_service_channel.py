@@ -15,11 +15,11 @@ from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from rapt.channel.denoiser import Denoiser, DenoiserConfig
+from rapt.config import tune_config
 from rapt.pipeline import Customization, Encoding, channel_fingerprint
 from rapt.service import Limits, ServiceConfig, auth, create_app
 from rapt.service.channels import ChannelError
 from rapt.service.store import Store
-from rapt.service.worker import tune_config
 from rapt.tuning.tune import TunedPrompt
 
 JOB = {"method": "prompt", "num_virtual_tokens": 2, "epochs": 1, "batch_size": 4, "lr": 0.05,

@@ -81,8 +81,8 @@ def _cli_tune_config(monkeypatch, argv) -> TuneConfig:
 def _client_tune_config(monkeypatch, argv) -> TuneConfig:
     """The TuneConfig the service would train with for `rapt client tune ...`: what the
     client sends, through the service's JobCreate and the worker's tune_config."""
+    from rapt.config import tune_config
     from rapt.service.schemas import JobCreate
-    from rapt.service.worker import tune_config
 
     def capture(self, dataset_id, *, method="prompt", reconstruction=None, **hyper):
         raise Captured({"dataset_id": dataset_id, "method": method, **(
@@ -102,8 +102,8 @@ def test_cli_client_and_service_tune_defaults_agree(bert_dir, csv_file, monkeypa
     the same TuneConfig when no option is given, and it is TuneConfig's own default.
     Before: the client asked for 1 epoch at lr 0.001 with 20 virtual tokens (a majority-class
     model), `rapt tune` for 3 epochs at lr 0.02 with 150, the service's L_rec was a mean."""
+    from rapt.config import tune_config
     from rapt.service.schemas import JobCreate
-    from rapt.service.worker import tune_config
 
     local = _cli_tune_config(monkeypatch, [str(csv_file), "--backbone", str(bert_dir),
                                            "--method", method])

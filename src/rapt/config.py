@@ -10,6 +10,7 @@ so the CLI can read the defaults when it builds its options (``rapt --help`` sta
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any, Literal
 
@@ -22,7 +23,7 @@ PRECISION_HELP = ("backbone forward passes: fp32 | bf16 (bfloat16 autocast; head
                   "has AVX512-BF16 or AMX; else fp32, GPUs included)")
 
 # The method a run gets when none is given, chosen from a measured table
-# (benchmarks/results/defaults.md, issue 32): on 2,000 rows of SST-2, FP and TREC, clean and at
+# (benchmarks/results/defaults.md): on 2,000 rows of SST-2, FP and TREC, clean and at
 # P 0.4, LoRA was the most accurate in 5 of 6 settings (TREC clean: 1.3 ± 1.9 points below
 # prefix) and took 46-104 s; prompt tuning (150 virtual tokens) took 314-392 s and was not
 # more accurate; prefix was 3-5 points lower on SST-2 and FP. On CB (250 pair rows) prefix
@@ -203,6 +204,51 @@ def known_fields(cls: type, d: dict) -> dict:
     if unknown:
         raise ValueError(f"{cls.__name__}: unknown field(s) {', '.join(sorted(unknown))}")
     return dict(d)
+
+
+def tune_config(options: Mapping[str, Any], *, kind: str | None = None,
+                label_names: Sequence[str] | None = None,
+                dataset: str | None = None) -> TuneConfig:
+    """The :class:`TuneConfig` of ``options`` (a command's, the demo's or a job's: keys that are
+    no field are ignored; ``dp`` a ``DPConfig`` or a mapping of its fields, None values left
+    out). Raises ValueError.
+
+    With ``label_names`` (the data's, in id order) the head gets what it reads on a backbone of
+    ``kind``: the label descriptions given, else the built-in ones of ``dataset`` on an
+    encoder; the label words given, else the label names on a causal LM."""
+    kwargs = {f.name: options[f.name] for f in fields(TuneConfig)
+              if f.name in options and f.name != "dp"}
+    dp = options.get("dp")
+    if isinstance(dp, Mapping):
+        from rapt.dp.config import DPConfig
+
+        dp = DPConfig(**{f.name: dp[f.name] for f in fields(DPConfig)
+                         if dp.get(f.name) is not None}) if dp else None
+    if dp is not None:
+        kwargs["dp"] = dp
+    if label_names is not None:
+        kwargs.update(_head_inputs(kwargs, kind, list(label_names), dataset))
+    return TuneConfig(**kwargs)
+
+
+def _head_inputs(kwargs: dict[str, Any], kind: str | None, names: list[str],
+                 dataset: str | None) -> dict[str, Any]:
+    """``label_descriptions`` and ``label_words`` for :func:`tune_config`, checked against the
+    labels and the head."""
+    from rapt.data import label_descriptions_for
+
+    head = kwargs.get("head", "auto")
+    descs = kwargs.get("label_descriptions") or (
+        label_descriptions_for(dataset) if kind == "encoder" and dataset else None)
+    if head == "label-description" and not descs:
+        raise ValueError(f"head='label-description': {dataset} has no built-in label "
+                         "descriptions; give label_descriptions '"
+                         + "|".join(f"{n}=..." for n in names) + "'")
+    if descs and head in ("auto", "label-description") and len(descs) != len(names):
+        raise ValueError(f"label_descriptions: {len(descs)} given for {len(names)} labels "
+                         f"({', '.join(names)})")
+    words = kwargs.get("label_words") or (names if kind == "causal" else None)
+    return {"label_descriptions": descs, "label_words": words}
 
 
 def tune_default(name: str, method: str = DEFAULT_METHOD) -> Any:

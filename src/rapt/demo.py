@@ -1,5 +1,5 @@
 """The main job behind ``rapt demo``: RAPT end to end on a small SST-2 subset, in the regime
-``benchmarks/bench_rapt.py`` measures (issue 9), on a few paired seeds.
+``benchmarks/bench_rapt.py`` measures, on a few paired seeds.
 
 1. The user side tokenizes sentences, inserts the plain tokens k and privatizes every token
    with the dχ-privacy mechanism at η (calibrated to a target replacement probability P on
@@ -15,7 +15,7 @@
 4. The embedding inversion attack scores what the provider could recover from the tokens.
 5. Per setting: mean accuracy ± 95 % CI over the seeds, and one verdict line from the paired
    difference +reconstruction − +privatization (rapt.stats, the benchmark's rule).
-6. With a channel model from ``rapt adapt`` (``channel``; issue 27), a fifth setting,
+6. With a channel model from ``rapt adapt`` (``channel``), a fifth setting,
    +denoise-then-tune: the +privatization rows and queries read back by it (through
    :class:`rapt.pipeline.Customization`) before tuning and predict, and a second verdict line:
    the share of the privatization gap (no privacy − +privatization) it wins back, paired.
@@ -33,7 +33,8 @@ from rapt.config import (
     DEFAULT_PLAIN_TOKENS,
     DEFAULT_PRIVATIZER_MODE,
     PRECISIONS,
-    default_lr,
+    TuneConfig,
+    tune_config,
 )
 from rapt.pipeline import plain_tokens_for  # noqa: F401  (re-exported: benchmarks use it)
 from rapt.privacy.rule import DEFAULT_TARGET_P
@@ -51,7 +52,7 @@ NO_CHANNEL_LINE = ("no channel model given: `rapt adapt` builds one for this bac
 class DemoConfig:
     """Defaults: the benchmark's regime (prefix tuning, frozen label-description head, m = 40,
     eq. 7's summed L_rec, text cut where 95 % of training rows stay whole) sized to finish in
-    under 3 minutes on 2 quiet CPU cores in bf16 (issue 31: 2.6 min over 3 runs on
+    under 3 minutes on 2 quiet CPU cores in bf16 (measured: 2.6 min over 3 runs on
     AVX512-BF16, benchmarks/results/wallclock.json "demo-train600"): 3 paired seeds of 150
     optimizer steps (600 rows, 2 epochs). At 120 steps the prefix barely trains. The verdict
     at P 0.6 is 'no significant difference' or 'hurt' from one run to the next, always
@@ -165,18 +166,23 @@ def _accuracy(pred: list[int], gold: list[int]) -> float:
     return float(sum(int(a == b) for a, b in zip(pred, gold, strict=True))) / max(1, len(gold))
 
 
-def _head_options(config: DemoConfig, bb, label_names: list[str]) -> dict:
-    """TuneConfig keywords for the task head; "auto" is RAPT's default (rapt.tuning.tune): the
-    verbalizer over a causal LM's head, the frozen label-description head on an encoder."""
-    from rapt.data import label_descriptions_for
+def _tune_config(config: DemoConfig, bb, label_names: list[str]) -> TuneConfig:
+    """The settings' common TuneConfig (each run sets its seed, length, reconstruction and
+    freeze). "auto" is RAPT's head: the verbalizer over a causal LM's head, the frozen
+    label-description head on an encoder; the demo refuses to fall back to a linear probe,
+    which L_rec cannot help."""
+    from rapt.tuning.tune import resolve_head
 
-    if bb.kind == "causal":
-        return {"head": config.head, "label_words": list(label_names)}
-    desc = config.label_descriptions or label_descriptions_for(config.dataset)
-    if config.head in ("auto", "label-description") and not desc:
+    cfg = tune_config(dict(method=config.method, num_virtual_tokens=config.num_virtual_tokens,
+                           lr=config.lr, epochs=config.epochs, batch_size=config.batch_size,
+                           rec_weight=config.rec_weight, rec_reduction=config.rec_reduction,
+                           precision=config.precision, head=config.head,
+                           label_descriptions=config.label_descriptions),
+                      kind=bb.kind, label_names=label_names, dataset=config.dataset)
+    if config.head == "auto" and resolve_head(bb.kind, cfg) == "linear":
         raise ValueError(f"{config.dataset}: no built-in label descriptions; give "
                          "label_descriptions (one text per label) or head='linear'")
-    return {"head": config.head, "label_descriptions": desc}
+    return cfg
 
 
 @dataclass
@@ -209,7 +215,7 @@ def run_demo(config: DemoConfig, log: Callable[[str], None] = print,
         den = channel if channel is not None else _load_channel(config, bb, log)
     with stages.time("data"):
         train, test = _demo_data(config, log)
-        head_kw = _head_options(config, bb, list(train.label_names))
+        base = _tune_config(config, bb, list(train.label_names))
         n_text, whole = _text_length(config, bb.tokenizer, train.texts, log)
     with stages.time("calibration"):
         custom = Customization.create(bb, eta=config.eta,
@@ -219,11 +225,6 @@ def run_demo(config: DemoConfig, log: Callable[[str], None] = print,
     if config.eta is None:  # the calibration every command uses
         log(f"η = {custom.eta:.3g} (calibrated for P ≈ {config.target_p} on the public text "
             "sample)")
-    lr = config.lr if config.lr is not None else default_lr(config.method)
-    base = dict(method=config.method, num_virtual_tokens=config.num_virtual_tokens, lr=lr,
-                epochs=config.epochs, batch_size=config.batch_size,
-                rec_weight=config.rec_weight, rec_reduction=config.rec_reduction,
-                precision=config.precision, **head_kw)
     result = DemoResult(config=asdict(config), eta=float(custom.eta), p=0.0,
                         inversion_privacy=0.0, seeded=custom.privatizer.seeded,
                         text_length=n_text, rows_whole=whole, target_p=custom.target_p)
@@ -309,7 +310,7 @@ def _text_length(config: DemoConfig, tok, texts: list[str],
     return n_text, whole
 
 
-def _run_seed(custom, config: DemoConfig, data, n_text: int, base: dict, seed: int,
+def _run_seed(custom, config: DemoConfig, data, n_text: int, base: TuneConfig, seed: int,
               result: DemoResult, tally: _Tally, log: Callable[[str], None],
               progress: Callable[[str, dict], None] | None, channel: Any = None) -> None:
     """One paired seed: privatize the rows with k once, cut k out for the settings without
@@ -318,7 +319,6 @@ def _run_seed(custom, config: DemoConfig, data, n_text: int, base: dict, seed: i
     from rapt.pipeline import Encoding
     from rapt.privacy.attack_table import table_line
     from rapt.privacy.mechanism import replacement_probability
-    from rapt.tuning.tune import TuneConfig
 
     (train, test), m, tok = data, config.plain_len, custom.backbone.tokenizer
     with_k = replace(custom, encoding=Encoding.sampled(tok, n_text + m, m,
@@ -351,8 +351,8 @@ def _run_seed(custom, config: DemoConfig, data, n_text: int, base: dict, seed: i
         runs.append((channel_setting(channel), priv, False, False))
     for name, (rows, test_rows), rec, freeze in runs:
         t = time.perf_counter()
-        cfg = TuneConfig(**base, seed=seed, max_length=n_text + (m if rec else 0),
-                         reconstruction=rec, freeze_prompt=freeze)
+        cfg = replace(base, seed=seed, max_length=n_text + (m if rec else 0),
+                      reconstruction=rec, freeze_prompt=freeze)
         run = replace(with_k if rec else custom, config=cfg,
                       channel=channel if name in (CHANNEL_SETTING, ADAPTER_SETTING) else None)
         cb = (lambda r, name=f"{name}, seed {seed}": progress(name, r)) \

@@ -1,5 +1,4 @@
-"""One prediction format for `rapt predict`, `rapt sap predict` and `rapt client predict`
-(issue 32 item 2).
+"""One prediction format for `rapt predict`, `rapt sap predict` and `rapt client predict`.
 
 A row: its id (0-based position in the input, or the caller's), the text (and pair text), the
 predicted label by *name*, the gold label's name when the input has one, and the class

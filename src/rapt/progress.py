@@ -1,4 +1,4 @@
-"""The one progress bar of every command (issue 32 item 6).
+"""The one progress bar of every command.
 
 On a terminal it is tqdm's. Written to a file or a pipe, tqdm's carriage-return redraws flood
 the log with one "line" per refresh; there :class:`LineProgress` prints one plain line each

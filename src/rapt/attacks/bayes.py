@@ -1,4 +1,4 @@
-"""Mechanism-aware Bayes attacker, token by token (issue 27).
+"""Mechanism-aware Bayes attacker, token by token.
 
 The attacker knows the mechanism (embeddings, η, candidate vocabulary) and the language's
 unigram statistics (from public text).  For a released token w' it guesses

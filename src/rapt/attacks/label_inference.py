@@ -1,4 +1,4 @@
-"""Label inference from the loss gradients a split-learning customer returns (issue 28 item 4).
+"""Label inference from the loss gradients a split-learning customer returns.
 
 In SAP the customer keeps the labels and its output layer W (classes × width) and returns, per
 training step, ∂l/∂g (B, width) to the provider. For cross-entropy over B rows,

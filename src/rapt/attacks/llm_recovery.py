@@ -1,4 +1,4 @@
-"""LLM reconstruction attacker: a causal LLM rewrites each privatized row, few-shot (issue 27).
+"""LLM reconstruction attacker: a causal LLM rewrites each privatized row, few-shot.
 
 After "The Double-edged Sword of LLM-based Data Reconstruction" (arXiv 2508.18976): the attacker
 decodes a privatized row of the *encoder's* tokenizer to text and asks a causal LLM (default

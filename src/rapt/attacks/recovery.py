@@ -1,6 +1,6 @@
 """Token reconstruction attacks on a text-to-text privatized release, and how they are scored.
 
-The interface every reconstruction attacker implements (issue 27)::
+The interface every reconstruction attacker implements::
 
     Attacker = Callable[[ReconstructionInput], list[list[int]]]
 

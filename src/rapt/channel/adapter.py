@@ -1,5 +1,6 @@
-"""The channel adapter (issue 27, remedy (b)): LoRA that makes a backbone read privatized text
-as it reads clean text, learned from public text by distillation.
+"""The channel adapter: LoRA that makes a backbone read privatized text as it reads clean text,
+learned from public text by distillation (the other channel remedy, the denoiser, rewrites the
+rows instead).
 
 A frozen teacher (the public backbone) reads clean public rows; a student (a private copy of
 the backbone with peft LoRA on its attention and feed-forward projections) reads the same rows
@@ -38,7 +39,7 @@ from rapt.training.loop import (
     TrainableTensors,
     run_adamw,
 )
-from rapt.tuning.tuners import base_model, copy_without_hooks
+from rapt.tuning.tuners import add_lora, base_model, copy_without_hooks
 
 if TYPE_CHECKING:
     from rapt.models import Backbone
@@ -102,21 +103,16 @@ class ChannelAdapterConfig:
 def _lora_copy(backbone: Backbone, config: ChannelAdapterConfig) -> nn.Module:
     """A private copy of ``backbone.model`` with fresh LoRA (B = 0: it starts as the backbone);
     only the LoRA tensors train. -> the peft model."""
-    from peft import LoraConfig, get_peft_model
-
     torch.manual_seed(config.seed)
     inner = copy_without_hooks(backbone.model)
-    for p in inner.parameters():  # a tuner may have unfrozen or frozen the shared backbone
-        p.requires_grad_(False)
     targets = config.target_modules or (
         _ENCODER_TARGETS if backbone.kind == "encoder" else _DECODER_TARGETS)
     n_layers = int(backbone.model.config.num_hidden_layers)
     layers = list(config.layers) if config.layers is not None else list(range(n_layers))
     if not layers or any(not 0 <= i < n_layers for i in layers):
         raise ValueError(f"layers {layers} outside the backbone's 0..{n_layers - 1}")
-    return get_peft_model(inner, LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha,
-                                            lora_dropout=0.0, target_modules=list(targets),
-                                            layers_to_transform=layers))
+    return add_lora(inner, r=config.lora_r, alpha=config.lora_alpha, targets=targets,
+                    layers=layers, wrap=True)
 
 
 @dataclass
@@ -232,7 +228,7 @@ class ChannelAdapter:
         return model
 
     def adapted_backbone(self, backbone: Backbone) -> Backbone:
-        """Remedy (b): a :class:`rapt.models.Backbone` named ``"<name>+channel-adapter"`` whose
+        """A :class:`rapt.models.Backbone` named ``"<name>+channel-adapter"`` whose
         model is a private copy of ``backbone``'s with this LoRA merged in, so tuners see a plain
         model. ``backbone`` is not modified. The privatizer must keep using ``backbone``'s own
         embeddings (the same, as the adapter leaves the embedding layer alone). Built once per

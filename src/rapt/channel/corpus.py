@@ -1,4 +1,4 @@
-"""Channel data: public text privatized by the provider, at any η it chooses (issue 27).
+"""Channel data: public text privatized by the provider, at any η it chooses.
 
 The provider can learn the privatization channel p(original | privatized, context) from text
 that is public and disjoint from the customer's task: privatizing it costs no privacy, and any

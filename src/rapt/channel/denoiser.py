@@ -111,13 +111,13 @@ class Denoiser(nn.Module):
         self.special_ids = backbone.special_ids
         torch.manual_seed(config.seed)
         encoder = copy.deepcopy(backbone.model)
-        for p in encoder.parameters():  # a tuner may have frozen the shared backbone
-            p.requires_grad_(config.trainable == "full")
-        if config.trainable == "lora":
-            from peft import LoraConfig, get_peft_model
+        if config.trainable == "lora":  # on peft's attention targets for the family
+            from rapt.tuning.tuners import add_lora
 
-            encoder = get_peft_model(encoder, LoraConfig(r=config.lora_r,
-                                                         lora_alpha=2 * config.lora_r))
+            encoder = add_lora(encoder, r=config.lora_r, alpha=2 * config.lora_r, wrap=True)
+        else:
+            for p in encoder.parameters():  # a tuner may have frozen the shared backbone
+                p.requires_grad_(True)
         self.encoder = encoder
         emb = encoder.get_input_embeddings().weight  # (V, d), tied: trains with "full" only
         h, d = backbone.hidden_size, emb.shape[1]

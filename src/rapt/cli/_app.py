@@ -51,11 +51,32 @@ TARGET_EP_HELP = ("instead of --eta / --target-p: the largest η at which the st
                   "backbones minilm and smollm2-135m")
 
 
+# rapt.data.load_dataset's keywords, which its messages write as ``name=``: every command that
+# reads a file has these flags, whatever its own parameter is called (``fmt`` is --format).
+_DATA_FLAGS = ("text_column", "text_pair_column", "label_column", "label_names", "label_base",
+               "format", "attribute", "limit")
+
+
+def _data_flags(msg: str) -> str:
+    """``msg`` with load_dataset's keywords written as flags: ``name='value'`` and
+    ``name=value`` → ``--name value``, a bare ``name=`` → ``--name``, and the column keywords
+    also bare (``label_column`` → ``--label-column``) outside paths and file names."""
+    words = "|".join(_DATA_FLAGS)
+    msg = re.sub(rf"(?<![-\w])({words})=(?:'([^'\s]+)'|(\S?))",
+                 lambda m: "--" + m.group(1).replace("_", "-")
+                 + (" " + (m.group(2) or m.group(3)) if m.group(2) or m.group(3) else ""), msg)
+    cols = "|".join(w for w in _DATA_FLAGS if "_" in w)
+    return re.sub(rf"(?<![-\w./\\])({cols})(?![\w=/-]|\.\w)",  # not in a path
+                  lambda m: "--" + m.group(1).replace("_", "-"), msg)
+
+
 def flag_words(msg: str) -> str:
-    """``msg`` with the running command's parameter names written as its flags, so errors
-    raised by the Python API read as the command line: ``TuneConfig.lr`` → ``--lr``,
-    ``no_privacy=True`` → ``--no-privacy``, ``head='verbalizer'`` → ``--head verbalizer``,
-    ``label_words`` → ``--label-words`` (bare names only when they hold an underscore)."""
+    """``msg`` with the parameter names of the Python API written as the command line's flags
+    (the one rewriter of the CLI's messages): load_dataset's keywords always, then the running
+    command's parameters: ``TuneConfig.lr`` → ``--lr``, ``no_privacy=True`` →
+    ``--no-privacy``, ``head='verbalizer'`` → ``--head verbalizer``, ``label_words`` →
+    ``--label-words`` (bare names only when they hold an underscore)."""
+    msg = _data_flags(msg)
     ctx = _current_context()
     if ctx is None:
         return msg
@@ -113,14 +134,14 @@ def load_data_or_fail(data: str, split: str = "train", *, limit: int | None = No
                       text_pair_column: str | None = None):
     """``rapt.data.load_dataset`` with the shared data options, its notes on stderr; a bad
     file is one error line naming file, line and field (exit 2)."""
-    from rapt.data import DataError, cli_message, load_dataset
+    from rapt.data import DataError, load_dataset
 
     try:
         ds = load_dataset(data, split, text_column=text_column, label_column=label_column,
                           attribute=attribute, limit=limit, label_names=label_names,
                           format=fmt, label_base=label_base, text_pair_column=text_pair_column)
     except (DataError, FileNotFoundError) as e:
-        fail(cli_message(str(e)))
+        fail(str(e))
     echo_data_notes(ds)
     return ds
 
@@ -128,13 +149,11 @@ def load_data_or_fail(data: str, split: str = "train", *, limit: int | None = No
 def echo_data_notes(ds) -> None:
     """What the loader guessed about a dataset (format, label base, sentence-pair columns), one
     stderr note each, in the CLI's flag names."""
-    from rapt.data import cli_message
-
     if ds.report.get("format_guessed"):
         typer.echo(f"note: {ds.source}: lines end in '@label', read as text-at-label "
                    "(pass --format lines for unlabelled text)", err=True)
     for note in ds.report.get("notes", []):
-        typer.echo(f"note: {cli_message(note)}", err=True)
+        typer.echo(f"note: {flag_words(note)}", err=True)
 
 
 # Shared by every command that reads a user's file with sentence pairs.

@@ -1,4 +1,4 @@
-"""`rapt adapt`: the provider side of the channel remedies (issue 27).
+"""`rapt adapt`: the provider side of the channel remedies.
 
 Builds the channel model -- a :class:`rapt.channel.adapter.ChannelAdapter` (``--kind adapter``:
 LoRA distilled so that the backbone reads privatized text as clean text, the remedy that wins

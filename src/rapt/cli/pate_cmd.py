@@ -21,12 +21,12 @@ TEST_SPLIT = {"cb": "val"}  # cb's test split has no labels
 
 
 def _load(name: str, split: str):
-    from rapt.data import DataError, cli_message, load_dataset
+    from rapt.data import DataError, load_dataset
 
     try:
         return load_dataset(name, split)
     except (DataError, FileNotFoundError, ValueError) as e:
-        _fail(cli_message(str(e)))
+        _fail(str(e))
 
 
 def truncate_words(text: str, max_words: int) -> str:

@@ -47,13 +47,13 @@ _LINE_FORMATS = ("label-text", "text-at-label", "trec", "lines")
 
 def _load(name: str, split: str, fmt: str | None, text_column: str | None,
           text_pair_column: str | None, limit: int | None = None):
-    from rapt.data import DataError, cli_message, load_dataset
+    from rapt.data import DataError, load_dataset
 
     try:
         ds = load_dataset(name, split, text_column=text_column,
                           text_pair_column=text_pair_column, limit=limit, format=fmt)
     except DataError as e:
-        _fail(cli_message(str(e)))
+        _fail(str(e))
     echo_data_notes(ds)
     return ds
 

@@ -21,6 +21,7 @@ from rapt.cli._app import (
     echo_predictions,
     echo_table_line,
     eta_for_target_ep,
+    fail,
     flag_words,
     privacy_level,
     sub_app,
@@ -65,11 +66,6 @@ FILES_HELP = ("folder for prompt tensors and job checkpoints (env RAPT_FILES; de
               "the SQLite file, ./rapt-service.files with PostgreSQL); shared by every worker")
 
 
-def _fail(msg: str) -> typer.Exit:
-    typer.echo(flag_words(msg), err=True)
-    return typer.Exit(2)
-
-
 def _db(db: Path | None, ctx: typer.Context | None = None) -> Path:
     """The database: ``--db`` given after the subcommand or before it (``rapt serve --db X
     keys add``), else $RAPT_DB, else ./rapt-service.db. Two different ``--db`` are an error."""
@@ -77,7 +73,7 @@ def _db(db: Path | None, ctx: typer.Context | None = None) -> Path:
 
     outer = (ctx.obj or {}).get("db") if ctx is not None and isinstance(ctx.obj, dict) else None
     if db is not None and outer is not None and Path(db).resolve() != Path(outer).resolve():
-        raise _fail(f"--db given twice with different files ({outer} before the subcommand, "
+        fail(f"--db given twice with different files ({outer} before the subcommand, "
                     f"{db} after it); give it once")
     return db or outer or default_db_path()
 
@@ -90,7 +86,7 @@ def _store_target(db: Path | None, ctx: typer.Context | None, store: str | None 
     explicit = store or obj.get("store")
     db_given = db is not None or obj.get("db") is not None
     if explicit and db_given:
-        raise _fail("give either --db (a SQLite file) or --store (a URL), not both")
+        fail("give either --db (a SQLite file) or --store (a URL), not both")
     url = explicit or (None if db_given else os.environ.get("RAPT_STORE") or None)
     files = files or obj.get("files") or (Path(os.environ["RAPT_FILES"])
                                           if os.environ.get("RAPT_FILES") else None)
@@ -104,7 +100,7 @@ def _open_store(db: Path | None, ctx: typer.Context | None, store: str | None = 
     try:
         return Store(target, files=files)
     except ValueError as e:
-        raise _fail(str(e)) from None
+        fail(str(e))
 
 
 def _loopback(host: str) -> bool:
@@ -207,17 +203,17 @@ def _check_serve_options(jobs: str, ssl_keyfile: Path | None, ssl_certfile: Path
     a --channel that is malformed, for a backbone not loaded, not a channel model, or built on
     another backbone; -> {backbone: channel folder}."""
     if jobs not in ("inprocess", "ray"):
-        raise _fail(f"--jobs {jobs}: give inprocess or ray")
+        fail(f"--jobs {jobs}: give inprocess or ray")
     if jobs == "ray":
         try:
             import ray  # noqa: F401
         except ImportError:
-            raise _fail("--jobs ray needs Ray: pip install 'rapt[scale]'") from None
+            fail("--jobs ray needs Ray: pip install 'rapt[scale]'")
     if (ssl_keyfile is None) != (ssl_certfile is None):
-        raise _fail("TLS needs both --ssl-keyfile and --ssl-certfile")
+        fail("TLS needs both --ssl-keyfile and --ssl-certfile")
     for f in (ssl_keyfile, ssl_certfile):
         if f is not None and not f.is_file():
-            raise _fail(f"{f}: no such file (--ssl-keyfile / --ssl-certfile)")
+            fail(f"{f}: no such file (--ssl-keyfile / --ssl-certfile)")
     from rapt.service.channels import ChannelError, check_channel_folder, parse_channel_specs
 
     try:
@@ -229,7 +225,7 @@ def _check_serve_options(jobs: str, ssl_keyfile: Path | None, ssl_certfile: Path
                                    f"--backbone {name}")
             check_channel_folder(folder, name)
     except ChannelError as e:
-        raise _fail(str(e)) from None
+        fail(str(e))
     return channels
 
 
@@ -242,7 +238,7 @@ def _check_store_url(target: str | Path) -> None:
     try:
         store_url(target)
     except ValueError as e:
-        raise _fail(str(e)) from None
+        fail(str(e))
 
 
 def _announce(cfg: ServiceConfig, host: str, port: int, tls: bool) -> None:
@@ -310,7 +306,7 @@ def _on_key(ctx: typer.Context, db: Path | None, store_url: str | None, action: 
     try:
         return getattr(store, action)(key)
     except (LookupError, ValueError) as e:
-        raise _fail(str(e)) from None
+        fail(str(e))
     finally:
         store.close()
 
@@ -376,7 +372,7 @@ def _client(url, key, backbone="minilm", eta=None, no_privacy=False, seed=None,
                               no_privacy=no_privacy, seed=seed, min_p=min_p,
                               plain_tokens=plain_tokens, pad_to_bucket=pad_to_bucket)
     except ClientError as e:
-        raise _fail(str(e)) from e
+        fail(str(e))
 
 
 def no_loading_bars() -> None:
@@ -414,13 +410,13 @@ def _privacy_warnings():
 def _guard(fn):
     """Run fn; errors the user can act on become one line and exit code 2."""
     from rapt.client.client import ClientError, ServiceError
-    from rapt.data import DataError, cli_message
+    from rapt.data import DataError
 
     try:
         with _privacy_warnings():
             return fn()
     except (ClientError, ServiceError, DataError, FileNotFoundError) as e:
-        raise _fail(cli_message(str(e)) if isinstance(e, DataError) else str(e)) from e
+        fail(str(e))
 
 
 def _echo_privacy(c, json_report: bool = False) -> None:

@@ -406,30 +406,13 @@ def _encoding(o: SimpleNamespace, bb, n_rows: int):
 
 def _tune_config_and_rows(o: SimpleNamespace, bb, ds, dp, encoding):
     """(TuneConfig, clean rows) from the options; a bad value is one error line."""
-    from rapt.data import label_descriptions_for
-    from rapt.tuning.tune import TuneConfig
+    from rapt.config import tune_config
 
     try:
-        descs = (_given_descriptions(o.label_descriptions, ds.label_names)
-                 if o.label_descriptions
-                 else label_descriptions_for(o.data) if bb.kind == "encoder" else None)
-        if o.head == "label-description" and not descs:
-            _fail(f"--head label-description: {o.data} has no built-in label descriptions; give "
-                  "--label-descriptions '" + "|".join(f"{n}=..." for n in ds.label_names) + "'")
-        if descs and o.head in ("auto", "label-description") and len(descs) != len(
-                ds.label_names):
-            _fail(f"--label-descriptions: {len(descs)} given for {len(ds.label_names)} labels "
-                  f"({', '.join(ds.label_names)})")
-        words = o.label_words.split(",") if o.label_words else (
-            list(ds.label_names) if bb.kind == "causal" else None)
-        cfg = TuneConfig(method=o.method, num_virtual_tokens=o.num_virtual_tokens,
-                         prefix_projection=o.prefix_projection, lr=o.lr, epochs=o.epochs,
-                         batch_size=o.batch_size, max_length=o.max_length, seed=o.seed,
-                         reconstruction=o.reconstruction, rec_hidden=o.rec_hidden,
-                         rec_vocab_size=o.rec_vocab_size, rec_weight=o.rec_weight, dp=dp,
-                         rec_reduction=o.rec_reduction, head=o.head, label_descriptions=descs,
-                         head_temperature=o.head_temperature, freeze_prompt=o.freeze_prompt,
-                         label_words=words, precision=o.precision)
+        options = {**vars(o), "dp": dp, "label_descriptions": _given_descriptions(
+            o.label_descriptions, ds.label_names) if o.label_descriptions else None,
+                   "label_words": o.label_words.split(",") if o.label_words else None}
+        cfg = tune_config(options, kind=bb.kind, label_names=ds.label_names, dataset=o.data)
         return cfg, encoding.rows(bb.tokenizer, ds.texts, ds.text_pairs)
     except ValueError as e:
         _fail(str(e))

@@ -471,7 +471,7 @@ class RaptClient:
             probs += out["probabilities"]
         return Prediction(labels, probs, names, list(texts), text_pairs, gold)
 
-    # -- SAP split training (issue 11) ----------------------------------------------------------
+    # -- SAP split training ---------------------------------------------------------------------
     def sap_bottom(self, split_layer: int, *, cache_dir: str | Path | None = None
                    ) -> dict[str, Any]:
         """The provider's bottom for ``split_layer`` (tensors by name), downloaded once and

@@ -29,7 +29,7 @@ every record's texts and labels.
 The package, one job per module: :mod:`.dataset` (the dataset model and :class:`DataError`),
 :mod:`.formats` (readers, the format registry, validation), :mod:`.labels` (raw labels to ids),
 :mod:`.sources` (built-ins, Hugging Face, files), :mod:`.load` (:func:`load_dataset`) and
-:mod:`.messages` (load_dataset's keywords as the CLI's flags).
+:mod:`.messages` (how errors name load_dataset's keywords).
 """
 
 from rapt.data.dataset import DataError, Dataset, Example
@@ -43,7 +43,6 @@ from rapt.data.formats import (
     register_format,
 )
 from rapt.data.load import columns_of, load_dataset
-from rapt.data.messages import cli_message
 from rapt.data.sources import BUILTINS, data_dir, label_descriptions_for
 
 __all__ = [
@@ -56,7 +55,6 @@ __all__ = [
     "ReadSpec",
     "Reader",
     "Record",
-    "cli_message",
     "columns_of",
     "data_dir",
     "format_for",

@@ -134,7 +134,7 @@ def log_q_threshold(counts: np.ndarray, threshold: float, sigma1: float) -> floa
 
     Deriving it from log Pr[answered] (as TensorFlow Privacy's pate_2018 core.py does) loses it:
     once max - T >= ~38 σ1, Pr[answered] rounds to 1, its log to 0.0, and log(1 - e^0) has no
-    finite value, so the step was charged 0 RDP, which is not a bound (issue 29 item 10)."""
+    finite value, so the step was charged 0 RDP, which is not a bound."""
     gap = abs(float(np.max(counts)) - float(threshold))
     return float(log_ndtr(-gap / sigma1))
 

@@ -60,7 +60,7 @@ The paper specifies no smoothing; some α > 0 is needed because a token unseen i
 makes eq. 5 infinite. The choice moves the ranking and, through it, the uniform rule's k:
 on the whole Financial PhraseBank train split with MiniLM's vocabulary α = 1 puts ``is``
 second for the neutral class and caps k at 1 (3 tokens, 0.29 % coverage), α = 0.1 gives
-k = 7 (21 tokens, 1.00 %), α = 0.01 gives k = 9 (27 tokens, 0.95 %) (issue 28). Results on
+k = 7 (21 tokens, 1.00 %), α = 0.01 gives k = 9 (27 tokens, 0.95 %). Results on
 CTI should therefore name α, and a conclusion should hold across α.
 
 Measured (``benchmarks/results/sap_findings.md``): on that split the uniform rule beats SAP at

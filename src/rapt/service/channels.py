@@ -1,4 +1,4 @@
-"""The provider's channel models in the service (issue 27: channel adapter, denoise-then-tune).
+"""The provider's channel models in the service (the channel adapter, denoise-then-tune).
 
 One channel model (a :class:`rapt.channel.denoiser.Denoiser` or a
 :class:`rapt.channel.adapter.ChannelAdapter`, saved by ``rapt adapt``) per backbone, loaded at

@@ -65,7 +65,7 @@ class ServiceConfig:
     lease_s: float = 30.0  # a running job whose worker has not renewed its lease this long is
     # taken back and resumed from its checkpoint by another worker
     heartbeat_s: float = 1.0  # lease renewal (and cancel polling) interval
-    # Backbone name -> folder of its channel model from `rapt adapt` (issue 27): jobs on
+    # Backbone name -> folder of its channel model from `rapt adapt`: jobs on
     # privatized rows and their prompts' queries are read back through it.
     channels: dict[str, str] = field(default_factory=dict)
 

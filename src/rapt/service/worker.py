@@ -10,7 +10,6 @@ inside Ray actors (``rapt.service.jobs``).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import os
@@ -28,6 +27,7 @@ from typing import Any, Protocol
 
 import torch
 
+from rapt.config import tune_config
 from rapt.service.channels import recorded_channel
 from rapt.service.store import QueueFullError, Store, erase_file, new_id, private_tree
 
@@ -55,37 +55,13 @@ class JobRunner(Protocol):
         ...
 
 
-def tune_config(params: dict[str, Any]) -> Any:
-    """A ``rapt.tuning.tune.TuneConfig`` from a job's validated parameters (raises ValueError)."""
-    from rapt.tuning.tune import TuneConfig
-
-    fields = {f.name for f in dataclasses.fields(TuneConfig)}
-    kwargs = {k: v for k, v in params.items() if k in fields and k != "dp"}
-    if params.get("dp"):
-        from rapt.dp import DPConfig
-
-        dp_fields = {f.name for f in dataclasses.fields(DPConfig)}
-        kwargs["dp"] = DPConfig(**{k: v for k, v in params["dp"].items()
-                                   if k in dp_fields and v is not None})
-    return TuneConfig(**kwargs)
-
-
 def planned_steps(params: dict[str, Any], n_examples: int) -> int:
     """Optimizer steps a job over ``n_examples`` rows will take, as the trainer plans them
-    (DP: Poisson steps for ``epochs`` expected passes at rate q; else batches per epoch times
-    epochs). ValueError, naming the field, for a DP batch larger than the dataset."""
-    config = tune_config(params)
-    if config.dp is None:
-        return math.ceil(n_examples / config.batch_size) * config.epochs
-    from rapt.dp.accounting import steps_for_epochs
+    (:func:`rapt.tuning.tune.planned_steps`; ValueError, naming the field, for a DP batch larger
+    than the dataset)."""
+    from rapt.tuning.tune import planned_steps as steps_of
 
-    if config.dp.sample_rate is None and config.batch_size > n_examples:
-        raise ValueError(
-            f"batch_size={config.batch_size} is larger than the dataset ({n_examples} rows): "
-            f"DP samples each row with q = batch_size / N, which must be at most 1; use "
-            f"batch_size <= {n_examples} or set dp.sample_rate")
-    q = config.dp.resolve_sample_rate(n_examples, config.batch_size)
-    return steps_for_epochs(config.epochs, q)
+    return steps_of(tune_config(params), n_examples)
 
 
 def default_runner(backbone: Any, data: TrainData, params: dict[str, Any], *,
@@ -122,7 +98,7 @@ default_runner.checkpoints_when_stopped = True  # type: ignore[attr-defined]
 
 
 __all__ = ["JobRunner", "JobWorker", "QueueFullError", "TrainData", "default_runner",
-           "planned_steps", "tune_config"]
+           "planned_steps"]
 
 
 def _epochs_done(info: dict, epochs: Any) -> float | None:

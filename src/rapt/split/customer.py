@@ -15,7 +15,6 @@ randomized-response labels instead, which bounds what the provider learns about 
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Callable, Sequence
 
 import torch
@@ -37,13 +36,14 @@ from rapt.split.protocol import (
     TopOutput,
 )
 from rapt.split.provider import ProviderSession, linear_schedule, tune_top
+from rapt.training.loop import Plan
 
 __all__ = ["SplitCustomer", "encode_texts", "make_customer", "predict_split", "setup_split",
            "total_steps", "train_split"]
 
 
 def total_steps(n_examples: int, config: SplitConfig) -> int:
-    return math.ceil(n_examples / config.batch_size) * config.epochs
+    return Plan.of_batches(n_examples, config.batch_size, config.epochs).total_steps
 
 
 def encode_texts(tokenizer, texts: Sequence[str], max_length: int) -> list[list[int]]:

@@ -42,17 +42,11 @@ def tune_top(top: Top, config: SplitConfig, init_embeddings: Tensor | None = Non
     only (the bottom's blocks are the customer's and stay frozen). "prompt": ``top.prompt``
     (N, h), initialised from random rows of ``init_embeddings`` (seeded by ``config.seed``)."""
     if config.method == "lora":
-        from peft import LoraConfig, inject_adapter_in_model
+        from rapt.tuning.tuners import add_lora, attention_targets
 
-        mtype = top.blocks.config.model_type
-        targets = ["query", "value"] if mtype in {"bert", "roberta"} else ["q_proj", "v_proj"]
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(config.seed)
-            inject_adapter_in_model(LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha,
-                                               lora_dropout=0.0, target_modules=targets),
-                                    top.blocks)
-        for name, p in top.named_parameters():
-            p.requires_grad_("lora_" in name)
+        # On the whole top, so its final norm is frozen too; only the blocks hold targets.
+        add_lora(top, r=config.lora_r, alpha=config.lora_alpha,
+                 targets=attention_targets(top.blocks), seed=config.seed)
     else:
         if init_embeddings is None:
             raise ValueError("prompt tuning the top needs init_embeddings (V, h)")

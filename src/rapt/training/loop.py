@@ -128,6 +128,13 @@ class Plan:
     steps_per_epoch: int
     total_steps: int
 
+    @classmethod
+    def of_batches(cls, n_examples: int, batch_size: int, epochs: int) -> Plan:
+        """Every example once an epoch in batches of ``batch_size`` (the last one may be
+        short): ``ceil(n_examples / batch_size)`` steps an epoch."""
+        per_epoch = math.ceil(n_examples / batch_size)
+        return cls(epochs, per_epoch, per_epoch * epochs)
+
 
 class GradientStep(Protocol):
     """Turns one logical batch into ``p.grad`` of the trainable parameters."""
@@ -166,8 +173,7 @@ class MeanStep:
                  seed: int) -> None:
         self.loss_fn = loss_fn
         self.n_examples, self.batch_size, self.seed = n_examples, batch_size, seed
-        per_epoch = math.ceil(n_examples / batch_size)
-        self.plan = Plan(epochs, per_epoch, per_epoch * epochs)
+        self.plan = Plan.of_batches(n_examples, batch_size, epochs)
 
     def batches(self, epoch: int, skip: int) -> list[Tensor]:
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)

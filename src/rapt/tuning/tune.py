@@ -35,6 +35,7 @@ from rapt.training.loop import (
     GradientStep,
     MeanStep,
     ModelOutput,
+    Plan,
     SummedLoss,
     TaskCE,
     TrainableTensors,
@@ -431,6 +432,23 @@ def _loss_fn(model: RaptModel, backbone, input_ids, labels, config: TuneConfig, 
     return SummedLoss(forward, objectives)
 
 
+def planned_steps(config: TuneConfig, n_examples: int) -> int:
+    """Optimizer steps a run over ``n_examples`` rows takes (DP: Poisson steps for ``epochs``
+    expected passes at rate q; else batches per epoch times epochs). ValueError, naming the
+    field, for a DP batch larger than the dataset."""
+    if config.dp is None:
+        return Plan.of_batches(n_examples, config.batch_size, config.epochs).total_steps
+    from rapt.dp.accounting import steps_for_epochs
+
+    if config.dp.sample_rate is None and config.batch_size > n_examples:
+        raise ValueError(
+            f"batch_size={config.batch_size} is larger than the dataset ({n_examples} rows): "
+            f"DP samples each row with q = batch_size / N, which must be at most 1; use "
+            f"batch_size <= {n_examples} or set dp.sample_rate")
+    q = config.dp.resolve_sample_rate(n_examples, config.batch_size)
+    return steps_for_epochs(config.epochs, q)
+
+
 def _gradient_step(model: RaptModel, config: TuneConfig, loss_fn: SummedLoss,
                    n: int) -> GradientStep:
     """:class:`DPStep` over a :class:`rapt.dp.DPSGD` when ``config.dp`` is set, else
@@ -439,12 +457,10 @@ def _gradient_step(model: RaptModel, config: TuneConfig, loss_fn: SummedLoss,
         return MeanStep(loss_fn, n, config.batch_size, config.epochs, config.seed)
     try:
         from rapt.dp import DPSGD
-        from rapt.dp.accounting import steps_for_epochs
     except ImportError as e:  # pragma: no cover - the DP module ships with rapt
         raise RuntimeError(f"config.dp is set but rapt.dp is unavailable ({e})") from e
-    q = config.dp.resolve_sample_rate(n, config.batch_size)
     model.tuner.track_per_example = True
-    engine = DPSGD(model, config.dp, n, steps_for_epochs(config.epochs, q),
+    engine = DPSGD(model, config.dp, n, planned_steps(config, n),
                    batch_size=config.batch_size, seed=config.dp.noise_seed)
     return DPStep(loss_fn, engine, config.epochs)
 

@@ -14,7 +14,8 @@ around task model classes and its prefix path for BERT relies on the legacy tupl
 in the forward pass and the gradient of that expanded tensor is the per-example gradient.
 Prefix key/values are injected with a pre-filled ``transformers.DynamicCache``, which both
 ``BertModel`` and the Llama family accept; positions of the real tokens stay 0..n-1.
-LoRA uses ``peft.inject_adapter_in_model`` on a private copy of the backbone.
+LoRA uses :func:`add_lora` (``peft.inject_adapter_in_model``) on a private copy of the backbone;
+:func:`add_lora` is also how the split top, the channel adapter and the denoiser get theirs.
 
 Sentence pairs on BERT-style bodies (a token-type embedding with 2+ types) get the segment ids
 their tokenizer gives them, 0 for ``[CLS] a [SEP]`` and 1 for ``b [SEP]``, recomputed from the
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Sequence
 from typing import Literal
 
 import torch
@@ -273,6 +275,41 @@ class _WholeModelTuner(Tuner):
 LORA_ALPHA = 16
 
 
+def attention_targets(model: nn.Module) -> list[str]:
+    """The attention query and value projections' module names in ``model``'s family."""
+    mtype = model.config.model_type
+    return ["query", "value"] if mtype in {"bert", "roberta"} else ["q_proj", "v_proj"]
+
+
+def add_lora(model: nn.Module, *, r: int, alpha: float, targets: Sequence[str] | None = None,
+             dropout: float = 0.0, layers: Sequence[int] | None = None, wrap: bool = False,
+             seed: int | None = None) -> nn.Module:
+    """Fresh peft LoRA (B = 0: the model starts as it was) of rank ``r`` and scaling
+    ``lora_scaling(r, alpha)`` on the ``targets`` modules (None: peft's choice for the model
+    family) of ``layers`` (None: all); afterwards only the LoRA tensors of ``model`` train.
+
+    ``wrap=False`` injects in place and returns ``model`` (parameter names unchanged);
+    ``wrap=True`` returns peft's ``PeftModel`` around it (names under ``base_model.model.``;
+    ``merge_and_unload`` folds the LoRA back into a plain model). ``seed``: draw the LoRA
+    initialisation from this seed, leaving the global random state as it was; None: from the
+    global random state."""
+    from peft import LoraConfig, get_peft_model, inject_adapter_in_model
+
+    config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout,
+                        target_modules=list(targets) if targets is not None else None,
+                        layers_to_transform=list(layers) if layers is not None else None)
+    with torch.random.fork_rng(devices=[], enabled=seed is not None):
+        if seed is not None:
+            torch.manual_seed(seed)
+        if wrap:
+            model = get_peft_model(model, config)
+        else:
+            inject_adapter_in_model(config, model)
+    for name, p in model.named_parameters():
+        p.requires_grad_("lora_" in name)
+    return model
+
+
 def lora_scaling(r: int, alpha: float = LORA_ALPHA, rslora: bool = False) -> float:
     """The factor peft puts on B·A (``peft.tuners.lora.layer.LoraLayer.update_layer``)."""
     return alpha / (math.sqrt(r) if rslora else r)
@@ -286,16 +323,9 @@ class LoraTuner(_WholeModelTuner):
 
     def __init__(self, backbone: Backbone, r: int = 8, alpha: int = LORA_ALPHA,
                  dropout: float = 0.0) -> None:
-        from peft import LoraConfig, inject_adapter_in_model
-
         super().__init__(backbone)
-        mtype = backbone.model.config.model_type
-        targets = ["query", "value"] if mtype in {"bert", "roberta"} else ["q_proj", "v_proj"]
-        _freeze(self.copy)
-        inject_adapter_in_model(LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout,
-                                           target_modules=targets), self.copy)
-        for name, p in self.copy.named_parameters():
-            p.requires_grad_("lora_" in name)
+        add_lora(self.copy, r=r, alpha=alpha, targets=attention_targets(backbone.model),
+                 dropout=dropout)
 
 
 class FullTuner(_WholeModelTuner):

@@ -6,14 +6,14 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends
 
-from rapt.config import DP_METHODS
+from rapt.config import DP_METHODS, tune_config
 from rapt.service.deps import Owner, Svc, job_of, owned, owner
 from rapt.service.errors import ServiceError, errors
 from rapt.service.inference import backbone_positions, positions_used
 from rapt.service.schemas import JobCreate, JobStatus
 from rapt.service.state import Service
 from rapt.service.store import QueueFullError
-from rapt.service.worker import planned_steps, tune_config
+from rapt.service.worker import planned_steps
 
 # On the router, so a route added here cannot forget the key check.
 router = APIRouter(prefix="/v1/jobs", dependencies=[Depends(owner)], responses=errors(401))

@@ -1,4 +1,4 @@
-"""SAP split training (issue 11): the customer's bottom, sessions, and their messages.
+"""SAP split training: the customer's bottom, sessions, and their messages.
 Semantics in ``rapt.service.split_sessions``; the message routes are async so the body is read
 on the event loop and the work runs in the thread pool."""
 
