@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _tiny import WORDS, make_bert, make_llama, make_tokenizer
+from _tiny import WORDS, make_bert, make_llama, make_tokenizer, save_backbone
 
 # Tests share 2 cores with whatever else runs; more threads only add contention.
 torch.set_num_threads(max(1, min(2, int(os.environ.get("OMP_NUM_THREADS", "2")))))
@@ -110,3 +110,57 @@ def ray_local():
              _node_ip_address="127.0.0.1", log_to_driver=False, configure_logging=False)
     yield ray
     ray.shutdown()
+
+
+# -- the service tests' fixtures (their helpers are in _service.py, imported when used) --------
+@pytest.fixture(params=["sqlite", "postgresql"])
+def backend(request, tmp_path):
+    """Runs a test on each store backend: SQLite, and a fresh database on the session's
+    PostgreSQL server (pg_server)."""
+    from _service import PG_URLS
+
+    if request.param == "postgresql":
+        PG_URLS[tmp_path] = request.getfixturevalue("pg_url")
+    yield request.param
+    PG_URLS.pop(tmp_path, None)
+
+
+@pytest.fixture()
+def sap_service(tmp_path):
+    """The in-process service on service_bert() with keys alice and bob: yields
+    (TestClient, (alice, bob), backbone)."""
+    from _service import add_key, service_bert
+    from fastapi.testclient import TestClient
+
+    from rapt.service import Limits, ServiceConfig, create_app
+
+    bb = service_bert()
+    config = ServiceConfig(db_path=tmp_path / "svc.db", backbones=["tiny"],
+                           limits=Limits(max_seq_len=64), progress_interval_s=0.0)
+    app = create_app(config, backbones={"tiny": bb})
+    keys = add_key(tmp_path), add_key(tmp_path, "bob")
+    with TestClient(app) as tc:
+        yield tc, keys, bb
+
+
+@pytest.fixture()
+def server(tmp_path):
+    """`rapt serve` (uvicorn in a subprocess) on service_bert() saved to a folder, with keys
+    alice and ops (admin): yields (Server, alice's key, backbone folder)."""
+    from _service import Server, service_bert
+    from typer.testing import CliRunner
+
+    from rapt.cli import app
+
+    folder = save_backbone(service_bert(), tmp_path / "tiny-bert")
+    srv = Server(tmp_path / "svc.db", folder, tmp_path / "server.log")
+    out = CliRunner().invoke(app, ["serve", "--db", str(srv.db), "keys", "add", "alice"])
+    assert out.exit_code == 0, out.output
+    key = out.stdout.strip()
+    assert key.startswith("rapt_") and key not in srv.db.read_bytes().decode("latin-1")
+    out = CliRunner().invoke(app, ["serve", "keys", "add", "ops", "--admin", "--db", str(srv.db)])
+    assert out.exit_code == 0, out.output
+    srv.admin_key = out.stdout.strip()
+    srv.start()
+    yield srv, key, folder
+    srv.stop()
