@@ -36,6 +36,25 @@ def tiny_llama(tiny_tokenizer):
     return make_llama(tiny_tokenizer, max_positions=256)
 
 
+@pytest.fixture(scope="module")
+def small_bert():
+    """A random 2-layer, 32-dim BERT over MiniLM's tokenizer (the demo tests'); skips when
+    MiniLM is not installed."""
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    from rapt.models import BackboneNotFoundError, from_model, resolve
+
+    try:
+        path, _, _ = resolve("minilm")
+    except BackboneNotFoundError as e:
+        pytest.skip(str(e))
+    tok = AutoTokenizer.from_pretrained(path)
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2,
+                     num_attention_heads=4, intermediate_size=64, max_position_embeddings=64)
+    return from_model(BertModel(cfg).eval(), tok, name="small-bert", kind="encoder")
+
+
 @pytest.fixture(scope="session")
 def smollm2():
     """The packaged SmolLM2-135M, read once per session: dequantizing its GGUF takes longer
