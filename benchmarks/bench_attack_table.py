@@ -21,7 +21,7 @@ the η it was trained at, and the table says so.
 Writes ``src/rapt/resources/attack_table.json`` (read by :mod:`rapt.attack_table`) and
 ``benchmarks/results/attack_table.{json,md,png}``.
 
-    python benchmarks/bench_attack_table.py [--points 12] [--threads 1]
+    python -m benchmarks.bench_attack_table [--points 12] [--threads 1]
         [--denoiser minilm=/tmp/channel/minilm] [--quick]
 """
 
@@ -39,8 +39,9 @@ from pathlib import Path
 
 import torch
 
+from benchmarks._common import RESULTS
+
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
 RESOURCE = ROOT / "src" / "rapt" / "resources" / "attack_table.json"
 NAMES = {"nn": "nearest neighbour", "bayes": "mechanism-aware Bayes",
          "denoiser": "contextual denoiser"}

@@ -26,7 +26,7 @@ Attacks on the first seed's privatized test queries: ``nearest neighbour``, ``ba
 Writes benchmarks/results/channel.{json,md,png} (``--quick``: channel_quick.*). Resumable: each
 run is appended to the JSON as it finishes and a rerun skips the runs already there.
 
-    python benchmarks/bench_channel.py --denoiser /tmp/channel/minilm-p0.4-sst2 [--seeds 5]
+    python -m benchmarks.bench_channel --denoiser /tmp/channel/minilm-p0.4-sst2 [--seeds 5]
         [--adapter DIR] [--task sst2|financial_phrasebank] [--device cuda] [--threads 2]
         [--quick]
 
@@ -48,10 +48,10 @@ from pathlib import Path
 
 import torch
 
+from benchmarks._common import RESULTS
 from rapt.demo import DemoConfig, _accuracy, _demo_data, _head_options, _text_length
 from rapt.stats import effect_word, gap_won_back, mean_ci, paired_difference
 
-RESULTS = Path(__file__).resolve().parent / "results"
 TASK, METHOD = "sst2", "prefix"
 DATASETS = {"sst2": "sst2-sentences", "financial_phrasebank": "financial_phrasebank"}
 REMEDIES = ("+denoise-then-tune", "+privatized-MLM backbone", "+channel adapter")

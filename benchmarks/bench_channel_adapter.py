@@ -17,7 +17,7 @@ on the clean rows. Reported, raw backbone against adapted:
 
 Writes benchmarks/results/channel_adapter.{json,md} (``--quick``: channel_adapter_quick.*).
 
-    python benchmarks/bench_channel_adapter.py [--budget-min 15] [--threads 1] [--save DIR]
+    python -m benchmarks.bench_channel_adapter [--budget-min 15] [--threads 1] [--save DIR]
         [--quick]
 
 ``--save DIR`` keeps the trained adapter (outside the repo, e.g.
@@ -37,28 +37,26 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_channel_denoiser import privatize, public_texts  # noqa: E402
-
-from rapt.channel import encode_rows  # noqa: E402
-from rapt.channel_adapter import (  # noqa: E402
+from benchmarks._common import RESULTS
+from benchmarks.bench_channel_denoiser import privatize, public_texts
+from rapt.channel import encode_rows
+from rapt.channel_adapter import (
     ChannelAdapterConfig,
     distillation_loss,
     train_channel_adapter,
 )
-from rapt.data import load_dataset  # noqa: E402
-from rapt.heads import pool  # noqa: E402
-from rapt.models import load_backbone  # noqa: E402
-from rapt.privatization import (  # noqa: E402
+from rapt.data import load_dataset
+from rapt.heads import pool
+from rapt.models import load_backbone
+from rapt.privatization import (
     Privatizer,
     calibrate_eta_public,
     candidate_ids_from_tokenizer,
     replacement_probability,
     tokenize_texts,
 )
-from rapt.tuners import base_model  # noqa: E402
+from rapt.tuners import base_model
 
-RESULTS = Path(__file__).resolve().parent / "results"
 HOLDOUT = 300  # public rows kept out of training, for the held-out distillation loss
 
 

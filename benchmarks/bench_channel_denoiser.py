@@ -13,9 +13,9 @@ tokens only (nearest neighbour: 0 by construction) and over the replaced tokens 
 public corpus's 100 most frequent, plus the share of unreplaced tokens it wrongly changes.
 Writes benchmarks/results/channel_denoiser.{json,md} (``--out STEM``: STEM.json/.md).
 
-    python benchmarks/bench_channel_denoiser.py [--budget-min 12] [--threads 2] [--save DIR]
+    python -m benchmarks.bench_channel_denoiser [--budget-min 12] [--threads 2] [--save DIR]
         [--quick]
-    python benchmarks/bench_channel_denoiser.py --device cuda --backbone .gpu-carry/minilm \
+    python -m benchmarks.bench_channel_denoiser --device cuda --backbone .gpu-carry/minilm \
         --per-source 0 --repeats 3 --epochs 4 --budget-min 3 --save DIR --out $OUT/STEM
 
 ``--save DIR`` keeps the trained denoiser (outside the repo, e.g. /tmp/channel/minilm-p0.4-sst2)
@@ -39,6 +39,8 @@ from pathlib import Path
 
 import torch
 
+from benchmarks._common import RESULTS
+from benchmarks.bench_gpu import environment
 from rapt.attacks.denoiser import DenoiserConfig, fit_change_margin, train_denoiser
 from rapt.attacks.inversion import invert_ids
 from rapt.channel import privatize_channel, public_corpus_for
@@ -52,10 +54,6 @@ from rapt.privatization import (
     tokenize_texts,
 )
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_gpu import environment  # noqa: E402
-
-RESULTS = Path(__file__).resolve().parent / "results"
 HOLDOUT = 300  # public rows kept out of training, to fit the change margin on
 EVAL_SET = {"sst2": ("sst2", "dev"), "financial_phrasebank": ("financial_phrasebank", "dev")}
 

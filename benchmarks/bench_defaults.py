@@ -12,8 +12,8 @@ Every finished cell is appended to ``results/<name>.jsonl`` at once; a rerun ski
 already there (nothing is lost when a long grid stops). ``--render`` rebuilds
 ``<name>.json/.md/.png`` from that file.
 
-    python benchmarks/bench_defaults.py                    # the grid, then the table
-    python benchmarks/bench_defaults.py --render           # the table from the JSONL
+    python -m benchmarks.bench_defaults                    # the grid, then the table
+    python -m benchmarks.bench_defaults --render           # the table from the JSONL
 
 Times are only comparable when the machine is quiet: every cell records the load average
 before it started.
@@ -32,8 +32,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks._common import RESULTS
+
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
 
 # (built-in dataset, training split, evaluation splits): the evaluation rows are never trained
 # on. CB's test split has no labels, so its 56 validation rows are the evaluation set.
@@ -299,7 +300,7 @@ def main() -> None:
     ap.add_argument("--name", default="defaults")
     ap.add_argument("--render", action="store_true", help="only rebuild the table")
     args = ap.parse_args()
-    args.command = "python benchmarks/bench_defaults.py " + " ".join(sys.argv[1:])
+    args.command = "python -m benchmarks.bench_defaults " + " ".join(sys.argv[1:])
     if not args.render:
         run_grid(args)
     render(args)

@@ -9,8 +9,8 @@ Part ``speed`` (side by side, one process, interleaved repeats, median):
 Part ``table``: soft prompt and prefix at ε = 8, 3, ∞ with ``rapt.trainer.tune`` on a stated
   subset of GLUE SST-2 train, accuracy on the full SST-2 dev set (CPU profile).
 
-    python benchmarks/bench_dpsgd.py --part speed
-    python benchmarks/bench_dpsgd.py --part table --tag _cpu300   # ~2.2 h on 2 cores
+    python -m benchmarks.bench_dpsgd --part speed
+    python -m benchmarks.bench_dpsgd --part table --tag _cpu300   # ~2.2 h on 2 cores
 Writes benchmarks/results/dpsgd_speed.{json,md} and dpsgd_table{tag}.{jsonl,json,md,png};
 the committed table is dpsgd_table_cpu300.* (300 logical steps, 3 seeds).
 """
@@ -24,12 +24,11 @@ import platform
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 from torch.nn import functional as F
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from benchmarks._common import RESULTS
 
 
 def machine() -> dict:

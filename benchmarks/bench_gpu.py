@@ -18,8 +18,8 @@ Parts (``--parts``, comma list):
 The mixed-batch serving figures come from ``bench_mixed.py --device cuda``. On a CPU this script
 runs too (``--device cpu --quick``: a dry run of the code paths, not a GPU figure).
 
-    python benchmarks/bench_gpu.py --out benchmarks/results/gpu          # on the device machine
-    python benchmarks/bench_gpu.py --device cpu --quick --out /tmp/gpu   # dry run here
+    python -m benchmarks.bench_gpu --out benchmarks/results/gpu          # on the device machine
+    python -m benchmarks.bench_gpu --device cpu --quick --out /tmp/gpu   # dry run here
 
 Writes OUT.json and OUT.md.
 """
@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from benchmarks._common import RESULTS
 
 
 def sync(device: torch.device) -> None:

@@ -11,7 +11,7 @@ token recovery over all tokens, over replaced tokens only, over replaced tokens 
 public corpus's 100 most frequent, the share of unreplaced tokens each attacker changed, and
 the wall time (the LLM's per sentence). Writes benchmarks/results/llm_attack.{json,md}.
 
-    python benchmarks/bench_llm_attack.py [--n 100] [--threads 1] [--shots 4] [--chat]
+    python -m benchmarks.bench_llm_attack [--n 100] [--threads 1] [--shots 4] [--chat]
 """
 
 from __future__ import annotations
@@ -28,16 +28,15 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_channel_denoiser import privatize, recovery  # noqa: E402
-
-from rapt.attacks import ATTACKERS, ReconstructionInput  # noqa: E402
-from rapt.attacks.llm_recovery import DEFAULT_MAX_CHANGE, changed_share  # noqa: E402
-from rapt.channel import public_corpus_for  # noqa: E402
-from rapt.data import load_dataset  # noqa: E402
-from rapt.models import load_backbone  # noqa: E402
-from rapt.nn_search import build_index  # noqa: E402
-from rapt.privatization import (  # noqa: E402
+from benchmarks._common import RESULTS
+from benchmarks.bench_channel_denoiser import privatize, recovery
+from rapt.attacks import ATTACKERS, ReconstructionInput
+from rapt.attacks.llm_recovery import DEFAULT_MAX_CHANGE, changed_share
+from rapt.channel import public_corpus_for
+from rapt.data import load_dataset
+from rapt.models import load_backbone
+from rapt.nn_search import build_index
+from rapt.privatization import (
     Privatizer,
     calibrate_eta_public,
     candidate_ids_from_tokenizer,
@@ -45,7 +44,6 @@ from rapt.privatization import (  # noqa: E402
     tokenize_texts,
 )
 
-RESULTS = Path(__file__).resolve().parent / "results"
 GRID = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0)
 TUNE_MAX_LEN = 64  # held-out public rows up to SST-2's lengths
 

@@ -1,9 +1,9 @@
 """Membership inference on prompted LLMs (Flocks §3, Figure 2) with SmolLM2-135M.
 
-    python benchmarks/bench_mia.py                    # CPU profile: 8 prompts x (1 + 25)
-    python benchmarks/bench_mia.py --profile cpu-50 --out benchmarks/results/mia_50 \
+    python -m benchmarks.bench_mia                    # CPU profile: 8 prompts x (1 + 25)
+    python -m benchmarks.bench_mia --profile cpu-50 --out benchmarks/results/mia_50 \
         --pate-json benchmarks/results/pate_large.json      # 50 prompts x (1 + 50)
-    python benchmarks/bench_mia.py --profile paper    # 100 prompts x (1 + 50)
+    python -m benchmarks.bench_mia --profile paper    # 100 prompts x (1 + 50)
 
 Writes benchmarks/results/mia.{json,md,png}. The table also lists the attack against the
 PromptPATE student prompts when benchmarks/results/pate.json exists (bench_pate.py).
@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks._common import RESULTS
 from rapt.attacks.mia import mean_roc, prompt_mia
 from rapt.data import load_dataset
 from rapt.llm import HFLabelScorer
@@ -29,7 +30,6 @@ from rapt.models import load_backbone
 from rapt.pate import as_demos, get_template
 from rapt.stats import mean_ci
 
-RESULTS = Path(__file__).resolve().parent / "results"
 PROFILES = {"cpu": dict(prompts=8, nonmembers=25), "cpu-large": dict(prompts=20, nonmembers=50),
             # issue 15: enough prompts per task for a readable AUC spread (~5 min a task)
             "cpu-50": dict(prompts=50, nonmembers=50),

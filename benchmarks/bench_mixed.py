@@ -9,8 +9,8 @@ on one store with 16 prefix prompts, one with the per-prompt forward (before iss
 with the default mixed forward (after), taking turns under 16 concurrent clients sending
 one-row requests. Prompts carry random weights: the speed of a pass does not depend on them.
 
-    python benchmarks/bench_mixed.py                 # MiniLM, a few minutes on 2 busy cores
-    python benchmarks/bench_mixed.py --quick         # tiny random BERT, seconds
+    python -m benchmarks.bench_mixed                 # MiniLM, a few minutes on 2 busy cores
+    python -m benchmarks.bench_mixed --quick         # tiny random BERT, seconds
 
 Writes benchmarks/results/mixed.{json,md,png}.
 """
@@ -29,9 +29,10 @@ from pathlib import Path
 
 import httpx
 import torch
-from bench_service import Server, load, summarize, tiny_backbone
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from benchmarks._common import RESULTS
+from benchmarks.bench_service import Server, load, summarize, tiny_backbone
+
 METHODS = {"prompt": {"num_virtual_tokens": 20}, "prefix": {"num_virtual_tokens": 10},
            "lora": {"lora_r": 8}}  # rapt's defaults; prefix length 10 as in RAPT
 
@@ -154,9 +155,9 @@ def serve(args: argparse.Namespace) -> None:
 
 
 def mixed_serve(forward: str, db: Path, backbone: str) -> list[str]:
-    """This script in server mode (port appended by bench_service.Server)."""
-    return [sys.executable, __file__, "--serve", forward, "--db", str(db), "--backbone",
-            backbone]
+    """This module in server mode (port appended by bench_service.Server)."""
+    return [sys.executable, "-m", "benchmarks.bench_mixed", "--serve", forward, "--db", str(db),
+            "--backbone", backbone]
 
 
 def service_bench(backbone: str, rows: list[list[int]], n_prompts: int, threads: int,

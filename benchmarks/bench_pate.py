@@ -1,7 +1,7 @@
 """PromptPATE benchmark: vote throughput (KV cache vs batched no-cache vs naive) and Flocks Table 2.
 
-    python benchmarks/bench_pate.py                   # CPU profile (small; see PROFILES)
-    python benchmarks/bench_pate.py --profile paper   # 200 teachers x 500 queries (GPU)
+    python -m benchmarks.bench_pate                   # CPU profile (small; see PROFILES)
+    python -m benchmarks.bench_pate --profile paper   # 200 teachers x 500 queries (GPU)
 
 Writes benchmarks/results/pate.{json,md,png}. Also runs the membership-inference attack against
 each selected student prompt (members: private examples inside teacher prompts).
@@ -24,14 +24,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks._common import RESULTS
 from rapt.attacks.mia import student_mia
 from rapt.cli.pate_cmd import load_task
 from rapt.gnmax import GNMaxConfig
 from rapt.llm import HFLabelScorer
 from rapt.models import load_backbone
 from rapt.pate import SEEDED_WARNING, get_template, make_teachers, pate_experiment
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 # Per task: teachers, public queries per public set, test examples, student candidates,
 # held-out released pairs for selection, threshold as a fraction of teachers.

@@ -16,7 +16,7 @@ Three parts, written to ``benchmarks/results/precision.{json,md}``:
   privatized rows, init and data order per seed (paired), with privatized test queries. The
   verdict is the paired difference bf16 − fp32 with its 95 % CI (rapt.stats).
 
-    OMP_NUM_THREADS=2 python benchmarks/bench_precision.py --threads 2 --seeds 5
+    OMP_NUM_THREADS=2 python -m benchmarks.bench_precision --threads 2 --seeds 5
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ sampling + search, via ``Privatizer.privatize_ids``); the references are timed o
 search loop only, given the same noised vectors, which favours them slightly.
 Writes benchmarks/results/privatize.{json,md,png}.
 
-    python benchmarks/bench_privatize.py [--quick]
+    python -m benchmarks.bench_privatize [--quick]
 """
 
 from __future__ import annotations
@@ -30,13 +30,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks._common import RESULTS
 from rapt.attacks.inversion import inversion_attack
 from rapt.data import load_dataset
 from rapt.models import load_backbone
 from rapt.nn_search import AnnoyIndex, ExactIndex, FastIndex
 from rapt.privatization import Privatizer, calibrate_eta, replacement_probability, tokenize_texts
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 class Timer:

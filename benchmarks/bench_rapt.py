@@ -11,9 +11,9 @@ seeds (same seed = same init, data order and privatized text), with the paired d
 trainable linear head; ablation: plain-token length m. Then the attribute inference attack
 (TrustPilot gender/age) with a no-privacy row and balanced accuracy.
 
-    python benchmarks/bench_rapt.py                   # CPU profile (1.7 h on 2 shared cores)
-    python benchmarks/bench_rapt.py --profile paper   # paper-sized run, for a GPU
-    python benchmarks/bench_rapt.py --profile smoke   # seconds: checks the script end to end
+    python -m benchmarks.bench_rapt                   # CPU profile (1.7 h on 2 shared cores)
+    python -m benchmarks.bench_rapt --profile paper   # paper-sized run, for a GPU
+    python -m benchmarks.bench_rapt --profile smoke   # seconds: checks the script end to end
 
 Results: benchmarks/results/rapt.{json,md,png}; the JSON is rewritten after every run and a
 rerun with the same profile resumes from it (``--fresh`` starts over).

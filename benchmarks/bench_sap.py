@@ -23,9 +23,9 @@ the attribute attack.
 (``calibrate_eta_public``); tables show both P and η. Privacy noise is seeded (a benchmark must
 repeat; seeded runs carry no guarantee), so are init and data order.
 
-    python benchmarks/bench_sap.py --profile quick   # reduced CPU run (~30 min, 1 thread)
-    python benchmarks/bench_sap.py                   # CPU profile (est. 1.5-2 h, 2 free cores)
-    python benchmarks/bench_sap.py --profile paper   # full data, full-vocabulary attack: GPU
+    python -m benchmarks.bench_sap --profile quick   # reduced CPU run (~30 min, 1 thread)
+    python -m benchmarks.bench_sap                   # CPU profile (est. 1.5-2 h, 2 free cores)
+    python -m benchmarks.bench_sap --profile paper   # full data, full-vocabulary attack: GPU
 
 Results: benchmarks/results/sap.{json,md,png} (``--name`` changes the stem); the JSON is
 rewritten after every run, so an interrupted run keeps what it finished.

@@ -16,8 +16,8 @@ Both processes use one intra-op thread (OMP_NUM_THREADS=1). No privatization in 
 steps (``no_privacy``): it is customer-side work that is the same in both loops, so leaving it
 out makes the measured overhead a conservative (larger) ratio.
 
-    OMP_NUM_THREADS=1 python benchmarks/bench_sap_service.py            # MiniLM
-    OMP_NUM_THREADS=1 python benchmarks/bench_sap_service.py --quick    # tiny BERT, seconds
+    OMP_NUM_THREADS=1 python -m benchmarks.bench_sap_service            # MiniLM
+    OMP_NUM_THREADS=1 python -m benchmarks.bench_sap_service --quick    # tiny BERT, seconds
 """
 
 from __future__ import annotations
@@ -27,15 +27,13 @@ import json
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_service import RESULTS, Server, rapt_serve, tiny_backbone  # noqa: E402
+from benchmarks.bench_service import RESULTS, Server, rapt_serve, tiny_backbone
 
 
 def message_bytes(hidden: int, lengths: list[int], config, n_examples: int) -> dict:
@@ -215,7 +213,7 @@ def main() -> None:
     finally:
         srv.stop()
     result = {
-        "command": "OMP_NUM_THREADS=1 python benchmarks/bench_sap_service.py"
+        "command": "OMP_NUM_THREADS=1 python -m benchmarks.bench_sap_service"
                    + (" --quick" if args.quick else ""),
         "backbone": name, "hidden_size": h, "batch_size": args.batch_size,
         "max_length": args.max_length, "size_examples": len(rows),

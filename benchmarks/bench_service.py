@@ -6,10 +6,10 @@ threads, mixing the prompts (mixed-task batching). The same database is then ser
 second server with micro-batching off (``--max-batch-rows 1``) and measured the same way, so
 the batched / unbatched ratio comes from one run. Writes benchmarks/results/service.{json,md}.
 
-    python benchmarks/bench_service.py                  # MiniLM, 300 requests per setting
-    python benchmarks/bench_service.py --quick          # tiny random BERT, seconds
+    python -m benchmarks.bench_service                  # MiniLM, 300 requests per setting
+    python -m benchmarks.bench_service --quick          # tiny random BERT, seconds
     # issue 14: 16 customers' prefix prompts, mixed passes vs one pass per prompt ("before")
-    python benchmarks/bench_service.py --method prefix --prompts 16 --threads 16 \
+    python -m benchmarks.bench_service --method prefix --prompts 16 --threads 16 \
         --baseline per-prompt --out benchmarks/results/service_prefix16
 """
 
@@ -34,7 +34,8 @@ from pathlib import Path
 import httpx
 import torch
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from benchmarks._common import RESULTS
+
 RAPT = [sys.executable, "-c", "import sys; from rapt.cli import main; sys.argv[0] = 'rapt'; main()"]
 
 

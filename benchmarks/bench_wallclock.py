@@ -7,9 +7,9 @@ of HEAD, install included (issue 31 item 2's measure); ``--what demo`` times ``r
 run is appended to ``benchmarks/results/wallclock.json`` under its name, with the machine and
 the load average at start and end; ``benchmarks/speed_table.py`` reads the latest of each.
 
-    python benchmarks/bench_wallclock.py --what test
-    python benchmarks/bench_wallclock.py --what fresh-test
-    python benchmarks/bench_wallclock.py --what demo --demo-args "--precision bf16"
+    python -m benchmarks.bench_wallclock --what test
+    python -m benchmarks.bench_wallclock --what fresh-test
+    python -m benchmarks.bench_wallclock --what demo --demo-args "--precision bf16"
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ Bound stated: ``wait <= job_slice_s + 2 × heartbeat_s + the 1-step job's own ru
 one step, saving its prompt) + one step and checkpoint of A``; the last two are taken as 5 s
 here (they are ~0.1-1 s on the tiny model; a larger backbone costs more).
 
-    OMP_NUM_THREADS=1 python benchmarks/fairness.py           # slices 2, 5 and 30 s (~1.5 min)
-    OMP_NUM_THREADS=1 python benchmarks/fairness.py --slices 5 --repeats 1
+    OMP_NUM_THREADS=1 python -m benchmarks.fairness           # slices 2, 5 and 30 s (~1.5 min)
+    OMP_NUM_THREADS=1 python -m benchmarks.fairness --slices 5 --repeats 1
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ from pathlib import Path
 
 import torch
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from benchmarks._common import RESULTS
+
 LONG_ROWS, LONG_EPOCHS = 1000, 100  # 100,000 steps at batch size 1
 HEARTBEAT_S = 1.0  # ServiceConfig's default
 OWN_RUN_S = 5.0  # allowance for the short job's own run and one step + checkpoint of A
@@ -221,7 +222,7 @@ def main() -> None:
                        bound_s=bound, within_bound=max(waits) <= bound,
                        long_states=", ".join(sorted({r["long_state_at_b_done"] for r in rs})))
         summary.append(row)
-    cmd = "OMP_NUM_THREADS=1 python benchmarks/fairness.py"
+    cmd = "OMP_NUM_THREADS=1 python -m benchmarks.fairness"
     if args.slices != [2.0, 5.0, 30.0] or args.repeats != 2:
         cmd += f" --slices {' '.join(f'{s:g}' for s in args.slices)} --repeats {args.repeats}"
     result = {"command": cmd, "heartbeat_s": HEARTBEAT_S, "own_run_allowance_s": OWN_RUN_S,

@@ -5,7 +5,7 @@ writes ``benchmarks/results/speed.md``: one row per figure with the machine and 
 was measured under, the results file and the command that produced it. A source that is
 missing gives a row that says so.
 
-    python benchmarks/speed_table.py
+    python -m benchmarks.speed_table
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from benchmarks._common import RESULTS
 
 Row = dict[str, str]
 
@@ -212,7 +212,7 @@ SECTIONS: list[Callable[[], list[Row]]] = [privatization, tuning, precision, sap
 def table() -> str:
     rows = [r for f in SECTIONS for r in f()]
     lines = ["# Speed figures", "",
-             "Regenerate: `python benchmarks/speed_table.py` (reads benchmarks/results/*.json; "
+             "Regenerate: `python -m benchmarks.speed_table` (reads benchmarks/results/*.json; "
              "each figure's own command is in the last column). Load is the 1-minute load "
              "average at the start (→ end) of the run: the machines are shared, and a load "
              "above the CPU count means the figure is slower than on a quiet machine.", "",

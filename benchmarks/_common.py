@@ -1,0 +1,54 @@
+"""What every benchmark shares: where results go, the machine a result was measured on, the
+command that reproduces it, and the writers of its json / md / png files."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def machine(**extra) -> dict:
+    """The machine a result was measured on, with one set of keys for every benchmark (call it
+    after ``torch.set_num_threads``); ``extra`` adds what one benchmark also depends on, e.g.
+    ``native_bf16``. ``loadavg_end`` is added by the caller when the run ends."""
+    import torch
+
+    return {"platform": platform.platform(), "python": platform.python_version(),
+            "cpu_count": os.cpu_count(), "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+            "device": "cuda" if torch.cuda.is_available() else "cpu",
+            "loadavg_start": list(os.getloadavg()), **extra}
+
+
+def command() -> str:
+    """The command line that reruns this benchmark from the repository root."""
+    module = Path(sys.argv[0]).resolve()
+    name = (f"benchmarks.{module.stem}" if module.parent == ROOT / "benchmarks"
+            else str(sys.argv[0]))
+    return " ".join(["python -m", name, *sys.argv[1:]])
+
+
+def write_json(path: Path, doc, indent: int = 2, ensure_ascii: bool = True) -> Path:
+    """``doc`` as indented json, ending in a newline."""
+    path.write_text(json.dumps(doc, indent=indent, ensure_ascii=ensure_ascii) + "\n")
+    return path
+
+
+def write_md(path: Path, lines: list[str] | str) -> Path:
+    """A markdown report from its lines (or its text), ending in one newline."""
+    text = lines if isinstance(lines, str) else "\n".join(lines)
+    path.write_text(text.rstrip("\n") + "\n")
+    return path
+
+
+def save_png(fig, path: Path, dpi: int = 120) -> Path:
+    """A matplotlib figure as png."""
+    fig.savefig(path, dpi=dpi)
+    return path
