@@ -43,13 +43,10 @@ def machine() -> dict:
 def _variants(bb, method: str, ids: torch.Tensor, mask: torch.Tensor, y: torch.Tensor,
               P: int) -> dict:
     """Step functions for one method: non-private, PromptDPSGD, and (prompt) generic vmap."""
-    from torch.func import grad, vmap
-
     from rapt.dp import DPSGD, DPConfig
     from rapt.trainer import RaptModel, TuneConfig
 
     B = ids.shape[0]
-    emb = bb.model.get_input_embeddings()
 
     def make(m: str) -> RaptModel:
         model = RaptModel(bb, TuneConfig(method=m, num_virtual_tokens=P), 2)
@@ -80,6 +77,17 @@ def _variants(bb, method: str, ids: torch.Tensor, mask: torch.Tensor, y: torch.T
     variants = {"nonprivate": step_nonprivate, "promptdpsgd": step_dp}
     if method != "prompt":
         return variants
+    return {**variants, **_prompt_baselines(bb, make, ids, mask, y, P)}
+
+
+def _prompt_baselines(bb, make, ids: torch.Tensor, mask: torch.Tensor, y: torch.Tensor,
+                      P: int) -> dict:
+    """Prompt tuning's two per-example-gradient baselines: generic vmap and a naive loop of
+    single-example backward passes (one noise generator for both)."""
+    from torch.func import grad, vmap
+
+    B = ids.shape[0]
+    emb = bb.model.get_input_embeddings()
     m_g = make("prompt")
     prompt, lin = m_g.tuner.prompt, m_g.head.linear
     gparams = {"prompt": prompt, "w": lin.weight, "b": lin.bias}
@@ -103,8 +111,6 @@ def _variants(bb, method: str, ids: torch.Tensor, mask: torch.Tensor, y: torch.T
         opt_g.step()
         opt_g.zero_grad(set_to_none=True)
 
-    variants["generic_vmap_sdpa"] = step_generic
-
     m_l = make("prompt")
     lparams = [p for p in m_l.parameters() if p.requires_grad]
     opt_l = torch.optim.AdamW(lparams, lr=1e-2)
@@ -125,8 +131,7 @@ def _variants(bb, method: str, ids: torch.Tensor, mask: torch.Tensor, y: torch.T
         opt_l.step()
         opt_l.zero_grad(set_to_none=True)
 
-    variants["naive_loop"] = step_loop
-    return variants
+    return {"generic_vmap_sdpa": step_generic, "naive_loop": step_loop}
 
 
 def bench_speed(args) -> dict:

@@ -566,54 +566,65 @@ def markdown(res: dict) -> str:
                          f"{r['recall']:.3f} | {r['n']} |")
         lines += ["", "Majority-class test rate: " + ", ".join(
             f"{k} {100 * v:.1f}%" for k, v in maj.items()), ""]
-    pc = res.get("paired_cti") or paired_cti(res)
-    if pc:
-        lines += ["## SAP-CTI − SAP, paired by seed (Figure 2)", "",
-                  "ΔUA and ΔEP in points, mean ± 95 % CI (Student t) over the seeds both ran. "
-                  "CTI tokens: SAP-CTI is the paper's rule, the union of the per-class top-k (k "
-                  "uniform over classes, the largest with ≤ 1 % of token occurrences); "
-                  "'SAP-CTI per-class k' is ours, not the paper's (each class fills the same "
-                  "1 % budget in UI order, skipping tokens that would overflow it). Both are "
-                  "computed on the whole training split and released unperturbed (multiplier "
-                  "∞, Algorithm 1).", "",
-                  f"p: two-sided paired t-test, raw / Holm-adjusted over the {len(pc)} "
-                  "comparisons of this table (family-wise error).", "",
-                  "| task | setting | P | η | n | ΔUA | p ΔUA (Holm) | ΔEP | p ΔEP (Holm) | "
-                  "CTI tokens (k per class) | coverage | beats SAP |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-        for d in pc:
-            ks = "/".join(str(k) for k in d.get("cti_k") or [])
-            lines.append(f"| {d['task']} | {d.get('setting', 'SAP-CTI')} | "
-                         f"{d['P_target']:.2f} | {d['eta']:.1f} | {d['n']} | "
-                         f"{d['dUA']:+.1f} ± {d['dUA_ci95']:.1f} | {_p(d, 'dUA')} | "
-                         f"{d['dEP']:+.1f} ± {d['dEP_ci95']:.1f} | {_p(d, 'dEP')} | "
-                         f"{d['cti_tokens']}"
-                         + (f" ({ks})" if ks else "") + " | "
-                         f"{100 * d['cti_coverage']:.2f} % | {'yes' if d['beats'] else 'no'} |")
-        lines += [""] + [f"- {cti_goal(pc, t, st)}" for t, st in sorted(
-            {(d["task"], d.get("setting", "SAP-CTI")) for d in pc})] + [""]
+    lines += _paired_cti_lines(res.get("paired_cti") or paired_cti(res))
     lines += label_section(res, s)
-    if res.get("aia"):
-        lines += ["## Attribute inference on released representations (TrustPilot, n = 0)", "",
-                  "Attacker: 2-layer MLP (768, ReLU) on mean-pooled released vectors, trained "
-                  "on N_l labelled rows of TrustPilot split a, tested on split b. Balanced "
-                  "accuracy = mean per-class recall (50 % = blind on two classes). The control "
-                  "rows attack the whole model's last-layer states instead of a release.", "",
-                  "| attribute | features | P | η | N_l | attack accuracy | balanced acc. | EP "
-                  "| majority rate | test |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
-        for r in sorted(res["aia"], key=lambda r: (r["attribute"], r["feature"] != "released "
-                        "n=0", _p_key(r["P_target"]), r["n_train"])):
-            p = "none (no privatization)" if r["P_target"] is None else f"{r['P_target']:.2f}"
-            eta = "∞" if r["eta"] is None else f"{r['eta']:.1f}"
-            bal = r.get("balanced_accuracy")
-            lines.append(f"| {r['attribute']} | {r['feature']} | {p} | {eta} | "
-                         f"{r['n_train']} | {100 * r['accuracy']:.1f} | "
-                         + (f"{100 * bal:.1f}" if bal is not None else "-") + " | "
-                         f"{100 * r['empirical_privacy']:.1f} | "
-                         f"{100 * r['majority_rate']:.1f} | {r['n_test']} |")
-        lines.append("")
+    lines += _aia_lines(res.get("aia"))
     return "\n".join(lines)
+
+
+def _paired_cti_lines(pc: list[dict]) -> list[str]:
+    """The SAP-CTI − SAP section (Figure 2), paired by seed."""
+    if not pc:
+        return []
+    lines = ["## SAP-CTI − SAP, paired by seed (Figure 2)", "",
+             "ΔUA and ΔEP in points, mean ± 95 % CI (Student t) over the seeds both ran. "
+             "CTI tokens: SAP-CTI is the paper's rule, the union of the per-class top-k (k "
+             "uniform over classes, the largest with ≤ 1 % of token occurrences); "
+             "'SAP-CTI per-class k' is ours, not the paper's (each class fills the same "
+             "1 % budget in UI order, skipping tokens that would overflow it). Both are "
+             "computed on the whole training split and released unperturbed (multiplier "
+             "∞, Algorithm 1).", "",
+             f"p: two-sided paired t-test, raw / Holm-adjusted over the {len(pc)} "
+             "comparisons of this table (family-wise error).", "",
+             "| task | setting | P | η | n | ΔUA | p ΔUA (Holm) | ΔEP | p ΔEP (Holm) | "
+             "CTI tokens (k per class) | coverage | beats SAP |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for d in pc:
+        ks = "/".join(str(k) for k in d.get("cti_k") or [])
+        lines.append(f"| {d['task']} | {d.get('setting', 'SAP-CTI')} | "
+                     f"{d['P_target']:.2f} | {d['eta']:.1f} | {d['n']} | "
+                     f"{d['dUA']:+.1f} ± {d['dUA_ci95']:.1f} | {_p(d, 'dUA')} | "
+                     f"{d['dEP']:+.1f} ± {d['dEP_ci95']:.1f} | {_p(d, 'dEP')} | "
+                     f"{d['cti_tokens']}"
+                     + (f" ({ks})" if ks else "") + " | "
+                     f"{100 * d['cti_coverage']:.2f} % | {'yes' if d['beats'] else 'no'} |")
+    return lines + [""] + [f"- {cti_goal(pc, t, st)}" for t, st in sorted(
+        {(d["task"], d.get("setting", "SAP-CTI")) for d in pc})] + [""]
+
+
+def _aia_lines(aia: list[dict] | None) -> list[str]:
+    """The attribute-inference section, when that part ran."""
+    if not aia:
+        return []
+    lines = ["## Attribute inference on released representations (TrustPilot, n = 0)", "",
+             "Attacker: 2-layer MLP (768, ReLU) on mean-pooled released vectors, trained "
+             "on N_l labelled rows of TrustPilot split a, tested on split b. Balanced "
+             "accuracy = mean per-class recall (50 % = blind on two classes). The control "
+             "rows attack the whole model's last-layer states instead of a release.", "",
+             "| attribute | features | P | η | N_l | attack accuracy | balanced acc. | EP "
+             "| majority rate | test |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(aia, key=lambda r: (r["attribute"], r["feature"] != "released "
+                    "n=0", _p_key(r["P_target"]), r["n_train"])):
+        p = "none (no privatization)" if r["P_target"] is None else f"{r['P_target']:.2f}"
+        eta = "∞" if r["eta"] is None else f"{r['eta']:.1f}"
+        bal = r.get("balanced_accuracy")
+        lines.append(f"| {r['attribute']} | {r['feature']} | {p} | {eta} | "
+                     f"{r['n_train']} | {100 * r['accuracy']:.1f} | "
+                     + (f"{100 * bal:.1f}" if bal is not None else "-") + " | "
+                     f"{100 * r['empirical_privacy']:.1f} | "
+                     f"{100 * r['majority_rate']:.1f} | {r['n_test']} |")
+    return lines + [""]
 
 
 def _plot_eta_sweep(ax, t4: list[dict]) -> None:

@@ -186,7 +186,7 @@ def write_md(out: dict, path: str) -> None:
     print("\n".join(lines))
 
 
-def main() -> None:
+def _parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--jobs", type=int, default=16)
@@ -194,7 +194,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=8)
     ap.add_argument("--out", default=str(RESULTS / "scale"))
     ap.add_argument("--md-only", action="store_true", help="rewrite OUT.md from OUT.json")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = _parse_args()
     if args.md_only:
         write_md(json.loads(Path(args.out + ".json").read_text()), args.out)
         return
