@@ -598,18 +598,7 @@ def markdown(res: dict) -> str:
                     _cell(summ.get((task, method, n, p))) for p in levels]
                 lines.append(f"| {n} | " + " | ".join(cells) + " |")
             lines.append("")
-    if res.get("paired"):
-        lines += ["## Paired differences (setting − its +privatization baseline, same seeds)",
-                  "", "| task | method | P | setting | baseline | difference (points) | n | "
-                  "CI excludes 0 |", "|---|---|---|---|---|---|---|---|"]
-        for d in res["paired"]:
-            lines.append(f"| {d['task']} | {d['method']} | {d['P']} | {d['setting']} | "
-                         f"{d['baseline']} | {100 * d['mean_diff']:+.1f}"
-                         + (f" ± {100 * d['ci95']:.1f}" if d["n"] > 1 else " (no CI)")
-                         + f" | {d['n']} | "
-                         f"{'yes' if d['excludes_zero'] else 'no'} |")
-        lines += [""] + [f"**Verdict:** {verdict(res, task, method)}" for task in s["tasks"]
-                         for method in s["methods"]] + [""]
+    lines += _paired_lines(res)
     diag = diagnostics(res)
     if diag:
         lines += ["## Training diagnostics (mean over seeds)", "",
@@ -638,30 +627,7 @@ def markdown(res: dict) -> str:
                   f"{tm['rapt_step_s']:.2f} s vs {tm['plain_step_s']:.2f} s; median "
                   f"per-pair ratio **{tm['ratio']:.3f}** (IQR {tm['ratio_p25_p75'][0]:.2f}–"
                   f"{tm['ratio_p25_p75'][1]:.2f}; goal ≤ 1.15).", ""]
-    if res.get("attack"):
-        lines += ["## Attribute inference",
-                  "",
-                  "TrustPilot gender / age from what the provider sees (seed-0 prefix-tuned "
-                  "SST-2 models; attacker = 2-layer MLP; empirical privacy = 1 − attack "
-                  "accuracy; balanced accuracy = mean per-class recall, 0.5 = no information "
-                  "for two classes; majority = always guessing the training majority):", "",
-                  "| setting | P | attribute | features | attack acc | balanced acc | emp. "
-                  "privacy | majority | n train / test |", "|---|---|---|---|---|---|---|---|---|"]
-        for a in res["attack"]:
-            lines.append(f"| {a['setting']} | {a['P'] if a['P'] is not None else '–'} | "
-                         f"{a['attribute']} | {a['feature']} | {a['accuracy']:.3f} | "
-                         f"{a.get('balanced_accuracy', float('nan')):.3f} | "
-                         f"{a['empirical_privacy']:.3f} | {a['majority_rate']:.3f} | "
-                         f"{a['n_train']} / {a['n_test']} |")
-        clean = [a for a in res["attack"] if a["setting"] == "no privacy"]
-        best = max((a.get("balanced_accuracy", 0.0) for a in clean), default=0.0)
-        lines += ["", f"Best balanced accuracy on clean (no-privacy) features: {best:.3f}. "
-                  + ("The attacker finds no attribute signal even without privacy, so the "
-                     "privatized rows measure a blind attacker, not the protection: empirical "
-                     "privacy here says nothing about RAPT." if best < 0.55 else
-                     "The attacker does read the attribute from clean features, so the drop "
-                     "in the privatized rows is the protection.")]
-        lines.append("")
+    lines += _attack_lines(res)
     m = res["machine"]
     lines += [f"Machine: {m['platform']}, {m['cpu_count']} CPUs, torch {m['torch']}, load "
               f"average {m['loadavg_start'][0]:.1f} at start, "
@@ -670,6 +636,54 @@ def markdown(res: dict) -> str:
               "Commands (resumed runs append):", ""]
     lines += [f"    {c}" for c in res.get("commands", [res["command"]])]
     return "\n".join(lines)
+
+def _paired_lines(res: dict) -> list[str]:
+    """The paired differences against each +privatization baseline, and the verdicts."""
+    if not res.get("paired"):
+        return []
+    lines = ["## Paired differences (setting − its +privatization baseline, same seeds)",
+             "", "| task | method | P | setting | baseline | difference (points) | n | "
+             "CI excludes 0 |", "|---|---|---|---|---|---|---|---|"]
+    for d in res["paired"]:
+        lines.append(f"| {d['task']} | {d['method']} | {d['P']} | {d['setting']} | "
+                     f"{d['baseline']} | {100 * d['mean_diff']:+.1f}"
+                     + (f" ± {100 * d['ci95']:.1f}" if d["n"] > 1 else " (no CI)")
+                     + f" | {d['n']} | "
+                     f"{'yes' if d['excludes_zero'] else 'no'} |")
+    s = res["settings"]
+    lines += [""] + [f"**Verdict:** {verdict(res, task, method)}" for task in s["tasks"]
+                     for method in s["methods"]] + [""]
+    return lines
+
+
+def _attack_lines(res: dict) -> list[str]:
+    """The attribute-inference section, when that phase ran."""
+    if not res.get("attack"):
+        return []
+    lines = ["## Attribute inference",
+             "",
+             "TrustPilot gender / age from what the provider sees (seed-0 prefix-tuned "
+             "SST-2 models; attacker = 2-layer MLP; empirical privacy = 1 − attack "
+             "accuracy; balanced accuracy = mean per-class recall, 0.5 = no information "
+             "for two classes; majority = always guessing the training majority):", "",
+             "| setting | P | attribute | features | attack acc | balanced acc | emp. "
+             "privacy | majority | n train / test |", "|---|---|---|---|---|---|---|---|---|"]
+    for a in res["attack"]:
+        lines.append(f"| {a['setting']} | {a['P'] if a['P'] is not None else '–'} | "
+                     f"{a['attribute']} | {a['feature']} | {a['accuracy']:.3f} | "
+                     f"{a.get('balanced_accuracy', float('nan')):.3f} | "
+                     f"{a['empirical_privacy']:.3f} | {a['majority_rate']:.3f} | "
+                     f"{a['n_train']} / {a['n_test']} |")
+    clean = [a for a in res["attack"] if a["setting"] == "no privacy"]
+    best = max((a.get("balanced_accuracy", 0.0) for a in clean), default=0.0)
+    lines += ["", f"Best balanced accuracy on clean (no-privacy) features: {best:.3f}. "
+             + ("The attacker finds no attribute signal even without privacy, so the "
+                 "privatized rows measure a blind attacker, not the protection: empirical "
+                 "privacy here says nothing about RAPT." if best < 0.55 else
+                 "The attacker does read the attribute from clean features, so the drop "
+                 "in the privatized rows is the protection.")]
+    lines.append("")
+    return lines
 
 
 def plot(res: dict, path: Path) -> None:
