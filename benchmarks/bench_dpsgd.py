@@ -393,11 +393,6 @@ def _ci95(xs: list[float]) -> tuple[float, float]:
 
 
 def write_table(out: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     s, rows = out["settings"], out["rows"]
     paper = out["paper_table1_sst2_roberta_base"]
     main = [r for r in rows if not r.get("head_only")]
@@ -456,24 +451,41 @@ def write_table(out: dict) -> None:
             lines.append(f"| {r['method']} | {r['target_epsilon']} | {r['lr']:g} | "
                          f"{100 * r['val_accuracy']:.1f} | {100 * r['accuracy']:.1f} | "
                          f"{r['loss_curve'][-1]:.3f} |")
-    ho = [r for r in rows if r.get("head_only")]
-    if ho:
-        lines += ["", "## Control: head only (prompt/prefix frozen at init, seed 0)", "",
-                  "What the trained prompt/prefix adds over the linear head alone, same seed, "
-                  "lr and ε.", "",
-                  "| method | target ε | lr | head only (%) | head + prompt/prefix (%) "
-                  "| added by the prompt/prefix (points) |", "|---|---|---|---|---|---|"]
-        for r in ho:
-            full = [f for f in cells.get((r["method"], str(r["target_epsilon"])), [])
-                    if f["seed"] == r["seed"]]
-            both = (f"{100 * full[0]['accuracy']:.1f} | "
-                    f"{100 * (full[0]['accuracy'] - r['accuracy']):+.1f}") if full else " | "
-            lines.append(f"| {r['method']} | {r['target_epsilon']} | {r['lr']:g} | "
-                         f"{100 * r['accuracy']:.1f} | {both} |")
+    lines += _head_only_lines(rows, cells)
     lines += ["", "Convergence: `dpsgd_table" + out.get("tag", "") + ".png` (right) plots the "
               "training loss over tenths of each chosen-lr run; the JSON keeps every curve."]
     (RESULTS / f"dpsgd_table{out.get('tag', '')}.md").write_text("\n".join(lines) + "\n")
 
+    _plot_table(out, cells)
+
+def _head_only_lines(rows: list[dict], cells: dict) -> list[str]:
+    """The head-only control: what the trained prompt/prefix adds over the linear head."""
+    ho = [r for r in rows if r.get("head_only")]
+    if not ho:
+        return []
+    lines = ["", "## Control: head only (prompt/prefix frozen at init, seed 0)", "",
+             "What the trained prompt/prefix adds over the linear head alone, same seed, "
+             "lr and ε.", "",
+             "| method | target ε | lr | head only (%) | head + prompt/prefix (%) "
+             "| added by the prompt/prefix (points) |", "|---|---|---|---|---|---|"]
+    for r in ho:
+        full = [f for f in cells.get((r["method"], str(r["target_epsilon"])), [])
+                if f["seed"] == r["seed"]]
+        both = (f"{100 * full[0]['accuracy']:.1f} | "
+                f"{100 * (full[0]['accuracy'] - r['accuracy']):+.1f}") if full else " | "
+        lines.append(f"| {r['method']} | {r['target_epsilon']} | {r['lr']:g} | "
+                     f"{100 * r['accuracy']:.1f} | {both} |")
+    return lines
+
+
+def _plot_table(out: dict, cells: dict) -> None:
+    """Accuracy against ε beside the paper's, and the seed-0 loss curves."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paper = out["paper_table1_sst2_roberta_base"]
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
     order = ["3", "8", "inf"]
     for method, marker in (("prompt", "o"), ("prefix", "s")):
