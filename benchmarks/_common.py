@@ -41,10 +41,9 @@ def write_json(path: Path, doc, indent: int = 2, ensure_ascii: bool = True) -> P
     return path
 
 
-def write_md(path: Path, lines: list[str] | str) -> Path:
-    """A markdown report from its lines (or its text), ending in one newline."""
-    text = lines if isinstance(lines, str) else "\n".join(lines)
-    path.write_text(text.rstrip("\n") + "\n")
+def write_md(path: Path, text: list[str] | str) -> Path:
+    """A markdown report: its lines (joined, ending in a newline) or its text as it is."""
+    path.write_text(text if isinstance(text, str) else "\n".join(text) + "\n")
     return path
 
 
