@@ -30,7 +30,7 @@ from pathlib import Path
 import httpx
 import torch
 
-from benchmarks._common import RESULTS, save_png, write_json, write_md
+from benchmarks._common import RESULTS, command, save_png, write_json, write_md
 from benchmarks.bench_service import Server, load, summarize, tiny_backbone
 
 METHODS = {"prompt": {"num_virtual_tokens": 20}, "prefix": {"num_virtual_tokens": 10},
@@ -363,7 +363,7 @@ def main() -> None:
                                 60 if args.quick else args.service_requests,
                                 2 if args.quick else 4, tmp)
     result = {
-        "command": " ".join(["python", "benchmarks/bench_mixed.py", *sys.argv[1:]]),
+        "command": command(),
         "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
                     "gpu": (torch.cuda.get_device_name(args.device)
                             if args.device.startswith("cuda") else None),

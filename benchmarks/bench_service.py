@@ -16,7 +16,6 @@ the batched / unbatched ratio comes from one run. Writes benchmarks/results/serv
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil
@@ -34,7 +33,7 @@ from pathlib import Path
 import httpx
 import torch
 
-from benchmarks._common import RESULTS
+from benchmarks._common import RESULTS, command, machine, write_json, write_md
 
 RAPT = [sys.executable, "-c", "import sys; from rapt.cli import main; sys.argv[0] = 'rapt'; main()"]
 
@@ -176,7 +175,7 @@ BASELINES = {"nobatch": (["--max-batch-rows", "1"], "micro-batching", "on", "off
              "per-prompt": (["--per-prompt-passes"], "passes", "mixed", "per prompt")}
 
 
-def main() -> None:
+def _parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--backbone", default="minilm")
     ap.add_argument("--quick", action="store_true", help="tiny random BERT, fewer requests")
@@ -191,8 +190,12 @@ def main() -> None:
                     help="what the second server turns off: micro-batching, or mixed passes "
                          "(one pass per prompt within each micro-batch)")
     ap.add_argument("--out", default=str(RESULTS / "service"))
-    args = ap.parse_args()
-    load_start = os.getloadavg()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = _parse_args()
+    host = machine(server_omp_threads=os.environ.get("OMP_NUM_THREADS", "1"))
     t_start = time.time()
     from rapt.client import RaptClient
     from rapt.data import load_dataset
@@ -251,11 +254,8 @@ def main() -> None:
                                    for p in prompts], rows)
     shutil.rmtree(tmp, ignore_errors=True)
     result = {
-        "command": " ".join(["python", "benchmarks/bench_service.py", *sys.argv[1:]]),
-        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
-                    "torch": torch.__version__, "loadavg_start": load_start,
-                    "loadavg_end": os.getloadavg(),
-                    "server_omp_threads": os.environ.get("OMP_NUM_THREADS", "1")},
+        "command": command(),
+        "machine": {**host, "loadavg_end": list(os.getloadavg())},
         "settings": {"backbone": "tiny-random-bert" if args.quick else backbone,
                      "method": args.method, "baseline": args.baseline,
                      "eta": args.eta, "replacement_probability_train": round(p_repl, 4),
@@ -274,12 +274,23 @@ def main() -> None:
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    write_json(out.with_suffix(".json"), result, indent=1)
+    lines = _report_lines(result, args, fwd, threads, p_repl)
+    write_md(out.with_suffix(".md"), lines)
+    print("\n".join(lines))
+
+def _report_lines(result: dict, args, fwd: list[dict], threads: list[int],
+                  p_repl: float) -> list[str]:
+    """The markdown report: both servers per thread count, the speed-up, and the in-process
+    mixed-task forward."""
+    batched, unbatched = result["batched"], result["unbatched"]
+    _, what, on_name, off_name = BASELINES[args.baseline]
+    load_start, n_prompts = result["machine"]["loadavg_start"], result["settings"]["prompts"]
     lines = [
         f"# Service inference on loopback ({result['settings']['backbone']})", "",
         f"`{result['command']}` — {platform.processor() or platform.machine()}, "
         f"{os.cpu_count()} CPUs, load average at start {load_start[0]:.1f}; "
-        f"{len(prompts)} {args.method} prompts mixed, 1 privatized row per request "
+        f"{n_prompts} {args.method} prompts mixed, 1 privatized row per request "
         f"(η={args.eta}, P={p_repl:.2f}).", "",
         f"| threads | {what} | requests/s | p50 ms | p95 ms | requests per forward pass "
         "| errors |", "|---|---|---|---|---|---|---|"]
@@ -297,8 +308,7 @@ def main() -> None:
               "|---|---|---|---|---|"]
     lines += [f"| {r['rows']} | {r['prompts']} | {r['mixed_ms']} | {r['per_prompt_ms']} | "
               f"{r['ratio_per_prompt_over_mixed']} |" for r in fwd]
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    return lines
 
 
 if __name__ == "__main__":
