@@ -237,14 +237,8 @@ def main() -> None:
         base_flags, what, on_name, off_name = BASELINES[args.baseline]
         off = Server(rapt_serve(db, backbone, *base_flags), tmp / "server-baseline.log")
         try:
-            batched, unbatched = [], []
-            for k in threads:
-                on_parts, off_parts = [], []
-                for _ in range(args.rounds):
-                    on_parts.append(load(srv.url, key, prompts, rows, n_req // args.rounds, k))
-                    off_parts.append(load(off.url, key, prompts, rows, n_req // args.rounds, k))
-                batched.append(summarize(on_parts, k))
-                unbatched.append(summarize(off_parts, k))
+            batched, unbatched = _alternate(args.rounds, (srv.url, off.url), key, prompts,
+                                            rows, n_req, threads)
         finally:
             off.stop()
     finally:
@@ -278,6 +272,20 @@ def main() -> None:
     lines = _report_lines(result, args, fwd, threads, p_repl)
     write_md(out.with_suffix(".md"), lines)
     print("\n".join(lines))
+
+def _alternate(rounds: int, urls: tuple[str, str], key: str, prompts: list[str], rows: list,
+               n_req: int, threads: list[int]) -> tuple[list[dict], list[dict]]:
+    """Load both servers in turns, ``rounds`` times per thread count; their summaries."""
+    batched, unbatched = [], []
+    for k in threads:
+        on_parts, off_parts = [], []
+        for _ in range(rounds):
+            on_parts.append(load(urls[0], key, prompts, rows, n_req // rounds, k))
+            off_parts.append(load(urls[1], key, prompts, rows, n_req // rounds, k))
+        batched.append(summarize(on_parts, k))
+        unbatched.append(summarize(off_parts, k))
+    return batched, unbatched
+
 
 def _report_lines(result: dict, args, fwd: list[dict], threads: list[int],
                   p_repl: float) -> list[str]:
