@@ -220,6 +220,7 @@ def main() -> None:
     write_md(RESULTS / f"{name}.md", markdown(out))
     print(markdown(out))
 
+
 def _losses(bb, adapted, held: tuple, dev: tuple, kw: dict) -> dict:
     """Distillation losses of the raw and the adapted backbone on held-out public rows and
     on the task's dev rows (and the adapted one's drift on clean dev rows)."""

@@ -458,6 +458,7 @@ def write_table(out: dict) -> None:
 
     _plot_table(out, cells)
 
+
 def _head_only_lines(rows: list[dict], cells: dict) -> list[str]:
     """The head-only control: what the trained prompt/prefix adds over the linear head."""
     ho = [r for r in rows if r.get("head_only")]

@@ -637,6 +637,7 @@ def markdown(res: dict) -> str:
     lines += [f"    {c}" for c in res.get("commands", [res["command"]])]
     return "\n".join(lines)
 
+
 def _paired_lines(res: dict) -> list[str]:
     """The paired differences against each +privatization baseline, and the verdicts."""
     if not res.get("paired"):

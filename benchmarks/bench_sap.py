@@ -111,6 +111,8 @@ CTI_SETTINGS = {"uniform": "SAP-CTI", "per-class": "SAP-CTI per-class k"}
 
 def cti_setting(rule: str, alpha: float = DEFAULT_SMOOTHING) -> str:
     return CTI_SETTINGS[rule] + ("" if alpha == DEFAULT_SMOOTHING else f" α={alpha:g}")
+
+
 # The same check on SST-2's whole 6,920-row sentence train split (872 dev rows), 3 paired
 # seeds, the paper's rule only (per-class fills SST-2's budget with the same tokens, 113 vs 112).
 PROFILES["cpu-sst2"] = dict(PROFILES["cpu-fp"], tasks=("sst2",), seeds=3, baseline_seeds=0)

@@ -190,6 +190,7 @@ def main() -> None:
     plot(result, RESULTS / f"{stem}.png")
     print(f"wrote {RESULTS / stem}.{{json,md,png}}")
 
+
 def _time_mode(args, bb, c, trows: list, labels: list, tmp: Path, unfreeze: bool) -> dict:
     """One mode (frozen or unfrozen bottom) timed step by step, in-process and over HTTP on
     the same batches, interleaved in chunks; with the bytes measured and computed."""

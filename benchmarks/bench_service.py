@@ -273,6 +273,7 @@ def main() -> None:
     write_md(out.with_suffix(".md"), lines)
     print("\n".join(lines))
 
+
 def _alternate(rounds: int, urls: tuple[str, str], key: str, prompts: list[str], rows: list,
                n_req: int, threads: list[int]) -> tuple[list[dict], list[dict]]:
     """Load both servers in turns, ``rounds`` times per thread count; their summaries."""
