@@ -43,7 +43,7 @@ import platform
 import sys
 import textwrap
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -105,7 +105,7 @@ def _done(doc: dict, setting: str, seed: int) -> bool:
     return any(r["setting"] == setting and r["seed"] == seed for r in doc["runs"])
 
 
-def main() -> None:
+def _parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--denoiser", default=None,
                     help="folder of a saved Denoiser: adds (a), (c), the denoised-queries "
@@ -132,7 +132,11 @@ def main() -> None:
     ap.add_argument("--notes", default=None,
                     help="file whose text goes into the JSON and the md (the reading of the "
                          "numbers; kept across reruns)")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = _parse_args()
     torch.set_num_threads(args.threads)  # the machine is shared
 
     from rapt.attacks.denoiser import Denoiser
@@ -159,27 +163,7 @@ def main() -> None:
     if den is not None and not args.quick:
         check_disjoint(den.meta.get("corpus") or {}, args.task)
     eta = calibrate_eta_public(bb, cfg.target_p)
-    regime = {"demo_config": asdict(cfg), "eta": eta, "noise_seed0": NOISE_SEED0,
-              "denoiser": den and {"folder": args.denoiser, "config": asdict(den.config),
-                                   "meta": den.meta}}
-    header = {"command": " ".join([Path(sys.executable).name, *sys.argv]),
-              "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                          "threads": args.threads,
-                          **({"gpu": torch.cuda.get_device_name()}
-                             if args.device == "cuda" else {})}, "regime": regime}
-    doc = _load(path, json.loads(json.dumps(header, default=str)))
-    adapter = None
-    if args.adapter:  # kept outside the regime, so adding it resumes the other settings
-        from rapt.channel_adapter import ChannelAdapter
-
-        adapter = ChannelAdapter.load(args.adapter, bb)
-        if not args.quick:
-            check_disjoint(adapter.meta.get("corpus") or {}, args.task)
-        doc["adapter"] = json.loads(json.dumps(
-            {"folder": args.adapter, "config": asdict(adapter.config), "meta": adapter.meta},
-            default=str))
-    if args.notes:
-        doc["notes"] = Path(args.notes).read_text().strip()
+    doc, header, adapter = _open_doc(args, cfg, bb, den, eta, path)
     session = {"command": header["command"], "load_start": os.getloadavg(),
                "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     t_start = time.perf_counter()
@@ -221,55 +205,10 @@ def main() -> None:
             _save(path, doc)
         plain = replace(custom, config=tcfg, privatizer=None)
         private = replace(custom, config=tcfg)
-        if {"no privacy", *CLEAN_PROMPT_CONTROLS} & set(todo):
-            t = time.perf_counter()
-            plain.tune(rows, train.labels, len(train.label_names))
-            if "no privacy" in todo:
-                record("no privacy", seed, _accuracy(plain.predict(q), test.labels),
-                       time.perf_counter() - t, P_measured=0.0)
-            for name, queries in zip(CLEAN_PROMPT_CONTROLS,
-                                     (priv_q, _mask_replaced(q, priv_q, bb.tokenizer)),
-                                     strict=True):
-                if name in todo:
-                    t = time.perf_counter()
-                    record(name, seed, _accuracy(plain.predict(queries), test.labels),
-                           time.perf_counter() - t, P_measured=p_meas, control=True)
-        if {"+privatization", *CONTROLS} & set(todo):
-            t = time.perf_counter()
-            private.tune(priv, train.labels, len(train.label_names))
-            if "+privatization" in todo:
-                record("+privatization", seed, _accuracy(private.predict(priv_q), test.labels),
-                       time.perf_counter() - t, P_measured=p_meas)
-            t = time.perf_counter()
-            if CONTROLS[0] in todo:
-                record(CONTROLS[0], seed, _accuracy(private.predict(q), test.labels),
-                       time.perf_counter() - t, P_measured=p_meas, control=True)
-            t = time.perf_counter()
-            if CONTROLS[1] in todo:
-                den_q = remedy.denoise(priv_q)
-                record(CONTROLS[1], seed, _accuracy(private.predict(den_q), test.labels),
-                       time.perf_counter() - t, P_measured=p_meas, control=True)
-        if "+denoise-then-tune" in todo:
-            t = time.perf_counter()
-            remedy.tune(priv, train.labels, len(train.label_names))
-            record("+denoise-then-tune", seed, _accuracy(remedy.predict(priv_q), test.labels),
-                   time.perf_counter() - t, P_measured=p_meas)
-        if "+privatized-MLM backbone" in todo:
-            # Remedy (c): rows and queries as released, read by the denoiser's encoder; the
-            # privatizer stays the public backbone's (priv, priv_q were made above).
-            t = time.perf_counter()
-            adapted = replace(private, backbone=den.adapted_backbone(bb), artifact=None)
-            adapted.tune(priv, train.labels, len(train.label_names))
-            record("+privatized-MLM backbone", seed,
-                   _accuracy(adapted.predict(priv_q), test.labels), time.perf_counter() - t,
-                   P_measured=p_meas)
-        if "+channel adapter" in todo:
-            # Remedy (b): the backbone with the distilled LoRA merged in, rows as released.
-            t = time.perf_counter()
-            adapted = replace(private, backbone=adapter.adapted_backbone(bb), artifact=None)
-            adapted.tune(priv, train.labels, len(train.label_names))
-            record("+channel adapter", seed, _accuracy(adapted.predict(priv_q), test.labels),
-                   time.perf_counter() - t, P_measured=p_meas)
+        d = _SeedRows(rows, priv, q, priv_q, p_meas, train, test)
+        _run_clean(todo, record, seed, plain, d, bb.tokenizer)
+        _run_private(todo, record, seed, private, remedy, d)
+        _run_remedies(todo, record, seed, private, remedy, d, (bb, den, adapter))
 
     session.update(load_end=os.getloadavg(), wall_s=round(time.perf_counter() - t_start, 1))
     doc["history"].append(session)
@@ -278,6 +217,117 @@ def main() -> None:
     Path(f"{stem}.md").write_text(markdown(doc))
     plot(doc, Path(f"{stem}.png"))
     print(markdown(doc))
+
+
+def _open_doc(args, cfg, bb, den, eta: float, path: Path) -> tuple[dict, dict, object]:
+    """The results document (resumed from ``path`` when its regime is the same), its header,
+    and the channel adapter when one is given (kept outside the regime)."""
+    regime = {"demo_config": asdict(cfg), "eta": eta, "noise_seed0": NOISE_SEED0,
+              "denoiser": den and {"folder": args.denoiser, "config": asdict(den.config),
+                                   "meta": den.meta}}
+    header = {"command": " ".join([Path(sys.executable).name, *sys.argv]),
+              "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
+                          "threads": args.threads,
+                          **({"gpu": torch.cuda.get_device_name()}
+                             if args.device == "cuda" else {})}, "regime": regime}
+    doc = _load(path, json.loads(json.dumps(header, default=str)))
+    adapter = None
+    if args.adapter:  # kept outside the regime, so adding it resumes the other settings
+        from rapt.channel import check_disjoint
+        from rapt.channel_adapter import ChannelAdapter
+
+        adapter = ChannelAdapter.load(args.adapter, bb)
+        if not args.quick:
+            check_disjoint(adapter.meta.get("corpus") or {}, args.task)
+        doc["adapter"] = json.loads(json.dumps(
+            {"folder": args.adapter, "config": asdict(adapter.config), "meta": adapter.meta},
+            default=str))
+    if args.notes:
+        doc["notes"] = Path(args.notes).read_text().strip()
+    return doc, header, adapter
+
+
+@dataclass(frozen=True)
+class _SeedRows:
+    """One seed's rows: training rows and test queries, clean and privatized, with the
+    measured replacement probability and the data they came from."""
+
+    rows: list
+    priv: list
+    q: list
+    priv_q: list
+    p_meas: float
+    train: object
+    test: object
+
+
+def _run_clean(todo: list[str], record, seed: int, plain, d: _SeedRows, tokenizer) -> None:
+    """No privacy, and the prompt tuned on clean rows read on privatized queries."""
+    if not {"no privacy", *CLEAN_PROMPT_CONTROLS} & set(todo):
+        return
+    train, test = d.train, d.test
+    t = time.perf_counter()
+    plain.tune(d.rows, train.labels, len(train.label_names))
+    if "no privacy" in todo:
+        record("no privacy", seed, _accuracy(plain.predict(d.q), test.labels),
+               time.perf_counter() - t, P_measured=0.0)
+    for name, queries in zip(CLEAN_PROMPT_CONTROLS,
+                             (d.priv_q, _mask_replaced(d.q, d.priv_q, tokenizer)),
+                             strict=True):
+        if name in todo:
+            t = time.perf_counter()
+            record(name, seed, _accuracy(plain.predict(queries), test.labels),
+                   time.perf_counter() - t, P_measured=d.p_meas, control=True)
+
+
+def _run_private(todo: list[str], record, seed: int, private, remedy, d: _SeedRows) -> None:
+    """+privatization, and its prompt read on clean and on denoised queries."""
+    if not {"+privatization", *CONTROLS} & set(todo):
+        return
+    train, test, p_meas = d.train, d.test, d.p_meas
+    t = time.perf_counter()
+    private.tune(d.priv, train.labels, len(train.label_names))
+    if "+privatization" in todo:
+        record("+privatization", seed, _accuracy(private.predict(d.priv_q), test.labels),
+               time.perf_counter() - t, P_measured=p_meas)
+    t = time.perf_counter()
+    if CONTROLS[0] in todo:
+        record(CONTROLS[0], seed, _accuracy(private.predict(d.q), test.labels),
+               time.perf_counter() - t, P_measured=p_meas, control=True)
+    t = time.perf_counter()
+    if CONTROLS[1] in todo:
+        den_q = remedy.denoise(d.priv_q)
+        record(CONTROLS[1], seed, _accuracy(private.predict(den_q), test.labels),
+               time.perf_counter() - t, P_measured=p_meas, control=True)
+
+
+def _run_remedies(todo: list[str], record, seed: int, private, remedy, d: _SeedRows,
+                  models: tuple) -> None:
+    """The remedies: denoise-then-tune (a), the channel adapter (b) and the privatized-MLM
+    backbone (c)."""
+    bb, den, adapter = models
+    train, test, p_meas, priv, priv_q = d.train, d.test, d.p_meas, d.priv, d.priv_q
+    if "+denoise-then-tune" in todo:
+        t = time.perf_counter()
+        remedy.tune(priv, train.labels, len(train.label_names))
+        record("+denoise-then-tune", seed, _accuracy(remedy.predict(priv_q), test.labels),
+               time.perf_counter() - t, P_measured=p_meas)
+    if "+privatized-MLM backbone" in todo:
+        # Remedy (c): rows and queries as released, read by the denoiser's encoder; the
+        # privatizer stays the public backbone's (priv, priv_q were made above).
+        t = time.perf_counter()
+        adapted = replace(private, backbone=den.adapted_backbone(bb), artifact=None)
+        adapted.tune(priv, train.labels, len(train.label_names))
+        record("+privatized-MLM backbone", seed,
+               _accuracy(adapted.predict(priv_q), test.labels), time.perf_counter() - t,
+               P_measured=p_meas)
+    if "+channel adapter" in todo:
+        # Remedy (b): the backbone with the distilled LoRA merged in, rows as released.
+        t = time.perf_counter()
+        adapted = replace(private, backbone=adapter.adapted_backbone(bb), artifact=None)
+        adapted.tune(priv, train.labels, len(train.label_names))
+        record("+channel adapter", seed, _accuracy(adapted.predict(priv_q), test.labels),
+               time.perf_counter() - t, P_measured=p_meas)
 
 
 def _wanted(chosen: str | None, has_denoiser: bool, has_adapter: bool) -> list[str]:
