@@ -142,7 +142,6 @@ def main() -> None:
     from rapt.attacks.denoiser import Denoiser
     from rapt.attacks.recovery import ReconstructionInput, run_attackers
     from rapt.channel import check_disjoint, public_corpus_for
-    from rapt.config import default_lr
     from rapt.models import load_backbone
     from rapt.pipeline import Customization, Encoding
     from rapt.privatization import calibrate_eta_public, replacement_probability
@@ -169,14 +168,8 @@ def main() -> None:
     t_start = time.perf_counter()
 
     train, test = _demo_data(cfg, print)
-    head_kw = _head_options(cfg, bb, list(train.label_names))
-    n_text, whole = _text_length(cfg, bb.tokenizer, train.texts, print)
-    doc["regime"]["text_length"], doc["regime"]["rows_whole"] = n_text, whole
-    doc["regime"]["n_train"], doc["regime"]["n_test"] = len(train), len(test)
-    lr = cfg.lr if cfg.lr is not None else default_lr(cfg.method)
-    base = dict(method=cfg.method, num_virtual_tokens=cfg.num_virtual_tokens, lr=lr,
-                epochs=cfg.epochs, batch_size=cfg.batch_size, max_length=n_text, **head_kw)
-    enc = Encoding(max_length=n_text)
+    base = _tune_options(cfg, bb, train, test, doc)
+    enc = Encoding(max_length=base["max_length"])
     P = cfg.target_p
 
     def record(setting: str, seed: int, acc: float, seconds: float, **extra) -> None:
@@ -217,6 +210,20 @@ def main() -> None:
     Path(f"{stem}.md").write_text(markdown(doc))
     plot(doc, Path(f"{stem}.png"))
     print(markdown(doc))
+
+
+def _tune_options(cfg, bb, train, test, doc: dict) -> dict:
+    """TuneConfig's fields shared by every setting; the text length they truncate at (and the
+    data's sizes) go into the document's regime."""
+    from rapt.config import default_lr
+
+    head_kw = _head_options(cfg, bb, list(train.label_names))
+    n_text, whole = _text_length(cfg, bb.tokenizer, train.texts, print)
+    doc["regime"]["text_length"], doc["regime"]["rows_whole"] = n_text, whole
+    doc["regime"]["n_train"], doc["regime"]["n_test"] = len(train), len(test)
+    lr = cfg.lr if cfg.lr is not None else default_lr(cfg.method)
+    return dict(method=cfg.method, num_virtual_tokens=cfg.num_virtual_tokens, lr=lr,
+                epochs=cfg.epochs, batch_size=cfg.batch_size, max_length=n_text, **head_kw)
 
 
 def _open_doc(args, cfg, bb, den, eta: float, path: Path) -> tuple[dict, dict, object]:

@@ -714,7 +714,7 @@ def plot(res: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def main() -> None:
+def _parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", choices=sorted(PROFILES), default="cpu")
     ap.add_argument("--out", default="benchmarks/results")
@@ -768,57 +768,20 @@ def main() -> None:
     ap.add_argument("--merge", default=None, metavar="STEM,STEM",
                     help="combine result stems of the same profile (runs made in parallel "
                          "processes) into --name, then render")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = _parse_args()
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     if args.merge:
-        parts_res = [json.loads((out_dir / f"{m}.json").read_text())
-                     for m in args.merge.split(",")]
-        if len({(r["profile"], r.get("backbone", "minilm")) for r in parts_res}) != 1:
-            raise SystemExit("--merge: the stems hold different profiles or backbones")
-        res = dict(parts_res[0])
-        # The settings the runs were last made with (an --append may have narrowed them),
-        # with the tasks of every part.
-        res["settings"] = dict(([a for a in res.get("appended", []) if "settings" in a]
-                                or [res])[-1]["settings"])
-        res["settings"]["tasks"] = sorted({x["task"] for r in parts_res for x in r["runs"]
-                                           if x["table"] == "fig2"})
-        res["appended"] = [a for r in parts_res for a in
-                           [{"command": r["command"], "machine": r["machine"]},
-                            *r.get("appended", [])]][1:]
-        res["elapsed_s"] = max(r.get("elapsed_s", 0.0) for r in parts_res)
-        for key in ("runs", "aia"):
-            res[key] = [x for r in parts_res for x in r.get(key, [])]
-        for key in ("eta_for_p", "majority_rate"):
-            res[key] = {k: v for r in parts_res for k, v in r.get(key, {}).items()}
-        res["merged_from"] = args.merge.split(",")
-        (out_dir / f"{args.name}.json").write_text(json.dumps(res, indent=1) + "\n")
+        _merge(args, out_dir)
         args.render = True
     if args.render:
-        res = json.loads((out_dir / f"{args.name}.json").read_text())
-        res["summary"], res["paired_cti"] = summarize(res), paired_cti(res)
-        if args.note:
-            res["note"] = args.note
-            (out_dir / f"{args.name}.json").write_text(json.dumps(res, indent=1) + "\n")
-        (out_dir / f"{args.name}.md").write_text(markdown(res) + "\n")
-        plot(res, out_dir / f"{args.name}.png")
+        _render(args, out_dir)
         return
-    prof = dict(PROFILES[args.profile])
-    if args.seeds is not None:
-        prof["seeds"] = args.seeds
-    if args.tasks:
-        prof["tasks"] = tuple(args.tasks.split(","))
-    if args.levels:
-        prof["levels"] = tuple(float(x) for x in args.levels.split(","))
-    if args.t4_levels:
-        prof["t4_levels"] = tuple(float(x) for x in args.t4_levels.split(","))
-    if args.t4_splits:
-        prof["t4_splits"] = tuple(int(x) for x in args.t4_splits.split(","))
-    for key in ("t3_seeds", "t4_seeds", "attack_rows"):
-        if getattr(args, key) is not None:
-            prof[key] = getattr(args, key)
-    if args.baseline_seeds is not None:
-        prof["baseline_seeds"] = args.baseline_seeds
+    prof = _profile(args)
     parts = args.parts.split(",")
     command = " ".join([sys.executable, *sys.argv])
     res: dict = {"command": command, "machine": _machine(), "backbone": args.backbone,
@@ -852,7 +815,81 @@ def main() -> None:
     b = Bench(prof, res, save,
               [out_dir / f"{stem}.json" for stem in (args.reuse.split(",") if args.reuse else [])],
               backbone=args.backbone)
-    # Seeds outermost within each part: an interrupted run has whole grids for seed 0.
+    plan = _plan(args, prof, parts)
+    # Runs that repeat Figure 2's SST-2 SAP settings (frozen, n = 0) go last, so that a
+    # Figure 2 process running beside this one has made them by then (see --reuse).
+    plan.sort(key=lambda r: r[0] != "fig2" and r[1] == "sst2" and not r[4].get("unfreeze")
+              and not r[4].get("split") and not r[4].get("cti"))
+    for table, task, p, seed, opts in plan:
+        b.run(table, task, p, seed, **opts)
+    if "aia" in parts:
+        b.aia(prof["levels"], tuple(args.aia_attributes.split(",")))
+    save()
+    (out_dir / f"{args.name}.md").write_text(markdown(res) + "\n")
+    plot(res, out_dir / f"{args.name}.png")
+    print(markdown(res))
+
+
+def _merge(args, out_dir: Path) -> None:
+    """Combine result stems of one profile (runs made in parallel processes) into --name."""
+    parts_res = [json.loads((out_dir / f"{m}.json").read_text())
+                 for m in args.merge.split(",")]
+    if len({(r["profile"], r.get("backbone", "minilm")) for r in parts_res}) != 1:
+        raise SystemExit("--merge: the stems hold different profiles or backbones")
+    res = dict(parts_res[0])
+    # The settings the runs were last made with (an --append may have narrowed them),
+    # with the tasks of every part.
+    res["settings"] = dict(([a for a in res.get("appended", []) if "settings" in a]
+                            or [res])[-1]["settings"])
+    res["settings"]["tasks"] = sorted({x["task"] for r in parts_res for x in r["runs"]
+                                       if x["table"] == "fig2"})
+    res["appended"] = [a for r in parts_res for a in
+                       [{"command": r["command"], "machine": r["machine"]},
+                        *r.get("appended", [])]][1:]
+    res["elapsed_s"] = max(r.get("elapsed_s", 0.0) for r in parts_res)
+    for key in ("runs", "aia"):
+        res[key] = [x for r in parts_res for x in r.get(key, [])]
+    for key in ("eta_for_p", "majority_rate"):
+        res[key] = {k: v for r in parts_res for k, v in r.get(key, {}).items()}
+    res["merged_from"] = args.merge.split(",")
+    (out_dir / f"{args.name}.json").write_text(json.dumps(res, indent=1) + "\n")
+
+
+def _render(args, out_dir: Path) -> None:
+    """Re-render --name's .md and .png from its .json (with --note, noted there too)."""
+    res = json.loads((out_dir / f"{args.name}.json").read_text())
+    res["summary"], res["paired_cti"] = summarize(res), paired_cti(res)
+    if args.note:
+        res["note"] = args.note
+        (out_dir / f"{args.name}.json").write_text(json.dumps(res, indent=1) + "\n")
+    (out_dir / f"{args.name}.md").write_text(markdown(res) + "\n")
+    plot(res, out_dir / f"{args.name}.png")
+
+
+def _profile(args) -> dict:
+    """The profile's settings with the command line's overrides."""
+    prof = dict(PROFILES[args.profile])
+    if args.seeds is not None:
+        prof["seeds"] = args.seeds
+    if args.tasks:
+        prof["tasks"] = tuple(args.tasks.split(","))
+    if args.levels:
+        prof["levels"] = tuple(float(x) for x in args.levels.split(","))
+    if args.t4_levels:
+        prof["t4_levels"] = tuple(float(x) for x in args.t4_levels.split(","))
+    if args.t4_splits:
+        prof["t4_splits"] = tuple(int(x) for x in args.t4_splits.split(","))
+    for key in ("t3_seeds", "t4_seeds", "attack_rows"):
+        if getattr(args, key) is not None:
+            prof[key] = getattr(args, key)
+    if args.baseline_seeds is not None:
+        prof["baseline_seeds"] = args.baseline_seeds
+    return prof
+
+
+def _plan(args, prof: dict, parts: list[str]) -> list[tuple]:
+    """Every run of the chosen parts as (table, task, P, seed, options), seeds outermost
+    within each part: an interrupted run has whole grids for seed 0."""
     cti_rules = args.cti_rules.split(",")
     unknown = [r for r in cti_rules if r not in CTI_SETTINGS]
     if unknown:
@@ -903,18 +940,7 @@ def main() -> None:
                     if n >= 1:
                         plan.append(("table4", "sst2", None, seed, {"split": n, "eta": eta,
                                                                     "privatize": "output"}))
-    # Runs that repeat Figure 2's SST-2 SAP settings (frozen, n = 0) go last, so that a
-    # Figure 2 process running beside this one has made them by then (see --reuse).
-    plan.sort(key=lambda r: r[0] != "fig2" and r[1] == "sst2" and not r[4].get("unfreeze")
-              and not r[4].get("split") and not r[4].get("cti"))
-    for table, task, p, seed, opts in plan:
-        b.run(table, task, p, seed, **opts)
-    if "aia" in parts:
-        b.aia(prof["levels"], tuple(args.aia_attributes.split(",")))
-    save()
-    (out_dir / f"{args.name}.md").write_text(markdown(res) + "\n")
-    plot(res, out_dir / f"{args.name}.png")
-    print(markdown(res))
+    return plan
 
 
 if __name__ == "__main__":
