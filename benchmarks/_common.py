@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shlex
 import sys
 from pathlib import Path
 
@@ -32,7 +33,7 @@ def command() -> str:
     module = Path(sys.argv[0]).resolve()
     name = (f"benchmarks.{module.stem}" if module.parent == ROOT / "benchmarks"
             else str(sys.argv[0]))
-    return " ".join(["python -m", name, *sys.argv[1:]])
+    return " ".join(["python -m", name, *map(shlex.quote, sys.argv[1:])])
 
 
 def write_json(path: Path, doc, indent: int = 2, ensure_ascii: bool = True) -> Path:

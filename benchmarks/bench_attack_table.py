@@ -33,13 +33,12 @@ import json
 import os
 import platform
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-from benchmarks._common import RESULTS
+from benchmarks._common import RESULTS, command
 
 ROOT = Path(__file__).resolve().parents[1]
 RESOURCE = ROOT / "src" / "rapt" / "resources" / "attack_table.json"
@@ -256,9 +255,7 @@ def main() -> None:
                      "from the release and public knowledge (all tokens / replaced only); "
                      "empirical privacy = 1 - the strongest attacker's recovery over all tokens",
            "provenance": {
-               "command": " ".join(["python", *[Path(sys.argv[0]).relative_to(ROOT).as_posix()
-                                                if Path(sys.argv[0]).is_absolute()
-                                                else sys.argv[0], *sys.argv[1:]]]),
+               "command": command(),
                "rapt_version": rapt.__version__, "commit": commit,
                "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
                "public_text": "public_corpus_for('sst2'): rapt's built-in datasets other than "

@@ -40,7 +40,6 @@ import argparse
 import json
 import os
 import platform
-import sys
 import textwrap
 import time
 from dataclasses import asdict, dataclass, replace
@@ -48,7 +47,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks._common import RESULTS
+from benchmarks._common import RESULTS, command
 from rapt.demo import DemoConfig, _accuracy, _demo_data, _head_options, _text_length
 from rapt.stats import effect_word, gap_won_back, mean_ci, paired_difference
 
@@ -232,7 +231,7 @@ def _open_doc(args, cfg, bb, den, eta: float, path: Path) -> tuple[dict, dict, o
     regime = {"demo_config": asdict(cfg), "eta": eta, "noise_seed0": NOISE_SEED0,
               "denoiser": den and {"folder": args.denoiser, "config": asdict(den.config),
                                    "meta": den.meta}}
-    header = {"command": " ".join([Path(sys.executable).name, *sys.argv]),
+    header = {"command": command(),
               "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                           "threads": args.threads,
                           **({"gpu": torch.cuda.get_device_name()}

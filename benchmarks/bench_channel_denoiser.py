@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks._common import RESULTS
+from benchmarks._common import RESULTS, command
 from benchmarks.bench_gpu import environment
 from rapt.attacks.denoiser import DenoiserConfig, fit_change_margin, train_denoiser
 from rapt.attacks.inversion import invert_ids
@@ -245,7 +245,7 @@ def main() -> None:
         den.save(args.save)
     ev = evaluate(args, bb, den, cand, room, frequent, privatizer(2))
     res = {k: ev[k] for k in ("nearest neighbour", "denoiser")}
-    out = {"command": " ".join([Path(sys.executable).name, *sys.argv]),
+    out = {"command": command(),
            "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                        "threads": args.threads,
                        "load_before": load0, "load_after": os.getloadavg()},

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -32,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks._common import RESULTS
+from benchmarks._common import RESULTS, command, machine
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,14 +44,6 @@ TASKS = {"sst2": ("sst2-sentences", "train", ("dev",)),
 TASK_NAMES = {"sst2": "SST-2", "fp": "FP", "trec": "TREC", "cb": "CB (pairs)"}
 GOAL_SECONDS = 300  # issue 32: 2,000 rows with the defaults in <= 5 min on 2 cores
 GOAL_POINTS = 1.0  # ... within 1 point of the best method
-
-
-def machine() -> dict:
-    import torch
-
-    return {"platform": platform.platform(), "cpu_count": os.cpu_count(),
-            "torch": torch.__version__, "python": platform.python_version(),
-            "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
 
 
 def _rapt(args: list[str]) -> tuple[float, str]:
@@ -300,7 +291,7 @@ def main() -> None:
     ap.add_argument("--name", default="defaults")
     ap.add_argument("--render", action="store_true", help="only rebuild the table")
     args = ap.parse_args()
-    args.command = "python -m benchmarks.bench_defaults " + " ".join(sys.argv[1:])
+    args.command = command()
     if not args.render:
         run_grid(args)
     render(args)

@@ -22,13 +22,12 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
 
 import torch
 from torch.nn import functional as F
 
-from benchmarks._common import RESULTS
+from benchmarks._common import RESULTS, command
 
 
 def machine() -> dict:
@@ -550,7 +549,7 @@ def main() -> None:
     args.tokens = {"prompt": args.virtual_tokens, "prefix": args.prefix_tokens}
     torch.set_num_threads(args.threads)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    head = {"command": "python " + " ".join(sys.argv), "machine": machine(), "tag": args.tag}
+    head = {"command": command(), "machine": machine(), "tag": args.tag}
     t0 = time.perf_counter()
     if args.part == "speed":
         out = {**head, **bench_speed(args)}

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks._common import RESULTS
+from benchmarks._common import RESULTS, command
 
 
 def sync(device: torch.device) -> None:
@@ -298,7 +298,7 @@ def main() -> None:
     if device.type == "cuda" and not torch.cuda.is_available():
         sys.exit("--device cuda: no CUDA device here (use --device cpu --quick for a dry run)")
     t0 = time.perf_counter()
-    r: dict = {"command": "python " + " ".join(sys.argv), "environment": environment(device)}
+    r: dict = {"command": command(), "environment": environment(device)}
     parts = args.parts.split(",")
     unknown = set(parts) - {"privatize", "tune"}
     if unknown:

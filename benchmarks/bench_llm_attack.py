@@ -20,15 +20,13 @@ import argparse
 import json
 import os
 import platform
-import sys
 import time
 from collections import Counter
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 
-from benchmarks._common import RESULTS
+from benchmarks._common import RESULTS, command
 from benchmarks.bench_channel_denoiser import privatize, recovery
 from rapt.attacks import ATTACKERS, ReconstructionInput
 from rapt.attacks.llm_recovery import DEFAULT_MAX_CHANGE, changed_share
@@ -130,7 +128,7 @@ def main() -> None:
     examples = [{"private": tok.decode(private[i]), "raw reply aligned": tok.decode(raw[i]),
                  "guess": tok.decode(guess[i]), "original": tok.decode(clean[i])}
                 for i in range(min(5, len(clean)))]
-    out = {"command": " ".join([Path(sys.executable).name, *sys.argv]),
+    out = {"command": command(),
            "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                        "threads": a.threads, "torch": torch.__version__,
                        "load_before": load0, "load_after": os.getloadavg()},

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks._common import RESULTS
+from benchmarks._common import RESULTS, command
 from rapt.attacks.mia import mean_roc, prompt_mia
 from rapt.data import load_dataset
 from rapt.llm import HFLabelScorer
@@ -50,7 +50,7 @@ def main() -> None:
     args = ap.parse_args()
     prof = PROFILES[args.profile]
     report: dict = {
-        "command": " ".join([Path(sys.executable).name, *sys.argv]), "profile": args.profile,
+        "command": command(), "profile": args.profile,
         "backbone": args.backbone, "shots": args.shots, **prof,
         "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
                     "torch": torch.__version__, "loadavg_start": os.getloadavg()},

@@ -26,12 +26,12 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
+from benchmarks._common import command
 from rapt.config import default_lr
 from rapt.data import label_descriptions_for, load_dataset
 from rapt.demo import DemoConfig
@@ -265,7 +265,7 @@ def main() -> None:
         args.out.with_suffix(".md").write_text(markdown(res))
         return
     torch.set_num_threads(args.threads)
-    res: dict = {"command": "python " + " ".join(sys.argv), "machine": machine()}
+    res: dict = {"command": command(), "machine": machine()}
     bb = load_backbone("minilm")
     t0 = time.perf_counter()
     parts = args.parts.split(",")

@@ -23,14 +23,13 @@ import argparse
 import json
 import os
 import platform
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from benchmarks._common import RESULTS
+from benchmarks._common import RESULTS, command
 from rapt.attacks.inversion import inversion_attack
 from rapt.data import load_dataset
 from rapt.models import load_backbone
@@ -112,7 +111,7 @@ def main() -> None:
     curve = _privacy_curve(E, specials, cids, fast_index, args.seed)
 
     result = {
-        "command": " ".join([sys.executable, *sys.argv]),
+        "command": command(),
         "machine": {"platform": platform.platform(), "processor": platform.processor(),
                     "cpu_count": os.cpu_count(), "torch": torch.__version__,
                     "torch_threads": torch.get_num_threads(),

@@ -24,14 +24,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
+from benchmarks._common import command, machine
 from rapt.attacks.attribute import attribute_attack, embedding_features, hidden_features
 from rapt.data import label_descriptions_for, load_dataset
 from rapt.demo import plain_tokens_for
@@ -155,12 +154,6 @@ def _acc(pred, gold) -> float:
     return sum(int(a == b) for a, b in zip(pred, gold, strict=True)) / len(gold)
 
 
-def _machine() -> dict:
-    return {"platform": platform.platform(), "python": platform.python_version(),
-            "cpu_count": os.cpu_count(), "torch": torch.__version__,
-            "threads": torch.get_num_threads(), "loadavg_start": list(os.getloadavg())}
-
-
 def _parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", choices=sorted(PROFILES), default="cpu")
@@ -201,7 +194,7 @@ def _profile(args) -> dict:
 def _start(args, path: Path, settings: dict) -> dict:
     """The results document: a fresh one, or the one at ``path`` resumed when its profile and
     run-defining settings are the same."""
-    res: dict = {"command": " ".join([sys.executable, *sys.argv]), "machine": _machine(),
+    res: dict = {"command": command(), "machine": machine(),
                  "profile": args.profile, "settings": settings, "levels": {}, "runs": [],
                  "timing": None, "attack": []}
     if path.exists() and not args.fresh and not args.timing_only:

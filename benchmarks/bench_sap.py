@@ -37,14 +37,13 @@ import argparse
 import json
 import math
 import os
-import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
+from benchmarks._common import command, machine
 from rapt.attacks.attribute import attribute_attack, hidden_features
 from rapt.attacks.label_inference import label_inference_attack
 from rapt.attacks.split_inversion import (
@@ -119,12 +118,6 @@ PROFILES["cpu-sst2"] = dict(PROFILES["cpu-fp"], tasks=("sst2",), seeds=3, baseli
 TASKS = {"fp": ("financial_phrasebank", "train", "test"),
          "sst2": ("sst2-sentences", "train", "dev"),
          "trustpilot": ("trustpilot", "a", "b")}  # rating 1-5
-
-
-def _machine() -> dict:
-    return {"platform": platform.platform(), "python": platform.python_version(),
-            "cpu_count": os.cpu_count(), "torch": torch.__version__,
-            "threads": torch.get_num_threads(), "loadavg_start": list(os.getloadavg())}
 
 
 def _mean_sd(xs: list[float]) -> tuple[float, float]:
@@ -783,8 +776,8 @@ def main() -> None:
         return
     prof = _profile(args)
     parts = args.parts.split(",")
-    command = " ".join([sys.executable, *sys.argv])
-    res: dict = {"command": command, "machine": _machine(), "backbone": args.backbone,
+    cmd = command()
+    res: dict = {"command": cmd, "machine": machine(), "backbone": args.backbone,
                  "profile": args.profile, "settings": prof, "parts": parts, "eta_for_p": {},
                  "majority_rate": {}, "runs": [], "aia": []}
     path = out_dir / f"{args.name}.json"
@@ -795,7 +788,7 @@ def main() -> None:
         if old.get("backbone", "minilm") != args.backbone:
             raise SystemExit(f"{path} holds backbone {old.get('backbone', 'minilm')!r}, not "
                              f"{args.backbone!r}")
-        old.setdefault("appended", []).append({"command": command, "machine": _machine(),
+        old.setdefault("appended", []).append({"command": cmd, "machine": machine(),
                                                "settings": prof})
         res = old
     if args.profile == "quick":

@@ -20,7 +20,7 @@ import json
 import sys
 from pathlib import Path
 
-from benchmarks._common import RESULTS
+from benchmarks._common import RESULTS, command
 from rapt.stats import gap_won_back, holm, mean_ci
 
 DEFAULT_INPUTS = ("channel.json", "channel_lora.json", "channel_p0.2.json",
@@ -193,7 +193,7 @@ def main() -> None:
     if not paths:
         sys.exit("no bench_channel results found")
     doc = gather(paths)
-    doc["command"] = " ".join(["python", *sys.argv])
+    doc["command"] = command()
     old = RESULTS / "channel_grid.json"
     doc["notes"] = (Path(args.notes).read_text().strip() if args.notes else
                     json.loads(old.read_text()).get("notes") if old.is_file() else None)
