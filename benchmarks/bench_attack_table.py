@@ -31,14 +31,13 @@ import argparse
 import datetime as dt
 import json
 import os
-import platform
 import subprocess
 import time
 from pathlib import Path
 
 import torch
 
-from benchmarks._common import RESULTS, command
+from benchmarks._common import RESULTS, command, machine
 
 ROOT = Path(__file__).resolve().parents[1]
 RESOURCE = ROOT / "src" / "rapt" / "resources" / "attack_table.json"
@@ -149,10 +148,10 @@ def markdown(doc: dict) -> str:
     lines = ["# Attack table: token recovery vs η, per backbone, on public text (issue 27)", "",
              f"`{prov['command']}` at rapt {prov['rapt_version']} ({prov['commit']}), "
              f"{prov['date']}.  ",
-             f"Machine: {prov['machine']['platform']}, {prov['machine']['cpus']} CPUs shared, "
-             f"{prov['machine']['threads']} thread(s), torch {prov['machine']['torch']}; load "
-             f"{prov['machine']['load_before'][0]:.2f} before, "
-             f"{prov['machine']['load_after'][0]:.2f} after; {prov['wall_s'] / 60:.1f} min "
+             f"Machine: {prov['machine']['platform']}, {prov['machine']['cpu_count']} CPUs "
+             f"shared, {prov['machine']['threads']} thread(s), torch {prov['machine']['torch']}; "
+             f"load {prov['machine']['loadavg_start'][0]:.2f} before, "
+             f"{prov['machine']['loadavg_end'][0]:.2f} after; {prov['wall_s'] / 60:.1f} min "
              "wall.", "",
              "Recovery = share of non-special tokens the attacker guesses right (all / replaced "
              "only); empirical privacy (EP) = 1 − the strongest attacker's recovery over all "
@@ -248,7 +247,7 @@ def main() -> None:
         raise SystemExit(f"--denoiser takes BACKBONE=FOLDER for one of {args.backbones}")
     import rapt
 
-    load0, t0, commit = os.getloadavg(), time.perf_counter(), git_commit()  # the code measured
+    host, t0, commit = machine(), time.perf_counter(), git_commit()  # the code measured
     backbones = {b: measure_backbone(b, args, dens.get(b)) for b in args.backbones}
     doc = {"format": "rapt-attack-table", "version": 1,
            "metric": "token recovery: share of non-special tokens an attacker guesses right "
@@ -261,9 +260,7 @@ def main() -> None:
                "public_text": "public_corpus_for('sst2'): rapt's built-in datasets other than "
                               "SST-2; a deployment would use a general web or encyclopedic "
                               "corpus",
-               "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                           "threads": args.threads, "torch": torch.__version__,
-                           "load_before": load0, "load_after": os.getloadavg()},
+               "machine": {**host, "loadavg_end": list(os.getloadavg())},
                "wall_s": round(time.perf_counter() - t0, 1), "seed": args.seed,
                "noise": "seeded per point (a benchmark: the table is not a release)"},
            "backbones": backbones}

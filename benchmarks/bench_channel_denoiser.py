@@ -31,7 +31,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import sys
 import time
 from collections import Counter
@@ -39,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks._common import RESULTS, command
+from benchmarks._common import RESULTS, command, machine
 from benchmarks.bench_gpu import environment
 from rapt.attacks.denoiser import DenoiserConfig, fit_change_margin, train_denoiser
 from rapt.attacks.inversion import invert_ids
@@ -211,7 +210,7 @@ def main() -> None:
     if device.type == "cuda" and not torch.cuda.is_available():
         sys.exit("--device cuda: no CUDA device here (use --device cpu --quick for a dry run)")
     torch.set_num_threads(args.threads)  # the machine is shared
-    load0 = os.getloadavg()
+    host = machine()
     t_start = time.perf_counter()
 
     bb = load_backbone(args.backbone, device=device)  # float32, also from a float16 copy
@@ -246,9 +245,7 @@ def main() -> None:
     ev = evaluate(args, bb, den, cand, room, frequent, privatizer(2))
     res = {k: ev[k] for k in ("nearest neighbour", "denoiser")}
     out = {"command": command(),
-           "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                       "threads": args.threads,
-                       "load_before": load0, "load_after": os.getloadavg()},
+           "machine": {**host, "loadavg_end": list(os.getloadavg())},
            "environment": environment(device),
            "backbone": args.backbone, "task": args.task, "eta": eta, "target_p": args.target_p,
            "P_train": p_train, "P_eval": ev.pop("P_eval"),
@@ -277,15 +274,15 @@ def markdown(o: dict) -> str:
                         for s in o["corpus"]["sources"]["sources"])
     m, env, c = o["machine"], o["environment"], o["corpus"]
     where = (f"{env['gpu']} ({m['platform']})" if "gpu" in env else
-             f"{m['platform']}, {m['cpus']} CPUs shared, {m['threads']} torch threads")
+             f"{m['platform']}, {m['cpu_count']} CPUs shared, {m['threads']} torch threads")
     name = "MiniLM" if o["backbone"] == "minilm" else f"`{o['backbone']}` (run in float32)"
     times = "once" if c["repeats"] == 1 else f"{c['repeats']} times with fresh noise"
     how = (f"{o['config']['epochs']} epoch(s)" if o["wall_cap_s"] is None or not o["stopped"]
            else f"stopped at the {o['wall_cap_s'] / 60:g}-min wall cap")
     lines = [
         "# Contextual denoiser vs nearest neighbour (issue 27)", "",
-        f"`{o['command']}` on {where}; load {m['load_before'][0]:.1f} before, "
-        f"{m['load_after'][0]:.1f} after.", "",
+        f"`{o['command']}` on {where}; load {m['loadavg_start'][0]:.1f} before, "
+        f"{m['loadavg_end'][0]:.1f} after.", "",
         f"{name}, η = {o['eta']:.4g} (calibrated for P ≈ {o['target_p']} on rapt's public "
         f"sample); P measured {o['P_train']:.3f} on the training pairs, {o['P_eval']:.3f} on the "
         "evaluation rows.", "",

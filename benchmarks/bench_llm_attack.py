@@ -19,14 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import time
 from collections import Counter
 from dataclasses import replace
 
 import torch
 
-from benchmarks._common import RESULTS, command
+from benchmarks._common import RESULTS, command, machine
 from benchmarks.bench_channel_denoiser import privatize, recovery
 from rapt.attacks import ATTACKERS, ReconstructionInput
 from rapt.attacks.llm_recovery import DEFAULT_MAX_CHANGE, changed_share
@@ -78,7 +77,7 @@ def args_() -> argparse.Namespace:
 def main() -> None:
     a = args_()
     torch.set_num_threads(a.threads)  # the machine is shared
-    load0, t_start = os.getloadavg(), time.perf_counter()
+    host, t_start = machine(), time.perf_counter()
     enc = load_backbone("minilm")
     tok, emb = enc.tokenizer, enc.embeddings.detach()
     eta = calibrate_eta_public(enc, a.target_p)
@@ -129,9 +128,7 @@ def main() -> None:
                  "guess": tok.decode(guess[i]), "original": tok.decode(clean[i])}
                 for i in range(min(5, len(clean)))]
     out = {"command": command(),
-           "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                       "threads": a.threads, "torch": torch.__version__,
-                       "load_before": load0, "load_after": os.getloadavg()},
+           "machine": {**host, "loadavg_end": list(os.getloadavg())},
            "backbone": "minilm", "llm": a.llm, "eta": eta, "target_p": a.target_p,
            "P": replacement_probability(clean, private, enc.special_ids),
            "eval": {"set": f"sst2 dev, first {len(clean)} sentences", "sentences": len(clean),
@@ -158,8 +155,9 @@ def markdown(o: dict) -> str:
     sources = ", ".join(f"{s['name']}/{s['split']} {s['texts']}" for s in c["sources"])
     lines = [
         "# LLM reconstruction attacker vs nearest neighbour and Bayes (issue 27)", "",
-        f"`{o['command']}` on {m['platform']}, {m['cpus']} CPUs shared, {m['threads']} "
-        f"thread(s); load {m['load_before'][0]:.1f} before, {m['load_after'][0]:.1f} after.", "",
+        f"`{o['command']}` on {m['platform']}, {m['cpu_count']} CPUs shared, {m['threads']} "
+        f"thread(s); load {m['loadavg_start'][0]:.1f} before, {m['loadavg_end'][0]:.1f} after.",
+        "",
         f"MiniLM, η = {o['eta']:.4g} (calibrated for P ≈ {o['target_p']} on rapt's public "
         f"sample); P measured {o['P']:.3f} on {o['eval']['set']} (privatized once, seed 2). "
         f"Public text (few-shot examples, Bayes prior): {c['n_texts']:,} texts, "

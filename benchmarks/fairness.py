@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import tempfile
 import time
@@ -32,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks._common import RESULTS
+from benchmarks._common import RESULTS, machine
 
 LONG_ROWS, LONG_EPOCHS = 1000, 100  # 100,000 steps at batch size 1
 HEARTBEAT_S = 1.0  # ServiceConfig's default
@@ -157,7 +156,7 @@ def markdown(r: dict) -> str:
     m = r["machine"]
     out = ["# Fairness: a 1-step job of key B behind a 100,000-step job of key A", "",
            f"`{r['command']}` — {m['platform']}, {m['cpu_count']} cores, torch {m['torch']}, "
-           f"{m['omp_threads']} thread; load average {m['loadavg_start'][0]:.2f} at start, "
+           f"{m['threads']} thread; load average {m['loadavg_start'][0]:.2f} at start, "
            f"{m['loadavg_end'][0]:.2f} at the end (about 1 is this benchmark alone on its "
            "thread; more means other jobs shared the cores, and the waits grow with them).", "",
            "One job worker, in-process service, SQLite store, the real trainer on a tiny "
@@ -197,7 +196,7 @@ def main() -> None:
                     help="how long the slicing-off run watches B stay queued")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    load_start = os.getloadavg()
+    host = machine()
     runs = []
     with tempfile.TemporaryDirectory(prefix="rapt-fair-") as tmp:
         for s in [0.0, *args.slices]:
@@ -227,9 +226,7 @@ def main() -> None:
         cmd += f" --slices {' '.join(f'{s:g}' for s in args.slices)} --repeats {args.repeats}"
     result = {"command": cmd, "heartbeat_s": HEARTBEAT_S, "own_run_allowance_s": OWN_RUN_S,
               "long_job_steps": LONG_ROWS * LONG_EPOCHS, "runs": runs, "summary": summary,
-              "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
-                          "torch": torch.__version__, "omp_threads": torch.get_num_threads(),
-                          "loadavg_start": load_start, "loadavg_end": os.getloadavg()}}
+              "machine": {**host, "loadavg_end": list(os.getloadavg())}}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "fairness.json").write_text(json.dumps(result, indent=1) + "\n")
     (RESULTS / "fairness.md").write_text(markdown(result))
