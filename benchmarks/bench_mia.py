@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -22,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks._common import RESULTS, command
+from benchmarks._common import RESULTS, command, machine
 from rapt.attacks.mia import mean_roc, prompt_mia
 from rapt.data import load_dataset
 from rapt.llm import HFLabelScorer
@@ -52,8 +51,7 @@ def main() -> None:
     report: dict = {
         "command": command(), "profile": args.profile,
         "backbone": args.backbone, "shots": args.shots, **prof,
-        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
-                    "torch": torch.__version__, "loadavg_start": os.getloadavg()},
+        "machine": machine(),
         "tasks": {}}
     bb = load_backbone(args.backbone, device="cuda" if torch.cuda.is_available() else "cpu")
     results = {}

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks._common import RESULTS, command
+from benchmarks._common import RESULTS, command, machine
 from rapt.attacks.inversion import inversion_attack
 from rapt.data import load_dataset
 from rapt.models import load_backbone
@@ -70,7 +70,8 @@ def _parse_args() -> argparse.Namespace:
 def main() -> None:
     args = _parse_args()
     torch.set_num_threads(args.threads)
-    load_start = os.getloadavg()
+    host = machine(processor=platform.processor())
+    load_start = host["loadavg_start"]
     t_start = time.perf_counter()
 
     bb = load_backbone("minilm")
@@ -112,10 +113,7 @@ def main() -> None:
 
     result = {
         "command": command(),
-        "machine": {"platform": platform.platform(), "processor": platform.processor(),
-                    "cpu_count": os.cpu_count(), "torch": torch.__version__,
-                    "torch_threads": torch.get_num_threads(),
-                    "load_avg_start": load_start, "load_avg_end": os.getloadavg(),
+        "machine": {**host, "loadavg_end": list(os.getloadavg()),
                     "shared_machine_note": "2 cores shared with other engineers' jobs; see "
                     "load averages; one-thread tokens per CPU-second is less sensitive to "
                     "contention"},
@@ -264,8 +262,8 @@ def markdown(r: dict) -> str:
         "",
         f"Command: `{r['command']}`  ",
         f"Machine: {m['platform']}, {m['cpu_count']} CPUs, torch {m['torch']} "
-        f"({m['torch_threads']} threads); load average at start {m['load_avg_start']}, "
-        f"at end {m['load_avg_end']} (shared machine).  ",
+        f"({m['threads']} threads); load average at start {m['loadavg_start']}, "
+        f"at end {m['loadavg_end']} (shared machine).  ",
         f"Tokens: {r['data']['tokens']} (all rows of the vocabulary are candidates; special "
         "tokens are not perturbed).",
         "",
