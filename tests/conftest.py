@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _tiny import WORDS, make_bert, make_llama, make_tokenizer, save_backbone
+from _tiny import TOY_WORDS, WORDS, make_bert, make_llama, make_tokenizer, save_backbone
 
 # Tests share 2 cores with whatever else runs; more threads only add contention.
 torch.set_num_threads(max(1, min(2, int(os.environ.get("OMP_NUM_THREADS", "2")))))
@@ -22,6 +22,20 @@ os.environ["RAPT_CACHE"] = tempfile.mkdtemp(prefix="rapt-test-cache-")
 def tiny_tokenizer(tmp_path_factory):
     """A BERT WordPiece tokenizer over ~50 words (vocabulary small enough for exact stats)."""
     return make_tokenizer(tmp_path_factory.mktemp("tok"), WORDS)
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    """A BERT WordPiece tokenizer over TOY_WORDS, one per test module."""
+    return make_tokenizer(tmp_path_factory.mktemp("tok"), TOY_WORDS)
+
+
+@pytest.fixture(scope="module")
+def toy_backbone(tmp_path_factory) -> Path:
+    """A random tiny BERT over TOY_WORDS saved to a folder, one per test module (a module's
+    own path: the η cache is keyed by it): what `--backbone PATH` loads in CLI tests."""
+    tmp = tmp_path_factory.mktemp("toy")
+    return save_backbone(make_bert(make_tokenizer(tmp, TOY_WORDS)), tmp / "bb")
 
 
 @pytest.fixture()
