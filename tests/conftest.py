@@ -133,7 +133,7 @@ def pg_url(pg_server):
 @pytest.fixture(scope="session")
 def ray_local():
     """One local Ray instance for the session: 1 CPU, no dashboard, a small object store,
-    loopback only. Actors import rapt and the test modules (their runners) by name."""
+    loopback only. Actors import rapt and the tests' modules (their runners) by name."""
     ray = pytest.importorskip("ray", reason="ray is not installed (pip install -e '.[scale]')")
     here = Path(__file__).resolve().parent
     paths = [str(here.parent / "src"), str(here), os.environ.get("PYTHONPATH", "")]
