@@ -15,9 +15,11 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 
 def machine(**extra) -> dict:
-    """The machine a result was measured on, with one set of keys for every benchmark (call it
-    after ``torch.set_num_threads``); ``extra`` adds what one benchmark also depends on, e.g.
-    ``native_bf16``. ``loadavg_end`` is added by the caller when the run ends."""
+    """The machine a result was measured on, with one set of keys for every benchmark.
+    ``threads`` is torch's thread count in this process: call it after ``torch.set_num_threads``,
+    or name the threads of the processes the benchmark times (``threads=``). ``extra`` adds
+    what one benchmark also depends on (e.g. ``native_bf16``) or overrides a key;
+    ``loadavg_end`` is added by the caller when the run ends."""
     import torch
 
     return {"platform": platform.platform(), "python": platform.python_version(),

@@ -195,7 +195,7 @@ def _parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = _parse_args()
-    host = machine(server_omp_threads=os.environ.get("OMP_NUM_THREADS", "1"))
+    load_start = list(os.getloadavg())
     t_start = time.time()
     from rapt.client import RaptClient
     from rapt.data import load_dataset
@@ -249,7 +249,8 @@ def main() -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     result = {
         "command": command(),
-        "machine": {**host, "loadavg_end": list(os.getloadavg())},
+        "machine": machine(loadavg_start=load_start, loadavg_end=list(os.getloadavg()),
+                           server_omp_threads=os.environ.get("OMP_NUM_THREADS", "1")),
         "settings": {"backbone": "tiny-random-bert" if args.quick else backbone,
                      "method": args.method, "baseline": args.baseline,
                      "eta": args.eta, "replacement_probability_train": round(p_repl, 4),

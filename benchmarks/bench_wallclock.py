@@ -99,7 +99,8 @@ def main() -> None:
 
     env = {**os.environ, "OMP_NUM_THREADS": args.threads}
     rec = {"command": command(),
-           "machine": machine(native_bf16=cpu_has_native_bf16(), omp_num_threads=args.threads),
+           "machine": machine(native_bf16=cpu_has_native_bf16(), omp_num_threads=args.threads,
+                              threads=int(args.threads)),
            "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     timer = {"test": time_tests, "fresh-test": time_fresh_clone, "demo": time_demo}[args.what]
     rec.update(timer(args, env))

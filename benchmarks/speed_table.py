@@ -73,8 +73,9 @@ def tuning() -> list[Row]:
 def precision() -> list[Row]:
     d = _load("precision.json")
     if d is None:
-        return [{"what": "bf16 autocast", "figure": "not measured yet (benchmarks/"
-                 "bench_precision.py)", "machine": "", "load": "", "source": "", "command": ""}]
+        return [{"what": "bf16 autocast",
+                 "figure": "not measured yet (python -m benchmarks.bench_precision)",
+                 "machine": "", "load": "", "source": "", "command": ""}]
     out = []
     steps = [r for r in d.get("step", []) if not r.get("predict")]
     if steps:
@@ -199,8 +200,8 @@ def wallclock() -> list[Row]:
         rows.append(_row(what, fig, r, "wallclock.json", r["machine"]))
     for what, kind in (("test suite", "test"), ("`rapt demo`", "demo")):
         if not any(k.startswith(kind) for k in d):
-            rows.append({"what": what, "figure": "not measured yet (benchmarks/"
-                         f"bench_wallclock.py --what {kind})", "machine": "", "load": "",
+            rows.append({"what": what, "figure": "not measured yet (python -m "
+                         f"benchmarks.bench_wallclock --what {kind})", "machine": "", "load": "",
                          "source": "", "command": ""})
     return rows
 
