@@ -21,7 +21,7 @@ the η it was trained at, and the table says so.
 Writes ``src/rapt/resources/attack_table.json`` (read by :mod:`rapt.privacy.attack_table`) and
 ``benchmarks/results/attack_table.{json,md,png}``.
 
-    python benchmarks/bench_attack_table.py [--points 12] [--threads 1]
+    python -m benchmarks.bench_attack_table [--points 12] [--threads 1]
         [--denoiser minilm=/tmp/channel/minilm] [--quick]
 """
 
@@ -31,16 +31,15 @@ import argparse
 import datetime as dt
 import json
 import os
-import platform
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import torch
 
+from benchmarks._common import RESULTS, command, machine
+
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
 RESOURCE = ROOT / "src" / "rapt" / "resources" / "attack_table.json"
 NAMES = {"nn": "nearest neighbour", "bayes": "mechanism-aware Bayes",
          "denoiser": "contextual denoiser"}
@@ -149,10 +148,10 @@ def markdown(doc: dict) -> str:
     lines = ["# Attack table: token recovery vs η, per backbone, on public text (issue 27)", "",
              f"`{prov['command']}` at rapt {prov['rapt_version']} ({prov['commit']}), "
              f"{prov['date']}.  ",
-             f"Machine: {prov['machine']['platform']}, {prov['machine']['cpus']} CPUs shared, "
-             f"{prov['machine']['threads']} thread(s), torch {prov['machine']['torch']}; load "
-             f"{prov['machine']['load_before'][0]:.2f} before, "
-             f"{prov['machine']['load_after'][0]:.2f} after; {prov['wall_s'] / 60:.1f} min "
+             f"Machine: {prov['machine']['platform']}, {prov['machine']['cpu_count']} CPUs "
+             f"shared, {prov['machine']['threads']} thread(s), torch {prov['machine']['torch']}; "
+             f"load {prov['machine']['loadavg_start'][0]:.2f} before, "
+             f"{prov['machine']['loadavg_end'][0]:.2f} after; {prov['wall_s'] / 60:.1f} min "
              "wall.", "",
              "Recovery = share of non-special tokens the attacker guesses right (all / replaced "
              "only); empirical privacy (EP) = 1 − the strongest attacker's recovery over all "
@@ -248,24 +247,20 @@ def main() -> None:
         raise SystemExit(f"--denoiser takes BACKBONE=FOLDER for one of {args.backbones}")
     import rapt
 
-    load0, t0, commit = os.getloadavg(), time.perf_counter(), git_commit()  # the code measured
+    host, t0, commit = machine(), time.perf_counter(), git_commit()  # the code measured
     backbones = {b: measure_backbone(b, args, dens.get(b)) for b in args.backbones}
     doc = {"format": "rapt-attack-table", "version": 1,
            "metric": "token recovery: share of non-special tokens an attacker guesses right "
                      "from the release and public knowledge (all tokens / replaced only); "
                      "empirical privacy = 1 - the strongest attacker's recovery over all tokens",
            "provenance": {
-               "command": " ".join(["python", *[Path(sys.argv[0]).relative_to(ROOT).as_posix()
-                                                if Path(sys.argv[0]).is_absolute()
-                                                else sys.argv[0], *sys.argv[1:]]]),
+               "command": command(),
                "rapt_version": rapt.__version__, "commit": commit,
                "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
                "public_text": "public_corpus_for('sst2'): rapt's built-in datasets other than "
                               "SST-2; a deployment would use a general web or encyclopedic "
                               "corpus",
-               "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                           "threads": args.threads, "torch": torch.__version__,
-                           "load_before": load0, "load_after": os.getloadavg()},
+               "machine": {**host, "loadavg_end": list(os.getloadavg())},
                "wall_s": round(time.perf_counter() - t0, 1), "seed": args.seed,
                "noise": "seeded per point (a benchmark: the table is not a release)"},
            "backbones": backbones}

@@ -26,7 +26,7 @@ Attacks on the first seed's privatized test queries: ``nearest neighbour``, ``ba
 Writes benchmarks/results/channel.{json,md,png} (``--quick``: channel_quick.*). Resumable: each
 run is appended to the JSON as it finishes and a rerun skips the runs already there.
 
-    python benchmarks/bench_channel.py --denoiser /tmp/channel/minilm-p0.4-sst2 [--seeds 5]
+    python -m benchmarks.bench_channel --denoiser /tmp/channel/minilm-p0.4-sst2 [--seeds 5]
         [--adapter DIR] [--task sst2|financial_phrasebank] [--device cuda] [--threads 2]
         [--quick]
 
@@ -40,18 +40,17 @@ import argparse
 import json
 import os
 import platform
-import sys
 import textwrap
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 
-from rapt.demo import DemoConfig, _accuracy, _demo_data, _head_options, _text_length
+from benchmarks._common import RESULTS, command
+from rapt.demo import DemoConfig, _accuracy, _demo_data, _text_length, _tune_config
 from rapt.stats import effect_word, gap_won_back, mean_ci, paired_difference
 
-RESULTS = Path(__file__).resolve().parent / "results"
 TASK, METHOD = "sst2", "prefix"
 DATASETS = {"sst2": "sst2-sentences", "financial_phrasebank": "financial_phrasebank"}
 REMEDIES = ("+denoise-then-tune", "+privatized-MLM backbone", "+channel adapter")
@@ -105,7 +104,7 @@ def _done(doc: dict, setting: str, seed: int) -> bool:
     return any(r["setting"] == setting and r["seed"] == seed for r in doc["runs"])
 
 
-def main() -> None:
+def _parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--denoiser", default=None,
                     help="folder of a saved Denoiser: adds (a), (c), the denoised-queries "
@@ -132,13 +131,16 @@ def main() -> None:
     ap.add_argument("--notes", default=None,
                     help="file whose text goes into the JSON and the md (the reading of the "
                          "numbers; kept across reruns)")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = _parse_args()
     torch.set_num_threads(args.threads)  # the machine is shared
 
     from rapt.attacks.recovery import ReconstructionInput, run_attackers
     from rapt.channel.corpus import check_disjoint, public_corpus_for
     from rapt.channel.denoiser import Denoiser
-    from rapt.config import default_lr
     from rapt.models import load_backbone
     from rapt.pipeline import Customization, Encoding
     from rapt.privacy.mechanism import calibrate_eta_public, replacement_probability
@@ -159,40 +161,14 @@ def main() -> None:
     if den is not None and not args.quick:
         check_disjoint(den.meta.get("corpus") or {}, args.task)
     eta = calibrate_eta_public(bb, cfg.target_p)
-    regime = {"demo_config": asdict(cfg), "eta": eta, "noise_seed0": NOISE_SEED0,
-              "denoiser": den and {"folder": args.denoiser, "config": asdict(den.config),
-                                   "meta": den.meta}}
-    header = {"command": " ".join([Path(sys.executable).name, *sys.argv]),
-              "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                          "threads": args.threads,
-                          **({"gpu": torch.cuda.get_device_name()}
-                             if args.device == "cuda" else {})}, "regime": regime}
-    doc = _load(path, json.loads(json.dumps(header, default=str)))
-    adapter = None
-    if args.adapter:  # kept outside the regime, so adding it resumes the other settings
-        from rapt.channel.adapter import ChannelAdapter
-
-        adapter = ChannelAdapter.load(args.adapter, bb)
-        if not args.quick:
-            check_disjoint(adapter.meta.get("corpus") or {}, args.task)
-        doc["adapter"] = json.loads(json.dumps(
-            {"folder": args.adapter, "config": asdict(adapter.config), "meta": adapter.meta},
-            default=str))
-    if args.notes:
-        doc["notes"] = Path(args.notes).read_text().strip()
+    doc, header, adapter = _open_doc(args, cfg, bb, den, eta, path)
     session = {"command": header["command"], "load_start": os.getloadavg(),
                "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     t_start = time.perf_counter()
 
     train, test = _demo_data(cfg, print)
-    head_kw = _head_options(cfg, bb, list(train.label_names))
-    n_text, whole = _text_length(cfg, bb.tokenizer, train.texts, print)
-    doc["regime"]["text_length"], doc["regime"]["rows_whole"] = n_text, whole
-    doc["regime"]["n_train"], doc["regime"]["n_test"] = len(train), len(test)
-    lr = cfg.lr if cfg.lr is not None else default_lr(cfg.method)
-    base = dict(method=cfg.method, num_virtual_tokens=cfg.num_virtual_tokens, lr=lr,
-                epochs=cfg.epochs, batch_size=cfg.batch_size, max_length=n_text, **head_kw)
-    enc = Encoding(max_length=n_text)
+    base = _tune_options(cfg, bb, train, test, doc)
+    enc = Encoding(max_length=base["max_length"])
     P = cfg.target_p
 
     def record(setting: str, seed: int, acc: float, seconds: float, **extra) -> None:
@@ -221,55 +197,10 @@ def main() -> None:
             _save(path, doc)
         plain = replace(custom, config=tcfg, privatizer=None)
         private = replace(custom, config=tcfg)
-        if {"no privacy", *CLEAN_PROMPT_CONTROLS} & set(todo):
-            t = time.perf_counter()
-            plain.tune(rows, train.labels, len(train.label_names))
-            if "no privacy" in todo:
-                record("no privacy", seed, _accuracy(plain.predict(q), test.labels),
-                       time.perf_counter() - t, P_measured=0.0)
-            for name, queries in zip(CLEAN_PROMPT_CONTROLS,
-                                     (priv_q, _mask_replaced(q, priv_q, bb.tokenizer)),
-                                     strict=True):
-                if name in todo:
-                    t = time.perf_counter()
-                    record(name, seed, _accuracy(plain.predict(queries), test.labels),
-                           time.perf_counter() - t, P_measured=p_meas, control=True)
-        if {"+privatization", *CONTROLS} & set(todo):
-            t = time.perf_counter()
-            private.tune(priv, train.labels, len(train.label_names))
-            if "+privatization" in todo:
-                record("+privatization", seed, _accuracy(private.predict(priv_q), test.labels),
-                       time.perf_counter() - t, P_measured=p_meas)
-            t = time.perf_counter()
-            if CONTROLS[0] in todo:
-                record(CONTROLS[0], seed, _accuracy(private.predict(q), test.labels),
-                       time.perf_counter() - t, P_measured=p_meas, control=True)
-            t = time.perf_counter()
-            if CONTROLS[1] in todo:
-                den_q = remedy.denoise(priv_q)
-                record(CONTROLS[1], seed, _accuracy(private.predict(den_q), test.labels),
-                       time.perf_counter() - t, P_measured=p_meas, control=True)
-        if "+denoise-then-tune" in todo:
-            t = time.perf_counter()
-            remedy.tune(priv, train.labels, len(train.label_names))
-            record("+denoise-then-tune", seed, _accuracy(remedy.predict(priv_q), test.labels),
-                   time.perf_counter() - t, P_measured=p_meas)
-        if "+privatized-MLM backbone" in todo:
-            # Remedy (c): rows and queries as released, read by the denoiser's encoder; the
-            # privatizer stays the public backbone's (priv, priv_q were made above).
-            t = time.perf_counter()
-            adapted = replace(private, backbone=den.adapted_backbone(bb), artifact=None)
-            adapted.tune(priv, train.labels, len(train.label_names))
-            record("+privatized-MLM backbone", seed,
-                   _accuracy(adapted.predict(priv_q), test.labels), time.perf_counter() - t,
-                   P_measured=p_meas)
-        if "+channel adapter" in todo:
-            # Remedy (b): the backbone with the distilled LoRA merged in, rows as released.
-            t = time.perf_counter()
-            adapted = replace(private, backbone=adapter.adapted_backbone(bb), artifact=None)
-            adapted.tune(priv, train.labels, len(train.label_names))
-            record("+channel adapter", seed, _accuracy(adapted.predict(priv_q), test.labels),
-                   time.perf_counter() - t, P_measured=p_meas)
+        d = _SeedRows(rows, priv, q, priv_q, p_meas, train, test)
+        _run_clean(todo, record, seed, plain, d, bb.tokenizer)
+        _run_private(todo, record, seed, private, remedy, d)
+        _run_remedies(todo, record, seed, private, remedy, d, (bb, den, adapter))
 
     session.update(load_end=os.getloadavg(), wall_s=round(time.perf_counter() - t_start, 1))
     doc["history"].append(session)
@@ -278,6 +209,133 @@ def main() -> None:
     Path(f"{stem}.md").write_text(markdown(doc))
     plot(doc, Path(f"{stem}.png"))
     print(markdown(doc))
+
+
+def _tune_options(cfg, bb, train, test, doc: dict) -> dict:
+    """TuneConfig's fields shared by every setting; the text length they truncate at (and the
+    data's sizes) go into the document's regime."""
+    from rapt.config import default_lr
+
+    base = _tune_config(cfg, bb, list(train.label_names))  # the demo's head resolution
+    head_kw = {"head": base.head, "label_descriptions": base.label_descriptions,
+               "label_words": base.label_words}
+    n_text, whole = _text_length(cfg, bb.tokenizer, train.texts, print)
+    doc["regime"]["text_length"], doc["regime"]["rows_whole"] = n_text, whole
+    doc["regime"]["n_train"], doc["regime"]["n_test"] = len(train), len(test)
+    lr = cfg.lr if cfg.lr is not None else default_lr(cfg.method)
+    return dict(method=cfg.method, num_virtual_tokens=cfg.num_virtual_tokens, lr=lr,
+                epochs=cfg.epochs, batch_size=cfg.batch_size, max_length=n_text, **head_kw)
+
+
+def _open_doc(args, cfg, bb, den, eta: float, path: Path) -> tuple[dict, dict, object]:
+    """The results document (resumed from ``path`` when its regime is the same), its header,
+    and the channel adapter when one is given (kept outside the regime)."""
+    regime = {"demo_config": asdict(cfg), "eta": eta, "noise_seed0": NOISE_SEED0,
+              "denoiser": den and {"folder": args.denoiser, "config": asdict(den.config),
+                                   "meta": den.meta}}
+    header = {"command": command(),
+              "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
+                          "threads": args.threads,
+                          **({"gpu": torch.cuda.get_device_name()}
+                             if args.device == "cuda" else {})}, "regime": regime}
+    doc = _load(path, json.loads(json.dumps(header, default=str)))
+    adapter = None
+    if args.adapter:  # kept outside the regime, so adding it resumes the other settings
+        from rapt.channel.adapter import ChannelAdapter
+        from rapt.channel.corpus import check_disjoint
+
+        adapter = ChannelAdapter.load(args.adapter, bb)
+        if not args.quick:
+            check_disjoint(adapter.meta.get("corpus") or {}, args.task)
+        doc["adapter"] = json.loads(json.dumps(
+            {"folder": args.adapter, "config": asdict(adapter.config), "meta": adapter.meta},
+            default=str))
+    if args.notes:
+        doc["notes"] = Path(args.notes).read_text().strip()
+    return doc, header, adapter
+
+
+@dataclass(frozen=True)
+class _SeedRows:
+    """One seed's rows: training rows and test queries, clean and privatized, with the
+    measured replacement probability and the data they came from."""
+
+    rows: list
+    priv: list
+    q: list
+    priv_q: list
+    p_meas: float
+    train: object
+    test: object
+
+
+def _run_clean(todo: list[str], record, seed: int, plain, d: _SeedRows, tokenizer) -> None:
+    """No privacy, and the prompt tuned on clean rows read on privatized queries."""
+    if not {"no privacy", *CLEAN_PROMPT_CONTROLS} & set(todo):
+        return
+    train, test = d.train, d.test
+    t = time.perf_counter()
+    plain.tune(d.rows, train.labels, len(train.label_names))
+    if "no privacy" in todo:
+        record("no privacy", seed, _accuracy(plain.predict(d.q), test.labels),
+               time.perf_counter() - t, P_measured=0.0)
+    for name, queries in zip(CLEAN_PROMPT_CONTROLS,
+                             (d.priv_q, _mask_replaced(d.q, d.priv_q, tokenizer)),
+                             strict=True):
+        if name in todo:
+            t = time.perf_counter()
+            record(name, seed, _accuracy(plain.predict(queries), test.labels),
+                   time.perf_counter() - t, P_measured=d.p_meas, control=True)
+
+
+def _run_private(todo: list[str], record, seed: int, private, remedy, d: _SeedRows) -> None:
+    """+privatization, and its prompt read on clean and on denoised queries."""
+    if not {"+privatization", *CONTROLS} & set(todo):
+        return
+    train, test, p_meas = d.train, d.test, d.p_meas
+    t = time.perf_counter()
+    private.tune(d.priv, train.labels, len(train.label_names))
+    if "+privatization" in todo:
+        record("+privatization", seed, _accuracy(private.predict(d.priv_q), test.labels),
+               time.perf_counter() - t, P_measured=p_meas)
+    t = time.perf_counter()
+    if CONTROLS[0] in todo:
+        record(CONTROLS[0], seed, _accuracy(private.predict(d.q), test.labels),
+               time.perf_counter() - t, P_measured=p_meas, control=True)
+    t = time.perf_counter()
+    if CONTROLS[1] in todo:
+        den_q = remedy.denoise(d.priv_q)
+        record(CONTROLS[1], seed, _accuracy(private.predict(den_q), test.labels),
+               time.perf_counter() - t, P_measured=p_meas, control=True)
+
+
+def _run_remedies(todo: list[str], record, seed: int, private, remedy, d: _SeedRows,
+                  models: tuple) -> None:
+    """The remedies: denoise-then-tune (a), the channel adapter (b) and the privatized-MLM
+    backbone (c)."""
+    bb, den, adapter = models
+    train, test, p_meas, priv, priv_q = d.train, d.test, d.p_meas, d.priv, d.priv_q
+    if "+denoise-then-tune" in todo:
+        t = time.perf_counter()
+        remedy.tune(priv, train.labels, len(train.label_names))
+        record("+denoise-then-tune", seed, _accuracy(remedy.predict(priv_q), test.labels),
+               time.perf_counter() - t, P_measured=p_meas)
+    if "+privatized-MLM backbone" in todo:
+        # Remedy (c): rows and queries as released, read by the denoiser's encoder; the
+        # privatizer stays the public backbone's (priv, priv_q were made above).
+        t = time.perf_counter()
+        adapted = replace(private, backbone=den.adapted_backbone(bb), artifact=None)
+        adapted.tune(priv, train.labels, len(train.label_names))
+        record("+privatized-MLM backbone", seed,
+               _accuracy(adapted.predict(priv_q), test.labels), time.perf_counter() - t,
+               P_measured=p_meas)
+    if "+channel adapter" in todo:
+        # Remedy (b): the backbone with the distilled LoRA merged in, rows as released.
+        t = time.perf_counter()
+        adapted = replace(private, backbone=adapter.adapted_backbone(bb), artifact=None)
+        adapted.tune(priv, train.labels, len(train.label_names))
+        record("+channel adapter", seed, _accuracy(adapted.predict(priv_q), test.labels),
+               time.perf_counter() - t, P_measured=p_meas)
 
 
 def _wanted(chosen: str | None, has_denoiser: bool, has_adapter: bool) -> list[str]:

@@ -17,7 +17,7 @@ on the clean rows. Reported, raw backbone against adapted:
 
 Writes benchmarks/results/channel_adapter.{json,md} (``--quick``: channel_adapter_quick.*).
 
-    python benchmarks/bench_channel_adapter.py [--budget-min 15] [--threads 1] [--save DIR]
+    python -m benchmarks.bench_channel_adapter [--budget-min 15] [--threads 1] [--save DIR]
         [--quick]
 
 ``--save DIR`` keeps the trained adapter (outside the repo, e.g.
@@ -27,38 +27,32 @@ Writes benchmarks/results/channel_adapter.{json,md} (``--quick``: channel_adapte
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
-import sys
 import time
 from dataclasses import asdict, replace
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_channel_denoiser import privatize, public_texts  # noqa: E402
-
-from rapt.channel.adapter import (  # noqa: E402
+from benchmarks._common import RESULTS, command, machine, write_json, write_md
+from benchmarks.bench_channel_denoiser import privatize, public_texts
+from rapt.channel.adapter import (
     ChannelAdapterConfig,
     distillation_loss,
     train_channel_adapter,
 )
-from rapt.channel.corpus import encode_rows  # noqa: E402
-from rapt.data import load_dataset  # noqa: E402
-from rapt.models import load_backbone  # noqa: E402
-from rapt.privacy.mechanism import (  # noqa: E402
+from rapt.channel.corpus import encode_rows
+from rapt.data import load_dataset
+from rapt.models import load_backbone
+from rapt.privacy.mechanism import (
     Privatizer,
     calibrate_eta_public,
     candidate_ids_from_tokenizer,
     replacement_probability,
     tokenize_texts,
 )
-from rapt.tuning.heads import pool  # noqa: E402
-from rapt.tuning.tuners import base_model  # noqa: E402
+from rapt.tuning.heads import pool
+from rapt.tuning.tuners import base_model
 
-RESULTS = Path(__file__).resolve().parent / "results"
 HOLDOUT = 300  # public rows kept out of training, for the held-out distillation loss
 
 
@@ -123,7 +117,7 @@ def linear_probe(bb, adapted, priv_for, n_train: int, max_length: int,
     return out
 
 
-def main() -> None:
+def _parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--budget-min", type=float, default=15.0, help="wall minutes of training")
     ap.add_argument("--threads", type=int, default=1)
@@ -145,9 +139,13 @@ def main() -> None:
                     help="share of the training sentences added again as (clean, clean) pairs")
     ap.add_argument("--name", default=None, help="results file name (default channel_adapter)")
     ap.add_argument("--quick", action="store_true", help="tiny run to check the script")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = _parse_args()
     torch.set_num_threads(args.threads)  # the machine is shared
-    load0 = os.getloadavg()
+    host = machine()
     t_start = time.perf_counter()
 
     bb = load_backbone("minilm")
@@ -200,10 +198,7 @@ def main() -> None:
     dev = load_dataset(args.task, "dev")
     ev_clean = [r[:room] for r in tokenize_texts(list(dev.texts), bb.tokenizer)]
     ev_priv = priv_for(2, ev_clean)
-    out = {"command": " ".join([Path(sys.executable).name, *sys.argv]),
-           "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                       "threads": args.threads, "torch": torch.__version__,
-                       "load_before": load0},
+    out = {"command": command(), "machine": host,
            "backbone": "minilm", "task": args.task, "eta": eta, "target_p": args.target_p,
            "P_train": replacement_probability(clean, priv, bb.special_ids),
            "P_eval": replacement_probability(ev_clean, ev_priv, bb.special_ids),
@@ -214,22 +209,29 @@ def main() -> None:
            "stopped": adapter.meta["stopped"], "cpu_s_per_step_probe": per_step,
            "train_wall_s": train_wall, "train_cpu_s": train_cpu,
            "last_train_record": adapter.meta["last"], "saved_to": args.save,
-           "held_out_public": {"raw": distillation_loss(bb, bb, held_clean, held_priv, **kw),
-                               "adapted": distillation_loss(bb, adapted, held_clean, held_priv,
-                                                            **kw)},
-           "task_dev": {"raw": distillation_loss(bb, bb, ev_clean, ev_priv, **kw),
-                        "adapted": distillation_loss(bb, adapted, ev_clean, ev_priv, **kw),
-                        "adapted on clean rows (drift)": distillation_loss(
-                            bb, adapted, ev_clean, ev_clean, **kw)},
+           **_losses(bb, adapted, (held_clean, held_priv), (ev_clean, ev_priv), kw),
            "probe": linear_probe(bb, adapted, priv_for, 100 if args.quick else args.probe_n,
                                  args.max_length, args.task) if args.probe_n else None}
-    out["machine"]["load_after"] = os.getloadavg()
+    out["machine"]["loadavg_end"] = list(os.getloadavg())
     out["total_wall_s"] = time.perf_counter() - t_start
     name = args.name or ("channel_adapter_quick" if args.quick else "channel_adapter")
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{name}.json").write_text(json.dumps(out, indent=2) + "\n")
-    (RESULTS / f"{name}.md").write_text(markdown(out))
+    write_json(RESULTS / f"{name}.json", out)
+    write_md(RESULTS / f"{name}.md", markdown(out))
     print(markdown(out))
+
+
+def _losses(bb, adapted, held: tuple, dev: tuple, kw: dict) -> dict:
+    """Distillation losses of the raw and the adapted backbone on held-out public rows and
+    on the task's dev rows (and the adapted one's drift on clean dev rows)."""
+    (held_clean, held_priv), (ev_clean, ev_priv) = held, dev
+    return {"held_out_public": {"raw": distillation_loss(bb, bb, held_clean, held_priv, **kw),
+                                "adapted": distillation_loss(bb, adapted, held_clean,
+                                                             held_priv, **kw)},
+            "task_dev": {"raw": distillation_loss(bb, bb, ev_clean, ev_priv, **kw),
+                         "adapted": distillation_loss(bb, adapted, ev_clean, ev_priv, **kw),
+                         "adapted on clean rows (drift)": distillation_loss(
+                             bb, adapted, ev_clean, ev_clean, **kw)}}
 
 
 def _task(o: dict) -> str:
@@ -251,8 +253,9 @@ def markdown(o: dict) -> str:
                         for s in o["corpus"]["sources"]["sources"])
     lines = [
         "# Channel adapter: MiniLM reading privatized text (issue 27, remedy b)", "",
-        f"`{o['command']}` on {m['platform']}, {m['cpus']} CPUs shared, {m['threads']} "
-        f"thread(s); load {m['load_before'][0]:.1f} before, {m['load_after'][0]:.1f} after.", "",
+        f"`{o['command']}` on {m['platform']}, {m['cpu_count']} CPUs shared, {m['threads']} "
+        f"thread(s); load {m['loadavg_start'][0]:.1f} before, {m['loadavg_end'][0]:.1f} after.",
+        "",
         f"η = {o['eta']:.4g} (calibrated for P ≈ {o['target_p']} on rapt's public sample); P "
         f"measured {o['P_train']:.3f} on the training pairs, {o['P_eval']:.3f} on "
         f"{_task(o)} dev.", "",

@@ -13,9 +13,9 @@ tokens only (nearest neighbour: 0 by construction) and over the replaced tokens 
 public corpus's 100 most frequent, plus the share of unreplaced tokens it wrongly changes.
 Writes benchmarks/results/channel_denoiser.{json,md} (``--out STEM``: STEM.json/.md).
 
-    python benchmarks/bench_channel_denoiser.py [--budget-min 12] [--threads 2] [--save DIR]
+    python -m benchmarks.bench_channel_denoiser [--budget-min 12] [--threads 2] [--save DIR]
         [--quick]
-    python benchmarks/bench_channel_denoiser.py --device cuda --backbone .gpu-carry/minilm \
+    python -m benchmarks.bench_channel_denoiser --device cuda --backbone .gpu-carry/minilm \
         --per-source 0 --repeats 3 --epochs 4 --budget-min 3 --save DIR --out $OUT/STEM
 
 ``--save DIR`` keeps the trained denoiser (outside the repo, e.g. /tmp/channel/minilm-p0.4-sst2)
@@ -31,7 +31,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import sys
 import time
 from collections import Counter
@@ -39,6 +38,8 @@ from pathlib import Path
 
 import torch
 
+from benchmarks._common import RESULTS, command, machine
+from benchmarks.bench_gpu import environment
 from rapt.channel.corpus import privatize_channel, public_corpus_for
 from rapt.channel.denoiser import DenoiserConfig, fit_change_margin, train_denoiser
 from rapt.data import load_dataset
@@ -52,10 +53,6 @@ from rapt.privacy.mechanism import (
     tokenize_texts,
 )
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_gpu import environment  # noqa: E402
-
-RESULTS = Path(__file__).resolve().parent / "results"
 HOLDOUT = 300  # public rows kept out of training, to fit the change margin on
 EVAL_SET = {"sst2": ("sst2", "dev"), "financial_phrasebank": ("financial_phrasebank", "dev")}
 
@@ -213,7 +210,7 @@ def main() -> None:
     if device.type == "cuda" and not torch.cuda.is_available():
         sys.exit("--device cuda: no CUDA device here (use --device cpu --quick for a dry run)")
     torch.set_num_threads(args.threads)  # the machine is shared
-    load0 = os.getloadavg()
+    host = machine()
     t_start = time.perf_counter()
 
     bb = load_backbone(args.backbone, device=device)  # float32, also from a float16 copy
@@ -247,10 +244,8 @@ def main() -> None:
         den.save(args.save)
     ev = evaluate(args, bb, den, cand, room, frequent, privatizer(2))
     res = {k: ev[k] for k in ("nearest neighbour", "denoiser")}
-    out = {"command": " ".join([Path(sys.executable).name, *sys.argv]),
-           "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                       "threads": args.threads,
-                       "load_before": load0, "load_after": os.getloadavg()},
+    out = {"command": command(),
+           "machine": {**host, "loadavg_end": list(os.getloadavg())},
            "environment": environment(device),
            "backbone": args.backbone, "task": args.task, "eta": eta, "target_p": args.target_p,
            "P_train": p_train, "P_eval": ev.pop("P_eval"),
@@ -279,15 +274,15 @@ def markdown(o: dict) -> str:
                         for s in o["corpus"]["sources"]["sources"])
     m, env, c = o["machine"], o["environment"], o["corpus"]
     where = (f"{env['gpu']} ({m['platform']})" if "gpu" in env else
-             f"{m['platform']}, {m['cpus']} CPUs shared, {m['threads']} torch threads")
+             f"{m['platform']}, {m['cpu_count']} CPUs shared, {m['threads']} torch threads")
     name = "MiniLM" if o["backbone"] == "minilm" else f"`{o['backbone']}` (run in float32)"
     times = "once" if c["repeats"] == 1 else f"{c['repeats']} times with fresh noise"
     how = (f"{o['config']['epochs']} epoch(s)" if o["wall_cap_s"] is None or not o["stopped"]
            else f"stopped at the {o['wall_cap_s'] / 60:g}-min wall cap")
     lines = [
         "# Contextual denoiser vs nearest neighbour (issue 27)", "",
-        f"`{o['command']}` on {where}; load {m['load_before'][0]:.1f} before, "
-        f"{m['load_after'][0]:.1f} after.", "",
+        f"`{o['command']}` on {where}; load {m['loadavg_start'][0]:.1f} before, "
+        f"{m['loadavg_end'][0]:.1f} after.", "",
         f"{name}, η = {o['eta']:.4g} (calibrated for P ≈ {o['target_p']} on rapt's public "
         f"sample); P measured {o['P_train']:.3f} on the training pairs, {o['P_eval']:.3f} on the "
         "evaluation rows.", "",

@@ -12,8 +12,8 @@ Every finished cell is appended to ``results/<name>.jsonl`` at once; a rerun ski
 already there (nothing is lost when a long grid stops). ``--render`` rebuilds
 ``<name>.json/.md/.png`` from that file.
 
-    python benchmarks/bench_defaults.py                    # the grid, then the table
-    python benchmarks/bench_defaults.py --render           # the table from the JSONL
+    python -m benchmarks.bench_defaults                    # the grid, then the table
+    python -m benchmarks.bench_defaults --render           # the table from the JSONL
 
 Times are only comparable when the machine is quiet: every cell records the load average
 before it started.
@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -32,8 +31,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks._common import RESULTS, command, machine
+
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
 
 # (built-in dataset, training split, evaluation splits): the evaluation rows are never trained
 # on. CB's test split has no labels, so its 56 validation rows are the evaluation set.
@@ -44,14 +44,6 @@ TASKS = {"sst2": ("sst2-sentences", "train", ("dev",)),
 TASK_NAMES = {"sst2": "SST-2", "fp": "FP", "trec": "TREC", "cb": "CB (pairs)"}
 GOAL_SECONDS = 300  # issue 32: 2,000 rows with the defaults in <= 5 min on 2 cores
 GOAL_POINTS = 1.0  # ... within 1 point of the best method
-
-
-def machine() -> dict:
-    import torch
-
-    return {"platform": platform.platform(), "cpu_count": os.cpu_count(),
-            "torch": torch.__version__, "python": platform.python_version(),
-            "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
 
 
 def _rapt(args: list[str]) -> tuple[float, str]:
@@ -299,7 +291,7 @@ def main() -> None:
     ap.add_argument("--name", default="defaults")
     ap.add_argument("--render", action="store_true", help="only rebuild the table")
     args = ap.parse_args()
-    args.command = "python benchmarks/bench_defaults.py " + " ".join(sys.argv[1:])
+    args.command = command()
     if not args.render:
         run_grid(args)
     render(args)

@@ -9,8 +9,8 @@ Part ``speed`` (side by side, one process, interleaved repeats, median):
 Part ``table``: soft prompt and prefix at ε = 8, 3, ∞ with ``rapt.tuning.tune.tune`` on a stated
   subset of GLUE SST-2 train, accuracy on the full SST-2 dev set (CPU profile).
 
-    python benchmarks/bench_dpsgd.py --part speed
-    python benchmarks/bench_dpsgd.py --part table --tag _cpu300   # ~2.2 h on 2 cores
+    python -m benchmarks.bench_dpsgd --part speed
+    python -m benchmarks.bench_dpsgd --part table --tag _cpu300   # ~2.2 h on 2 cores
 Writes benchmarks/results/dpsgd_speed.{json,md} and dpsgd_table{tag}.{jsonl,json,md,png};
 the committed table is dpsgd_table_cpu300.* (300 logical steps, 3 seeds).
 """
@@ -22,14 +22,12 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 from torch.nn import functional as F
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from benchmarks._common import RESULTS, command
 
 
 def machine() -> dict:
@@ -44,13 +42,10 @@ def machine() -> dict:
 def _variants(bb, method: str, ids: torch.Tensor, mask: torch.Tensor, y: torch.Tensor,
               P: int) -> dict:
     """Step functions for one method: non-private, PromptDPSGD, and (prompt) generic vmap."""
-    from torch.func import grad, vmap
-
     from rapt.dp import DPSGD, DPConfig
     from rapt.tuning.tune import RaptModel, TuneConfig
 
     B = ids.shape[0]
-    emb = bb.model.get_input_embeddings()
 
     def make(m: str) -> RaptModel:
         model = RaptModel(bb, TuneConfig(method=m, num_virtual_tokens=P), 2)
@@ -81,6 +76,17 @@ def _variants(bb, method: str, ids: torch.Tensor, mask: torch.Tensor, y: torch.T
     variants = {"nonprivate": step_nonprivate, "promptdpsgd": step_dp}
     if method != "prompt":
         return variants
+    return {**variants, **_prompt_baselines(bb, make, ids, mask, y, P)}
+
+
+def _prompt_baselines(bb, make, ids: torch.Tensor, mask: torch.Tensor, y: torch.Tensor,
+                      P: int) -> dict:
+    """Prompt tuning's two per-example-gradient baselines: generic vmap and a naive loop of
+    single-example backward passes (one noise generator for both)."""
+    from torch.func import grad, vmap
+
+    B = ids.shape[0]
+    emb = bb.model.get_input_embeddings()
     m_g = make("prompt")
     prompt, lin = m_g.tuner.prompt, m_g.head.linear
     gparams = {"prompt": prompt, "w": lin.weight, "b": lin.bias}
@@ -104,8 +110,6 @@ def _variants(bb, method: str, ids: torch.Tensor, mask: torch.Tensor, y: torch.T
         opt_g.step()
         opt_g.zero_grad(set_to_none=True)
 
-    variants["generic_vmap_sdpa"] = step_generic
-
     m_l = make("prompt")
     lparams = [p for p in m_l.parameters() if p.requires_grad]
     opt_l = torch.optim.AdamW(lparams, lr=1e-2)
@@ -126,8 +130,7 @@ def _variants(bb, method: str, ids: torch.Tensor, mask: torch.Tensor, y: torch.T
         opt_l.step()
         opt_l.zero_grad(set_to_none=True)
 
-    variants["naive_loop"] = step_loop
-    return variants
+    return {"generic_vmap_sdpa": step_generic, "naive_loop": step_loop}
 
 
 def bench_speed(args) -> dict:
@@ -389,11 +392,6 @@ def _ci95(xs: list[float]) -> tuple[float, float]:
 
 
 def write_table(out: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     s, rows = out["settings"], out["rows"]
     paper = out["paper_table1_sst2_roberta_base"]
     main = [r for r in rows if not r.get("head_only")]
@@ -452,24 +450,42 @@ def write_table(out: dict) -> None:
             lines.append(f"| {r['method']} | {r['target_epsilon']} | {r['lr']:g} | "
                          f"{100 * r['val_accuracy']:.1f} | {100 * r['accuracy']:.1f} | "
                          f"{r['loss_curve'][-1]:.3f} |")
-    ho = [r for r in rows if r.get("head_only")]
-    if ho:
-        lines += ["", "## Control: head only (prompt/prefix frozen at init, seed 0)", "",
-                  "What the trained prompt/prefix adds over the linear head alone, same seed, "
-                  "lr and ε.", "",
-                  "| method | target ε | lr | head only (%) | head + prompt/prefix (%) "
-                  "| added by the prompt/prefix (points) |", "|---|---|---|---|---|---|"]
-        for r in ho:
-            full = [f for f in cells.get((r["method"], str(r["target_epsilon"])), [])
-                    if f["seed"] == r["seed"]]
-            both = (f"{100 * full[0]['accuracy']:.1f} | "
-                    f"{100 * (full[0]['accuracy'] - r['accuracy']):+.1f}") if full else " | "
-            lines.append(f"| {r['method']} | {r['target_epsilon']} | {r['lr']:g} | "
-                         f"{100 * r['accuracy']:.1f} | {both} |")
+    lines += _head_only_lines(rows, cells)
     lines += ["", "Convergence: `dpsgd_table" + out.get("tag", "") + ".png` (right) plots the "
               "training loss over tenths of each chosen-lr run; the JSON keeps every curve."]
     (RESULTS / f"dpsgd_table{out.get('tag', '')}.md").write_text("\n".join(lines) + "\n")
 
+    _plot_table(out, cells)
+
+
+def _head_only_lines(rows: list[dict], cells: dict) -> list[str]:
+    """The head-only control: what the trained prompt/prefix adds over the linear head."""
+    ho = [r for r in rows if r.get("head_only")]
+    if not ho:
+        return []
+    lines = ["", "## Control: head only (prompt/prefix frozen at init, seed 0)", "",
+             "What the trained prompt/prefix adds over the linear head alone, same seed, "
+             "lr and ε.", "",
+             "| method | target ε | lr | head only (%) | head + prompt/prefix (%) "
+             "| added by the prompt/prefix (points) |", "|---|---|---|---|---|---|"]
+    for r in ho:
+        full = [f for f in cells.get((r["method"], str(r["target_epsilon"])), [])
+                if f["seed"] == r["seed"]]
+        both = (f"{100 * full[0]['accuracy']:.1f} | "
+                f"{100 * (full[0]['accuracy'] - r['accuracy']):+.1f}") if full else " | "
+        lines.append(f"| {r['method']} | {r['target_epsilon']} | {r['lr']:g} | "
+                     f"{100 * r['accuracy']:.1f} | {both} |")
+    return lines
+
+
+def _plot_table(out: dict, cells: dict) -> None:
+    """Accuracy against ε beside the paper's, and the seed-0 loss curves."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paper = out["paper_table1_sst2_roberta_base"]
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
     order = ["3", "8", "inf"]
     for method, marker in (("prompt", "o"), ("prefix", "s")):
@@ -533,7 +549,7 @@ def main() -> None:
     args.tokens = {"prompt": args.virtual_tokens, "prefix": args.prefix_tokens}
     torch.set_num_threads(args.threads)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    head = {"command": "python " + " ".join(sys.argv), "machine": machine(), "tag": args.tag}
+    head = {"command": command(), "machine": machine(), "tag": args.tag}
     t0 = time.perf_counter()
     if args.part == "speed":
         out = {**head, **bench_speed(args)}

@@ -18,8 +18,8 @@ Parts (``--parts``, comma list):
 The mixed-batch serving figures come from ``bench_mixed.py --device cuda``. On a CPU this script
 runs too (``--device cpu --quick``: a dry run of the code paths, not a GPU figure).
 
-    python benchmarks/bench_gpu.py --out benchmarks/results/gpu          # on the device machine
-    python benchmarks/bench_gpu.py --device cpu --quick --out /tmp/gpu   # dry run here
+    python -m benchmarks.bench_gpu --out benchmarks/results/gpu          # on the device machine
+    python -m benchmarks.bench_gpu --device cpu --quick --out /tmp/gpu   # dry run here
 
 Writes OUT.json and OUT.md.
 """
@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from benchmarks._common import RESULTS, command
 
 
 def sync(device: torch.device) -> None:
@@ -299,7 +299,7 @@ def main() -> None:
     if device.type == "cuda" and not torch.cuda.is_available():
         sys.exit("--device cuda: no CUDA device here (use --device cpu --quick for a dry run)")
     t0 = time.perf_counter()
-    r: dict = {"command": "python " + " ".join(sys.argv), "environment": environment(device)}
+    r: dict = {"command": command(), "environment": environment(device)}
     parts = args.parts.split(",")
     unknown = set(parts) - {"privatize", "tune"}
     if unknown:

@@ -11,7 +11,7 @@ token recovery over all tokens, over replaced tokens only, over replaced tokens 
 public corpus's 100 most frequent, the share of unreplaced tokens each attacker changed, and
 the wall time (the LLM's per sentence). Writes benchmarks/results/llm_attack.{json,md}.
 
-    python benchmarks/bench_llm_attack.py [--n 100] [--threads 1] [--shots 4] [--chat]
+    python -m benchmarks.bench_llm_attack [--n 100] [--threads 1] [--shots 4] [--chat]
 """
 
 from __future__ import annotations
@@ -19,33 +19,28 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import sys
 import time
 from collections import Counter
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_channel_denoiser import privatize, recovery  # noqa: E402
-
-from rapt.attacks import ATTACKERS, ReconstructionInput  # noqa: E402
-from rapt.attacks.llm_recovery import DEFAULT_MAX_CHANGE, changed_share  # noqa: E402
-from rapt.channel.corpus import public_corpus_for  # noqa: E402
-from rapt.data import load_dataset  # noqa: E402
-from rapt.models import load_backbone  # noqa: E402
-from rapt.privacy.mechanism import (  # noqa: E402
+from benchmarks._common import RESULTS, command, machine
+from benchmarks.bench_channel_denoiser import privatize, recovery
+from rapt.attacks import ATTACKERS, ReconstructionInput
+from rapt.attacks.llm_recovery import DEFAULT_MAX_CHANGE, changed_share
+from rapt.channel.corpus import public_corpus_for
+from rapt.data import load_dataset
+from rapt.models import load_backbone
+from rapt.privacy.mechanism import (
     Privatizer,
     calibrate_eta_public,
     candidate_ids_from_tokenizer,
     replacement_probability,
     tokenize_texts,
 )
-from rapt.privacy.nn_search import build_index  # noqa: E402
+from rapt.privacy.nn_search import build_index
 
-RESULTS = Path(__file__).resolve().parent / "results"
 GRID = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0)
 TUNE_MAX_LEN = 64  # held-out public rows up to SST-2's lengths
 
@@ -82,7 +77,7 @@ def args_() -> argparse.Namespace:
 def main() -> None:
     a = args_()
     torch.set_num_threads(a.threads)  # the machine is shared
-    load0, t_start = os.getloadavg(), time.perf_counter()
+    host, t_start = machine(), time.perf_counter()
     enc = load_backbone("minilm")
     tok, emb = enc.tokenizer, enc.embeddings.detach()
     eta = calibrate_eta_public(enc, a.target_p)
@@ -132,10 +127,8 @@ def main() -> None:
     examples = [{"private": tok.decode(private[i]), "raw reply aligned": tok.decode(raw[i]),
                  "guess": tok.decode(guess[i]), "original": tok.decode(clean[i])}
                 for i in range(min(5, len(clean)))]
-    out = {"command": " ".join([Path(sys.executable).name, *sys.argv]),
-           "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                       "threads": a.threads, "torch": torch.__version__,
-                       "load_before": load0, "load_after": os.getloadavg()},
+    out = {"command": command(),
+           "machine": {**host, "loadavg_end": list(os.getloadavg())},
            "backbone": "minilm", "llm": a.llm, "eta": eta, "target_p": a.target_p,
            "P": replacement_probability(clean, private, enc.special_ids),
            "eval": {"set": f"sst2 dev, first {len(clean)} sentences", "sentences": len(clean),
@@ -162,8 +155,9 @@ def markdown(o: dict) -> str:
     sources = ", ".join(f"{s['name']}/{s['split']} {s['texts']}" for s in c["sources"])
     lines = [
         "# LLM reconstruction attacker vs nearest neighbour and Bayes (issue 27)", "",
-        f"`{o['command']}` on {m['platform']}, {m['cpus']} CPUs shared, {m['threads']} "
-        f"thread(s); load {m['load_before'][0]:.1f} before, {m['load_after'][0]:.1f} after.", "",
+        f"`{o['command']}` on {m['platform']}, {m['cpu_count']} CPUs shared, {m['threads']} "
+        f"thread(s); load {m['loadavg_start'][0]:.1f} before, {m['loadavg_end'][0]:.1f} after.",
+        "",
         f"MiniLM, η = {o['eta']:.4g} (calibrated for P ≈ {o['target_p']} on rapt's public "
         f"sample); P measured {o['P']:.3f} on {o['eval']['set']} (privatized once, seed 2). "
         f"Public text (few-shot examples, Bayes prior): {c['n_texts']:,} texts, "

@@ -1,9 +1,9 @@
 """Membership inference on prompted LLMs (Flocks §3, Figure 2) with SmolLM2-135M.
 
-    python benchmarks/bench_mia.py                    # CPU profile: 8 prompts x (1 + 25)
-    python benchmarks/bench_mia.py --profile cpu-50 --out benchmarks/results/mia_50 \
+    python -m benchmarks.bench_mia                    # CPU profile: 8 prompts x (1 + 25)
+    python -m benchmarks.bench_mia --profile cpu-50 --out benchmarks/results/mia_50 \
         --pate-json benchmarks/results/pate_large.json      # 50 prompts x (1 + 50)
-    python benchmarks/bench_mia.py --profile paper    # 100 prompts x (1 + 50)
+    python -m benchmarks.bench_mia --profile paper    # 100 prompts x (1 + 50)
 
 Writes benchmarks/results/mia.{json,md,png}. The table also lists the attack against the
 PromptPATE student prompts when benchmarks/results/pate.json exists (bench_pate.py).
@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks._common import RESULTS, command, machine
 from rapt.attacks.mia import mean_roc, prompt_mia
 from rapt.data import load_dataset
 from rapt.models import load_backbone
@@ -29,7 +29,6 @@ from rapt.pate.pate import as_demos, get_template
 from rapt.pate.scorer import HFLabelScorer
 from rapt.stats import mean_ci
 
-RESULTS = Path(__file__).resolve().parent / "results"
 PROFILES = {"cpu": dict(prompts=8, nonmembers=25), "cpu-large": dict(prompts=20, nonmembers=50),
             # issue 15: enough prompts per task for a readable AUC spread (~5 min a task)
             "cpu-50": dict(prompts=50, nonmembers=50),
@@ -50,10 +49,9 @@ def main() -> None:
     args = ap.parse_args()
     prof = PROFILES[args.profile]
     report: dict = {
-        "command": " ".join([Path(sys.executable).name, *sys.argv]), "profile": args.profile,
+        "command": command(), "profile": args.profile,
         "backbone": args.backbone, "shots": args.shots, **prof,
-        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
-                    "torch": torch.__version__, "loadavg_start": os.getloadavg()},
+        "machine": machine(),
         "tasks": {}}
     bb = load_backbone(args.backbone, device="cuda" if torch.cuda.is_available() else "cpu")
     results = {}

@@ -9,8 +9,8 @@ on one store with 16 prefix prompts, one with the per-prompt forward (before iss
 with the default mixed forward (after), taking turns under 16 concurrent clients sending
 one-row requests. Prompts carry random weights: the speed of a pass does not depend on them.
 
-    python benchmarks/bench_mixed.py                 # MiniLM, a few minutes on 2 busy cores
-    python benchmarks/bench_mixed.py --quick         # tiny random BERT, seconds
+    python -m benchmarks.bench_mixed                 # MiniLM, a few minutes on 2 busy cores
+    python -m benchmarks.bench_mixed --quick         # tiny random BERT, seconds
 
 Writes benchmarks/results/mixed.{json,md,png}.
 """
@@ -29,9 +29,10 @@ from pathlib import Path
 
 import httpx
 import torch
-from bench_service import Server, load, summarize, tiny_backbone
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from benchmarks._common import RESULTS, command, save_png, write_json, write_md
+from benchmarks.bench_service import Server, load, summarize, tiny_backbone
+
 METHODS = {"prompt": {"num_virtual_tokens": 20}, "prefix": {"num_virtual_tokens": 10},
            "lora": {"lora_r": 8}}  # rapt's defaults; prefix length 10 as in RAPT
 
@@ -154,9 +155,9 @@ def serve(args: argparse.Namespace) -> None:
 
 
 def mixed_serve(forward: str, db: Path, backbone: str) -> list[str]:
-    """This script in server mode (port appended by bench_service.Server)."""
-    return [sys.executable, __file__, "--serve", forward, "--db", str(db), "--backbone",
-            backbone]
+    """This module in server mode (port appended by bench_service.Server)."""
+    return [sys.executable, "-m", "benchmarks.bench_mixed", "--serve", forward, "--db", str(db),
+            "--backbone", backbone]
 
 
 def service_bench(backbone: str, rows: list[list[int]], n_prompts: int, threads: int,
@@ -211,7 +212,7 @@ def service_bench(backbone: str, rows: list[list[int]], n_prompts: int, threads:
 
 def write_report(result: dict, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    write_json(out.with_suffix(".json"), result, indent=1)
     m, s = result["machine"], result["settings"]
     rows = result["forward"]
     lines = [
@@ -251,21 +252,32 @@ def write_report(result: dict, out: Path) -> None:
                   "that regime. Beside speed, the per-prompt path built one private copy of "
                   f"the backbone per LoRA prompt ({s['backbone_mb']} MB each, "
                   f"{max(s['counts'])} at k = {max(s['counts'])}); the mixed path builds none."]
-    svc = result.get("service")
-    if svc:
-        lines += ["", f"## Service on loopback: {svc['prompts']} prefix prompts, "
-                  f"{svc['before']['threads']} concurrent clients, 1 row per request", "",
-                  "Two servers on one store take turns in rounds: *before* serves with the "
-                  "per-prompt forward (a pass per distinct prompt in a micro-batch, as before "
-                  "issue 14), *after* with the default mixed forward.", "",
-                  "| server | requests/s | p50 ms | p95 ms | requests per forward pass "
-                  "| errors |", "|---|---|---|---|---|---|"]
-        for name in ("before", "after"):
-            r = svc[name]
-            lines.append(f"| {name} | {r['requests_per_s']} | {r['p50_ms']} | {r['p95_ms']} | "
-                         f"{r['requests_per_pass']} | {r['errors']} |")
-        lines += ["", f"requests/s after / before: {svc['speedup_requests_per_s']}"]
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    lines += _service_lines(result.get("service"))
+    write_md(out.with_suffix(".md"), lines)
+    _plot(rows, s, out)
+
+
+def _service_lines(svc: dict | None) -> list[str]:
+    """The report's section on the two servers, when the service part ran."""
+    if not svc:
+        return []
+    lines = ["", f"## Service on loopback: {svc['prompts']} prefix prompts, "
+             f"{svc['before']['threads']} concurrent clients, 1 row per request", "",
+             "Two servers on one store take turns in rounds: *before* serves with the "
+             "per-prompt forward (a pass per distinct prompt in a micro-batch, as before "
+             "issue 14), *after* with the default mixed forward.", "",
+             "| server | requests/s | p50 ms | p95 ms | requests per forward pass "
+             "| errors |", "|---|---|---|---|---|---|"]
+    for name in ("before", "after"):
+        r = svc[name]
+        lines.append(f"| {name} | {r['requests_per_s']} | {r['p50_ms']} | {r['p95_ms']} | "
+                     f"{r['requests_per_pass']} | {r['errors']} |")
+    return lines + ["", f"requests/s after / before: {svc['speedup_requests_per_s']}"]
+
+
+def _plot(rows: list[dict], s: dict, out: Path) -> None:
+    """rows/s against the number of distinct prompts, one panel per method (needs
+    matplotlib)."""
     try:
         import matplotlib
 
@@ -289,7 +301,7 @@ def write_report(result: dict, out: Path) -> None:
     axes[0].legend()
     fig.suptitle(f"{s['backbone']}: mixed pass vs one pass per prompt")
     fig.tight_layout()
-    fig.savefig(out.with_suffix(".png"), dpi=120)
+    save_png(fig, out.with_suffix(".png"))
 
 
 def goals(rows: list[dict]) -> list[str]:
@@ -351,7 +363,7 @@ def main() -> None:
                                 60 if args.quick else args.service_requests,
                                 2 if args.quick else 4, tmp)
     result = {
-        "command": " ".join(["python", "benchmarks/bench_mixed.py", *sys.argv[1:]]),
+        "command": command(),
         "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
                     "gpu": (torch.cuda.get_device_name(args.device)
                             if args.device.startswith("cuda") else None),

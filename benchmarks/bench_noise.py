@@ -1,6 +1,6 @@
 """Throughput of rapt.noise against torch.randn, with a KS check of each sampler.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_noise.py [--n 4000000] [--repeats 3]
+    OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.bench_noise [--n 4000000] [--repeats 3]
 
 Prints normals/s (best of ``--repeats``) for: ``torch.randn`` (float64, Philox/MT, not a
 privacy source), ``NoiseSource().normal`` (OS entropy, the DP-SGD / GNMax mechanism noise),

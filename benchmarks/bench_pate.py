@@ -1,7 +1,7 @@
 """PromptPATE benchmark: vote throughput (KV cache vs batched no-cache vs naive) and Flocks Table 2.
 
-    python benchmarks/bench_pate.py                   # CPU profile (small; see PROFILES)
-    python benchmarks/bench_pate.py --profile paper   # 200 teachers x 500 queries (GPU)
+    python -m benchmarks.bench_pate                   # CPU profile (small; see PROFILES)
+    python -m benchmarks.bench_pate --profile paper   # 200 teachers x 500 queries (GPU)
 
 Writes benchmarks/results/pate.{json,md,png}. Also runs the membership-inference attack against
 each selected student prompt (members: private examples inside teacher prompts).
@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -24,14 +23,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks._common import RESULTS, command, machine
 from rapt.attacks.mia import student_mia
 from rapt.cli.pate_cmd import load_task
 from rapt.models import load_backbone
 from rapt.pate.gnmax import GNMaxConfig
 from rapt.pate.pate import SEEDED_WARNING, get_template, make_teachers, pate_experiment
 from rapt.pate.scorer import HFLabelScorer
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 # Per task: teachers, public queries per public set, test examples, student candidates,
 # held-out released pairs for selection, threshold as a fraction of teachers.
@@ -75,13 +73,6 @@ PROFILES["cpu-200"] = {
     "sst2-sentences": dict(teachers=200, queries=40, test=100, candidates=5, max_val=20,
                            t_frac=0.9),
 }
-
-
-def machine() -> dict:
-    return {"platform": platform.platform(), "cpu_count": os.cpu_count(),
-            "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "loadavg_start": os.getloadavg(), "device": "cuda" if torch.cuda.is_available()
-            else "cpu"}
 
 
 PATHS = ("cached", "batched", "naive")
@@ -359,7 +350,7 @@ def plot(report: dict, path: Path) -> None:
 def speed_only(args) -> None:
     prof = PROFILES[args.profile]["speed"]
     bb = load_backbone(args.backbone, device="cuda" if torch.cuda.is_available() else "cpu")
-    report = {"command": " ".join([Path(sys.executable).name, *sys.argv]),
+    report = {"command": command(),
               "profile": args.profile, "backbone": args.backbone, "machine": machine(),
               "runs": [speed(bb, prof["teachers"], 2 * prof["queries"], args.batch_size,
                              args.seed, shots=k, task=task)
@@ -422,7 +413,7 @@ def main() -> None:
     prof = PROFILES[args.profile]
     if args.noise_seed is not None:
         print(SEEDED_WARNING, file=sys.stderr)
-    report = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "profile": args.profile,
+    report = {"command": command(), "profile": args.profile,
               "backbone": args.backbone, "machine": machine(),
               "seeded": args.noise_seed is not None, "noise_seed": args.noise_seed, "tasks": {}}
     device = "cuda" if torch.cuda.is_available() else "cpu"

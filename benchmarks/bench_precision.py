@@ -16,7 +16,7 @@ Three parts, written to ``benchmarks/results/precision.{json,md}``:
   privatized rows, init and data order per seed (paired), with privatized test queries. The
   verdict is the paired difference bf16 − fp32 with its 95 % CI (rapt.stats).
 
-    OMP_NUM_THREADS=2 python benchmarks/bench_precision.py --threads 2 --seeds 5
+    OMP_NUM_THREADS=2 python -m benchmarks.bench_precision --threads 2 --seeds 5
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
+from benchmarks._common import command
 from rapt.config import default_lr
 from rapt.data import label_descriptions_for, load_dataset
 from rapt.demo import DemoConfig
@@ -265,7 +265,7 @@ def main() -> None:
         args.out.with_suffix(".md").write_text(markdown(res))
         return
     torch.set_num_threads(args.threads)
-    res: dict = {"command": "python " + " ".join(sys.argv), "machine": machine()}
+    res: dict = {"command": command(), "machine": machine()}
     bb = load_backbone("minilm")
     t0 = time.perf_counter()
     parts = args.parts.split(",")

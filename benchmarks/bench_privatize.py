@@ -14,7 +14,7 @@ sampling + search, via ``Privatizer.privatize_ids``); the references are timed o
 search loop only, given the same noised vectors, which favours them slightly.
 Writes benchmarks/results/privatize.{json,md,png}.
 
-    python benchmarks/bench_privatize.py [--quick]
+    python -m benchmarks.bench_privatize [--quick]
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ import argparse
 import json
 import os
 import platform
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from benchmarks._common import RESULTS, command, machine
 from rapt.data import load_dataset
 from rapt.models import load_backbone
 from rapt.privacy.inversion import inversion_attack
@@ -40,8 +40,6 @@ from rapt.privacy.mechanism import (
     tokenize_texts,
 )
 from rapt.privacy.nn_search import AnnoyIndex, ExactIndex, FastIndex
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 class Timer:
@@ -61,7 +59,7 @@ def rate(n: int, t: Timer) -> dict:
             "tokens_per_s": n / t.wall, "tokens_per_cpu_s": n / t.cpu if t.cpu > 0 else None}
 
 
-def main() -> None:
+def _parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small samples (smoke test)")
     ap.add_argument("--ref-a-tokens", type=int, default=200)
@@ -71,9 +69,14 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=4, help="interleaved timing repetitions")
     ap.add_argument("--curve-tokens", type=int, default=6000,
                     help="tokens for the P / empirical privacy curve")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = _parse_args()
     torch.set_num_threads(args.threads)
-    load_start = os.getloadavg()
+    host = machine(processor=platform.processor())
+    load_start = host["loadavg_start"]
     t_start = time.perf_counter()
 
     bb = load_backbone("minilm")
@@ -105,108 +108,17 @@ def main() -> None:
     with Timer() as t_annoy:
         annoy_index = AnnoyIndex(E, n_trees=50, seed=args.seed)
     print(f"annoy build (50 trees): {t_annoy.wall:.1f}s", flush=True)
-    W_np = E.numpy()
 
-    throughput = []
-    rep_ids = ids[: min(n, 2048)]
-    for target, eta in etas.items():
-        row: dict = {"target_p": target, "eta": eta}
-        ex = Privatizer(E, eta, special_ids=specials, seed=args.seed, index=exact_index)
-        fa = Privatizer(E, eta, special_ids=specials, seed=args.seed, index=fast_index)
-        # Full runs: the outputs compared for recall, and one timing each.
-        with Timer() as t_ex:
-            out_exact = ex.privatize_ids(ids)
-        row["p"] = replacement_probability(ids, out_exact, specials)
-        fast_index.reset_stats()
-        fast_index.stats.update(certified=0, fallback=0, candidates=0)
-        with Timer() as t_fa:
-            out_fast = fa.privatize_ids(ids)
-        st = dict(fast_index.stats)
-        # Interleaved repetitions on a short slice: the best of each method estimates its
-        # speed when the shared machine happens to be quiet; interleaving keeps ratios fair.
-        reps = {"exact": [t_ex], "fast": [t_fa]}
-        sizes = {"exact": [n], "fast": [n]}
-        for _ in range(args.reps):
-            for name, pv in (("exact", ex), ("fast", fa)):
-                with Timer() as t:
-                    pv.privatize_ids(rep_ids)
-                reps[name].append(t)
-                sizes[name].append(rep_ids.numel())
-        # One thread, CPU time: insensitive to other jobs taking the cores (2 threads on a
-        # crowded machine mostly measure the wait at OpenMP barriers).
-        torch.set_num_threads(1)
-        single: dict[str, list[float]] = {"exact": [], "fast": []}
-        for _ in range(max(1, args.reps // 2)):
-            for name, pv in (("exact", ex), ("fast", fa)):
-                with Timer() as t:
-                    pv.privatize_ids(rep_ids)
-                single[name].append(rep_ids.numel() / t.cpu)
-        torch.set_num_threads(args.threads)
-        for name in ("exact", "fast"):
-            runs = [rate(k, t) for k, t in zip(sizes[name], reps[name], strict=True)]
-            best = max(runs, key=lambda r: r["tokens_per_s"])
-            row[name] = {"full_run": runs[0], "best": best,
-                         "tokens_per_s": best["tokens_per_s"],
-                         "runs_tokens_per_s": [r["tokens_per_s"] for r in runs],
-                         "one_thread_tokens_per_cpu_s": max(single[name]),
-                         "idle_2core_estimate_tokens_per_s": 2 * max(single[name])}
-        row["fast"].update(
-            recall_vs_exact=float((out_fast == out_exact).float().mean()),
-            certificate_rate=st["certified"] / max(1, st["queries"]),
-            fallbacks=st["fallback"],
-            exact_rescored_per_token=st["candidates"] / max(1, st["certified"]))
-
-        # Same noise for the references, so their recall is measured against exact.
-        y = Privatizer(E, eta, special_ids=specials, seed=args.seed).noised_embeddings(ids)
-        y_np = y.numpy()
-        ka = min(args.ref_a_tokens, n)
-        with Timer() as t:
-            got_a = [int(np.argmin(np.sum((W_np - y_np[i]) ** 2, axis=1))) for i in range(ka)]
-        row["ref_a_numpy_loop"] = {**rate(ka, t), "recall_vs_exact": float(
-            (torch.tensor(got_a) == out_exact[:ka]).float().mean())}
-        kb = min(args.ref_b_tokens, n)
-        with Timer() as t:
-            got_b = [annoy_index.index.get_nns_by_vector(y_np[i], 1)[0] for i in range(kb)]
-        row["ref_b_annoy_loop"] = {**rate(kb, t), "recall_vs_exact": float(
-            (torch.tensor(got_b) == out_exact[:kb]).float().mean()), "n_trees": 50}
-        row["speedup_exact_vs_a"] = row["exact"]["tokens_per_s"] / row["ref_a_numpy_loop"][
-            "tokens_per_s"]
-        # Per CPU-second, one thread each: the contention-robust comparison.
-        row["cpu_speedup_exact_vs_a"] = row["exact"]["one_thread_tokens_per_cpu_s"] / row[
-            "ref_a_numpy_loop"]["tokens_per_cpu_s"]
-        row["cpu_speedup_fast_vs_b"] = row["fast"]["one_thread_tokens_per_cpu_s"] / row[
-            "ref_b_annoy_loop"]["tokens_per_cpu_s"]
-        row["speedup_fast_vs_exact"] = row["fast"]["tokens_per_s"] / row["exact"]["tokens_per_s"]
-        row["speedup_fast_vs_b"] = row["fast"]["tokens_per_s"] / row["ref_b_annoy_loop"][
-            "tokens_per_s"]
-        throughput.append(row)
-        print(json.dumps({k: v for k, v in row.items()}), flush=True)
+    throughput = [_throughput_row(args, E, specials, ids, (exact_index, fast_index, annoy_index),
+                                  target, eta) for target, eta in etas.items()]
 
     # --- P and inversion empirical privacy vs η ------------------------------------------------
-    curve = []
-    eta_grid = [float(x) for x in np.geomspace(25, 250, 10).round(1)]
     cids = ids[: args.curve_tokens]
-    for eta in eta_grid:
-        priv = Privatizer(E, eta, special_ids=specials, seed=args.seed, index=fast_index)
-        private = priv.privatize_ids(cids)
-        p = replacement_probability(cids, private, specials)
-        inv_text = inversion_attack(cids, E, private_ids=private, special_ids=specials,
-                                    index=fast_index)
-        noised = Privatizer(E, eta, special_ids=specials, seed=args.seed + 1).noised_embeddings(
-            cids)
-        inv_vec = inversion_attack(cids, E, noised=noised, special_ids=specials,
-                                   index=fast_index)
-        curve.append({"eta": eta, "p": p,
-                      "empirical_privacy_text": inv_text.empirical_privacy,
-                      "empirical_privacy_vectors": inv_vec.empirical_privacy})
-        print(json.dumps(curve[-1]), flush=True)
+    curve = _privacy_curve(E, specials, cids, fast_index, args.seed)
 
     result = {
-        "command": " ".join([sys.executable, *sys.argv]),
-        "machine": {"platform": platform.platform(), "processor": platform.processor(),
-                    "cpu_count": os.cpu_count(), "torch": torch.__version__,
-                    "torch_threads": torch.get_num_threads(),
-                    "load_avg_start": load_start, "load_avg_end": os.getloadavg(),
+        "command": command(),
+        "machine": {**host, "loadavg_end": list(os.getloadavg()),
                     "shared_machine_note": "2 cores shared with other engineers' jobs; see "
                     "load averages; one-thread tokens per CPU-second is less sensitive to "
                     "contention"},
@@ -219,19 +131,7 @@ def main() -> None:
         "throughput": throughput,
         "p_and_privacy_vs_eta": curve,
         "curve_tokens": int(cids.numel()),
-        "goals": {
-            "measured_on": "2 threads, best wall-clock run (shared machine)",
-            "exact_ge_2500_tok_s": all(t["exact"]["tokens_per_s"] >= 2500 for t in throughput),
-            "exact_ge_50x_ref_a": all(t["speedup_exact_vs_a"] >= 50 for t in throughput),
-            "fast_recall_ge_0.99": all(t["fast"]["recall_vs_exact"] >= 0.99 for t in throughput),
-            "fast_ge_10000_tok_s": all(t["fast"]["tokens_per_s"] >= 10000 for t in throughput),
-            "exact_ge_50x_ref_a_per_cpu_s": all(t["cpu_speedup_exact_vs_a"] >= 50
-                                                for t in throughput),
-            "idle_estimate_exact_ge_2500": all(
-                t["exact"]["idle_2core_estimate_tokens_per_s"] >= 2500 for t in throughput),
-            "idle_estimate_fast_ge_10000": all(
-                t["fast"]["idle_2core_estimate_tokens_per_s"] >= 10000 for t in throughput),
-        },
+        "goals": _goals(throughput),
         "total_seconds": time.perf_counter() - t_start,
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -241,6 +141,125 @@ def main() -> None:
     print(f"wrote {RESULTS}/privatize.{{json,md,png}} in {result['total_seconds']:.0f}s")
 
 
+def _throughput_row(args, E: torch.Tensor, specials, ids: torch.Tensor, indexes: tuple,
+                    target: float, eta: float) -> dict:
+    """Speed and recall at one privacy level: exact and fast search (full run, interleaved
+    repetitions, one-thread CPU time) against the numpy and Annoy references."""
+    exact_index, fast_index, annoy_index = indexes
+    n, W_np = ids.numel(), E.numpy()
+    rep_ids = ids[: min(n, 2048)]
+    row: dict = {"target_p": target, "eta": eta}
+    ex = Privatizer(E, eta, special_ids=specials, seed=args.seed, index=exact_index)
+    fa = Privatizer(E, eta, special_ids=specials, seed=args.seed, index=fast_index)
+    # Full runs: the outputs compared for recall, and one timing each.
+    with Timer() as t_ex:
+        out_exact = ex.privatize_ids(ids)
+    row["p"] = replacement_probability(ids, out_exact, specials)
+    fast_index.reset_stats()
+    fast_index.stats.update(certified=0, fallback=0, candidates=0)
+    with Timer() as t_fa:
+        out_fast = fa.privatize_ids(ids)
+    st = dict(fast_index.stats)
+    # Interleaved repetitions on a short slice: the best of each method estimates its
+    # speed when the shared machine happens to be quiet; interleaving keeps ratios fair.
+    reps = {"exact": [t_ex], "fast": [t_fa]}
+    sizes = {"exact": [n], "fast": [n]}
+    for _ in range(args.reps):
+        for name, pv in (("exact", ex), ("fast", fa)):
+            with Timer() as t:
+                pv.privatize_ids(rep_ids)
+            reps[name].append(t)
+            sizes[name].append(rep_ids.numel())
+    # One thread, CPU time: insensitive to other jobs taking the cores (2 threads on a
+    # crowded machine mostly measure the wait at OpenMP barriers).
+    torch.set_num_threads(1)
+    single: dict[str, list[float]] = {"exact": [], "fast": []}
+    for _ in range(max(1, args.reps // 2)):
+        for name, pv in (("exact", ex), ("fast", fa)):
+            with Timer() as t:
+                pv.privatize_ids(rep_ids)
+            single[name].append(rep_ids.numel() / t.cpu)
+    torch.set_num_threads(args.threads)
+    for name in ("exact", "fast"):
+        runs = [rate(k, t) for k, t in zip(sizes[name], reps[name], strict=True)]
+        best = max(runs, key=lambda r: r["tokens_per_s"])
+        row[name] = {"full_run": runs[0], "best": best,
+                     "tokens_per_s": best["tokens_per_s"],
+                     "runs_tokens_per_s": [r["tokens_per_s"] for r in runs],
+                     "one_thread_tokens_per_cpu_s": max(single[name]),
+                     "idle_2core_estimate_tokens_per_s": 2 * max(single[name])}
+    row["fast"].update(
+        recall_vs_exact=float((out_fast == out_exact).float().mean()),
+        certificate_rate=st["certified"] / max(1, st["queries"]),
+        fallbacks=st["fallback"],
+        exact_rescored_per_token=st["candidates"] / max(1, st["certified"]))
+
+    # Same noise for the references, so their recall is measured against exact.
+    y = Privatizer(E, eta, special_ids=specials, seed=args.seed).noised_embeddings(ids)
+    y_np = y.numpy()
+    ka = min(args.ref_a_tokens, n)
+    with Timer() as t:
+        got_a = [int(np.argmin(np.sum((W_np - y_np[i]) ** 2, axis=1))) for i in range(ka)]
+    row["ref_a_numpy_loop"] = {**rate(ka, t), "recall_vs_exact": float(
+        (torch.tensor(got_a) == out_exact[:ka]).float().mean())}
+    kb = min(args.ref_b_tokens, n)
+    with Timer() as t:
+        got_b = [annoy_index.index.get_nns_by_vector(y_np[i], 1)[0] for i in range(kb)]
+    row["ref_b_annoy_loop"] = {**rate(kb, t), "recall_vs_exact": float(
+        (torch.tensor(got_b) == out_exact[:kb]).float().mean()), "n_trees": 50}
+    row["speedup_exact_vs_a"] = row["exact"]["tokens_per_s"] / row["ref_a_numpy_loop"][
+        "tokens_per_s"]
+    # Per CPU-second, one thread each: the contention-robust comparison.
+    row["cpu_speedup_exact_vs_a"] = row["exact"]["one_thread_tokens_per_cpu_s"] / row[
+        "ref_a_numpy_loop"]["tokens_per_cpu_s"]
+    row["cpu_speedup_fast_vs_b"] = row["fast"]["one_thread_tokens_per_cpu_s"] / row[
+        "ref_b_annoy_loop"]["tokens_per_cpu_s"]
+    row["speedup_fast_vs_exact"] = row["fast"]["tokens_per_s"] / row["exact"]["tokens_per_s"]
+    row["speedup_fast_vs_b"] = row["fast"]["tokens_per_s"] / row["ref_b_annoy_loop"][
+        "tokens_per_s"]
+    print(json.dumps({k: v for k, v in row.items()}), flush=True)
+    return row
+
+
+def _privacy_curve(E: torch.Tensor, specials, cids: torch.Tensor, fast_index,
+                   seed: int) -> list[dict]:
+    """Replacement probability and the inversion attack's empirical privacy along an η grid."""
+    curve = []
+    eta_grid = [float(x) for x in np.geomspace(25, 250, 10).round(1)]
+    for eta in eta_grid:
+        priv = Privatizer(E, eta, special_ids=specials, seed=seed, index=fast_index)
+        private = priv.privatize_ids(cids)
+        p = replacement_probability(cids, private, specials)
+        inv_text = inversion_attack(cids, E, private_ids=private, special_ids=specials,
+                                    index=fast_index)
+        noised = Privatizer(E, eta, special_ids=specials, seed=seed + 1).noised_embeddings(
+            cids)
+        inv_vec = inversion_attack(cids, E, noised=noised, special_ids=specials,
+                                   index=fast_index)
+        curve.append({"eta": eta, "p": p,
+                      "empirical_privacy_text": inv_text.empirical_privacy,
+                      "empirical_privacy_vectors": inv_vec.empirical_privacy})
+        print(json.dumps(curve[-1]), flush=True)
+    return curve
+
+
+def _goals(throughput: list[dict]) -> dict:
+    """Which of the speed and recall goals every privacy level meets."""
+    return {
+        "measured_on": "2 threads, best wall-clock run (shared machine)",
+        "exact_ge_2500_tok_s": all(t["exact"]["tokens_per_s"] >= 2500 for t in throughput),
+        "exact_ge_50x_ref_a": all(t["speedup_exact_vs_a"] >= 50 for t in throughput),
+        "fast_recall_ge_0.99": all(t["fast"]["recall_vs_exact"] >= 0.99 for t in throughput),
+        "fast_ge_10000_tok_s": all(t["fast"]["tokens_per_s"] >= 10000 for t in throughput),
+        "exact_ge_50x_ref_a_per_cpu_s": all(t["cpu_speedup_exact_vs_a"] >= 50
+                                            for t in throughput),
+        "idle_estimate_exact_ge_2500": all(
+            t["exact"]["idle_2core_estimate_tokens_per_s"] >= 2500 for t in throughput),
+        "idle_estimate_fast_ge_10000": all(
+            t["fast"]["idle_2core_estimate_tokens_per_s"] >= 10000 for t in throughput),
+    }
+
+
 def markdown(r: dict) -> str:
     m = r["machine"]
     lines = [
@@ -248,8 +267,8 @@ def markdown(r: dict) -> str:
         "",
         f"Command: `{r['command']}`  ",
         f"Machine: {m['platform']}, {m['cpu_count']} CPUs, torch {m['torch']} "
-        f"({m['torch_threads']} threads); load average at start {m['load_avg_start']}, "
-        f"at end {m['load_avg_end']} (shared machine).  ",
+        f"({m['threads']} threads); load average at start {m['loadavg_start']}, "
+        f"at end {m['loadavg_end']} (shared machine).  ",
         f"Tokens: {r['data']['tokens']} (all rows of the vocabulary are candidates; special "
         "tokens are not perturbed).",
         "",

@@ -11,9 +11,9 @@ seeds (same seed = same init, data order and privatized text), with the paired d
 trainable linear head; ablation: plain-token length m. Then the attribute inference attack
 (TrustPilot gender/age) with a no-privacy row and balanced accuracy.
 
-    python benchmarks/bench_rapt.py                   # CPU profile (1.7 h on 2 shared cores)
-    python benchmarks/bench_rapt.py --profile paper   # paper-sized run, for a GPU
-    python benchmarks/bench_rapt.py --profile smoke   # seconds: checks the script end to end
+    python -m benchmarks.bench_rapt                   # CPU profile (1.7 h on 2 shared cores)
+    python -m benchmarks.bench_rapt --profile paper   # paper-sized run, for a GPU
+    python -m benchmarks.bench_rapt --profile smoke   # seconds: checks the script end to end
 
 Results: benchmarks/results/rapt.{json,md,png}; the JSON is rewritten after every run and a
 rerun with the same profile resumes from it (``--fresh`` starts over).
@@ -24,14 +24,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
+from benchmarks._common import command, machine
 from rapt.attacks.attribute import attribute_attack, embedding_features, hidden_features
 from rapt.data import label_descriptions_for, load_dataset
 from rapt.demo import plain_tokens_for
@@ -155,13 +154,7 @@ def _acc(pred, gold) -> float:
     return sum(int(a == b) for a, b in zip(pred, gold, strict=True)) / len(gold)
 
 
-def _machine() -> dict:
-    return {"platform": platform.platform(), "python": platform.python_version(),
-            "cpu_count": os.cpu_count(), "torch": torch.__version__,
-            "threads": torch.get_num_threads(), "loadavg_start": list(os.getloadavg())}
-
-
-def main() -> None:
+def _parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", choices=sorted(PROFILES), default="cpu")
     ap.add_argument("--out", default="benchmarks/results")
@@ -184,26 +177,24 @@ def main() -> None:
                     help="start over instead of resuming the runs already in <name>.json")
     ap.add_argument("--render", action="store_true",
                     help="only re-render the .md/.png from an existing (partial) .json")
-    args = ap.parse_args()
-    out_dir = Path(args.out)
-    path = out_dir / f"{args.name}.json"
-    if args.render:
-        old = json.loads(path.read_text())
-        _write(old, out_dir, args.name)
-        print(markdown(old))
-        return
+    return ap.parse_args()
+
+
+def _profile(args) -> dict:
+    """The profile's settings with the command line's overrides."""
     prof = dict(PROFILES[args.profile])
     for k in ("seeds", "train", "epochs"):
         if getattr(args, k) is not None:
             prof[k] = getattr(args, k)
     if args.levels:
         prof["levels"] = tuple(float(x) for x in args.levels.split(","))
-    tasks = args.tasks.split(",") if args.tasks else list(prof["tasks"])
-    methods = args.methods.split(",") if args.methods else list(prof["methods"])
-    phases = set(args.phases.split(","))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    settings = {**prof, "tasks": tasks, "methods": methods}
-    res: dict = {"command": " ".join([sys.executable, *sys.argv]), "machine": _machine(),
+    return prof
+
+
+def _start(args, path: Path, settings: dict) -> dict:
+    """The results document: a fresh one, or the one at ``path`` resumed when its profile and
+    run-defining settings are the same."""
+    res: dict = {"command": command(), "machine": machine(),
                  "profile": args.profile, "settings": settings, "levels": {}, "runs": [],
                  "timing": None, "attack": []}
     if path.exists() and not args.fresh and not args.timing_only:
@@ -216,20 +207,18 @@ def main() -> None:
             res["commands"] = old.get("commands", [old.get("command")])
             print(f"resuming: {len(res['runs'])} runs already in {path}", flush=True)
     res.setdefault("commands", []).append(res["command"])
-    done = {(r["task"], r["method"], r["setting"], r["P"], r["seed"]) for r in res["runs"]}
-    t_start = time.perf_counter()
+    return res
 
-    def save() -> None:
-        res["elapsed_s"] = res.get("elapsed_before_s", 0) + time.perf_counter() - t_start
-        res["machine"]["loadavg_end"] = list(os.getloadavg())
-        res["summary"], res["paired"] = summarize(res), paired(res)
-        path.write_text(json.dumps(res, indent=1) + "\n")
 
-    bb = load_backbone(args.backbone, device=args.device)
-    tok = bb.tokenizer
-    cand = candidate_ids_from_tokenizer(tok, bb.embeddings.shape[0])
-    m = prof["plain_len"]
+def _save(res: dict, path: Path, t_start: float) -> None:
+    res["elapsed_s"] = res.get("elapsed_before_s", 0) + time.perf_counter() - t_start
+    res["machine"]["loadavg_end"] = list(os.getloadavg())
+    res["summary"], res["paired"] = summarize(res), paired(res)
+    path.write_text(json.dumps(res, indent=1) + "\n")
 
+
+def _load_tasks(tasks: list[str], prof: dict, tok, res: dict) -> dict:
+    """(train, test, text length) per task; every setting truncates the text there."""
     data = {}
     for task in tasks:
         name, tr_split, te_split, _ = TASKS[task]
@@ -244,96 +233,143 @@ def main() -> None:
         data[task] = (tr, te, n_text)
         print(f"{task}: rows of <= {n_text} text tokens keep {whole:.1%} of the training rows "
               "whole; every setting truncates the text there", flush=True)
+    return data
 
+
+def _timing(bb, prof: dict, tr, n_text: int, pairs: int) -> dict:
+    """Step time of RAPT against plain prompt tuning on the first task's rows."""
+    m = prof["plain_len"]
+    plain0 = sample_plain_tokens(bb.tokenizer, m, seed=0)
+    rows = build_rows(bb.tokenizer, tr.texts, n_text + m, plain0)
+    kw = dict(method="prompt", lr=2e-2, batch_size=16, max_length=n_text + m,
+              num_virtual_tokens=prof["prompt_tokens"])
+    return step_time_ratio(bb, rows, tr.labels, plain0, kw, steps=4, repeats=pairs)
+
+
+def main() -> None:
+    args = _parse_args()
+    out_dir = Path(args.out)
+    path = out_dir / f"{args.name}.json"
+    if args.render:
+        old = json.loads(path.read_text())
+        _write(old, out_dir, args.name)
+        print(markdown(old))
+        return
+    prof = _profile(args)
+    tasks = args.tasks.split(",") if args.tasks else list(prof["tasks"])
+    methods = args.methods.split(",") if args.methods else list(prof["methods"])
+    phases = set(args.phases.split(","))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    res = _start(args, path, {**prof, "tasks": tasks, "methods": methods})
+    t_start = time.perf_counter()
+
+    bb = load_backbone(args.backbone, device=args.device)
+    cand = candidate_ids_from_tokenizer(bb.tokenizer, bb.embeddings.shape[0])
+    data = _load_tasks(tasks, prof, bb.tokenizer, res)
     if not args.skip_timing:
         tr, _, n_text = data[tasks[0]]
-        plain0 = sample_plain_tokens(tok, m, seed=0)
-        rows = build_rows(tok, tr.texts, n_text + m, plain0)
-        kw = dict(method="prompt", lr=2e-2, batch_size=16, max_length=n_text + m,
-                  num_virtual_tokens=prof["prompt_tokens"])
-        res["timing"] = step_time_ratio(bb, rows, tr.labels, plain0, kw, steps=4,
-                                        repeats=args.timing_pairs)
+        res["timing"] = _timing(bb, prof, tr, n_text, args.timing_pairs)
         print("timing", json.dumps(res["timing"]), flush=True)
         if args.timing_only:
             _merge_timing(path, res, out_dir, args.name)
             return
-        save()
+        _save(res, path, t_start)
 
     # η per privacy level, calibrated on the bundled public text sample (never on the data).
     etas = {p: calibrate_eta_public(bb, p, candidate_ids=cand, mode="fast")
             for p in prof["levels"]}
     for p, eta in etas.items():
         print(f"target P {p}: η = {eta:.2f}", flush=True)
+    grid = _Grid(bb, prof, res, data, etas, cand, phases, lambda: _save(res, path, t_start))
+    _run_grid(grid, tasks, methods)
+    if "attack" in phases and "sst2" in tasks and "prefix" in methods and not res["attack"]:
+        grid.attack()
+    _write(res, out_dir, args.name)
+    print(markdown(res))
 
-    cache: dict = {}
 
-    def rows_for(task: str, seed: int, p: float | None, plain_len: int, n_seq: int = 1):
+class _Grid:
+    """One benchmark run: the rows of each (task, seed, level) drawn once and shared by the
+    settings, each run recorded (and saved) as it finishes, the seed-0 prefix models kept for
+    the attack."""
+
+    def __init__(self, bb, prof: dict, res: dict, data: dict, etas: dict, cand, phases: set,
+                 save) -> None:
+        self.bb, self.tok, self.prof, self.res, self.data = bb, bb.tokenizer, prof, res, data
+        self.etas, self.cand, self.phases, self.save = etas, cand, phases, save
+        self.m = prof["plain_len"]
+        self.done = {(r["task"], r["method"], r["setting"], r["P"], r["seed"])
+                     for r in res["runs"]}
+        self.cache: dict = {}
+        self.models: dict = {}
+
+    def rows_for(self, task: str, seed: int, p: float | None, plain_len: int, n_seq: int = 1):
         """(train rows, test rows, plain, plain_index) for one seed: with plain tokens k when
         plain_len > 0 (n_seq > 1: one of n_seq sequences drawn per training row, test rows get
         the first), privatized at level p (noise seeded by the seed, so settings that share a
         seed see the same privatized text: the comparison is paired)."""
         key = (task, seed, p, plain_len, n_seq)
-        if key in cache:
-            return cache[key]
-        tr, te, n_text = data[task]
+        if key in self.cache:
+            return self.cache[key]
+        tr, te, n_text = self.data[task]
         plain, index = None, None
         if plain_len and n_seq > 1:
-            plain, index = plain_tokens_for(tok, plain_len, n_seq, len(tr), seed)
+            plain, index = plain_tokens_for(self.tok, plain_len, n_seq, len(tr), seed)
         elif plain_len:
-            plain = sample_plain_tokens(tok, plain_len, seed=seed)
-        rows = [build_rows(tok, tr.texts, n_text + plain_len, plain, index),
-                build_rows(tok, te.texts, n_text + plain_len, plain,
+            plain = sample_plain_tokens(self.tok, plain_len, seed=seed)
+        rows = [build_rows(self.tok, tr.texts, n_text + plain_len, plain, index),
+                build_rows(self.tok, te.texts, n_text + plain_len, plain,
                            None if index is None else [0] * len(te))]
         if p is not None:
-            pz = Privatizer(bb.embeddings, etas[p], special_ids=bb.special_ids,
-                            candidate_ids=cand, mode="fast")
+            pz = Privatizer(self.bb.embeddings, self.etas[p], special_ids=self.bb.special_ids,
+                            candidate_ids=self.cand, mode="fast")
             # Seeded on purpose: a benchmark must be repeatable (its rows carry no guarantee).
             # Drawn with k and then dropped for the rows without k: the mechanism noises every
             # token independently, so the text tokens are privatized identically in both.
-            base = cache.get((task, seed, p, m, 1)) if plain_len == 0 else None
+            base = self.cache.get((task, seed, p, self.m, 1)) if plain_len == 0 else None
             if base is not None:
-                rows = [drop_plain(rs, tok, m) for rs in base[:2]]
+                rows = [drop_plain(rs, self.tok, self.m) for rs in base[:2]]
             else:
                 g = NoiseSource(10_000 + seed)
                 rows = [privatize_rows(r, pz, g) for r in rows]
-            if plain_len == m and n_seq == 1:
-                clean = rows_for(task, seed, None, 0)
-                measured = replacement_probability(clean[0], drop_plain(rows[0], tok, m),
-                                                   bb.special_ids)
-                res["levels"].setdefault(task, {}).setdefault(str(p), {
-                    "eta": etas[p], "P_by_seed": {}})["P_by_seed"][str(seed)] = measured
-        cache[key] = (rows[0], rows[1], plain, index)
-        return cache[key]
+            if plain_len == self.m and n_seq == 1:
+                clean = self.rows_for(task, seed, None, 0)
+                measured = replacement_probability(clean[0], drop_plain(rows[0], self.tok, self.m),
+                                                   self.bb.special_ids)
+                self.res["levels"].setdefault(task, {}).setdefault(str(p), {
+                    "eta": self.etas[p], "P_by_seed": {}})["P_by_seed"][str(seed)] = measured
+        self.cache[key] = (rows[0], rows[1], plain, index)
+        return self.cache[key]
 
-    def run(task: str, method: str, setting: str, p: float | None, seed: int, *,
+    def run(self, task: str, method: str, setting: str, p: float | None, seed: int, *,
             private: bool, plain_len: int = 0, rec: bool = False, reduction: str | None = None,
             head: str | None = None, freeze: bool = False, n_seq: int = 1,
             keep_only: bool = False) -> None:
         """One run, recorded in res["runs"]; ``keep_only``: retrain a finished run only to
         keep its model for the attack (a resumed run lost it), recording nothing."""
-        if (task, method, setting, p, seed) in done and not keep_only:
+        if (task, method, setting, p, seed) in self.done and not keep_only:
             return
-        tr, te, _ = data[task]
+        tr, te, _ = self.data[task]
         if private and plain_len and p is not None:
-            rows_for(task, seed, p, m)  # the shared draw the rows without k are cut from
-        rtr, rte, plain, index = rows_for(task, seed, p if private else None, plain_len, n_seq)
-        head = head or prof["head"]
+            self.rows_for(task, seed, p, self.m)  # the shared draw the rows without k are cut from
+        rtr, rte, plain, index = self.rows_for(task, seed, p if private else None, plain_len, n_seq)
+        head = head or self.prof["head"]
         kw = dict(head=head, label_descriptions=TASKS[task][3]) \
             if head == "label-description" else dict(head=head)
-        cfg = TuneConfig(method=method, lr=prof["lr"][method], epochs=prof["epochs"],
-                         batch_size=prof["batch_size"], seed=seed,
-                         max_length=data[task][2] + plain_len,
-                         num_virtual_tokens=prof[f"{method}_tokens"], reconstruction=rec,
-                         rec_reduction=reduction or prof["rec_reduction"],
+        cfg = TuneConfig(method=method, lr=self.prof["lr"][method], epochs=self.prof["epochs"],
+                         batch_size=self.prof["batch_size"], seed=seed,
+                         max_length=self.data[task][2] + plain_len,
+                         num_virtual_tokens=self.prof[f"{method}_tokens"], reconstruction=rec,
+                         rec_reduction=reduction or self.prof["rec_reduction"],
                          freeze_prompt=freeze, **kw)
         t = time.perf_counter()
-        tuned = tune(bb, rtr, tr.labels, len(tr.label_names), cfg, plain_ids=plain,
+        tuned = tune(self.bb, rtr, tr.labels, len(tr.label_names), cfg, plain_ids=plain,
                      plain_index=index)
-        acc = _acc(tuned.predict(bb, rte), te.labels)
+        acc = _acc(tuned.predict(self.bb, rte), te.labels)
         hist = tuned.meta.get("history") or []
         tail = hist[-max(1, len(hist) // 5):]
         r = {"task": task, "method": method, "setting": setting, "P": p,
-             "eta": etas.get(p), "seed": seed, "accuracy": acc, "steps": tuned.meta["steps"],
+             "eta": self.etas.get(p), "seed": seed, "accuracy": acc, "steps": tuned.meta["steps"],
              "plain_len": plain_len, "plain_sequences": n_seq, "rec": rec, "head": head,
              "freeze_prompt": freeze,
              "rec_reduction": cfg.rec_reduction if rec else None,
@@ -343,14 +379,33 @@ def main() -> None:
         if rec and tail:
             r["final_rec_acc"] = sum(h["rec_acc"] for h in tail) / len(tail)
         if not keep_only:
-            res["runs"].append(r)
-            done.add((task, method, setting, p, seed))
+            self.res["runs"].append(r)
+            self.done.add((task, method, setting, p, seed))
             print(json.dumps(r), flush=True)
-            save()
-        if task == "sst2" and method == "prefix" and seed == 0 and "attack" in phases:
-            models[(setting, p)] = tuned
+            self.save()
+        if task == "sst2" and method == "prefix" and seed == 0 and "attack" in self.phases:
+            self.models[(setting, p)] = tuned
 
-    models: dict = {}
+    def attack(self) -> None:
+        """The attribute attack on the seed-0 prefix models (retrained when a resumed run lost
+        them)."""
+        for setting, p in [("no privacy", None)] + [(s, p) for p in self.prof["levels"]
+                                                    for s in ("+privatization",
+                                                              "+reconstruction")]:
+            if (setting, p) not in self.models:  # resumed after seed 0: retrain it, same seed
+                print(f"attack: retraining the seed-0 {setting} model (P {p})", flush=True)
+                self.run("sst2", "prefix", setting, p, 0, private=p is not None,
+                         plain_len=self.m if setting == "+reconstruction" else 0,
+                         rec=setting == "+reconstruction", keep_only=True)
+        self.res["attack"] = attack_grid(self.bb, self.models, self.etas, self.prof,
+                                         self.cand, self.data["sst2"][2])
+        self.save()
+
+
+def _run_grid(grid: _Grid, tasks: list[str], methods: list[str]) -> None:
+    """Every setting of the chosen phases, seeds outermost: an interrupted run has every cell
+    for the first seeds."""
+    prof, phases, run, m = grid.prof, grid.phases, grid.run, grid.m
     levels = list(prof["levels"])
     cl = prof["control_level"]
     for task in tasks:
@@ -390,19 +445,6 @@ def main() -> None:
                     for pl in prof["plain_len_ablation"]:
                         run(task, method, f"+reconstruction, m={pl}", cl, seed, private=True,
                             plain_len=pl, rec=True)
-    if "attack" in phases and "sst2" in tasks and "prefix" in methods and not res["attack"]:
-        for setting, p in [("no privacy", None)] + [(s, p) for p in levels
-                                                    for s in ("+privatization",
-                                                              "+reconstruction")]:
-            if (setting, p) not in models:  # resumed after seed 0: retrain it, same seed
-                print(f"attack: retraining the seed-0 {setting} model (P {p})", flush=True)
-                run("sst2", "prefix", setting, p, 0, private=p is not None,
-                    plain_len=m if setting == "+reconstruction" else 0,
-                    rec=setting == "+reconstruction", keep_only=True)
-        res["attack"] = attack_grid(bb, models, etas, prof, cand, data["sst2"][2])
-        save()
-    _write(res, out_dir, args.name)
-    print(markdown(res))
 
 
 def _run_defining(settings: dict) -> dict:
@@ -598,18 +640,7 @@ def markdown(res: dict) -> str:
                     _cell(summ.get((task, method, n, p))) for p in levels]
                 lines.append(f"| {n} | " + " | ".join(cells) + " |")
             lines.append("")
-    if res.get("paired"):
-        lines += ["## Paired differences (setting − its +privatization baseline, same seeds)",
-                  "", "| task | method | P | setting | baseline | difference (points) | n | "
-                  "CI excludes 0 |", "|---|---|---|---|---|---|---|---|"]
-        for d in res["paired"]:
-            lines.append(f"| {d['task']} | {d['method']} | {d['P']} | {d['setting']} | "
-                         f"{d['baseline']} | {100 * d['mean_diff']:+.1f}"
-                         + (f" ± {100 * d['ci95']:.1f}" if d["n"] > 1 else " (no CI)")
-                         + f" | {d['n']} | "
-                         f"{'yes' if d['excludes_zero'] else 'no'} |")
-        lines += [""] + [f"**Verdict:** {verdict(res, task, method)}" for task in s["tasks"]
-                         for method in s["methods"]] + [""]
+    lines += _paired_lines(res)
     diag = diagnostics(res)
     if diag:
         lines += ["## Training diagnostics (mean over seeds)", "",
@@ -638,30 +669,7 @@ def markdown(res: dict) -> str:
                   f"{tm['rapt_step_s']:.2f} s vs {tm['plain_step_s']:.2f} s; median "
                   f"per-pair ratio **{tm['ratio']:.3f}** (IQR {tm['ratio_p25_p75'][0]:.2f}–"
                   f"{tm['ratio_p25_p75'][1]:.2f}; goal ≤ 1.15).", ""]
-    if res.get("attack"):
-        lines += ["## Attribute inference",
-                  "",
-                  "TrustPilot gender / age from what the provider sees (seed-0 prefix-tuned "
-                  "SST-2 models; attacker = 2-layer MLP; empirical privacy = 1 − attack "
-                  "accuracy; balanced accuracy = mean per-class recall, 0.5 = no information "
-                  "for two classes; majority = always guessing the training majority):", "",
-                  "| setting | P | attribute | features | attack acc | balanced acc | emp. "
-                  "privacy | majority | n train / test |", "|---|---|---|---|---|---|---|---|---|"]
-        for a in res["attack"]:
-            lines.append(f"| {a['setting']} | {a['P'] if a['P'] is not None else '–'} | "
-                         f"{a['attribute']} | {a['feature']} | {a['accuracy']:.3f} | "
-                         f"{a.get('balanced_accuracy', float('nan')):.3f} | "
-                         f"{a['empirical_privacy']:.3f} | {a['majority_rate']:.3f} | "
-                         f"{a['n_train']} / {a['n_test']} |")
-        clean = [a for a in res["attack"] if a["setting"] == "no privacy"]
-        best = max((a.get("balanced_accuracy", 0.0) for a in clean), default=0.0)
-        lines += ["", f"Best balanced accuracy on clean (no-privacy) features: {best:.3f}. "
-                  + ("The attacker finds no attribute signal even without privacy, so the "
-                     "privatized rows measure a blind attacker, not the protection: empirical "
-                     "privacy here says nothing about RAPT." if best < 0.55 else
-                     "The attacker does read the attribute from clean features, so the drop "
-                     "in the privatized rows is the protection.")]
-        lines.append("")
+    lines += _attack_lines(res)
     m = res["machine"]
     lines += [f"Machine: {m['platform']}, {m['cpu_count']} CPUs, torch {m['torch']}, load "
               f"average {m['loadavg_start'][0]:.1f} at start, "
@@ -670,6 +678,55 @@ def markdown(res: dict) -> str:
               "Commands (resumed runs append):", ""]
     lines += [f"    {c}" for c in res.get("commands", [res["command"]])]
     return "\n".join(lines)
+
+
+def _paired_lines(res: dict) -> list[str]:
+    """The paired differences against each +privatization baseline, and the verdicts."""
+    if not res.get("paired"):
+        return []
+    lines = ["## Paired differences (setting − its +privatization baseline, same seeds)",
+             "", "| task | method | P | setting | baseline | difference (points) | n | "
+             "CI excludes 0 |", "|---|---|---|---|---|---|---|---|"]
+    for d in res["paired"]:
+        lines.append(f"| {d['task']} | {d['method']} | {d['P']} | {d['setting']} | "
+                     f"{d['baseline']} | {100 * d['mean_diff']:+.1f}"
+                     + (f" ± {100 * d['ci95']:.1f}" if d["n"] > 1 else " (no CI)")
+                     + f" | {d['n']} | "
+                     f"{'yes' if d['excludes_zero'] else 'no'} |")
+    s = res["settings"]
+    lines += [""] + [f"**Verdict:** {verdict(res, task, method)}" for task in s["tasks"]
+                     for method in s["methods"]] + [""]
+    return lines
+
+
+def _attack_lines(res: dict) -> list[str]:
+    """The attribute-inference section, when that phase ran."""
+    if not res.get("attack"):
+        return []
+    lines = ["## Attribute inference",
+             "",
+             "TrustPilot gender / age from what the provider sees (seed-0 prefix-tuned "
+             "SST-2 models; attacker = 2-layer MLP; empirical privacy = 1 − attack "
+             "accuracy; balanced accuracy = mean per-class recall, 0.5 = no information "
+             "for two classes; majority = always guessing the training majority):", "",
+             "| setting | P | attribute | features | attack acc | balanced acc | emp. "
+             "privacy | majority | n train / test |", "|---|---|---|---|---|---|---|---|---|"]
+    for a in res["attack"]:
+        lines.append(f"| {a['setting']} | {a['P'] if a['P'] is not None else '–'} | "
+                     f"{a['attribute']} | {a['feature']} | {a['accuracy']:.3f} | "
+                     f"{a.get('balanced_accuracy', float('nan')):.3f} | "
+                     f"{a['empirical_privacy']:.3f} | {a['majority_rate']:.3f} | "
+                     f"{a['n_train']} / {a['n_test']} |")
+    clean = [a for a in res["attack"] if a["setting"] == "no privacy"]
+    best = max((a.get("balanced_accuracy", 0.0) for a in clean), default=0.0)
+    lines += ["", f"Best balanced accuracy on clean (no-privacy) features: {best:.3f}. "
+             + ("The attacker finds no attribute signal even without privacy, so the "
+                 "privatized rows measure a blind attacker, not the protection: empirical "
+                 "privacy here says nothing about RAPT." if best < 0.55 else
+                 "The attacker does read the attribute from clean features, so the drop "
+                 "in the privatized rows is the protection.")]
+    lines.append("")
+    return lines
 
 
 def plot(res: dict, path: Path) -> None:

@@ -23,9 +23,9 @@ the attribute attack.
 (``calibrate_eta_public``); tables show both P and η. Privacy noise is seeded (a benchmark must
 repeat; seeded runs carry no guarantee), so are init and data order.
 
-    python benchmarks/bench_sap.py --profile quick   # reduced CPU run (~30 min, 1 thread)
-    python benchmarks/bench_sap.py                   # CPU profile (est. 1.5-2 h, 2 free cores)
-    python benchmarks/bench_sap.py --profile paper   # full data, full-vocabulary attack: GPU
+    python -m benchmarks.bench_sap --profile quick   # reduced CPU run (~30 min, 1 thread)
+    python -m benchmarks.bench_sap                   # CPU profile (est. 1.5-2 h, 2 free cores)
+    python -m benchmarks.bench_sap --profile paper   # full data, full-vocabulary attack: GPU
 
 Results: benchmarks/results/sap.{json,md,png} (``--name`` changes the stem); the JSON is
 rewritten after every run, so an interrupted run keeps what it finished.
@@ -37,14 +37,13 @@ import argparse
 import json
 import math
 import os
-import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
+from benchmarks._common import command, machine
 from rapt.attacks.attribute import attribute_attack, hidden_features
 from rapt.attacks.label_inference import label_inference_attack
 from rapt.attacks.split_inversion import (
@@ -111,18 +110,14 @@ CTI_SETTINGS = {"uniform": "SAP-CTI", "per-class": "SAP-CTI per-class k"}
 
 def cti_setting(rule: str, alpha: float = DEFAULT_SMOOTHING) -> str:
     return CTI_SETTINGS[rule] + ("" if alpha == DEFAULT_SMOOTHING else f" α={alpha:g}")
+
+
 # The same check on SST-2's whole 6,920-row sentence train split (872 dev rows), 3 paired
 # seeds, the paper's rule only (per-class fills SST-2's budget with the same tokens, 113 vs 112).
 PROFILES["cpu-sst2"] = dict(PROFILES["cpu-fp"], tasks=("sst2",), seeds=3, baseline_seeds=0)
 TASKS = {"fp": ("financial_phrasebank", "train", "test"),
          "sst2": ("sst2-sentences", "train", "dev"),
          "trustpilot": ("trustpilot", "a", "b")}  # rating 1-5
-
-
-def _machine() -> dict:
-    return {"platform": platform.platform(), "python": platform.python_version(),
-            "cpu_count": os.cpu_count(), "torch": torch.__version__,
-            "threads": torch.get_num_threads(), "loadavg_start": list(os.getloadavg())}
 
 
 def _mean_sd(xs: list[float]) -> tuple[float, float]:
@@ -566,54 +561,65 @@ def markdown(res: dict) -> str:
                          f"{r['recall']:.3f} | {r['n']} |")
         lines += ["", "Majority-class test rate: " + ", ".join(
             f"{k} {100 * v:.1f}%" for k, v in maj.items()), ""]
-    pc = res.get("paired_cti") or paired_cti(res)
-    if pc:
-        lines += ["## SAP-CTI − SAP, paired by seed (Figure 2)", "",
-                  "ΔUA and ΔEP in points, mean ± 95 % CI (Student t) over the seeds both ran. "
-                  "CTI tokens: SAP-CTI is the paper's rule, the union of the per-class top-k (k "
-                  "uniform over classes, the largest with ≤ 1 % of token occurrences); "
-                  "'SAP-CTI per-class k' is ours, not the paper's (each class fills the same "
-                  "1 % budget in UI order, skipping tokens that would overflow it). Both are "
-                  "computed on the whole training split and released unperturbed (multiplier "
-                  "∞, Algorithm 1).", "",
-                  f"p: two-sided paired t-test, raw / Holm-adjusted over the {len(pc)} "
-                  "comparisons of this table (family-wise error).", "",
-                  "| task | setting | P | η | n | ΔUA | p ΔUA (Holm) | ΔEP | p ΔEP (Holm) | "
-                  "CTI tokens (k per class) | coverage | beats SAP |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-        for d in pc:
-            ks = "/".join(str(k) for k in d.get("cti_k") or [])
-            lines.append(f"| {d['task']} | {d.get('setting', 'SAP-CTI')} | "
-                         f"{d['P_target']:.2f} | {d['eta']:.1f} | {d['n']} | "
-                         f"{d['dUA']:+.1f} ± {d['dUA_ci95']:.1f} | {_p(d, 'dUA')} | "
-                         f"{d['dEP']:+.1f} ± {d['dEP_ci95']:.1f} | {_p(d, 'dEP')} | "
-                         f"{d['cti_tokens']}"
-                         + (f" ({ks})" if ks else "") + " | "
-                         f"{100 * d['cti_coverage']:.2f} % | {'yes' if d['beats'] else 'no'} |")
-        lines += [""] + [f"- {cti_goal(pc, t, st)}" for t, st in sorted(
-            {(d["task"], d.get("setting", "SAP-CTI")) for d in pc})] + [""]
+    lines += _paired_cti_lines(res.get("paired_cti") or paired_cti(res))
     lines += label_section(res, s)
-    if res.get("aia"):
-        lines += ["## Attribute inference on released representations (TrustPilot, n = 0)", "",
-                  "Attacker: 2-layer MLP (768, ReLU) on mean-pooled released vectors, trained "
-                  "on N_l labelled rows of TrustPilot split a, tested on split b. Balanced "
-                  "accuracy = mean per-class recall (50 % = blind on two classes). The control "
-                  "rows attack the whole model's last-layer states instead of a release.", "",
-                  "| attribute | features | P | η | N_l | attack accuracy | balanced acc. | EP "
-                  "| majority rate | test |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
-        for r in sorted(res["aia"], key=lambda r: (r["attribute"], r["feature"] != "released "
-                        "n=0", _p_key(r["P_target"]), r["n_train"])):
-            p = "none (no privatization)" if r["P_target"] is None else f"{r['P_target']:.2f}"
-            eta = "∞" if r["eta"] is None else f"{r['eta']:.1f}"
-            bal = r.get("balanced_accuracy")
-            lines.append(f"| {r['attribute']} | {r['feature']} | {p} | {eta} | "
-                         f"{r['n_train']} | {100 * r['accuracy']:.1f} | "
-                         + (f"{100 * bal:.1f}" if bal is not None else "-") + " | "
-                         f"{100 * r['empirical_privacy']:.1f} | "
-                         f"{100 * r['majority_rate']:.1f} | {r['n_test']} |")
-        lines.append("")
+    lines += _aia_lines(res.get("aia"))
     return "\n".join(lines)
+
+
+def _paired_cti_lines(pc: list[dict]) -> list[str]:
+    """The SAP-CTI − SAP section (Figure 2), paired by seed."""
+    if not pc:
+        return []
+    lines = ["## SAP-CTI − SAP, paired by seed (Figure 2)", "",
+             "ΔUA and ΔEP in points, mean ± 95 % CI (Student t) over the seeds both ran. "
+             "CTI tokens: SAP-CTI is the paper's rule, the union of the per-class top-k (k "
+             "uniform over classes, the largest with ≤ 1 % of token occurrences); "
+             "'SAP-CTI per-class k' is ours, not the paper's (each class fills the same "
+             "1 % budget in UI order, skipping tokens that would overflow it). Both are "
+             "computed on the whole training split and released unperturbed (multiplier "
+             "∞, Algorithm 1).", "",
+             f"p: two-sided paired t-test, raw / Holm-adjusted over the {len(pc)} "
+             "comparisons of this table (family-wise error).", "",
+             "| task | setting | P | η | n | ΔUA | p ΔUA (Holm) | ΔEP | p ΔEP (Holm) | "
+             "CTI tokens (k per class) | coverage | beats SAP |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for d in pc:
+        ks = "/".join(str(k) for k in d.get("cti_k") or [])
+        lines.append(f"| {d['task']} | {d.get('setting', 'SAP-CTI')} | "
+                     f"{d['P_target']:.2f} | {d['eta']:.1f} | {d['n']} | "
+                     f"{d['dUA']:+.1f} ± {d['dUA_ci95']:.1f} | {_p(d, 'dUA')} | "
+                     f"{d['dEP']:+.1f} ± {d['dEP_ci95']:.1f} | {_p(d, 'dEP')} | "
+                     f"{d['cti_tokens']}"
+                     + (f" ({ks})" if ks else "") + " | "
+                     f"{100 * d['cti_coverage']:.2f} % | {'yes' if d['beats'] else 'no'} |")
+    return lines + [""] + [f"- {cti_goal(pc, t, st)}" for t, st in sorted(
+        {(d["task"], d.get("setting", "SAP-CTI")) for d in pc})] + [""]
+
+
+def _aia_lines(aia: list[dict] | None) -> list[str]:
+    """The attribute-inference section, when that part ran."""
+    if not aia:
+        return []
+    lines = ["## Attribute inference on released representations (TrustPilot, n = 0)", "",
+             "Attacker: 2-layer MLP (768, ReLU) on mean-pooled released vectors, trained "
+             "on N_l labelled rows of TrustPilot split a, tested on split b. Balanced "
+             "accuracy = mean per-class recall (50 % = blind on two classes). The control "
+             "rows attack the whole model's last-layer states instead of a release.", "",
+             "| attribute | features | P | η | N_l | attack accuracy | balanced acc. | EP "
+             "| majority rate | test |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(aia, key=lambda r: (r["attribute"], r["feature"] != "released "
+                    "n=0", _p_key(r["P_target"]), r["n_train"])):
+        p = "none (no privatization)" if r["P_target"] is None else f"{r['P_target']:.2f}"
+        eta = "∞" if r["eta"] is None else f"{r['eta']:.1f}"
+        bal = r.get("balanced_accuracy")
+        lines.append(f"| {r['attribute']} | {r['feature']} | {p} | {eta} | "
+                     f"{r['n_train']} | {100 * r['accuracy']:.1f} | "
+                     + (f"{100 * bal:.1f}" if bal is not None else "-") + " | "
+                     f"{100 * r['empirical_privacy']:.1f} | "
+                     f"{100 * r['majority_rate']:.1f} | {r['n_test']} |")
+    return lines + [""]
 
 
 def _plot_eta_sweep(ax, t4: list[dict]) -> None:
@@ -701,7 +707,7 @@ def plot(res: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def main() -> None:
+def _parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", choices=sorted(PROFILES), default="cpu")
     ap.add_argument("--out", default="benchmarks/results")
@@ -755,60 +761,23 @@ def main() -> None:
     ap.add_argument("--merge", default=None, metavar="STEM,STEM",
                     help="combine result stems of the same profile (runs made in parallel "
                          "processes) into --name, then render")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = _parse_args()
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     if args.merge:
-        parts_res = [json.loads((out_dir / f"{m}.json").read_text())
-                     for m in args.merge.split(",")]
-        if len({(r["profile"], r.get("backbone", "minilm")) for r in parts_res}) != 1:
-            raise SystemExit("--merge: the stems hold different profiles or backbones")
-        res = dict(parts_res[0])
-        # The settings the runs were last made with (an --append may have narrowed them),
-        # with the tasks of every part.
-        res["settings"] = dict(([a for a in res.get("appended", []) if "settings" in a]
-                                or [res])[-1]["settings"])
-        res["settings"]["tasks"] = sorted({x["task"] for r in parts_res for x in r["runs"]
-                                           if x["table"] == "fig2"})
-        res["appended"] = [a for r in parts_res for a in
-                           [{"command": r["command"], "machine": r["machine"]},
-                            *r.get("appended", [])]][1:]
-        res["elapsed_s"] = max(r.get("elapsed_s", 0.0) for r in parts_res)
-        for key in ("runs", "aia"):
-            res[key] = [x for r in parts_res for x in r.get(key, [])]
-        for key in ("eta_for_p", "majority_rate"):
-            res[key] = {k: v for r in parts_res for k, v in r.get(key, {}).items()}
-        res["merged_from"] = args.merge.split(",")
-        (out_dir / f"{args.name}.json").write_text(json.dumps(res, indent=1) + "\n")
+        _merge(args, out_dir)
         args.render = True
     if args.render:
-        res = json.loads((out_dir / f"{args.name}.json").read_text())
-        res["summary"], res["paired_cti"] = summarize(res), paired_cti(res)
-        if args.note:
-            res["note"] = args.note
-            (out_dir / f"{args.name}.json").write_text(json.dumps(res, indent=1) + "\n")
-        (out_dir / f"{args.name}.md").write_text(markdown(res) + "\n")
-        plot(res, out_dir / f"{args.name}.png")
+        _render(args, out_dir)
         return
-    prof = dict(PROFILES[args.profile])
-    if args.seeds is not None:
-        prof["seeds"] = args.seeds
-    if args.tasks:
-        prof["tasks"] = tuple(args.tasks.split(","))
-    if args.levels:
-        prof["levels"] = tuple(float(x) for x in args.levels.split(","))
-    if args.t4_levels:
-        prof["t4_levels"] = tuple(float(x) for x in args.t4_levels.split(","))
-    if args.t4_splits:
-        prof["t4_splits"] = tuple(int(x) for x in args.t4_splits.split(","))
-    for key in ("t3_seeds", "t4_seeds", "attack_rows"):
-        if getattr(args, key) is not None:
-            prof[key] = getattr(args, key)
-    if args.baseline_seeds is not None:
-        prof["baseline_seeds"] = args.baseline_seeds
+    prof = _profile(args)
     parts = args.parts.split(",")
-    command = " ".join([sys.executable, *sys.argv])
-    res: dict = {"command": command, "machine": _machine(), "backbone": args.backbone,
+    cmd = command()
+    res: dict = {"command": cmd, "machine": machine(), "backbone": args.backbone,
                  "profile": args.profile, "settings": prof, "parts": parts, "eta_for_p": {},
                  "majority_rate": {}, "runs": [], "aia": []}
     path = out_dir / f"{args.name}.json"
@@ -819,7 +788,7 @@ def main() -> None:
         if old.get("backbone", "minilm") != args.backbone:
             raise SystemExit(f"{path} holds backbone {old.get('backbone', 'minilm')!r}, not "
                              f"{args.backbone!r}")
-        old.setdefault("appended", []).append({"command": command, "machine": _machine(),
+        old.setdefault("appended", []).append({"command": cmd, "machine": machine(),
                                                "settings": prof})
         res = old
     if args.profile == "quick":
@@ -839,7 +808,81 @@ def main() -> None:
     b = Bench(prof, res, save,
               [out_dir / f"{stem}.json" for stem in (args.reuse.split(",") if args.reuse else [])],
               backbone=args.backbone)
-    # Seeds outermost within each part: an interrupted run has whole grids for seed 0.
+    plan = _plan(args, prof, parts)
+    # Runs that repeat Figure 2's SST-2 SAP settings (frozen, n = 0) go last, so that a
+    # Figure 2 process running beside this one has made them by then (see --reuse).
+    plan.sort(key=lambda r: r[0] != "fig2" and r[1] == "sst2" and not r[4].get("unfreeze")
+              and not r[4].get("split") and not r[4].get("cti"))
+    for table, task, p, seed, opts in plan:
+        b.run(table, task, p, seed, **opts)
+    if "aia" in parts:
+        b.aia(prof["levels"], tuple(args.aia_attributes.split(",")))
+    save()
+    (out_dir / f"{args.name}.md").write_text(markdown(res) + "\n")
+    plot(res, out_dir / f"{args.name}.png")
+    print(markdown(res))
+
+
+def _merge(args, out_dir: Path) -> None:
+    """Combine result stems of one profile (runs made in parallel processes) into --name."""
+    parts_res = [json.loads((out_dir / f"{m}.json").read_text())
+                 for m in args.merge.split(",")]
+    if len({(r["profile"], r.get("backbone", "minilm")) for r in parts_res}) != 1:
+        raise SystemExit("--merge: the stems hold different profiles or backbones")
+    res = dict(parts_res[0])
+    # The settings the runs were last made with (an --append may have narrowed them),
+    # with the tasks of every part.
+    res["settings"] = dict(([a for a in res.get("appended", []) if "settings" in a]
+                            or [res])[-1]["settings"])
+    res["settings"]["tasks"] = sorted({x["task"] for r in parts_res for x in r["runs"]
+                                       if x["table"] == "fig2"})
+    res["appended"] = [a for r in parts_res for a in
+                       [{"command": r["command"], "machine": r["machine"]},
+                        *r.get("appended", [])]][1:]
+    res["elapsed_s"] = max(r.get("elapsed_s", 0.0) for r in parts_res)
+    for key in ("runs", "aia"):
+        res[key] = [x for r in parts_res for x in r.get(key, [])]
+    for key in ("eta_for_p", "majority_rate"):
+        res[key] = {k: v for r in parts_res for k, v in r.get(key, {}).items()}
+    res["merged_from"] = args.merge.split(",")
+    (out_dir / f"{args.name}.json").write_text(json.dumps(res, indent=1) + "\n")
+
+
+def _render(args, out_dir: Path) -> None:
+    """Re-render --name's .md and .png from its .json (with --note, noted there too)."""
+    res = json.loads((out_dir / f"{args.name}.json").read_text())
+    res["summary"], res["paired_cti"] = summarize(res), paired_cti(res)
+    if args.note:
+        res["note"] = args.note
+        (out_dir / f"{args.name}.json").write_text(json.dumps(res, indent=1) + "\n")
+    (out_dir / f"{args.name}.md").write_text(markdown(res) + "\n")
+    plot(res, out_dir / f"{args.name}.png")
+
+
+def _profile(args) -> dict:
+    """The profile's settings with the command line's overrides."""
+    prof = dict(PROFILES[args.profile])
+    if args.seeds is not None:
+        prof["seeds"] = args.seeds
+    if args.tasks:
+        prof["tasks"] = tuple(args.tasks.split(","))
+    if args.levels:
+        prof["levels"] = tuple(float(x) for x in args.levels.split(","))
+    if args.t4_levels:
+        prof["t4_levels"] = tuple(float(x) for x in args.t4_levels.split(","))
+    if args.t4_splits:
+        prof["t4_splits"] = tuple(int(x) for x in args.t4_splits.split(","))
+    for key in ("t3_seeds", "t4_seeds", "attack_rows"):
+        if getattr(args, key) is not None:
+            prof[key] = getattr(args, key)
+    if args.baseline_seeds is not None:
+        prof["baseline_seeds"] = args.baseline_seeds
+    return prof
+
+
+def _plan(args, prof: dict, parts: list[str]) -> list[tuple]:
+    """Every run of the chosen parts as (table, task, P, seed, options), seeds outermost
+    within each part: an interrupted run has whole grids for seed 0."""
     cti_rules = args.cti_rules.split(",")
     unknown = [r for r in cti_rules if r not in CTI_SETTINGS]
     if unknown:
@@ -890,18 +933,7 @@ def main() -> None:
                     if n >= 1:
                         plan.append(("table4", "sst2", None, seed, {"split": n, "eta": eta,
                                                                     "privatize": "output"}))
-    # Runs that repeat Figure 2's SST-2 SAP settings (frozen, n = 0) go last, so that a
-    # Figure 2 process running beside this one has made them by then (see --reuse).
-    plan.sort(key=lambda r: r[0] != "fig2" and r[1] == "sst2" and not r[4].get("unfreeze")
-              and not r[4].get("split") and not r[4].get("cti"))
-    for table, task, p, seed, opts in plan:
-        b.run(table, task, p, seed, **opts)
-    if "aia" in parts:
-        b.aia(prof["levels"], tuple(args.aia_attributes.split(",")))
-    save()
-    (out_dir / f"{args.name}.md").write_text(markdown(res) + "\n")
-    plot(res, out_dir / f"{args.name}.png")
-    print(markdown(res))
+    return plan
 
 
 if __name__ == "__main__":

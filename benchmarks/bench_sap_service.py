@@ -16,8 +16,8 @@ Both processes use one intra-op thread (OMP_NUM_THREADS=1). No privatization in 
 steps (``no_privacy``): it is customer-side work that is the same in both loops, so leaving it
 out makes the measured overhead a conservative (larger) ratio.
 
-    OMP_NUM_THREADS=1 python benchmarks/bench_sap_service.py            # MiniLM
-    OMP_NUM_THREADS=1 python benchmarks/bench_sap_service.py --quick    # tiny BERT, seconds
+    OMP_NUM_THREADS=1 python -m benchmarks.bench_sap_service            # MiniLM
+    OMP_NUM_THREADS=1 python -m benchmarks.bench_sap_service --quick    # tiny BERT, seconds
 """
 
 from __future__ import annotations
@@ -25,17 +25,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_service import RESULTS, Server, rapt_serve, tiny_backbone  # noqa: E402
+from benchmarks._common import RESULTS, machine, write_json, write_md
+from benchmarks.bench_service import Server, rapt_serve, tiny_backbone
 
 
 def message_bytes(hidden: int, lengths: list[int], config, n_examples: int) -> dict:
@@ -113,7 +111,7 @@ def timed(customer, provider, stop_at: int, times: list[float]) -> None:
                 should_stop=lambda: provider.step >= stop_at)
 
 
-def main() -> None:
+def _parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny random BERT (plumbing check)")
     ap.add_argument("--steps", type=int, default=16, help="timed steps per path and mode")
@@ -123,16 +121,20 @@ def main() -> None:
     ap.add_argument("--size-examples", type=int, default=2000)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--max-length", type=int, default=64)
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = _parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    load_start = os.getloadavg()
+    host = machine()
     from rapt.client.client import RaptClient
     from rapt.data import load_dataset
     from rapt.models import load_backbone
     from rapt.service import Limits, auth
     from rapt.service.split_sessions import SplitSessions
     from rapt.service.store import Store
-    from rapt.split import SplitConfig, encode_texts, setup_split
+    from rapt.split import SplitConfig, encode_texts
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-sap-"))
     name = tiny_backbone(tmp / "tiny") if args.quick else "minilm"
@@ -170,66 +172,75 @@ def main() -> None:
                        timeout=600)
         for unfreeze in (False, True):
             mode = "unfrozen" if unfreeze else "frozen"
-            cfg = SplitConfig(split_layer=args.split, batch_size=args.batch_size,
-                              max_length=args.max_length, epochs=1, unfreeze_bottom=unfreeze)
-            cl, pl = setup_split(bb, cfg, 2, len(trows))
-            cl.load(trows, labels)
-            cr = c.sap_customer(cfg, 2, cache_dir=tmp / "cache")
-            cr.load(trows, labels)
-            pr = c.sap_provider(c.sap_session(cfg, len(trows)), cr)
-            t0 = time.perf_counter()
-            if not unfreeze:
-                pr.upload_release()
-            upload_s = time.perf_counter() - t0
-            local, remote = [], []
-            for stop in range(args.chunk, n_timed + args.chunk, args.chunk):
-                stop = min(stop, n_timed)
-                timed(cl, pl, stop, local)
-                timed(cr, pr, stop, remote)
-            local, remote = local[args.warmup:], remote[args.warmup:]
-            expect = message_bytes(h, [len(r) for r in trows], cfg, len(trows))
-            N = len(trows)
-            computed_up = N * (expect["unfrozen_epoch_up"] if unfreeze else
-                               expect["release_up"] + expect["frozen_epoch_up"])
-            computed_down = N * (expect["unfrozen_epoch_down"] if unfreeze else
-                                 expect["frozen_epoch_down"])
-            med_l, med_r = statistics.median(local), statistics.median(remote)
-            runs[mode] = {
-                "split_layer": args.split, "steps_timed": len(remote),
-                "local_s": local, "remote_s": remote,
-                "local_median_s": med_l, "remote_median_s": med_r,
-                "local_mean_s": statistics.mean(local), "remote_mean_s": statistics.mean(remote),
-                "overhead_median": med_r / med_l - 1,
-                # step i is the same batch on both paths, run back to back: the paired ratio
-                # cancels most of the load swings between steps
-                "overhead_paired_median": statistics.median(
-                    a / b for a, b in zip(remote, local, strict=True)) - 1,
-                "overhead_mean": statistics.mean(remote) / statistics.mean(local) - 1,
-                "release_upload_s": upload_s,
-                "measured_bytes_up": pr.bytes_sent, "measured_bytes_down": pr.bytes_received,
-                "computed_bytes_up": computed_up, "computed_bytes_down": computed_down}
-            print(f"{mode}: in-process {med_l * 1000:.0f} ms, HTTP {med_r * 1000:.0f} ms per "
-                  f"step (median), overhead {100 * runs[mode]['overhead_median']:+.1f} %, "
-                  f"paired {100 * runs[mode]['overhead_paired_median']:+.1f} %; "
-                  f"bytes sent {pr.bytes_sent} (computed {computed_up:.0f})", flush=True)
+            runs[mode] = _time_mode(args, bb, c, trows, labels, tmp, unfreeze)
     finally:
         srv.stop()
     result = {
-        "command": "OMP_NUM_THREADS=1 python benchmarks/bench_sap_service.py"
+        "command": "OMP_NUM_THREADS=1 python -m benchmarks.bench_sap_service"
                    + (" --quick" if args.quick else ""),
         "backbone": name, "hidden_size": h, "batch_size": args.batch_size,
         "max_length": args.max_length, "size_examples": len(rows),
         "mean_tokens": statistics.mean(lengths), "sizes": sizes, "latency": runs,
         "goal_overhead": 0.25,
-        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
-                    "torch": torch.__version__, "omp_threads": torch.get_num_threads(),
-                    "loadavg_start": load_start, "loadavg_end": os.getloadavg()}}
+        "machine": {**host, "loadavg_end": list(os.getloadavg())}}
     stem = "sap_service_tiny" if args.quick else "sap_service"
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
-    (RESULTS / f"{stem}.md").write_text(markdown(result))
+    write_json(RESULTS / f"{stem}.json", result, indent=1)
+    write_md(RESULTS / f"{stem}.md", markdown(result))
     plot(result, RESULTS / f"{stem}.png")
     print(f"wrote {RESULTS / stem}.{{json,md,png}}")
+
+
+def _time_mode(args, bb, c, trows: list, labels: list, tmp: Path, unfreeze: bool) -> dict:
+    """One mode (frozen or unfrozen bottom) timed step by step, in-process and over HTTP on
+    the same batches, interleaved in chunks; with the bytes measured and computed."""
+    from rapt.split import SplitConfig, setup_split
+
+    mode, h = "unfrozen" if unfreeze else "frozen", bb.hidden_size
+    n_timed = args.warmup + args.steps
+    cfg = SplitConfig(split_layer=args.split, batch_size=args.batch_size,
+                      max_length=args.max_length, epochs=1, unfreeze_bottom=unfreeze)
+    cl, pl = setup_split(bb, cfg, 2, len(trows))
+    cl.load(trows, labels)
+    cr = c.sap_customer(cfg, 2, cache_dir=tmp / "cache")
+    cr.load(trows, labels)
+    pr = c.sap_provider(c.sap_session(cfg, len(trows)), cr)
+    t0 = time.perf_counter()
+    if not unfreeze:
+        pr.upload_release()
+    upload_s = time.perf_counter() - t0
+    local, remote = [], []
+    for stop in range(args.chunk, n_timed + args.chunk, args.chunk):
+        stop = min(stop, n_timed)
+        timed(cl, pl, stop, local)
+        timed(cr, pr, stop, remote)
+    local, remote = local[args.warmup:], remote[args.warmup:]
+    expect = message_bytes(h, [len(r) for r in trows], cfg, len(trows))
+    N = len(trows)
+    computed_up = N * (expect["unfrozen_epoch_up"] if unfreeze else
+                       expect["release_up"] + expect["frozen_epoch_up"])
+    computed_down = N * (expect["unfrozen_epoch_down"] if unfreeze else
+                         expect["frozen_epoch_down"])
+    med_l, med_r = statistics.median(local), statistics.median(remote)
+    run = {
+        "split_layer": args.split, "steps_timed": len(remote),
+        "local_s": local, "remote_s": remote,
+        "local_median_s": med_l, "remote_median_s": med_r,
+        "local_mean_s": statistics.mean(local), "remote_mean_s": statistics.mean(remote),
+        "overhead_median": med_r / med_l - 1,
+        # step i is the same batch on both paths, run back to back: the paired ratio
+        # cancels most of the load swings between steps
+        "overhead_paired_median": statistics.median(
+            a / b for a, b in zip(remote, local, strict=True)) - 1,
+        "overhead_mean": statistics.mean(remote) / statistics.mean(local) - 1,
+        "release_upload_s": upload_s,
+        "measured_bytes_up": pr.bytes_sent, "measured_bytes_down": pr.bytes_received,
+        "computed_bytes_up": computed_up, "computed_bytes_down": computed_down}
+    print(f"{mode}: in-process {med_l * 1000:.0f} ms, HTTP {med_r * 1000:.0f} ms per "
+          f"step (median), overhead {100 * run['overhead_median']:+.1f} %, "
+          f"paired {100 * run['overhead_paired_median']:+.1f} %; "
+          f"bytes sent {pr.bytes_sent} (computed {computed_up:.0f})", flush=True)
+    return run
 
 
 def markdown(r: dict) -> str:
@@ -237,7 +248,7 @@ def markdown(r: dict) -> str:
     m = r["machine"]
     out = [f"# SAP over HTTP: bytes on the wire and step latency ({r['backbone']})", "",
            f"`{r['command']}` — {m['platform']}, {m['cpu_count']} cores (shared), torch "
-           f"{m['torch']}, {m['omp_threads']} thread per process; load average "
+           f"{m['torch']}, {m['threads']} thread per process; load average "
            f"{m['loadavg_start'][0]:.2f} at start, {m['loadavg_end'][0]:.2f} at the end.", "",
            f"## Bytes per example (KiB), SST-2 train, {r['size_examples']} rows, mean "
            f"{r['mean_tokens']:.1f} tokens, max_length {r['max_length']}, batch "

@@ -8,8 +8,8 @@ processes the client alternates between them (what a round-robin load balancer i
 one address does). After each setting every job is checked to have run exactly once
 (claimed once, succeeded). Writes benchmarks/results/scale.{json,md}.
 
-    OMP_NUM_THREADS=1 python benchmarks/bench_scale.py            # ~5 minutes on 2 cores
-    OMP_NUM_THREADS=1 python benchmarks/bench_scale.py --quick    # fewer jobs and requests
+    OMP_NUM_THREADS=1 python -m benchmarks.bench_scale            # ~5 minutes on 2 cores
+    OMP_NUM_THREADS=1 python -m benchmarks.bench_scale --quick    # fewer jobs and requests
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import json
 import os
 import platform
 import shutil
-import sys
 import tempfile
 import threading
 import time
@@ -29,8 +28,7 @@ from pathlib import Path
 import httpx
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_service import RAPT, RESULTS, Server, tiny_backbone  # noqa: E402
+from benchmarks.bench_service import RAPT, RESULTS, Server, tiny_backbone
 
 
 def make_rows(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
@@ -134,7 +132,7 @@ def write_md(out: dict, path: str) -> None:
     lines = [
         "# Scale-out on one machine: API processes on one PostgreSQL, Ray vs in-process jobs",
         "",
-        f"`OMP_NUM_THREADS={out['machine']['omp_threads']} python benchmarks/bench_scale.py` "
+        f"`OMP_NUM_THREADS={out['machine']['omp_threads']} python -m benchmarks.bench_scale` "
         f"on {out['machine']['cpus']} CPU cores shared with other work (load average "
         f"{load_start[0]:.1f} at the start, {out['machine']['load_avg_end'][0]:.1f} at the "
         f"end); {out['wall_s'] / 60:.1f} minutes. Tiny random BERT; each job: the real "
@@ -188,7 +186,7 @@ def write_md(out: dict, path: str) -> None:
     print("\n".join(lines))
 
 
-def main() -> None:
+def _parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--jobs", type=int, default=16)
@@ -196,7 +194,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=8)
     ap.add_argument("--out", default=str(RESULTS / "scale"))
     ap.add_argument("--md-only", action="store_true", help="rewrite OUT.md from OUT.json")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = _parse_args()
     if args.md_only:
         write_md(json.loads(Path(args.out + ".json").read_text()), args.out)
         return

@@ -6,17 +6,16 @@ threads, mixing the prompts (mixed-task batching). The same database is then ser
 second server with micro-batching off (``--max-batch-rows 1``) and measured the same way, so
 the batched / unbatched ratio comes from one run. Writes benchmarks/results/service.{json,md}.
 
-    python benchmarks/bench_service.py                  # MiniLM, 300 requests per setting
-    python benchmarks/bench_service.py --quick          # tiny random BERT, seconds
+    python -m benchmarks.bench_service                  # MiniLM, 300 requests per setting
+    python -m benchmarks.bench_service --quick          # tiny random BERT, seconds
     # issue 14: 16 customers' prefix prompts, mixed passes vs one pass per prompt ("before")
-    python benchmarks/bench_service.py --method prefix --prompts 16 --threads 16 \
+    python -m benchmarks.bench_service --method prefix --prompts 16 --threads 16 \
         --baseline per-prompt --out benchmarks/results/service_prefix16
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil
@@ -34,7 +33,8 @@ from pathlib import Path
 import httpx
 import torch
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from benchmarks._common import RESULTS, command, machine, write_json, write_md
+
 RAPT = [sys.executable, "-c", "import sys; from rapt.cli import main; sys.argv[0] = 'rapt'; main()"]
 
 
@@ -175,7 +175,7 @@ BASELINES = {"nobatch": (["--max-batch-rows", "1"], "micro-batching", "on", "off
              "per-prompt": (["--per-prompt-passes"], "passes", "mixed", "per prompt")}
 
 
-def main() -> None:
+def _parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--backbone", default="minilm")
     ap.add_argument("--quick", action="store_true", help="tiny random BERT, fewer requests")
@@ -190,8 +190,12 @@ def main() -> None:
                     help="what the second server turns off: micro-batching, or mixed passes "
                          "(one pass per prompt within each micro-batch)")
     ap.add_argument("--out", default=str(RESULTS / "service"))
-    args = ap.parse_args()
-    load_start = os.getloadavg()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = _parse_args()
+    load_start = list(os.getloadavg())
     t_start = time.time()
     from rapt.client.client import RaptClient
     from rapt.data import load_dataset
@@ -233,14 +237,8 @@ def main() -> None:
         base_flags, what, on_name, off_name = BASELINES[args.baseline]
         off = Server(rapt_serve(db, backbone, *base_flags), tmp / "server-baseline.log")
         try:
-            batched, unbatched = [], []
-            for k in threads:
-                on_parts, off_parts = [], []
-                for _ in range(args.rounds):
-                    on_parts.append(load(srv.url, key, prompts, rows, n_req // args.rounds, k))
-                    off_parts.append(load(off.url, key, prompts, rows, n_req // args.rounds, k))
-                batched.append(summarize(on_parts, k))
-                unbatched.append(summarize(off_parts, k))
+            batched, unbatched = _alternate(args.rounds, (srv.url, off.url), key, prompts,
+                                            rows, n_req, threads)
         finally:
             off.stop()
     finally:
@@ -250,11 +248,9 @@ def main() -> None:
                                    for p in prompts], rows)
     shutil.rmtree(tmp, ignore_errors=True)
     result = {
-        "command": " ".join(["python", "benchmarks/bench_service.py", *sys.argv[1:]]),
-        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
-                    "torch": torch.__version__, "loadavg_start": load_start,
-                    "loadavg_end": os.getloadavg(),
-                    "server_omp_threads": os.environ.get("OMP_NUM_THREADS", "1")},
+        "command": command(),
+        "machine": machine(loadavg_start=load_start, loadavg_end=list(os.getloadavg()),
+                           server_omp_threads=os.environ.get("OMP_NUM_THREADS", "1")),
         "settings": {"backbone": "tiny-random-bert" if args.quick else backbone,
                      "method": args.method, "baseline": args.baseline,
                      "eta": args.eta, "replacement_probability_train": round(p_repl, 4),
@@ -273,12 +269,38 @@ def main() -> None:
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    write_json(out.with_suffix(".json"), result, indent=1)
+    lines = _report_lines(result, args, fwd, threads, p_repl)
+    write_md(out.with_suffix(".md"), lines)
+    print("\n".join(lines))
+
+
+def _alternate(rounds: int, urls: tuple[str, str], key: str, prompts: list[str], rows: list,
+               n_req: int, threads: list[int]) -> tuple[list[dict], list[dict]]:
+    """Load both servers in turns, ``rounds`` times per thread count; their summaries."""
+    batched, unbatched = [], []
+    for k in threads:
+        on_parts, off_parts = [], []
+        for _ in range(rounds):
+            on_parts.append(load(urls[0], key, prompts, rows, n_req // rounds, k))
+            off_parts.append(load(urls[1], key, prompts, rows, n_req // rounds, k))
+        batched.append(summarize(on_parts, k))
+        unbatched.append(summarize(off_parts, k))
+    return batched, unbatched
+
+
+def _report_lines(result: dict, args, fwd: list[dict], threads: list[int],
+                  p_repl: float) -> list[str]:
+    """The markdown report: both servers per thread count, the speed-up, and the in-process
+    mixed-task forward."""
+    batched, unbatched = result["batched"], result["unbatched"]
+    _, what, on_name, off_name = BASELINES[args.baseline]
+    load_start, n_prompts = result["machine"]["loadavg_start"], result["settings"]["prompts"]
     lines = [
         f"# Service inference on loopback ({result['settings']['backbone']})", "",
         f"`{result['command']}` — {platform.processor() or platform.machine()}, "
         f"{os.cpu_count()} CPUs, load average at start {load_start[0]:.1f}; "
-        f"{len(prompts)} {args.method} prompts mixed, 1 privatized row per request "
+        f"{n_prompts} {args.method} prompts mixed, 1 privatized row per request "
         f"(η={args.eta}, P={p_repl:.2f}).", "",
         f"| threads | {what} | requests/s | p50 ms | p95 ms | requests per forward pass "
         "| errors |", "|---|---|---|---|---|---|---|"]
@@ -296,8 +318,7 @@ def main() -> None:
               "|---|---|---|---|---|"]
     lines += [f"| {r['rows']} | {r['prompts']} | {r['mixed_ms']} | {r['per_prompt_ms']} | "
               f"{r['ratio_per_prompt_over_mixed']} |" for r in fwd]
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    return lines
 
 
 if __name__ == "__main__":

@@ -7,9 +7,9 @@ of HEAD, install included (issue 31 item 2's measure); ``--what demo`` times ``r
 run is appended to ``benchmarks/results/wallclock.json`` under its name, with the machine and
 the load average at start and end; ``benchmarks/speed_table.py`` reads the latest of each.
 
-    python benchmarks/bench_wallclock.py --what test
-    python benchmarks/bench_wallclock.py --what fresh-test
-    python benchmarks/bench_wallclock.py --what demo --demo-args "--precision bf16"
+    python -m benchmarks.bench_wallclock --what test
+    python -m benchmarks.bench_wallclock --what fresh-test
+    python -m benchmarks.bench_wallclock --what demo --demo-args "--precision bf16"
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import shlex
 import subprocess
@@ -26,19 +25,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks._common import command, machine
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "wallclock.json"
-
-
-def machine() -> dict:
-    import torch
-
-    from rapt.precision import cpu_has_native_bf16
-
-    return {"platform": platform.platform(), "cpu_count": os.cpu_count(),
-            "torch": torch.__version__, "native_bf16": cpu_has_native_bf16(),
-            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-            "loadavg_start": list(os.getloadavg())}
 
 
 def run(argv: list[str], env: dict) -> tuple[float, str, int]:
@@ -105,9 +95,12 @@ def main() -> None:
     ap.add_argument("--demo-args", default="")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
+    from rapt.precision import cpu_has_native_bf16
+
     env = {**os.environ, "OMP_NUM_THREADS": args.threads}
-    rec = {"command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
-           "machine": {**machine(), "omp_num_threads": args.threads},
+    rec = {"command": command(),
+           "machine": machine(native_bf16=cpu_has_native_bf16(), omp_num_threads=args.threads,
+                              threads=int(args.threads)),
            "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     timer = {"test": time_tests, "fresh-test": time_fresh_clone, "demo": time_demo}[args.what]
     rec.update(timer(args, env))

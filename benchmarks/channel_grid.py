@@ -10,7 +10,7 @@ comparison in the grid (several remedies and cells are tested together).
 
 Writes benchmarks/results/channel_grid.{json,md,png}.
 
-    python benchmarks/channel_grid.py [--inputs benchmarks/results/channel.json ...]
+    python -m benchmarks.channel_grid [--inputs benchmarks/results/channel.json ...]
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import json
 import sys
 from pathlib import Path
 
+from benchmarks._common import RESULTS, command
 from rapt.stats import gap_won_back, holm, mean_ci
 
-RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_INPUTS = ("channel.json", "channel_lora.json", "channel_p0.2.json",
                   "channel_p0.2_lora.json", "channel_fp.json", "channel_fp_adapter_long.json",
                   "channel_fp_lora.json", "channel_fp_p0.2.json", "channel_fp_p0.2_lora.json",
@@ -193,7 +193,7 @@ def main() -> None:
     if not paths:
         sys.exit("no bench_channel results found")
     doc = gather(paths)
-    doc["command"] = " ".join(["python", *sys.argv])
+    doc["command"] = command()
     old = RESULTS / "channel_grid.json"
     doc["notes"] = (Path(args.notes).read_text().strip() if args.notes else
                     json.loads(old.read_text()).get("notes") if old.is_file() else None)

@@ -15,8 +15,8 @@ Bound stated: ``wait <= job_slice_s + 2 × heartbeat_s + the 1-step job's own ru
 one step, saving its prompt) + one step and checkpoint of A``; the last two are taken as 5 s
 here (they are ~0.1-1 s on the tiny model; a larger backbone costs more).
 
-    OMP_NUM_THREADS=1 python benchmarks/fairness.py           # slices 2, 5 and 30 s (~1.5 min)
-    OMP_NUM_THREADS=1 python benchmarks/fairness.py --slices 5 --repeats 1
+    OMP_NUM_THREADS=1 python -m benchmarks.fairness           # slices 2, 5 and 30 s (~1.5 min)
+    OMP_NUM_THREADS=1 python -m benchmarks.fairness --slices 5 --repeats 1
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import tempfile
 import time
@@ -32,7 +31,8 @@ from pathlib import Path
 
 import torch
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from benchmarks._common import RESULTS, machine
+
 LONG_ROWS, LONG_EPOCHS = 1000, 100  # 100,000 steps at batch size 1
 HEARTBEAT_S = 1.0  # ServiceConfig's default
 OWN_RUN_S = 5.0  # allowance for the short job's own run and one step + checkpoint of A
@@ -156,7 +156,7 @@ def markdown(r: dict) -> str:
     m = r["machine"]
     out = ["# Fairness: a 1-step job of key B behind a 100,000-step job of key A", "",
            f"`{r['command']}` — {m['platform']}, {m['cpu_count']} cores, torch {m['torch']}, "
-           f"{m['omp_threads']} thread; load average {m['loadavg_start'][0]:.2f} at start, "
+           f"{m['threads']} thread; load average {m['loadavg_start'][0]:.2f} at start, "
            f"{m['loadavg_end'][0]:.2f} at the end (about 1 is this benchmark alone on its "
            "thread; more means other jobs shared the cores, and the waits grow with them).", "",
            "One job worker, in-process service, SQLite store, the real trainer on a tiny "
@@ -196,7 +196,7 @@ def main() -> None:
                     help="how long the slicing-off run watches B stay queued")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    load_start = os.getloadavg()
+    host = machine()
     runs = []
     with tempfile.TemporaryDirectory(prefix="rapt-fair-") as tmp:
         for s in [0.0, *args.slices]:
@@ -221,14 +221,12 @@ def main() -> None:
                        bound_s=bound, within_bound=max(waits) <= bound,
                        long_states=", ".join(sorted({r["long_state_at_b_done"] for r in rs})))
         summary.append(row)
-    cmd = "OMP_NUM_THREADS=1 python benchmarks/fairness.py"
+    cmd = "OMP_NUM_THREADS=1 python -m benchmarks.fairness"
     if args.slices != [2.0, 5.0, 30.0] or args.repeats != 2:
         cmd += f" --slices {' '.join(f'{s:g}' for s in args.slices)} --repeats {args.repeats}"
     result = {"command": cmd, "heartbeat_s": HEARTBEAT_S, "own_run_allowance_s": OWN_RUN_S,
               "long_job_steps": LONG_ROWS * LONG_EPOCHS, "runs": runs, "summary": summary,
-              "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
-                          "torch": torch.__version__, "omp_threads": torch.get_num_threads(),
-                          "loadavg_start": load_start, "loadavg_end": os.getloadavg()}}
+              "machine": {**host, "loadavg_end": list(os.getloadavg())}}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "fairness.json").write_text(json.dumps(result, indent=1) + "\n")
     (RESULTS / "fairness.md").write_text(markdown(result))

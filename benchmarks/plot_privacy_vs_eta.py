@@ -6,7 +6,7 @@ measured replacement probability P and every attacker's token recovery at each g
 empirical privacy (1 − the strongest recovery) it implies, the weak-privacy threshold of
 :mod:`rapt.privacy.rule` and the default level the commands privatize at.
 
-    python benchmarks/plot_privacy_vs_eta.py
+    python -m benchmarks.plot_privacy_vs_eta
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import matplotlib
 import matplotlib.ticker
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from rapt.privacy.attack_table import load_table  # noqa: E402
-from rapt.privacy.rule import DEFAULT_MIN_P, DEFAULT_TARGET_P  # noqa: E402
+from rapt.privacy.attack_table import load_table
+from rapt.privacy.rule import DEFAULT_MIN_P, DEFAULT_TARGET_P
 
 OUT = Path(__file__).resolve().parent / "results" / "privacy_vs_eta.png"
 

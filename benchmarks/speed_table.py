@@ -5,7 +5,7 @@ writes ``benchmarks/results/speed.md``: one row per figure with the machine and 
 was measured under, the results file and the command that produced it. A source that is
 missing gives a row that says so.
 
-    python benchmarks/speed_table.py
+    python -m benchmarks.speed_table
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from benchmarks._common import RESULTS
 
 Row = dict[str, str]
 
@@ -73,8 +73,9 @@ def tuning() -> list[Row]:
 def precision() -> list[Row]:
     d = _load("precision.json")
     if d is None:
-        return [{"what": "bf16 autocast", "figure": "not measured yet (benchmarks/"
-                 "bench_precision.py)", "machine": "", "load": "", "source": "", "command": ""}]
+        return [{"what": "bf16 autocast",
+                 "figure": "not measured yet (python -m benchmarks.bench_precision)",
+                 "machine": "", "load": "", "source": "", "command": ""}]
     out = []
     steps = [r for r in d.get("step", []) if not r.get("predict")]
     if steps:
@@ -199,8 +200,8 @@ def wallclock() -> list[Row]:
         rows.append(_row(what, fig, r, "wallclock.json", r["machine"]))
     for what, kind in (("test suite", "test"), ("`rapt demo`", "demo")):
         if not any(k.startswith(kind) for k in d):
-            rows.append({"what": what, "figure": "not measured yet (benchmarks/"
-                         f"bench_wallclock.py --what {kind})", "machine": "", "load": "",
+            rows.append({"what": what, "figure": "not measured yet (python -m "
+                         f"benchmarks.bench_wallclock --what {kind})", "machine": "", "load": "",
                          "source": "", "command": ""})
     return rows
 
@@ -212,7 +213,7 @@ SECTIONS: list[Callable[[], list[Row]]] = [privatization, tuning, precision, sap
 def table() -> str:
     rows = [r for f in SECTIONS for r in f()]
     lines = ["# Speed figures", "",
-             "Regenerate: `python benchmarks/speed_table.py` (reads benchmarks/results/*.json; "
+             "Regenerate: `python -m benchmarks.speed_table` (reads benchmarks/results/*.json; "
              "each figure's own command is in the last column). Load is the 1-minute load "
              "average at the start (→ end) of the run: the machines are shared, and a load "
              "above the CPU count means the figure is slower than on a quiet machine.", "",

@@ -6,8 +6,8 @@ It runs the CLI of the source tree given with ``--src`` (its ``src`` folder on P
 one command measures an old commit and the new one on the same machine, e.g.
 
     git worktree add /tmp/rapt-old OLD_COMMIT
-    python benchmarks/startup.py --src /tmp/rapt-old --label before
-    python benchmarks/startup.py --src . --label after
+    python -m benchmarks.startup --src /tmp/rapt-old --label before
+    python -m benchmarks.startup --src . --label after
 
 Each run is stored under its label in ``benchmarks/results/startup.json`` (other labels are
 kept), with the machine, the tree's commit and the load average at start and end, and
@@ -30,8 +30,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks._common import RESULTS
+
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
 DATA = ROOT.parent / "shared" / "data" / "sst2" / "dev.tsv"
 RUN_CLI = "import sys; sys.argv[0] = 'rapt'; from rapt.cli import main; sys.exit(main())"
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from _tiny import TOY_WORDS, make_bert, make_tokenizer, save_backbone
 from typer.testing import CliRunner
 
 from rapt.cli import app
@@ -30,9 +29,9 @@ def test_descriptions_by_name_in_any_order_or_by_id():
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
+def tiny(tmp_path_factory, toy_backbone):
     tmp = tmp_path_factory.mktemp("head")
-    bb = save_backbone(make_bert(make_tokenizer(tmp, TOY_WORDS)), tmp / "bb")
+    bb = toy_backbone
     data = tmp / "d.csv"
     data.write_text("text,label\n" + "good film,pos\nbad film,neg\n" * 3)
     return tmp, str(bb), data

@@ -8,7 +8,6 @@ import json
 
 import pytest
 import typer.main
-from _tiny import TOY_WORDS, make_bert, make_tokenizer, save_backbone
 from typer.testing import CliRunner
 
 from rapt.cli import app
@@ -46,9 +45,9 @@ def test_one_definition_per_shared_option():
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
+def tiny(tmp_path_factory, toy_backbone):
     tmp = tmp_path_factory.mktemp("options")
-    bb = save_backbone(make_bert(make_tokenizer(tmp, TOY_WORDS)), tmp / "bb")
+    bb = toy_backbone
     return tmp, str(bb)
 
 

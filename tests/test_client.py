@@ -7,28 +7,16 @@ import json
 import warnings
 
 import pytest
+from _service import LABELS, TEXTS, add_key, leaked_ngrams, service_bert, write_csv
 from fastapi.testclient import TestClient
-from test_service import add_key, make_bert
 
 from rapt.client.client import ClientError, RaptClient, ServiceError
 from rapt.service import Limits, ServiceConfig, create_app
 
-TEXTS = [
-    "the movie was really good and the music was great",
-    "a boring plot with terrible actors and a dull story",
-    "this film is one of the best ever with a brilliant scene",
-    "the worst music and a weak plot that was very long",
-    "funny and nice it was fun with good actors",
-    "sad poor and awful this is not a fine film",
-    "i love this story and the actor is great",
-    "i hate the long scene and the bad music",
-]
-LABELS = [1, 0, 1, 0, 1, 0, 1, 0]
-
 
 @pytest.fixture()
 def service(tmp_path):
-    bb = make_bert()
+    bb = service_bert()
     cfg = ServiceConfig(db_path=tmp_path / "svc.db", backbones=["tiny"],
                         limits=Limits(max_seq_len=64), progress_interval_s=0.0)
     app = create_app(cfg, backbones={"tiny": bb})
@@ -37,43 +25,10 @@ def service(tmp_path):
         yield tc, key, bb
 
 
-def write_csv(path, texts=TEXTS, labels=LABELS):
-    rows = ["text,label"] + [f"{t},{y}" for t, y in zip(texts, labels, strict=True)]
-    path.write_text("\n".join(rows) + "\n")
-    return path
-
-
 def capture(tc):
     sent: list[bytes] = []
     tc.event_hooks["request"] = [lambda req: sent.append(req.read())]
     return sent
-
-
-def ngrams(seq, n):
-    return {tuple(seq[i:i + n]) for i in range(len(seq) - n + 1)}
-
-
-def leaked_ngrams(sent: list[bytes], tokenizer, n=4) -> set:
-    """Original n-grams of TEXTS' token ids found contiguously in any id list sent."""
-    originals = set()
-    for t in TEXTS:
-        originals |= ngrams(tokenizer(t, add_special_tokens=False)["input_ids"], n)
-    seen = set()
-
-    def walk(x):
-        if isinstance(x, list) and x and all(isinstance(v, int) for v in x):
-            seen.update(ngrams(x, n))
-        elif isinstance(x, list):
-            for v in x:
-                walk(v)
-        elif isinstance(x, dict):
-            for v in x.values():
-                walk(v)
-
-    for body in sent:
-        if body:
-            walk(json.loads(body))
-    return originals & seen
 
 
 def run_flow(tc, key, bb, tmp_path, **client_kw):
@@ -541,7 +496,7 @@ def test_cli_client_flow_prints_like_the_other_commands(tmp_path, monkeypatch):
     from rapt.cli import app
     from rapt.http import HttpSession
 
-    bb = make_bert()
+    bb = service_bert()
     folder = tmp_path / "bb"
     bb.model.save_pretrained(folder)
     bb.tokenizer.save_pretrained(folder)

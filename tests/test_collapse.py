@@ -4,7 +4,6 @@ predictions are near-constant or no better than the majority class, with what to
 from __future__ import annotations
 
 import pytest
-from _tiny import TOY_WORDS, make_bert, make_tokenizer, save_backbone
 from typer.testing import CliRunner
 
 from rapt.cli import app
@@ -37,9 +36,9 @@ def test_near_constant_and_majority_rate():
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
+def tiny(tmp_path_factory, toy_backbone):
     tmp = tmp_path_factory.mktemp("collapse")
-    bb = save_backbone(make_bert(make_tokenizer(tmp, TOY_WORDS)), tmp / "bb")
+    bb = toy_backbone
     skew = tmp / "skew.csv"
     skew.write_text("text,label\n" + "good film,pos\n" * 19 + "bad film,neg\n")
     sep = tmp / "sep.csv"

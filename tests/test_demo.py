@@ -6,24 +6,6 @@ import json
 import math
 
 import pytest
-import torch
-
-
-@pytest.fixture(scope="module")
-def small_bert():
-    from transformers import AutoTokenizer, BertConfig, BertModel
-
-    from rapt.models import BackboneNotFoundError, from_model, resolve
-
-    try:
-        path, _, _ = resolve("minilm")
-    except BackboneNotFoundError as e:
-        pytest.skip(str(e))
-    tok = AutoTokenizer.from_pretrained(path)
-    torch.manual_seed(0)
-    cfg = BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2,
-                     num_attention_heads=4, intermediate_size=64, max_position_embeddings=64)
-    return from_model(BertModel(cfg).eval(), tok, name="small-bert", kind="encoder")
 
 
 def _texts(shared_data, split: str, n: int) -> list[str]:

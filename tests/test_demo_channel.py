@@ -7,13 +7,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_demo import small_bert  # noqa: F401  (the demo tests' tiny backbone fixture)
 
 CFG = dict(train_size=24, test_size=12, max_length=16, plain_len=4, epochs=1, batch_size=8,
            target_p=0.5, privatizer_mode="exact", noise_seed=0)
 
 
-def test_demo_channel_row_and_verdict(small_bert, shared_data, monkeypatch):  # noqa: F811
+def test_demo_channel_row_and_verdict(small_bert, shared_data, monkeypatch):
     from rapt.channel.denoiser import Denoiser, DenoiserConfig
     from rapt.data import load_dataset
     from rapt.demo import (
@@ -74,7 +73,7 @@ def test_demo_channel_row_and_verdict(small_bert, shared_data, monkeypatch):  # 
     json.dumps(res.as_dict())
 
 
-def test_demo_without_channel_points_to_adapt(small_bert, shared_data, monkeypatch,  # noqa: F811
+def test_demo_without_channel_points_to_adapt(small_bert, shared_data, monkeypatch,
                                               tmp_path):
     from rapt.demo import NO_CHANNEL_LINE, SETTINGS, DemoConfig, run_demo
 

@@ -9,18 +9,17 @@ import threading
 import time
 
 import torch
-from fastapi.testclient import TestClient
-from test_sap_service import ones
-from test_service import (  # noqa: F401  (backend: the store fixture)
+from _service import (
     FakePrompt,
     add_key,
-    backend,
     hdr,
-    make_bert,
+    ones,
+    service_bert,
     store_options,
     upload_body,
     wait_job,
 )
+from fastapi.testclient import TestClient
 
 from rapt.service import Limits, ServiceConfig, auth, create_app
 from rapt.split import Activations, BatchRef, OutputGrad, Release, wire
@@ -57,7 +56,7 @@ def fair_app(tmp_path, runner, slice_s: float, **limits):
     cfg = ServiceConfig(db_path=tmp_path / "svc.db", backbones=["tiny"],
                         limits=Limits(**limits), progress_interval_s=0.0,
                         job_slice_s=slice_s, heartbeat_s=0.05, **store_options(tmp_path))
-    return create_app(cfg, backbones={"tiny": make_bert()}, runner=runner,
+    return create_app(cfg, backbones={"tiny": service_bert()}, runner=runner,
                       prompt_loader=FakePrompt.load)
 
 
@@ -83,7 +82,7 @@ def wait_state(c, key, jid, pred, timeout=20.0) -> dict:
     raise AssertionError(f"job {jid}: {st}")
 
 
-def test_short_job_of_another_key_runs_while_a_long_job_waits(tmp_path, backend):  # noqa: F811
+def test_short_job_of_another_key_runs_while_a_long_job_waits(tmp_path, backend):
     """One worker, a 100,000-step job of key A running: key B's 1-step job is done within a
     slice or so, A's job yields (queued or running again, from its checkpoint), and A's job
     can still be cancelled, leaving no checkpoint."""
@@ -113,7 +112,7 @@ def test_short_job_of_another_key_runs_while_a_long_job_waits(tmp_path, backend)
     assert runner.resumes[1][0] is None and runner.resumes[1][1] >= 5
 
 
-def test_sliced_job_finishes_exactly_once(tmp_path, backend):  # noqa: F811
+def test_sliced_job_finishes_exactly_once(tmp_path, backend):
     """Two keys' jobs that each need several slices: both succeed with one prompt each, every
     step of each run once, with the workers alternating between the keys."""
     a, b = add_key(tmp_path, "alice"), add_key(tmp_path, "bob")
@@ -159,7 +158,7 @@ def sap_app(tmp_path, **limits):
     cfg = ServiceConfig(db_path=tmp_path / "svc.db", backbones=["tiny"],
                         limits=Limits(max_seq_len=64, **limits), progress_interval_s=0.0,
                         **store_options(tmp_path))
-    return create_app(cfg, backbones={"tiny": make_bert()})
+    return create_app(cfg, backbones={"tiny": service_bert()})
 
 
 def sap_session(c, key, **kw) -> str:
@@ -180,7 +179,7 @@ def chunk(offset: int, dtype=torch.float32, seed: int = 0) -> Release:
     return Release(offset, torch.randn(24, 32, generator=g).to(dtype), torch.full((4,), 6))
 
 
-def test_sap_files_count_in_the_key_storage_quota(tmp_path, backend):  # noqa: F811
+def test_sap_files_count_in_the_key_storage_quota(tmp_path, backend):
     """Old behaviour: 16 sessions × 1 GiB of release per key, outside the dataset quota. Now
     releases and saved state count with the datasets; a chunk over the quota stores nothing,
     another key is not affected, and deleting the session gives the bytes back."""
@@ -302,7 +301,7 @@ def test_sap_client_retries_while_the_sessions_in_memory_are_busy(tmp_path):
         assert sap_post(c, key, busy, "predict", probe).status_code == 200
         sap._live[busy].lock.acquire()
         threading.Timer(0.5, sap._live[busy].lock.release).start()
-        client = RaptClient(api_key=key, backbone=make_bert(), remote_backbone="tiny", http=c)
+        client = RaptClient(api_key=key, backbone=service_bert(), remote_backbone="tiny", http=c)
         r = client.api.request_retrying("POST", f"/v1/sap/sessions/{mine}/predict",
                                         retry_s=30, content=probe, headers=OCTET)
         assert r.status_code == 200 and set(sap._live) == {mine}

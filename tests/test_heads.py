@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _tiny import TOY_WORDS, make_bert, make_llama, make_tokenizer
+from _tiny import make_bert, make_llama
 from torch.nn import functional as F
 
 from rapt.tuning.heads import ClassificationHead, LabelDescriptionHead, Verbalizer
@@ -15,11 +15,6 @@ from rapt.tuning.tuners import base_model
 
 DESCS = ["a bad movie", "a good movie"]
 POS, NEG = ["good", "great", "fun", "fine"], ["bad", "awful", "boring", "long"]
-
-
-@pytest.fixture(scope="module")
-def tok(tmp_path_factory):
-    return make_tokenizer(tmp_path_factory.mktemp("heads_tok"), TOY_WORDS)
 
 
 @pytest.fixture(params=["bert", "llama"])

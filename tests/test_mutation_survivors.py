@@ -8,8 +8,8 @@ import os
 
 import pytest
 import torch
+from _service import open_store
 from safetensors.torch import save
-from test_service import backend, open_store  # noqa: F401  (the store-backend fixture)
 
 from rapt.split import wire
 from rapt.split.protocol import (
@@ -23,7 +23,7 @@ from rapt.split.protocol import (
 )
 
 
-def test_store_revoke_flags_running_jobs_for_their_worker(tmp_path, backend):  # noqa: F811
+def test_store_revoke_flags_running_jobs_for_their_worker(tmp_path, backend):
     """Bug: ``Store._revoke`` no longer sets ``cancel_requested`` on the key's *running* jobs.
     The service hid it (``ServiceState.revoke_key`` cancels them itself), but `rapt serve keys
     revoke` calls the store alone: the running job must be flagged there, where its worker

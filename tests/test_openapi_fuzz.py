@@ -15,8 +15,8 @@ from __future__ import annotations
 import time
 
 import pytest
+from _service import FakeRunner, add_key, hdr, make_app, upload_body, wait_job
 from fastapi.testclient import TestClient
-from test_service import FakeRunner, add_key, hdr, make_app, upload_body, wait_job
 
 schemathesis = pytest.importorskip("schemathesis", reason="schemathesis is not installed "
                                    "(pip install -e '.[dev]')")

@@ -17,7 +17,7 @@ import json
 
 import pytest
 import torch
-from _tiny import TOY_WORDS, make_bert, make_tokenizer, save_backbone
+from _tiny import TOY_WORDS, make_bert, save_backbone
 from typer.testing import CliRunner
 
 from rapt.cli import app
@@ -41,11 +41,6 @@ def pair_csv(path, a="sentence1", b="sentence2"):
 def pair_jsonl(path, a="premise", b="hypothesis"):
     return write(path, "".join(json.dumps({a: x, b: y, "label": z}) + "\n"
                                for x, y, z in PAIRS))
-
-
-@pytest.fixture(scope="module")
-def tok(tmp_path_factory):
-    return make_tokenizer(tmp_path_factory.mktemp("pair_tok"), TOY_WORDS)
 
 
 # --------------------------------------------------------------------------- detection

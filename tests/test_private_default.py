@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from _tiny import TOY_WORDS, make_bert, make_tokenizer, save_backbone
 from typer.testing import CliRunner
 
 from rapt.cli import app
@@ -20,9 +19,9 @@ FAST = ["--epochs", "1", "--batch-size", "4", "--num-virtual-tokens", "2", "--me
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
+def tiny(tmp_path_factory, toy_backbone):
     tmp = tmp_path_factory.mktemp("private_default")
-    bb = save_backbone(make_bert(make_tokenizer(tmp, TOY_WORDS)), tmp / "bb")
+    bb = toy_backbone
     data = tmp / "d.csv"
     data.write_text("text,label\n" + "good film,pos\nbad film,neg\n" * 4)
     return tmp, str(bb), data

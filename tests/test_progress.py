@@ -8,7 +8,6 @@ import io
 import json
 
 import pytest
-from _tiny import TOY_WORDS, make_bert, make_tokenizer, save_backbone
 from typer.testing import CliRunner
 
 from rapt.cli import app
@@ -53,9 +52,9 @@ def test_a_terminal_gets_tqdm():
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
+def tiny(tmp_path_factory, toy_backbone):
     tmp = tmp_path_factory.mktemp("progress")
-    bb = save_backbone(make_bert(make_tokenizer(tmp, TOY_WORDS)), tmp / "bb")
+    bb = toy_backbone
     data = tmp / "d.csv"
     data.write_text("text,label\n" + "good film,pos\nbad film,neg\n" * 6)
     return tmp, str(bb), data

@@ -11,11 +11,20 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
+from _service import (
+    LABELS,
+    OCTET,
+    TEXTS,
+    leaked_ngrams,
+    ones,
+    remote_run,
+    sap_post,
+    sap_session,
+    service_bert,
+    split_config,
+)
 from fastapi.testclient import TestClient
 from safetensors.torch import save
-from test_client import LABELS, TEXTS, leaked_ngrams
-from test_service import add_key, make_bert
-from test_service_e2e import server  # noqa: F401  (the uvicorn fixture)
 
 from rapt.client.client import PrivacyNotConfiguredError, RaptClient
 from rapt.service import Limits, ServiceConfig, create_app
@@ -31,43 +40,6 @@ from rapt.split import (
     train_split,
     wire,
 )
-
-OCTET = {"Content-Type": "application/octet-stream"}
-
-
-def ones(*shape: int) -> torch.Tensor:
-    return torch.ones(*shape, dtype=torch.bool)
-
-
-def cfg(**kw) -> SplitConfig:
-    base = dict(split_layer=1, eta=20.0, noise_seed=3, epochs=3, batch_size=4, lr=3e-2,
-                warmup_ratio=0.0, max_length=32)
-    return SplitConfig(**{**base, **kw})
-
-
-@pytest.fixture()
-def service(tmp_path):
-    bb = make_bert()
-    config = ServiceConfig(db_path=tmp_path / "svc.db", backbones=["tiny"],
-                           limits=Limits(max_seq_len=64), progress_interval_s=0.0)
-    app = create_app(config, backbones={"tiny": bb})
-    keys = add_key(tmp_path), add_key(tmp_path, "bob")
-    with TestClient(app) as tc:
-        yield tc, keys, bb
-
-
-def remote_run(tc, key, bb, tmp_path, sc, labels=LABELS):
-    """Train and predict through the service; returns (client, session id, history, probs)."""
-    c = RaptClient(api_key=key, backbone=bb, remote_backbone="tiny", http=tc)
-    rows = encode_texts(bb.tokenizer, TEXTS, sc.max_length)
-    customer = c.sap_customer(sc, 2, cache_dir=tmp_path / "cache")
-    customer.load(rows, labels)
-    sid = c.sap_session(sc, len(rows))
-    provider = c.sap_provider(sid, customer)
-    if not sc.unfreeze_bottom:
-        provider.upload_release()
-    hist = train_split(customer, provider)
-    return c, sid, hist, predict_split(customer, provider, rows)
 
 
 def local_run(bb, sc, labels=LABELS):
@@ -100,12 +72,12 @@ def as_json(body: bytes) -> bytes:
 
 
 @pytest.mark.parametrize("unfreeze", [False, True])
-def test_remote_training_equals_in_process_and_wire_is_clean(service, tmp_path, unfreeze):
-    tc, (key, _), bb = service
+def test_remote_training_equals_in_process_and_wire_is_clean(sap_service, tmp_path, unfreeze):
+    tc, (key, _), bb = sap_service
     sent, got = [], []
     tc.event_hooks["request"] = [lambda req: sent.append((req.url.path, req.read()))]
     tc.event_hooks["response"] = [lambda r: got.append(r.read())]
-    sc = cfg(unfreeze_bottom=unfreeze)
+    sc = split_config(unfreeze_bottom=unfreeze)
     c, sid, hist, probs = remote_run(tc, key, bb, tmp_path, sc)
     ref_hist, ref_probs = local_run(bb, sc)
     assert [h["loss"] for h in hist] == [h["loss"] for h in ref_hist]
@@ -156,16 +128,16 @@ def test_remote_training_equals_in_process_and_wire_is_clean(service, tmp_path, 
     assert checked >= 8
 
 
-def test_forward_traffic_does_not_depend_on_labels(service, tmp_path):
-    tc, (key, _), bb = service
+def test_forward_traffic_does_not_depend_on_labels(sap_service, tmp_path):
+    tc, (key, _), bb = sap_service
     """What the provider receives besides ∂l/∂g is byte for byte the same with other labels
     (the same noise seed), so no request but ``backward`` can carry label information."""
-    tc, (key, _), bb = service
+    tc, (key, _), bb = sap_service
     runs = []
     for labels in (LABELS, [1 - y for y in LABELS]):
         sent: list = []
         tc.event_hooks["request"] = [lambda req, s=sent: s.append((req.url.path, req.read()))]
-        remote_run(tc, key, bb, tmp_path, cfg(), labels=labels)
+        remote_run(tc, key, bb, tmp_path, split_config(), labels=labels)
         runs.append([(p.rsplit("/", 1)[-1].split("_")[0], b) for p, b in sent])
     a, b = runs
     assert [p for p, _ in a] == [p for p, _ in b]
@@ -184,16 +156,8 @@ def same_body(x: bytes, y: bytes) -> bool:
         torch.equal(px[1][k], py[1][k]) for k in px[1])
 
 
-def _session(tc, key, **kw) -> str:
-    body = {"backbone": "tiny", "n_examples": 8, "split_layer": 1, "epochs": 2, "batch_size": 4,
-            "max_length": 16, **kw}
-    r = tc.post("/v1/sap/sessions", json=body, headers={"Authorization": f"Bearer {key}"})
-    assert r.status_code == 201, r.text
-    return r.json()["id"]
-
-
-def test_bad_messages_are_refused_and_change_nothing(service, tmp_path):
-    tc, (key, bob), bb = service
+def test_bad_messages_are_refused_and_change_nothing(sap_service, tmp_path):
+    tc, (key, bob), bb = sap_service
     me, other = {"Authorization": f"Bearer {key}"}, {"Authorization": f"Bearer {bob}"}
     files = Path(str(tmp_path / "svc.db") + ".files") / "sap"
 
@@ -215,7 +179,7 @@ def test_bad_messages_are_refused_and_change_nothing(service, tmp_path):
         return r
 
     # unfrozen: activations with every forward
-    sid = _session(tc, key, unfreeze_bottom=True)
+    sid = sap_session(tc, key, unfreeze_bottom=True)
     mask = ones(4, 6)
     good = Activations(0, torch.randn(4, 6, 32), mask)
     assert post(sid, "forward", good).status_code == 200
@@ -275,7 +239,7 @@ def test_bad_messages_are_refused_and_change_nothing(service, tmp_path):
     refused(sid, lambda: post(sid, "release", rel), 409, "trains the bottom")
 
     # frozen: the release first, contiguous; batches by index
-    sid = _session(tc, key)
+    sid = sap_session(tc, key)
     refused(sid, lambda: post(sid, "forward", BatchRef(0, torch.tensor([0, 1]))), 409,
             "upload rows 0..")
     refused(sid, lambda: post(sid, "release", Release(4, torch.randn(24, 32),
@@ -309,8 +273,8 @@ def test_bad_messages_are_refused_and_change_nothing(service, tmp_path):
                                                           ones(3, 5))), 422, "expects 32")
 
 
-def test_session_creation_refuses_labels_and_bad_configs(service):
-    tc, (key, _), bb = service
+def test_session_creation_refuses_labels_and_bad_configs(sap_service):
+    tc, (key, _), bb = sap_service
     me = {"Authorization": f"Bearer {key}"}
     base = {"backbone": "tiny", "n_examples": 8}
     for extra, status, word in [({"labels": [0, 1]}, 422, "labels"),
@@ -328,8 +292,8 @@ def test_session_creation_refuses_labels_and_bad_configs(service):
         c.sap_customer(SplitConfig(split_layer=1), 2)
 
 
-def test_bottom_download_is_hashed_cached_and_holds_no_top(service, tmp_path):
-    tc, (key, _), bb = service
+def test_bottom_download_is_hashed_cached_and_holds_no_top(sap_service, tmp_path):
+    tc, (key, _), bb = sap_service
     seen = []
     tc.event_hooks["response"] = [lambda r: seen.append(r.status_code)]
     c = RaptClient(api_key=key, backbone=bb, remote_backbone="tiny", http=tc)
@@ -349,13 +313,13 @@ def test_bottom_download_is_hashed_cached_and_holds_no_top(service, tmp_path):
                   headers={"Authorization": ""}).status_code == 401
 
 
-def test_end_to_end_over_uvicorn_survives_a_crash_mid_step(server, tmp_path):  # noqa: F811
+def test_end_to_end_over_uvicorn_survives_a_crash_mid_step(server, tmp_path):
     """`rapt serve` in a subprocess; the server is killed between a forward and its backward
     and started again: the session resumes from its files (the pending forward is sent again),
     every step is applied once, and losses and predictions equal the in-process run."""
-    srv, key, folder = server  # test_service_e2e's: `rapt serve` on a saved tiny BERT
+    srv, key, folder = server  # conftest's: `rapt serve` on a saved tiny BERT
     c = RaptClient(srv.url, key, backbone=str(folder))
-    sc = cfg(eta=60.0, epochs=12)
+    sc = split_config(eta=60.0, epochs=12)
     rows = encode_texts(c.backbone.tokenizer, TEXTS, sc.max_length)
     customer = c.sap_customer(sc, 2, cache_dir=tmp_path / "cache")
     customer.load(rows, LABELS)
@@ -380,13 +344,13 @@ def test_end_to_end_over_uvicorn_survives_a_crash_mid_step(server, tmp_path):  #
     assert st["steps_done"] == st["total_steps"] == len(hist) == 24
     assert sum(h["loss"] for h in hist[-4:]) < 0.8 * sum(h["loss"] for h in hist[:4])
     probs = predict_split(customer, provider, rows)
-    ref_hist, ref_probs = local_run(make_bert(), sc)
+    ref_hist, ref_probs = local_run(service_bert(), sc)
     assert torch.allclose(torch.tensor([h["loss"] for h in hist]),
                           torch.tensor([h["loss"] for h in ref_hist]), atol=1e-6)
     assert torch.allclose(probs, ref_probs, atol=1e-5)
 
 
-def test_cli_sap_tune_and_predict_against_the_service(service, tmp_path, monkeypatch):
+def test_cli_sap_tune_and_predict_against_the_service(sap_service, tmp_path, monkeypatch):
     """`rapt sap tune --url` trains through the service and keeps only the customer's half;
     `rapt sap predict` on that folder asks the session; errors are one line naming the flag."""
     from typer.testing import CliRunner
@@ -394,7 +358,7 @@ def test_cli_sap_tune_and_predict_against_the_service(service, tmp_path, monkeyp
     import rapt.client.client as client_mod
     from rapt.cli import app
 
-    tc, (key, _), bb = service
+    tc, (key, _), bb = sap_service
     folder = tmp_path / "bb"
     bb.model.save_pretrained(folder)
     bb.tokenizer.save_pretrained(folder)
@@ -429,16 +393,16 @@ def test_cli_sap_tune_and_predict_against_the_service(service, tmp_path, monkeyp
     assert r.exit_code == 2 and "no sap session" in r.output and "Traceback" not in r.output
 
 
-def test_sessions_evicted_from_memory_resume_exactly(service, tmp_path):
+def test_sessions_evicted_from_memory_resume_exactly(sap_service, tmp_path):
     """With room for one live session, two trainings alternate step by step: each request
     reloads its session from its files (the other's pending forward is dropped and sent
     again), and both still equal the in-process runs."""
-    tc, (key, _), bb = service
+    tc, (key, _), bb = sap_service
     tc.app.state.svc.sap.max_live = 1
     c = RaptClient(api_key=key, backbone=bb, remote_backbone="tiny", http=tc)
     rows = encode_texts(bb.tokenizer, TEXTS, 32)
     runs = []
-    for sc in (cfg(epochs=1), cfg(epochs=1, unfreeze_bottom=True, seed=1)):
+    for sc in (split_config(epochs=1), split_config(epochs=1, unfreeze_bottom=True, seed=1)):
         customer = c.sap_customer(sc, 2, cache_dir=tmp_path)
         customer.load(rows, LABELS)
         provider = c.sap_provider(c.sap_session(sc, len(rows)), customer)
@@ -465,14 +429,14 @@ def test_sessions_evicted_from_memory_resume_exactly(service, tmp_path):
     assert len(tc.app.state.svc.sap._live) == 1 and a.resent_forwards == 2
 
 
-def test_lost_replies_are_retried_and_applied_once(service, tmp_path, monkeypatch):
+def test_lost_replies_are_retried_and_applied_once(sap_service, tmp_path, monkeypatch):
     """The first backward and the forward after it reach the server, but their replies are
     lost (a dropped connection): the client sends the same step again, the server answers the
     backward from its saved reply and recomputes the forward, and every step is applied once."""
     from rapt.client.client import ServiceError
     from rapt.http import HttpSession
 
-    tc, (key, _), bb = service
+    tc, (key, _), bb = sap_service
     request, lost = HttpSession.request, []
 
     def lose_replies(self, method, path, **kw):
@@ -484,7 +448,7 @@ def test_lost_replies_are_retried_and_applied_once(service, tmp_path, monkeypatc
         return r
 
     monkeypatch.setattr(HttpSession, "request", lose_replies)
-    sc = cfg(unfreeze_bottom=True)
+    sc = split_config(unfreeze_bottom=True)
     c, sid, hist, probs = remote_run(tc, key, bb, tmp_path, sc)
     assert lost == ["backward", "forward"]
     ref_hist, ref_probs = local_run(bb, sc)
@@ -493,31 +457,26 @@ def test_lost_replies_are_retried_and_applied_once(service, tmp_path, monkeypatc
     assert c.sap_status(sid)["steps_done"] == 6
 
 
-def _post(tc, sid, what, msg, who):
-    data = wire.encode(msg) if not isinstance(msg, bytes) else msg
-    return tc.post(f"/v1/sap/sessions/{sid}/{what}", content=data, headers={**who, **OCTET})
-
-
-def test_overflowing_gradient_is_refused_and_a_correct_retry_applies_once(service, tmp_path):
+def test_overflowing_gradient_is_refused_and_a_correct_retry_applies_once(sap_service, tmp_path):
     """Issue 29 item 1: with an unfrozen bottom, ∂l/∂g = 3e38 overflows on the way back. It
     is refused (422) before anything changes: the same bad body is refused again (never
     'replayed'), the correct gradient then applies step 0, the next forward is finite, and a
     restarted service reads last_step 0 from the files."""
-    tc, (key, _), bb = service
+    tc, (key, _), bb = sap_service
     me = {"Authorization": f"Bearer {key}"}
     state = Path(str(tmp_path / "svc.db") + ".files") / "sap"
-    sid = _session(tc, key, unfreeze_bottom=True)
+    sid = sap_session(tc, key, unfreeze_bottom=True)
     acts = Activations(0, torch.randn(4, 6, 32), ones(4, 6))
-    assert _post(tc, sid, "forward", acts, me).status_code == 200
+    assert sap_post(tc, sid, "forward", acts, me).status_code == 200
     for _ in range(2):
-        r = _post(tc, sid, "backward", OutputGrad(0, torch.full((4, 32), 3e38)), me)
+        r = sap_post(tc, sid, "backward", OutputGrad(0, torch.full((4, 32), 3e38)), me)
         assert r.status_code == 422 and "NaN or infinite" in r.json()["detail"], r.text
         assert tc.get(f"/v1/sap/sessions/{sid}", headers=me).json()["last_step"] == -1
         assert not (state / sid / "state.pt").exists()
-    r = _post(tc, sid, "backward", OutputGrad(0, torch.randn(4, 32)), me)
+    r = sap_post(tc, sid, "backward", OutputGrad(0, torch.randn(4, 32)), me)
     assert r.status_code == 200 and r.headers["x-rapt-replayed"] == "0", r.text
     assert wire.decode(r.content, wire.MESSAGES["ActivationGrad"], max_bytes=1 << 20).step == 0
-    r = _post(tc, sid, "forward", Activations(1, torch.randn(4, 6, 32), ones(4, 6)), me)
+    r = sap_post(tc, sid, "forward", Activations(1, torch.randn(4, 6, 32), ones(4, 6)), me)
     assert r.status_code == 200, r.text
     out = wire.decode(r.content, wire.MESSAGES["TopOutput"], max_bytes=1 << 20)
     assert bool(torch.isfinite(out.output).all())
@@ -526,23 +485,23 @@ def test_overflowing_gradient_is_refused_and_a_correct_retry_applies_once(servic
                            limits=Limits(max_seq_len=64), progress_interval_s=0.0)
     with TestClient(create_app(config, backbones={"tiny": bb})) as again:  # a restart
         assert again.get(f"/v1/sap/sessions/{sid}", headers=me).json()["last_step"] == 0
-        assert _post(again, sid, "forward", Activations(1, torch.randn(4, 6, 32), ones(4, 6)),
+        assert sap_post(again, sid, "forward", Activations(1, torch.randn(4, 6, 32), ones(4, 6)),
                      me).status_code == 200
-        r = _post(again, sid, "backward", OutputGrad(1, torch.randn(4, 32)), me)
+        r = sap_post(again, sid, "backward", OutputGrad(1, torch.randn(4, 32)), me)
         assert r.status_code == 200, r.text
         assert again.get(f"/v1/sap/sessions/{sid}", headers=me).json()["last_step"] == 1
 
 
-def test_unsaved_step_is_never_reported_applied(service, tmp_path, monkeypatch):
+def test_unsaved_step_is_never_reported_applied(sap_service, tmp_path, monkeypatch):
     """A step whose state could not be saved answers an error, and the session (reloaded
     from its files) still says last_step -1: a retry of that backward is not 'replayed'."""
     import rapt.service.split_sessions as ss
 
-    tc, (key, _), bb = service
+    tc, (key, _), bb = sap_service
     tc_raw = TestClient(tc.app, raise_server_exceptions=False)
     me = {"Authorization": f"Bearer {key}"}
-    sid = _session(tc, key, unfreeze_bottom=True)
-    assert _post(tc, sid, "forward", Activations(0, torch.randn(4, 6, 32), ones(4, 6)),
+    sid = sap_session(tc, key, unfreeze_bottom=True)
+    assert sap_post(tc, sid, "forward", Activations(0, torch.randn(4, 6, 32), ones(4, 6)),
                  me).status_code == 200
     real = ss._atomic_write
 
@@ -551,26 +510,26 @@ def test_unsaved_step_is_never_reported_applied(service, tmp_path, monkeypatch):
 
     monkeypatch.setattr(ss, "_atomic_write", disk_full)
     grad = OutputGrad(0, torch.randn(4, 32))
-    assert _post(tc_raw, sid, "backward", grad, me).status_code == 500
+    assert sap_post(tc_raw, sid, "backward", grad, me).status_code == 500
     monkeypatch.setattr(ss, "_atomic_write", real)
     assert tc.get(f"/v1/sap/sessions/{sid}", headers=me).json()["last_step"] == -1
-    r = _post(tc, sid, "backward", grad, me)
+    r = sap_post(tc, sid, "backward", grad, me)
     assert r.status_code == 409 and r.json()["error"] == "no_forward", r.text
     assert r.headers["x-rapt-last-step"] == "-1"
 
 
-def test_backward_under_another_key_is_a_missing_session(service):
+def test_backward_under_another_key_is_a_missing_session(sap_service):
     """Issue 29 item 11c: a well-formed OutputGrad for the pending step, sent with another
     key, is 404 and applies nothing; the owner's own backward then applies step 0 once."""
-    tc, (key, bob), _ = service
+    tc, (key, bob), _ = sap_service
     me, other = {"Authorization": f"Bearer {key}"}, {"Authorization": f"Bearer {bob}"}
-    sid = _session(tc, key, unfreeze_bottom=True)
-    assert _post(tc, sid, "forward", Activations(0, torch.randn(4, 6, 32), ones(4, 6)),
+    sid = sap_session(tc, key, unfreeze_bottom=True)
+    assert sap_post(tc, sid, "forward", Activations(0, torch.randn(4, 6, 32), ones(4, 6)),
                  me).status_code == 200
-    r = _post(tc, sid, "backward", OutputGrad(0, torch.randn(4, 32)), other)
+    r = sap_post(tc, sid, "backward", OutputGrad(0, torch.randn(4, 32)), other)
     assert r.status_code == 404 and r.json()["error"] == "not_found", r.text
     assert tc.get(f"/v1/sap/sessions/{sid}", headers=me).json()["last_step"] == -1
-    r = _post(tc, sid, "backward", OutputGrad(0, torch.randn(4, 32)), me)
+    r = sap_post(tc, sid, "backward", OutputGrad(0, torch.randn(4, 32)), me)
     assert r.status_code == 200 and r.headers["x-rapt-replayed"] == "0"
 
 
@@ -578,25 +537,25 @@ def test_backward_under_another_key_is_a_missing_session(service):
                                          ("n_examples", 2**64), ("batch_size", 2**64),
                                          ("max_length", 2**64), ("split_layer", 2**64),
                                          ("epochs", 2**64), ("lora_r", 2**64)])
-def test_session_integers_are_bounded_at_the_door(service, field, value):
+def test_session_integers_are_bounded_at_the_door(sap_service, field, value):
     """Issue 29 item 4: a seed of 2^64 was stored (201), then every forward and DELETE was a
     500. Every integer field is bounded by the schema: 422 naming it, nothing stored."""
-    tc, (key, _), _ = service
+    tc, (key, _), _ = sap_service
     r = tc.post("/v1/sap/sessions", json={"backbone": "tiny", "n_examples": 8, field: value},
                 headers={"Authorization": f"Bearer {key}"})
     assert r.status_code == 422 and field in r.text, r.text
     assert tc.app.state.svc.store.counts()["sap_sessions"] == 0
 
 
-def test_delete_works_whatever_the_session_state(service, tmp_path):
+def test_delete_works_whatever_the_session_state(sap_service, tmp_path):
     """A session whose files no longer load (here a damaged state.pt) is deleted all the
     same (204, files gone, out of the quota); so is one in memory mid-training."""
-    tc, (key, _), _ = service
+    tc, (key, _), _ = sap_service
     me = {"Authorization": f"Bearer {key}"}
     files = Path(str(tmp_path / "svc.db") + ".files") / "sap"
-    broken, live = _session(tc, key, unfreeze_bottom=True), _session(tc, key)
+    broken, live = sap_session(tc, key, unfreeze_bottom=True), sap_session(tc, key)
     (files / broken / "state.pt").write_bytes(b"not a torch file")
-    assert _post(tc, live, "release", Release(0, torch.randn(24, 32), torch.full((4,), 6)),
+    assert sap_post(tc, live, "release", Release(0, torch.randn(24, 32), torch.full((4,), 6)),
                  me).status_code == 200
     for sid in (broken, live):
         assert tc.delete(f"/v1/sap/sessions/{sid}", headers=me).status_code == 204

@@ -12,8 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import sqlalchemy as sa
 import torch
+from _service import FakePrompt, FakeRunner, hdr, upload_body, wait_job
 from fastapi.testclient import TestClient
-from test_service import FakePrompt, FakeRunner, hdr, upload_body, wait_job
 
 from rapt.service import Limits, ServiceConfig, auth, create_app
 from rapt.service.store import MIGRATIONS, QueueFullError, QuotaError, Store

@@ -17,153 +17,23 @@ from pathlib import Path
 
 import pytest
 import torch
+from _service import (
+    SQLITE_ONLY,
+    FakePrompt,
+    FakeRunner,
+    add_key,
+    hdr,
+    make_app,
+    open_store,
+    service_bert,
+    upload_body,
+    wait_job,
+)
 from fastapi.testclient import TestClient
 from safetensors.torch import load_file, save_file
 
-from rapt.service import Limits, ServiceConfig, auth, create_app
+from rapt.service import ServiceConfig, auth, create_app
 from rapt.service.store import MIGRATIONS, Store
-
-
-class FakePrompt:
-    """Deterministic stand-in for TunedPrompt: probabilities from a per-prompt weight on the
-    row's token-id histogram, so different prompts give different answers."""
-
-    def __init__(self, weight: torch.Tensor):
-        self.weight = weight  # (V, C)
-        self.calls = 0
-
-    def predict_proba(self, backbone, input_ids, batch_size=64):
-        self.calls += 1
-        V = self.weight.shape[0]
-        hist = torch.zeros(len(input_ids), V)
-        for i, r in enumerate(input_ids):
-            hist[i].index_add_(0, torch.tensor(r), torch.ones(len(r)))
-        return torch.softmax(hist @ self.weight, -1)
-
-    def save(self, folder):
-        Path(folder).mkdir(parents=True, exist_ok=True)
-        save_file({"weight": self.weight.contiguous()}, str(Path(folder) / "w.safetensors"))
-
-    @classmethod
-    def load(cls, folder):
-        return cls(load_file(str(Path(folder) / "w.safetensors"))["weight"])
-
-
-class FakeRunner:
-    """Counts steps, reports progress, checkpoints every step; ``gate`` pauses it mid-job."""
-
-    def __init__(self, steps: int = 4, step_s: float = 0.0, fail_at: int | None = None):
-        self.steps, self.step_s, self.fail_at = steps, step_s, fail_at
-        self.gate = threading.Event()
-        self.gate.set()
-        self.at_gate = threading.Event()
-        self.resumes: list = []
-
-    def __call__(self, backbone, data, params, *, progress, should_stop, checkpoint, resume):
-        self.resumes.append(resume)
-        start = int(resume["step"]) if resume else 0
-        V = backbone.embeddings.shape[0]
-        g = torch.Generator().manual_seed(params["seed"] + 1000 * len(data.labels))
-        w = torch.randn(V, data.num_labels, generator=g)
-        for s in range(start + 1, self.steps + 1):
-            if should_stop():
-                return FakePrompt(w)
-            time.sleep(self.step_s)
-            progress({"step": s, "total_steps": self.steps, "loss": 1.0 / s, "epoch": 0})
-            checkpoint({"step": s, "w": w})
-            if s == self.fail_at:
-                raise ValueError(f"label 7 is out of range at step {s}")
-            if s == 2 and not self.gate.is_set():
-                self.at_gate.set()
-                while not self.gate.wait(0.05):
-                    if should_stop():
-                        return FakePrompt(w)
-        return FakePrompt(w)
-
-
-WORDS = ("the a movie film good bad great awful boring fun plot actor story love hate is was not "
-         "very really it this that and but of to in with funny sad dull brilliant terrible best "
-         "worst ever one two time scene music long short fine nice poor weak").split()
-
-
-def make_tokenizer():
-    """~55-word BERT tokenizer built in code (for the tests that need a backbone outside a
-    fixture, e.g. saved to disk for the server subprocess)."""
-    from transformers import BertTokenizer
-
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS
-    return BertTokenizer(vocab={w: i for i, w in enumerate(vocab)}, do_lower_case=True)
-
-
-def make_bert(seed: int = 0):
-    """rapt Backbone around a random 2-layer, 32-dim BERT over make_tokenizer()."""
-    from transformers import BertConfig, BertModel
-
-    from rapt.models import from_model
-
-    tok = make_tokenizer()
-    torch.manual_seed(seed)
-    cfg = BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2,
-                     num_attention_heads=4, intermediate_size=64, max_position_embeddings=256)
-    return from_model(BertModel(cfg).eval(), tok, name="tiny", kind="encoder")
-
-
-# The store backend of a test's service: SQLite (tmp_path / "svc.db") unless the `backend`
-# fixture registered a PostgreSQL database for this tmp_path.
-_PG_URLS: dict[Path, str] = {}
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def backend(request, tmp_path):
-    """Runs a test on each store backend: SQLite, and a fresh database on the session's
-    PostgreSQL server (conftest.pg_server)."""
-    if request.param == "postgresql":
-        _PG_URLS[tmp_path] = request.getfixturevalue("pg_url")
-    yield request.param
-    _PG_URLS.pop(tmp_path, None)
-
-
-SQLITE_ONLY = pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
-
-
-def store_options(tmp_path) -> dict:
-    """ServiceConfig fields naming the test's store (and its files beside the SQLite path)."""
-    url = _PG_URLS.get(tmp_path)
-    return ({"store_url": url, "files_dir": tmp_path / "svc.db.files"} if url else {})
-
-
-def open_store(tmp_path) -> Store:
-    url = _PG_URLS.get(tmp_path)
-    return Store(url, files=tmp_path / "svc.db.files") if url else Store(tmp_path / "svc.db")
-
-
-def make_app(tmp_path, backbone, runner=None, *, prompt_loader=FakePrompt.load, forward=None,
-             name="tiny", **limits):
-    cfg = ServiceConfig(db_path=tmp_path / "svc.db", backbones=[name],
-                        limits=Limits(**limits), progress_interval_s=0.0, batch_wait_ms=20,
-                        **store_options(tmp_path))
-    return create_app(cfg, backbones={name: backbone}, runner=runner or FakeRunner(),
-                      prompt_loader=prompt_loader, forward=forward)
-
-
-def add_key(tmp_path, name="alice", **kw) -> str:
-    store = open_store(tmp_path)
-    key = auth.new_key()
-    store.add_key(name, auth.hash_key(key), **kw)
-    store.close()
-    return key
-
-
-def hdr(key):
-    return {"Authorization": f"Bearer {key}"}
-
-
-def upload_body(n=6, V=50, L=8, num_labels=2, plain=None):
-    g = torch.Generator().manual_seed(n)
-    ids = [[2] + torch.randint(5, V, (L,), generator=g).tolist() + [3] for _ in range(n)]
-    return {"backbone": "tiny", "input_ids": ids, "labels": [i % num_labels for i in range(n)],
-            "num_labels": num_labels, "privacy": {"mechanism": "dchi-text2text", "eta": 10.0},
-            "plain_ids": plain}
 
 
 def make_prompt(c, key, seed=0, n=6, **job) -> str:
@@ -176,16 +46,6 @@ def make_prompt(c, key, seed=0, n=6, **job) -> str:
     st = wait_job(c, key, r.json()["id"])
     assert st["state"] == "succeeded", st
     return st["prompt_id"]
-
-
-def wait_job(c, key, jid, states=("succeeded", "failed", "cancelled"), timeout=20):
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        st = c.get(f"/v1/jobs/{jid}", headers=hdr(key)).json()
-        if st["state"] in states:
-            return st
-        time.sleep(0.02)
-    raise AssertionError(f"job {jid} stuck: {st}")
 
 
 @pytest.fixture()
@@ -519,7 +379,7 @@ def test_real_trainer_job_resumes_exactly_after_restart(tmp_path, dp):
     key = add_key(tmp_path)
     body = {"epochs": 2, "batch_size": 4, "num_virtual_tokens": 4, "lr": 0.05, "dp": dp}
     runner = InterruptAfterFirstCheckpoint()
-    app = make_app(tmp_path, make_bert(), runner)
+    app = make_app(tmp_path, service_bert(), runner)
     with TestClient(app) as c:
         ds = c.post("/v1/datasets", json=upload_body(n=8), headers=hdr(key)).json()
         jid = c.post("/v1/jobs", json={"dataset_id": ds["id"], **body},
@@ -528,7 +388,7 @@ def test_real_trainer_job_resumes_exactly_after_restart(tmp_path, dp):
         ref = c.post("/v1/jobs", json={"dataset_id": ds["id"], **body},
                      headers=hdr(key)).json()["id"]  # queued: runs after the restart
     cfg = ServiceConfig(db_path=tmp_path / "svc.db", backbones=["tiny"], progress_interval_s=0)
-    with TestClient(create_app(cfg, backbones={"tiny": make_bert()},
+    with TestClient(create_app(cfg, backbones={"tiny": service_bert()},
                                runner=default_runner)) as c:
         st, st_ref = wait_job(c, key, jid, timeout=60), wait_job(c, key, ref, timeout=60)
         assert st["state"] == st_ref["state"] == "succeeded", (st, st_ref)
@@ -622,7 +482,7 @@ def test_dp_job_checkpoints_mid_run_and_resumes_after_a_crash(tmp_path):
     dp = {"noise_multiplier": 1.0, "max_grad_norm": 1.0}
     body = {"epochs": 1, "batch_size": 2, "num_virtual_tokens": 4, "lr": 0.05, "dp": dp}
     runner = CrashAfterFirstCheckpoint()
-    with TestClient(make_app(tmp_path, make_bert(), runner)) as c:
+    with TestClient(make_app(tmp_path, service_bert(), runner)) as c:
         ds = c.post("/v1/datasets", json=upload_body(n=16), headers=hdr(key)).json()
         jid = c.post("/v1/jobs", json={"dataset_id": ds["id"], **body},
                      headers=hdr(key)).json()["id"]
@@ -633,7 +493,7 @@ def test_dp_job_checkpoints_mid_run_and_resumes_after_a_crash(tmp_path):
     assert 1 <= runner.first_step < total  # a checkpoint before the end of the only epoch
     _as_killed(tmp_path, jid)
     cfg = ServiceConfig(db_path=tmp_path / "svc.db", backbones=["tiny"], progress_interval_s=0)
-    with TestClient(create_app(cfg, backbones={"tiny": make_bert()},
+    with TestClient(create_app(cfg, backbones={"tiny": service_bert()},
                                runner=default_runner)) as c:
         st, st_ref = wait_job(c, key, jid, timeout=60), wait_job(c, key, ref, timeout=60)
         assert st["state"] == st_ref["state"] == "succeeded", (st, st_ref)
@@ -686,11 +546,11 @@ def test_graceful_shutdown_before_first_checkpoint_requeues(tmp_path):
 
     key = add_key(tmp_path)
     runner = NoCheckpointUntilStopped()
-    with TestClient(make_app(tmp_path, make_bert(), runner)) as c:
+    with TestClient(make_app(tmp_path, service_bert(), runner)) as c:
         ds = c.post("/v1/datasets", json=upload_body(), headers=hdr(key)).json()
         jid = c.post("/v1/jobs", json={"dataset_id": ds["id"]}, headers=hdr(key)).json()["id"]
         assert runner.at_gate.wait(10)
-    with TestClient(make_app(tmp_path, make_bert(), runner)) as c:
+    with TestClient(make_app(tmp_path, service_bert(), runner)) as c:
         st = wait_job(c, key, jid)
         assert st["state"] == "succeeded" and st["resumed_from_step"] is None, st
         assert runner.resumes == [None, None]

@@ -155,7 +155,7 @@ def prompt_owner(svc, pid: str) -> str:
 
 
 def test_use_channel_and_unprivatized_data(tmp_path, tiny_bert):
-    from test_service import FakeRunner
+    from _service import FakeRunner
 
     tok = tiny_bert.tokenizer
     h = add_key(tmp_path)

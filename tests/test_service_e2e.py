@@ -5,93 +5,25 @@ server restart keeps the prompt."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
-import pytest
 import torch
-from test_client import LABELS, TEXTS, write_csv
-from test_service import make_bert
+from _service import (
+    LABELS,
+    TEXTS,
+    add_key,
+    free_port,
+    make_app,
+    service_bert,
+    upload_body,
+    write_csv,
+)
 
 from rapt.client.client import RaptClient
 from rapt.tuning.tune import TunedPrompt
-
-RAPT = [sys.executable, "-c", "import sys; from rapt.cli import main; sys.argv[0] = 'rapt'; main()"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def env() -> dict:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-            "TOKENIZERS_PARALLELISM": "false"}
-
-
-class Server:
-    def __init__(self, db: Path, backbone: Path, log: Path):
-        self.db, self.backbone, self.log = db, backbone, log
-        self.url = ""
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        self.proc = subprocess.Popen(
-            RAPT + ["serve", "--host", "127.0.0.1", "--port", str(port), "--db", str(self.db),
-                    "--backbone", str(self.backbone), "--batch-wait-ms", "10"],
-            env=env(), stdout=self.log.open("ab"), stderr=subprocess.STDOUT)
-        t0 = time.time()
-        while time.time() - t0 < 60:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"server exited: {self.log.read_text()[-3000:]}")
-            try:
-                if httpx.get(self.url + "/v1/health", timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                time.sleep(0.2)
-        raise AssertionError(f"server did not come up: {self.log.read_text()[-3000:]}")
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)  # graceful: lifespan shutdown runs
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-
-
-@pytest.fixture()
-def server(tmp_path):
-    bb = make_bert()
-    folder = tmp_path / "tiny-bert"
-    bb.model.save_pretrained(folder)
-    bb.tokenizer.save_pretrained(folder)
-    srv = Server(tmp_path / "svc.db", folder, tmp_path / "server.log")
-    from typer.testing import CliRunner
-
-    from rapt.cli import app
-
-    out = CliRunner().invoke(app, ["serve", "--db", str(srv.db), "keys", "add", "alice"])
-    assert out.exit_code == 0, out.output
-    key = out.stdout.strip()
-    assert key.startswith("rapt_") and key not in srv.db.read_bytes().decode("latin-1")
-    out = CliRunner().invoke(app, ["serve", "keys", "add", "ops", "--admin", "--db", str(srv.db)])
-    assert out.exit_code == 0, out.output
-    srv.admin_key = out.stdout.strip()
-    srv.start()
-    yield srv, key, folder
-    srv.stop()
 
 
 def test_tune_predict_load_restart(server, tmp_path):
@@ -111,7 +43,7 @@ def test_tune_predict_load_restart(server, tmp_path):
     # Load: concurrent requests for two prompts on one backbone, checked against the prompts
     # evaluated locally from their saved files.
     rows = c.encode(TEXTS, plain_ids=c.plain_ids(), max_length=32)
-    local = make_bert()
+    local = service_bert()
     refs = {p: TunedPrompt.load(Path(str(srv.db) + ".files") / "prompts" / p)
             .predict_proba(local, rows) for p in pids}
     http = httpx.Client(base_url=srv.url, headers={"Authorization": f"Bearer {key}"},
@@ -183,14 +115,13 @@ def test_internal_error_keeps_the_connection_and_logs_one_traceback(tmp_path, ca
     import threading
 
     import uvicorn
-    from test_service import add_key, make_app, upload_body
 
     def boom(backbone, items):
         raise RuntimeError("/srv/rapt/secret.py: expanded size (513)")
 
     key = add_key(tmp_path)
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(make_app(tmp_path, make_bert(), forward=boom),
+    server = uvicorn.Server(uvicorn.Config(make_app(tmp_path, service_bert(), forward=boom),
                                            host="127.0.0.1", port=port, log_level="info"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

@@ -9,19 +9,18 @@ import stat
 import time
 
 import pytest
-from fastapi.testclient import TestClient
-from test_service import (
+from _service import (
     SQLITE_ONLY,
     FakePrompt,
     FakeRunner,
     add_key,
-    backend,  # noqa: F401  (the store-backend fixture)
     hdr,
     make_app,
     open_store,
     upload_body,
     wait_job,
 )
+from fastapi.testclient import TestClient
 
 from rapt.service import auth
 from rapt.service.store import QueueFullError
@@ -32,7 +31,7 @@ NEEDLE = b"41,17,33,29,11,37,47,23,31,19,43,13,49,7,45"
 
 
 @pytest.fixture()
-def svc(tmp_path, tiny_bert, backend):  # noqa: F811
+def svc(tmp_path, tiny_bert, backend):
     alice, bob = add_key(tmp_path, "alice"), add_key(tmp_path, "bob")
     ops = add_key(tmp_path, "ops", admin=True)
     runner = FakeRunner()
@@ -87,7 +86,7 @@ def test_deleted_dataset_leaves_no_bytes_in_db_wal_or_files(svc):
 
 
 @SQLITE_ONLY
-def test_rows_of_an_older_database_move_to_files(tmp_path, backend):  # noqa: F811
+def test_rows_of_an_older_database_move_to_files(tmp_path, backend):
     """A database whose dataset rows hold the data (before migration 4): the data moves to a
     0600 file and leaves the database and its WAL."""
     import sqlite3
@@ -176,7 +175,7 @@ def test_dp_epsilon_is_never_negative(tmp_path, tiny_bert):
     assert st["delta"] == 1e-5 and st["epsilon"] == pytest.approx(ref.get_epsilon(1e-5))
 
 
-def test_queue_is_fair_between_keys_and_bounded_per_key(tmp_path, backend):  # noqa: F811
+def test_queue_is_fair_between_keys_and_bounded_per_key(tmp_path, backend):
     """Old behaviour: the queue ran jobs oldest first, so a key that queued many jobs held the
     only worker until all of them had run; there was no per-key bound."""
     st = open_store(tmp_path)
@@ -213,7 +212,7 @@ def test_queue_is_fair_between_keys_and_bounded_per_key(tmp_path, backend):  # n
 
 
 @SQLITE_ONLY
-def test_per_key_queue_limit_is_429(tmp_path, tiny_bert, backend):  # noqa: F811
+def test_per_key_queue_limit_is_429(tmp_path, tiny_bert, backend):
     a, b = add_key(tmp_path, "a"), add_key(tmp_path, "b")
     runner = FakeRunner()
     runner.gate.clear()
@@ -270,7 +269,7 @@ def test_revoke_cancels_jobs_and_sessions(svc):
     assert svc.post("/v1/admin/keys/alice/revoke", headers=hdr(admin)).status_code == 404
 
 
-def test_a_job_cancelled_after_its_last_step_creates_no_prompt(tmp_path, backend):  # noqa: F811
+def test_a_job_cancelled_after_its_last_step_creates_no_prompt(tmp_path, backend):
     """Old behaviour: finish_job_with_prompt ignored a cancel request or a revoked key."""
     st = open_store(tmp_path)
     try:
@@ -331,15 +330,14 @@ def test_purge_deletes_everything_a_key_owns(svc, monkeypatch):
 
 # -- item 7 -------------------------------------------------------------------------------------
 @SQLITE_ONLY
-def test_service_files_have_no_group_or_other_bits(tmp_path, backend):  # noqa: F811
+def test_service_files_have_no_group_or_other_bits(tmp_path, backend):
     """Old behaviour: state.pt, release-*.safetensors, checkpoints, prompt files and folders
     took the process umask (0644 / 0755) inside the 0700 tree."""
-    from test_sap_service import cfg, remote_run
-    from test_service import make_bert
+    from _service import remote_run, service_bert, split_config
 
     old = os.umask(0o022)
     try:
-        bb = make_bert()
+        bb = service_bert()
         key = add_key(tmp_path)
         runner = FakeRunner()
         runner.gate.clear()
@@ -355,7 +353,7 @@ def test_service_files_have_no_group_or_other_bits(tmp_path, backend):  # noqa: 
             assert wait_job(c, key, jid)["state"] == "succeeded"
             for unfreeze in (False, True):
                 remote_run(c, key, bb, tmp_path / f"client{unfreeze}",
-                           cfg(epochs=1, unfreeze_bottom=unfreeze))
+                           split_config(epochs=1, unfreeze_bottom=unfreeze))
             sap = tmp_path / "svc.db.files" / "sap"
             names = {p.name for p in sap.rglob("*")}
             assert "state.pt" in names and any(n.startswith("release-") for n in names), names

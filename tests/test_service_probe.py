@@ -8,26 +8,26 @@ from __future__ import annotations
 
 import logging
 import re
-import socket
 import threading
 import time
 
 import httpx
 import pytest
 import torch
-from fastapi.testclient import TestClient
-from test_sap_service import _post, _session, ones
-from test_sap_service import service as sap_service  # noqa: F401  (the SAP service fixture)
-from test_service import (
+from _service import (
     SQLITE_ONLY,
     FakeRunner,
     add_key,
-    backend,  # noqa: F401  (the store-backend fixture)
+    free_port,
     hdr,
     make_app,
+    ones,
+    sap_post,
+    sap_session,
     upload_body,
     wait_job,
 )
+from fastapi.testclient import TestClient
 
 from rapt.service import auth
 from rapt.service.store import LastAdminKeyError
@@ -35,7 +35,7 @@ from rapt.split import Activations, OutputGrad, wire
 
 
 @pytest.fixture()
-def svc(tmp_path, tiny_bert, backend):  # noqa: F811
+def svc(tmp_path, tiny_bert, backend):
     alice, ops = add_key(tmp_path, "alice"), add_key(tmp_path, "ops", admin=True)
     runner = FakeRunner()
     app = make_app(tmp_path, tiny_bert, runner, max_upload_bytes=2_000_000, max_seq_len=32,
@@ -56,19 +56,13 @@ def test_api_key_in_the_query_is_refused(svc):
     assert svc.get("/v1/datasets", headers=hdr(svc.alice)).status_code == 200
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_access_log_of_a_real_server_holds_no_query_string(tmp_path, tiny_bert):
     """Old behaviour: `GET /v1/datasets?api_key=KEY` (401) left KEY in uvicorn's access log."""
     import uvicorn
 
     key = add_key(tmp_path, "alice")
     app = make_app(tmp_path, tiny_bert)
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="info"))
     lines: list[str] = []
 
@@ -105,7 +99,7 @@ def test_the_last_live_admin_key_cannot_be_revoked(svc):
     included, over HTTP and with `rapt serve keys revoke`, locking every operator out."""
     store, ops = svc.store, svc.admin
     ops_id = store.owner_of_hash(auth.hash_key(ops))
-    sid = _session(svc, ops)  # an object of the admin key: a refusal must not touch it
+    sid = sap_session(svc, ops)  # an object of the admin key: a refusal must not touch it
     for action in (store.revoke_key, store.purge_key):
         with pytest.raises(LastAdminKeyError, match="last live admin key"):
             action("ops")
@@ -136,7 +130,7 @@ def test_the_last_live_admin_key_cannot_be_revoked(svc):
 
 
 # -- a replayed SAP step must be the applied one -------------------------------------------------
-def test_a_replayed_backward_with_another_body_is_409(sap_service, tmp_path):  # noqa: F811
+def test_a_replayed_backward_with_another_body_is_409(sap_service, tmp_path):
     """Old behaviour: a repeat of the applied backward step was answered 200 (replayed) even
     when its gradient differed from the one applied. Also after a restart (the digest is
     saved with the step)."""
@@ -144,23 +138,23 @@ def test_a_replayed_backward_with_another_body_is_409(sap_service, tmp_path):  #
 
     tc, (key, _), bb = sap_service
     me = hdr(key)
-    sid = _session(tc, key, unfreeze_bottom=True)
-    assert _post(tc, sid, "forward", Activations(0, torch.randn(4, 6, 32), ones(4, 6)),
+    sid = sap_session(tc, key, unfreeze_bottom=True)
+    assert sap_post(tc, sid, "forward", Activations(0, torch.randn(4, 6, 32), ones(4, 6)),
                  me).status_code == 200
     applied = wire.encode(OutputGrad(0, torch.randn(4, 32)))
-    r = _post(tc, sid, "backward", applied, me)
+    r = sap_post(tc, sid, "backward", applied, me)
     assert r.status_code == 200 and r.headers["x-rapt-replayed"] == "0", r.text
     other = wire.encode(OutputGrad(0, torch.randn(4, 32)))
-    r = _post(tc, sid, "backward", other, me)
+    r = sap_post(tc, sid, "backward", other, me)
     assert r.status_code == 409 and r.json()["error"] == "replay_mismatch", r.text
     assert r.headers["x-rapt-last-step"] == "0"
-    r = _post(tc, sid, "backward", applied, me)
+    r = sap_post(tc, sid, "backward", applied, me)
     assert r.status_code == 200 and r.headers["x-rapt-replayed"] == "1", r.text
     config = ServiceConfig(db_path=tmp_path / "svc.db", backbones=["tiny"],
                            limits=Limits(max_seq_len=64), progress_interval_s=0.0)
     with TestClient(create_app(config, backbones={"tiny": bb})) as again:  # a restart
-        assert _post(again, sid, "backward", other, me).status_code == 409
-        r = _post(again, sid, "backward", applied, me)
+        assert sap_post(again, sid, "backward", other, me).status_code == 409
+        r = sap_post(again, sid, "backward", applied, me)
         assert r.status_code == 200 and r.headers["x-rapt-replayed"] == "1", r.text
 
 

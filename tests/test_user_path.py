@@ -149,8 +149,8 @@ def test_privatizer_mode_and_reconstruction_defaults_agree():
 def service(bert_dir, tmp_path, monkeypatch):
     """The in-process service on the tiny BERT; `rapt client` commands reach it (their
     httpx.Client is the TestClient)."""
+    from _service import add_key
     from fastapi.testclient import TestClient
-    from test_service import add_key
 
     from rapt.models import load_backbone
     from rapt.service import Limits, ServiceConfig, create_app

@@ -20,13 +20,13 @@ part() {  # part NAME SECONDS COMMAND...
 }
 part cuda_tests 45 python3 -m pytest -q -p no:cacheprovider -x tests/test_nn_search.py \
   tests/test_privatization.py -k cuda
-part privatize 100 python3 benchmarks/bench_gpu.py --parts privatize --minilm $M \
+part privatize 100 python3 -m benchmarks.bench_gpu --parts privatize --minilm $M \
   --tokens 131072 --chunk 65536 --repeats 3 --cpu-sample 8192 --out $R/gpu_privatize
-part tune 90 python3 benchmarks/bench_gpu.py --parts tune --backbones $M \
+part tune 90 python3 -m benchmarks.bench_gpu --parts tune --backbones $M \
   --tune-examples 4096 --out $R/gpu_tune
-part mixed 75 python3 benchmarks/bench_mixed.py --device cuda --no-service --backbone $M \
+part mixed 75 python3 -m benchmarks.bench_mixed --device cuda --no-service --backbone $M \
   --threads 8 --out $R/mixed_gpu
-part rapt_paper 150 python3 benchmarks/bench_rapt.py --profile paper --device cuda \
+part rapt_paper 150 python3 -m benchmarks.bench_rapt --profile paper --device cuda \
   --backbone $M --tasks sst2 --methods prefix --phases main --skip-timing --out $R \
   --name rapt_paper_gpu
 cp $R/*.log $OUT/ 2>/dev/null; ls -la $R
