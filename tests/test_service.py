@@ -69,7 +69,7 @@ def test_openapi_and_health(svc):
     assert svc.get("/v1/health").json()["backbones"] == ["tiny"]
     import sqlalchemy as sa
 
-    with svc.store.engine.connect() as db:
+    with svc.store._tx() as db:  # the store's lock: its one SQLite connection is shared
         if svc.store.dialect == "sqlite":
             assert db.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
         hashes = list(db.exec_driver_sql("SELECT key_hash FROM api_keys").scalars())
@@ -1003,7 +1003,7 @@ def test_users_list_and_delete_their_datasets_and_prompts(svc):
     r = svc.post("/v1/jobs", json={"dataset_id": ds[0]}, headers=hdr(a))
     assert r.status_code == 404
     # No row holds the data any more (datasets still named by a job keep an empty record).
-    with svc.store.engine.connect() as db:
+    with svc.store._tx() as db:  # the store's lock: its one SQLite connection is shared
         rows = dict(db.exec_driver_sql("SELECT id, data FROM datasets").all())
     assert ds[2] not in rows and all(rows[d] == "" for d in ds[:2]), rows
 

@@ -150,7 +150,7 @@ def test_jobs_and_predict_read_privatized_rows_back_through_the_channel(tmp_path
 
 
 def prompt_owner(svc, pid: str) -> str:
-    with svc.store.engine.connect() as conn:
+    with svc.store._tx() as conn:  # the store's lock: its one SQLite connection is shared
         return conn.exec_driver_sql("SELECT owner FROM prompts WHERE id = ?", (pid,)).scalar()
 
 

@@ -78,7 +78,7 @@ def test_deleted_dataset_leaves_no_bytes_in_db_wal_or_files(svc):
     holders = [p for p, b in after.items() if NEEDLE in b]
     assert holders == [], holders
     # The record a job still names keeps no sizes.
-    with svc.store.engine.connect() as db:
+    with svc.store._tx() as db:  # the store's lock: its one SQLite connection is shared
         rows = db.exec_driver_sql("SELECT id, n_examples, max_row_len, bytes, num_labels "
                                   "FROM datasets").all()
     assert [tuple(r) for r in rows] == [(used, 0, 0, 0, 0)], rows
