@@ -168,8 +168,7 @@ def paper_scale_accounting(noise_seed: int | None = None) -> list[dict]:
     histograms: pure accounting, no LLM, to compare with the paper's ε < 0.3 at δ = 1e-6. Each
     row is its own synthetic ensemble (no composition across rows); the data-independent ε of
     the same queries is given next to the data-dependent one."""
-    from rapt.pate.gnmax import ConfidentGNMax
-    from rapt.pate.pate import epsilon_from_rdp, rdp_data_independent_release
+    from rapt.pate.gnmax import ConfidentGNMax, epsilon_from_rdp, rdp_data_independent_release
 
     rows = []
     for top in (200, 190, 180, 150, 100):

@@ -12,8 +12,10 @@ Privacy. The threshold check is a Gaussian mechanism on ``max_j n_j`` (sensitivi
 data-independent RDP ``λ / (2 σ1²)``. GNMax on the histogram has L2 sensitivity √2: data-independent
 RDP ``λ / σ2²``. The data-dependent bound (Theorem 6 with q̃ from Proposition 7, orders from
 Proposition 10) is much smaller when teachers agree; it is never larger than the data-independent
-one because we take the minimum. Only the GNMax-specific bounds live here; the RDP -> (ε, δ)
-conversion is opacus' (``get_privacy_spent``, the Balle et al. 2020 conversion).
+one because we take the minimum. The GNMax-specific bounds live here, with the accounting of
+whole releases (``rdp_data_independent_release``, ``epsilon_from_rdp``, ``compose_epsilon``:
+RDP sums over releases from the same teachers); the RDP -> (ε, δ) conversion is opacus'
+(``get_privacy_spent``, the Balle et al. 2020 conversion).
 
 Caveat (as in the paper): a data-dependent ε depends on the private votes, so publishing it is not
 itself private; Papernot et al. release it through smooth sensitivity, which is not implemented.
@@ -32,6 +34,7 @@ orders and reaches 1.114 (λ = 10.5); even zero RDP up to λ = μ1 would leave 0
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -256,3 +259,37 @@ def vote_counts(votes: np.ndarray, num_classes: int) -> np.ndarray:
     for c in range(num_classes):
         out[:, c] = (votes == c).sum(axis=0)
     return out
+
+
+# --------------------------------------------------------------------------- releases
+# The accounting of whole releases (PromptPATE's student prompts from the same teachers).
+
+
+def epsilon_from_rdp(rdp: np.ndarray, orders: np.ndarray, delta: float) -> tuple[float, float]:
+    """(ε, order) at δ from an RDP vector (opacus' conversion); (0, orders[0]) when nothing was
+    spent (no query processed: no privacy loss)."""
+    rdp = np.asarray(rdp, dtype=np.float64)
+    if not np.any(rdp > 0):
+        return 0.0, float(orders[0])
+    eps, order = get_privacy_spent(orders=np.asarray(orders), rdp=rdp, delta=delta)
+    return float(eps), float(order)
+
+
+def compose_epsilon(rdps: Sequence[np.ndarray], orders: np.ndarray, delta: float
+                    ) -> tuple[float, float]:
+    """ε of several releases from the same teachers (the same private data): RDP composes by
+    summing the vectors order by order; the sum is converted to (ε, δ) once."""
+    if len(rdps) == 0:
+        return 0.0, float(orders[0])
+    return epsilon_from_rdp(np.sum(np.stack([np.asarray(r, np.float64) for r in rdps]), axis=0),
+                            orders, delta)
+
+
+def rdp_data_independent_release(config: GNMaxConfig, queried: int, answered: int
+                                 ) -> np.ndarray:
+    """Data-independent RDP of one Confident-GNMax release: the threshold check on each processed
+    query (λ/(2σ1²)) plus GNMax on each answered one (λ/σ2²). Whether a query was answered is
+    part of the output, so charging GNMax only there is ordinary adaptive composition; nothing
+    else here depends on the votes."""
+    return (queried * rdp_data_independent_threshold(config.sigma1, config.orders)
+            + answered * rdp_data_independent_gnmax(config.sigma2, config.orders))

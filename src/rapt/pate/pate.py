@@ -29,14 +29,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from opacus.accountants.analysis.rdp import get_privacy_spent
 
 from rapt.pate.gnmax import (
     ConfidentGNMax,
     GNMaxConfig,
     GNMaxResult,
-    rdp_data_independent_gnmax,
-    rdp_data_independent_threshold,
+    compose_epsilon,
+    epsilon_from_rdp,
+    rdp_data_independent_release,
     vote_counts,
 )
 from rapt.pate.scorer import LabelScorer, normalize
@@ -237,36 +237,6 @@ SEEDED_WARNING = (
     "warning: the GNMax vote noise is seeded: whoever knows the seed knows the noise, so this run "
     "gives NO differential-privacy guarantee (report marked seeded: true). Use a noise seed only "
     "for tests and benchmarks; omit it to draw the noise from OS entropy.")
-
-
-def epsilon_from_rdp(rdp: np.ndarray, orders: np.ndarray, delta: float) -> tuple[float, float]:
-    """(ε, order) at δ from an RDP vector (opacus' conversion); (0, orders[0]) when nothing was
-    spent (no query processed: no privacy loss)."""
-    rdp = np.asarray(rdp, dtype=np.float64)
-    if not np.any(rdp > 0):
-        return 0.0, float(orders[0])
-    eps, order = get_privacy_spent(orders=np.asarray(orders), rdp=rdp, delta=delta)
-    return float(eps), float(order)
-
-
-def compose_epsilon(rdps: Sequence[np.ndarray], orders: np.ndarray, delta: float
-                    ) -> tuple[float, float]:
-    """ε of several releases from the same teachers (the same private data): RDP composes by
-    summing the vectors order by order; the sum is converted to (ε, δ) once."""
-    if len(rdps) == 0:
-        return 0.0, float(orders[0])
-    return epsilon_from_rdp(np.sum(np.stack([np.asarray(r, np.float64) for r in rdps]), axis=0),
-                            orders, delta)
-
-
-def rdp_data_independent_release(config: GNMaxConfig, queried: int, answered: int
-                                 ) -> np.ndarray:
-    """Data-independent RDP of one Confident-GNMax release: the threshold check on each processed
-    query (λ/(2σ1²)) plus GNMax on each answered one (λ/σ2²). Whether a query was answered is
-    part of the output, so charging GNMax only there is ordinary adaptive composition; nothing
-    else here depends on the votes."""
-    return (queried * rdp_data_independent_threshold(config.sigma1, config.orders)
-            + answered * rdp_data_independent_gnmax(config.sigma2, config.orders))
 
 
 def release_noise_seeds(noise_seed: int | None, n: int) -> list[int | None]:

@@ -46,6 +46,7 @@ a session on the server; messages travel as safetensors (:mod:`rapt.split.wire`)
 from rapt.split.config import PRIVATIZE_MODES, PROVIDER_FIELDS, SPLIT_METHODS, SplitConfig
 from rapt.split.customer import (
     SplitCustomer,
+    SplitStep,
     encode_texts,
     make_customer,
     predict_split,
@@ -79,6 +80,7 @@ __all__ = [
     "SplitConfig",
     "SplitCustomer",
     "SplitProtocolError",
+    "SplitStep",
     "Top",
     "TopOutput",
     "encode_texts",

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -35,11 +36,18 @@ from rapt.split.protocol import (
     SplitProtocolError,
     TopOutput,
 )
-from rapt.split.provider import ProviderSession, linear_schedule, tune_top
-from rapt.training.loop import Plan
+from rapt.split.provider import ProviderSession, split_scheduler, tune_top
+from rapt.training.loop import (
+    PlainStep,
+    Plan,
+    StepStats,
+    TrainState,
+    run_loop,
+    shuffled_batches,
+)
 
-__all__ = ["SplitCustomer", "encode_texts", "make_customer", "predict_split", "setup_split",
-           "total_steps", "train_split"]
+__all__ = ["SplitCustomer", "SplitStep", "encode_texts", "make_customer", "predict_split",
+           "setup_split", "total_steps", "train_split"]
 
 
 def total_steps(n_examples: int, config: SplitConfig) -> int:
@@ -98,17 +106,16 @@ class SplitCustomer:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(config.seed)
             self.head = nn.Linear(hidden_size, num_labels)
-        self.head_opt = torch.optim.AdamW(self.head.parameters(),
-                                          lr=config.head_lr or config.lr,
-                                          weight_decay=config.weight_decay)
-        self.bottom_opt: torch.optim.Optimizer | None = None
+        # One AdamW over the customer's trainables: the head, and the bottom when it trains,
+        # each group at its own learning rate; one schedule (set by load) over both.
+        groups = [{"params": list(self.head.parameters()), "lr": config.head_lr or config.lr}]
         if config.unfreeze_bottom:
             for p in bottom.parameters():
                 p.requires_grad_(True)
-            self.bottom_opt = torch.optim.AdamW(bottom.parameters(),
-                                                lr=config.bottom_lr or config.lr,
-                                                weight_decay=config.weight_decay)
-        self._scheds: list = []
+            groups.append({"params": list(bottom.parameters()),
+                           "lr": config.bottom_lr or config.lr})
+        self.optimizer = torch.optim.AdamW(groups, weight_decay=config.weight_decay)
+        self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
         self._rows: list[list[int]] = []
         self._labels: Tensor = torch.zeros(0, dtype=torch.long)
         self._cache_ids: list[Tensor] | None = None
@@ -200,11 +207,8 @@ class SplitCustomer:
             self._labels = randomized_response(
                 self._labels, self.num_labels, self.config.label_dp_epsilon,
                 NoiseSource(self.config.noise_seed).derive("label-dp"))
-        steps = total or total_steps(len(rows), self.config)
-        f = linear_schedule(steps, self.config.warmup_ratio)
-        self._scheds = [torch.optim.lr_scheduler.LambdaLR(self.head_opt, f)]
-        if self.bottom_opt is not None:
-            self._scheds.append(torch.optim.lr_scheduler.LambdaLR(self.bottom_opt, f))
+        self.scheduler = split_scheduler(self.optimizer, self.config,
+                                         total or total_steps(len(rows), self.config))
         if self.config.unfreeze_bottom:
             return
         ids, _ = _pad(self._rows, self.pad_id)
@@ -293,8 +297,21 @@ class SplitCustomer:
         return Release(start, torch.cat(parts).float().cpu(), lengths)
 
     def loss_grad(self, out: TopOutput) -> tuple[OutputGrad, dict]:
-        """The customer's loss on the top's output: CE(head(g), y); updates the head and
-        returns ∂l/∂g for the provider."""
+        """The customer's loss on the top's output: CE(head(g), y); returns ∂l/∂g for the
+        provider and, with a frozen bottom (the step is then complete), updates the head."""
+        grad, stats = self.output_grad(out)
+        if self._pending is None:
+            self._update()
+        return grad, stats
+
+    def apply(self, msg: ActivationGrad) -> None:
+        """Unfrozen bottom: backpropagate the provider's input gradient and update."""
+        self.input_grad(msg)
+        self._update()
+
+    def output_grad(self, out: TopOutput) -> tuple[OutputGrad, dict]:
+        """CE(head(g), y) on the top's output: the head's gradient into ``.grad`` (no update)
+        and ∂l/∂g for the provider. With a frozen bottom this ends the pending step."""
         if self._pending is None or out.step != self._pending[0]:
             raise SplitProtocolError("TopOutput", "step",
                                      f"step {out.step} does not answer the pending release "
@@ -309,16 +326,14 @@ class SplitCustomer:
         y = self._labels[idx]
         loss = nn.functional.cross_entropy(logits, y)
         loss.backward()
-        self.head_opt.step()
-        self.head_opt.zero_grad(set_to_none=True)
         acc = float((logits.argmax(-1) == y).float().mean())
         if self._pending[2] is None:
-            self._step_scheds()
             self._pending = None
         return OutputGrad(out.step, g.grad.detach()), {"loss": loss.item(), "acc": acc}
 
-    def apply(self, msg: ActivationGrad) -> None:
-        """Unfrozen bottom: backpropagate the provider's input gradient and update."""
+    def input_grad(self, msg: ActivationGrad) -> None:
+        """Unfrozen bottom: the provider's input gradient backpropagated into the bottom's
+        ``.grad`` (no update); ends the pending step."""
         if self._pending is None or self._pending[2] is None or msg.step != self._pending[0]:
             raise SplitProtocolError("ActivationGrad", "step",
                                      f"step {msg.step} answers no pending release")
@@ -327,15 +342,15 @@ class SplitCustomer:
             raise SplitProtocolError("ActivationGrad", "grad",
                                      f"shape {tuple(msg.grad.shape)} != {tuple(h.shape)}")
         h.backward(msg.grad.to(h.device, h.dtype))
-        assert self.bottom_opt is not None
-        self.bottom_opt.step()
-        self.bottom_opt.zero_grad(set_to_none=True)
-        self._step_scheds()
         self._pending = None
 
-    def _step_scheds(self) -> None:
-        for s in self._scheds:
-            s.step()
+    def _update(self) -> None:
+        """The step by hand (:meth:`loss_grad`, :meth:`apply`); :func:`train_split` leaves it
+        to :func:`rapt.training.loop.run_loop`."""
+        self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
 
     @torch.no_grad()
     def encode(self, rows: Sequence[Sequence[int]], step: int = 0) -> Activations:
@@ -359,8 +374,9 @@ class SplitCustomer:
         (rapt.noise)."""
         state = {"kind": "split-customer", "split_layer": self.config.split_layer,
                  "head": {k: v.detach().cpu().clone() for k, v in self.head.state_dict().items()},
-                 "head_opt": copy.deepcopy(self.head_opt.state_dict()),
-                 "scheds": [copy.deepcopy(x.state_dict()) for x in self._scheds],
+                 "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+                 "scheduler": copy.deepcopy(self.scheduler.state_dict())
+                 if self.scheduler is not None else None,
                  "cti_tokens": list(self.cti.token_ids) if self.cti is not None else None,
                  "released_ids": [t.clone() for t in self._cache_ids]
                  if self._cache_ids is not None else None,
@@ -375,8 +391,6 @@ class SplitCustomer:
         if self.config.unfreeze_bottom:
             state["bottom"] = {k: v.detach().cpu().clone()
                                for k, v in self.bottom.state_dict().items()}
-            assert self.bottom_opt is not None
-            state["bottom_opt"] = copy.deepcopy(self.bottom_opt.state_dict())
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -388,13 +402,11 @@ class SplitCustomer:
             raise ValueError(f"state has split_layer={state.get('split_layer')}, this customer "
                              f"{self.config.split_layer}")
         self.head.load_state_dict(state["head"])
-        self.head_opt.load_state_dict(state["head_opt"])
-        for sched, st in zip(self._scheds, state["scheds"], strict=True):
-            sched.load_state_dict(st)
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None and state.get("scheduler") is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
         if "bottom" in state:
             self.bottom.load_state_dict(state["bottom"])
-            assert self.bottom_opt is not None
-            self.bottom_opt.load_state_dict(state["bottom_opt"])
         self.replaced, self.perturbable = int(state["replaced"]), int(state["perturbable"])
         if self.config.label_dp_epsilon is not None:
             if state.get("trained_labels") is None or \
@@ -452,13 +464,56 @@ def make_customer(bb: Backbone, bottom: Bottom, config: SplitConfig, num_labels:
                          privatizer=privatizer)
 
 
+class SplitStep(PlainStep):
+    """One SAP exchange as a :class:`rapt.training.loop.GradientStep`: the customer releases
+    the batch, the provider (in process, or :class:`rapt.split.remote.RemoteProvider`) runs
+    the top, the customer's loss on its labels gives ∂l/∂g, the provider applies its own update
+    (once, whatever happens to the replies over HTTP), and with an unfrozen bottom ∂l/∂hidden
+    comes back. ``compute`` leaves the head's (and bottom's) gradients in ``.grad``:
+    :func:`rapt.training.loop.run_loop` steps the customer's optimizer and schedule.
+
+    Batches are :func:`rapt.training.loop.shuffled_batches` of ``config.seed``; message step
+    ids continue after the provider's last one (it may have seen a forward whose backward never
+    came)."""
+
+    def __init__(self, customer: SplitCustomer, provider: ProviderSession, *,
+                 observe: Callable[[list[int], Activations], None] | None = None,
+                 observe_grad: Callable[[list[int], OutputGrad], None] | None = None) -> None:
+        cfg = customer.config
+        self.customer, self.provider = customer, provider
+        self.observe, self.observe_grad = observe, observe_grad
+        self.plan = Plan.of_batches(customer.num_examples, cfg.batch_size, cfg.epochs)
+        self.next_id = provider._last_step + 1
+
+    def batches(self, epoch: int, skip: int) -> list[Tensor]:
+        cfg = self.customer.config
+        return shuffled_batches(self.customer.num_examples, cfg.batch_size, cfg.seed,
+                                epoch)[skip:]
+
+    def compute(self, idx: Tensor) -> StepStats:
+        customer, provider, rows = self.customer, self.provider, idx.tolist()
+        customer.optimizer.zero_grad(set_to_none=True)  # nothing left from a failed exchange
+        acts = customer.release(rows, self.next_id)
+        if self.observe is not None:
+            self.observe(rows, acts)
+        grad, stats = customer.output_grad(provider.forward(acts))
+        if self.observe_grad is not None:
+            self.observe_grad(rows, grad)
+        back = provider.backward(grad)
+        if back is not None:
+            customer.input_grad(back)
+        self.next_id += 1
+        return stats
+
+
 def train_split(customer: SplitCustomer, provider: ProviderSession, *,
                 progress: Callable[[dict], None] | None = None,
                 observe: Callable[[list[int], Activations], None] | None = None,
                 should_stop: Callable[[], bool] | None = None,
                 observe_grad: Callable[[list[int], OutputGrad], None] | None = None
                 ) -> list[dict]:
-    """Run the message exchange for ``config.epochs`` epochs over the loaded rows.
+    """Run the message exchange for ``config.epochs`` epochs over the loaded rows: a
+    :class:`SplitStep` in :func:`rapt.training.loop.run_loop`; -> this call's history.
 
     Every value that crosses between the parties is a protocol message; the same loop runs
     over HTTP once the two calls on ``provider`` become requests. ``observe(idx, acts)`` sees
@@ -468,38 +523,19 @@ def train_split(customer: SplitCustomer, provider: ProviderSession, *,
     input, :mod:`rapt.attacks.label_inference`). After both parties
     loaded a checkpoint it continues where ``provider.step`` says: data order depends only on
     ``config.seed`` and the epoch, so the remaining batches are the same ones."""
-    cfg = customer.config
-    N = customer.num_examples
-    if N == 0:
+    if customer.num_examples == 0 or customer.scheduler is None:
         raise ValueError("no training rows: call customer.load(rows, labels) first")
-    history: list[dict] = []
-    step = provider._last_step + 1
-    done = provider.step
-    for epoch in range(cfg.epochs):
-        g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + epoch)
-        for idx in torch.randperm(N, generator=g).split(cfg.batch_size):
-            if done > 0:
-                done -= 1
-                continue
-            if should_stop is not None and should_stop():
-                return history
-            rows = idx.tolist()
-            acts = customer.release(rows, step)
-            if observe is not None:
-                observe(rows, acts)
-            out = provider.forward(acts)
-            grad, stats = customer.loss_grad(out)
-            if observe_grad is not None:
-                observe_grad(rows, grad)
-            back = provider.backward(grad)
-            if back is not None:
-                customer.apply(back)
-            rec = {"step": step, "epoch": epoch, **stats}
-            history.append(rec)
-            if progress is not None:
-                progress(rec)
-            step += 1
-    return history
+    step = SplitStep(customer, provider, observe=observe, observe_grad=observe_grad)
+    comps: dict[str, Any] = {"head": customer.head, "optimizer": customer.optimizer,
+                             "scheduler": customer.scheduler}
+    if customer.config.unfreeze_bottom:
+        comps["bottom"] = customer.bottom
+    # the provider's applied steps are the count that resumes (it holds the other half)
+    state = TrainState("split-customer", customer.config.method, customer.num_examples,
+                       comps, step=provider.step)
+    run_loop(step, customer.optimizer, customer.scheduler, state, progress=progress,
+             should_stop=should_stop)
+    return state.history
 
 
 def predict_split(customer: SplitCustomer, provider: ProviderSession,

@@ -17,22 +17,20 @@ from rapt.split.protocol import (
     SplitProtocolError,
     TopOutput,
 )
+from rapt.training.loop import warmup_linear
 
-__all__ = ["ProviderSession", "linear_schedule", "load_top", "tune_top"]
+__all__ = ["ProviderSession", "load_top", "split_scheduler", "tune_top"]
 
 STATE_KIND = "split-top"
 
 
-def linear_schedule(total_steps: int, warmup_ratio: float):
-    """LR multiplier: linear warm-up, then linear decay to 0 (SAP §5.1: AdamW, linear)."""
-    warm = int(warmup_ratio * total_steps)
-
-    def f(step: int) -> float:
-        if step < warm:
-            return (step + 1) / (warm + 1)
-        return max(0.0, (total_steps - step) / max(1, total_steps - warm))
-
-    return f
+def split_scheduler(optimizer: torch.optim.Optimizer, config: SplitConfig, total_steps: int
+                    ) -> torch.optim.lr_scheduler.LambdaLR:
+    """SAP §5.1's schedule (AdamW, linear): warm-up over ``config.warmup_ratio`` of the steps,
+    then linear decay to 0, the training loop's :func:`rapt.training.loop.warmup_linear`;
+    the provider's top and the customer's head and bottom both follow it."""
+    warmup = int(config.warmup_ratio * total_steps)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear(total_steps, warmup))
 
 
 def tune_top(top: Top, config: SplitConfig, init_embeddings: Tensor | None = None) -> None:
@@ -76,8 +74,7 @@ class ProviderSession:
         if not params:
             raise ValueError("the top has nothing to train: call tune_top(top, config) first")
         self.optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, linear_schedule(self.total_steps, config.warmup_ratio))
+        self.scheduler = split_scheduler(self.optimizer, config, self.total_steps)
         self.step = 0  # optimizer steps taken
         self._pending: tuple[int, Tensor, Tensor] | None = None  # (step, input leaf, output)
         self._last_step = -1

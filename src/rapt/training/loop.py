@@ -136,6 +136,13 @@ class Plan:
         return cls(epochs, per_epoch, per_epoch * epochs)
 
 
+def shuffled_batches(n_examples: int, batch_size: int, seed: int, epoch: int) -> list[Tensor]:
+    """Every example once, in batches of ``batch_size``: a permutation that depends only on
+    ``seed`` and ``epoch``, so a resumed run skips exactly the batches it trained."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    return list(torch.randperm(n_examples, generator=g).split(batch_size))
+
+
 class GradientStep(Protocol):
     """Turns one logical batch into ``p.grad`` of the trainable parameters."""
 
@@ -165,27 +172,9 @@ class GradientStep(Protocol):
         ...
 
 
-class MeanStep:
-    """Shuffled batches of ``batch_size`` (a fresh permutation per epoch from ``seed``); the
-    gradient of the batch mean of ``loss_fn``."""
-
-    def __init__(self, loss_fn: SummedLoss, n_examples: int, batch_size: int, epochs: int,
-                 seed: int) -> None:
-        self.loss_fn = loss_fn
-        self.n_examples, self.batch_size, self.seed = n_examples, batch_size, seed
-        self.plan = Plan.of_batches(n_examples, batch_size, epochs)
-
-    def batches(self, epoch: int, skip: int) -> list[Tensor]:
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-        return list(torch.randperm(self.n_examples, generator=g).split(self.batch_size))[skip:]
-
-    def compute(self, idx: Tensor) -> StepStats:
-        loss, stats = self.loss_fn(idx)
-        mean = loss.mean()
-        mean.backward()
-        meter = _Meter()
-        meter.add(stats)
-        return {"loss": mean.item(), **meter.means()}
+class PlainStep:
+    """What a step with no privacy guarantee and no checkpointed objects of its own answers
+    besides ``batches`` and ``compute``."""
 
     def extra(self) -> dict:
         return {}
@@ -198,6 +187,28 @@ class MeanStep:
 
     def close(self) -> None:
         pass
+
+
+class MeanStep(PlainStep):
+    """Shuffled batches of ``batch_size`` (a fresh permutation per epoch from ``seed``); the
+    gradient of the batch mean of ``loss_fn``."""
+
+    def __init__(self, loss_fn: SummedLoss, n_examples: int, batch_size: int, epochs: int,
+                 seed: int) -> None:
+        self.loss_fn = loss_fn
+        self.n_examples, self.batch_size, self.seed = n_examples, batch_size, seed
+        self.plan = Plan.of_batches(n_examples, batch_size, epochs)
+
+    def batches(self, epoch: int, skip: int) -> list[Tensor]:
+        return shuffled_batches(self.n_examples, self.batch_size, self.seed, epoch)[skip:]
+
+    def compute(self, idx: Tensor) -> StepStats:
+        loss, stats = self.loss_fn(idx)
+        mean = loss.mean()
+        mean.backward()
+        meter = _Meter()
+        meter.add(stats)
+        return {"loss": mean.item(), **meter.means()}
 
 
 class DPStep:
@@ -417,5 +428,6 @@ def run_adamw(step: GradientStep, model: torch.nn.Module, kind: str, method: str
 
 
 __all__ = ["STATE_FORMAT", "DPStep", "GradientStep", "MeanStep", "ModelOutput", "Objective",
-           "Plan", "StepStats", "SummedLoss", "TaskCE", "TrainState", "TrainableTensors",
-           "run_adamw", "run_loop", "upgrade_checkpoint", "warmup_linear"]
+           "PlainStep", "Plan", "StepStats", "SummedLoss", "TaskCE", "TrainState",
+           "TrainableTensors", "run_adamw", "run_loop", "shuffled_batches", "upgrade_checkpoint",
+           "warmup_linear"]
