@@ -4,16 +4,16 @@ backbone rule (the backbone it was built on, by name or weights folder, and by w
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
+from _tiny import stub_channel_model
 
 from rapt.artifacts import ArtifactError
 from rapt.channel.denoiser import Denoiser, DenoiserConfig
 from rapt.channel.load import load_channel_model
-from rapt.channel.model import BackboneMismatch, ChannelModel, channel_fingerprint
+from rapt.channel.model import BackboneMismatch, channel_fingerprint
 from rapt.config import TuneConfig
 from rapt.pipeline import Customization, Encoding
 
@@ -59,18 +59,15 @@ def test_the_demo_refuses_a_channel_of_another_backbone(tiny_bert, tmp_path):
         _load_channel(DemoConfig(channel=str(other)), tiny_bert)
 
 
-@dataclass
-class _Reversing(ChannelModel):
+class _Reversing(stub_channel_model()):
     """Neither a denoiser nor an adapter: it reverses each row's text and reads with its own
     backbone. The customization must use it through the interface alone."""
 
-    reader_backbone: object
-    config: DenoiserConfig
-    meta: dict
+    remedy = attacker = "reversal"
 
-    remedy = "reversal"
-    attacker = "reversal"
-    seen: list | None = None
+    def __init__(self, reader_backbone, config, meta):
+        self.reader_backbone, self.config, self.meta = reader_backbone, config, meta
+        self.seen: list | None = None
 
     def prepare_rows(self, texts):
         self.seen = [list(t) for t in texts]
@@ -81,13 +78,6 @@ class _Reversing(ChannelModel):
 
     def trained_tensors(self):
         return {"w": torch.zeros(2)}
-
-    def save(self, folder):
-        raise NotImplementedError
-
-    @classmethod
-    def _rebuild(cls, folder, config, state, meta, backbone):
-        raise NotImplementedError
 
 
 def test_customization_asks_the_interface_not_a_role(tiny_bert):

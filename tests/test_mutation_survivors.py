@@ -8,10 +8,10 @@ import os
 
 import pytest
 import torch
+from _tiny import stub_channel_model
 from safetensors.torch import save
 from test_service import backend, open_store  # noqa: F401  (the store-backend fixture)
 
-from rapt.channel.model import ChannelModel
 from rapt.split import wire
 from rapt.split.protocol import (
     ActivationGrad,
@@ -117,27 +117,15 @@ def test_wire_accepts_the_same_messages_with_allowed_dtypes():
     assert torch.equal(wire.decode(data, ActivationGrad, max_bytes=1 << 20).grad, grad.grad)
 
 
-class _Adapter(ChannelModel):
+class _Adapter(stub_channel_model()):
     """A channel model whose reader (an adapted backbone) has *other* input embeddings than
     the public one: today's LoRA targets leave them equal, which hid the bug below."""
-
-    remedy = "channel adapter"
 
     def __init__(self, adapted):
         self.adapted, self.meta = adapted, {}
 
     def reader(self, backbone):
         return self.adapted
-
-    def trained_tensors(self):
-        raise NotImplementedError
-
-    def save(self, folder):
-        raise NotImplementedError
-
-    @classmethod
-    def _rebuild(cls, folder, config, state, meta, backbone):
-        raise NotImplementedError
 
 
 def test_privatizer_reads_the_public_embedding_table_under_a_channel_adapter(tiny_bert):
