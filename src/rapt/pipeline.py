@@ -29,15 +29,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from rapt.channel.model import ChannelModel, channel_fingerprint
 from rapt.config import DEFAULT_PRIVATIZER_MODE, TuneConfig
-
-if TYPE_CHECKING:
-    from rapt.channel.model import ChannelModel
 
 COLLAPSE_CHECK_ROWS = 1000  # training rows predicted after tuning to spot a collapse
 
@@ -305,8 +303,6 @@ class Customization:
         """What an artifact records of the channel model it was tuned with (None: none):
         its fingerprint, its provenance (backbone, public corpus, η band, P, recovery on
         held-out public text) and what it does to empirical privacy."""
-        from rapt.channel.model import channel_fingerprint
-
         if self.channel is None:
             return None
         return {"fingerprint": channel_fingerprint(self.channel),
