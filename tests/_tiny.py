@@ -118,3 +118,24 @@ def random_prompt(backbone, seed: int, num_labels: int = 2, *, plain_len: int = 
     meta = {"backbone": backbone.name, "hidden_size": backbone.hidden_size,
             "num_labels": num_labels, "plain_len": plain_len, "plain_offset": plain_offset}
     return TunedPrompt(cfg, tensors, meta)
+
+
+def stub_channel_model():
+    """A :class:`rapt.channel.model.ChannelModel` base for test fakes: nothing to save or load,
+    no tensors (so no fingerprint); a fake overrides ``prepare_rows`` / ``reader``."""
+    from rapt.channel.model import ChannelModel
+
+    class StubChannel(ChannelModel):
+        remedy = "stub"
+
+        def trained_tensors(self):
+            return {}
+
+        def save(self, folder):
+            raise NotImplementedError("a test fake is never saved")
+
+        @classmethod
+        def _rebuild(cls, folder, config, state, meta, backbone):
+            raise NotImplementedError("a test fake is never loaded")
+
+    return StubChannel

@@ -14,10 +14,11 @@ from _tiny import TOY_WORDS, make_bert, save_backbone
 from typer.testing import CliRunner
 
 from rapt.channel.denoiser import Denoiser, DenoiserConfig
+from rapt.channel.model import channel_fingerprint
 from rapt.cli import app
 from rapt.config import TuneConfig
 from rapt.models import load_backbone
-from rapt.pipeline import Customization, Encoding, channel_fingerprint
+from rapt.pipeline import Customization, Encoding
 
 runner = CliRunner()
 ETA = "120"
@@ -179,12 +180,19 @@ def test_tune_and_predict_with_channel_record_and_check_it(setup, tmp_path):
 
 
 def test_tune_channel_errors(setup, tmp_path):
-    bb, _, csv, _, _ = setup
+    bb, _, csv, ch, _ = setup
     r = runner.invoke(app, ["tune", str(csv), "--backbone", str(bb), "--channel",
                             str(tmp_path), "--no-privacy"])
     assert r.exit_code == 2 and "leave out --no-privacy" in r.stderr, r.output
     r = _tune(setup, tmp_path / "a", "--channel", str(tmp_path / "missing"))
     assert r.exit_code == 2 and "--channel" in r.stderr and "missing" in r.stderr, r.output
+    # Built on another backbone of the same shapes: refused, not loaded with a warning.
+    den = Denoiser.load(ch, load_backbone(str(bb)))
+    den.meta["backbone"] = "minilm"
+    other = den.save(tmp_path / "other")
+    r = _tune(setup, tmp_path / "b", "--channel", str(other))
+    assert r.exit_code == 2 and f"--channel {other}" in r.stderr, r.output
+    assert "built on backbone 'minilm'" in r.stderr and "rapt adapt --backbone" in r.stderr
 
 
 TEXTS = ["the movie was good and fun", "a boring plot", "really great music", "the worst film",
@@ -250,7 +258,7 @@ def adapter_setup(setup, tmp_path_factory):
 
 def test_adapt_kind_adapter_saves_an_adapter_with_provenance(setup, adapter_setup):
     from rapt.channel.adapter import ChannelAdapter
-    from rapt.pipeline import load_channel_model
+    from rapt.channel.load import load_channel_model
 
     bb, corpus, _, _, _ = setup
     ch, r = adapter_setup

@@ -14,6 +14,7 @@ CFG = dict(train_size=24, test_size=12, max_length=16, plain_len=4, epochs=1, ba
 
 def test_demo_channel_row_and_verdict(small_bert, shared_data, monkeypatch):
     from rapt.channel.denoiser import Denoiser, DenoiserConfig
+    from rapt.channel.model import channel_fingerprint
     from rapt.data import load_dataset
     from rapt.demo import (
         CHANNEL_SETTING,
@@ -23,7 +24,7 @@ def test_demo_channel_row_and_verdict(small_bert, shared_data, monkeypatch):
         make_plot,
         run_demo,
     )
-    from rapt.pipeline import Encoding, channel_fingerprint
+    from rapt.pipeline import Encoding
 
     monkeypatch.setenv("RAPT_DATA_DIR", str(shared_data))
     # Untrained and without the keep bonus: it replaces most tokens, so its row differs.

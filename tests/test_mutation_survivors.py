@@ -9,6 +9,7 @@ import os
 import pytest
 import torch
 from _service import open_store
+from _tiny import stub_channel_model
 from safetensors.torch import save
 
 from rapt.split import wire
@@ -116,16 +117,14 @@ def test_wire_accepts_the_same_messages_with_allowed_dtypes():
     assert torch.equal(wire.decode(data, ActivationGrad, max_bytes=1 << 20).grad, grad.grad)
 
 
-class _Adapter:
-    """A channel adapter (role "adapter") whose adapted backbone has *other* input embeddings
-    than the public one: today's LoRA targets leave them equal, which hid the bug below."""
-
-    role = "adapter"
+class _Adapter(stub_channel_model()):
+    """A channel model whose reader (an adapted backbone) has *other* input embeddings than
+    the public one: today's LoRA targets leave them equal, which hid the bug below."""
 
     def __init__(self, adapted):
-        self.adapted = adapted
+        self.adapted, self.meta = adapted, {}
 
-    def adapted_backbone(self, backbone):
+    def reader(self, backbone):
         return self.adapted
 
 

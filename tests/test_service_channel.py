@@ -15,8 +15,9 @@ from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from rapt.channel.denoiser import Denoiser, DenoiserConfig
+from rapt.channel.model import channel_fingerprint
 from rapt.config import tune_config
-from rapt.pipeline import Customization, Encoding, channel_fingerprint
+from rapt.pipeline import Customization, Encoding
 from rapt.service import Limits, ServiceConfig, auth, create_app
 from rapt.service.channels import ChannelError
 from rapt.service.store import Store
@@ -307,7 +308,8 @@ def test_a_channel_adapter_tunes_and_predicts_on_the_adapted_backbone(tmp_path, 
     with TestClient(app) as c:
         svc = app.state.svc
         ch = svc.channels["tiny"]
-        assert ch.is_adapter and ch.fingerprint == channel_fingerprint(ad)
+        assert ch.model.reader(tiny_bert) is not tiny_bert  # the adapted copy reads
+        assert ch.fingerprint == channel_fingerprint(ad)
         st = tune(c, h, body)["done"]
         assert st["state"] == "succeeded", st
         assert st["channel"]["fingerprint"] == ch.fingerprint

@@ -27,7 +27,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rapt.config import (
     DEFAULT_PLAIN_TOKENS,
@@ -39,6 +39,9 @@ from rapt.config import (
 from rapt.pipeline import plain_tokens_for  # noqa: F401  (re-exported: benchmarks use it)
 from rapt.privacy.rule import DEFAULT_TARGET_P
 from rapt.stats import effect_word, gap_won_back, mean_ci, paired_difference
+
+if TYPE_CHECKING:
+    from rapt.channel.model import ChannelModel
 
 SETTINGS = ("no privacy", "head only", "+privatization", "+reconstruction")
 CHANNEL_SETTING = "+denoise-then-tune"  # only with a channel model (a denoiser)
@@ -212,7 +215,7 @@ def run_demo(config: DemoConfig, log: Callable[[str], None] = print,
     t0, stages = time.perf_counter(), StageTimes()
     with stages.time("backbone"):
         bb = backbone if backbone is not None else load_backbone(config.backbone)
-        den = channel if channel is not None else _load_channel(config, bb, log)
+        den = channel if channel is not None else _load_channel(config, bb)
     with stages.time("data"):
         train, test = _demo_data(config, log)
         base = _tune_config(config, bb, list(train.label_names))
@@ -253,27 +256,23 @@ def run_demo(config: DemoConfig, log: Callable[[str], None] = print,
     return result
 
 
-def _load_channel(config: DemoConfig, bb, log: Callable[[str], None]) -> Any:
+def _load_channel(config: DemoConfig, bb) -> ChannelModel | None:
     """The channel model in ``config.channel`` rebuilt on ``bb`` (None without one);
-    ValueError naming the folder when it is not one."""
+    ValueError naming the folder when it is not one, or not one for ``bb``."""
     if config.channel is None:
         return None
-    from rapt.pipeline import load_channel_model
+    from rapt.channel.load import load_channel_model
 
     try:
-        den = load_channel_model(config.channel, bb)
+        return load_channel_model(config.channel, bb)
     except ValueError as e:  # ArtifactError too
         raise ValueError(f"channel {config.channel}: {e}") from None
-    if den.meta.get("backbone") not in (None, bb.name):
-        log(f"warning: the channel model was built on backbone {den.meta['backbone']!r}, the "
-            f"demo runs {bb.name!r} (same shapes, so it loads)")
-    return den
 
 
 def _channel_summary(result: DemoResult, tally: _Tally, den: Any, config: DemoConfig) -> None:
     """The channel model's fingerprint and provenance, the gap it wins back (paired over the
     seeds) and its verdict line."""
-    from rapt.pipeline import channel_fingerprint
+    from rapt.channel.model import channel_fingerprint
 
     name = channel_setting(den)
     won = gap_won_back(tally.acc[name], tally.acc["+privatization"], tally.acc["no privacy"])
@@ -341,7 +340,7 @@ def _run_seed(custom, config: DemoConfig, data, n_text: int, base: TuneConfig, s
             f"rows); nearest-neighbour inversion recovers {result.inversion_success:.1%} of the "
             f"test queries' tokens (empirical privacy {result.inversion_privacy:.3f})")
         log(table_line(custom.backbone.name, result.eta))
-    if first and channel is not None and channel_setting(channel) == CHANNEL_SETTING:
+    if first and channel is not None and channel.attacker is not None:
         with tally.stages.time("channel attack"):
             _channel_privacy(replace(custom, channel=channel), clean[1], priv[1], result, log)
     runs = [("no privacy", clean, False, False), ("head only", priv, False, True),
@@ -415,9 +414,9 @@ def verdict_line(d: dict, target_p: float | None, p: float) -> str:
             f"{_diff_text(d)}, {_level(target_p, p)})")
 
 
-def channel_setting(channel: Any) -> str:
-    """The demo row of a channel model: +channel adapter or +denoise-then-tune."""
-    return ADAPTER_SETTING if getattr(channel, "role", None) == "adapter" else CHANNEL_SETTING
+def channel_setting(channel: ChannelModel) -> str:
+    """The demo row of a channel model: +denoise-then-tune or +channel adapter."""
+    return f"+{channel.remedy}"
 
 
 def channel_verdict_line(won: dict, target_p: float | None, p: float,

@@ -4,9 +4,9 @@
 assemble by hand: the backbone, the privatizer (η, or the η calibrated for a target replacement
 probability P on rapt's public text sample; the noise seed; the nearest-neighbour index mode),
 the :class:`Encoding` (texts → token-id rows, the plain tokens k of reconstruction, sentence
-pairs), the provider's channel model (optional: a :class:`rapt.channel.denoiser.Denoiser` that
-reads privatized rows back before tuning and predict, "denoise-then-tune", or a channel adapter
-that makes the backbone read them as clean text), the tuner config
+pairs), the provider's channel model (optional, a :class:`rapt.channel.model.ChannelModel`: a
+denoiser that reads privatized rows back before tuning and predict, "denoise-then-tune", or a
+channel adapter that makes the backbone read them as clean text), the tuner config
 (:class:`rapt.config.TuneConfig`), the artifact (:class:`rapt.tuning.tune.TunedPrompt`) and the
 privacy report (η, measured P, nearest-neighbour inversion success).
 
@@ -27,15 +27,14 @@ and :attr:`Customization.reader`, the backbone with the adapter merged in, tunes
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from rapt.channel.model import ChannelModel, channel_fingerprint
 from rapt.config import DEFAULT_PRIVATIZER_MODE, TuneConfig
 
 COLLAPSE_CHECK_ROWS = 1000  # training rows predicted after tuning to spot a collapse
@@ -49,47 +48,6 @@ CHANNEL_NOTE = (
     "an attacker at this η; the empirical privacy reported is against the stronger of it and "
     "nearest neighbour. Post-processing of the dχ release: the formal guarantee at η is "
     "unchanged.")
-
-
-def read_channel_config(folder: str | Path) -> tuple[Any, dict]:
-    """(its artifact kind, its ``config.json``) for the channel model that ``rapt adapt``
-    saved in ``folder``, checked without reading a tensor: what a caller needs to tell a
-    denoiser from an adapter, or to check the backbone it was built on. Raises ArtifactError
-    naming the file."""
-    from rapt.artifacts import read_config
-    from rapt.channel import adapter as channel_adapter
-    from rapt.channel import denoiser
-
-    return read_config(folder, (denoiser.KIND, channel_adapter.KIND))
-
-
-def load_channel_model(folder: str | Path, backbone: Any) -> Any:
-    """The channel model that ``rapt adapt`` saved in ``folder``, rebuilt on ``backbone``: a
-    :class:`rapt.channel.denoiser.Denoiser` (role "denoiser": rewrites privatized rows) or a
-    :class:`rapt.channel.adapter.ChannelAdapter` (role "adapter": the backbone that reads
-    them), told apart by the folder's ``format``. Raises ArtifactError naming the file."""
-    from rapt.channel import adapter as channel_adapter
-    from rapt.channel import denoiser
-
-    if read_channel_config(folder)[0] == channel_adapter.KIND:
-        return channel_adapter.ChannelAdapter.load(folder, backbone)
-    return denoiser.Denoiser.load(folder, backbone)
-
-
-def _role(channel: Any) -> str | None:
-    """"denoiser", "adapter" or None (no channel model)."""
-    return None if channel is None else getattr(channel, "role", "denoiser")
-
-
-def channel_fingerprint(channel: Any) -> str:
-    """sha256 of a channel model's config and trained tensors (names, dtypes, shapes, bytes):
-    what an artifact records to recognise the channel it was tuned with."""
-    h = hashlib.sha256(repr(sorted(asdict(channel.config).items())).encode())
-    for name, t in sorted(channel.trained_tensors().items()):
-        t = t.detach().cpu().contiguous().reshape(-1)
-        h.update(f"{name}|{t.dtype}|{t.numel()}".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
 
 
 def plain_tokens_for(tokenizer, m: int, sequences: int, n_rows: int, seed: int):
@@ -200,9 +158,9 @@ class Customization:
     privatizer_mode: str = DEFAULT_PRIVATIZER_MODE
     artifact: Any = None  # rapt.tuning.tune.TunedPrompt, once tuned (or loaded)
     privacy: dict | None = None  # privacy report of the last measured release
-    # rapt.channel.denoiser.Denoiser (rewrites the rows) or rapt.channel.adapter.ChannelAdapter
-    # (the backbone that reads them: see reader); None: the public backbone reads rows as released
-    channel: Any = None
+    # the provider's channel model: it prepares the privatized rows (see denoise) and gives the
+    # backbone that reads them (see reader); None: the public backbone reads rows as released
+    channel: ChannelModel | None = None
     # (private rows, denoised rows) of the last denoise call: measure() and tune() share it.
     _denoised: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -211,7 +169,7 @@ class Customization:
                config: TuneConfig | None = None, *, eta: float | None = None,
                target_p: float | None = None, noise_seed: int | None = None,
                privatizer_mode: str = DEFAULT_PRIVATIZER_MODE,
-               channel: Any = None) -> Customization:
+               channel: ChannelModel | None = None) -> Customization:
         """Calibrate η for ``target_p`` (or take ``eta``) and build the privatizer."""
         priv = make_privatizer(backbone, eta, target_p, noise_seed=noise_seed,
                                mode=privatizer_mode)
@@ -226,11 +184,12 @@ class Customization:
 
     @classmethod
     def from_artifact(cls, backbone: Any, tuned: Any, *, eta: float | None,
-                      noise_seed: int | None = None, channel: Any = None) -> Customization:
+                      noise_seed: int | None = None,
+                      channel: ChannelModel | None = None) -> Customization:
         """Privatized queries of a loaded prompt at ``eta`` (None: clean), in the prompt's
         layout and privatizer mode, read back by ``channel`` if given (the caller checks it is
-        the one the prompt was tuned with: :func:`channel_fingerprint`); its calibration
-        target is kept only at its own η."""
+        the one the prompt was tuned with: :func:`rapt.channel.model.channel_fingerprint`);
+        its calibration target is kept only at its own η."""
         mode = tuned.meta.get("privatizer_mode") or DEFAULT_PRIVATIZER_MODE
         custom = cls.create(backbone, noise_seed=noise_seed, privatizer_mode=mode, eta=eta,
                             channel=channel)
@@ -240,11 +199,11 @@ class Customization:
 
     @property
     def reader(self) -> Any:
-        """The backbone that tunes and predicts: the channel adapter's adapted copy when the
-        channel model is one (role "adapter"), else :attr:`backbone`. The privatizer is always
+        """The backbone that tunes and predicts: the channel model's reader of :attr:`backbone`
+        (a channel adapter's adapted copy), else :attr:`backbone`. The privatizer is always
         :attr:`backbone`'s: the mechanism is the customer's, on the public backbone."""
-        if _role(self.channel) == "adapter":
-            return self.channel.adapted_backbone(self.backbone)
+        if self.channel is not None:
+            return self.channel.reader(self.backbone)
         return self.backbone
 
     @property
@@ -285,7 +244,7 @@ class Customization:
         self.privacy = privacy_report(self.encoding.text_only(tok, clean),
                                       self.encoding.text_only(tok, private), self.privatizer,
                                       target_p=self.target_p)
-        if _role(self.channel) == "denoiser":  # an adapter outputs no tokens to score
+        if self.channel is not None and self.channel.attacker is not None:
             self.privacy["channel"] = self._channel_privacy(clean, private)
         return self.privacy
 
@@ -302,10 +261,10 @@ class Customization:
         nn = float((self.privacy or {}).get("inversion_success") or 0.0)
         # An undertrained channel can recover less than nearest neighbour: the honest figure
         # is the stronger of the two.
-        return {"attacker": "channel denoiser", "recovery": rec["all"],
+        name = self.channel.attacker
+        return {"attacker": name, "recovery": rec["all"],
                 "recovery_replaced": rec["replaced"], "n_tokens": rec["n_all"],
-                "strongest_attacker": "channel denoiser" if rec["all"] >= nn
-                else "nearest neighbour",
+                "strongest_attacker": name if rec["all"] >= nn else "nearest neighbour",
                 "empirical_privacy": 1.0 - max(rec["all"], nn), "note": CHANNEL_NOTE}
 
     def _special_ids(self) -> list[int]:
@@ -325,16 +284,17 @@ class Customization:
 
     def denoise(self, rows: Sequence[Sequence[int]]) -> list[list[int]]:
         """Privatized rows read back by the channel model (``rows`` as they are without one).
-        Only the text positions go to ``channel.denoise``; the specials and the plain tokens k
-        (public, and the reconstruction loss's targets) stay as released."""
+        Only the text positions go to ``channel.prepare_rows``; the specials and the plain
+        tokens k (public, and the reconstruction loss's targets) stay as released."""
         rows = [[int(t) for t in r] for r in rows]
-        if _role(self.channel) != "denoiser":
+        if self.channel is None:
             return rows
         if self._denoised is not None and self._denoised[0] == rows:
             return [list(r) for r in self._denoised[1]]
         special = set(self._special_ids())
         spans = [self._text_span(r, special) for r in rows]
-        text = self.channel.denoise([r[a:b] for r, (a, b) in zip(rows, spans, strict=True)])
+        text = self.channel.prepare_rows([r[a:b] for r, (a, b) in zip(rows, spans,
+                                                                      strict=True)])
         out = [r[:a] + list(t) + r[b:] for r, (a, b), t in zip(rows, spans, text, strict=True)]
         self._denoised = (rows, out)
         return [list(r) for r in out]

@@ -30,8 +30,9 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from rapt.artifacts import ArtifactError, Kind, load_artifact, save_artifact
+from rapt.artifacts import ArtifactError, Kind, save_artifact
 from rapt.channel.corpus import check_aligned, encode_rows
+from rapt.channel.model import ChannelModel
 from rapt.training.loop import (
     MeanStep,
     ModelOutput,
@@ -194,15 +195,17 @@ def _distillation(student: nn.Module, teacher: nn.Module, data: _Pairs,
     return SummedLoss(forward, [obj])
 
 
-class ChannelAdapter:
+class ChannelAdapter(ChannelModel):
     """A trained channel adapter: its config, LoRA tensors (peft names) and provenance ``meta``
     (corpus, tokens, η, backbone, training record). Holds no training rows.
 
-    As a channel model of :class:`rapt.pipeline.Customization` (``role`` "adapter") it changes
-    the model that reads the rows, not the rows: tuning and predict run on
-    :meth:`adapted_backbone`, the rows go in as released."""
+    As a channel model it changes the model that reads the rows, not the rows: tuning and
+    predict run on :meth:`reader` (:meth:`adapted_backbone`), the rows go in as released. It
+    outputs no tokens, so it is no attacker of its own."""
 
-    role = "adapter"
+    KIND = KIND
+    config_class = ChannelAdapterConfig
+    remedy = "channel adapter"
 
     def __init__(self, config: ChannelAdapterConfig, tensors: dict[str, Tensor],
                  meta: dict | None = None) -> None:
@@ -238,6 +241,10 @@ class ChannelAdapter:
             self._adapted[key] = self._merged(backbone)
         return self._adapted[key]
 
+    def reader(self, backbone: Backbone) -> Backbone:
+        """The channel model's view of :meth:`adapted_backbone`."""
+        return self.adapted_backbone(backbone)
+
     def _merged(self, backbone: Backbone) -> Backbone:
         merged = self._student(backbone).merge_and_unload()
         for p in merged.parameters():  # as load_backbone gives it: tuners freeze what they keep
@@ -255,20 +262,15 @@ class ChannelAdapter:
         return save_artifact(folder, self.tensors, asdict(self.config), self.meta, kind=KIND)
 
     @classmethod
-    def load(cls, folder: str | Path, backbone: Backbone) -> ChannelAdapter:
-        """The adapter saved in ``folder``, checked against ``backbone`` (the one it was trained
-        on); raises :class:`rapt.artifacts.ArtifactError` naming the file."""
-        state, raw_config, meta = load_artifact(folder, kind=KIND)
-        cfg_path, t_path = Path(folder) / CONFIG_FILE, Path(folder) / TENSORS_FILE
-        try:
-            config = ChannelAdapterConfig(**raw_config)
-        except (TypeError, ValueError) as e:
-            raise ArtifactError(f"{cfg_path}: field 'config': {e}") from e
+    def _rebuild(cls, folder: Path, config: ChannelAdapterConfig, state: dict[str, Tensor],
+                 meta: dict, backbone: Backbone) -> ChannelAdapter:
+        """The adapter saved in ``folder`` (through :meth:`ChannelModel.load`), its tensors
+        checked on ``backbone``; raises :class:`rapt.artifacts.ArtifactError` naming the file."""
         adapter = cls(config, state, meta)
         try:
             adapter._student(backbone)
         except (ValueError, RuntimeError) as e:
-            raise ArtifactError(f"{t_path}: {e}") from e
+            raise ArtifactError(f"{folder / TENSORS_FILE}: {e}") from e
         return adapter
 
 

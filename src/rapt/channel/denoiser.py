@@ -28,9 +28,10 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from torch import Tensor, nn
 
-from rapt.artifacts import ArtifactError, Kind, load_artifact, save_artifact
+from rapt.artifacts import ArtifactError, Kind, save_artifact
 from rapt.attacks.recovery import ReconstructionInput, register_attacker
 from rapt.channel.corpus import check_aligned, encode_rows, special_wrap
+from rapt.channel.model import ChannelModel
 from rapt.training.loop import (
     MeanStep,
     ModelOutput,
@@ -89,15 +90,20 @@ class DenoiserConfig:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
 
 
-class Denoiser(nn.Module):
+class Denoiser(nn.Module, ChannelModel):
     """Encoder + tied MLM-style decoder + keep bonus over one backbone (a private copy of its
     weights, so the caller's backbone is never changed).
 
     ``forward(ids (B, L), mask (B, L)) -> logits (B, L, V)`` over the backbone's vocabulary;
     ``guess`` / ``denoise`` take privatized rows only. ``meta`` records provenance (backbone,
-    corpus, token count, η band)."""
+    corpus, token count, η band). As a channel model it rewrites the rows
+    (:meth:`prepare_rows`, denoise-then-tune) and the public backbone reads them; its guesses
+    make it an attacker on the release too."""
 
-    role = "denoiser"  # as a channel model of rapt.pipeline.Customization: it rewrites rows
+    KIND = KIND
+    config_class = DenoiserConfig
+    remedy = "denoise-then-tune"
+    attacker = "channel denoiser"
 
     def __init__(self, backbone: Backbone, config: DenoiserConfig,
                  meta: dict | None = None) -> None:
@@ -187,6 +193,10 @@ class Denoiser(nn.Module):
         lengths, to be tuned on and predicted from in place of the privatized ones."""
         return self.guess(private_rows, batch_size)
 
+    def prepare_rows(self, texts: Rows) -> list[list[int]]:
+        """The channel model's view of :meth:`denoise`."""
+        return self.denoise(texts)
+
     def adapted_backbone(self, backbone: Backbone) -> Backbone:
         """Remedy (c), privatized-MLM adaptation in the manner of Qu et al. (CIKM 2021): a
         :class:`rapt.models.Backbone` whose encoder is this denoiser's (trained to read
@@ -219,23 +229,15 @@ class Denoiser(nn.Module):
                              kind=KIND)
 
     @classmethod
-    def load(cls, folder: str | Path, backbone: Backbone) -> Denoiser:
-        """The denoiser saved in ``folder``, rebuilt on ``backbone`` (the one it was trained
-        on); raises :class:`rapt.artifacts.ArtifactError` naming the file."""
-        state, raw_config, meta = load_artifact(folder, kind=KIND)
-        cfg_path, t_path = Path(folder) / CONFIG_FILE, Path(folder) / TENSORS_FILE
-        try:
-            config = DenoiserConfig(**raw_config)
-        except (TypeError, ValueError) as e:
-            raise ArtifactError(f"{cfg_path}: field 'config': {e}") from e
-        if meta.get("hidden_size", backbone.hidden_size) != backbone.hidden_size:
-            raise ArtifactError(f"{cfg_path}: trained on {meta.get('backbone')!r}, not on "
-                                f"{backbone.name!r}")
+    def _rebuild(cls, folder: Path, config: DenoiserConfig, state: dict[str, Tensor],
+                 meta: dict, backbone: Backbone) -> Denoiser:
+        """The denoiser saved in ``folder`` (through :meth:`ChannelModel.load`), rebuilt on
+        ``backbone``; raises :class:`rapt.artifacts.ArtifactError` naming the file."""
         model = cls(backbone, config, meta)
         try:
             TrainableTensors(model).load_state_dict(state)
         except (ValueError, RuntimeError) as e:
-            raise ArtifactError(f"{t_path}: {e}") from e
+            raise ArtifactError(f"{folder / TENSORS_FILE}: {e}") from e
         return model.eval()
 
 

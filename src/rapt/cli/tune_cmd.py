@@ -320,18 +320,12 @@ def _load_channel(path: Path, bb):
     """The channel model saved by `rapt adapt` in ``path``, rebuilt on ``bb``; one error line
     when it cannot be (not a channel folder, another backbone, a causal backbone)."""
     from rapt.artifacts import ArtifactError
-    from rapt.pipeline import load_channel_model
+    from rapt.channel.load import load_channel_model
 
     try:
-        den = load_channel_model(path, bb)
+        return load_channel_model(path, bb)
     except (ArtifactError, ValueError) as e:
         _fail(f"--channel {path}: {e}")
-    trained_on = den.meta.get("backbone")
-    if trained_on is not None and trained_on != bb.name:
-        typer.echo(f"warning: --channel {path} was built on backbone {trained_on!r}, this run "
-                   f"uses {bb.name!r} (same shapes, so it loads; make sure they are the same "
-                   "model)", err=True)
-    return den
 
 
 def _warn_channel_eta(den, eta: float | None) -> None:
@@ -709,7 +703,7 @@ def _predict_channel(o: SimpleNamespace, meta: dict, bb):
     """The channel model for `rapt predict`: it must be the one the prompt was tuned with
     (same fingerprint), or absent for a prompt tuned without one; otherwise refuse, unless
     --allow-channel-mismatch (then a warning)."""
-    from rapt.pipeline import channel_fingerprint
+    from rapt.channel.model import channel_fingerprint
 
     recorded = meta.get("channel") or None
     den = _load_channel(o.channel, bb) if o.channel is not None else None

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
+from rapt.channel.model import ChannelModel
 
 __all__ = ["Channel", "ChannelError", "check_channel_folder", "denoise_rows", "load_channels",
-           "parse_channel_specs", "recorded_channel", "same_backbone"]
+           "parse_channel_specs", "recorded_channel"]
 
 
 class ChannelError(ValueError):
@@ -37,11 +37,7 @@ class Channel:
 
     backbone: str
     folder: str
-    model: Any  # a Denoiser (eval mode, on the backbone's device) or a ChannelAdapter
-
-    @property
-    def is_adapter(self) -> bool:
-        return getattr(self.model, "role", None) == "adapter"
+    model: ChannelModel  # a denoiser (eval mode, on the backbone's device) or an adapter
     info: dict
 
     @property
@@ -65,43 +61,24 @@ def parse_channel_specs(specs: Iterable[str]) -> dict[str, str]:
     return out
 
 
-def _source(name: str) -> str:
-    """Where a backbone name loads from, so that 'minilm' and its folder compare equal."""
-    from rapt.models import resolve
-
-    try:
-        src = resolve(name)[0]
-    except Exception:  # a built-in whose package is missing: compare the names
-        src = name
-    p = Path(src)
-    return str(p.resolve()) if p.exists() else src
-
-
-def same_backbone(recorded: str | None, name: str) -> bool:
-    """Whether a channel model built on backbone ``recorded`` (its provenance) is one for the
-    service's backbone ``name`` (same name, or the same weights folder)."""
-    return recorded is not None and (recorded == name or _source(recorded) == _source(name))
-
-
 def check_channel_folder(folder: str | Path, backbone: str) -> dict:
     """The provenance of the channel model in ``folder`` (read without building it), or a
     ChannelError when it is not a channel model or was built on another backbone than
-    ``backbone``: the cheap check ``rapt serve`` makes before it loads anything."""
+    ``backbone`` (:func:`rapt.channel.model.check_built_on`): the cheap check ``rapt serve``
+    makes before it loads anything."""
     from rapt.artifacts import ArtifactError
-    from rapt.pipeline import read_channel_config
+    from rapt.channel.load import read_channel_config
+    from rapt.channel.model import BackboneMismatch, check_built_on
 
     try:
         meta = read_channel_config(folder)[1]["meta"]
     except ArtifactError as e:
         raise ChannelError(f"--channel {backbone}={folder}: not a channel model folder from "
                            f"`rapt adapt`: {e}") from None
-    recorded = meta.get("backbone")
-    if not same_backbone(recorded, backbone):
-        what = (f"was built on backbone {recorded!r}" if recorded is not None
-                else "records no backbone")
-        raise ChannelError(f"--channel {backbone}={folder}: this channel model {what}, not on "
-                           f"{backbone!r}; build one for it with `rapt adapt --backbone "
-                           f"{backbone}`")
+    try:
+        check_built_on(folder, meta, backbone)
+    except BackboneMismatch as e:
+        raise ChannelError(f"--channel {backbone}={folder}: {e}") from None
     return meta
 
 
@@ -111,7 +88,8 @@ def load_channels(specs: Mapping[str, str | Path], backbones: Mapping[str, Any]
     backbone; ChannelError, naming the folder, for a backbone not loaded, a folder that is not
     a channel model, or one built on another backbone."""
     from rapt.artifacts import ArtifactError
-    from rapt.pipeline import Customization, load_channel_model
+    from rapt.channel.load import load_channel_model
+    from rapt.pipeline import Customization
 
     out = {}
     for name, folder in specs.items():
@@ -122,15 +100,13 @@ def load_channels(specs: Mapping[str, str | Path], backbones: Mapping[str, Any]
         bb = backbones[name]
         check_channel_folder(folder, name)
         try:
-            den = load_channel_model(folder, bb)
+            model = load_channel_model(folder, bb, name=name)
         except (ArtifactError, ValueError) as e:
             raise ChannelError(f"--channel {name}={folder}: {e}") from None
-        if isinstance(den, torch.nn.Module):  # a denoiser: its own copy of the encoder
-            den.to(next(iter(bb.model.parameters())).device).eval()
-        else:  # an adapter: merge it now, before the micro-batchers hook the backbone
-            den.adapted_backbone(bb)
-        info = Customization(bb, channel=den).channel_meta()
-        out[name] = Channel(name, str(folder), den, info)
+        # Its reader now (an adapter merges a copy), before the micro-batchers hook the backbone.
+        model.reader(bb)
+        info = Customization(bb, channel=model).channel_meta()
+        out[name] = Channel(name, str(folder), model, info)
     return out
 
 

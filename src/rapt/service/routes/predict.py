@@ -27,25 +27,25 @@ def predict(body: PredictRequest, svc: Svc, me: Owner) -> PredictResponse:
     ids = svc.rows_of(row["backbone"], body.input_ids, body.texts,
                       svc.limits.max_predict_rows, "max_predict_rows",
                       prompt_tokens=prompt_positions(prompt), text_pairs=body.text_pairs)
-    if channel is not None and channel.is_adapter:
-        # The prompt was tuned on the adapted backbone: it predicts there, not on the shared
-        # one the micro-batcher serves.
-        probs = prompt.predict_proba(channel.model.adapted_backbone(
-            svc.backbones[row["backbone"]]), ids)
+    bb = svc.backbones[row["backbone"]]
+    if channel is not None:  # read back as the training rows were; tokenized texts hold no k
+        plain = row["plain_ids"] if body.input_ids is not None else None
+        ids = denoise_rows(channel, bb, ids, plain)
+    reader = channel.model.reader(bb) if channel is not None else bb
+    if reader is bb:
+        probs = _batched(svc, row, prompt, ids)
     else:
-        probs = _batched(svc, row, prompt, channel, body, ids)
+        # The prompt was tuned on the channel model's reader (an adapted copy): it predicts
+        # there, not on the shared backbone the micro-batcher serves.
+        probs = prompt.predict_proba(reader, ids)
     probs = probs.float().cpu()
     return PredictResponse(prompt_id=row["id"], labels=probs.argmax(-1).tolist(),
                            probabilities=probs.tolist(),
                            channel=channel.info if channel is not None else None)
 
 
-def _batched(svc, row: dict, prompt, channel, body: PredictRequest, ids) -> torch.Tensor:
-    """Class probabilities (N, C) through the backbone's micro-batcher, the rows read back
-    through the prompt's denoiser first when it was tuned with one."""
-    if channel is not None:  # read back as the training rows were; tokenized texts hold no k
-        plain = row["plain_ids"] if body.input_ids is not None else None
-        ids = denoise_rows(channel, svc.backbones[row["backbone"]], ids, plain)
+def _batched(svc, row: dict, prompt, ids) -> torch.Tensor:
+    """Class probabilities (N, C) through the backbone's micro-batcher."""
     try:
         fut = svc.batchers[row["backbone"]].submit(prompt, ids)
     except InferenceQueueFullError as e:
