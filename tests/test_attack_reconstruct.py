@@ -123,7 +123,7 @@ def test_cli_errors(setup):
 
 def test_all_leaves_out_attackers_that_would_train_unless_their_model_is_given():
     """`--attacker all` must not start minutes of denoiser training on its own."""
-    from rapt.cli.privatize_cmd import _attacker_names
+    from rapt.cli.attack_cmd import _attacker_names
 
     plain = _attacker_names(["all"], {})
     assert "nn" in plain and "bayes" in plain and "denoiser" not in plain

@@ -3,8 +3,8 @@ each exits with status 2 and one `error:` line that names the problem (file, col
 label, folder), never a traceback.
 
 Mutations tried (each made the parametrized test fail on the cases it covers):
-``tune_cmd._load_data`` catching ``FileNotFoundError`` only (DataError escapes: traceback,
-exit 1 for bad file / column / label); ``tune_cmd._load_backbone`` not catching
+``_app.load_data_or_fail`` catching ``FileNotFoundError`` only (DataError escapes: traceback,
+exit 1 for bad file / column / label); ``_app.load_backbone_or_fail`` not catching
 ``BackboneNotFoundError`` (exit 1 for the missing model folder); ``_app.fail`` exiting with
 status 1; ``predict`` not catching ``ArtifactError``.
 """

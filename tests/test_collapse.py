@@ -82,7 +82,7 @@ def test_service_jobs_check_their_training_rows_and_the_client_says_so(tiny, tmp
     under LoRA do not."""
     from types import SimpleNamespace
 
-    from rapt.cli.serve_cmd import _echo_training_check
+    from rapt.cli.client_cmd import _echo_training_check
     from rapt.models import load_backbone
     from rapt.service.routes.prompts import _info
     from rapt.service.worker import TrainData, default_runner

@@ -176,7 +176,7 @@ def test_cli_runs_the_llm_attacker_and_all_leaves_it_out(tmp_path, tiny_bert, ti
     from typer.testing import CliRunner
 
     from rapt.cli import app
-    from rapt.cli.privatize_cmd import _attacker_names
+    from rapt.cli.attack_cmd import _attacker_names
 
     assert "llm" not in _attacker_names(["all"], {})
     assert "llm" in _attacker_names(["all"], {"llm_backbone": "smollm2-135m"})

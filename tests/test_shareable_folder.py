@@ -150,7 +150,7 @@ def test_sap_tune_folder_holds_the_level_and_the_measures_lie_beside(tiny):
 
 
 def test_demo_results_on_your_own_rows_are_owner_only(tmp_path):
-    from rapt.cli.tune_cmd import _keep_local_unless_public
+    from rapt.cli.demo_cmd import _keep_local_unless_public
 
     for name in ("results.json", "results.md", "demo.png"):
         (tmp_path / name).write_text("x")

@@ -353,3 +353,13 @@ def echo_collapse(msgs: list[str], *, when: str, fixes: str) -> bool:
     if msgs:
         typer.echo(f"  what to try: {fixes}", err=True)
     return bool(msgs)
+
+
+def no_loading_bars() -> None:
+    """Silence transformers' "Loading weights" bar: the client and the service load a backbone
+    as a detail of their work, and the bar would sit among their own lines (or flood a log)."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        return
+    hf_logging.disable_progress_bar()

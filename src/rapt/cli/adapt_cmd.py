@@ -18,13 +18,12 @@ import random
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 
 import typer
 
-from rapt.cli._app import TARGET_P_HELP, app, check_eta_options, load_backbone_or_fail
-from rapt.cli._app import fail as _fail
+from rapt.cli._app import TARGET_P_HELP, app, check_eta_options, fail, load_backbone_or_fail
 from rapt.config import eta_problem
 
 _HELP = {
@@ -50,6 +49,34 @@ _HELP = {
     "clean_share": "adapter: share of the training texts also added as (clean, clean) pairs, so "
     "that the adapted backbone still reads clean text (label descriptions) as before",
 }
+
+
+@dataclass(frozen=True)
+class AdaptOptions:
+    """The options of `rapt adapt`, one field per parameter, as typed on the command line."""
+
+    out: Path
+    backbone: str
+    corpus_for: str | None
+    corpus: Path | None
+    eta: float | None
+    target_p: float | None
+    eta_band: tuple[float, float, int] | None
+    epochs: int
+    budget_min: float | None
+    max_rows: int | None
+    holdout: int
+    repeats: int
+    lr: float | None
+    batch_size: int
+    max_length: int
+    trainable: str
+    kind: str
+    clean_share: float
+    seed: int
+    noise_seed: int | None
+    force: bool
+    json_report: bool
 
 
 @app.command()
@@ -84,7 +111,7 @@ def adapt(
     denoiser prints its token recovery against nearest neighbour's on held-out public text (it
     is also an attacker at that η); an adapter prints how much closer the backbone reads
     held-out privatized text to the clean text."""
-    o = SimpleNamespace(**locals())  # the options, for the stage helpers below
+    o = AdaptOptions(**locals())  # the options, typed, for the stage helpers below
     _check_options(o)
     bb = load_backbone_or_fail(backbone)
     _check_backbone(o, bb)
@@ -109,52 +136,52 @@ def adapt(
         typer.echo(json.dumps({"out": str(out), "meta": den.meta}, default=str))
 
 
-def _check_options(o: SimpleNamespace) -> None:
+def _check_options(o: AdaptOptions) -> None:
     """Cheap option checks, before anything is loaded; each a one-line error (exit 2)."""
     check_eta_options(o.eta, o.target_p)
     given = [n for n, v in (("--eta", o.eta), ("--target-p", o.target_p),
                             ("--eta-band", o.eta_band)) if v is not None]
     if len(given) != 1:
-        _fail("give exactly one of --eta, --target-p, --eta-band" +
-              (f" (got {', '.join(given)})" if given else ""))
+        fail("give exactly one of --eta, --target-p, --eta-band" +
+             (f" (got {', '.join(given)})" if given else ""))
     if o.eta_band is not None:
         lo, hi, n = o.eta_band
         if not (0 < lo <= hi) or n < 1:
-            _fail(f"--eta-band LO HI N needs 0 < LO <= HI and N >= 1 (got {lo:g} {hi:g} {n})")
+            fail(f"--eta-band LO HI N needs 0 < LO <= HI and N >= 1 (got {lo:g} {hi:g} {n})")
         if eta_problem(lo) or eta_problem(hi):
-            _fail(f"--eta-band: η {eta_problem(lo) or eta_problem(hi)}")
+            fail(f"--eta-band: η {eta_problem(lo) or eta_problem(hi)}")
     if (o.corpus is None) == (o.corpus_for is None):
-        _fail("give the public corpus with exactly one of --corpus-for TASK or --corpus FILE")
+        fail("give the public corpus with exactly one of --corpus-for TASK or --corpus FILE")
     if o.corpus is not None and not o.corpus.is_file():
-        _fail(f"--corpus {o.corpus}: no such file")
+        fail(f"--corpus {o.corpus}: no such file")
     for name in ("epochs", "repeats", "batch_size", "holdout", "max_rows"):
         v = getattr(o, name)
         if v is not None and v < 1:
-            _fail(f"--{name.replace('_', '-')} must be at least 1 (got {v})")
+            fail(f"--{name.replace('_', '-')} must be at least 1 (got {v})")
     if o.budget_min is not None and not o.budget_min > 0:
-        _fail(f"--budget-min must be positive (got {o.budget_min})")
+        fail(f"--budget-min must be positive (got {o.budget_min})")
     if o.trainable not in ("full", "lora"):
-        _fail(f"--trainable must be full or lora (got {o.trainable!r})")
+        fail(f"--trainable must be full or lora (got {o.trainable!r})")
     if o.kind not in ("denoiser", "adapter"):
-        _fail(f"--kind must be denoiser or adapter (got {o.kind!r})")
+        fail(f"--kind must be denoiser or adapter (got {o.kind!r})")
     if o.lr is not None and not o.lr > 0:
-        _fail(f"--lr must be positive (got {o.lr})")
+        fail(f"--lr must be positive (got {o.lr})")
     if not 0 <= o.clean_share <= 1:
-        _fail(f"--clean-share must lie in [0, 1] (got {o.clean_share})")
+        fail(f"--clean-share must lie in [0, 1] (got {o.clean_share})")
     if o.out.exists() and not o.force:
-        _fail(f"{o.out} exists; pass --force to replace it, or choose another --out")
+        fail(f"{o.out} exists; pass --force to replace it, or choose another --out")
 
 
-def _check_backbone(o: SimpleNamespace, bb) -> None:
+def _check_backbone(o: AdaptOptions, bb) -> None:
     if bb.kind != "encoder" and o.kind == "denoiser":
-        _fail(f"the channel model reads both sides of each token: it needs an encoder "
-              f"backbone, {o.backbone!r} is {bb.kind}")
+        fail(f"the channel model reads both sides of each token: it needs an encoder "
+             f"backbone, {o.backbone!r} is {bb.kind}")
     limit = getattr(bb.model.config, "max_position_embeddings", None)
     if limit is not None and o.max_length > limit:
-        _fail(f"--max-length {o.max_length} exceeds {o.backbone}'s {limit} positions")
+        fail(f"--max-length {o.max_length} exceeds {o.backbone}'s {limit} positions")
 
 
-def _read_corpus(o: SimpleNamespace) -> tuple[list[str], dict]:
+def _read_corpus(o: AdaptOptions) -> tuple[list[str], dict]:
     """(texts, provenance) of the public corpus."""
     from rapt.channel.corpus import ChannelCorpus, public_corpus_for
 
@@ -162,12 +189,12 @@ def _read_corpus(o: SimpleNamespace) -> tuple[list[str], dict]:
         try:
             c = public_corpus_for(o.corpus_for)
         except (ValueError, FileNotFoundError, OSError) as e:
-            _fail(f"--corpus-for {o.corpus_for}: {e}")
+            fail(f"--corpus-for {o.corpus_for}: {e}")
         return list(c.texts), c.provenance()
     try:
         texts = [t.strip() for t in o.corpus.read_text(encoding="utf-8").splitlines()]
     except (OSError, UnicodeDecodeError) as e:
-        _fail(f"--corpus {o.corpus}: cannot read it as UTF-8 text ({e})")
+        fail(f"--corpus {o.corpus}: cannot read it as UTF-8 text ({e})")
     texts = [t for t in texts if t]
     c = ChannelCorpus(tuple(texts), ({"name": str(o.corpus), "split": None, "rows": len(texts),
                                       "texts": len(texts)},), "unchecked (a user file)")
@@ -177,7 +204,7 @@ def _read_corpus(o: SimpleNamespace) -> tuple[list[str], dict]:
     return texts, prov
 
 
-def _tokenized(texts: list[str], tokenizer, o: SimpleNamespace, prov: dict) -> list[list[int]]:
+def _tokenized(texts: list[str], tokenizer, o: AdaptOptions, prov: dict) -> list[list[int]]:
     """Token ids of a seeded subset of at most --max-rows texts (empty ones dropped); the
     texts and tokens used go into ``prov``."""
     from rapt.privacy.mechanism import tokenize_texts
@@ -191,12 +218,12 @@ def _tokenized(texts: list[str], tokenizer, o: SimpleNamespace, prov: dict) -> l
                  "tokenizer": str(getattr(tokenizer, "name_or_path", "") or
                                   type(tokenizer).__name__)})
     if len(rows) < 2:
-        _fail(f"the public corpus has {len(rows)} non-empty texts; need at least 2 (one to "
-              "train on, one held out)")
+        fail(f"the public corpus has {len(rows)} non-empty texts; need at least 2 (one to "
+             "train on, one held out)")
     return rows
 
 
-def _split_holdout(rows: list[list[int]], o: SimpleNamespace):
+def _split_holdout(rows: list[list[int]], o: AdaptOptions):
     """(training rows, held-out rows): at most --holdout, and at most a tenth of the corpus
     (at least one row), drawn with --seed."""
     n = max(1, min(o.holdout, len(rows) // 10))
@@ -207,7 +234,7 @@ def _split_holdout(rows: list[list[int]], o: SimpleNamespace):
             [r for i, r in enumerate(rows) if i in held])
 
 
-def _privatizer_and_etas(o: SimpleNamespace, bb):
+def _privatizer_and_etas(o: AdaptOptions, bb):
     """The privatizer (at --eta, the η of --target-p, or the band's geometric middle) and
     the η values the channel data is privatized at."""
     from rapt.channel.corpus import eta_band
@@ -221,7 +248,7 @@ def _privatizer_and_etas(o: SimpleNamespace, bb):
     return priv, [float(priv.eta)]
 
 
-def _fitter(o: SimpleNamespace):
+def _fitter(o: AdaptOptions):
     """(train function, its config, the bar's second figure) for --kind; errors exit 2."""
     from rapt.channel import denoiser
     from rapt.channel.adapter import ChannelAdapterConfig, train_channel_adapter
@@ -235,10 +262,10 @@ def _fitter(o: SimpleNamespace):
             lr=o.lr or 5e-5, epochs=o.epochs, batch_size=o.batch_size, max_length=o.max_length,
             trainable=o.trainable, seed=o.seed), "replaced_acc"
     except ValueError as e:
-        _fail(str(e))
+        fail(str(e))
 
 
-def _train(o: SimpleNamespace, bb, priv, etas: list[float], rows, prov: dict):
+def _train(o: AdaptOptions, bb, priv, etas: list[float], rows, prov: dict):
     """Privatize the training rows at each η (--repeats times) and train the channel model
     with a step bar, stopping at --budget-min. -> (model, provenance of the channel data)."""
     from rapt.channel.corpus import privatize_channel
@@ -287,7 +314,7 @@ def _p_by_eta(pairs, special_ids) -> dict[str, float]:
     return out
 
 
-def _evaluate(o: SimpleNamespace, bb, den, held: list[list[int]], etas: list[float]) -> list:
+def _evaluate(o: AdaptOptions, bb, den, held: list[list[int]], etas: list[float]) -> list:
     """Recovery of nearest neighbour and of the trained denoiser on the held-out public rows,
     privatized afresh at each η."""
     from rapt.attacks.recovery import reconstruct
@@ -304,7 +331,7 @@ def _evaluate(o: SimpleNamespace, bb, den, held: list[list[int]], etas: list[flo
     return out
 
 
-def _evaluate_adapter(o: SimpleNamespace, bb, adapter, held: list[list[int]],
+def _evaluate_adapter(o: AdaptOptions, bb, adapter, held: list[list[int]],
                       etas: list[float]) -> list:
     """How the raw and the adapted backbone read the held-out public rows, privatized afresh at
     each η, against the raw backbone on the clean rows (the distillation objective)."""

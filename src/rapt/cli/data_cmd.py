@@ -7,8 +7,7 @@ import math
 
 import typer
 
-from rapt.cli._app import app, load_data_or_fail, sub_app
-from rapt.cli._app import fail as _fail
+from rapt.cli._app import app, fail, load_data_or_fail, sub_app
 from rapt.cli.options import (
     FORMAT,
     LABEL_BASE,
@@ -115,17 +114,17 @@ def cti(
     from rapt.privacy.cti import CTI_RULES, contributing_tokens
 
     if rule not in CTI_RULES:
-        _fail(f"--rule must be one of {', '.join(CTI_RULES)}, got {rule!r}")
+        fail(f"--rule must be one of {', '.join(CTI_RULES)}, got {rule!r}")
     if not (math.isfinite(smoothing) and smoothing > 0):
-        _fail(f"--smoothing must be a positive number, got {smoothing!r}")
+        fail(f"--smoothing must be a positive number, got {smoothing!r}")
     ds = _load(name, split, text_column, text_pair_column, label_column, label_names,
                attribute, limit, fmt)
     try:
         labels = ds.labels
     except DataError as e:
-        _fail(f"CTI needs labels: {e}")
+        fail(f"CTI needs labels: {e}")
     if ds.num_labels < 2:
-        _fail(f"CTI needs at least 2 classes; {ds.name} has {ds.label_names}")
+        fail(f"CTI needs at least 2 classes; {ds.name} has {ds.label_names}")
     tok, ids = _tokenize(ds, backbone, batch_size)
     special = set(tok.all_special_ids)
     res = contributing_tokens(ids, labels, num_classes=ds.num_labels, vocab_size=len(tok),
@@ -159,7 +158,7 @@ def _tokenize(ds, backbone: str, batch_size: int):
         tok = AutoTokenizer.from_pretrained(source, **({"gguf_file": gguf_file}
                                                        if gguf_file else {}))
     except (BackboneNotFoundError, OSError) as e:
-        _fail(f"cannot load the tokenizer of '{backbone}': {e}")
+        fail(f"cannot load the tokenizer of '{backbone}': {e}")
     ids: list[list[int]] = []
     pairs = ds.text_pairs
     for i in progress_bar(range(0, len(ds), batch_size), desc="tokenizing", unit="batch"):

@@ -10,8 +10,7 @@ from pathlib import Path
 import numpy as np
 import typer
 
-from rapt.cli._app import app, load_backbone_or_fail
-from rapt.cli._app import fail as _fail
+from rapt.cli._app import app, fail, load_backbone_or_fail
 
 # Another task's inputs as out-of-distribution public data (Flocks used imdb for sst2, qqp for
 # trec; the closest data here: TrustPilot reviews, and SST-2 sentences for TREC).
@@ -26,7 +25,7 @@ def _load(name: str, split: str):
     try:
         return load_dataset(name, split)
     except (DataError, FileNotFoundError, ValueError) as e:
-        _fail(str(e))
+        fail(str(e))
 
 
 def truncate_words(text: str, max_words: int) -> str:
@@ -61,7 +60,7 @@ def load_task(task: str, *, n_public: int, test_size: int, public: str, max_word
     if public not in ("iid", "none"):
         ood_name = OOD_DEFAULT.get(task, "") if public in ("ood", "both") else public
         if not ood_name:
-            _fail(f"no default OOD public data for task '{task}'; pass --public DATASET")
+            fail(f"no default OOD public data for task '{task}'; pass --public DATASET")
         ood = _load(ood_name, "train")
         pick = np.random.default_rng(seed + 2).permutation(len(ood.examples))[:n_public]
         # a pair template needs a pair: single-text public data fills both slots
@@ -78,15 +77,15 @@ def _template(task: str, template: str | None, label_words: str | None, num_labe
     try:
         t = get_template(template or task)
     except PateInputError as e:
-        _fail(str(e))
+        fail(str(e))
     if label_words:
         from dataclasses import replace
 
         words = tuple(w if w.startswith(" ") else " " + w for w in label_words.split(","))
         t = replace(t, label_words=words)
     if len(t.label_words) != num_labels:
-        _fail(f"template has {len(t.label_words)} label words but '{task}' has {num_labels} "
-              "labels; pass --label-words")
+        fail(f"template has {len(t.label_words)} label words but '{task}' has {num_labels} "
+             "labels; pass --label-words")
     return t
 
 
@@ -94,11 +93,11 @@ def _scorer(backbone: str, words, batch_size: int):
     from rapt.pate.scorer import HFLabelScorer, LabelWordError
     bb = load_backbone_or_fail(backbone)
     if bb.kind != "causal":
-        _fail(f"backbone '{backbone}' is an encoder; PromptPATE needs a causal LM")
+        fail(f"backbone '{backbone}' is an encoder; PromptPATE needs a causal LM")
     try:
         return HFLabelScorer(bb, list(words), batch_size=batch_size)
     except LabelWordError as e:
-        _fail(f"--label-words: {e}")
+        fail(f"--label-words: {e}")
 
 
 def _write(obj: dict, out: Path | None) -> None:
@@ -151,7 +150,7 @@ def pate(
     from rapt.progress import progress_bar
 
     if queries < 1 and public != "none":
-        _fail("--queries must be >= 1: the public set is empty")
+        fail("--queries must be >= 1: the public set is empty")
     if noise_seed is not None:
         typer.echo(SEEDED_WARNING, err=True)
     data = load_task(task, n_public=queries, test_size=test_size, public=public,
@@ -166,7 +165,7 @@ def pate(
                           sigma1=sigma1, sigma2=sigma2 if sigma2 is not None else teachers / 10,
                           delta=delta, epsilon_budget=budget)
     except (PateInputError, ValueError) as e:
-        _fail(str(e))
+        fail(str(e))
     scorer = _scorer(backbone, t.label_words, batch_size)
     cal = int(not no_calibration)
     n_test = len(data["test"]) + cal
@@ -227,8 +226,8 @@ def mia(
     train = _load(task, "train")
     private = as_demos(train.examples)
     if len(private) < shots + nonmembers:
-        _fail(f"{task}: {len(private)} examples cannot give {shots} members and {nonmembers} "
-              "non-members per prompt")
+        fail(f"{task}: {len(private)} examples cannot give {shots} members and {nonmembers} "
+             "non-members per prompt")
     t = _template(task, template, label_words, len(train.label_names))
     scorer = _scorer(backbone, t.label_words, batch_size)
     with progress_bar(total=prompts * (shots + nonmembers), desc="mia", unit="vote",

@@ -1,5 +1,4 @@
-"""`rapt privatize` (dχ-privacy text-to-text), `rapt attack invert` (inversion attack) and
-`rapt attack reconstruct` (token reconstruction attackers)."""
+"""`rapt privatize`: dχ-privacy text-to-text on a file or a built-in dataset."""
 
 from __future__ import annotations
 
@@ -7,7 +6,6 @@ import csv
 import dataclasses
 import io
 import json
-import math
 import os
 from pathlib import Path
 
@@ -19,13 +17,12 @@ from rapt.cli._app import (
     check_eta_options,
     echo_data_notes,
     echo_privacy,
+    fail,
     load_backbone_or_fail,
     privacy_level,
     resolve_eta,
-    sub_app,
     warn_if_seeded,
 )
-from rapt.cli._app import fail as _fail
 from rapt.cli.options import (
     ETA,
     MIN_P,
@@ -38,10 +35,6 @@ from rapt.cli.options import (
 from rapt.config import DEFAULT_PRIVATIZER_MODE
 from rapt.privacy.rule import DEFAULT_TARGET_P
 
-attack_app = sub_app(help="Simulated attacks that measure empirical privacy.",
-                         no_args_is_help=True)
-app.add_typer(attack_app, name="attack")
-
 _LINE_FORMATS = ("label-text", "text-at-label", "trec", "lines")
 
 
@@ -53,7 +46,7 @@ def _load(name: str, split: str, fmt: str | None, text_column: str | None,
         ds = load_dataset(name, split, text_column=text_column,
                           text_pair_column=text_pair_column, limit=limit, format=fmt)
     except DataError as e:
-        _fail(str(e))
+        fail(str(e))
     echo_data_notes(ds)
     return ds
 
@@ -75,7 +68,7 @@ def _columns(name: str, text_column: str | None, pair_column: str | None,
     if text_column is None:
         text_column = next((c for c in ("text", "sentence") if c in present), None)
     if text_column is None or text_column not in present:
-        _fail(f"{name}: no text column {text_column!r} among {present}; pass --text-column")
+        fail(f"{name}: no text column {text_column!r} among {present}; pass --text-column")
     return text_column, pair_column
 
 
@@ -149,9 +142,9 @@ def _rewrite(src: Path, name: str, fmt: str, n_records: int, texts: list[str],
             k += 1
         body = "\n".join(out) + "\n"
     else:
-        _fail(f"{src}: cannot write format {fmt!r}")
+        fail(f"{src}: cannot write format {fmt!r}")
     if k != n_records:
-        _fail(f"{src}: read {n_records} records but found {k} when writing; output not written")
+        fail(f"{src}: read {n_records} records but found {k} when writing; output not written")
     return body
 
 
@@ -179,11 +172,11 @@ def _threads_for_load() -> int:
 
 def _check_options(mode: str, chunk_size: int, pieces: str) -> None:
     if mode not in ("exact", "fast", "annoy"):
-        _fail(f"--mode must be exact, fast or annoy, got {mode!r}")
+        fail(f"--mode must be exact, fast or annoy, got {mode!r}")
     if chunk_size < 1:
-        _fail(f"--chunk-size must be >= 1, got {chunk_size}")
+        fail(f"--chunk-size must be >= 1, got {chunk_size}")
     if pieces not in ("join", "split"):
-        _fail(f"--pieces must be join or split, got {pieces!r}")
+        fail(f"--pieces must be join or split, got {pieces!r}")
 
 
 @app.command()
@@ -228,7 +221,7 @@ def privatize(
     ds = _load(input, split, format_opt, text_column, text_pair_column)
     src = Path(ds.source)
     if output.resolve() == src.resolve():
-        _fail(f"{output}: output would overwrite the input")
+        fail(f"{output}: output would overwrite the input")
     # the loader's format: a .txt of 'sentence@label' lines is read (and written) as such
     fmt_used = ds.report.get("format") or _resolve_format(input, format_opt)
     threads = _threads_for_load()
@@ -250,7 +243,7 @@ def privatize(
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text(body, encoding="utf-8")
     except OSError as e:
-        _fail(f"{output}: cannot write: {e}")
+        fail(f"{output}: cannot write: {e}")
     report = _privatize_report(res, priv, target_p=target_p, src=src, output=output,
                                fmt=fmt_used, examples=len(ds), eta=eta, mode=mode,
                                backbone=backbone, seed=seed, threads=threads)
@@ -321,191 +314,3 @@ def _privatize_report(res, priv, *, target_p: float | None, src: Path, output: P
     if mode == "fast":
         report["fast_search"] = dict(priv.index.stats)
     return report
-
-
-@attack_app.command("invert")
-def invert(
-    input: str = typer.Argument(..., help="original text file or built-in dataset name"),
-    eta: list[float] = typer.Option([], "--eta", help="η values to attack (repeatable)"),
-    target_p: list[float] = typer.Option(
-        [], "--target-p", help="instead of / beside --eta: the η calibrated for each of these P "
-        "on rapt's bundled public text sample, as every command calibrates it (repeatable; "
-        f"default {DEFAULT_TARGET_P:g} when neither is given)"),
-    setting: str = typer.Option("text", "--setting",
-                                help="text: attack privatized tokens; vectors: attack the noised "
-                                "embeddings themselves (SAP)"),
-    backbone: str = typer.Option("minilm", "--backbone", "-b", help="embedding model"),
-    mode: str = typer.Option(DEFAULT_PRIVATIZER_MODE, "--mode",
-                             help="search used by mechanism and attacker: exact, fast "
-                             "(certified exact), annoy"),
-    seed: int | None = typer.Option(None, "--noise-seed", "--seed",
-                                    help="seed the simulated privacy noise (default: OS entropy)"),
-    fmt: str = typer.Option("auto", "--format", help="input format (see rapt privatize)"),
-    split: str = typer.Option("train", "--split"),
-    text_column: str | None = TEXT_COLUMN,
-    limit: int | None = typer.Option(None, "--limit", help="first N records only"),
-    json_report: bool = typer.Option(False, "--json-report"),
-) -> None:
-    """Nearest-neighbour embedding inversion: privatize the input at each η, let the attacker
-    map every received token (or noised vector) to its nearest vocabulary token, report the
-    success rate and the empirical privacy = 1 − success."""
-    import torch
-
-    from rapt.privacy.inversion import inversion_attack
-    from rapt.privacy.mechanism import (
-        Privatizer,
-        candidate_ids_from_tokenizer,
-        replacement_probability,
-        tokenize_texts,
-    )
-    from rapt.privacy.nn_search import build_index
-
-    if setting not in ("text", "vectors"):
-        _fail(f"--setting must be text or vectors, got {setting!r}")
-    if mode not in ("exact", "fast", "annoy"):
-        _fail(f"--mode must be exact, fast or annoy, got {mode!r}")
-    if any(not math.isfinite(e) or e <= 0 for e in eta):
-        _fail(f"--eta values must be positive, got {eta}")
-    for p in target_p:
-        check_eta_options(None, p)
-    if not eta and not target_p:
-        target_p = [DEFAULT_TARGET_P]
-    ds = _load(input, split, None if fmt == "auto" else fmt, text_column, None, limit)
-    bb = load_backbone_or_fail(backbone)
-    levels = [(float(e), None) for e in eta] + [(resolve_eta(bb, None, p)[0], p)
-                                                 for p in target_p]
-    emb = bb.embeddings.detach()
-    cand = candidate_ids_from_tokenizer(bb.tokenizer, emb.shape[0])
-    ids = torch.tensor([i for row in tokenize_texts(ds.texts, bb.tokenizer) for i in row])
-    if ids.numel() == 0:
-        _fail(f"{ds.source}: no tokens to attack")
-    index = build_index(emb[cand].float(), mode)
-    rows = []
-    for e, tp in levels:
-        priv = Privatizer(emb, e, special_ids=bb.special_ids, candidate_ids=cand, seed=seed,
-                          index=index)
-        if setting == "text":
-            private = priv.privatize_ids(ids)
-            res = inversion_attack(ids, emb, private_ids=private, special_ids=bb.special_ids,
-                                   candidate_ids=cand, index=index)
-            p = replacement_probability(ids, private, bb.special_ids)
-        else:
-            noised = priv.noised_embeddings(ids)
-            res = inversion_attack(ids, emb, noised=noised, special_ids=bb.special_ids,
-                                   candidate_ids=cand, index=index)
-            p = 1.0 - res.success_rate
-        rows.append({"eta": e, "target_p": tp, "p": p, **res.as_dict()})
-        calibrated = f" (calibrated for P ≈ {tp:g})" if tp is not None else ""
-        typer.echo(f"eta = {e:.4g}{calibrated}  P = {p:.4f}  attack success = "
-                   f"{res.success_rate:.4f}  empirical privacy = {res.empirical_privacy:.4f}  "
-                   f"({res.n_tokens} tokens)")
-    if json_report:
-        typer.echo(json.dumps({"input": ds.source, "setting": setting, "backbone": backbone,
-                               "seeded": seed is not None, "results": rows}))
-
-
-# Attackers that cost minutes on a CPU: the denoiser trains a model when none is given, the LLM
-# attacker loads a second model and generates text. ``all`` includes one only when the option
-# named here is given (--option denoiser=FOLDER, --option llm_backbone=NAME).
-_SLOW = {"denoiser": "denoiser", "llm": "llm_backbone"}
-
-
-def _attacker_names(requested: list[str], options: dict) -> list[str]:
-    from rapt.attacks import ATTACKERS
-    from rapt.channel import denoiser  # noqa: F401  (registers "denoiser")
-
-    every = [k for k in sorted(ATTACKERS, key=lambda k: (k != "nn", k))
-             if k not in _SLOW or _SLOW[k] in options]
-    names: list[str] = []
-    for a in requested:
-        for n in (every if a == "all" else [a]):
-            if n not in ATTACKERS:
-                _fail(f"unknown --attacker {n!r}; choose from all, "
-                      f"{', '.join(sorted(ATTACKERS))}")
-            if n not in names:
-                names.append(n)
-    return names
-
-
-def _options(pairs: list[str]) -> dict:
-    out: dict = {}
-    for kv in pairs:
-        key, sep, value = kv.partition("=")
-        if not sep or not key:
-            _fail(f"--option takes KEY=VALUE, got {kv!r}")
-        out[key] = value
-    return out
-
-
-@attack_app.command("reconstruct")
-def reconstruct(
-    input: str = typer.Argument(..., help="original text file or built-in dataset name"),
-    backbone: str = typer.Option("minilm", "--backbone", "-b", help="embedding model"),
-    eta: float | None = ETA,
-    target_p: float | None = TARGET_P,
-    attacker: list[str] = typer.Option(["all"], "--attacker", "-a",
-                                       help="nn, bayes, denoiser, llm, another registered "
-                                       "attacker, or all (repeatable; all takes the denoiser "
-                                       "only when --option denoiser=FOLDER gives a trained one, "
-                                       "the LLM only with --option llm_backbone=NAME)"),
-    public_for: str | None = typer.Option(None, "--public-for",
-                                          help="evaluation task the attackers' public corpus "
-                                          "must be disjoint from (default: INPUT when it is a "
-                                          "built-in task)"),
-    max_public_rows: int | None = typer.Option(None, "--max-public-rows",
-                                               help="at most N rows per public source"),
-    bayes_k: int = typer.Option(2000, "--bayes-k", help="Bayes: candidate originals (top-K "
-                                "public tokens)"),
-    bayes_samples: int = typer.Option(64, "--bayes-samples", help="Bayes: Monte-Carlo "
-                                      "samples per candidate"),
-    option: list[str] = typer.Option([], "--option", help="KEY=VALUE passed to the attackers "
-                                     "(repeatable)"),
-    mode: str = typer.Option("fast", "--mode", help="search: exact, fast, annoy"),
-    seed: int | None = typer.Option(None, "--noise-seed", "--seed",
-                                    help="seed the simulated privacy noise (default: OS entropy)"),
-    fmt: str = typer.Option("auto", "--format", help="input format (see rapt privatize)"),
-    split: str = typer.Option("train", "--split"),
-    text_column: str | None = TEXT_COLUMN,
-    limit: int | None = typer.Option(None, "--limit", help="first N records only"),
-    json_report: bool = typer.Option(False, "--json-report"),
-) -> None:
-    """Token reconstruction: privatize the input, let each attacker guess the original tokens
-    from the release (and public knowledge only), report token recovery over all tokens and
-    over the replaced tokens only."""
-    from rapt.attacks.recovery import reconstruct as run
-    from rapt.channel.corpus import public_corpus_for, task_family
-    from rapt.privacy.mechanism import tokenize_texts
-
-    check_eta_options(eta, target_p)
-    if eta is None and target_p is None:
-        _fail("give --eta or --target-p")
-    names = _attacker_names(attacker, _options(option))
-    task: str | None = public_for or input
-    try:
-        task_family(str(task))
-    except ValueError:
-        # the Bayes prior is public text; other attackers say themselves what they need
-        if public_for is not None or "bayes" in names:
-            _fail(f"{task!r} is not a built-in task: give --public-for TASK, the task the "
-                  "public corpus must be disjoint from")
-        task = None
-    ds = _load(input, split, None if fmt == "auto" else fmt, text_column, None, limit)
-    bb = load_backbone_or_fail(backbone)
-    eta_v, _ = resolve_eta(bb, eta, target_p)
-    rows = tokenize_texts(ds.texts, bb.tokenizer)
-    corpus = None
-    if task is not None and any(n != "nn" for n in names):
-        corpus = public_corpus_for(task, max_rows_per_source=max_public_rows).tokenize(
-            bb.tokenizer)
-    opts = {"bayes_k": bayes_k, "bayes_samples": bayes_samples, **_options(option)}
-    res = run(rows, bb, float(eta_v), names, public_rows=None if corpus is None else corpus.rows,
-              seed=seed, mode=mode, options=opts)
-    warn_if_seeded(seed)
-    typer.echo(f"eta = {res['eta']:.4g}  P = {res['p']:.4f}  ({res['n_tokens']} tokens)")
-    for name, r in res["attackers"].items():
-        typer.echo(f"{name:>10}: recovery {r['all']:.4f} of all tokens ({r['n_all']}), "
-                   f"{r['replaced']:.4f} of replaced tokens ({r['n_replaced']})")
-    if json_report:
-        typer.echo(json.dumps({"input": ds.source, "backbone": backbone, "target_p": target_p,
-                               **res, "options": opts,
-                               "public_corpus": None if corpus is None else corpus.provenance()}))

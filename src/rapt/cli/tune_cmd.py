@@ -1,37 +1,35 @@
-"""`rapt tune`, `rapt predict`, `rapt demo` and `rapt attack attribute`: thin layers over
-rapt.pipeline (one Customization: privatize → rows → tune → predict), rapt.demo and
-rapt.attacks.attribute. They read files, print and save; the stages live in rapt.pipeline."""
+"""`rapt tune`: a thin layer over rapt.pipeline (one Customization: privatize → rows → tune).
+It reads files, prints and saves; the stages live in rapt.pipeline."""
 
 from __future__ import annotations
 
-import json
-import time
+import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
 
 import typer
 
 from rapt.cli import tune_resume
 from rapt.cli._app import (
-    TARGET_P_HELP,
     app,
-    check_eta_options,
-    check_out_or_fail,
     collapse_fixes,
     echo_collapse,
-    echo_predictions,
     echo_privacy,
     eta_for_target_ep,
+    fail,
     load_backbone_or_fail,
     load_data_or_fail,
     privacy_level,
     warn_if_seeded,
-    warn_weak_privacy,
 )
-from rapt.cli._app import fail as _fail
+from rapt.cli._tuning import (
+    customization,
+    echo_channel,
+    load_channel,
+    loss_postfix,
+    privatize_with_bar,
+)
 from rapt.cli.options import (
-    BASE_HELP,
     ETA,
     FORMAT,
     LABEL_BASE,
@@ -48,83 +46,70 @@ from rapt.cli.options import (
     parse_label_descriptions,
     split_names,
     with_default,
-    with_help,
 )
 from rapt.config import (
     DEFAULT_PLAIN_TOKENS,
     DEFAULT_PRIVATIZER_MODE,
     LR_HELP,
     METHOD_DEFAULT_HELP,
-    PRECISION_HELP,
-    PRECISIONS,
     VIRTUAL_TOKENS_HELP,
 )
 from rapt.config import tune_default as _d
-from rapt.privacy.rule import DEFAULT_TARGET_P
 
 
-def _load_data(data: str, split: str, limit: int | None, text_column: str | None,
-               label_column: str | None, attribute: str | None = None,
-               label_names: list[str] | None = None, fmt: str | None = None,
-               label_base: int | None = None, text_pair_column: str | None = None):
-    return load_data_or_fail(data, split, limit=limit, text_column=text_column,
-                             label_column=label_column, attribute=attribute,
-                             label_names=label_names, fmt=fmt, label_base=label_base,
-                             text_pair_column=text_pair_column)
+@dataclass(frozen=True)
+class TuneOptions:
+    """The options of `rapt tune`, one field per parameter, as typed on the command line
+    (unresolved: ``eta`` None unless --eta; ``label_names`` the comma-separated text)."""
 
-
-_split_names = split_names
-
-
-def _no_labels_hint(ds) -> str:
-    """Why a file gave no labels and which flag fixes it."""
-    fmt = ds.report.get("format")
-    if fmt in ("csv", "tsv", "jsonl"):
-        what = "column" if fmt != "jsonl" else "field"
-        others = sorted(ds.examples[0].attrs) if ds.examples else []
-        return (f"{ds.source}: no label {what} ('label' not found"
-                + (f"; other {what}s: {', '.join(others)}" if others else "")
-                + "); name it with --label-column")
-    return (f"{ds.source}: read as unlabelled text (format {fmt}); for 'sentence@label' lines "
-            "pass --format text-at-label, for 'LABEL sentence' lines --format label-text")
-
-
-
-def _customization(bb, eta: float | None, target_p: float | None, noise_seed: int | None,
-                   mode: str, encoding=None, config=None):
-    """The Customization at η (or at the η that gives P ≈ target on rapt's public text sample);
-    its privatizer is None when neither is given. Its noise comes from OS entropy unless
-    ``noise_seed`` is given (with a warning). Bad --eta/--target-p values exit 2."""
-    from rapt.pipeline import Customization
-
-    check_eta_options(eta, target_p)
-    custom = Customization.create(bb, encoding, config, eta=eta, target_p=target_p,
-                                  noise_seed=noise_seed, privatizer_mode=mode)
-    if custom.privatizer is not None:
-        warn_if_seeded(noise_seed)
-    return custom
-
-
-def _check_label_words(bb, words: list[str] | None) -> None:
-    """The verbalizer's words must start with distinct tokens: fail before any work with a
-    fix the user can type."""
-    from rapt.tuning.heads import label_token_ids
-
-    if bb.kind != "causal" or not words:
-        return
-    try:
-        label_token_ids(bb.tokenizer, words)
-    except ValueError as e:
-        _fail(f"{e}; pass distinct words with --label-words, one per label in id order, "
-              "e.g. --label-words negative,positive")
-
-
-def _privatize_with_bar(custom, rows, *, measure: bool = True):
-    """``custom.privatize`` with a progress bar on stderr (its report in ``custom.privacy``)."""
-    from rapt.progress import progress_bar
-
-    with progress_bar(total=len(rows), desc="privatize", unit="row") as bar:
-        return custom.privatize(rows, measure=measure, progress=bar.update)
+    data: str
+    out: Path
+    backbone: str
+    method: str | None
+    split: str
+    limit: int | None
+    text_column: str | None
+    text_pair_column: str | None
+    label_column: str | None
+    fmt: str | None
+    label_names: str | None
+    label_base: int | None
+    eta: float | None
+    target_p: float | None
+    target_ep: float | None
+    no_privacy: bool
+    min_p: float
+    reconstruction: bool
+    plain_len: int
+    plain_tokens: str | None
+    plain_sequences: int
+    num_virtual_tokens: int | None
+    prefix_projection: bool
+    lr: float | None
+    epochs: int
+    batch_size: int
+    max_length: int
+    rec_hidden: int
+    rec_vocab_size: int
+    rec_weight: float
+    rec_reduction: str
+    head: str
+    label_descriptions: str | None
+    head_temperature: float
+    freeze_prompt: bool
+    label_words: str | None
+    seed: int
+    noise_seed: int | None
+    privatizer_mode: str
+    dp_epsilon: float | None
+    dp_noise: float | None
+    dp_clip: float | None
+    dp_delta: float | None
+    dp_physical_batch: int | None
+    channel: Path | None
+    resume: bool
+    train_log: bool
+    precision: str
 
 
 # Long help texts of `rapt tune`, out of its signature.
@@ -219,16 +204,16 @@ def tune(
 ) -> None:
     """Privatize a dataset locally, tune a prompt on it, save it to --out (shareable; what is
     measured on your rows goes beside it). Ctrl-C saves a checkpoint; --resume goes on."""
-    o = SimpleNamespace(**locals())  # the options, for the stage helpers below
-    eta = _tune_eta(o)
+    o = TuneOptions(**locals())  # the options, typed, for the stage helpers below
+    eta, target_p = _privacy_level(o)
     ds = _training_data(o)
     bb = load_backbone_or_fail(backbone)
     dp = _dp_config(o, len(ds))
     encoding = _encoding(o, bb, len(ds))
     cfg, rows = _tune_config_and_rows(o, bb, ds, dp, encoding)
     _echo_method_and_head(bb, cfg, method is None, dp is not None, bool(label_descriptions))
-    custom = _customization(bb, eta, o.target_p, noise_seed, privatizer_mode, encoding, cfg)
-    custom.channel = _load_channel(channel, bb) if channel is not None else None
+    custom = customization(bb, eta, target_p, noise_seed, privatizer_mode, encoding, cfg)
+    custom.channel = load_channel(channel, bb) if channel is not None else None
     if dp is not None and custom.privatizer is None:
         warn_if_seeded(noise_seed)
     rows, resumed = _training_rows(o, custom, rows, ds, cfg)
@@ -239,7 +224,7 @@ def tune(
     tune_resume.drop(out)
 
 
-def _training_rows(o: SimpleNamespace, custom, rows, ds, cfg):
+def _training_rows(o: TuneOptions, custom, rows, ds, cfg):
     """(rows to tune on, the stopped run to continue or None): with --resume the privatized
     rows saved with its checkpoint (never a second privatization of the same data), else the
     rows privatized here, or clean ones with a warning."""
@@ -272,7 +257,7 @@ def _warn_training_collapse(custom, rows, ds) -> None:
                                        dp=cfg.dp is not None))
 
 
-def _record_meta(tuned, custom, ds, o: SimpleNamespace) -> None:
+def _record_meta(tuned, custom, ds, o: TuneOptions) -> None:
     """What `rapt predict` reads back from the artifact: label names and base, the columns
     read (given or detected), the training data's privatization (its level: what was measured
     on the rows goes beside the folder) and channel model."""
@@ -292,40 +277,30 @@ def _record_meta(tuned, custom, ds, o: SimpleNamespace) -> None:
         tuned.meta["channel"]["path"] = str(o.channel)
 
 
-def _tune_eta(o: SimpleNamespace) -> float | None:
-    """--eta, or the η of --target-ep through the shipped attack table; ``o.target_p`` becomes
-    the level to calibrate later, on the loaded backbone (the default one when none is given,
-    None with --no-privacy); --channel needs a level."""
+def _privacy_level(o: TuneOptions) -> tuple[float | None, float | None]:
+    """(η, target P): --eta, or the η of --target-ep through the shipped attack table; the
+    target P is the level to calibrate later, on the loaded backbone (the default one when none
+    is given, None with --no-privacy); --channel needs a level."""
     dp = o.dp_epsilon is not None or o.dp_noise is not None
-    o.target_p = privacy_level(o.eta, o.target_p, o.target_ep, o.no_privacy, clear=(
+    target_p = privacy_level(o.eta, o.target_p, o.target_ep, o.no_privacy, clear=(
         "training on clear (unprivatized) text" + ("; DP-SGD covers the trained prompt, not the "
                                                    "queries `rapt predict` sends" if dp else "")))
     if o.channel is not None and o.no_privacy:
-        _fail("--channel reads privatized text back: leave out --no-privacy")
-    return eta_for_target_ep(o.backbone, o.target_ep) if o.target_ep is not None else o.eta
+        fail("--channel reads privatized text back: leave out --no-privacy")
+    eta = eta_for_target_ep(o.backbone, o.target_ep) if o.target_ep is not None else o.eta
+    return eta, target_p
 
 
 def _privatize_and_echo(custom, rows, min_p: float):
     """Privatized rows with a bar; the privacy line, and the channel model's recovery when
     there is one (warned when this η lies outside the band it was trained on)."""
     _warn_channel_eta(custom.channel, custom.eta)
-    rows = _privatize_with_bar(custom, rows)
+    rows = privatize_with_bar(custom, rows)
     echo_privacy(custom.privacy, backbone=custom.backbone.name, min_p=min_p,
                  what="training data")
-    _echo_channel(custom.privacy)
+    echo_channel(custom.privacy)
     return rows
 
-
-def _load_channel(path: Path, bb):
-    """The channel model saved by `rapt adapt` in ``path``, rebuilt on ``bb``; one error line
-    when it cannot be (not a channel folder, another backbone, a causal backbone)."""
-    from rapt.artifacts import ArtifactError
-    from rapt.channel.load import load_channel_model
-
-    try:
-        return load_channel_model(path, bb)
-    except (ArtifactError, ValueError) as e:
-        _fail(f"--channel {path}: {e}")
 
 
 def _warn_channel_eta(den, eta: float | None) -> None:
@@ -340,36 +315,39 @@ def _warn_channel_eta(den, eta: float | None) -> None:
                    f"run privatizes at η = {eta:.4g}", err=True)
 
 
-def _echo_channel(privacy: dict | None, *, err: bool = False) -> None:
-    """The channel model's recovery on this release: the strongest attacker's figure."""
-    ch = (privacy or {}).get("channel")
-    if not ch:
-        return
-    typer.echo(f"channel: the channel model recovers {ch['recovery']:.1%} of the text tokens "
-               f"({ch['recovery_replaced']:.1%} of the replaced ones); empirical privacy "
-               f"against the strongest attacker ({ch['strongest_attacker']}) "
-               f"{ch['empirical_privacy']:.3f}; post-processing, so the formal guarantee at η is "
-               "unchanged", err=err)
 
-
-def _training_data(o: SimpleNamespace):
+def _training_data(o: TuneOptions):
     """`rapt tune`'s dataset: every example labelled, or one error line saying which flag
     fixes it."""
-    ds = _load_data(o.data, o.split, o.limit, o.text_column, o.label_column,
-                    label_names=_split_names(o.label_names), fmt=o.fmt, label_base=o.label_base,
-                    text_pair_column=o.text_pair_column)
+    ds = load_data_or_fail(o.data, o.split, limit=o.limit, text_column=o.text_column,
+                           label_column=o.label_column, label_names=split_names(o.label_names),
+                           fmt=o.fmt, label_base=o.label_base,
+                           text_pair_column=o.text_pair_column)
     if len(ds) == 0:
-        _fail(f"{o.data}: no examples to train on")
+        fail(f"{o.data}: no examples to train on")
     unlabelled = [e.line for e in ds.examples if e.label is None]
     if len(unlabelled) == len(ds):
-        _fail(_no_labels_hint(ds))
+        fail(_no_labels_hint(ds))
     if unlabelled:
-        _fail(f"{ds.source}: {len(unlabelled)} examples have no label (first at line "
-              f"{unlabelled[0]}); tuning needs a label on every example")
+        fail(f"{ds.source}: {len(unlabelled)} examples have no label (first at line "
+             f"{unlabelled[0]}); tuning needs a label on every example")
     return ds
 
 
-def _dp_config(o: SimpleNamespace, n_rows: int):
+def _no_labels_hint(ds) -> str:
+    """Why a file gave no labels and which flag fixes it."""
+    fmt = ds.report.get("format")
+    if fmt in ("csv", "tsv", "jsonl"):
+        what = "column" if fmt != "jsonl" else "field"
+        others = sorted(ds.examples[0].attrs) if ds.examples else []
+        return (f"{ds.source}: no label {what} ('label' not found"
+                + (f"; other {what}s: {', '.join(others)}" if others else "")
+                + "); name it with --label-column")
+    return (f"{ds.source}: read as unlabelled text (format {fmt}); for 'sentence@label' lines "
+            "pass --format text-at-label, for 'LABEL sentence' lines --format label-text")
+
+
+def _dp_config(o: TuneOptions, n_rows: int):
     from rapt.dp import dp_config_from_options
 
     try:
@@ -379,10 +357,10 @@ def _dp_config(o: SimpleNamespace, n_rows: int):
             dp.resolve_delta(n_rows, "--dp-delta")  # δ ≥ 1/N: an error naming the flag
         return dp
     except ValueError as e:
-        _fail(str(e))
+        fail(str(e))
 
 
-def _encoding(o: SimpleNamespace, bb, n_rows: int):
+def _encoding(o: TuneOptions, bb, n_rows: int):
     """Rows of --max-length ids, with the plain tokens k under --reconstruction (given as
     text, or random: --plain-sequences of them, one drawn per row)."""
     from rapt.pipeline import Encoding
@@ -395,21 +373,35 @@ def _encoding(o: SimpleNamespace, bb, n_rows: int):
         return Encoding.sampled(bb.tokenizer, o.max_length, o.plain_len, o.plain_sequences,
                                 n_rows, o.seed)
     except ValueError as e:
-        _fail(str(e))
+        fail(str(e))
 
 
-def _tune_config_and_rows(o: SimpleNamespace, bb, ds, dp, encoding):
+def _tune_config_and_rows(o: TuneOptions, bb, ds, dp, encoding):
     """(TuneConfig, clean rows) from the options; a bad value is one error line."""
     from rapt.config import tune_config
 
     try:
-        options = {**vars(o), "dp": dp, "label_descriptions": _given_descriptions(
+        options = {**dataclasses.asdict(o), "dp": dp, "label_descriptions": _given_descriptions(
             o.label_descriptions, ds.label_names) if o.label_descriptions else None,
                    "label_words": o.label_words.split(",") if o.label_words else None}
         cfg = tune_config(options, kind=bb.kind, label_names=ds.label_names, dataset=o.data)
         return cfg, encoding.rows(bb.tokenizer, ds.texts, ds.text_pairs)
     except ValueError as e:
-        _fail(str(e))
+        fail(str(e))
+
+
+def _check_label_words(bb, words: list[str] | None) -> None:
+    """The verbalizer's words must start with distinct tokens: fail before any work with a
+    fix the user can type."""
+    from rapt.tuning.heads import label_token_ids
+
+    if bb.kind != "causal" or not words:
+        return
+    try:
+        label_token_ids(bb.tokenizer, words)
+    except ValueError as e:
+        fail(f"{e}; pass distinct words with --label-words, one per label in id order, "
+             "e.g. --label-words negative,positive")
 
 
 def _given_descriptions(text: str, names: list[str]) -> list[str]:
@@ -445,13 +437,6 @@ def _echo_method_and_head(bb, cfg, default_method: bool, dp: bool,
     typer.echo(f"head: {head}{why}", err=True)
 
 
-def _loss_postfix(r: dict) -> dict:
-    """A step's losses for a bar: with reconstruction the task loss and L_rec apart (L_rec is
-    summed over the m plain positions, ~100x the task loss), else the loss."""
-    if r.get("rec_loss") is not None:
-        return {"task": f"{r.get('task_loss', r['loss']):.3f}", "L_rec": f"{r['rec_loss']:.1f}"}
-    return {"loss": f"{r['loss']:.3f}"}
-
 
 def _tune_with_bar(custom, rows, ds, *, out: Path, resume=None):
     """``custom.tune`` with a step bar on stderr (loss, and ε under DP). Ctrl-C or SIGTERM
@@ -468,7 +453,7 @@ def _tune_with_bar(custom, rows, ds, *, out: Path, resume=None):
 
     def progress(r: dict) -> None:
         bar.total = r["total_steps"]
-        post = _loss_postfix(r)
+        post = loss_postfix(r)
         if "epsilon" in r:  # 3 significant digits: a small ε must not print as 0.00
             post["ε"] = f"{r['epsilon']:.3g}"
             post["δ"] = f"{delta:.3g}"
@@ -482,7 +467,7 @@ def _tune_with_bar(custom, rows, ds, *, out: Path, resume=None):
                                 resume=resume.state if resume is not None else None)
     except ValueError as e:
         bar.close()
-        _fail(str(e))
+        fail(str(e))
     bar.close()
     if resume is not None:  # the time before the stop counts too
         tuned.meta["train_seconds"] = round(resume.seconds + tuned.meta["train_seconds"], 3)
@@ -529,426 +514,3 @@ def _save_tuned(tuned, out: Path, method: str, measured: dict | None, train_log:
                 f"{', not covered by ε' if tuned.meta.get('dp') else ''}): "
                 f"{', '.join(dict.fromkeys(local))}")
     typer.echo(msg)
-
-
-def _stored_columns(meta: dict, data: str, fmt: str | None) -> tuple[str | None, str | None]:
-    """The text (and pair) columns `rapt tune` read, when ``data`` has them all; else (None,
-    None), and the loader guesses as usual."""
-    from rapt.data import columns_of
-
-    want = (meta.get("text_column"), meta.get("text_pair_column"))
-    present = columns_of(data, fmt)
-    if want[0] is None or present is None or any(c not in present for c in want if c):
-        return None, None
-    return want
-
-
-def _stored_label_column(meta: dict, data: str, fmt: str | None) -> str | None:
-    """The label column `rapt tune` read, when ``data`` has it (predict needs no labels: a
-    file without it is read unlabelled, as before)."""
-    from rapt.data import columns_of
-
-    want = meta.get("label_column")
-    present = columns_of(data, fmt) if want else None
-    return want if present is not None and want in present else None
-
-
-def _stored_format(meta: dict, data: str) -> str | None:
-    """The --format `rapt tune` was given, for a file with the training file's suffix."""
-    fmt, trained_on = meta.get("format"), meta.get("dataset")
-    if not fmt or not trained_on:
-        return None
-    return fmt if Path(trained_on).suffix.lower() == Path(data).suffix.lower() else None
-
-
-def _check_pairs(meta: dict, artifact: Path, ds) -> None:
-    """A prompt tuned on sentence pairs reads pairs, one tuned on single texts single texts."""
-    if "text_pair_column" not in meta:  # artifacts from before pairs were recorded
-        return
-    tuned_pairs = meta["text_pair_column"] is not None
-    has_pairs = ds.report.get("text_pair_column") is not None
-    if tuned_pairs and not has_pairs:
-        _fail(f"{artifact} was tuned on sentence pairs ('{meta['text_column']}' + "
-              f"'{meta['text_pair_column']}') but {ds.source} was read as single texts; name "
-              "its two text columns with --text-column and --text-pair-column")
-    if has_pairs and not tuned_pairs:
-        _fail(f"{artifact} was tuned on single texts but {ds.source} was read as sentence pairs "
-              f"('{ds.report['text_column']}' + '{ds.report['text_pair_column']}'); name the "
-              "text column with --text-column")
-
-
-_PREDICT_HELP = {
-    "text_column": "default: the column `rapt tune` read, when the file has it",
-    "label_column": "gold labels, if any: accuracy is printed when every example has one "
-    "(default: the column `rapt tune` read, when the file has it)",
-    "no_privacy": "send clear queries, unprivatized (default: the artifact's level: its η, or "
-    "clear text for a prompt tuned with --no-privacy)",
-    "label_names": "default: the names stored in the artifact by `rapt tune` (give them only "
-    "for an artifact without; they must match the artifact's)",
-    "out": "write every prediction to this file, JSONL or CSV by its suffix (.jsonl/.csv): "
-    "row, text, label name, gold label, probabilities by label name (default: print a summary "
-    "and the first rows)",
-    "noise_seed": "seed the query privatization noise (tests only; default: OS entropy)",
-    "json_report": "print one JSON line at the end: examples, accuracy and the queries' privacy "
-    "(η, measured P, inversion success)",
-    "channel": "the channel model the prompt was tuned with (`rapt tune --channel`): a denoiser "
-    "reads the queries back before predict, a channel adapter is the backbone that reads them",
-    "allow_channel_mismatch": "predict even when --channel is not the channel model the prompt "
-    "was tuned with (or is missing): accuracy will suffer",
-}
-
-
-@app.command()
-def predict(
-    artifact: Path = typer.Argument(..., help="folder written by `rapt tune`"),
-    data: str = typer.Argument(..., help="dataset name or file"),
-    split: str = typer.Option("dev"),
-    limit: int | None = LIMIT,
-    text_column: str | None = with_help(TEXT_COLUMN, _PREDICT_HELP["text_column"]),
-    text_pair_column: str | None = TEXT_PAIR_COLUMN,
-    label_column: str | None = with_help(LABEL_COLUMN, _PREDICT_HELP["label_column"]),
-    fmt: str | None = FORMAT,
-    label_names: str | None = with_help(LABEL_NAMES, _PREDICT_HELP["label_names"]),
-    label_base: int | None = with_help(LABEL_BASE, BASE_HELP + "; default: as in tune"),
-    backbone: str | None = typer.Option(None, help="default: the artifact's backbone"),
-    eta: float | None = with_help(ETA, "default: the artifact's η (same as training)"),
-    min_p: float = MIN_P,
-    no_privacy: bool = with_help(NO_PRIVACY, _PREDICT_HELP["no_privacy"]),
-    out: Path | None = typer.Option(None, help=_PREDICT_HELP["out"]),
-    noise_seed: int | None = typer.Option(None, help=_PREDICT_HELP["noise_seed"]),
-    json_report: bool = typer.Option(False, "--json-report", help=_PREDICT_HELP["json_report"]),
-    channel: Path | None = typer.Option(None, "--channel", help=_PREDICT_HELP["channel"]),
-    allow_channel_mismatch: bool = typer.Option(
-        False, "--allow-channel-mismatch", help=_PREDICT_HELP["allow_channel_mismatch"]),
-    precision: str | None = with_help(PRECISION, PRECISION_HELP + " (default: the artifact's)"),
-) -> None:
-    """Privatize queries locally (same η as training) and predict with a tuned prompt. The data
-    need no labels; accuracy is reported when every example has one. Prints η, the measured P
-    and the nearest-neighbour inversion success of the privatized queries."""
-    o = SimpleNamespace(**locals())  # the options, for the stage helpers below
-    from rapt.artifacts import ArtifactError
-    from rapt.tuning.tune import TunedPrompt
-
-    check_out_or_fail(out)
-    try:
-        tuned = TunedPrompt.load(artifact)
-    except ArtifactError as e:
-        _fail(str(e))
-    if precision is not None:
-        if precision not in PRECISIONS:
-            _fail(f"--precision must be one of {', '.join(PRECISIONS)} (got {precision!r})")
-        tuned.config.precision = precision  # read by the model predict builds
-    names, ds = _query_data(o, tuned.meta)
-    _check_pairs(tuned.meta, artifact, ds)
-    bb = load_backbone_or_fail(backbone or tuned.meta.get("backbone", "minilm"))
-    eta = _query_eta(tuned.meta, eta, no_privacy, bb, artifact)
-    from rapt.pipeline import Customization
-
-    check_eta_options(eta, None)
-    den = _predict_channel(o, tuned.meta, bb)
-    custom = Customization.from_artifact(bb, tuned, eta=eta, noise_seed=noise_seed, channel=den)
-    if custom.privatizer is not None:
-        warn_if_seeded(noise_seed)
-    rows = custom.rows(ds.texts, ds.text_pairs, queries=True)
-    if custom.privatizer is not None:
-        rows = _privatize_with_bar(custom, rows)
-        echo_privacy(custom.privacy, backbone=bb.name, err=True, min_p=min_p, what="query set")
-        _echo_channel(custom.privacy, err=True)
-    probs = custom.predict_proba(rows)
-    from rapt.predictions import Predictions
-
-    preds = Predictions(names or [str(i) for i in range(probs.shape[1])], probs.tolist(),
-                        texts=ds.texts, text_pairs=ds.text_pairs,
-                        gold=[e.label for e in ds.examples])
-    echo_predictions(preds, out, eta=eta, fixes=collapse_fixes(
-        method=tuned.config.method, private=tuned.meta.get("eta") is not None,
-        dp=bool(tuned.meta.get("dp")), retune=True))
-    if json_report:
-        typer.echo(json.dumps({"artifact": str(artifact), "examples": len(preds),
-                               "accuracy": preds.accuracy(), "eta": eta,
-                               "privacy": custom.privacy}))
-
-
-def _query_data(o: SimpleNamespace, meta: dict):
-    """(label names, dataset) of `rapt predict`: gold labels of a user file are read by the
-    prompt's own label names, so that ids mean the same classes (built-ins have fixed names)."""
-    from rapt.data import BUILTINS
-
-    stored = meta.get("label_names")
-    given = _split_names(o.label_names)
-    if given is not None and stored and list(given) != list(stored):
-        _fail(f"--label-names {','.join(given)} differ from the names stored in {o.artifact} "
-              f"({','.join(stored)}); leave --label-names out to use the stored ones")
-    names = stored or given
-    label_base = o.label_base if o.label_base is not None else meta.get("label_base")
-    user_file = o.data not in BUILTINS
-    text_column, text_pair_column = o.text_column, o.text_pair_column
-    fmt = o.fmt if o.fmt is not None or not user_file else _stored_format(meta, o.data)
-    if user_file and text_column is None and text_pair_column is None:
-        text_column, text_pair_column = _stored_columns(meta, o.data, fmt)
-    label_column = o.label_column
-    if user_file and label_column is None:
-        label_column = _stored_label_column(meta, o.data, fmt)
-        if label_column not in (None, "label"):
-            typer.echo(f"note: gold labels from column '{label_column}', the one `rapt tune` "
-                       "read (--label-column names another)", err=True)
-    ds = _load_data(o.data, o.split, o.limit, text_column, label_column,
-                    label_names=names if user_file else None, fmt=fmt,
-                    label_base=label_base if user_file and names else None,
-                    text_pair_column=text_pair_column)
-    return names, ds
-
-
-def _predict_channel(o: SimpleNamespace, meta: dict, bb):
-    """The channel model for `rapt predict`: it must be the one the prompt was tuned with
-    (same fingerprint), or absent for a prompt tuned without one; otherwise refuse, unless
-    --allow-channel-mismatch (then a warning)."""
-    from rapt.channel.model import channel_fingerprint
-
-    recorded = meta.get("channel") or None
-    den = _load_channel(o.channel, bb) if o.channel is not None else None
-    problem = None
-    if recorded and den is None:
-        problem = (f"{o.artifact} was tuned with the channel model {recorded.get('path')!r} "
-                   f"; pass --channel {recorded.get('path') or 'FOLDER'}")
-    elif den is not None and not recorded:
-        problem = (f"{o.artifact} was tuned without a channel model; leave --channel out")
-    elif den is not None and channel_fingerprint(den) != recorded.get("fingerprint"):
-        problem = (f"--channel {o.channel} is not the channel model {o.artifact} was tuned with "
-                   f"({recorded.get('path')!r}: another fingerprint); pass that one")
-    if problem is None:
-        return den
-    if not o.allow_channel_mismatch:
-        _fail(problem + ", or --allow-channel-mismatch to predict anyway")
-    typer.echo(f"warning: --allow-channel-mismatch: {problem}; predicting anyway", err=True)
-    return den
-
-
-def _query_eta(meta: dict, eta: float | None, no_privacy: bool, bb,
-               artifact: Path) -> float | None:
-    """The queries' η as the artifact recorded it: --eta when given, else the training's; None
-    (clear queries, announced) with --no-privacy or for a prompt tuned with --no-privacy. An
-    artifact that records neither gets the default level."""
-    if no_privacy:
-        if eta is not None:
-            _fail("--no-privacy sends the queries in clear: give it or --eta, not both")
-        typer.echo("warning: --no-privacy: queries are used in clear text", err=True)
-        return None
-    if eta is not None or meta.get("eta") is not None:
-        return eta if eta is not None else float(meta["eta"])
-    if meta.get("no_privacy"):
-        typer.echo(f"warning: {artifact} was tuned with --no-privacy: queries are used in clear "
-                   "text too (--eta privatizes them)", err=True)
-        return None
-    from rapt.privacy.mechanism import calibrate_eta_public
-    from rapt.privacy.rule import DEFAULT_TARGET_P
-
-    eta = calibrate_eta_public(bb, DEFAULT_TARGET_P)
-    typer.echo(f"note: {artifact} records no privacy level: queries are privatized at the "
-               f"default level, P ≈ {DEFAULT_TARGET_P:g} (η = {eta:.4g}); --no-privacy sends "
-               "them in clear", err=True)
-    return eta
-
-
-_DEMO_HELP = {
-    "benchmark_config": "run benchmarks/bench_rapt.py's cpu configuration at P 0.4 (1,000 rows, "
-    "500 steps, 5 seeds; about 40 min on 2 cores); other options override it",
-    "max_length": "text tokens per row, plain tokens excluded (default: the length that keeps "
-    "95 % of training rows whole)",
-    "plain_sequences": "random plain sequences, one drawn per row (default 1)",
-    "head": "auto (default: label-description on encoders, verbalizer on causal LMs; frozen, the "
-    "prompt carries the task) | label-description | verbalizer | linear (a trainable probe, a "
-    "control)",
-    "label_descriptions": "'|'-separated, one per label (default: the built-in dataset's)",
-    "seed": "data subset and first seed's init and plain tokens, not privacy noise (default 0)",
-    "noise_seed": "seed the privatization noise (repeatable table, no guarantee); default: OS "
-    "entropy",
-    "channel": "a channel model folder from `rapt adapt` (same backbone): adds a "
-    "+channel adapter row (the +privatization rows and queries read by the adapted backbone) or "
-    "a +denoise-then-tune row (read back by a denoiser), and a line on how much of the "
-    "privatization gap it wins back; it adds that row's runs to the time",
-}
-
-
-@app.command()
-def demo(
-    out: Path = typer.Option(Path("runs/demo"), "--out", "-o", help="output folder"),
-    benchmark_config: bool = typer.Option(False, "--benchmark-config",
-                                          help=_DEMO_HELP["benchmark_config"]),
-    backbone: str | None = typer.Option(None, help="default minilm"),
-    dataset: str | None = typer.Option(None, help="default sst2-sentences"),
-    train_size: int | None = typer.Option(None, help="default 600"),
-    test_size: int | None = typer.Option(None, help="default 500"),
-    method: str | None = typer.Option(None, help="default prefix"),
-    epochs: int | None = typer.Option(None, help="default 2"),
-    lr: float | None = typer.Option(None, help=LR_HELP),
-    batch_size: int | None = typer.Option(None, help="default 8"),
-    max_length: int | None = typer.Option(None, help=_DEMO_HELP["max_length"]),
-    plain_len: int | None = typer.Option(None, help="plain tokens m (default 40)"),
-    plain_sequences: int | None = typer.Option(None, help=_DEMO_HELP["plain_sequences"]),
-    num_virtual_tokens: int | None = typer.Option(None, help="default 10"),
-    head: str | None = typer.Option(None, help=_DEMO_HELP["head"]),
-    label_descriptions: str | None = typer.Option(None, help=_DEMO_HELP["label_descriptions"]),
-    rec_reduction: str | None = typer.Option(None, help="sum (eq. 7, default) | mean"),
-    target_p: float | None = with_help(TARGET_P, TARGET_P_HELP + f" (default "
-                                       f"{DEFAULT_TARGET_P:g})"),
-    eta: float | None = with_help(ETA, "η (overrides --target-p)"),
-    min_p: float = MIN_P,
-    seeds: int | None = typer.Option(None, help="paired seeds (default 3)"),
-    seed: int | None = typer.Option(None, help=_DEMO_HELP["seed"]),
-    noise_seed: int | None = typer.Option(None, help=_DEMO_HELP["noise_seed"]),
-    channel: Path | None = typer.Option(None, "--channel", help=_DEMO_HELP["channel"]),
-    precision: str | None = with_help(PRECISION, PRECISION_HELP + " (default auto: "
-                                      "measured equal to fp32 in this setting)"),
-) -> None:
-    """RAPT end to end on a small SST-2 subset: privatize, tune (no privacy / head only /
-    +privatization / +reconstruction, and +denoise-then-tune with --channel) on paired seeds,
-    privatized inference, inversion attack; prints a table with CIs and verdict lines, writes a
-    plot."""
-    cfg = _demo_config(SimpleNamespace(**locals()))  # the options, before any other name
-    from rapt.demo import format_table, make_plot, run_demo
-
-    warn_if_seeded(noise_seed)
-    bars = _SettingBars()
-    try:
-        res = run_demo(cfg, log=lambda s: typer.echo(s), progress=bars)
-    except ValueError as e:
-        _fail(str(e))
-    bars.close()
-    t = time.perf_counter()
-    out.mkdir(parents=True, exist_ok=True)
-    fig = make_plot(res)
-    fig.savefig(out / "demo.png", dpi=120)
-    res.stage_seconds["plot"] = time.perf_counter() - t
-    table = format_table(res)
-    (out / "results.json").write_text(json.dumps(res.as_dict(), indent=2) + "\n")
-    (out / "results.md").write_text(table + "\n")
-    _keep_local_unless_public(cfg.dataset, out)
-    typer.echo(f"plot: {res.stage_seconds['plot']:.1f} s")
-    typer.echo("")
-    typer.echo(table)
-    warn_weak_privacy({"eta": res.eta, "replacement_probability": res.p,
-                       "inversion_success": res.inversion_success}, backbone=cfg.backbone,
-                      min_p=min_p, what="demo's privatized text")
-    typer.echo(f"\nwrote {out / 'results.json'}, {out / 'results.md'}, {out / 'demo.png'}")
-
-
-def _keep_local_unless_public(dataset: str, out: Path) -> None:
-    """The demo's folder holds accuracies and privacy measured on its data: shareable for a
-    built-in public set; on a file of your own they are statistics of your rows, so the files
-    are made owner-only (0600) and the folder is named as not to be shared."""
-    from rapt.data import BUILTINS
-
-    if dataset in BUILTINS:
-        return
-    for name in ("results.json", "results.md", "demo.png"):
-        if (out / name).exists():
-            (out / name).chmod(0o600)
-    typer.echo(f"note: {out} holds accuracies and privacy measured on {dataset}, your own "
-               "rows (files made owner-only, 0600): keep it local, do not share it", err=True)
-
-
-def _demo_config(o: SimpleNamespace):
-    """The DemoConfig of `rapt demo`'s options (those given override the defaults, or the
-    benchmark's with --benchmark-config); a bad value is one error line."""
-    from rapt.demo import DemoConfig
-    from rapt.tuning.tune import HEADS
-
-    given = {k: v for k, v in vars(o).items()
-             if v is not None and k not in ("out", "benchmark_config", "min_p")}
-    if o.label_descriptions:
-        given["label_descriptions"] = [d.strip() for d in o.label_descriptions.split("|")]
-    if o.channel is not None:
-        given["channel"] = str(o.channel)  # a string in results.json
-    if o.head is not None and o.head not in HEADS:
-        _fail(f"--head must be one of {', '.join(HEADS)} (got {o.head!r})")
-    if o.rec_reduction is not None and o.rec_reduction not in ("sum", "mean"):
-        _fail(f"--rec-reduction must be sum or mean (got {o.rec_reduction!r})")
-    try:
-        return DemoConfig.benchmark(**given) if o.benchmark_config else DemoConfig(**given)
-    except ValueError as e:
-        _fail(str(e))
-
-
-class _SettingBars:
-    """``progress(setting, step_record)`` for run_demo: one stderr step bar per setting, the
-    previous ones closed when a new setting starts."""
-
-    def __init__(self) -> None:
-        self.bars: dict[str, Any] = {}
-
-    def __call__(self, setting: str, r: dict) -> None:
-        from rapt.progress import progress_bar
-
-        if setting not in self.bars:
-            self.close()
-            self.bars[setting] = progress_bar(total=r["total_steps"], desc=setting,
-                                              unit="step", leave=False)
-        self.bars[setting].set_postfix(_loss_postfix(r))
-        self.bars[setting].update(1)
-
-    def close(self) -> None:
-        for b in self.bars.values():
-            b.close()
-
-
-def _register_attack() -> None:
-    try:
-        from rapt.cli.privatize_cmd import attack_app
-    except ImportError:  # engineer A's `attack` group not there yet: nothing to attach to
-        return
-
-    @attack_app.command("attribute")
-    def attribute(
-        attribute: str = typer.Option("gender", help="gender | age"),
-        backbone: str = typer.Option("minilm"),
-        data: str = typer.Option("trustpilot"),
-        train_split: str = typer.Option("a"),
-        test_split: str = typer.Option("b"),
-        limit: int | None = typer.Option(1000, help="examples per split"),
-        eta: float | None = typer.Option(None, help="privatize the texts with η first"),
-        artifact: Path | None = typer.Option(None, help="tuned prompt: attack its states"),
-        max_length: int = typer.Option(128),
-        seed: int = typer.Option(0, help="attacker's MLP init and data order"),
-        noise_seed: int | None = typer.Option(
-            None, help="seed the privatization noise (tests only; default: OS entropy)"),
-    ) -> None:
-        """Attribute inference: a 2-layer MLP on mean-pooled representations predicts a
-        private attribute; reports accuracy, empirical privacy and the majority-class rate."""
-        from rapt.attacks.attribute import attribute_attack, embedding_features, hidden_features
-        from rapt.tuning.reconstruction import build_rows
-        from rapt.tuning.tune import TunedPrompt
-
-        if attribute not in ("gender", "age"):
-            _fail(f"--attribute must be gender or age (got {attribute!r})")
-        tr = _load_data(data, train_split, limit, None, None, attribute=attribute)
-        te = _load_data(data, test_split, limit, None, None, attribute=attribute)
-        bb = load_backbone_or_fail(backbone)
-        from rapt.artifacts import ArtifactError
-
-        try:
-            tuned = TunedPrompt.load(artifact) if artifact is not None else None
-        except ArtifactError as e:
-            _fail(str(e))
-        if tuned is not None:
-            rtr, rte = tuned.encode(bb, tr.texts), tuned.encode(bb, te.texts)
-        else:
-            rtr = build_rows(bb.tokenizer, tr.texts, max_length)
-            rte = build_rows(bb.tokenizer, te.texts, max_length)
-        custom = _customization(bb, eta, None, noise_seed, DEFAULT_PRIVATIZER_MODE)
-        if custom.privatizer is not None:
-            rtr = _privatize_with_bar(custom, rtr, measure=False)
-            rte = _privatize_with_bar(custom, rte, measure=False)
-        feats = {"input embeddings": (embedding_features(bb, rtr), embedding_features(bb, rte)),
-                 "last-layer states": (hidden_features(bb, rtr, tuned),
-                                       hidden_features(bb, rte, tuned))}
-        typer.echo("| features | accuracy | empirical privacy | majority rate |")
-        typer.echo("|---|---|---|---|")
-        for name, (a, b) in feats.items():
-            r = attribute_attack(a, tr.labels, b, te.labels, attribute=attribute, feature=name,
-                                 seed=seed)
-            typer.echo(f"| {name} | {r.accuracy:.3f} | {r.empirical_privacy:.3f} | "
-                       f"{r.majority_rate:.3f} |")
-
-
-_register_attack()

@@ -1,0 +1,65 @@
+"""Stages shared by `rapt tune`, `rapt predict`, `rapt demo` and `rapt attack attribute`: the
+Customization at a privacy level, privatizing with a bar, the channel model, step losses."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from rapt.cli._app import check_eta_options, fail, warn_if_seeded
+
+
+def customization(bb, eta: float | None, target_p: float | None, noise_seed: int | None,
+                  mode: str, encoding=None, config=None):
+    """The Customization at η (or at the η that gives P ≈ target on rapt's public text sample);
+    its privatizer is None when neither is given. Its noise comes from OS entropy unless
+    ``noise_seed`` is given (with a warning). Bad --eta/--target-p values exit 2."""
+    from rapt.pipeline import Customization
+
+    check_eta_options(eta, target_p)
+    custom = Customization.create(bb, encoding, config, eta=eta, target_p=target_p,
+                                  noise_seed=noise_seed, privatizer_mode=mode)
+    if custom.privatizer is not None:
+        warn_if_seeded(noise_seed)
+    return custom
+
+
+def privatize_with_bar(custom, rows, *, measure: bool = True):
+    """``custom.privatize`` with a progress bar on stderr (its report in ``custom.privacy``)."""
+    from rapt.progress import progress_bar
+
+    with progress_bar(total=len(rows), desc="privatize", unit="row") as bar:
+        return custom.privatize(rows, measure=measure, progress=bar.update)
+
+
+def load_channel(path: Path, bb):
+    """The channel model saved by `rapt adapt` in ``path``, rebuilt on ``bb``; one error line
+    when it cannot be (not a channel folder, another backbone, a causal backbone)."""
+    from rapt.artifacts import ArtifactError
+    from rapt.channel.load import load_channel_model
+
+    try:
+        return load_channel_model(path, bb)
+    except (ArtifactError, ValueError) as e:
+        fail(f"--channel {path}: {e}")
+
+
+def echo_channel(privacy: dict | None, *, err: bool = False) -> None:
+    """The channel model's recovery on this release: the strongest attacker's figure."""
+    ch = (privacy or {}).get("channel")
+    if not ch:
+        return
+    typer.echo(f"channel: the channel model recovers {ch['recovery']:.1%} of the text tokens "
+               f"({ch['recovery_replaced']:.1%} of the replaced ones); empirical privacy "
+               f"against the strongest attacker ({ch['strongest_attacker']}) "
+               f"{ch['empirical_privacy']:.3f}; post-processing, so the formal guarantee at η is "
+               "unchanged", err=err)
+
+
+def loss_postfix(r: dict) -> dict:
+    """A step's losses for a bar: with reconstruction the task loss and L_rec apart (L_rec is
+    summed over the m plain positions, ~100x the task loss), else the loss."""
+    if r.get("rec_loss") is not None:
+        return {"task": f"{r.get('task_loss', r['loss']):.3f}", "L_rec": f"{r['rec_loss']:.1f}"}
+    return {"loss": f"{r['loss']:.3f}"}

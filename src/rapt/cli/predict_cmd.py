@@ -1,0 +1,286 @@
+"""`rapt predict`: privatize queries locally at the artifact's level and classify them with a
+tuned prompt (rapt.pipeline's Customization); reads files and prints."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import typer
+
+from rapt.cli._app import (
+    app,
+    check_eta_options,
+    check_out_or_fail,
+    collapse_fixes,
+    echo_predictions,
+    echo_privacy,
+    fail,
+    load_backbone_or_fail,
+    load_data_or_fail,
+    warn_if_seeded,
+)
+from rapt.cli._tuning import echo_channel, load_channel, privatize_with_bar
+from rapt.cli.options import (
+    BASE_HELP,
+    ETA,
+    FORMAT,
+    LABEL_BASE,
+    LABEL_COLUMN,
+    LABEL_NAMES,
+    LIMIT,
+    MIN_P,
+    NO_PRIVACY,
+    PRECISION,
+    TEXT_COLUMN,
+    TEXT_PAIR_COLUMN,
+    split_names,
+    with_help,
+)
+from rapt.config import PRECISION_HELP, PRECISIONS
+
+
+@dataclass(frozen=True)
+class PredictOptions:
+    """The options of `rapt predict`, one field per parameter, as typed on the command line."""
+
+    artifact: Path
+    data: str
+    split: str
+    limit: int | None
+    text_column: str | None
+    text_pair_column: str | None
+    label_column: str | None
+    fmt: str | None
+    label_names: str | None
+    label_base: int | None
+    backbone: str | None
+    eta: float | None
+    min_p: float
+    no_privacy: bool
+    out: Path | None
+    noise_seed: int | None
+    json_report: bool
+    channel: Path | None
+    allow_channel_mismatch: bool
+    precision: str | None
+
+
+def _stored_columns(meta: dict, data: str, fmt: str | None) -> tuple[str | None, str | None]:
+    """The text (and pair) columns `rapt tune` read, when ``data`` has them all; else (None,
+    None), and the loader guesses as usual."""
+    from rapt.data import columns_of
+
+    want = (meta.get("text_column"), meta.get("text_pair_column"))
+    present = columns_of(data, fmt)
+    if want[0] is None or present is None or any(c not in present for c in want if c):
+        return None, None
+    return want
+
+
+def _stored_label_column(meta: dict, data: str, fmt: str | None) -> str | None:
+    """The label column `rapt tune` read, when ``data`` has it (predict needs no labels: a
+    file without it is read unlabelled, as before)."""
+    from rapt.data import columns_of
+
+    want = meta.get("label_column")
+    present = columns_of(data, fmt) if want else None
+    return want if present is not None and want in present else None
+
+
+def _stored_format(meta: dict, data: str) -> str | None:
+    """The --format `rapt tune` was given, for a file with the training file's suffix."""
+    fmt, trained_on = meta.get("format"), meta.get("dataset")
+    if not fmt or not trained_on:
+        return None
+    return fmt if Path(trained_on).suffix.lower() == Path(data).suffix.lower() else None
+
+
+def _check_pairs(meta: dict, artifact: Path, ds) -> None:
+    """A prompt tuned on sentence pairs reads pairs, one tuned on single texts single texts."""
+    if "text_pair_column" not in meta:  # artifacts from before pairs were recorded
+        return
+    tuned_pairs = meta["text_pair_column"] is not None
+    has_pairs = ds.report.get("text_pair_column") is not None
+    if tuned_pairs and not has_pairs:
+        fail(f"{artifact} was tuned on sentence pairs ('{meta['text_column']}' + "
+             f"'{meta['text_pair_column']}') but {ds.source} was read as single texts; name "
+             "its two text columns with --text-column and --text-pair-column")
+    if has_pairs and not tuned_pairs:
+        fail(f"{artifact} was tuned on single texts but {ds.source} was read as sentence pairs "
+             f"('{ds.report['text_column']}' + '{ds.report['text_pair_column']}'); name the "
+             "text column with --text-column")
+
+
+_PREDICT_HELP = {
+    "text_column": "default: the column `rapt tune` read, when the file has it",
+    "label_column": "gold labels, if any: accuracy is printed when every example has one "
+    "(default: the column `rapt tune` read, when the file has it)",
+    "no_privacy": "send clear queries, unprivatized (default: the artifact's level: its η, or "
+    "clear text for a prompt tuned with --no-privacy)",
+    "label_names": "default: the names stored in the artifact by `rapt tune` (give them only "
+    "for an artifact without; they must match the artifact's)",
+    "out": "write every prediction to this file, JSONL or CSV by its suffix (.jsonl/.csv): "
+    "row, text, label name, gold label, probabilities by label name (default: print a summary "
+    "and the first rows)",
+    "noise_seed": "seed the query privatization noise (tests only; default: OS entropy)",
+    "json_report": "print one JSON line at the end: examples, accuracy and the queries' privacy "
+    "(η, measured P, inversion success)",
+    "channel": "the channel model the prompt was tuned with (`rapt tune --channel`): a denoiser "
+    "reads the queries back before predict, a channel adapter is the backbone that reads them",
+    "allow_channel_mismatch": "predict even when --channel is not the channel model the prompt "
+    "was tuned with (or is missing): accuracy will suffer",
+}
+
+
+@app.command()
+def predict(
+    artifact: Path = typer.Argument(..., help="folder written by `rapt tune`"),
+    data: str = typer.Argument(..., help="dataset name or file"),
+    split: str = typer.Option("dev"),
+    limit: int | None = LIMIT,
+    text_column: str | None = with_help(TEXT_COLUMN, _PREDICT_HELP["text_column"]),
+    text_pair_column: str | None = TEXT_PAIR_COLUMN,
+    label_column: str | None = with_help(LABEL_COLUMN, _PREDICT_HELP["label_column"]),
+    fmt: str | None = FORMAT,
+    label_names: str | None = with_help(LABEL_NAMES, _PREDICT_HELP["label_names"]),
+    label_base: int | None = with_help(LABEL_BASE, BASE_HELP + "; default: as in tune"),
+    backbone: str | None = typer.Option(None, help="default: the artifact's backbone"),
+    eta: float | None = with_help(ETA, "default: the artifact's η (same as training)"),
+    min_p: float = MIN_P,
+    no_privacy: bool = with_help(NO_PRIVACY, _PREDICT_HELP["no_privacy"]),
+    out: Path | None = typer.Option(None, help=_PREDICT_HELP["out"]),
+    noise_seed: int | None = typer.Option(None, help=_PREDICT_HELP["noise_seed"]),
+    json_report: bool = typer.Option(False, "--json-report", help=_PREDICT_HELP["json_report"]),
+    channel: Path | None = typer.Option(None, "--channel", help=_PREDICT_HELP["channel"]),
+    allow_channel_mismatch: bool = typer.Option(
+        False, "--allow-channel-mismatch", help=_PREDICT_HELP["allow_channel_mismatch"]),
+    precision: str | None = with_help(PRECISION, PRECISION_HELP + " (default: the artifact's)"),
+) -> None:
+    """Privatize queries locally (same η as training) and predict with a tuned prompt. The data
+    need no labels; accuracy is reported when every example has one. Prints η, the measured P
+    and the nearest-neighbour inversion success of the privatized queries."""
+    o = PredictOptions(**locals())  # the options, typed, for the stage helpers below
+    from rapt.artifacts import ArtifactError
+    from rapt.tuning.tune import TunedPrompt
+
+    check_out_or_fail(out)
+    try:
+        tuned = TunedPrompt.load(artifact)
+    except ArtifactError as e:
+        fail(str(e))
+    if precision is not None:
+        if precision not in PRECISIONS:
+            fail(f"--precision must be one of {', '.join(PRECISIONS)} (got {precision!r})")
+        tuned.config.precision = precision  # read by the model predict builds
+    names, ds = _query_data(o, tuned.meta)
+    _check_pairs(tuned.meta, artifact, ds)
+    bb = load_backbone_or_fail(backbone or tuned.meta.get("backbone", "minilm"))
+    eta = _query_eta(tuned.meta, eta, no_privacy, bb, artifact)
+    from rapt.pipeline import Customization
+
+    check_eta_options(eta, None)
+    den = _predict_channel(o, tuned.meta, bb)
+    custom = Customization.from_artifact(bb, tuned, eta=eta, noise_seed=noise_seed, channel=den)
+    if custom.privatizer is not None:
+        warn_if_seeded(noise_seed)
+    rows = custom.rows(ds.texts, ds.text_pairs, queries=True)
+    if custom.privatizer is not None:
+        rows = privatize_with_bar(custom, rows)
+        echo_privacy(custom.privacy, backbone=bb.name, err=True, min_p=min_p, what="query set")
+        echo_channel(custom.privacy, err=True)
+    probs = custom.predict_proba(rows)
+    from rapt.predictions import Predictions
+
+    preds = Predictions(names or [str(i) for i in range(probs.shape[1])], probs.tolist(),
+                        texts=ds.texts, text_pairs=ds.text_pairs,
+                        gold=[e.label for e in ds.examples])
+    echo_predictions(preds, out, eta=eta, fixes=collapse_fixes(
+        method=tuned.config.method, private=tuned.meta.get("eta") is not None,
+        dp=bool(tuned.meta.get("dp")), retune=True))
+    if json_report:
+        typer.echo(json.dumps({"artifact": str(artifact), "examples": len(preds),
+                               "accuracy": preds.accuracy(), "eta": eta,
+                               "privacy": custom.privacy}))
+
+
+def _query_data(o: PredictOptions, meta: dict):
+    """(label names, dataset) of `rapt predict`: gold labels of a user file are read by the
+    prompt's own label names, so that ids mean the same classes (built-ins have fixed names)."""
+    from rapt.data import BUILTINS
+
+    stored = meta.get("label_names")
+    given = split_names(o.label_names)
+    if given is not None and stored and list(given) != list(stored):
+        fail(f"--label-names {','.join(given)} differ from the names stored in {o.artifact} "
+             f"({','.join(stored)}); leave --label-names out to use the stored ones")
+    names = stored or given
+    label_base = o.label_base if o.label_base is not None else meta.get("label_base")
+    user_file = o.data not in BUILTINS
+    text_column, text_pair_column = o.text_column, o.text_pair_column
+    fmt = o.fmt if o.fmt is not None or not user_file else _stored_format(meta, o.data)
+    if user_file and text_column is None and text_pair_column is None:
+        text_column, text_pair_column = _stored_columns(meta, o.data, fmt)
+    label_column = o.label_column
+    if user_file and label_column is None:
+        label_column = _stored_label_column(meta, o.data, fmt)
+        if label_column not in (None, "label"):
+            typer.echo(f"note: gold labels from column '{label_column}', the one `rapt tune` "
+                       "read (--label-column names another)", err=True)
+    ds = load_data_or_fail(o.data, o.split, limit=o.limit, text_column=text_column,
+                           label_column=label_column, label_names=names if user_file else None,
+                           fmt=fmt, label_base=label_base if user_file and names else None,
+                           text_pair_column=text_pair_column)
+    return names, ds
+
+
+def _predict_channel(o: PredictOptions, meta: dict, bb):
+    """The channel model for `rapt predict`: it must be the one the prompt was tuned with
+    (same fingerprint), or absent for a prompt tuned without one; otherwise refuse, unless
+    --allow-channel-mismatch (then a warning)."""
+    from rapt.channel.model import channel_fingerprint
+
+    recorded = meta.get("channel") or None
+    den = load_channel(o.channel, bb) if o.channel is not None else None
+    problem = None
+    if recorded and den is None:
+        problem = (f"{o.artifact} was tuned with the channel model {recorded.get('path')!r} "
+                   f"; pass --channel {recorded.get('path') or 'FOLDER'}")
+    elif den is not None and not recorded:
+        problem = (f"{o.artifact} was tuned without a channel model; leave --channel out")
+    elif den is not None and channel_fingerprint(den) != recorded.get("fingerprint"):
+        problem = (f"--channel {o.channel} is not the channel model {o.artifact} was tuned with "
+                   f"({recorded.get('path')!r}: another fingerprint); pass that one")
+    if problem is None:
+        return den
+    if not o.allow_channel_mismatch:
+        fail(problem + ", or --allow-channel-mismatch to predict anyway")
+    typer.echo(f"warning: --allow-channel-mismatch: {problem}; predicting anyway", err=True)
+    return den
+
+
+def _query_eta(meta: dict, eta: float | None, no_privacy: bool, bb,
+               artifact: Path) -> float | None:
+    """The queries' η as the artifact recorded it: --eta when given, else the training's; None
+    (clear queries, announced) with --no-privacy or for a prompt tuned with --no-privacy. An
+    artifact that records neither gets the default level."""
+    if no_privacy:
+        if eta is not None:
+            fail("--no-privacy sends the queries in clear: give it or --eta, not both")
+        typer.echo("warning: --no-privacy: queries are used in clear text", err=True)
+        return None
+    if eta is not None or meta.get("eta") is not None:
+        return eta if eta is not None else float(meta["eta"])
+    if meta.get("no_privacy"):
+        typer.echo(f"warning: {artifact} was tuned with --no-privacy: queries are used in clear "
+                   "text too (--eta privatizes them)", err=True)
+        return None
+    from rapt.privacy.mechanism import calibrate_eta_public
+    from rapt.privacy.rule import DEFAULT_TARGET_P
+
+    eta = calibrate_eta_public(bb, DEFAULT_TARGET_P)
+    typer.echo(f"note: {artifact} records no privacy level: queries are privatized at the "
+               f"default level, P ≈ {DEFAULT_TARGET_P:g} (η = {eta:.4g}); --no-privacy sends "
+               "them in clear", err=True)
+    return eta
