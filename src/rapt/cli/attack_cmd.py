@@ -25,6 +25,14 @@ from rapt.cli.options import ETA, TARGET_P, TEXT_COLUMN
 from rapt.config import DEFAULT_PRIVATIZER_MODE
 from rapt.privacy.rule import DEFAULT_TARGET_P
 
+# The options `attack invert` and `attack reconstruct` share.
+NOISE_SEED = typer.Option(None, "--noise-seed", "--seed",
+                          help="seed the simulated privacy noise (default: OS entropy)")
+INPUT_FORMAT = typer.Option("auto", "--format", help="input format (see rapt privatize)")
+SPLIT = typer.Option("train", "--split")
+RECORDS = typer.Option(None, "--limit", help="first N records only")
+JSON_REPORT = typer.Option(False, "--json-report")
+
 attack_app = sub_app(help="Simulated attacks that measure empirical privacy.",
                      no_args_is_help=True)
 app.add_typer(attack_app, name="attack")
@@ -45,13 +53,12 @@ def invert(
     mode: str = typer.Option(DEFAULT_PRIVATIZER_MODE, "--mode",
                              help="search used by mechanism and attacker: exact, fast "
                              "(certified exact), annoy"),
-    seed: int | None = typer.Option(None, "--noise-seed", "--seed",
-                                    help="seed the simulated privacy noise (default: OS entropy)"),
-    fmt: str = typer.Option("auto", "--format", help="input format (see rapt privatize)"),
-    split: str = typer.Option("train", "--split"),
+    seed: int | None = NOISE_SEED,
+    fmt: str = INPUT_FORMAT,
+    split: str = SPLIT,
     text_column: str | None = TEXT_COLUMN,
-    limit: int | None = typer.Option(None, "--limit", help="first N records only"),
-    json_report: bool = typer.Option(False, "--json-report"),
+    limit: int | None = RECORDS,
+    json_report: bool = JSON_REPORT,
 ) -> None:
     """Nearest-neighbour embedding inversion: privatize the input at each η, let the attacker
     map every received token (or noised vector) to its nearest vocabulary token, report the
@@ -169,13 +176,12 @@ def reconstruct(
     option: list[str] = typer.Option([], "--option", help="KEY=VALUE passed to the attackers "
                                      "(repeatable)"),
     mode: str = typer.Option("fast", "--mode", help="search: exact, fast, annoy"),
-    seed: int | None = typer.Option(None, "--noise-seed", "--seed",
-                                    help="seed the simulated privacy noise (default: OS entropy)"),
-    fmt: str = typer.Option("auto", "--format", help="input format (see rapt privatize)"),
-    split: str = typer.Option("train", "--split"),
+    seed: int | None = NOISE_SEED,
+    fmt: str = INPUT_FORMAT,
+    split: str = SPLIT,
     text_column: str | None = TEXT_COLUMN,
-    limit: int | None = typer.Option(None, "--limit", help="first N records only"),
-    json_report: bool = typer.Option(False, "--json-report"),
+    limit: int | None = RECORDS,
+    json_report: bool = JSON_REPORT,
 ) -> None:
     """Token reconstruction: privatize the input, let each attacker guess the original tokens
     from the release (and public knowledge only), report token recovery over all tokens and

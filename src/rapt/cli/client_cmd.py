@@ -120,6 +120,7 @@ def _echo_privacy(c, json_report: bool = False) -> None:
     warning, as every command prints them (stderr); with --json-report both as one JSON line."""
     from dataclasses import asdict
 
+    from rapt.client.client import RELEASE_NAMES
     from rapt.privacy.attack_table import strongest_at
     from rapt.privacy.mechanism import privacy_line
 
@@ -136,7 +137,7 @@ def _echo_privacy(c, json_report: bool = False) -> None:
                    err=True)
         echo_table_line(c.backbone.name, r["eta"], err=True)
         warn_weak_privacy(r, backbone=c.backbone.name, min_p=r.get("min_p"),
-                          what={"upload": "training data", "predict": "query set"}[r["what"]])
+                          what=RELEASE_NAMES[r["what"]])
         table = asdict(strongest_at(c.backbone.name, r["eta"]))
     if json_report and r:
         typer.echo(json.dumps({"privacy": r, "attack_table": table}))

@@ -79,7 +79,7 @@ class Prediction:
 
 
 # The weak-privacy warning names a release as the CLI's commands do.
-_RELEASE_NAMES = {"upload": "training data", "predict": "query set"}
+RELEASE_NAMES = {"upload": "training data", "predict": "query set"}
 
 
 class RaptClient:
@@ -206,7 +206,7 @@ class RaptClient:
 
             # The rule every command applies (rapt.privacy.rule): table and measured recovery.
             msg = weak_privacy_warning(report, backbone=self.backbone.name, min_p=self.min_p,
-                                       what=_RELEASE_NAMES.get(what, what))
+                                       what=RELEASE_NAMES.get(what, what))
             if msg is not None:
                 warnings.warn(msg, WeakPrivacyWarning, stacklevel=3)
         self.last_privacy = report

@@ -554,8 +554,9 @@ def calibrate_eta_public(backbone, target_p: float, *, candidate_ids: Tensor | N
         return cached
     eta = calibrate_eta(emb, target_p, sample, special, candidate_ids=candidate_ids, mode=mode,
                         tol=tol)
-    if on_target(eta):  # a bisection that ended short of the target is not worth keeping
-        _eta_cache_put(key, eta)
+    # Kept without measuring again: a bisection that ended short of the target fails the
+    # check above on the next read and is calibrated anew (to the same η: it is seeded).
+    _eta_cache_put(key, eta)
     return eta
 
 
