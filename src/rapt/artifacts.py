@@ -118,6 +118,8 @@ def load_artifact(folder: str | Path, kind: Kind = TUNED_PROMPT
 # --------------------------------------------------------------------------- sharing a folder
 
 TRAIN_LOG = "train-log.NOT-PRIVATE.json"  # per-step losses on private batches
+LOCAL = "local.NOT-PRIVATE"  # + .json / .safetensors: the user's local model
+LOCAL_FORMAT = "rapt-local-model"
 MEASURED = "measured.NOT-PRIVATE.json"  # privacy (and loss) measured on the private rows
 # A release's privacy report: these fields are its level (chosen before any row was seen); the
 # others (measured P, inversion success, token count, a channel model's recovery) are
@@ -179,3 +181,42 @@ def write_train_log(out: str | Path, history: list[dict]) -> Path:
     doc = {"warning": "per-step losses and accuracies on private batches: not covered by the "
            "privacy guarantee, keep local, never publish", "history": _jsonable(history)}
     return write_private(beside(out, TRAIN_LOG), json.dumps(doc) + "\n")
+
+
+def write_local_model(out: str | Path, baseline: Any, fusion: Any = None) -> list[Path]:
+    """``OUT.local.NOT-PRIVATE.json`` (metadata, vocabulary, fusion weights) and
+    ``OUT.local.NOT-PRIVATE.safetensors`` (idf, coefficients), both 0600: the user's local model
+    (a :class:`rapt.local.LocalBaseline`) and the weights that fuse it with the prompt. Its
+    vocabulary holds words of the private rows: never inside ``out``, never uploaded."""
+    from safetensors.numpy import save
+
+    meta, arrays = baseline.state()
+    doc = {"warning": "a model of the private rows (its vocabulary holds their words): keep "
+           "local, never publish", "format": LOCAL_FORMAT, "baseline": meta,
+           "fusion": fusion.to_dict() if fusion is not None else None}
+    return [write_private(beside(out, LOCAL + ".safetensors"), save(arrays)),
+            write_private(beside(out, LOCAL + ".json"), json.dumps(_jsonable(doc)) + "\n")]
+
+
+def read_local_model(out: str | Path) -> tuple[Any, Any] | None:
+    """(LocalBaseline, Fusion or None) saved beside ``out`` by :func:`write_local_model`; None
+    when there is none. ArtifactError naming the file when one is there but unreadable."""
+    from safetensors.numpy import load_file as load_np
+
+    from rapt.local import Fusion, LocalBaseline
+
+    js, st = beside(out, LOCAL + ".json"), beside(out, LOCAL + ".safetensors")
+    if not js.exists() and not st.exists():
+        return None
+    for f in (js, st):
+        if not f.exists():
+            raise ArtifactError(f"{f}: missing (the local model is saved as two files)")
+    try:
+        doc = json.loads(js.read_text())
+        if doc.get("format") != LOCAL_FORMAT:
+            raise ValueError(f"field 'format' is {doc.get('format')!r}, not {LOCAL_FORMAT!r}")
+        baseline = LocalBaseline.from_state(doc["baseline"], load_np(str(st)))
+        fusion = Fusion.from_dict(doc["fusion"]) if doc.get("fusion") else None
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own error types
+        raise ArtifactError(f"{js}: not a local model rapt can read: {e}") from e
+    return baseline, fusion

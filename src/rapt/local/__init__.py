@@ -13,7 +13,7 @@ shareable output, never inside it, and never sent to a provider.
 """
 
 from rapt.local.baseline import LocalBaseline
-from rapt.local.fusion import Fusion, holdout_split
+from rapt.local.fusion import Fusion, fit_user_side, holdout_split
 from rapt.local.verdict import Comparison, verdict
 
-__all__ = ["Comparison", "Fusion", "LocalBaseline", "holdout_split", "verdict"]
+__all__ = ["Comparison", "Fusion", "LocalBaseline", "fit_user_side", "holdout_split", "verdict"]

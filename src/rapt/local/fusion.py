@@ -117,5 +117,38 @@ class Fusion:
         return cls(a, b, int(d.get("n_rows", 0)), d.get("accuracy"))
 
 
+def pick(xs: list | None, idx: np.ndarray) -> list | None:
+    """The rows ``idx`` of a list (None stays None)."""
+    return None if xs is None else [xs[int(i)] for i in idx]
+
+
 def _acc(p: np.ndarray, y: np.ndarray) -> float:
     return float((p.argmax(-1) == y).mean())
+
+
+def fit_user_side(texts: list[str], labels: np.ndarray | list[int], num_labels: int,
+                  held: np.ndarray, remote_held: np.ndarray | None, *,
+                  text_pairs: list[str | None] | None = None, seed: int = 0):
+    """Everything the user side fits after a remote tune, on the clean rows the user holds:
+    -> (local model on every row, Fusion or None, :class:`rapt.local.verdict.Comparison`).
+
+    ``held``: indices of the held-out slice (the prompt never trained on them; empty: none);
+    ``remote_held``: the prompt's probabilities (len(held), C) on those rows, privatized as a
+    query is (None: not measured). The fusion weights and the comparison use a local model
+    fitted without the slice; the local model returned is refitted on every row."""
+    from rapt.local.baseline import LocalBaseline
+    from rapt.local.verdict import Comparison
+
+    y = np.asarray(labels, dtype=np.int64)
+    held = np.asarray(held, dtype=np.int64)
+    final = LocalBaseline.fit(texts, y, num_labels, text_pairs=text_pairs, seed=seed)
+    if len(held) == 0 or remote_held is None:
+        return final, None, Comparison(final.cv_accuracy or 0.0, None, None, final.n_rows,
+                                       f"{final.folds}-fold cross-validation")
+    keep = np.setdiff1d(np.arange(len(y)), held)
+    part = LocalBaseline.fit(pick(texts, keep), y[keep], num_labels,
+                             text_pairs=pick(text_pairs, keep), seed=seed)
+    local_held = part.predict_proba(pick(texts, held), pick(text_pairs, held))
+    fusion = Fusion.fit(remote_held, local_held, y[held])
+    acc = fusion.accuracy or {}
+    return final, fusion, Comparison(acc["local"], acc["remote"], acc["fused"], len(held))
