@@ -106,9 +106,10 @@ class LocalBaseline:
             "ngram_range"])}, "vocabulary": {t: int(i) for t, i in vec.vocabulary_.items()},
             "num_labels": self.num_labels, "C": self.C, "cv_accuracy": self.cv_accuracy,
             "folds": self.folds, "n_rows": self.n_rows, "fit_seconds": self.fit_seconds}
-        arrays = {"idf": vec.idf_.astype(np.float64), "coef": lr.coef_.astype(np.float64),
-                  "intercept": lr.intercept_.astype(np.float64),
-                  "classes": lr.classes_.astype(np.int64)}
+        # C order: safetensors writes the raw buffer, and lbfgs leaves coef_ in Fortran order
+        arrays = {k: np.ascontiguousarray(v, dtype=t) for k, v, t in (
+            ("idf", vec.idf_, np.float64), ("coef", lr.coef_, np.float64),
+            ("intercept", lr.intercept_, np.float64), ("classes", lr.classes_, np.int64))}
         return meta, arrays
 
     @classmethod
