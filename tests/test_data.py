@@ -146,10 +146,27 @@ def test_builtin_missing_file(fake_data):
 def test_limit_reads_everything_and_keeps_label_ids(tmp_path):
     p = write(tmp_path / "d.csv", "text,label\nx,zeta\ny,alpha\nz,beta\n")
     full = load_dataset(p)
-    lim = load_dataset(p, limit=1)
+    lim = load_dataset(p, limit=1, limit_seed=None)  # the first row
     assert full.label_names == lim.label_names == ["alpha", "beta", "zeta"]
     assert lim.labels == [2] and lim.report["read"] == 3 and lim.report["kept"] == 1
     assert lim.report["per_label"] == {"alpha": 0, "beta": 0, "zeta": 1}
+    assert load_dataset(p, limit=1).label_names == full.label_names  # a sample: same ids
+
+
+def test_limit_is_a_seeded_sample_in_file_order(tmp_path):
+    # Stored in label order, as financial_phrasebank's splits are: the first N would be one class.
+    rows = [f"text {i},{'abc'[i // 100]}" for i in range(300)]
+    p = write(tmp_path / "sorted.csv", "text,label\n" + "\n".join(rows) + "\n")
+    a, b = load_dataset(p, limit=30), load_dataset(p, limit=30, limit_seed=0)
+    assert a.texts == b.texts and len(a) == 30  # default seed 0: same seed, same rows
+    assert set(a.labels) == {0, 1, 2}
+    order = [int(t.split()[1]) for t in a.texts]
+    assert order == sorted(order)  # file order among the chosen rows
+    other = load_dataset(p, limit=30, limit_seed=1)
+    assert other.texts != a.texts and set(other.labels) == {0, 1, 2}
+    assert a.report["limit_seed"] == 0 and other.report["limit_seed"] == 1
+    assert load_dataset(p, limit=30, limit_seed=None).labels == [0] * 30  # the head: one class
+    assert load_dataset(p, limit=500).texts == load_dataset(p).texts  # N >= rows: every row
 
 
 # --------------------------------------------------------------------------- user files

@@ -131,15 +131,17 @@ def load_data_or_fail(data: str, split: str = "train", *, limit: int | None = No
                       text_column: str | None = None, label_column: str | None = None,
                       attribute: str | None = None, label_names: list[str] | None = None,
                       fmt: str | None = None, label_base: int | None = None,
-                      text_pair_column: str | None = None):
+                      text_pair_column: str | None = None, limit_seed: int = 0):
     """``rapt.data.load_dataset`` with the shared data options, its notes on stderr; a bad
-    file is one error line naming file, line and field (exit 2)."""
+    file is one error line naming file, line and field (exit 2). ``limit``: a random sample
+    seeded by ``limit_seed`` (the command's --seed), in file order."""
     from rapt.data import DataError, load_dataset
 
     try:
         ds = load_dataset(data, split, text_column=text_column, label_column=label_column,
                           attribute=attribute, limit=limit, label_names=label_names,
-                          format=fmt, label_base=label_base, text_pair_column=text_pair_column)
+                          format=fmt, label_base=label_base, text_pair_column=text_pair_column,
+                          limit_seed=limit_seed)
     except (DataError, FileNotFoundError) as e:
         fail(str(e))
     echo_data_notes(ds)

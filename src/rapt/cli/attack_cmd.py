@@ -30,7 +30,8 @@ NOISE_SEED = typer.Option(None, "--noise-seed", "--seed",
                           help="seed the simulated privacy noise (default: OS entropy)")
 INPUT_FORMAT = typer.Option("auto", "--format", help="input format (see rapt privatize)")
 SPLIT = typer.Option("train", "--split")
-RECORDS = typer.Option(None, "--limit", help="first N records only")
+RECORDS = typer.Option(None, "--limit", help="N records only, a random sample (seed 0, not the "
+                       "noise seed: the same N every run) in file order")
 JSON_REPORT = typer.Option(False, "--json-report")
 
 attack_app = sub_app(help="Simulated attacks that measure empirical privacy.",
@@ -233,7 +234,8 @@ def attribute(
     data: str = typer.Option("trustpilot"),
     train_split: str = typer.Option("a"),
     test_split: str = typer.Option("b"),
-    limit: int | None = typer.Option(1000, help="examples per split"),
+    limit: int | None = typer.Option(1000, help="examples per split, a random sample seeded "
+                                     "by --seed, in file order"),
     eta: float | None = typer.Option(None, help="privatize the texts with η first"),
     artifact: Path | None = typer.Option(None, help="tuned prompt: attack its states"),
     max_length: int = typer.Option(128),
@@ -249,8 +251,8 @@ def attribute(
 
     if attribute not in ("gender", "age"):
         fail(f"--attribute must be gender or age (got {attribute!r})")
-    tr = load_data_or_fail(data, train_split, limit=limit, attribute=attribute)
-    te = load_data_or_fail(data, test_split, limit=limit, attribute=attribute)
+    tr = load_data_or_fail(data, train_split, limit=limit, attribute=attribute, limit_seed=seed)
+    te = load_data_or_fail(data, test_split, limit=limit, attribute=attribute, limit_seed=seed)
     bb = load_backbone_or_fail(backbone)
     from rapt.artifacts import ArtifactError
 

@@ -41,7 +41,8 @@ _LABEL = LABEL_COLUMN
 _NAMES = LABEL_NAMES
 _BASE = LABEL_BASE
 _ATTR = typer.Option(None, "--attribute", help="use a private attribute as label (gender, age)")
-_LIMIT = typer.Option(None, "--limit", help="keep the first N records (all are checked)")
+_LIMIT = typer.Option(None, "--limit", help="keep N records, a random sample (seed 0: the "
+                      "same N every run) in file order (all are checked)")
 _FORMAT = FORMAT
 
 

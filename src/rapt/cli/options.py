@@ -34,7 +34,10 @@ LABEL_COLUMN = typer.Option(None, "--label-column", help="label column/key of yo
 FORMAT = typer.Option(None, "--format", help=FORMAT_HELP)
 LABEL_NAMES = typer.Option(None, "--label-names", help=NAMES_HELP)
 LABEL_BASE = typer.Option(None, "--label-base", help=BASE_HELP)
-LIMIT = typer.Option(None, "--limit", help="use the first N examples")
+LIMIT_HELP = ("use N examples: a random sample seeded by the command's --seed (0 without "
+              "one; same seed, same rows), kept in file order; every record is still read and "
+              "checked")
+LIMIT = typer.Option(None, "--limit", help=LIMIT_HELP)
 
 # -- privacy ------------------------------------------------------------------------------------
 ETA = typer.Option(None, "--eta", help="privatize locally with this dχ-privacy parameter η "

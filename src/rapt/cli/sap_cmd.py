@@ -66,10 +66,10 @@ VERSION = 1
 
 def _data(data: str, split: str, limit: int | None, text_column: str | None,
           label_column: str | None, label_names: list[str] | None = None,
-          fmt: str | None = None, label_base: int | None = None):
+          fmt: str | None = None, label_base: int | None = None, limit_seed: int = 0):
     return load_data_or_fail(data, split, limit=limit, text_column=text_column,
                              label_column=label_column, label_names=label_names, fmt=fmt,
-                             label_base=label_base)
+                             label_base=label_base, limit_seed=limit_seed)
 
 
 def _eta(bb, eta: float | None, target_p: float | None,
@@ -163,7 +163,8 @@ def sap_tune(
     target_p = privacy_level(eta, target_p, target_ep, no_privacy,
                              clear="the bottom's release is not privatized")
     ds = _labelled_data(data, split, limit, text_column, label_column,
-                        label_names=split_names(label_names), fmt=fmt, label_base=label_base)
+                        label_names=split_names(label_names), fmt=fmt, label_base=label_base,
+                        limit_seed=seed)
     bb = load_backbone_or_fail(backbone)
     e = _eta(bb, eta, target_p, target_ep)
     cfg = _config(split_layer=split_layer, eta=e, cti=cti, cti_multiplier=cti_multiplier,
@@ -469,7 +470,7 @@ def sap_attack(
     target_p: float | None = TARGET_P,
     target_ep: float | None = TARGET_EP,
     split: str = typer.Option("train"),
-    limit: int = typer.Option(64, help="rows attacked"),
+    limit: int = typer.Option(64, help="rows attacked, a random sample (seed 0) in file order"),
     text_column: str | None = TEXT_COLUMN,
     max_length: int = typer.Option(64),
     candidates: int = typer.Option(64, help="optimisation attack: candidates per position "

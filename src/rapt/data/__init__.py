@@ -3,8 +3,8 @@
 Every loader reads the whole file, validates every record and either returns all of them or
 raises :class:`DataError` naming the file, the 1-based line and the problem. Nothing is dropped
 silently: blank lines (which are not records) are counted in ``Dataset.report``, and ``limit``
-keeps the first rows only after the whole file has been read and checked, so label ids never
-depend on ``limit``.
+keeps a seeded random sample of rows (file order kept) only after the whole file has been read
+and checked, so label ids never depend on ``limit``.
 
 Built-in names (files under :func:`data_dir`):
 

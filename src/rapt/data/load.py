@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import random
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -39,7 +40,19 @@ def columns_of(name_or_path: str | Path, format: str | None = None) -> list[str]
     return None
 
 
-def _dataset(src: _Source, limit: int | None) -> Dataset:
+def limited(examples: list, limit: int | None, seed: int | None = 0) -> list:
+    """``limit`` rows of ``examples``: a random sample seeded by ``seed``, in file order (the
+    first ``limit`` with ``seed=None``). A sample, not the head: a file stored in label order
+    (financial_phrasebank's splits) would otherwise give one class."""
+    if limit is None or limit >= len(examples):
+        return list(examples)
+    if seed is None:
+        return list(examples[:limit])
+    keep = sorted(random.Random(seed).sample(range(len(examples)), limit))
+    return [examples[i] for i in keep]
+
+
+def _dataset(src: _Source, limit: int | None, limit_seed: int | None = 0) -> Dataset:
     """Read and check every record of ``src``, map the labels, and report (see load_dataset)."""
     lmap, spec = src.labels, src.spec
     rows, blank = _validated_rows(FORMATS[src.fmt], src.text, src.path, spec, lmap)
@@ -52,8 +65,7 @@ def _dataset(src: _Source, limit: int | None) -> Dataset:
     read = len(examples)
     if src.seeded_splits:
         examples = _seeded_split(examples, src.seeded_splits, str(src.split))
-    if limit is not None:
-        examples = examples[:limit]
+    examples = limited(examples, limit, limit_seed)
     report = {
         "file": str(src.path),
         "format": src.shown_format or src.fmt,
@@ -61,6 +73,7 @@ def _dataset(src: _Source, limit: int | None) -> Dataset:
         "read": read,
         "kept": len(examples),
         "limit": limit,
+        "limit_seed": limit_seed if limit is not None else None,
         "blank_lines": blank,
         "format_guessed": src.guessed,
         "label_base": lmap.base if lmap.fixed and lmap.allow_index else None,
@@ -98,6 +111,7 @@ def load_dataset(
     limit: int | None = None,
     format: str | None = None,
     label_base: int | None = None,
+    limit_seed: int | None = 0,
 ) -> Dataset:
     """Load a built-in dataset by name, or a user's file.
 
@@ -144,7 +158,9 @@ def load_dataset(
     as JSONL records ("line" = 1-based row), and a ``ClassLabel`` label column supplies the
     label names (its -1 = unlabelled).
 
-    ``limit`` keeps the first ``limit`` records after reading and checking the whole file.
+    ``limit`` keeps ``limit`` records after reading and checking the whole file: a random
+    sample seeded by ``limit_seed`` (default 0; same seed, same rows), in file order among the
+    chosen rows; ``limit_seed=None`` keeps the first ``limit`` instead.
     Raises DataError naming file, line and problem for anything malformed.
     """
     if limit is not None and limit < 0:
@@ -152,4 +168,4 @@ def load_dataset(
     opts = _Options(text_column=text_column, text_pair_column=text_pair_column,
                     label_column=label_column, label_names=label_names, attribute=attribute,
                     format=format, label_base=label_base)
-    return _dataset(_open(str(name_or_path), split, opts), limit)
+    return _dataset(_open(str(name_or_path), split, opts), limit, limit_seed)
