@@ -76,3 +76,27 @@ def test_bad_shapes_are_refused():
         Predictions(["a", "b"], [[1, 0], [0, 1]], texts=["x"])
     with pytest.raises(ValueError, match="distinct"):
         Predictions(["a", "a"], [[1, 0]])
+
+
+def test_fused_predictions_carry_each_sides_probabilities():
+    """A fused prediction file holds the fused probabilities and, beside them, the hosted
+    model's and the local model's; a side of the wrong shape is refused."""
+    import csv
+    import io
+    import json
+
+    import pytest
+
+    from rapt.predictions import Predictions
+
+    p = Predictions(["neg", "pos"], [[0.2, 0.8]], texts=["x"],
+                    sides={"remote": [[0.4, 0.6]], "local": [[0.1, 0.9]]})
+    rec = json.loads(p.render("jsonl"))
+    assert rec["probabilities"] == {"neg": 0.2, "pos": 0.8}
+    assert rec["probabilities_remote"] == {"neg": 0.4, "pos": 0.6}
+    assert rec["probabilities_local"]["pos"] == 0.9
+    row = next(csv.DictReader(io.StringIO(p.render("csv"))))
+    assert (row["p(pos)"], row["p_remote(pos)"], row["p_local(neg)"]) == ("0.8", "0.6", "0.1")
+    assert "p_local(pos)" not in Predictions(["neg", "pos"], [[0.2, 0.8]]).render("csv")
+    with pytest.raises(ValueError, match="sides"):
+        Predictions(["neg", "pos"], [[0.2, 0.8]], sides={"local": [[1.0]]})

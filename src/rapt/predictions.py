@@ -41,7 +41,9 @@ def check_out_path(path: Path | str) -> str:
 class Predictions:
     """Class probabilities ``probs`` (N rows of C values, in label-id order) with the label
     ``names`` (C), and what identifies each row: ``texts`` / ``text_pairs`` (None where a row
-    has no pair) and ``ids`` (default 0..N-1). ``gold``: label ids, None where unknown."""
+    has no pair) and ``ids`` (default 0..N-1). ``gold``: label ids, None where unknown.
+    ``sides``: where ``probs`` fuse two models (the hosted one and the user's local one), each
+    side's own probabilities by name (``{"remote": ..., "local": ...}``), written beside them."""
 
     names: Sequence[str]
     probs: Sequence[Sequence[float]]
@@ -49,6 +51,7 @@ class Predictions:
     text_pairs: Sequence[str | None] | None = None
     gold: Sequence[int | None] | None = None
     ids: Sequence[int | str] | None = None
+    sides: dict[str, Sequence[Sequence[float]]] | None = None
 
     def __post_init__(self) -> None:
         self.names = [str(n) for n in self.names]
@@ -63,6 +66,11 @@ class Predictions:
             seq = getattr(self, what)
             if seq is not None and len(seq) != n:
                 raise ValueError(f"{what}: {len(seq)} entries for {n} predictions")
+        self.sides = {k: [[float(p) for p in row] for row in v]
+                      for k, v in (self.sides or {}).items()}
+        for k, v in self.sides.items():
+            if len(v) != n or any(len(row) != c for row in v):
+                raise ValueError(f"sides[{k!r}]: not {n} rows of {c} probabilities")
 
     def __len__(self) -> int:
         return len(self.probs)
@@ -114,24 +122,31 @@ class Predictions:
                 g = self.gold[i]
                 rec["gold"] = self.names[int(g)] if g is not None else None
             rec["probabilities"] = {n: round(v, 6) for n, v in zip(self.names, row, strict=True)}
+            for side, probs in (self.sides or {}).items():
+                rec[f"probabilities_{side}"] = {n: round(v, 6) for n, v in zip(
+                    self.names, probs[i], strict=True)}
             out.append(rec)
         return out
 
     def render(self, fmt: str) -> str:
         """The whole output file as text: ``jsonl`` or ``csv`` (probabilities as columns
-        ``p(NAME)``)."""
+        ``p(NAME)``, each side's as ``p_SIDE(NAME)``)."""
         recs = self.records()
         if fmt == "jsonl":
             return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recs)
         if fmt != "csv":
             raise ValueError(f"unknown prediction format {fmt!r} (jsonl or csv)")
-        base = [k for k in (recs[0] if recs else {"row": 0, "label": ""}) if k != "probabilities"]
+        sides = list(self.sides or {})
+        base = [k for k in (recs[0] if recs else {"row": 0, "label": ""})
+                if not k.startswith("probabilities")]
         buf = io.StringIO()
         w = csv.writer(buf, lineterminator="\n")
-        w.writerow(base + [f"p({n})" for n in self.names])
+        w.writerow(base + [f"p({n})" for n in self.names]
+                   + [f"p_{s}({n})" for s in sides for n in self.names])
         for r in recs:
             w.writerow([r[k] if r[k] is not None else "" for k in base]
-                       + [r["probabilities"][n] for n in self.names])
+                       + [r["probabilities"][n] for n in self.names]
+                       + [r[f"probabilities_{s}"][n] for s in sides for n in self.names])
         return buf.getvalue()
 
     def summary(self) -> str:

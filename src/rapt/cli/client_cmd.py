@@ -64,6 +64,13 @@ PAD_OPT = typer.Option(None, "--pad-to-bucket", min=1, help="pad every row sent 
                        "of this many tokens, so the wire shows length buckets, not lengths "
                        "(the service strips the padding: the provider still learns lengths)")
 MIN_P_OPT = MIN_P
+NO_LOCAL_OPT = typer.Option(False, "--no-local", help="no local model: the privatized model "
+                            "alone (nothing else changes in what is sent)")
+LOCAL_OUT_OPT = typer.Option(
+    None, "--local-out", help="where the local model lives on this machine: files "
+    "PATH.local.NOT-PRIVATE.json / .safetensors (0600; statistics of your clean rows, never "
+    "sent, never share them). Default: the path `client tune` recorded for the prompt, else "
+    "$RAPT_CACHE/local/<service>-<prompt> (RAPT_CACHE defaults to ~/.cache/rapt)")
 
 
 def _client(url, key, backbone="minilm", eta=None, no_privacy=False, seed=None,
@@ -159,10 +166,19 @@ def client_upload(
     seed: int | None = typer.Option(None, "--noise-seed", "--seed",
                                     help="seed the privatization noise (tests only)"),
     min_p: float = MIN_P_OPT, json_report: bool = JSON_OPT, pad_to_bucket: int | None = PAD_OPT,
+    no_local: bool = typer.Option(
+        False, "--no-local", help="upload every row: hold none out (then `client tune` fits "
+        "the local model by cross-validation only and fuses nothing)"),
+    holdout_seed: int = typer.Option(0, help="seed of the held-out slice"),
     url: str | None = URL_OPT, key: str | None = KEY_OPT,
 ) -> None:
     """Privatize FILE here and upload only the privatized token ids; prints the dataset id,
-    and on stderr η, the measured P and the nearest-neighbour inversion success."""
+    and on stderr η, the measured P and the nearest-neighbour inversion success.
+
+    A held-out slice (20 % of the rows, at most 500; none below about 100 rows) stays on this
+    machine, never uploaded: after `client tune --wait` it scores the tuned model on rows it
+    never trained on, against a local model of your clean rows (--no-local: upload all).
+    --limit N: a random sample of N rows (seed 0), in file order."""
     from rapt.data import load_dataset
 
     # the client warns of --no-privacy itself, before anything is sent
@@ -171,12 +187,19 @@ def client_upload(
         eta = eta_for_target_ep(backbone, target_ep)
     c = _client(url, key, backbone, eta, no_privacy, seed, min_p, target_p=target_p,
                 plain_tokens=plain_len, pad_to_bucket=pad_to_bucket)
-    data = _guard(lambda: load_dataset(file, text_column=text_column, label_column=label_column,
-                                       text_pair_column=text_pair_column, limit=limit))
+    # how to read the rows again after the tune (the held-out ones are never uploaded)
+    reload = {"name_or_path": str(Path(file).resolve()) if Path(file).exists() else file,
+              "text_column": text_column, "label_column": label_column,
+              "text_pair_column": text_pair_column, "limit": limit}
+    data = _guard(lambda: load_dataset(**reload))
     echo_data_notes(data)
-    ds = _guard(lambda: c.upload(data, reconstruction=reconstruction, max_length=max_length))
+    ds = _guard(lambda: c.upload(data, reconstruction=reconstruction, max_length=max_length,
+                                 holdout=not no_local, holdout_seed=holdout_seed, reload=reload))
     typer.echo(ds)
     _echo_privacy(c, json_report)
+    if c.last_upload.get("held_out"):
+        typer.echo(f"held out: {c.last_upload['held_out']} rows kept on this machine, not "
+                   "uploaded (`client tune --wait` scores the tuned model on them)", err=True)
 
 
 @client_app.command("tune")
@@ -198,9 +221,19 @@ def client_tune(
     dp_clip: float | None = typer.Option(None, help="PromptDPSGD: per-example clipping norm C "
                                          "(default 1)"),
     wait: bool = typer.Option(False, help="poll with a progress bar until the job ends"),
+    backbone: str | None = typer.Option(
+        None, "--backbone", help="local copy of the service's backbone, to privatize the "
+        "held-out rows (default: the one the dataset was uploaded with)"),
+    no_local: bool = NO_LOCAL_OPT, local_out: Path | None = LOCAL_OUT_OPT,
     url: str | None = URL_OPT, key: str | None = KEY_OPT,
 ) -> None:
-    """Start a tuning job on an uploaded dataset; prints the job id (and waits with --wait)."""
+    """Start a tuning job on an uploaded dataset; prints the job id (and waits with --wait).
+
+    With --wait, once the job succeeds, on this machine: a local model (TF-IDF + logistic
+    regression) on the clean rows of the upload; the rows held out at upload are privatized
+    and classified by the tuned model (one predict call, as `client predict` sends), and the
+    fusion weights of the two are fitted on them; it prints both accuracies and which model to
+    use, and saves the local model (--local-out). --no-local: none of it."""
     c = _client(url, key)
     dp = None
     if dp_epsilon is not None or dp_noise is not None:
@@ -221,6 +254,43 @@ def client_tune(
         if st["state"] != "succeeded":
             raise typer.Exit(1)
         _echo_training_check(c, st, info)
+        if not no_local:
+            _user_side(url, key, backbone, st["prompt_id"], dataset_id, local_out, seed)
+
+
+def _user_side(url, key, backbone: str | None, prompt_id: str, dataset_id: str,
+               local_out: Path | None, seed: int) -> None:
+    """Stderr: the local model's accuracy, the held-out comparison and the verdict; the local
+    model saved on this machine (0600). Sends one predict call of the held-out rows."""
+    from rapt.artifacts import write_local_model
+    from rapt.local import verdict
+
+    c = _client(url, key)
+    rec = c.holdout_record(dataset_id)
+    if rec is None:
+        typer.echo(f"note: no local model: dataset {dataset_id} was not uploaded from this "
+                   "machine with its rows recorded (or with --no-local)", err=True)
+        return
+    c = _client(url, key, backbone or rec.get("backbone") or "minilm")
+    base, fusion, comp = _guard(lambda: c.user_side(prompt_id, seed=seed))
+    if fusion is not None:
+        _echo_privacy(c)  # what the held-out predict call sent
+    cv = "" if base.cv_accuracy is None else (
+        f", {base.folds}-fold cross-validation accuracy {100 * base.cv_accuracy:.1f} %")
+    typer.echo(f"local model: TF-IDF + logistic regression on your {base.n_rows} clean rows, "
+               f"on this machine (C = {base.C:g}{cv})", err=True)
+    if fusion is not None:
+        acc = fusion.accuracy or {}
+        typer.echo(f"held-out rows ({fusion.n_rows}, never trained on): privatized model "
+                   f"{100 * acc['remote']:.1f} %, local {100 * acc['local']:.1f} %, fused "
+                   f"{100 * acc['fused']:.1f} % (weights: remote {fusion.remote:g}, local "
+                   f"{fusion.local:g})", err=True)
+    typer.echo(verdict(comp).replace("`rapt predict", "`rapt client predict"), err=True)
+    out = local_out or c.local_model_path(prompt_id)
+    paths = write_local_model(out, base, fusion)
+    c.remember_local_model(prompt_id, out)
+    typer.echo(f"local model saved: {', '.join(str(p) for p in paths)} (0600: statistics of "
+               "your clean rows; keep them on this machine, never share them)", err=True)
 
 
 def _echo_job_setup(c, job: str, dataset_id: str, *, given_method: bool, dp: bool) -> None:
@@ -283,11 +353,20 @@ def client_predict(
     out: Path | None = typer.Option(None, "--out", help="write every prediction to this file, "
                                     "JSONL or CSV by its suffix (default: a summary and the "
                                     "first rows)"),
+    no_local: bool = NO_LOCAL_OPT, local_out: Path | None = LOCAL_OUT_OPT,
+    local_only: bool = typer.Option(False, "--local-only", help="the local model alone: no "
+                                    "query is sent"),
     url: str | None = URL_OPT, key: str | None = KEY_OPT,
 ) -> None:
     """Privatize each query here, classify it with a tuned prompt; prints a summary and the
     first rows (or writes them all with --out), by label name, and on stderr η, the measured P
-    and the nearest-neighbour inversion success."""
+    and the nearest-neighbour inversion success.
+
+    When `client tune --wait` saved a local model for the prompt (see --local-out), each clean
+    query is also classified by it, on this machine, and the two are fused with the weights
+    fitted on the held-out rows; --out then holds the fused, privatized-model (p_remote) and
+    local (p_local) probabilities. What is sent is the same either way (--no-local: the
+    privatized model alone)."""
     from rapt.data import load_dataset
     from rapt.predictions import Predictions
 
@@ -300,16 +379,85 @@ def client_predict(
                                           text_pair_column=text_pair_column,
                                           label_column=label_column))
         echo_data_notes(src)
-    pred = _guard(lambda: c.predict(prompt_id, src, label_names=names))
+    if no_local and local_only:
+        fail("--no-local and --local-only exclude each other")
+    local = None if no_local else _read_local(c, prompt_id, local_out, required=local_only)
+    if local_only:
+        pred = _local_only(c, prompt_id, src, names, local[0])
+    else:
+        pred = _guard(lambda: c.predict(prompt_id, src, label_names=names))
     if pred.label_names is None:
         typer.echo("note: no label names recorded for this prompt on this machine (its dataset "
                    "was uploaded elsewhere): labels are shown as ids; pass --label-names",
                    err=True)
+    probs, sides = pred.probabilities, None
+    if local is not None and not local_only:
+        probs, sides = _fused(pred, *local)
     preds = _guard(lambda: Predictions(
         pred.label_names or [str(i) for i in range(len(pred.probabilities[0]))],
-        pred.probabilities, texts=pred.texts, text_pairs=pred.text_pairs, gold=pred.gold))
+        probs, texts=pred.texts, text_pairs=pred.text_pairs, gold=pred.gold, sides=sides))
     info = c.prompt(prompt_id)
     echo_predictions(preds, out, eta=c.eta, fixes=collapse_fixes(
         method=info.get("method"), retune=True,
         private=(info.get("privacy") or {}).get("mechanism") == "dchi-text2text"))
-    _echo_privacy(c, json_report)
+    if sides is not None and preds.labelled:
+        typer.echo("accuracy by side: " + ", ".join(
+            f"{k} {_acc(v, pred.gold):.4f}" for k, v in sides.items()))
+    if not local_only:
+        _echo_privacy(c, json_report)
+
+
+def _acc(probs, gold) -> float:
+    return sum(int(max(range(len(p)), key=p.__getitem__) == g)
+               for p, g in zip(probs, gold, strict=True)) / max(1, len(gold))
+
+
+def _read_local(c, prompt_id: str, local_out: Path | None, *, required: bool):
+    """(LocalBaseline, Fusion or None) saved for ``prompt_id`` on this machine, or None (a
+    one-line error when ``required``, or when the files are there but unreadable)."""
+    from rapt.artifacts import ArtifactError, read_local_model
+
+    where = local_out or c.local_model_path(prompt_id)
+    try:
+        got = read_local_model(where)
+    except ArtifactError as e:
+        fail(f"{e} (--no-local predicts without it)")
+    if got is None and required:
+        fail(f"no local model at {where}.local.NOT-PRIVATE.json: `rapt client tune --wait` "
+             "saves one (or pass --local-out)")
+    return got
+
+
+def _local_only(c, prompt_id: str, src, names, baseline):
+    """The local model's prediction of clean queries: nothing is sent."""
+    from rapt.client.client import Prediction
+
+    texts = src if isinstance(src, list) else src.texts
+    pairs = None if isinstance(src, list) else src.text_pairs
+    gold = None if isinstance(src, list) or src.report.get("label_source") is None else [
+        e.label for e in src.examples]
+    probs = baseline.predict_proba(texts, pairs).tolist()
+    return Prediction([max(range(len(p)), key=p.__getitem__) for p in probs], probs,
+                      names or (None if isinstance(src, list) else src.label_names or None),
+                      list(texts), pairs, gold)
+
+
+def _fused(pred, baseline, fusion):
+    """(probabilities shown, {"remote", "local"} sides): fused when fusion weights were
+    fitted at tune time, else the privatized model's (the local ones beside them)."""
+    import numpy as np
+
+    remote = np.asarray(pred.probabilities, dtype=float)
+    if baseline.num_labels != remote.shape[1]:
+        fail(f"the local model has {baseline.num_labels} labels, the prompt "
+             f"{remote.shape[1]}: it was fitted for another prompt (--local-out, or --no-local)")
+    local = baseline.predict_proba(pred.texts, pred.text_pairs)
+    if fusion is None:
+        typer.echo("note: a local model but no fusion weights (no rows were held out at "
+                   "upload): the privatized model's predictions, the local ones beside them",
+                   err=True)
+        return remote.tolist(), {"remote": remote.tolist(), "local": local.tolist()}
+    typer.echo(f"fused: the privatized model and your local model (weights remote "
+               f"{fusion.remote:g}, local {fusion.local:g}, fitted on {fusion.n_rows} held-out "
+               "rows; --no-local for the privatized model alone)", err=True)
+    return fusion(remote, local).tolist(), {"remote": remote.tolist(), "local": local.tolist()}

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
+import numpy as np
 
 from rapt.config import DEFAULT_PLAIN_TOKENS, DEFAULT_PRIVATIZER_MODE, eta_problem
 from rapt.http import HttpSession, ServiceError, warn_plain_http
@@ -76,6 +77,36 @@ class Prediction:
     @property
     def label_strings(self) -> list[str] | None:
         return [self.label_names[i] for i in self.labels] if self.label_names else None
+
+
+def _cache_root() -> Path:
+    return Path(os.environ.get("RAPT_CACHE") or Path.home() / ".cache" / "rapt")
+
+
+def _write_0600(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with os.fdopen(os.open(tmp, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600), "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def _subset(ds: Any, idx: Sequence[int]) -> Any:
+    """The rows ``idx`` of a ``rapt.data.Dataset``, in that order."""
+    from rapt.data import Dataset
+
+    return Dataset(ds.name, [ds.examples[int(i)] for i in idx], list(ds.label_names),
+                   ds.source, dict(ds.report))
+
+
+def rows_digest(ds: Any) -> str:
+    """SHA-256 of a dataset's texts, pair texts and labels: tells whether a file read again
+    still holds the rows uploaded from it (kept on this machine; it is not sent)."""
+    import hashlib
+
+    doc = json.dumps([ds.texts, ds.text_pairs, [e.label for e in ds.examples],
+                      list(ds.label_names)], ensure_ascii=False)
+    return hashlib.sha256(doc.encode()).hexdigest()
 
 
 # The weak-privacy warning names a release as the CLI's commands do.
@@ -291,22 +322,40 @@ class RaptClient:
     def upload(self, source: str | Path | Any, *, text_column: str | None = None,
                text_pair_column: str | None = None, label_column: str | None = None,
                label_names: Sequence[str] | None = None, limit: int | None = None,
-               reconstruction: bool = False, max_length: int = 128) -> str:
+               reconstruction: bool = False, max_length: int = 128,
+               holdout: bool = True, holdout_seed: int = 0,
+               reload: dict[str, Any] | None = None) -> str:
         """Read a labelled file (or take a ``rapt.data.Dataset``), privatize it here, upload
         the privatized ids; returns the dataset id. ``reconstruction`` prepends the plain
-        tokens k to every row before privatization (RAPT §3.2.2)."""
+        tokens k to every row before privatization (RAPT §3.2.2).
+
+        ``holdout``: keep :func:`rapt.local.holdout_split`'s slice (``holdout_seed``; 20 %, at
+        most 500 rows, none below 100 rows) on this machine, never uploaded, so that
+        :meth:`user_side` can score the tuned prompt on rows it never trained on. What
+        identifies the rows is recorded here (:meth:`holdout_record`): how to read the file
+        again (``reload``: load_dataset's arguments; taken from ``source`` when it is a path),
+        a digest of the rows and the held-out indices, never the text."""
         self._check_privacy()
         if isinstance(source, str | Path):
             from rapt.data import load_dataset
 
-            ds = load_dataset(source, text_column=text_column,
-                              text_pair_column=text_pair_column, label_column=label_column,
-                              label_names=label_names, limit=limit)
+            reload = {"name_or_path": str(Path(source).resolve()) if Path(source).exists()
+                      else str(source), "text_column": text_column,
+                      "text_pair_column": text_pair_column, "label_column": label_column,
+                      "label_names": label_names, "limit": limit}
+            ds = load_dataset(**reload)
         else:
             ds = source
         labels = ds.labels  # raises DataError naming the line of an unlabelled example
         if not labels:
             raise ClientError(f"{getattr(ds, 'source', source)}: no examples to upload")
+        full, held = ds, []
+        if holdout:
+            from rapt.local import holdout_split
+
+            keep, held = (i.tolist() for i in holdout_split(labels, holdout_seed))
+            if held:  # the held-out rows stay here: only the others are uploaded
+                ds, labels = _subset(ds, keep), [labels[i] for i in keep]
         plain = self.plain_ids() if reconstruction else None
         rows = self._rows(ds.texts, ds.text_pairs, plain, max_length)
         private = self.privatize(rows)
@@ -320,12 +369,121 @@ class RaptClient:
         self.last_upload = {"dataset_id": info["id"], "n": len(rows),
                             "replacement_probability": p, "label_names": list(ds.label_names)}
         self.remember_label_names(info["id"], list(ds.label_names))
+        if held:
+            self.last_upload["held_out"] = len(held)
+            self._remember("holdout", info["id"], {
+                "reload": reload, "digest": rows_digest(full), "n": len(full),
+                "held": held, "holdout_seed": holdout_seed, "max_length": max_length,
+                "backbone": self._backbone_arg if isinstance(self._backbone_arg, str) else None})
         return info["id"]
+
+    # -- the user's side: records on this machine, never sent ---------------------------------
+    def _user_side_file(self) -> Path:
+        return _cache_root() / "user-side.NOT-PRIVATE.json"
+
+    def _remember(self, kind: str, key: str, value: Any) -> None:
+        """Record ``value`` under (service, ``kind``, ``key``) in this machine's user-side
+        file (0600); a warning if it cannot."""
+        path = self._user_side_file()
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            doc = {}
+        doc = doc if isinstance(doc, dict) else {}
+        doc[f"{kind}|{self._label_key(key)}"] = value
+        try:
+            _write_0600(path, json.dumps(doc))
+        except OSError as e:
+            warnings.warn(f"could not record the {kind} of {key} in {path} ({e}): the local "
+                          "model cannot be fitted or found without it", stacklevel=3)
+
+    def _recalled(self, kind: str, key: str) -> Any:
+        try:
+            doc = json.loads(self._user_side_file().read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return doc.get(f"{kind}|{self._label_key(key)}") if isinstance(doc, dict) else None
+
+    def holdout_record(self, dataset_id: str) -> dict | None:
+        """What :meth:`upload` recorded here about the rows it held out of ``dataset_id``
+        (how to read the file again, a digest of its rows, the held-out indices); None when
+        nothing was held out or the dataset was uploaded from another machine."""
+        rec = self._recalled("holdout", dataset_id)
+        return rec if isinstance(rec, dict) else None
+
+    def dataset_of(self, prompt_id: str) -> str | None:
+        """The id of the dataset ``prompt_id`` was tuned on (None once its job is gone)."""
+        try:
+            return self.status(self.prompt(prompt_id)["job_id"])["dataset_id"]
+        except ServiceError:
+            return None
+
+    def heldout_rows(self, dataset_id: str) -> tuple[Any, list[int]] | None:
+        """(every row as uploaded plus the held-out ones, held-out indices), read again from
+        the file named at upload; None without a record. ClientError when the file is gone or
+        its rows changed since the upload (the digest differs)."""
+        rec = self.holdout_record(dataset_id)
+        if rec is None:
+            return None
+        if not rec.get("reload"):
+            raise ClientError(f"dataset {dataset_id} was uploaded from data in memory: pass its "
+                              "rows to user_side(data=...)")
+        from rapt.data import DataError, load_dataset
+
+        try:
+            ds = load_dataset(**rec["reload"])
+        except (DataError, OSError) as e:
+            raise ClientError(f"cannot read the rows of dataset {dataset_id} again: {e}") from e
+        if rows_digest(ds) != rec["digest"]:
+            raise ClientError(f"{rec['reload']['name_or_path']}: its rows changed since dataset "
+                              f"{dataset_id} was uploaded; no local model fitted")
+        return ds, [int(i) for i in rec["held"]]
+
+    def user_side(self, prompt_id: str, data: Any = None, held: Sequence[int] | None = None,
+                  *, seed: int = 0) -> tuple[Any, Any, Any]:
+        """After a tune: the held-out rows privatized and classified as :meth:`predict`
+        classifies queries (one predict call, nothing else sent), then
+        :func:`rapt.local.fit_user_side` on the clean rows here ->
+        (LocalBaseline, Fusion or None, Comparison). ``data`` / ``held``: the rows and held-out
+        indices (default: those recorded at upload; ClientError when none were)."""
+        from rapt.local import fit_user_side
+
+        if data is None:
+            dataset_id = self.dataset_of(prompt_id)
+            got = self.heldout_rows(dataset_id) if dataset_id else None
+            if got is None:
+                raise ClientError(f"no held-out rows recorded on this machine for prompt "
+                                  f"{prompt_id}'s dataset (uploaded elsewhere, or with "
+                                  "holdout off)")
+            data, held = got
+        held = [int(i) for i in held or []]
+        remote = None
+        if held:
+            part = _subset(data, held)
+            pred = self.predict(prompt_id, part.texts, text_pairs=part.text_pairs)
+            remote = np.asarray(pred.probabilities, dtype=float)
+        return fit_user_side(data.texts, data.labels, int(self.prompt(prompt_id)["num_labels"]),
+                             np.asarray(held, dtype=np.int64), remote,
+                             text_pairs=data.text_pairs, seed=seed)
+
+    def local_model_path(self, prompt_id: str) -> Path:
+        """Where the local model of ``prompt_id`` lives on this machine: where
+        :meth:`remember_local_model` recorded it, else ``$RAPT_CACHE/local/<prompt>``
+        (the files are ``<that>.local.NOT-PRIVATE.json`` / ``.safetensors``)."""
+        rec = self._recalled("local-model", prompt_id)
+        if isinstance(rec, str):
+            return Path(rec)
+        import hashlib
+
+        tag = hashlib.sha256(str(self.http.base_url).encode()).hexdigest()[:8]
+        return _cache_root() / "local" / f"{tag}-{prompt_id}"
+
+    def remember_local_model(self, prompt_id: str, out: str | Path) -> None:
+        self._remember("local-model", prompt_id, str(Path(out).resolve()))
 
     # -- label names: the service sees label ids only; their names stay on this machine -----
     def _labels_file(self) -> Path:
-        root = os.environ.get("RAPT_CACHE") or Path.home() / ".cache" / "rapt"
-        return Path(root) / "label-names.json"
+        return _cache_root() / "label-names.json"
 
     def _label_key(self, dataset_id: str) -> str:
         return f"{self.http.base_url}|{dataset_id}"
@@ -344,11 +502,7 @@ class RaptClient:
         record = self._label_record()
         record[self._label_key(dataset_id)] = [str(n) for n in names]
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(path.name + ".tmp")
-            with os.fdopen(os.open(tmp, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600), "w") as f:
-                json.dump(record, f)
-            os.replace(tmp, path)
+            _write_0600(path, json.dumps(record))
         except OSError as e:
             warnings.warn(f"could not record the label names of dataset {dataset_id} in {path} "
                           f"({e}); give them to predict with label_names=", stacklevel=2)

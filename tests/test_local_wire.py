@@ -1,0 +1,158 @@
+"""The user's side on the wire: with the local model on, `rapt client tune --wait` and
+`rapt client predict` send exactly what they send with --no-local, plus one predict call of the
+held-out rows, privatized as a query is. Nothing of the local model (its vocabulary, its
+cross-validated accuracy, the fusion weights) and no clean word of the rows leaves."""
+
+from __future__ import annotations
+
+import json
+import random
+import stat
+
+import pytest
+from _service import add_key, ngrams, service_bert
+from fastapi.testclient import TestClient
+
+from rapt.service import Limits, ServiceConfig, create_app
+
+POS = "good great fun funny brilliant best love nice fine".split()
+NEG = "bad awful boring dull terrible worst hate poor weak".split()
+NEUTRAL = "the movie film plot story actor scene music was really very".split()
+
+
+def rows(n: int, seed: int) -> list[tuple[str, int]]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        y = i % 2
+        words = rng.sample(POS if y else NEG, 2) + rng.sample(NEUTRAL, 4)
+        rng.shuffle(words)
+        out.append((" ".join(words), y))
+    return out
+
+
+def write(path, data) -> str:
+    path.write_text("text,label\n" + "".join(f"{t},{y}\n" for t, y in data))
+    return str(path)
+
+
+@pytest.fixture()
+def wire(tmp_path, monkeypatch):
+    """The CLI against the in-process service, every request recorded as (method, path,
+    body); privatization noise seeded so that two runs send the same bytes."""
+    import rapt.client.client as client_module
+    from rapt.http import HttpSession
+
+    bb = service_bert()
+    folder = tmp_path / "bb"
+    bb.model.save_pretrained(folder)
+    bb.tokenizer.save_pretrained(folder)
+    cfg = ServiceConfig(db_path=tmp_path / "svc.db", backbones=[str(folder)],
+                        limits=Limits(max_seq_len=64), progress_interval_s=0.0)
+    key = add_key(tmp_path)
+    monkeypatch.setenv("RAPT_CACHE", str(tmp_path / "cache"))
+    init = client_module.RaptClient.__init__
+
+    def seeded(self, *args, **kw):
+        init(self, *args, **{**kw, "seed": 0})
+
+    monkeypatch.setattr(client_module.RaptClient, "__init__", seeded)
+    with TestClient(create_app(cfg, backbones={str(folder): bb})) as tc:
+        sent: list[tuple[str, str, bytes]] = []
+        tc.event_hooks["request"] = [
+            lambda req: sent.append((req.method, req.url.path, req.read()))]
+        monkeypatch.setattr(client_module, "HttpSession",
+                            lambda url, k, timeout=120.0, client=None:
+                            HttpSession(url, k, client=tc))
+        yield sent, key, folder, bb
+
+
+def _posts(sent) -> list[tuple[str, str, bytes]]:
+    """What carries data: every request with a body (GET polls differ in number only)."""
+    return [s for s in sent if s[2]]
+
+
+def test_local_model_sends_nothing_more_than_plain_predict(wire, tmp_path):
+    from typer.testing import CliRunner
+
+    from rapt.artifacts import read_local_model
+    from rapt.cli import app
+    from rapt.local import holdout_split
+
+    sent, key, folder, bb = wire
+    run = CliRunner().invoke
+    base = ["--url", "http://testserver", "--key", key]
+    data = rows(120, 0)
+    up = run(app, ["client", "upload", write(tmp_path / "d.csv", data), *base, "--backbone",
+                   str(folder), "--eta", "5", "--max-length", "32"])
+    assert up.exit_code == 0, up.output
+    dataset = up.stdout.strip().splitlines()[-1]
+    _, held = holdout_split([y for _, y in data], 0)
+    assert len(held) == 24 and f"held out: {len(held)} rows" in up.stderr
+    uploaded = json.loads(_posts(sent)[-1][2])
+    assert len(uploaded["input_ids"]) == len(data) - len(held)  # held-out rows stay here
+    tune = ["client", "tune", dataset, *base, "--epochs", "1", "--batch-size", "8", "--wait"]
+    queries = write(tmp_path / "q.csv", rows(10, 1))
+    runs = {}
+    for mode, extra in (("local", ["--local-out", str(tmp_path / "mine")]),
+                        ("plain", ["--no-local"])):
+        n0 = len(sent)
+        t = run(app, [*tune, *extra])
+        assert t.exit_code == 0, t.output
+        prompt = json.loads(t.stdout[t.stdout.index("{"):])["prompt_id"]
+        n1 = len(sent)
+        p = run(app, ["client", "predict", prompt, queries, *base, "--backbone", str(folder),
+                      "--out", str(tmp_path / f"{mode}.csv"),
+                      *(["--local-out", str(tmp_path / "mine")] if mode == "local"
+                        else ["--no-local"])])
+        assert p.exit_code == 0, p.output
+        runs[mode] = (_posts(sent[n0:n1]), _posts(sent[n1:]), t, p, prompt)
+    (l_tune, l_pred, t_local, p_local, prompt), (n_tune, n_pred, _, _, prompt_n) = (
+        runs["local"], runs["plain"])
+    # tune: the plain run's bodies, plus exactly one predict call of the held-out rows
+    extra = [s for s in l_tune if s[1] == "/v1/predict"]
+    assert len(extra) == 1 and [s for s in l_tune if s[1] != "/v1/predict"] == n_tune
+    body = json.loads(extra[0][2])
+    assert set(body) == {"prompt_id", "input_ids"} and body["prompt_id"] == prompt
+    assert len(body["input_ids"]) == len(held)
+    # the same form as a predict query: the predict body's keys, [CLS] ... [SEP] rows
+    plain_query = json.loads(n_pred[0][2])
+    assert set(plain_query) == set(body)
+    cls, sep = bb.tokenizer.cls_token_id, bb.tokenizer.sep_token_id
+    assert all(r[0] == cls and r[-1] == sep for r in body["input_ids"])
+    clean = [bb.tokenizer(data[i][0])["input_ids"] for i in held]
+    assert [len(r) for r in body["input_ids"]] == [len(r) for r in clean]
+    kept = {g for r in clean for g in ngrams(r[1:-1], 3)}
+    assert not kept & {g for r in body["input_ids"] for g in ngrams(r[1:-1], 3)}
+    # predict: byte for byte what --no-local sends (the prompt id aside)
+    assert [(m, u, b.replace(prompt.encode(), prompt_n.encode())) for m, u, b in l_pred] == \
+        n_pred
+    # nothing of the clean rows or of the local model in any request
+    base_model, fusion = read_local_model(tmp_path / "mine")
+    blob = b"\n".join(m.encode() + u.encode() + b for m, u, b in sent).decode()
+    words = {w for t, _ in data for w in t.split() if len(w) >= 4}
+    assert words and not [w for w in words if w in blob]
+    vocab = set(base_model.state()[0]["vocabulary"])
+    assert {"good", "very good"} & vocab or len(vocab) > 20  # the check below is not vacuous
+    release = set(bb.tokenizer.decode(sum(uploaded["input_ids"], [])).split())
+    assert not [t for t in vocab - release if len(t) >= 4 and t in blob]
+    plain_blob = b"\n".join(b for _, _, b in n_tune + n_pred).decode()
+    secrets = [base_model.cv_accuracy, fusion.remote, fusion.local,
+               *fusion.accuracy.values()]
+    assert not [v for v in secrets if json.dumps(v) not in plain_blob and json.dumps(v) in blob]
+    assert '"cv_accuracy"' not in blob and '"fusion"' not in blob
+    # what the user sees and keeps
+    err = t_local.stderr
+    assert "local model: TF-IDF + logistic regression on your 120 clean rows" in err
+    assert f"held-out rows ({len(held)}, never trained on): privatized model" in err
+    assert "On your data, " in err and "local model saved: " in err
+    for f in (tmp_path / "mine.local.NOT-PRIVATE.json",
+              tmp_path / "mine.local.NOT-PRIVATE.safetensors"):
+        assert stat.S_IMODE(f.stat().st_mode) == 0o600
+    assert "fused: the privatized model and your local model" in p_local.stderr
+    import csv
+
+    written = list(csv.DictReader((tmp_path / "local.csv").open()))
+    assert {"p(0)", "p_remote(0)", "p_local(0)"} <= set(written[0])
+    plain_rows = list(csv.DictReader((tmp_path / "plain.csv").open()))
+    assert "p_local(0)" not in plain_rows[0]
