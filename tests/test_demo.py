@@ -27,7 +27,16 @@ def test_run_demo_tiny(small_bert, shared_data, monkeypatch):
     of the calibrated η (P ≈ 0.26); ``calibrate_eta_public`` asked for ``target_p / 2``
     (P ≈ 0.27).
     """
-    from rapt.demo import DemoConfig, format_table, make_plot, run_demo
+    from rapt.data import load_dataset
+    from rapt.demo import (
+        FUSED_SETTING,
+        LOCAL_SETTING,
+        DemoConfig,
+        format_table,
+        make_plot,
+        run_demo,
+    )
+    from rapt.local import LocalBaseline
 
     monkeypatch.setenv("RAPT_DATA_DIR", str(shared_data))
     cfg = DemoConfig(train_size=48, test_size=24, max_length=24, plain_len=4, epochs=1,
@@ -40,9 +49,16 @@ def test_run_demo_tiny(small_bert, shared_data, monkeypatch):
     # the shipped attack table's line beside P: a tiny test backbone is not in it, and says so
     assert sum(s.startswith("strongest attacker: not in the table") for s in logs) == 1
     assert [r["setting"] for r in res.rows] == ["no privacy", "head only", "+privatization",
-                                                "+reconstruction"]
+                                                "+reconstruction", LOCAL_SETTING, FUSED_SETTING]
     assert all(len(r["accuracies"]) == 2 and 0.0 <= r["accuracy"] <= 1.0 for r in res.rows)
-    assert [r["steps"] for r in res.rows] == [3, 0, 3, 3]  # head only: nothing trains
+    assert [r.get("steps") for r in res.rows] == [3, 0, 3, 3, None, None]  # head only: none
+    # the user's side: the local model on the clean rows, scored on the clean test queries
+    local = LocalBaseline.fit(_texts(shared_data, "train", 48),
+                              load_dataset("sst2-sentences", "train").subset(48, seed=0).labels,
+                              2, seed=0)
+    test = load_dataset("sst2-sentences", "dev").subset(24, seed=0)
+    assert res.rows[4]["accuracies"][0] == pytest.approx(
+        float((local.predict(test.texts) == test.labels).mean()))
     # the paired difference is the mean of the per-seed differences
     rec, priv = res.rows[3]["accuracies"], res.rows[2]["accuracies"]
     assert res.paired["n"] == 2
@@ -64,13 +80,15 @@ def test_run_demo_tiny(small_bert, shared_data, monkeypatch):
     # every stage timed once in the log and in the result (issue 31 item 3), and they add up
     stages = res.stage_seconds
     assert list(stages) == ["backbone", "data", "calibration", "privatization",
-                            "inversion attack", "tuning", "prediction"]
+                            "inversion attack", "tuning", "prediction", "local model"]
     assert all(v >= 0 for v in stages.values()) and sum(stages.values()) <= res.seconds
     assert sum(s.startswith("time per stage: backbone") for s in logs) == 1
     table = format_table(res)
     assert "time per stage: " in table
     assert "+reconstruction" in table and res.verdict in table
     assert "| 0 | 0 |" in table.splitlines()[2]  # the no-privacy row claims no privacy
+    assert f"| {LOCAL_SETTING} |" in table and "| nothing sent | - |" in table
+    assert f"| {FUSED_SETTING} |" in table and "half of the test rows" in table
     make_plot(res)
     json.dumps(res.as_dict())
 
@@ -118,3 +136,24 @@ def test_demo_cli_bad_head_is_a_clear_error(tmp_path):
 
     r = CliRunner().invoke(app, ["demo", "--out", str(tmp_path / "d"), "--head", "mlm"])
     assert r.exit_code != 0 and "--head must be" in r.output and "Traceback" not in r.output
+
+
+def test_cross_fitted_fusion_never_scores_a_row_with_its_own_label():
+    """Each half of the rows is fused with weights fitted on the other half: flipping the
+    labels of one half changes the fused probabilities of the other half only."""
+    import numpy as np
+
+    from rapt.demo import cross_fitted_fusion
+
+    rng = np.random.default_rng(0)
+    remote, local = rng.dirichlet([1, 1], 40), rng.dirichlet([1, 1], 40)
+    y = rng.integers(0, 2, 40)
+    a = cross_fitted_fusion(remote, local, y, seed=3)
+    order = np.random.default_rng(3).permutation(40)
+    first, second = order[:20], order[20:]
+    flipped = y.copy()
+    flipped[first] = 1 - flipped[first]
+    b = cross_fitted_fusion(remote, local, flipped, seed=3)
+    assert np.allclose(a[first], b[first])  # their own labels are not used to score them
+    assert not np.allclose(a[second], b[second])
+    assert np.allclose(a.sum(-1), 1)

@@ -18,6 +18,7 @@ def test_demo_channel_row_and_verdict(small_bert, shared_data, monkeypatch):
     from rapt.data import load_dataset
     from rapt.demo import (
         CHANNEL_SETTING,
+        LOCAL_SETTINGS,
         NO_CHANNEL_LINE,
         DemoConfig,
         format_table,
@@ -36,7 +37,8 @@ def test_demo_channel_row_and_verdict(small_bert, shared_data, monkeypatch):
     res = run_demo(DemoConfig(**CFG, seeds=2), log=logs.append, backbone=small_bert,
                    channel=den)
     assert [r["setting"] for r in res.rows] == ["no privacy", "head only", "+privatization",
-                                                "+reconstruction", CHANNEL_SETTING]
+                                                "+reconstruction", CHANNEL_SETTING,
+                                                *LOCAL_SETTINGS]
     chan, priv, clean = (res.rows[i]["accuracies"] for i in (4, 2, 0))
     won = res.channel["won_back"]
     assert won["diff"]["n"] == 2
@@ -76,12 +78,13 @@ def test_demo_channel_row_and_verdict(small_bert, shared_data, monkeypatch):
 
 def test_demo_without_channel_points_to_adapt(small_bert, shared_data, monkeypatch,
                                               tmp_path):
-    from rapt.demo import NO_CHANNEL_LINE, SETTINGS, DemoConfig, run_demo
+    from rapt.demo import LOCAL_SETTINGS, NO_CHANNEL_LINE, SETTINGS, DemoConfig, run_demo
 
     monkeypatch.setenv("RAPT_DATA_DIR", str(shared_data))
     logs: list[str] = []
     res = run_demo(DemoConfig(**CFG, seeds=1), log=logs.append, backbone=small_bert)
-    assert [r["setting"] for r in res.rows] == list(SETTINGS) and res.channel == {}
+    assert [r["setting"] for r in res.rows] == [*SETTINGS, *LOCAL_SETTINGS]
+    assert res.channel == {}
     assert logs.count(NO_CHANNEL_LINE) == 1 and "rapt adapt" in NO_CHANNEL_LINE
     assert "--channel" in NO_CHANNEL_LINE
     with pytest.raises(ValueError, match=f"channel {tmp_path}"):

@@ -19,6 +19,12 @@
    +denoise-then-tune: the +privatization rows and queries read back by it (through
    :class:`rapt.pipeline.Customization`) before tuning and predict, and a second verdict line:
    the share of the privatization gap (no privacy − +privatization) it wins back, paired.
+7. The user's side (:mod:`rapt.local`), what the user could do alone: a TF-IDF + logistic
+   regression on the clean training rows, scored on the clean test queries, and the fused
+   row, +privatization's probabilities and the local ones in one pool whose two weights are
+   cross-fitted on the test rows (fitted on one half, scored on the other, and the other way
+   round: no row is scored with weights fitted on its own label, and the prompt never trained
+   on any of them). Neither sends anything more than +privatization does.
 """
 
 from __future__ import annotations
@@ -44,6 +50,9 @@ if TYPE_CHECKING:
     from rapt.channel.model import ChannelModel
 
 SETTINGS = ("no privacy", "head only", "+privatization", "+reconstruction")
+LOCAL_SETTING = "local TF-IDF (clean, on your machine)"
+FUSED_SETTING = "fused (+privatization × local)"
+LOCAL_SETTINGS = (LOCAL_SETTING, FUSED_SETTING)  # the user's side: nothing more is sent
 CHANNEL_SETTING = "+denoise-then-tune"  # only with a channel model (a denoiser)
 ADAPTER_SETTING = "+channel adapter"  # only with a channel adapter
 NO_CHANNEL_LINE = ("no channel model given: `rapt adapt` builds one for this backbone from "
@@ -231,8 +240,8 @@ def run_demo(config: DemoConfig, log: Callable[[str], None] = print,
     result = DemoResult(config=asdict(config), eta=float(custom.eta), p=0.0,
                         inversion_privacy=0.0, seeded=custom.privatizer.seeded,
                         text_length=n_text, rows_whole=whole, target_p=custom.target_p)
-    tally = _Tally((*SETTINGS, channel_setting(den)) if den is not None else SETTINGS,
-                   stages=stages)
+    tally = _Tally((*SETTINGS, *([channel_setting(den)] if den is not None else []),
+                    *LOCAL_SETTINGS), stages=stages)
     for i in range(config.seeds):
         _run_seed(custom, config, (train, test), n_text, base, config.seed + i, result, tally,
                   log, progress, den)
@@ -348,6 +357,7 @@ def _run_seed(custom, config: DemoConfig, data, n_text: int, base: TuneConfig, s
             ("+reconstruction", (priv_k, priv_k_test), True, False)]
     if channel is not None:
         runs.append((channel_setting(channel), priv, False, False))
+    remote = None
     for name, (rows, test_rows), rec, freeze in runs:
         t = time.perf_counter()
         cfg = replace(base, seed=seed, max_length=n_text + (m if rec else 0),
@@ -359,11 +369,61 @@ def _run_seed(custom, config: DemoConfig, data, n_text: int, base: TuneConfig, s
         with tally.stages.time("tuning"):
             tuned = run.tune(rows, train.labels, len(train.label_names), progress=cb)
         with tally.stages.time("prediction"):
-            a = _accuracy(run.predict(test_rows), test.labels)
+            proba = run.predict_proba(test_rows).float().cpu().numpy()
+            a = _accuracy(proba.argmax(-1).tolist(), test.labels)
+        remote = proba if name == "+privatization" else remote
         tally.acc[name].append(a)
         _record(tally.info[name], tuned, time.perf_counter() - t, first, rec)
         result.head = tuned.meta["head"]
         log(f"seed {seed}: {name:16s} accuracy {a:.3f}  ({time.perf_counter() - t:.0f} s)")
+    _user_side(train, test, remote, seed, tally, log)
+
+
+def _user_side(train, test, remote, seed: int, tally: _Tally,
+               log: Callable[[str], None]) -> None:
+    """The local model on the clean training rows, scored on the clean test queries, and its
+    pool with +privatization's probabilities ``remote`` (weights cross-fitted)."""
+    import numpy as np
+
+    from rapt.local import LocalBaseline
+
+    t = time.perf_counter()
+    with tally.stages.time("local model"):
+        base = LocalBaseline.fit(train.texts, train.labels, len(train.label_names),
+                                 text_pairs=_pairs(train), seed=seed)
+        local = base.predict_proba(test.texts, _pairs(test))
+        y = np.asarray(test.labels)
+        fused = cross_fitted_fusion(remote, local, y, seed)
+    for name, p in ((LOCAL_SETTING, local), (FUSED_SETTING, fused)):
+        tally.acc[name].append(_accuracy(p.argmax(-1).tolist(), test.labels))
+        log(f"seed {seed}: {name} accuracy {tally.acc[name][-1]:.3f}  "
+            f"({time.perf_counter() - t:.1f} s)")
+
+
+def _pairs(ds) -> list | None:
+    pairs = ds.text_pairs
+    return pairs if any(p is not None for p in pairs) else None
+
+
+def cross_fitted_fusion(remote, local, labels, seed: int):
+    """Fused probabilities (N, C) of every row, each scored with :class:`rapt.local.Fusion`
+    weights fitted on the other half of the rows (a seeded split in two): honest on rows the
+    remote prompt never trained on, with no held-out slice taken from its training rows. One
+    row alone: the two sides pooled with equal weights."""
+    import numpy as np
+
+    from rapt.local import Fusion
+
+    remote, local, y = np.asarray(remote, float), np.asarray(local, float), np.asarray(labels)
+    if len(y) < 2:
+        return Fusion(1.0, 1.0)(remote, local)
+    order = np.random.default_rng(seed).permutation(len(y))
+    halves = (order[:len(y) // 2], order[len(y) // 2:])
+    out = np.zeros_like(remote)
+    for score, fit in (halves, halves[::-1]):
+        w = Fusion.fit(remote[fit], local[fit], y[fit])
+        out[score] = w(remote[score], local[score])
+    return out
 
 
 def _channel_privacy(custom, clean: list, private: list, result: DemoResult,
@@ -443,16 +503,23 @@ def format_table(result: DemoResult) -> str:
         seeds = ", ".join(f"{a:.3f}" for a in r["accuracies"])
         acc = f"{r['accuracy']:.3f}" + ("" if one else f" ± {r['ci95']:.3f}")
         lines.append(f"| {r['setting']} | {acc} | {seeds} | "
-                     + (f"{result.p:.3f} | {result.inversion_privacy:.3f} |" if private
+                     + ("nothing sent | - |" if r["setting"] == LOCAL_SETTING else
+                        f"{result.p:.3f} | {result.inversion_privacy:.3f} |" if private
                         else "0 | 0 |"))
     c = result.config
-    steps = result.rows[-1].get("steps", 0)
+    steps = next((r.get("steps", 0) for r in result.rows if r["setting"] == "+privatization"), 0)
     lines += ["", f"{c['method']} tuning of {c['backbone']} (head: {result.head}) on "
               f"{c['train_size']} {c['dataset']} sentences, {steps} steps per run, "
               f"η = {result.eta:.3g}, {c['plain_len']} plain tokens, rows cut at "
               f"{result.text_length} tokens with specials ({result.rows_whole:.0%} whole), "
               f"{c['seeds']} paired seeds; {result.seconds:.0f} s in all. Head only = the "
               "prefix kept at its init (only a trainable head, if any, trains).",
+              "", f"{LOCAL_SETTING} = TF-IDF + logistic regression fitted on the clean "
+              "training rows, scored on the clean test queries: what you could do without "
+              f"sending anything. {FUSED_SETTING} = +privatization's probabilities (privatized "
+              "queries, so it sends what +privatization sends) and the local ones in one "
+              "log-linear pool, its two weights fitted on half of the test rows and scored on "
+              "the other half, both ways round (the prompt never trained on them).",
               "", result.verdict]
     if result.stage_seconds:
         lines[-2:-2] = ["", StageTimes(dict(result.stage_seconds)).line() + "."]
@@ -509,7 +576,9 @@ def make_plot(result: DemoResult):
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     names = [r["setting"] for r in result.rows]
     means = [r["accuracy"] for r in result.rows]
-    colors = ["#999999", "#cccccc", "#d62728", "#2ca02c", "#1f77b4"][:len(names)]
+    palette = {LOCAL_SETTING: "#ff7f0e", FUSED_SETTING: "#9467bd"}
+    colors = [palette.get(n) or ["#999999", "#cccccc", "#d62728", "#2ca02c", "#1f77b4"][j]
+              for j, n in enumerate(names)]
     ax1.bar(names, means, yerr=[r["ci95"] for r in result.rows], capsize=4, color=colors)
     for j, r in enumerate(result.rows):
         ax1.plot([j] * len(r["accuracies"]), r["accuracies"], "k.", alpha=0.6)
@@ -518,7 +587,7 @@ def make_plot(result: DemoResult):
     ax1.set_ylabel("test accuracy (privatized queries)")
     ax1.set_title(f"η = {result.eta:.3g}, P = {result.p:.2f}, "
                   f"inversion privacy = {result.inversion_privacy:.2f}", fontsize=10)
-    ax1.tick_params(axis="x", labelsize=8)
+    ax1.tick_params(axis="x", labelsize=7, labelrotation=15)
     _loss_panel(ax2, result.rows)
     fig.suptitle(result.verdict, fontsize=8)
     fig.tight_layout()
