@@ -156,3 +156,51 @@ def test_local_model_sends_nothing_more_than_plain_predict(wire, tmp_path):
     assert {"p(0)", "p_remote(0)", "p_local(0)"} <= set(written[0])
     plain_rows = list(csv.DictReader((tmp_path / "plain.csv").open()))
     assert "p_local(0)" not in plain_rows[0]
+
+
+def test_small_upload_local_only_and_a_changed_file(wire, tmp_path):
+    """Below about 100 rows nothing is held out: every row is uploaded and the local model is
+    fitted by cross-validation only (no fusion). `client predict --local-only` sends no
+    query. A file changed since its upload fits no local model, and the tune still succeeds."""
+    from typer.testing import CliRunner
+
+    from rapt.cli import app
+
+    sent, key, folder, _ = wire
+    run = CliRunner().invoke
+    base = ["--url", "http://testserver", "--key", key]
+    data = rows(40, 2)
+    path = write(tmp_path / "small.csv", data)
+    up = run(app, ["client", "upload", path, *base, "--backbone", str(folder), "--eta", "5",
+                   "--max-length", "32"])
+    assert up.exit_code == 0, up.output
+    assert len(json.loads(_posts(sent)[-1][2])["input_ids"]) == 40 and "held out" not in \
+        up.stderr
+    dataset = up.stdout.strip().splitlines()[-1]
+    tune = ["client", "tune", dataset, *base, "--epochs", "1", "--batch-size", "8", "--wait"]
+    n0 = len(sent)
+    t = run(app, tune)
+    assert t.exit_code == 0, t.output
+    assert not [s for s in sent[n0:] if s[1] == "/v1/predict"]  # nothing held out, no call
+    assert "local model: TF-IDF + logistic regression on your 40 clean rows" in t.stderr
+    assert "was not scored on held-out rows" in t.stderr and "held-out rows (" not in t.stderr
+    prompt = json.loads(t.stdout[t.stdout.index("{"):])["prompt_id"]
+    n1 = len(sent)
+    q = run(app, ["client", "predict", prompt, "good fun film", "awful dull plot", *base,
+                  "--backbone", str(folder), "--local-only"])
+    assert q.exit_code == 0, q.output
+    assert not [s for s in sent[n1:] if s[2]]  # no body: no query left this machine
+    assert "2 predictions" in q.stdout
+    p = run(app, ["client", "predict", prompt, "good fun film", *base, "--backbone",
+                  str(folder)])
+    assert p.exit_code == 0 and "no fusion weights" in p.stderr, p.output
+    # the file changed after its upload: the rows are not the uploaded ones, no local model
+    (tmp_path / "small.csv").write_text((tmp_path / "small.csv").read_text()
+                                        .replace("good", "bad"))
+    t = run(app, tune)
+    assert t.exit_code == 0, t.output
+    assert "note: no local model: " in t.stderr and "changed since" in t.stderr
+    # --no-local at upload: every row goes up, and tune says there is no local model
+    up = run(app, ["client", "upload", write(tmp_path / "big.csv", rows(120, 3)), *base,
+                   "--backbone", str(folder), "--eta", "5", "--no-local"])
+    assert up.exit_code == 0 and len(json.loads(_posts(sent)[-1][2])["input_ids"]) == 120

@@ -330,7 +330,7 @@ class RaptClient:
         tokens k to every row before privatization (RAPT §3.2.2).
 
         ``holdout``: keep :func:`rapt.local.holdout_split`'s slice (``holdout_seed``; 20 %, at
-        most 500 rows, none below 100 rows) on this machine, never uploaded, so that
+        most 500 rows, none below about 100 rows) on this machine, never uploaded, so that
         :meth:`user_side` can score the tuned prompt on rows it never trained on. What
         identifies the rows is recorded here (:meth:`holdout_record`): how to read the file
         again (``reload``: load_dataset's arguments; taken from ``source`` when it is a path),
@@ -369,7 +369,7 @@ class RaptClient:
         self.last_upload = {"dataset_id": info["id"], "n": len(rows),
                             "replacement_probability": p, "label_names": list(ds.label_names)}
         self.remember_label_names(info["id"], list(ds.label_names))
-        if held:
+        if holdout:  # also with no row held out: the local model is then fitted by CV alone
             self.last_upload["held_out"] = len(held)
             self._remember("holdout", info["id"], {
                 "reload": reload, "digest": rows_digest(full), "n": len(full),
@@ -405,9 +405,9 @@ class RaptClient:
         return doc.get(f"{kind}|{self._label_key(key)}") if isinstance(doc, dict) else None
 
     def holdout_record(self, dataset_id: str) -> dict | None:
-        """What :meth:`upload` recorded here about the rows it held out of ``dataset_id``
-        (how to read the file again, a digest of its rows, the held-out indices); None when
-        nothing was held out or the dataset was uploaded from another machine."""
+        """What :meth:`upload` recorded here about the rows of ``dataset_id`` (how to read the
+        file again, a digest of its rows, the held-out indices, maybe none); None when it was
+        uploaded with ``holdout=False`` or from another machine."""
         rec = self._recalled("holdout", dataset_id)
         return rec if isinstance(rec, dict) else None
 
