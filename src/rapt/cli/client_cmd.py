@@ -225,6 +225,8 @@ def client_tune(
         None, "--backbone", help="local copy of the service's backbone, to privatize the "
         "held-out rows (default: the one the dataset was uploaded with)"),
     no_local: bool = NO_LOCAL_OPT, local_out: Path | None = LOCAL_OUT_OPT,
+    pad_to_bucket: int | None = with_help(PAD_OPT, "pad the held-out rows sent after --wait as "
+                                          "`client predict --pad-to-bucket` pads queries"),
     url: str | None = URL_OPT, key: str | None = KEY_OPT,
 ) -> None:
     """Start a tuning job on an uploaded dataset; prints the job id (and waits with --wait).
@@ -255,11 +257,12 @@ def client_tune(
             raise typer.Exit(1)
         _echo_training_check(c, st, info)
         if not no_local:
-            _user_side(url, key, backbone, st["prompt_id"], dataset_id, local_out, seed)
+            _user_side(url, key, backbone, st["prompt_id"], dataset_id, local_out, seed,
+                       pad_to_bucket)
 
 
 def _user_side(url, key, backbone: str | None, prompt_id: str, dataset_id: str,
-               local_out: Path | None, seed: int) -> None:
+               local_out: Path | None, seed: int, pad_to_bucket: int | None = None) -> None:
     """Stderr: the local model's accuracy, the held-out comparison and the verdict; the local
     model saved on this machine (0600). Sends one predict call of the held-out rows."""
     from rapt.artifacts import write_local_model
@@ -272,7 +275,8 @@ def _user_side(url, key, backbone: str | None, prompt_id: str, dataset_id: str,
         typer.echo(f"note: no local model: dataset {dataset_id} was not uploaded from this "
                    "machine with its rows recorded (or with --no-local)", err=True)
         return
-    c = _client(url, key, backbone or rec.get("backbone") or "minilm")
+    c = _client(url, key, backbone or rec.get("backbone") or "minilm",
+                pad_to_bucket=pad_to_bucket)
     try:
         with _privacy_warnings():
             base, fusion, comp = c.user_side(prompt_id, seed=seed)

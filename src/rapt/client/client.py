@@ -99,6 +99,14 @@ def _subset(ds: Any, idx: Sequence[int]) -> Any:
                    ds.source, dict(ds.report))
 
 
+def _named(backbone: Any) -> str | None:
+    """A backbone argument as `client tune` can load it again from anywhere: a folder's
+    absolute path, a name as it is (None: an object)."""
+    if not isinstance(backbone, str | Path):
+        return None
+    return str(Path(backbone).resolve()) if Path(backbone).exists() else str(backbone)
+
+
 def rows_digest(ds: Any) -> str:
     """SHA-256 of a dataset's texts, pair texts and labels: tells whether a file read again
     still holds the rows uploaded from it (kept on this machine; it is not sent)."""
@@ -374,7 +382,7 @@ class RaptClient:
             self._remember("holdout", info["id"], {
                 "reload": reload, "digest": rows_digest(full), "n": len(full),
                 "held": held, "holdout_seed": holdout_seed, "max_length": max_length,
-                "backbone": self._backbone_arg if isinstance(self._backbone_arg, str) else None})
+                "backbone": _named(self._backbone_arg)})
         return info["id"]
 
     # -- the user's side: records on this machine, never sent ---------------------------------
