@@ -103,7 +103,7 @@ def test_local_model_sends_nothing_more_than_plain_predict(wire, tmp_path):
         n1 = len(sent)
         p = run(app, ["client", "predict", prompt, queries, *base, "--backbone", str(folder),
                       "--out", str(tmp_path / f"{mode}.csv"),
-                      *(["--local-out", str(tmp_path / "mine")] if mode == "local"
+                      *(["--local", str(tmp_path / "mine")] if mode == "local"
                         else ["--no-local"])])
         assert p.exit_code == 0, p.output
         runs[mode] = (_posts(sent[n0:n1]), _posts(sent[n1:]), t, p, prompt)
@@ -153,7 +153,7 @@ def test_local_model_sends_nothing_more_than_plain_predict(wire, tmp_path):
     import csv
 
     written = list(csv.DictReader((tmp_path / "local.csv").open()))
-    assert {"p(0)", "p_remote(0)", "p_local(0)"} <= set(written[0])
+    assert {"p(0)", "p_remote(0)", "p_local(0)", "p_fused(0)"} <= set(written[0])
     plain_rows = list(csv.DictReader((tmp_path / "plain.csv").open()))
     assert "p_local(0)" not in plain_rows[0]
 

@@ -363,19 +363,23 @@ def client_predict(
     out: Path | None = typer.Option(None, "--out", help="write every prediction to this file, "
                                     "JSONL or CSV by its suffix (default: a summary and the "
                                     "first rows)"),
-    no_local: bool = NO_LOCAL_OPT, local_out: Path | None = LOCAL_OUT_OPT,
-    local_only: bool = typer.Option(False, "--local-only", help="the local model alone: no "
-                                    "query is sent"),
+    no_local: bool = NO_LOCAL_OPT,
+    local: Path | None = typer.Option(
+        None, "--local", help="the --local-out of the `client tune` run whose local model to "
+        "use (default: where `client tune --wait` saved the prompt's): its clean-query "
+        "probabilities are fused with the remote ones, and the fused label is the prediction"),
+    local_only: bool = typer.Option(False, "--local-only", help="the local model alone, on the "
+                                    "clean queries: nothing is privatized or sent"),
     url: str | None = URL_OPT, key: str | None = KEY_OPT,
 ) -> None:
     """Privatize each query here, classify it with a tuned prompt; prints a summary and the
     first rows (or writes them all with --out), by label name, and on stderr η, the measured P
     and the nearest-neighbour inversion success.
 
-    When `client tune --wait` saved a local model for the prompt (see --local-out), each clean
+    When `client tune --wait` saved a local model for the prompt (see --local), each clean
     query is also classified by it, on this machine, and the two are fused with the weights
-    fitted on the held-out rows; --out then holds the fused, privatized-model (p_remote) and
-    local (p_local) probabilities. What is sent is the same either way (--no-local: the
+    fitted on the held-out rows; --out then holds the fused probabilities and each model's
+    (p_remote, p_local, p_fused). What is sent is the same either way (--no-local: the
     privatized model alone)."""
     from rapt.data import load_dataset
     from rapt.predictions import Predictions
@@ -389,52 +393,46 @@ def client_predict(
                                           text_pair_column=text_pair_column,
                                           label_column=label_column))
         echo_data_notes(src)
-    if no_local and local_only:
-        fail("--no-local and --local-only exclude each other")
-    local = None if no_local else _read_local(c, prompt_id, local_out, required=local_only)
+    if no_local and (local is not None or local_only):
+        fail("--no-local leaves the local model out: give it or --local / --local-only, not "
+             "both")
+    user = None if no_local else _read_local(c, prompt_id, local,
+                                             required=local_only or local is not None)
     if local_only:
-        pred = _local_only(c, prompt_id, src, names, local[0])
+        pred = _local_only(c, prompt_id, src, names, user[0])
     else:
         pred = _guard(lambda: c.predict(prompt_id, src, label_names=names))
     if pred.label_names is None:
         typer.echo("note: no label names recorded for this prompt on this machine (its dataset "
                    "was uploaded elsewhere): labels are shown as ids; pass --label-names",
                    err=True)
-    probs, sides = pred.probabilities, None
-    if local is not None and not local_only:
-        probs, sides = _fused(pred, *local)
+    probs, sources = pred.probabilities, None
+    if user is not None and not local_only:
+        probs, sources = _fused(pred, *user)
     preds = _guard(lambda: Predictions(
         pred.label_names or [str(i) for i in range(len(pred.probabilities[0]))],
-        probs, texts=pred.texts, text_pairs=pred.text_pairs, gold=pred.gold, sides=sides))
+        probs, texts=pred.texts, text_pairs=pred.text_pairs, gold=pred.gold, sources=sources))
     info = c.prompt(prompt_id)
     echo_predictions(preds, out, eta=c.eta, fixes=collapse_fixes(
         method=info.get("method"), retune=True,
         private=(info.get("privacy") or {}).get("mechanism") == "dchi-text2text"))
-    if sides is not None and preds.labelled:
-        typer.echo("accuracy by side: " + ", ".join(
-            f"{k} {_acc(v, pred.gold):.4f}" for k, v in sides.items()))
     if not local_only:
         _echo_privacy(c, json_report)
 
 
-def _acc(probs, gold) -> float:
-    return sum(int(max(range(len(p)), key=p.__getitem__) == g)
-               for p, g in zip(probs, gold, strict=True)) / max(1, len(gold))
-
-
-def _read_local(c, prompt_id: str, local_out: Path | None, *, required: bool):
+def _read_local(c, prompt_id: str, local: Path | None, *, required: bool):
     """(LocalBaseline, Fusion or None) saved for ``prompt_id`` on this machine, or None (a
     one-line error when ``required``, or when the files are there but unreadable)."""
     from rapt.artifacts import ArtifactError, read_local_model
 
-    where = local_out or c.local_model_path(prompt_id)
+    where = local or c.local_model_path(prompt_id)
     try:
         got = read_local_model(where)
     except ArtifactError as e:
         fail(f"{e} (--no-local predicts without it)")
     if got is None and required:
         fail(f"no local model at {where}.local.NOT-PRIVATE.json: `rapt client tune --wait` "
-             "saves one (or pass --local-out)")
+             "saves one (--local names its --local-out)")
     return got
 
 
@@ -453,8 +451,9 @@ def _local_only(c, prompt_id: str, src, names, baseline):
 
 
 def _fused(pred, baseline, fusion):
-    """(probabilities shown, {"remote", "local"} sides): fused when fusion weights were
-    fitted at tune time, else the privatized model's (the local ones beside them)."""
+    """(the prediction's probabilities, each model's by name), as `rapt predict` combines
+    them: fused when fusion weights were fitted at tune time, else the privatized model's
+    (the local ones beside them)."""
     import numpy as np
 
     remote = np.asarray(pred.probabilities, dtype=float)
@@ -470,4 +469,5 @@ def _fused(pred, baseline, fusion):
     typer.echo(f"fused: the privatized model and your local model (weights remote "
                f"{fusion.remote:g}, local {fusion.local:g}, fitted on {fusion.n_rows} held-out "
                "rows; --no-local for the privatized model alone)", err=True)
-    return fusion(remote, local).tolist(), {"remote": remote.tolist(), "local": local.tolist()}
+    fused = fusion(remote, local).tolist()
+    return fused, {"remote": remote.tolist(), "local": local.tolist(), "fused": fused}
