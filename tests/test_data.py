@@ -489,3 +489,29 @@ def test_cli_messages_speak_load_datasets_keywords_as_flags():
     # paths and words that merely contain the names are left alone
     path = "/tmp/test_label_column0/f.csv: format"
     assert flag_words(path) == path
+
+
+@pytest.mark.parametrize("argv", [
+    ["tune", "d.csv", "--seed", "5", "--limit", "10"],
+    ["sap", "tune", "d.csv", "--seed", "5", "--limit", "10"],
+    ["attack", "attribute", "--data", "d.csv", "--seed", "5", "--limit", "10"],
+])
+def test_limit_sample_follows_the_commands_seed(argv, monkeypatch, tmp_path):
+    """Commands whose --seed picks data order sample --limit's rows with it (load_dataset's
+    limit_seed); the read stops there (a DataError), before any model is loaded."""
+    from typer.testing import CliRunner
+
+    import rapt.data
+    from rapt.cli import app
+
+    seen = []
+
+    def record(*args, **kw):
+        seen.append(kw)
+        raise DataError("stopped after reading the options")
+
+    monkeypatch.setattr(rapt.data, "load_dataset", record)
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(app, argv)
+    assert r.exit_code == 2 and "stopped after reading" in r.output, r.output
+    assert seen and seen[0]["limit"] == 10 and seen[0]["limit_seed"] == 5

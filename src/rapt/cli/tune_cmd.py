@@ -322,7 +322,7 @@ def _training_data(o: TuneOptions):
     ds = load_data_or_fail(o.data, o.split, limit=o.limit, text_column=o.text_column,
                            label_column=o.label_column, label_names=split_names(o.label_names),
                            fmt=o.fmt, label_base=o.label_base,
-                           text_pair_column=o.text_pair_column)
+                           text_pair_column=o.text_pair_column, limit_seed=o.seed)
     if len(ds) == 0:
         fail(f"{o.data}: no examples to train on")
     unlabelled = [e.line for e in ds.examples if e.label is None]
