@@ -194,6 +194,18 @@ def test_small_upload_local_only_and_a_changed_file(wire, tmp_path):
     p = run(app, ["client", "predict", prompt, "good fun film", *base, "--backbone",
                   str(folder)])
     assert p.exit_code == 0 and "no fusion weights" in p.stderr, p.output
+    # a local model of another prompt (3 labels, this one has 2): refused before any query
+    from rapt.artifacts import write_local_model
+    from rapt.local import LocalBaseline
+
+    other = LocalBaseline.fit([f"{w} film {i}" for i in range(4) for w in ("good", "bad", "dull")],
+                              [0, 1, 2] * 4, 3)
+    write_local_model(tmp_path / "other", other)
+    n2 = len(sent)
+    p = run(app, ["client", "predict", prompt, "good fun film", *base, "--backbone",
+                  str(folder), "--local", str(tmp_path / "other")])
+    assert p.exit_code == 2 and "has 3 labels" in p.output, p.output
+    assert not [s for s in sent[n2:] if s[2]]
     # the file changed after its upload: the rows are not the uploaded ones, no local model
     (tmp_path / "small.csv").write_text((tmp_path / "small.csv").read_text()
                                         .replace("good", "bad"))

@@ -67,10 +67,10 @@ MIN_P_OPT = MIN_P
 NO_LOCAL_OPT = typer.Option(False, "--no-local", help="no local model: the privatized model "
                             "alone (nothing else changes in what is sent)")
 LOCAL_OUT_OPT = typer.Option(
-    None, "--local-out", help="where the local model lives on this machine: files "
+    None, "--local-out", help="where --wait saves the local model on this machine: files "
     "PATH.local.NOT-PRIVATE.json / .safetensors (0600; statistics of your clean rows, never "
-    "sent, never share them). Default: the path `client tune` recorded for the prompt, else "
-    "$RAPT_CACHE/local/<service>-<prompt> (RAPT_CACHE defaults to ~/.cache/rapt)")
+    "sent, never share them). Default: $RAPT_CACHE/local/<service>-<prompt> (RAPT_CACHE "
+    "defaults to ~/.cache/rapt); `client predict` finds it there, or where it was recorded")
 
 
 def _client(url, key, backbone="minilm", eta=None, no_privacy=False, seed=None,
@@ -433,6 +433,11 @@ def _read_local(c, prompt_id: str, local: Path | None, *, required: bool):
     if got is None and required:
         fail(f"no local model at {where}.local.NOT-PRIVATE.json: `rapt client tune --wait` "
              "saves one (--local names its --local-out)")
+    n = int(_guard(lambda: c.prompt(prompt_id)).get("num_labels") or 0)
+    if got is not None and n and got[0].num_labels != n:  # before any query is sent
+        fail(f"the local model at {where} has {got[0].num_labels} labels, prompt {prompt_id} "
+             f"{n}: it was fitted for another prompt (--local names the right one, or "
+             "--no-local)")
     return got
 
 
@@ -457,9 +462,6 @@ def _fused(pred, baseline, fusion):
     import numpy as np
 
     remote = np.asarray(pred.probabilities, dtype=float)
-    if baseline.num_labels != remote.shape[1]:
-        fail(f"the local model has {baseline.num_labels} labels, the prompt "
-             f"{remote.shape[1]}: it was fitted for another prompt (--local-out, or --no-local)")
     local = baseline.predict_proba(pred.texts, pred.text_pairs)
     if fusion is None:
         typer.echo("note: a local model but no fusion weights (no rows were held out at "
