@@ -579,15 +579,17 @@ def make_plot(result: DemoResult):
     palette = {LOCAL_SETTING: "#ff7f0e", FUSED_SETTING: "#9467bd"}
     colors = [palette.get(n) or ["#999999", "#cccccc", "#d62728", "#2ca02c", "#1f77b4"][j]
               for j, n in enumerate(names)]
-    ax1.bar(names, means, yerr=[r["ci95"] for r in result.rows], capsize=4, color=colors)
+    short = {LOCAL_SETTING: "local TF-IDF (clean)", FUSED_SETTING: "fused (+priv. × local)"}
+    ax1.bar([short.get(n, n) for n in names], means, yerr=[r["ci95"] for r in result.rows],
+            capsize=4, color=colors)
     for j, r in enumerate(result.rows):
         ax1.plot([j] * len(r["accuracies"]), r["accuracies"], "k.", alpha=0.6)
         ax1.text(j, min(1.0, means[j] + r["ci95"] + 0.02), f"{means[j]:.3f}", ha="center")
     ax1.set_ylim(0, 1.05)
-    ax1.set_ylabel("test accuracy (privatized queries)")
+    ax1.set_ylabel("test accuracy (privatized queries; local: clean)")
     ax1.set_title(f"η = {result.eta:.3g}, P = {result.p:.2f}, "
                   f"inversion privacy = {result.inversion_privacy:.2f}", fontsize=10)
-    ax1.tick_params(axis="x", labelsize=7, labelrotation=15)
+    plt.setp(ax1.get_xticklabels(), rotation=20, ha="right", fontsize=7)
     _loss_panel(ax2, result.rows)
     fig.suptitle(result.verdict, fontsize=8)
     fig.tight_layout()
