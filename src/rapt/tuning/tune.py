@@ -283,7 +283,7 @@ class TunedPrompt:
     def head_proba(self, backbone: Backbone, pooled: Tensor) -> Tensor:
         """Class probabilities (N, C) of the task head on (N, h) pooled states."""
         head = self.build(backbone).head
-        dev = next(iter(head.parameters()), next(iter(head.buffers()))).device
+        dev = next(iter(backbone.model.parameters())).device
         return head.from_pooled(pooled.to(dev)).float().softmax(-1).cpu()
 
     def predict(self, backbone: Backbone, input_ids: Sequence[Sequence[int]],
