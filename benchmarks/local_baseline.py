@@ -154,7 +154,8 @@ def run_cell(bb, etas: dict, task: str, rows: int, p, seed: int) -> dict:
         out["denoised"], out["denoised_held"], rec["denoiser"] = _denoise(
             custom, tuned, task, seed, q_clean, q_priv, h_clean, h_priv)
     rec["seconds"] = time.perf_counter() - t0
-    return {"arrays": {n: a.astype(np.float16) for n, a in out.items()}, "record": rec}
+    arrays = {n: a.astype(np.float16) for n, a in out.items()}
+    return {"arrays": {**arrays, "held": held.astype(np.int32)}, "record": rec}
 
 
 def remote(args) -> None:

@@ -33,7 +33,7 @@ def _acc(p: np.ndarray, y: np.ndarray) -> float:
 
 def score_cell(path: Path) -> dict:
     """Accuracy (0–1) of every method on one cell's evaluation rows, and its record."""
-    from rapt.local import Fusion, LocalBaseline, fit_user_side, holdout_split
+    from rapt.local import Fusion, LocalBaseline, fit_user_side
 
     z = np.load(path)
     rec = json.loads(str(z["record"]))
@@ -45,9 +45,9 @@ def score_cell(path: Path) -> dict:
         raise SystemExit(f"{path}: the sample has {len(y)} rows, the cell {rec['rows']}")
     ye = np.array([e.label for e in ev])
     qtexts = [e.text for e in ev]
-    _, held = holdout_split(y, rec["seed"])
-    if len(held) != rec["held"]:
-        raise SystemExit(f"{path}: the held-out slice differs from the remote phase's")
+    held = z["held"].astype(np.int64)  # the remote phase's slice (the split's code may change)
+    if len(held) != rec["held"] or (len(held) and held.max() >= len(y)):
+        raise SystemExit(f"{path}: the held-out slice does not fit the sample")
     t0 = time.perf_counter()
     local, fusion, _ = fit_user_side(texts, y, k, held, z["lora_fuse_held"].astype(float),
                                      seed=rec["seed"])
