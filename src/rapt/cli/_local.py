@@ -92,3 +92,20 @@ def tune_user_side(custom, ds, held: np.ndarray, out: Path, seed: int) -> None:
         return
     echo_user_side(local, fusion, comp)
     save_user_side(out, local, fusion)
+
+
+def fit_user_side_alone(ds, out: Path, seed: int) -> None:
+    """The local model on every clean row of ``ds`` when no slice was held out from the remote
+    model (its estimate is cross-validated): printed with the verdict and saved beside
+    ``out``; a warning instead when it cannot be fitted."""
+    from rapt.local import fit_user_side
+
+    try:
+        local, fusion, comp = fit_user_side(ds.texts, ds.labels, len(ds.label_names),
+                                            np.arange(0), None, text_pairs=pairs_of(ds),
+                                            seed=seed)
+    except ValueError as e:
+        typer.echo(f"warning: no local model: {e}", err=True)
+        return
+    echo_user_side(local, fusion, comp)
+    save_user_side(out, local, fusion)

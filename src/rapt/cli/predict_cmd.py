@@ -271,7 +271,8 @@ def _local_model(o: PredictOptions, tuned):
 def _combine(remote, user, ds, local_only: bool):
     """(the prediction's probabilities, each model's by name or None): the remote ones alone
     without a local model, the local ones alone with --local-only, else the fusion of both
-    (the remote ones when the local model has no fusion weights)."""
+    (the remote ones, the local ones beside them, when the local model has no fusion
+    weights)."""
     if user is None:
         return remote, None
     local_model, fusion = user
@@ -279,7 +280,9 @@ def _combine(remote, user, ds, local_only: bool):
     local = local_model.predict_proba(ds.texts, pairs)
     if local_only:
         return local, None
-    fused = fusion(remote, local) if fusion is not None else remote
+    if fusion is None:
+        return remote, {"remote": remote, "local": local}
+    fused = fusion(remote, local)
     return fused, {"remote": remote, "local": local, "fused": fused}
 
 
