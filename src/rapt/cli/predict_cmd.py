@@ -125,11 +125,11 @@ _PREDICT_HELP = {
     "label_names": "default: the names stored in the artifact by `rapt tune` (give them only "
     "for an artifact without; they must match the artifact's)",
     "out": "write every prediction to this file, JSONL or CSV by its suffix (.jsonl/.csv): "
-    "row, text, label name, gold label, probabilities by label name (default: print a summary "
-    "and the first rows)",
+    "row, text, label name, gold label, probabilities by label name, and with a local model "
+    "each model's (remote, local, fused) (default: print a summary and the first rows)",
     "noise_seed": "seed the query privatization noise (tests only; default: OS entropy)",
     "json_report": "print one JSON line at the end: examples, accuracy and the queries' privacy "
-    "(η, measured P, inversion success)",
+    "(η, measured P, inversion success); with a local model its mode and each model's accuracy",
     "channel": "the channel model the prompt was tuned with (`rapt tune --channel`): a denoiser "
     "reads the queries back before predict, a channel adapter is the backbone that reads them",
     "allow_channel_mismatch": "predict even when --channel is not the channel model the prompt "
