@@ -76,3 +76,28 @@ def test_bad_shapes_are_refused():
         Predictions(["a", "b"], [[1, 0], [0, 1]], texts=["x"])
     with pytest.raises(ValueError, match="distinct"):
         Predictions(["a", "a"], [[1, 0]])
+
+
+def test_sources_are_written_beside_the_prediction_and_scored():
+    """A combined prediction keeps each model's probabilities: JSONL keys
+    probabilities_SOURCE, CSV columns p_SOURCE(NAME), and each model's accuracy."""
+    remote = [[0.6, 0.4], [0.3, 0.7], [0.8, 0.2]]
+    local = [[0.1, 0.9], [0.2, 0.8], [0.9, 0.1]]
+    fused = [[0.2, 0.8], [0.1, 0.9], [0.95, 0.05]]
+    p = Predictions(["neg", "pos"], fused, texts=["a", "b", "c"], gold=[1, 1, 0],
+                    sources={"remote": remote, "local": local, "fused": fused})
+    assert p.accuracy() == 1.0 and p.accuracy("fused") == 1.0
+    assert p.accuracy("remote") == pytest.approx(2 / 3) and p.accuracy("local") == 1.0
+    rec = json.loads(p.render("jsonl").splitlines()[0])
+    assert rec["probabilities"] == {"neg": 0.2, "pos": 0.8}
+    assert rec["probabilities_remote"] == {"neg": 0.6, "pos": 0.4}
+    assert rec["probabilities_local"] == {"neg": 0.1, "pos": 0.9}
+    head, first, *_ = p.render("csv").splitlines()
+    assert head == ("row,text,label,gold,p(neg),p(pos),p_remote(neg),p_remote(pos),"
+                    "p_local(neg),p_local(pos),p_fused(neg),p_fused(pos)")
+    assert first == "0,a,pos,pos,0.2,0.8,0.6,0.4,0.1,0.9,0.2,0.8"
+    assert "accuracy by model: remote 0.6667, local 1.0000, fused 1.0000" in p.report_lines()
+    plain = Predictions(["neg", "pos"], fused, gold=[1, 1, 0])
+    assert not any("by model" in line for line in plain.report_lines())
+    with pytest.raises(ValueError, match=r"sources\['local'\]: not 3 rows of 2"):
+        Predictions(["neg", "pos"], fused, sources={"local": local[:2]})

@@ -7,6 +7,10 @@ probabilities keyed by label name. Written as JSONL or CSV, chosen by the output
 gives the counts per label and the first rows. When every row has a gold label, the accuracy
 and a per-class confusion table come with it.
 
+A prediction that combines several models (the remote prompt on the privatized query, the
+user's local model on the clean one, their fusion) keeps each one's probabilities in
+``sources``: written per row beside the combined ones, each scored when the rows are labelled.
+
     preds = Predictions(["neg", "pos"], probs, texts=ds.texts, gold=[e.label for e in ds])
     write_predictions(Path("out.csv"), preds)
     print("\\n".join(preds.report_lines()))
@@ -41,7 +45,9 @@ def check_out_path(path: Path | str) -> str:
 class Predictions:
     """Class probabilities ``probs`` (N rows of C values, in label-id order) with the label
     ``names`` (C), and what identifies each row: ``texts`` / ``text_pairs`` (None where a row
-    has no pair) and ``ids`` (default 0..N-1). ``gold``: label ids, None where unknown."""
+    has no pair) and ``ids`` (default 0..N-1). ``gold``: label ids, None where unknown.
+    ``sources``: the probabilities (N x C each) of the models ``probs`` combines, by name
+    (e.g. remote, local, fused); None for a single model."""
 
     names: Sequence[str]
     probs: Sequence[Sequence[float]]
@@ -49,6 +55,7 @@ class Predictions:
     text_pairs: Sequence[str | None] | None = None
     gold: Sequence[int | None] | None = None
     ids: Sequence[int | str] | None = None
+    sources: dict[str, Sequence[Sequence[float]]] | None = None
 
     def __post_init__(self) -> None:
         self.names = [str(n) for n in self.names]
@@ -63,6 +70,12 @@ class Predictions:
             seq = getattr(self, what)
             if seq is not None and len(seq) != n:
                 raise ValueError(f"{what}: {len(seq)} entries for {n} predictions")
+        if self.sources is not None:
+            self.sources = {str(k): [[float(p) for p in row] for row in v]
+                            for k, v in self.sources.items()}
+            for k, v in self.sources.items():
+                if len(v) != n or any(len(row) != c for row in v):
+                    raise ValueError(f"sources[{k!r}]: not {n} rows of {c} probabilities")
 
     def __len__(self) -> int:
         return len(self.probs)
@@ -77,10 +90,14 @@ class Predictions:
         """Every row has a gold label (accuracy and the confusion table are defined)."""
         return bool(self.gold) and all(g is not None for g in self.gold)
 
-    def accuracy(self) -> float | None:
+    def accuracy(self, source: str | None = None) -> float | None:
+        """Share of rows whose prediction is the gold label (None unless every row has one);
+        ``source``: the prediction of one of :attr:`sources` instead of the combined one."""
         if not self.labelled:
             return None
-        return sum(int(p == g) for p, g in zip(self.pred, self.gold, strict=True)) / len(self)
+        probs = self.probs if source is None else (self.sources or {})[source]
+        pred = [max(range(len(row)), key=row.__getitem__) for row in probs]
+        return sum(int(p == g) for p, g in zip(pred, self.gold, strict=True)) / len(self)
 
     def confusion(self) -> list[list[int]]:
         """counts[gold][predicted] over the labelled rows."""
@@ -114,6 +131,9 @@ class Predictions:
                 g = self.gold[i]
                 rec["gold"] = self.names[int(g)] if g is not None else None
             rec["probabilities"] = {n: round(v, 6) for n, v in zip(self.names, row, strict=True)}
+            for src, probs in (self.sources or {}).items():
+                rec[f"probabilities_{src}"] = {n: round(v, 6) for n, v in zip(
+                    self.names, probs[i], strict=True)}
             out.append(rec)
         return out
 
@@ -125,13 +145,16 @@ class Predictions:
             return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recs)
         if fmt != "csv":
             raise ValueError(f"unknown prediction format {fmt!r} (jsonl or csv)")
-        base = [k for k in (recs[0] if recs else {"row": 0, "label": ""}) if k != "probabilities"]
+        probs = ["probabilities"] + [f"probabilities_{s}" for s in self.sources or {}]
+        base = [k for k in (recs[0] if recs else {"row": 0, "label": ""}) if k not in probs]
         buf = io.StringIO()
         w = csv.writer(buf, lineterminator="\n")
-        w.writerow(base + [f"p({n})" for n in self.names])
+        # p(NAME): the prediction's; p_SOURCE(NAME): each combined model's
+        w.writerow(base + [f"p{k[len('probabilities'):]}({n})" for k in probs
+                           for n in self.names])
         for r in recs:
             w.writerow([r[k] if r[k] is not None else "" for k in base]
-                       + [r["probabilities"][n] for n in self.names])
+                       + [r[k][n] for k in probs for n in self.names])
         return buf.getvalue()
 
     def summary(self) -> str:
@@ -183,6 +206,9 @@ class Predictions:
         if acc is not None:
             lines.append(f"accuracy {acc:.4f} on {len(self)} examples"
                          + (f" (queries privatized with η = {eta:.4g})" if eta else ""))
+            if self.sources:
+                lines.append("accuracy by model: " + ", ".join(
+                    f"{s} {self.accuracy(s):.4f}" for s in self.sources))
             lines += self.confusion_table()
         return lines
 

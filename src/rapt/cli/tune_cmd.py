@@ -22,6 +22,7 @@ from rapt.cli._app import (
     privacy_level,
     warn_if_seeded,
 )
+from rapt.cli._local import LOCAL_HELP, held_out, tune_user_side, without
 from rapt.cli._tuning import (
     customization,
     echo_channel,
@@ -110,6 +111,7 @@ class TuneOptions:
     resume: bool
     train_log: bool
     precision: str
+    local: bool
 
 
 # Long help texts of `rapt tune`, out of its signature.
@@ -201,12 +203,15 @@ def tune(
     resume: bool = typer.Option(False, "--resume", help=_TUNE_HELP["resume"]),
     train_log: bool = typer.Option(False, "--train-log", help=_TUNE_HELP["train_log"]),
     precision: str = with_default(PRECISION, _d("precision")),
+    local: bool = typer.Option(True, "--local/--no-local", help=LOCAL_HELP),
 ) -> None:
     """Privatize a dataset locally, tune a prompt on it, save it to --out (shareable; what is
     measured on your rows goes beside it). Ctrl-C saves a checkpoint; --resume goes on."""
     o = TuneOptions(**locals())  # the options, typed, for the stage helpers below
     eta, target_p = _privacy_level(o)
-    ds = _training_data(o)
+    everything = _training_data(o)
+    held = held_out(everything.labels, seed, local)
+    ds = without(everything, held, seed)  # the rows the prompt trains on
     bb = load_backbone_or_fail(backbone)
     dp = _dp_config(o, len(ds))
     encoding = _encoding(o, bb, len(ds))
@@ -222,6 +227,8 @@ def tune(
     _record_meta(tuned, custom, ds, o)
     _save_tuned(tuned, out, cfg.method, custom.privacy, train_log)
     tune_resume.drop(out)
+    if local:
+        tune_user_side(custom, everything, held, out, seed)
 
 
 def _training_rows(o: TuneOptions, custom, rows, ds, cfg):
