@@ -230,8 +230,9 @@ class ProviderSession:
         it); refuses a state of another kind, method, split, length or number of rows, and
         loads the top's tensors strictly. The process's random generator is left alone."""
         state = _current_format(state)
-        if state.get("kind") != STATE_KIND:
-            raise ValueError(f"not a provider session state (kind {state.get('kind')!r}, "
+        kind = state.get("kind") if isinstance(state, dict) else type(state).__name__
+        if kind != STATE_KIND:
+            raise ValueError(f"not a provider session state (kind {kind!r}, "
                              f"expected {STATE_KIND!r})")
         for key, mine in (("split_layer", self.config.split_layer),
                           ("total_steps", self.total_steps)):
