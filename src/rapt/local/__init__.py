@@ -12,17 +12,17 @@ shareable output, never inside it, and never sent to a provider.
 - :func:`verdict` (``verdict.py``): the plain sentence that says which one to use.
 """
 
-from importlib import import_module
+from rapt.local.fusion import Fusion, fit_user_side, holdout_split
+from rapt.local.verdict import Comparison, verdict
 
-# Where each name lives; loaded on first use, so that importing rapt.local.fusion or .denoise
-# (a GPU worker, the service) does not import scikit-learn.
-_WHERE = {"LocalBaseline": "baseline", "Fusion": "fusion", "fit_user_side": "fusion",
-          "holdout_split": "fusion", "Comparison": "verdict", "verdict": "verdict"}
-
-__all__ = sorted(_WHERE)
+__all__ = ["Comparison", "Fusion", "LocalBaseline", "fit_user_side", "holdout_split", "verdict"]
 
 
 def __getattr__(name: str):
-    if name not in _WHERE:
-        raise AttributeError(f"module 'rapt.local' has no attribute {name!r}")
-    return getattr(import_module(f"rapt.local.{_WHERE[name]}"), name)
+    # LocalBaseline is loaded on first use: importing rapt.local.fusion or .denoise (a GPU
+    # worker, the service, `rapt predict --no-local`) does not import scikit-learn.
+    if name == "LocalBaseline":
+        from rapt.local.baseline import LocalBaseline
+
+        return LocalBaseline
+    raise AttributeError(f"module 'rapt.local' has no attribute {name!r}")
