@@ -30,6 +30,21 @@ def machine(**extra) -> dict:
             "loadavg_start": list(os.getloadavg()), **extra}
 
 
+# The keys of results files written before the benchmarks shared machine(), and theirs now.
+_OLD_KEYS = {"torch_threads": "threads", "cpus": "cpu_count", "omp_threads": "omp_num_threads",
+             "load_avg_start": "loadavg_start", "load_avg_end": "loadavg_end"}
+
+
+def machine_of(doc: dict) -> dict:
+    """A results file's ``machine`` in :func:`machine`'s keys, also when the file was written
+    before every benchmark used it (``torch_threads``, ``cpus``, ``load_avg_start`` ...)."""
+    m = dict(doc["machine"])
+    for old, new in _OLD_KEYS.items():
+        if old in m:
+            m.setdefault(new, m.pop(old))
+    return m
+
+
 def command() -> str:
     """The command line that reruns this benchmark from the repository root."""
     module = Path(sys.argv[0]).resolve()

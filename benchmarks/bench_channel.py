@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import textwrap
 import time
 from dataclasses import asdict, dataclass, replace
@@ -47,7 +46,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks._common import RESULTS, command
+from benchmarks._common import RESULTS, command, machine, machine_of
 from rapt.demo import DemoConfig, _accuracy, _demo_data, _text_length, _tune_config
 from rapt.stats import effect_word, gap_won_back, mean_ci, paired_difference
 
@@ -234,10 +233,8 @@ def _open_doc(args, cfg, bb, den, eta: float, path: Path) -> tuple[dict, dict, o
               "denoiser": den and {"folder": args.denoiser, "config": asdict(den.config),
                                    "meta": den.meta}}
     header = {"command": command(),
-              "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                          "threads": args.threads,
-                          **({"gpu": torch.cuda.get_device_name()}
-                             if args.device == "cuda" else {})}, "regime": regime}
+              "machine": machine(**({"gpu": torch.cuda.get_device_name()}
+                                    if args.device == "cuda" else {})), "regime": regime}
     doc = _load(path, json.loads(json.dumps(header, default=str)))
     adapter = None
     if args.adapter:  # kept outside the regime, so adding it resumes the other settings
@@ -483,9 +480,9 @@ def markdown(doc: dict) -> str:
         lines.append(f"- `{h['command']}` started {h['started']}: {h['wall_s'] / 60:.1f} min "
                      f"wall; load {h['load_start'][0]:.1f} at start, {h['load_end'][0]:.1f} "
                      "at end.")
-    m = doc["machine"]
+    m = machine_of(doc)
     where = (f"one {m['gpu']} GPU" if "gpu" in m else
-             f"{m['cpus']} CPUs shared by several engineers, torch on {m['threads']} threads")
+             f"{m['cpu_count']} CPUs shared by several engineers, torch on {m['threads']} threads")
     task = "SST-2" if c["dataset"].startswith("sst2") else "Financial PhraseBank"
     lines += ["", f"Machine: {m['platform']}, {where}.", "",
               f"{task} ({c['dataset']}), {c['method']} tuning of {c['backbone']} in `rapt demo`'s "

@@ -20,21 +20,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import time
 
 import torch
 from torch.nn import functional as F
 
-from benchmarks._common import RESULTS, command
-
-
-def machine() -> dict:
-    return {"platform": platform.platform(), "python": platform.python_version(),
-            "cpu_count": os.cpu_count(), "torch": torch.__version__,
-            "torch_threads": torch.get_num_threads(), "loadavg_start": os.getloadavg()}
-
+from benchmarks._common import RESULTS, command, machine, machine_of
 
 # --------------------------------------------------------------------------- speed
 
@@ -178,8 +170,8 @@ def _fmt(x: float | None, digits: int) -> str:
 def write_speed(out: dict) -> None:
     lines = ["# PromptDPSGD step cost (MiniLM, CPU)", "",
              f"Command: `{out['command']}`  ",
-             f"Load average at start: {out['machine']['loadavg_start']}, "
-             f"threads: {out['machine']['torch_threads']}", "",
+             f"Load average at start: {machine_of(out)['loadavg_start']}, "
+             f"threads: {machine_of(out)['threads']}", "",
              f"Physical batch {out['settings']['physical_batch']}, length "
              f"{out['settings']['length']}, {out['settings']['virtual_tokens']} virtual tokens, "
              f"median of {out['settings']['repeats']} interleaved repeats.", "",

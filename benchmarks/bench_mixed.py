@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -30,7 +29,15 @@ from pathlib import Path
 import httpx
 import torch
 
-from benchmarks._common import RESULTS, command, save_png, write_json, write_md
+from benchmarks._common import (
+    RESULTS,
+    command,
+    machine,
+    machine_of,
+    save_png,
+    write_json,
+    write_md,
+)
 from benchmarks.bench_service import Server, load, summarize, tiny_backbone
 
 METHODS = {"prompt": {"num_virtual_tokens": 20}, "prefix": {"num_virtual_tokens": 10},
@@ -213,12 +220,12 @@ def service_bench(backbone: str, rows: list[list[int]], n_prompts: int, threads:
 def write_report(result: dict, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     write_json(out.with_suffix(".json"), result, indent=1)
-    m, s = result["machine"], result["settings"]
+    m, s = machine_of(result), result["settings"]
     rows = result["forward"]
     lines = [
         f"# Mixed-task passes vs one pass per prompt ({s['backbone']})", "",
         f"`{result['command']}` — {m['platform']}, {m['cpu_count']} CPUs, torch {m['torch']}, "
-        f"{m['torch_threads']} intra-op thread(s); load average (1, 5, 15 min) at start "
+        f"{m['threads']} intra-op thread(s); load average (1, 5, 15 min) at start "
         f"{', '.join(f'{x:.1f}' for x in m['loadavg_start'])}, at end "
         f"{', '.join(f'{x:.1f}' for x in m['loadavg_end'])}.", "",
         f"On {s.get('device', 'cpu')}"
@@ -364,11 +371,9 @@ def main() -> None:
                                 2 if args.quick else 4, tmp)
     result = {
         "command": command(),
-        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
-                    "gpu": (torch.cuda.get_device_name(args.device)
-                            if args.device.startswith("cuda") else None),
-                    "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-                    "loadavg_start": load_start, "loadavg_end": os.getloadavg()},
+        "machine": machine(gpu=(torch.cuda.get_device_name(args.device)
+                                if args.device.startswith("cuda") else None),
+                           loadavg_start=list(load_start), loadavg_end=list(os.getloadavg())),
         "settings": {"backbone": "tiny-random-bert" if args.quick else backbone,
                      "rows": len(rows), "row_tokens": f"{lo + 2}-{hi + 2}", "device": args.device,
                      "backbone_mb": round(sum(p.numel() * p.element_size()

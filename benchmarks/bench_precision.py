@@ -24,14 +24,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
 
 import torch
 
-from benchmarks._common import command
+from benchmarks._common import command, machine, machine_of
 from rapt.config import default_lr
 from rapt.data import label_descriptions_for, load_dataset
 from rapt.demo import DemoConfig
@@ -45,13 +44,6 @@ from rapt.tuning.tune import TuneConfig, tune
 
 OUT = Path(__file__).resolve().parent / "results"
 PRECISIONS = ("fp32", "bf16")
-
-
-def machine() -> dict:
-    return {"platform": platform.platform(), "python": platform.python_version(),
-            "cpu_count": os.cpu_count(), "torch": torch.__version__,
-            "torch_threads": torch.get_num_threads(), "native_bf16": cpu_has_native_bf16(),
-            "loadavg_start": list(os.getloadavg())}
 
 
 def step_rows(bb, n: int, length: int) -> list[list[int]]:
@@ -192,10 +184,10 @@ def summarize(runs: list[dict], settings: dict) -> dict:
 
 
 def markdown(res: dict) -> str:
-    m = res["machine"]
+    m = machine_of(res)
     lines = ["# bf16 autocast vs fp32 (MiniLM, CPU)", "", f"Command: `{res['command']}`  ",
              f"Machine: {m['platform']}, {m['cpu_count']} CPUs, torch {m['torch']}, "
-             f"{m['torch_threads']} threads, native bf16: {m['native_bf16']}; load average "
+             f"{m['threads']} threads, native bf16: {m['native_bf16']}; load average "
              f"{m['loadavg_start'][0]:.2f} at start, {m['loadavg_end'][0]:.2f} at end.", ""]
     if res.get("norms"):
         lines += ["## Per-example gradient norms (DP clipping's input)", "",
@@ -265,7 +257,7 @@ def main() -> None:
         args.out.with_suffix(".md").write_text(markdown(res))
         return
     torch.set_num_threads(args.threads)
-    res: dict = {"command": command(), "machine": machine()}
+    res: dict = {"command": command(), "machine": machine(native_bf16=cpu_has_native_bf16())}
     bb = load_backbone("minilm")
     t0 = time.perf_counter()
     parts = args.parts.split(",")

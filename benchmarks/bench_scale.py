@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import tempfile
 import threading
@@ -28,6 +27,7 @@ from pathlib import Path
 import httpx
 import torch
 
+from benchmarks._common import machine, machine_of
 from benchmarks.bench_service import RAPT, RESULTS, Server, tiny_backbone
 
 
@@ -124,7 +124,8 @@ def check_exactly_once(store_target: str, files: Path, job_ids: list[str]) -> di
 
 
 def write_md(out: dict, path: str) -> None:
-    results, load_start = out["results"], out["machine"]["load_avg_start"]
+    m = machine_of(out)
+    results, load_start = out["results"], m["loadavg_start"]
     cfg = out["settings"]
     train_rows, job = cfg["train_rows"], cfg["job"]
     steps = -(-train_rows // job["batch_size"]) * job["epochs"]
@@ -132,9 +133,9 @@ def write_md(out: dict, path: str) -> None:
     lines = [
         "# Scale-out on one machine: API processes on one PostgreSQL, Ray vs in-process jobs",
         "",
-        f"`OMP_NUM_THREADS={out['machine']['omp_threads']} python -m benchmarks.bench_scale` "
-        f"on {out['machine']['cpus']} CPU cores shared with other work (load average "
-        f"{load_start[0]:.1f} at the start, {out['machine']['load_avg_end'][0]:.1f} at the "
+        f"`OMP_NUM_THREADS={m['omp_num_threads']} python -m benchmarks.bench_scale` "
+        f"on {m['cpu_count']} CPU cores shared with other work (load average "
+        f"{load_start[0]:.1f} at the start, {m['loadavg_end'][0]:.1f} at the "
         f"end); {out['wall_s'] / 60:.1f} minutes. Tiny random BERT; each job: the real "
         f"trainer, {train_rows} rows, {job['epochs']} epochs of batch {job['batch_size']} "
         f"({steps} steps), prompt tuning, a checkpoint about every tenth of the job. "
@@ -262,10 +263,7 @@ def main() -> None:
         pg.cleanup()
         shutil.rmtree(tmp, ignore_errors=True)
     out = {
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                    "python": platform.python_version(), "torch": torch.__version__,
-                    "omp_threads": os.environ.get("OMP_NUM_THREADS"),
-                    "load_avg_start": load_start, "load_avg_end": os.getloadavg()},
+        "machine": machine(loadavg_start=list(load_start), loadavg_end=list(os.getloadavg())),
         "settings": {"backbone": "tiny random BERT (2 layers, 32 dims)", "jobs": args.jobs,
                      "job": job, "train_rows": len(train), "requests": args.requests,
                      "threads": args.threads},

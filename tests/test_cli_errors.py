@@ -229,7 +229,8 @@ def test_predict_prints_a_summary_and_the_first_rows_or_writes_csv(env, tmp_path
     assert len([x for x in lines if "\t" in x]) == 10 and "more" not in r.stdout
     assert "confusion (rows: gold, columns: predicted)" in r.stdout
     out = tmp_path / "p.csv"
-    r = _run(env, ["predict", "art", "good", "--no-privacy", "--out", str(out)])
+    # --no-local: the prompt alone (the local model `rapt tune` saved adds its own columns)
+    r = _run(env, ["predict", "art", "good", "--no-privacy", "--no-local", "--out", str(out)])
     assert r.exit_code == 0 and f"wrote 4 predictions to {out} (csv)" in r.output, r.output
     head, *rows = out.read_text().splitlines()
     assert head == "row,text,label,gold,p(neg),p(pos)" and len(rows) == 4

@@ -429,6 +429,44 @@ def test_sessions_evicted_from_memory_resume_exactly(sap_service, tmp_path):
     assert len(tc.app.state.svc.sap._live) == 1 and a.resent_forwards == 2
 
 
+def test_session_state_is_the_loops_and_a_flat_one_from_before_still_resumes(sap_service,
+                                                                             tmp_path):
+    """The session's state.pt holds the training loop's TrainState (no random generator: the
+    process serves other keys too). A session whose state.pt is in the flat layout that
+    servers wrote before (rewritten so here, mid-training) is reloaded from it after an
+    eviction and ends equal to the in-process run."""
+    from rapt.split.provider import STATE_KIND
+    from rapt.training.loop import STATE_FORMAT
+
+    tc, (key, _), bb = sap_service
+    sc = split_config(unfreeze_bottom=True)
+    c = RaptClient(api_key=key, backbone=bb, remote_backbone="tiny", http=tc)
+    rows = encode_texts(bb.tokenizer, TEXTS, sc.max_length)
+    customer = c.sap_customer(sc, 2, cache_dir=tmp_path)
+    customer.load(rows, LABELS)
+    sid = c.sap_session(sc, len(rows))
+    provider = c.sap_provider(sid, customer)
+    hist = train_split(customer, provider, should_stop=lambda: provider.step >= 3)
+    path = Path(str(tmp_path / "svc.db") + ".files") / "sap" / sid / "state.pt"
+    saved = torch.load(path, weights_only=True)
+    st = saved["provider"]
+    assert (st["format"], st["kind"], st["step"], st["rng"]) == (STATE_FORMAT, STATE_KIND, 3,
+                                                                  None)
+    comps = st["components"]
+    saved["provider"] = {"kind": STATE_KIND, "method": st["method"],
+                         "split_layer": st["meta"]["split_layer"],
+                         "total_steps": st["meta"]["total_steps"], "step": st["step"],
+                         "last_step": comps["step_ids"]["last_step"], "top": comps["top"],
+                         "optimizer": comps["optimizer"], "scheduler": comps["scheduler"]}
+    torch.save(saved, path)
+    tc.app.state.svc.sap._live.clear()  # the next request reloads the session from its files
+    hist += train_split(customer, provider)
+    ref_hist, ref_probs = local_run(bb, sc)
+    assert [h["loss"] for h in hist] == [h["loss"] for h in ref_hist]
+    assert torch.allclose(predict_split(customer, provider, rows), ref_probs, atol=1e-6)
+    assert c.sap_status(sid)["steps_done"] == 6
+
+
 def test_lost_replies_are_retried_and_applied_once(sap_service, tmp_path, monkeypatch):
     """The first backward and the forward after it reach the server, but their replies are
     lost (a dropped connection): the client sends the same step again, the server answers the

@@ -2,7 +2,8 @@
 weights and a config that states the privacy *level* of the release (η, the P it was calibrated
 for, the shipped table's figures at η, ε and δ under DP). What is computed on the private rows
 outside any guarantee -- the privacy measured on them, the per-step log, the resume checkpoint
-with the rows -- lies beside it, mode 0600, and the checkpoint is gone once the run finishes.
+with the rows, the local model fitted on them -- lies beside it, mode 0600, and the checkpoint is
+gone once the run finishes.
 A resumed run's bar and train_seconds count the whole run, not only the part after the stop."""
 
 from __future__ import annotations
@@ -53,6 +54,17 @@ def _beside(out) -> set[str]:
     return {p.name for p in out.parent.iterdir() if p.name.startswith(out.name + ".")}
 
 
+LOCAL_FILES = ("local.NOT-PRIVATE.json", "local.NOT-PRIVATE.safetensors")
+
+
+def _local_files(out) -> set[str]:
+    """The local model's two files, checked to lie beside ``out`` (never inside) at 0600."""
+    files = [beside(out, f) for f in LOCAL_FILES]
+    assert all(f.parent == out.parent and _mode(f) == 0o600 for f in files)
+    assert not any("local" in name for name in _listing(out))
+    return {f.name for f in files}
+
+
 def _interrupt_at_step(monkeypatch, step: int) -> None:
     """Ctrl-C (SIGINT to this process) after optimizer step ``step``."""
     from rapt.pipeline import Customization
@@ -99,7 +111,8 @@ def test_dp_tune_ctrl_c_and_resume_leave_only_shareable_files_in_out(tiny, monke
     assert r.exit_code == 0, r.output
     assert _listing(out) == {"config.json", "prompt.safetensors"}
     measured = beside(out, "measured.NOT-PRIVATE.json")
-    assert _beside(out) == {measured.name}  # the checkpoint is gone, no log unasked
+    # the checkpoint is gone, no log unasked; the local model beside the folder
+    assert _beside(out) == {measured.name} | _local_files(out)
     assert _mode(measured) == 0o600
     report = json.loads(measured.read_text())["privacy"]
     assert {"replacement_probability", "inversion_success", "n_tokens"} <= set(report)
@@ -114,6 +127,41 @@ def test_dp_tune_ctrl_c_and_resume_leave_only_shareable_files_in_out(tiny, monke
     assert r.exit_code == 0 and "accuracy" in r.output, r.output
 
 
+def test_a_resumed_run_holds_out_the_same_rows_and_dp_counts_the_rows_trained_on(
+        tiny, monkeypatch):
+    """With --local (the default) and enough rows, a slice is held out of training: the
+    checkpoint holds only the other rows' labels, --resume takes the same split again (it is a
+    function of the labels and --seed), DP's sampling rate counts the rows trained on, and the
+    local model lands beside the folder, not in it."""
+    tmp, bb, _ = tiny
+    data = tmp / "many.csv"
+    data.write_text("text,label\n" + "good fun film,pos\nbad boring plot,neg\n" * 60)
+    out = tmp / "held"
+    args = ["tune", str(data), "--out", str(out), "--backbone", bb, "--eta", "5",
+            "--dp-noise", "1.0", "--noise-seed", "0", "--epochs", "1", "--batch-size", "8",
+            "--num-virtual-tokens", "2", "--method", "prompt"]
+    with monkeypatch.context() as m:
+        _interrupt_at_step(m, 2)
+        r = runner.invoke(app, args)
+    assert r.exit_code == 130, r.output
+    assert "holding out 24 of 120 rows" in r.stderr
+    assert len(torch.load(path_in(out), weights_only=True)["labels"]) == 96
+    assert _beside(out) == {path_in(out).name}  # no local model before the run is finished
+    r = runner.invoke(app, [*args, "--resume"])
+    assert r.exit_code == 0, r.output
+    meta = json.loads((out / "config.json").read_text())["meta"]
+    assert meta["n_examples"] == 96 and meta["dp"]["sample_rate"] == pytest.approx(8 / 96)
+    assert _listing(out) == {"config.json", "prompt.safetensors"}
+    assert _beside(out) == {beside(out, "measured.NOT-PRIVATE.json").name, *_local_files(out)}
+    assert "held out (24 rows the prompt never trained on" in r.stdout
+    # a resume that would train on other rows is refused, naming --local
+    with monkeypatch.context() as m:
+        _interrupt_at_step(m, 2)
+        assert runner.invoke(app, args).exit_code == 130
+    r = runner.invoke(app, [*args, "--resume", "--no-local"])
+    assert r.exit_code == 2 and "--local / --no-local" in r.stderr
+
+
 def test_the_train_log_is_written_beside_out_only_when_asked(tiny):
     tmp = tiny[0]
     out = tmp / "logged"
@@ -123,7 +171,8 @@ def test_the_train_log_is_written_beside_out_only_when_asked(tiny):
     assert r.exit_code == 0, r.output
     log = beside(out, "train-log.NOT-PRIVATE.json")
     assert _listing(out) == {"config.json", "prompt.safetensors"}
-    assert _beside(out) == {log.name, beside(out, "measured.NOT-PRIVATE.json").name}
+    assert _beside(out) == {log.name, beside(out, "measured.NOT-PRIVATE.json").name,
+                            *_local_files(out)}
     assert _mode(log) == 0o600 and json.loads(log.read_text())["history"]
     assert str(log) in r.stdout and "not to be shared" in r.stdout
     _check_shared_config(out)
@@ -142,7 +191,8 @@ def test_sap_tune_folder_holds_the_level_and_the_measures_lie_beside(tiny):
     assert set(doc["privacy"]) <= set(SHAREABLE_PRIVACY) | {"table"}
     assert not MEASURED_FIELDS & set(doc["privacy"])
     measured = beside(out, "measured.NOT-PRIVATE.json")
-    assert _beside(out) == {measured.name} and _mode(measured) == 0o600
+    assert _beside(out) == {measured.name, *_local_files(out)} and _mode(measured) == 0o600
+    assert "3-fold CV accuracy" in r.stdout and "was not scored on held-out rows" in r.stdout
     got = json.loads(measured.read_text())
     assert 0 < got["privacy"]["replacement_probability"] < 1 and 0 < got["measured_p"] < 1
     r = runner.invoke(app, ["sap", "predict", str(out), str(data), "--noise-seed", "1"])

@@ -412,7 +412,60 @@ def test_provider_state_round_trip(tiny_tokenizer):
     with pytest.raises(ValueError, match="split_layer"):
         other.load_state_dict(state)
     with pytest.raises(ValueError, match="missing"):
-        fresh.load_state_dict({**state, "top": {}})
+        fresh.load_state_dict({**state, "components": {**state["components"], "top": {}}})
+    with pytest.raises(ValueError, match="n_examples 8"):
+        _, fewer = setup_split(bb, cfg, 2, len(rows) - 1)  # 7 rows: 2 steps an epoch too
+        fewer.load_state_dict(state)
+
+
+def test_provider_state_is_the_training_loops_and_leaves_the_rng_alone(tiny_tokenizer):
+    """The provider saves the training loop's TrainState (one resume format with `rapt tune`),
+    without the process's random generator: the service runs other tenants' sessions in the
+    same process, and loading one session must not set their random stream to its own."""
+    from rapt.training.loop import STATE_FORMAT
+
+    bb = _bert(tiny_tokenizer)
+    rows = _rows(bb)
+    cfg = SplitConfig(split_layer=1, epochs=2, batch_size=4)
+    customer, provider = setup_split(bb, cfg, 2, len(rows))
+    customer.load(rows, LABELS)
+    train_split(customer, provider, should_stop=lambda: provider.step >= 3)
+    state = provider.state_dict()
+    assert (state["format"], state["kind"], state["step"]) == (STATE_FORMAT, "split-top", 3)
+    assert state["n_examples"] == len(rows) and state["rng"] is None
+    assert state["components"]["step_ids"] == {"last_step": 2}
+    _, fresh = setup_split(bb, cfg, 2, len(rows))
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    fresh.load_state_dict(state)
+    assert torch.equal(torch.get_rng_state(), before)
+    assert (fresh.step, fresh._last_step) == (3, 2)
+
+
+def test_provider_state_saved_before_the_loop_format_still_loads(tiny_tokenizer):
+    """A session's flat state as the provider wrote it before it saved a TrainState (its
+    layout written out here) resumes to the same top, optimizer and step ids; a flat state
+    that lacks a part is refused naming it."""
+    bb = _bert(tiny_tokenizer)
+    rows = _rows(bb)
+    cfg = SplitConfig(split_layer=1, epochs=2, batch_size=4)
+    customer, provider = setup_split(bb, cfg, 2, len(rows))
+    customer.load(rows, LABELS)
+    train_split(customer, provider, should_stop=lambda: provider.step >= 3)
+    flat = {"kind": "split-top", "method": cfg.method, "split_layer": cfg.split_layer,
+            "total_steps": provider.total_steps, "step": provider.step,
+            "last_step": provider._last_step, "top": provider.trainable_state(),
+            "optimizer": copy.deepcopy(provider.optimizer.state_dict()),
+            "scheduler": copy.deepcopy(provider.scheduler.state_dict())}
+    _, fresh = setup_split(bb, cfg, 2, len(rows))
+    fresh.load_state_dict(flat)
+    assert (fresh.step, fresh._last_step) == (3, 2)
+    for (k, a), b in zip(provider.trainable_state().items(), fresh.trainable_state().values(),
+                         strict=True):
+        assert torch.equal(a, b), k
+    assert fresh.scheduler.state_dict() == provider.scheduler.state_dict()
+    with pytest.raises(ValueError, match=r"lacks \['optimizer'\]"):
+        fresh.load_state_dict({k: v for k, v in flat.items() if k != "optimizer"})
 
 
 def test_split_config_validation():
@@ -504,10 +557,10 @@ def test_overflowing_gradient_changes_nothing_and_the_retry_applies(tiny_tokeniz
     for i, (_, provider) in enumerate(runs):
         provider.forward(acts)
         if i == 1:
-            before = copy.deepcopy(provider.state_dict())
+            before = copy.deepcopy(provider.state_dict()["components"])
             with pytest.raises(SplitProtocolError, match="OutputGrad.grad.*NaN or infinite"):
                 provider.backward(OutputGrad(0, torch.full((4, 32), 3e38)))
-            after = provider.state_dict()
+            after = provider.state_dict()["components"]
             assert provider.step == 0 and provider.pending_step == 0
             assert after["scheduler"] == before["scheduler"]
             assert after["optimizer"]["state"] == before["optimizer"]["state"] == {}
@@ -516,8 +569,8 @@ def test_overflowing_gradient_changes_nothing_and_the_retry_applies(tiny_tokeniz
     assert runs[1][1].step == 1
     if unfreeze:
         assert torch.equal(outs[0].grad, outs[1].grad)
-    ref, got = runs[0][1].state_dict(), runs[1][1].state_dict()
-    assert all(torch.equal(ref["top"][k], got["top"][k]) for k in ref["top"])
+    ref, got = runs[0][1].trainable_state(), runs[1][1].trainable_state()
+    assert all(torch.equal(ref[k], got[k]) for k in ref)
 
 
 def test_update_that_overflows_the_moments_is_undone(tiny_tokenizer):

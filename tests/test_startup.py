@@ -35,6 +35,14 @@ def test_help_imports_neither_torch_nor_transformers():
     assert _run(CLI, "--help").splitlines()[-1] == "[]"
 
 
+def test_the_store_and_its_private_file_writer_import_no_torch():
+    """`rapt keys` opens the service's store, which writes its files with the one
+    ``rapt.artifacts.write_private``: neither module may pull in torch or safetensors."""
+    code = ("import sys\nimport rapt.service.store, rapt.artifacts\n"
+            "print(sorted(m for m in ('torch', 'safetensors') if m in sys.modules))")
+    assert _run(code).splitlines()[-1] == "[]"
+
+
 def test_privatize_loads_no_model(tmp_path):
     bb = make_bert(make_tokenizer(tmp_path, TOY_WORDS))
     folder = save_backbone(bb, tmp_path / "bb")

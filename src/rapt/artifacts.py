@@ -8,19 +8,22 @@ An output folder is meant to be handed on, so it holds only what may be shared: 
 config, and the *level* of the release's privacy (:func:`shareable_privacy`). What is computed on
 the private rows outside any guarantee -- the privacy measured on them, a per-step training log, a
 resume checkpoint -- goes *beside* the folder (:func:`beside`: ``OUT.<what>.NOT-PRIVATE.<ext>``),
-readable by its owner only (:func:`write_private`, mode 0600).
+readable by its owner only (:func:`write_private`, mode 0600; the service's store writes its
+files with it too, so this module imports neither torch nor safetensors until a function needs
+them).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from safetensors.torch import load_file, save_file
+if TYPE_CHECKING:
+    import torch
 
 FORMAT = "rapt-tuned-prompt"
 VERSION = 1
@@ -37,7 +40,8 @@ def _jsonable(x: Any) -> Any:
         return {str(k): _jsonable(v) for k, v in x.items()}
     if isinstance(x, list | tuple):
         return [_jsonable(v) for v in x]
-    if isinstance(x, torch.Tensor):
+    torch = sys.modules.get("torch")  # a tensor means torch is loaded: never load it here
+    if torch is not None and isinstance(x, torch.Tensor):
         return x.tolist()
     if isinstance(x, float) and x != x:  # NaN is not JSON
         return None
@@ -63,6 +67,8 @@ TUNED_PROMPT = Kind(FORMAT, VERSION, TENSORS_FILE, "tuned-prompt")
 def save_artifact(folder: str | Path, tensors: dict[str, torch.Tensor], config: dict,
                   meta: dict, kind: Kind = TUNED_PROMPT) -> Path:
     """Write the artifact; returns the folder."""
+    from safetensors.torch import save_file
+
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     save_file({k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()},
@@ -108,6 +114,8 @@ def load_artifact(folder: str | Path, kind: Kind = TUNED_PROMPT
         if not p.is_file():
             raise ArtifactError(f"{p}: missing (not a {kind.what} folder?)")
     _, doc = read_config(folder, (kind,))
+    from safetensors.torch import load_file
+
     try:
         tensors = load_file(str(t_path))
     except Exception as e:  # safetensors raises its own error types

@@ -362,3 +362,42 @@ class Customization:
         return {"rows": len(idx),
                 "warnings": collapse_warnings(pred, [labels[i] for i in idx], names)}
 
+
+
+def user_side_after_tune(custom: Customization, texts: Sequence[str], labels: Sequence[int],
+                         num_labels: int, held: Any, *,
+                         text_pairs: Sequence[str | None] | None = None, seed: int = 0):
+    """The user's side after a remote tune, on the clean rows it holds (no I/O, nothing sent):
+    the held-out rows ``held`` (indices into ``texts``; the prompt in ``custom.artifact`` never
+    trained on them) are privatized *as queries* -- the artifact's layout, this η, fresh noise,
+    exactly as ``rapt predict`` does -- and scored by the prompt; then
+    :func:`rapt.local.fit_user_side` fits the local model on every row and the fusion weights
+    on the held-out ones. -> (LocalBaseline, Fusion or None, Comparison). With no held-out rows
+    nothing is privatized, no fusion is fitted and the comparison is the local model's CV."""
+    import numpy as np
+
+    from rapt.local import fit_user_side
+
+    held = np.asarray(held, dtype=np.int64)
+    remote = None
+    if len(held):
+        remote = remote_proba(custom, [texts[int(i)] for i in held],
+                              None if text_pairs is None else [text_pairs[int(i)] for i in held])
+    return fit_user_side(list(texts), np.asarray(labels, dtype=np.int64), num_labels, held,
+                         remote, text_pairs=None if text_pairs is None else list(text_pairs),
+                         seed=seed)
+
+
+def remote_proba(custom: Customization, texts: Sequence[str],
+                 text_pairs: Sequence[str | None] | None = None):
+    """The tuned prompt's class probabilities (numpy, float64, (N, C)) on clean ``texts``
+    privatized as queries: the artifact's layout (plain sequence 0), ``custom``'s privatizer
+    (fresh noise, not measured: the training release's report stays as it is)."""
+    import numpy as np
+
+    if custom.artifact is None:
+        raise ValueError("Customization.artifact is not set: tune or load a prompt first")
+    q = custom.for_artifact(custom.artifact)
+    rows = q.privatize(q.rows(texts, text_pairs, queries=True), measure=False)
+    probs = q.predict_proba(rows)
+    return np.asarray(probs.detach().float().cpu().numpy(), dtype=np.float64)

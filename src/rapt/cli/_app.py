@@ -253,14 +253,15 @@ def resolve_eta(bb: Any, eta: float | None, target_p: float | None,
 
 
 def echo_privacy(report: dict, *, backbone: str, err: bool = False, prefix: str = "",
-                 min_p: float | None = None, what: str = "release") -> None:
+                 suffix: str = "", min_p: float | None = None, what: str = "release") -> None:
     """The privacy line of a release (η, measured P, nearest-neighbour inversion success),
-    under it the shipped attack table's strongest attacker at this backbone and η, and the
-    weak-privacy warning of :mod:`rapt.privacy.rule` (threshold ``min_p``, default its own)."""
+    between ``prefix`` and ``suffix`` (e.g. what was sent; where η came from), under it the
+    shipped attack table's strongest attacker at this backbone and η, and the weak-privacy
+    warning of :mod:`rapt.privacy.rule` (threshold ``min_p``, default its own)."""
     from rapt.privacy.mechanism import privacy_line
 
-    typer.echo(prefix + privacy_line(report), err=err)
-    echo_table_line(backbone, report.get("eta"), err=err, prefix=prefix)
+    typer.echo(prefix + privacy_line(report) + suffix, err=err)
+    echo_table_line(backbone, report.get("eta"), err=err)
     warn_weak_privacy(report, backbone=backbone, min_p=min_p, what=what)
 
 

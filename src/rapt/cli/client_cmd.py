@@ -19,14 +19,13 @@ from rapt.cli._app import (
     echo_collapse,
     echo_data_notes,
     echo_predictions,
-    echo_table_line,
+    echo_privacy,
     eta_for_target_ep,
     fail,
     flag_words,
     no_loading_bars,
     privacy_level,
     sub_app,
-    warn_weak_privacy,
 )
 from rapt.cli.options import (
     ETA,
@@ -129,7 +128,6 @@ def _echo_privacy(c, json_report: bool = False) -> None:
 
     from rapt.client.client import RELEASE_NAMES
     from rapt.privacy.attack_table import strongest_at
-    from rapt.privacy.mechanism import privacy_line
 
     r = c.last_privacy
     table = None
@@ -140,11 +138,9 @@ def _echo_privacy(c, json_report: bool = False) -> None:
         src = r.get("eta_source") or ""
         note = (f" (η recorded on the service with {src})" if src.startswith("prompt")
                 else " (the default level)" if src == "default" else "")
-        typer.echo(f"{r['what']}: {r['rows']} rows privatized; {privacy_line(r)}{note}",
-                   err=True)
-        echo_table_line(c.backbone.name, r["eta"], err=True)
-        warn_weak_privacy(r, backbone=c.backbone.name, min_p=r.get("min_p"),
-                          what=RELEASE_NAMES[r["what"]])
+        echo_privacy(r, backbone=c.backbone.name, err=True,
+                     prefix=f"{r['what']}: {r['rows']} rows privatized; ", suffix=note,
+                     min_p=r.get("min_p"), what=RELEASE_NAMES[r["what"]])
         table = asdict(strongest_at(c.backbone.name, r["eta"]))
     if json_report and r:
         typer.echo(json.dumps({"privacy": r, "attack_table": table}))

@@ -65,6 +65,9 @@ class PredictOptions:
     channel: Path | None
     allow_channel_mismatch: bool
     precision: str | None
+    local: Path | None
+    no_local: bool
+    local_only: bool
 
 
 def _stored_columns(meta: dict, data: str, fmt: str | None) -> tuple[str | None, str | None]:
@@ -122,15 +125,21 @@ _PREDICT_HELP = {
     "label_names": "default: the names stored in the artifact by `rapt tune` (give them only "
     "for an artifact without; they must match the artifact's)",
     "out": "write every prediction to this file, JSONL or CSV by its suffix (.jsonl/.csv): "
-    "row, text, label name, gold label, probabilities by label name (default: print a summary "
-    "and the first rows)",
+    "row, text, label name, gold label, probabilities by label name, and with a local model "
+    "each model's (remote, local, fused) (default: print a summary and the first rows)",
     "noise_seed": "seed the query privatization noise (tests only; default: OS entropy)",
     "json_report": "print one JSON line at the end: examples, accuracy and the queries' privacy "
-    "(η, measured P, inversion success)",
+    "(η, measured P, inversion success); with a local model its mode and each model's accuracy",
     "channel": "the channel model the prompt was tuned with (`rapt tune --channel`): a denoiser "
     "reads the queries back before predict, a channel adapter is the backbone that reads them",
     "allow_channel_mismatch": "predict even when --channel is not the channel model the prompt "
     "was tuned with (or is missing): accuracy will suffer",
+    "local": "the --out of the `rapt tune` run whose local model to use (default: ARTIFACT's, "
+    "when `rapt tune` saved one beside it): its clean-query probabilities are fused with the "
+    "remote ones, and the fused label is the prediction",
+    "no_local": "the remote prompt alone, even when a local model lies beside ARTIFACT",
+    "local_only": "the local model alone, on the clean queries: nothing is privatized, sent or "
+    "run on the backbone",
 }
 
 
@@ -157,6 +166,9 @@ def predict(
     allow_channel_mismatch: bool = typer.Option(
         False, "--allow-channel-mismatch", help=_PREDICT_HELP["allow_channel_mismatch"]),
     precision: str | None = with_help(PRECISION, PRECISION_HELP + " (default: the artifact's)"),
+    local: Path | None = typer.Option(None, "--local", help=_PREDICT_HELP["local"]),
+    no_local: bool = typer.Option(False, "--no-local", help=_PREDICT_HELP["no_local"]),
+    local_only: bool = typer.Option(False, "--local-only", help=_PREDICT_HELP["local_only"]),
 ) -> None:
     """Privatize queries locally (same η as training) and predict with a tuned prompt. The data
     need no labels; accuracy is reported when every example has one. Prints η, the measured P
@@ -176,33 +188,116 @@ def predict(
         tuned.config.precision = precision  # read by the model predict builds
     names, ds = _query_data(o, tuned.meta)
     _check_pairs(tuned.meta, artifact, ds)
-    bb = load_backbone_or_fail(backbone or tuned.meta.get("backbone", "minilm"))
-    eta = _query_eta(tuned.meta, eta, no_privacy, bb, artifact)
-    from rapt.pipeline import Customization
-
-    check_eta_options(eta, None)
-    den = _predict_channel(o, tuned.meta, bb)
-    custom = Customization.from_artifact(bb, tuned, eta=eta, noise_seed=noise_seed, channel=den)
-    if custom.privatizer is not None:
-        warn_if_seeded(noise_seed)
-    rows = custom.rows(ds.texts, ds.text_pairs, queries=True)
-    if custom.privatizer is not None:
-        rows = privatize_with_bar(custom, rows)
-        echo_privacy(custom.privacy, backbone=bb.name, err=True, min_p=min_p, what="query set")
-        echo_channel(custom.privacy, err=True)
-    probs = custom.predict_proba(rows)
+    user = _local_model(o, tuned)
+    eta, privacy, remote = (None, None, None) if local_only else _remote_probs(o, tuned, ds)
     from rapt.predictions import Predictions
 
+    probs, sources = _combine(remote, user, ds, local_only)
     preds = Predictions(names or [str(i) for i in range(probs.shape[1])], probs.tolist(),
                         texts=ds.texts, text_pairs=ds.text_pairs,
-                        gold=[e.label for e in ds.examples])
+                        gold=[e.label for e in ds.examples], sources=sources)
     echo_predictions(preds, out, eta=eta, fixes=collapse_fixes(
         method=tuned.config.method, private=tuned.meta.get("eta") is not None,
         dp=bool(tuned.meta.get("dp")), retune=True))
     if json_report:
-        typer.echo(json.dumps({"artifact": str(artifact), "examples": len(preds),
-                               "accuracy": preds.accuracy(), "eta": eta,
-                               "privacy": custom.privacy}))
+        report = {"artifact": str(artifact), "examples": len(preds),
+                  "accuracy": preds.accuracy(), "eta": eta, "privacy": privacy}
+        typer.echo(json.dumps({**report, **_local_report(preds, user, local_only)}))
+
+
+def _remote_probs(o: PredictOptions, tuned, ds):
+    """(η, the queries' privacy report, the prompt's probabilities as float64 numpy): the
+    queries privatized at the artifact's level (or --eta / --no-privacy) and classified."""
+    import numpy as np
+
+    from rapt.pipeline import Customization
+
+    bb = load_backbone_or_fail(o.backbone or tuned.meta.get("backbone", "minilm"))
+    eta = _query_eta(tuned.meta, o.eta, o.no_privacy, bb, o.artifact)
+    check_eta_options(eta, None)
+    den = _predict_channel(o, tuned.meta, bb)
+    custom = Customization.from_artifact(bb, tuned, eta=eta, noise_seed=o.noise_seed,
+                                         channel=den)
+    if custom.privatizer is not None:
+        warn_if_seeded(o.noise_seed)
+    rows = custom.rows(ds.texts, ds.text_pairs, queries=True)
+    if custom.privatizer is not None:
+        rows = privatize_with_bar(custom, rows)
+        echo_privacy(custom.privacy, backbone=bb.name, err=True, min_p=o.min_p,
+                     what="query set")
+        echo_channel(custom.privacy, err=True)
+    probs = custom.predict_proba(rows).detach().float().cpu().numpy()
+    return eta, custom.privacy, np.asarray(probs, dtype=np.float64)
+
+
+def _local_model(o: PredictOptions, tuned):
+    """(LocalBaseline, Fusion or None) saved beside --local or ARTIFACT, or None (--no-local,
+    or none there); one error line when --local / --local-only name one that is not there,
+    cannot be read, or has another number of labels than the prompt."""
+    from rapt.artifacts import ArtifactError, read_local_model
+
+    if o.no_local and (o.local is not None or o.local_only):
+        fail("--no-local leaves the local model out: give it or --local / --local-only, not "
+             "both")
+    if o.no_local:
+        return None
+    where = o.local or o.artifact
+    try:
+        user = read_local_model(where)
+    except ArtifactError as e:
+        fail(f"{e}; leave it out with --no-local")
+    if user is None and (o.local is not None or o.local_only):
+        fail(f"no local model beside {where} ({where}.local.NOT-PRIVATE.json is written by "
+             "`rapt tune`, which fits one unless --no-local); --local names the --out of "
+             "that run")
+    n = int(tuned.meta.get("num_labels") or 0)
+    if user is not None and n and user[0].num_labels != n:
+        fail(f"the local model beside {where} has {user[0].num_labels} labels, the prompt "
+             f"{o.artifact} {n}: name the local model of the same run with --local")
+    if o.local_only:
+        typer.echo("--local-only: the local model alone, on the clean queries (nothing is "
+                   "privatized or sent)", err=True)
+    elif user is not None:
+        fusion = user[1]
+        typer.echo(f"local model ({where}.local.NOT-PRIVATE.*): "
+                   + (f"fused with the remote prediction (weights remote {fusion.remote:g}, "
+                      f"local {fusion.local:g}, fitted on {fusion.n_rows} held-out rows)"
+                      if fusion is not None else "no fusion weights (too few rows were held "
+                      "out when tuning): the prediction is the remote one")
+                   + "; --no-local: the remote alone, --local-only: the local alone", err=True)
+    return user
+
+
+def _combine(remote, user, ds, local_only: bool):
+    """(the prediction's probabilities, each model's by name or None): the remote ones alone
+    without a local model, the local ones alone with --local-only, else the fusion of both
+    (the remote ones, the local ones beside them, when the local model has no fusion
+    weights)."""
+    if user is None:
+        return remote, None
+    local_model, fusion = user
+    pairs = ds.text_pairs if ds.report.get("text_pair_column") else None
+    local = local_model.predict_proba(ds.texts, pairs)
+    if local_only:
+        return local, None
+    if fusion is None:
+        return remote, {"remote": remote, "local": local}
+    fused = fusion(remote, local)
+    return fused, {"remote": remote, "local": local, "fused": fused}
+
+
+def _local_report(preds, user, local_only: bool) -> dict:
+    """--json-report's keys for the local model: which models made the prediction and each
+    one's accuracy (keys added, none renamed: readers of the old report keep working)."""
+    if user is None:
+        return {"mode": "remote"}
+    fusion = user[1]
+    out = {"mode": "local-only" if local_only else "fused" if fusion is not None
+           else "remote", "local_cv_accuracy": user[0].cv_accuracy,
+           "fusion": fusion.to_dict() if fusion is not None and not local_only else None}
+    for src in preds.sources or {}:
+        out[f"accuracy_{src}"] = preds.accuracy(src)
+    return out
 
 
 def _query_data(o: PredictOptions, meta: dict):

@@ -22,6 +22,7 @@ from rapt.cli._app import (
     privacy_level,
     warn_if_seeded,
 )
+from rapt.cli._local import LOCAL_HELP, held_out, tune_user_side, without
 from rapt.cli._tuning import (
     customization,
     echo_channel,
@@ -110,6 +111,7 @@ class TuneOptions:
     resume: bool
     train_log: bool
     precision: str
+    local: bool
 
 
 # Long help texts of `rapt tune`, out of its signature.
@@ -201,14 +203,17 @@ def tune(
     resume: bool = typer.Option(False, "--resume", help=_TUNE_HELP["resume"]),
     train_log: bool = typer.Option(False, "--train-log", help=_TUNE_HELP["train_log"]),
     precision: str = with_default(PRECISION, _d("precision")),
+    local: bool = typer.Option(True, "--local/--no-local", help=LOCAL_HELP),
 ) -> None:
     """Privatize a dataset locally, tune a prompt on it, save it to --out (shareable; what is
     measured on your rows goes beside it). Ctrl-C saves a checkpoint; --resume goes on."""
     o = TuneOptions(**locals())  # the options, typed, for the stage helpers below
     eta, target_p = _privacy_level(o)
-    ds = _training_data(o)
+    everything = _training_data(o)
+    held = held_out(everything.labels, seed, local)
+    ds = without(everything, held, seed)  # the rows the prompt trains on
     bb = load_backbone_or_fail(backbone)
-    dp = _dp_config(o, len(ds))
+    dp, delta = _dp_config(o, len(ds))
     encoding = _encoding(o, bb, len(ds))
     cfg, rows = _tune_config_and_rows(o, bb, ds, dp, encoding)
     _echo_method_and_head(bb, cfg, method is None, dp is not None, bool(label_descriptions))
@@ -217,11 +222,13 @@ def tune(
     if dp is not None and custom.privatizer is None:
         warn_if_seeded(noise_seed)
     rows, resumed = _training_rows(o, custom, rows, ds, cfg)
-    tuned = _tune_with_bar(custom, rows, ds, out=out, resume=resumed)
+    tuned = _tune_with_bar(custom, rows, ds, out=out, resume=resumed, delta=delta)
     _warn_training_collapse(custom, rows, ds)
     _record_meta(tuned, custom, ds, o)
     _save_tuned(tuned, out, cfg.method, custom.privacy, train_log)
     tune_resume.drop(out)
+    if local:
+        tune_user_side(custom, everything, held, out, seed)
 
 
 def _training_rows(o: TuneOptions, custom, rows, ds, cfg):
@@ -348,14 +355,15 @@ def _no_labels_hint(ds) -> str:
 
 
 def _dp_config(o: TuneOptions, n_rows: int):
+    """(the DP config or None, its δ for ``n_rows`` or None)."""
     from rapt.dp import dp_config_from_options
 
     try:
         dp = dp_config_from_options(o.dp_epsilon, o.dp_noise, o.dp_clip, o.dp_delta,
                                     o.dp_physical_batch, noise_seed=o.noise_seed)
-        if dp is not None:
-            dp.resolve_delta(n_rows, "--dp-delta")  # δ ≥ 1/N: an error naming the flag
-        return dp
+        if dp is None:
+            return None, None
+        return dp, dp.resolve_delta(n_rows, "--dp-delta")  # δ ≥ 1/N: an error naming the flag
     except ValueError as e:
         fail(str(e))
 
@@ -438,18 +446,16 @@ def _echo_method_and_head(bb, cfg, default_method: bool, dp: bool,
 
 
 
-def _tune_with_bar(custom, rows, ds, *, out: Path, resume=None):
-    """``custom.tune`` with a step bar on stderr (loss, and ε under DP). Ctrl-C or SIGTERM
-    stops it after the current step: the checkpoint goes to ``out`` and the command exits
-    with 128 + the signal's number."""
+def _tune_with_bar(custom, rows, ds, *, out: Path, resume=None, delta: float | None = None):
+    """``custom.tune`` with a step bar on stderr (loss, and ε at ``delta`` under DP). Ctrl-C or
+    SIGTERM stops it after the current step: the checkpoint goes to ``out`` and the command
+    exits with 128 + the signal's number."""
     from rapt.progress import progress_bar
 
     # a resumed run's bar goes on from the step and the time it stopped at
     bar = progress_bar(desc="tune", unit="step", initial=resume.step if resume else 0,
                        elapsed=resume.seconds if resume else 0.0)
     stop = tune_resume.StopSignals()
-    dp = getattr(custom.config, "dp", None)
-    delta = dp.resolve_delta(len(rows)) if dp is not None else None
 
     def progress(r: dict) -> None:
         bar.total = r["total_steps"]

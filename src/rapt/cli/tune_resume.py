@@ -86,7 +86,8 @@ def load(out: Path, config: Any, labels: list[int], eta: float | None) -> Resume
              "the same ones, or leave --resume out to start afresh")
     if list(doc["labels"]) != list(labels):
         fail(f"--resume: the training data differ from the stopped run's ({len(doc['labels'])} "
-             f"labelled rows then, {len(labels)} now, or other labels); give the same data")
+             f"labelled rows then, {len(labels)} now, or other labels); give the same data "
+             "and the same --local / --no-local (--local holds rows out of training)")
     if (doc.get("eta") is None) != (eta is None) or (
             eta is not None and abs(float(doc["eta"]) - float(eta)) > 1e-9 * float(eta)):
         fail(f"--resume: η {eta} now, {doc.get('eta')} in the stopped run; give the same "

@@ -12,8 +12,17 @@ shareable output, never inside it, and never sent to a provider.
 - :func:`verdict` (``verdict.py``): the plain sentence that says which one to use.
 """
 
-from rapt.local.baseline import LocalBaseline
 from rapt.local.fusion import Fusion, fit_user_side, holdout_split
 from rapt.local.verdict import Comparison, verdict
 
 __all__ = ["Comparison", "Fusion", "LocalBaseline", "fit_user_side", "holdout_split", "verdict"]
+
+
+def __getattr__(name: str):
+    # LocalBaseline is loaded on first use: importing rapt.local.fusion or .denoise (a GPU
+    # worker, the service, `rapt predict --no-local`) does not import scikit-learn.
+    if name == "LocalBaseline":
+        from rapt.local.baseline import LocalBaseline
+
+        return LocalBaseline
+    raise AttributeError(f"module 'rapt.local' has no attribute {name!r}")

@@ -24,25 +24,40 @@ EPS = 1e-6  # probability floor: a hard 0 from one side must not veto the other
 def holdout_split(labels: np.ndarray | list[int], seed: int, *,
                   fraction: float = HOLDOUT_FRACTION, max_rows: int = HOLDOUT_MAX,
                   min_rows: int = MIN_HOLDOUT) -> tuple[np.ndarray, np.ndarray]:
-    """(train indices, held-out indices), sorted, a seeded random split stratified by label
-    (each class gives ``fraction`` of its rows, rounded, at least one when it has two or more).
-    The held-out slice is capped at ``max_rows``; an empty one when it would hold fewer than
-    ``min_rows`` (then the remote prompt trains on every row and nothing is fused)."""
+    """(train indices, held-out indices), sorted, a seeded random split stratified by label:
+    exactly min(``max_rows``, round(``fraction`` · N)) held-out rows, each class giving its share
+    within one row (and at least one row when it has two or more). An empty slice when it would
+    hold fewer than ``min_rows`` (then the remote prompt trains on every row and nothing is
+    fused)."""
     y = np.asarray(labels, dtype=np.int64)
     n = len(y)
     want = min(max_rows, int(round(fraction * n)))
     if want < min_rows:
         return np.arange(n), np.arange(0)
     rng = np.random.default_rng(seed)
-    held = []
-    for c in np.unique(y):
-        idx = rng.permutation(np.flatnonzero(y == c))
-        k = int(round(len(idx) * want / n))
-        held.append(idx[:max(k, 1 if len(idx) >= 2 else 0)])
-    h = np.sort(np.concatenate(held))[:want] if held else np.arange(0)
+    classes = np.unique(y)
+    members = [rng.permutation(np.flatnonzero(y == c)) for c in classes]
+    take = _quotas(np.array([len(m) for m in members]), want)
+    h = np.concatenate([m[:k] for m, k in zip(members, take, strict=True)])
+    if len(h) > want:  # more classes with two rows than the slice holds: a random subset
+        h = rng.choice(h, want, replace=False)
+    h = np.sort(h)
     mask = np.ones(n, bool)
     mask[h] = False
     return np.flatnonzero(mask), h
+
+
+def _quotas(counts: np.ndarray, want: int) -> np.ndarray:
+    """Rows each class gives to a slice of ``want``: its share rounded by largest remainder
+    (the quotas sum to ``want``; rounding each one alone can miss it by a row per class), then
+    one row for every class of two or more rows, taken back from the largest quotas."""
+    share = counts * want / counts.sum()
+    k = np.floor(share).astype(np.int64)
+    k[np.argsort(-(share - k), kind="stable")[:want - int(k.sum())]] += 1
+    k[(k == 0) & (counts >= 2)] = 1
+    while k.sum() > want and k.max() > 1:
+        k[int(np.argmax(k))] -= 1
+    return k
 
 
 def _pool(remote: np.ndarray, local: np.ndarray, a: float, b: float) -> np.ndarray:

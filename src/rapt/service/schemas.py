@@ -93,7 +93,8 @@ class DatasetUpload(BaseModel):
                                      description="privatized texts, instead of input_ids")
     text_pairs: list[Text] | None = Field(
         None, min_length=1, description="privatized second texts of sentence pairs, one per "
-        "text (encoded as rapt.tuning.reconstruction.encode_texts pairs them)")
+        "text (encoded as the backbone's tokenizer pairs two texts; one that only concatenates "
+        "them gets the two joined by a newline)")
     labels: list[int] = Field(min_length=1)
     num_labels: int = Field(ge=2, le=1000)
     privacy: PrivacyDeclaration

@@ -272,7 +272,8 @@ class SplitSessions:
         cfg = SplitConfig(**row["config"])
         _, top = split_backbone(bb, cfg.split_layer, pooling=cfg.pooling)
         tune_top(top, cfg, bb.embeddings.detach())
-        live = _Live(row, cfg, ProviderSession(top, cfg, int(row["total_steps"])),
+        live = _Live(row, cfg, ProviderSession(top, cfg, int(row["total_steps"]),
+                                               int(row["n_examples"])),
                      top_bytes=sum(t.numel() * t.element_size()
                                    for t in (*top.parameters(), *top.buffers())))
         folder = Path(row["path"])

@@ -437,7 +437,7 @@ def setup_split(bb: Backbone, config: SplitConfig, num_labels: int, n_examples: 
     bottom, top = split_backbone(bb, config.split_layer, pooling=config.pooling)
     tune_top(top, config, bb.embeddings.detach())
     steps = total_steps(n_examples, config)
-    provider = ProviderSession(top, config, steps)
+    provider = ProviderSession(top, config, steps, n_examples)
     return make_customer(bb, bottom, config, num_labels, privatizer=privatizer), provider
 
 

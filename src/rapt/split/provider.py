@@ -17,7 +17,7 @@ from rapt.split.protocol import (
     SplitProtocolError,
     TopOutput,
 )
-from rapt.training.loop import warmup_linear
+from rapt.training.loop import STATE_FORMAT, TrainableTensors, TrainState, warmup_linear
 
 __all__ = ["ProviderSession", "load_top", "split_scheduler", "tune_top"]
 
@@ -61,14 +61,17 @@ class ProviderSession:
     The provider sees ``Activations`` (privatized representations and the padding mask) and
     ``OutputGrad`` (∂l/∂g); it never sees text, token ids, labels or the customer's output
     layer. One training step is in flight at a time: ``forward`` keeps the graph until the
-    ``backward`` with the same step id arrives."""
+    ``backward`` with the same step id arrives. ``n_examples``: the customer's training rows
+    (the steps are planned over them; a resumed state must be of as many)."""
 
-    def __init__(self, top: Top, config: SplitConfig, total_steps: int) -> None:
+    def __init__(self, top: Top, config: SplitConfig, total_steps: int, n_examples: int
+                 ) -> None:
         if total_steps < 1:
             raise ValueError(f"total_steps must be >= 1, got {total_steps}")
         self.top = top
         self.config = config
         self.total_steps = int(total_steps)
+        self.n_examples = int(n_examples)
         self.hidden_size = int(top.blocks.config.hidden_size)
         params = [p for p in top.parameters() if p.requires_grad]
         if not params:
@@ -205,33 +208,74 @@ class ProviderSession:
         return {k: v.detach().cpu().clone() for k, v in self.top.state_dict().items()
                 if k in names}
 
+    def _train_state(self) -> TrainState:
+        """The session as the training loop's resumable state: the top's trainable tensors,
+        optimizer, scheduler and message step ids; the split and the plan as facts to match.
+        The process's random generator is not the session's (other tenants' sessions share
+        it, and the top draws nothing from it)."""
+        return TrainState(STATE_KIND, self.config.method, self.n_examples,
+                          {"top": TrainableTensors(self.top), "optimizer": self.optimizer,
+                           "scheduler": self.scheduler, "step_ids": _StepIds(self)},
+                          step=self.step, owns_rng=False,
+                          meta={"split_layer": self.config.split_layer,
+                                "total_steps": self.total_steps})
+
     def state_dict(self) -> dict:
-        """Everything to resume: trainable top tensors, optimizer, scheduler, step count."""
-        return {"kind": STATE_KIND, "method": self.config.method,
-                "split_layer": self.config.split_layer, "total_steps": self.total_steps,
-                "step": self.step, "last_step": self._last_step,
-                "top": self.trainable_state(),
-                "optimizer": copy.deepcopy(self.optimizer.state_dict()),
-                "scheduler": copy.deepcopy(self.scheduler.state_dict())}
+        """Everything to resume, in the training loop's format
+        (:meth:`rapt.training.loop.TrainState.state_dict`, kind ``"split-top"``)."""
+        return self._train_state().state_dict()
 
     def load_state_dict(self, state: dict) -> None:
-        """Resume from :meth:`state_dict`; refuses a state of another kind, method, split or
-        length, and loads the top's tensors strictly."""
-        if state.get("kind") != STATE_KIND:
-            raise ValueError(f"not a provider session state (kind {state.get('kind')!r}, "
+        """Resume from :meth:`state_dict` (or from the flat state that sessions saved before
+        it); refuses a state of another kind, method, split, length or number of rows, and
+        loads the top's tensors strictly. The process's random generator is left alone."""
+        state = _current_format(state)
+        kind = state.get("kind") if isinstance(state, dict) else type(state).__name__
+        if kind != STATE_KIND:
+            raise ValueError(f"not a provider session state (kind {kind!r}, "
                              f"expected {STATE_KIND!r})")
-        for key, mine in (("method", self.config.method),
-                          ("split_layer", self.config.split_layer),
+        for key, mine in (("split_layer", self.config.split_layer),
                           ("total_steps", self.total_steps)):
-            if state.get(key) != mine:
-                raise ValueError(f"state has {key}={state.get(key)!r}, this session "
-                                 f"{key}={mine!r}")
-        load_top(self.top, state["top"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.step = int(state["step"])
-        self._last_step = int(state.get("last_step", -1))
+            got = state.get("meta", {}).get(key)
+            if got != mine:
+                raise ValueError(f"state has {key}={got!r}, this session {key}={mine!r}")
+        train = self._train_state()
+        train.load_state_dict(state)
+        self.step = train.step
         self._pending = None
+
+
+class _StepIds:
+    """The session's message step ids as a checkpoint component: the last one trained (a new
+    forward must come after it)."""
+
+    def __init__(self, session: ProviderSession) -> None:
+        self.session = session
+
+    def state_dict(self) -> dict[str, int]:
+        return {"last_step": self.session._last_step}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.session._last_step = int(state["last_step"])
+
+
+def _current_format(state: dict) -> dict:
+    """A provider state in the training loop's format. The flat state that sessions saved
+    before it (``top``, ``optimizer``, ``scheduler``, ``step``, ``last_step`` at the top, no
+    ``components``; it recorded no number of rows, which is then unchecked) is converted;
+    anything else is returned as it is, for :meth:`TrainState.load_state_dict` to check."""
+    if not isinstance(state, dict) or state.get("kind") != STATE_KIND or "components" in state:
+        return state
+    flat = {"top", "optimizer", "scheduler", "step", "method", "split_layer", "total_steps"}
+    if not flat <= set(state):
+        raise ValueError(f"provider session state lacks {sorted(flat - set(state))}")
+    return {"format": STATE_FORMAT, "kind": STATE_KIND, "method": state["method"],
+            "n_examples": None, "step": int(state["step"]), "epoch": 0, "history": [],
+            "meta": {"split_layer": state["split_layer"], "total_steps": state["total_steps"]},
+            "rng": None,
+            "components": {"top": state["top"], "optimizer": state["optimizer"],
+                           "scheduler": state["scheduler"],
+                           "step_ids": {"last_step": int(state.get("last_step", -1))}}}
 
 
 def load_top(top: nn.Module, tensors: dict[str, Tensor]) -> None:

@@ -312,7 +312,13 @@ class TrainState:
     ``kind`` ("tune", "split-top", ...), ``method`` and ``n_examples`` must match on load;
     ``components`` are the objects with ``state_dict``/``load_state_dict`` (model tensors,
     optimizer, scheduler, DP engine); ``rng`` is the torch CPU generator (init, dropout; not
-    noise), taken when saved; ``meta`` holds facts fixed at build time (the rec vocabulary)."""
+    noise), taken when saved; ``meta`` holds facts fixed at build time (the rec vocabulary).
+
+    ``owns_rng=False`` is for a run that shares its process with other tenants' runs (the SAP
+    provider's top in the service): the process's generator is not its own, so the state
+    saves none (``rng`` None) and loading leaves the generator as it is, instead of setting
+    every tenant's random stream to one tenant's saved one. Such a run must not draw from it
+    (the top trains without dropout)."""
 
     kind: str
     method: str
@@ -323,12 +329,13 @@ class TrainState:
     history: list[dict] = field(default_factory=list)
     meta: dict = field(default_factory=dict)
     stopped: bool = False
+    owns_rng: bool = True
 
     def state_dict(self) -> dict:
         return {"format": STATE_FORMAT, "kind": self.kind, "method": self.method,
                 "n_examples": self.n_examples, "step": self.step, "epoch": self.epoch,
                 "history": list(self.history), "meta": copy.deepcopy(self.meta),
-                "rng": torch.get_rng_state(),
+                "rng": torch.get_rng_state() if self.owns_rng else None,
                 # deep copies: state_dict()s hold live references that later steps mutate
                 "components": {k: copy.deepcopy(c.state_dict())
                                for k, c in self.components.items()}}
@@ -348,7 +355,8 @@ class TrainState:
         self.step, self.epoch = int(state["step"]), int(state["epoch"])
         self.history = list(state["history"])
         self.meta = dict(state["meta"])
-        torch.set_rng_state(state["rng"])
+        if self.owns_rng and state["rng"] is not None:
+            torch.set_rng_state(state["rng"])
 
 
 # --------------------------------------------------------------------------- loop

@@ -60,7 +60,12 @@ class ClassificationHead(nn.Module):
 
     def forward(self, hidden: Tensor, task_mask: Tensor) -> Tensor:
         """-> logits (B, C)."""
-        return self.linear(self.dropout(pool(hidden, task_mask, self.pooling)))
+        return self.from_pooled(pool(hidden, task_mask, self.pooling))
+
+    def from_pooled(self, pooled: Tensor) -> Tensor:
+        """(B, h) pooled states -> logits (B, C): the head after its pooling (a user-side
+        output denoiser corrects the pooled state and hands it here)."""
+        return self.linear(self.dropout(pooled))
 
 
 class Verbalizer(nn.Module):
@@ -163,7 +168,11 @@ class LabelDescriptionHead(nn.Module):
 
     def forward(self, hidden: Tensor, task_mask: Tensor) -> Tensor:
         """-> logits (B, C) = cos(pooled state, label embedding) / temperature."""
-        pooled = pool(hidden, task_mask, self.pooling).float()
+        return self.from_pooled(pool(hidden, task_mask, self.pooling))
+
+    def from_pooled(self, pooled: Tensor) -> Tensor:
+        """(B, h) pooled states -> logits (B, C)."""
+        pooled = pooled.float()
         cos = nn.functional.normalize(pooled, dim=-1) @ \
             nn.functional.normalize(self.label_embeddings, dim=-1).T
         return cos / self.temperature

@@ -50,6 +50,7 @@ from rapt.tuning.heads import (
     Verbalizer,
     encode_descriptions,
     label_token_ids,
+    pool,
 )
 from rapt.tuning.reconstruction import (
     Reconstruction,
@@ -256,6 +257,34 @@ class TunedPrompt:
             logits, _, _ = model(ids, mask, with_rec=False)
             out[idx] = logits.float().softmax(-1).cpu()
         return out
+
+    @torch.no_grad()
+    def pooled(self, backbone: Backbone, input_ids: Sequence[Sequence[int]],
+               batch_size: int = 64) -> Tensor:
+        """(N, h) float32: the states the task head reads, after its pooling, for rows laid out
+        as in training (what the service returns to a user-side output denoiser). Encoder
+        heads only (linear, label-description)."""
+        model = self.build(backbone)
+        if not hasattr(model.head, "from_pooled"):
+            raise ValueError(f"the {model.head_kind} head reads no pooled state")
+        pad = backbone.tokenizer.pad_token_id
+        order = sorted(range(len(input_ids)), key=lambda i: len(input_ids[i]))
+        out = torch.empty(len(input_ids), backbone.hidden_size)
+        dev = next(iter(backbone.model.parameters())).device
+        for s in range(0, len(order), batch_size):
+            idx = order[s:s + batch_size]
+            ids, mask = pad_batch([input_ids[i] for i in idx], pad, dev)
+            _, _, hidden = model(ids, mask, with_rec=False)
+            mask = task_mask(mask, model.plain_len, model.offset)
+            out[idx] = pool(hidden, mask, model.head.pooling).float().cpu()
+        return out
+
+    @torch.no_grad()
+    def head_proba(self, backbone: Backbone, pooled: Tensor) -> Tensor:
+        """Class probabilities (N, C) of the task head on (N, h) pooled states."""
+        head = self.build(backbone).head
+        dev = next(iter(backbone.model.parameters())).device
+        return head.from_pooled(pooled.to(dev)).float().softmax(-1).cpu()
 
     def predict(self, backbone: Backbone, input_ids: Sequence[Sequence[int]],
                 batch_size: int = 64) -> list[int]:

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from rapt.service.store.connection import StoreBase, public_url, sql, store_url
 from rapt.service.store.datasets import QUOTA_FIX, DatasetStore, QuotaError
-from rapt.service.store.files import erase_file, private_tree, write_private
+from rapt.service.store.files import erase_file, private_tree
 from rapt.service.store.jobs import JobStore, QueueFullError
 from rapt.service.store.keys import KeyStore, LastAdminKeyError
 from rapt.service.store.prompts import PromptStore
@@ -58,7 +58,6 @@ __all__ = [
     "public_url",
     "sql",
     "store_url",
-    "write_private",
 ]
 
 

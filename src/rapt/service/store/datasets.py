@@ -10,8 +10,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from rapt.artifacts import write_private
 from rapt.service.store.connection import StoreBase
-from rapt.service.store.files import erase_file, write_private
+from rapt.service.store.files import erase_file
 from rapt.service.store.schema import api_keys, datasets, jobs, new_id, sap_sessions
 
 QUOTA_FIX = ("delete datasets with DELETE /v1/datasets/{id} or SAP sessions with "

@@ -1,5 +1,5 @@
-"""The store's files beside the database: created private (0700 folders, 0600 files), erased
-by overwriting before unlinking."""
+"""The store's files beside the database: created private (0700 folders, 0600 files: written
+with :func:`rapt.artifacts.write_private`), erased by overwriting before unlinking."""
 
 from __future__ import annotations
 
@@ -31,14 +31,6 @@ def private_tree(path: Path) -> None:
                 os.chmod(os.path.join(root, f), 0o600)
     elif path.exists():
         os.chmod(path, 0o600)
-
-
-def write_private(path: Path, data: bytes) -> None:
-    """Write a new file 0600 from its creation (no window with a looser mode)."""
-    fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.chmod(path, 0o600)
 
 
 def erase_file(path: Path) -> None:

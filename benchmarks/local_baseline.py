@@ -1,0 +1,218 @@
+"""Where does the hosted model win? The local baseline, remote LoRA / prefix, user-side fusion and
+the user-side output denoiser over rows x privacy x seeds.
+
+Two phases, because the remote cells want a GPU and the user-side ones only a CPU:
+
+    # 1. remote (GPU, W parallel workers; each finished cell is one .npz, a rerun skips them)
+    python -m benchmarks.local_baseline remote --etas ETAS.json --out /tmp/res --workers 8
+    # 2. user side and the report (CPU): the local model, fusion, the table, the plot
+    python -m benchmarks.local_baseline report --cells /tmp/res
+
+A cell is (task, rows, P, seed). Its training rows are a seeded random sample of the built-in
+training split (``Dataset.subset``: FP's file is in label order, so the first N would be one
+class). Per cell, the remote phase tunes on the privatized rows:
+- ``lora``: LoRA on every row (the privatized model alone, as ``rapt tune --no-local``);
+- ``lora_fuse``: LoRA on the rows outside the held-out slice (``rapt.local.holdout_split``),
+  scored on the slice's rows privatized as queries: what ``rapt tune`` does by default;
+- ``prefix``: prefix tuning on every row;
+- for the denoiser cells, ``lora_fuse``'s pooled states on public sentences (clean and
+  privatized twice) fit a :class:`rapt.local.denoise.OutputDenoiser`, applied to the slice and
+  the evaluation queries; and ``oracle``: the same prompt on the *clean* evaluation queries
+  (what the privatized query costs: an upper bound, not a method).
+Every model reads the same privatized evaluation queries (paired). The report phase fits the local
+TF-IDF model on the clean rows, fuses on the slice, and writes ``local_baseline.{json,md,png}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+
+TASKS = {"sst2": ("sst2-sentences", "train", ("dev",)),
+         "fp": ("financial_phrasebank", "train", ("dev", "test")),
+         "trec": ("trec", "train", ("test",))}
+NAMES = {"sst2": "SST-2", "fp": "FP", "trec": "TREC"}
+ROWS = (100, 250, 500, 1000, 2000, 0)  # 0 = every training row
+PS = (None, 0.2, 0.4, 0.6)
+SEEDS = (0, 1, 2)
+MIN_STEPS = 100  # optimizer steps at least: 3 epochs of 100 rows are 12 steps, not a budget
+DENOISE_ROWS = (500, 2000)
+PUBLIC_ROWS = 3000  # public sentences the denoiser is fitted on (each privatized twice)
+
+
+def cell_key(task: str, rows: int, p: float | None, seed: int) -> str:
+    return f"{task}_{rows or 'all'}_{'clean' if p is None else p}_{seed}"
+
+
+def cells(tasks=tuple(TASKS), rows=ROWS, ps=PS, seeds=SEEDS) -> list[tuple]:
+    """Seed-major: a run cut short still leaves whole seeds."""
+    return [(t, n, p, s) for s in seeds for p in ps for t in tasks for n in rows]
+
+
+def sample(task: str, rows: int, seed: int):
+    """(training Dataset sample, evaluation Dataset) of a cell."""
+    from rapt.data import load_dataset
+
+    name, split, evals = TASKS[task]
+    train = load_dataset(name, split)
+    train = train.subset(rows, seed=seed) if rows else train
+    ev = [e for s in evals for e in load_dataset(name, s).examples]
+    return train, ev
+
+
+def epochs_for(n: int, batch: int = 32) -> int:
+    return max(3, math.ceil(MIN_STEPS / math.ceil(n / batch)))
+
+
+def _config(method: str, n: int, seed: int, train, task: str, bb):
+    from rapt.config import tune_config
+
+    return tune_config({"method": method, "seed": seed, "epochs": epochs_for(n)}, kind=bb.kind,
+                       label_names=train.label_names, dataset=TASKS[task][0])
+
+
+def _tune(custom, method, rows, labels, k, task, train, seed):
+    from dataclasses import replace
+
+    c = replace(custom, config=_config(method, len(rows), seed, train, task, custom.backbone))
+    return c.tune(rows, labels, k)
+
+
+def _denoise(custom, tuned, task, seed, queries_clean, queries_priv, held_clean, held_priv):
+    """Fit the output denoiser on public sentences with ``tuned``; -> (eval probs, held probs,
+    fit record)."""
+    import torch
+
+    from rapt.channel.corpus import public_corpus_for
+    from rapt.local.denoise import fit_denoiser, token_features
+
+    bb = custom.backbone
+    pub = list(public_corpus_for(TASKS[task][0]).texts)
+    rng = np.random.default_rng(seed)
+    pub = [pub[i] for i in sorted(rng.choice(len(pub), min(PUBLIC_ROWS, len(pub)), False))]
+    clean = custom.rows(pub, queries=True)
+    z_clean = tuned.pooled(bb, clean)
+    zp, zc, feats = [], [], []
+    for _ in range(2):
+        priv = custom.privatize(clean, measure=False)
+        zp.append(tuned.pooled(bb, priv))
+        zc.append(z_clean)
+        feats.append(token_features(bb.embeddings, clean, priv, custom._special_ids()))
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    den, fit = fit_denoiser(torch.cat(zp), torch.cat(feats), torch.cat(zc), seed=seed,
+                            device=dev)
+
+    def run(c_rows, p_rows):
+        z = tuned.pooled(bb, p_rows)
+        f = token_features(bb.embeddings, c_rows, p_rows, custom._special_ids())
+        with torch.no_grad():
+            return tuned.head_proba(bb, den(z, f)).numpy()
+
+    return run(queries_clean, queries_priv), run(held_clean, held_priv), \
+        {"before": fit.before, "curve": fit.after, "public_rows": len(pub)}
+
+
+def run_cell(bb, etas: dict, task: str, rows: int, p, seed: int) -> dict:
+    """Every remote model of one cell -> arrays (float16 probabilities) and a record."""
+    from rapt.local import holdout_split
+    from rapt.pipeline import Customization, Encoding
+
+    t0 = time.perf_counter()
+    train, ev = sample(task, rows, seed)
+    texts, y, k = train.texts, np.array(train.labels), train.num_labels
+    _, held = holdout_split(y, seed)
+    fit_idx = np.setdiff1d(np.arange(len(y)), held)
+    eta = None if p is None else etas[str(p)]
+    custom = Customization.create(bb, Encoding(), eta=eta, noise_seed=1000 + seed)
+    rows_c = custom.rows(texts)
+    rows_p = custom.privatize(rows_c, measure=False)
+    q_clean = custom.rows([e.text for e in ev], queries=True)
+    q_priv = custom.privatize(q_clean, measure=False)
+    h_clean = [rows_c[i] for i in held]
+    h_priv = custom.privatize(h_clean, measure=False)  # the slice, privatized as queries are
+    changed = [a != b for r, s in zip(rows_c, rows_p, strict=True) for a, b in zip(r, s,
+                                                                                strict=True)]
+    out, rec = {}, {"task": task, "rows": len(y), "p": p, "eta": eta, "seed": seed,
+                    "p_measured": float(np.mean(changed)),  # specials included: a lower bound
+                    "held": len(held), "epochs": epochs_for(len(y)), "eval_rows": len(ev)}
+    for method in ("lora", "prefix"):
+        tuned = _tune(custom, method, rows_p, y.tolist(), k, task, train, seed)
+        out[method] = custom.for_artifact(tuned).predict_proba(q_priv).numpy()
+        rec[f"{method}_head"] = tuned.meta.get("head")
+    tuned = _tune(custom, "lora", [rows_p[i] for i in fit_idx], y[fit_idx].tolist(), k, task,
+                  train, seed)
+    q = custom.for_artifact(tuned)
+    out["lora_fuse"] = q.predict_proba(q_priv).numpy()
+    out["lora_fuse_held"] = q.predict_proba(h_priv).numpy() if len(held) else np.zeros((0, k))
+    if p is not None and (rows in DENOISE_ROWS or (not rows and task == "fp")):
+        out["oracle"] = q.predict_proba(q_clean).numpy()
+        out["denoised"], out["denoised_held"], rec["denoiser"] = _denoise(
+            custom, tuned, task, seed, q_clean, q_priv, h_clean, h_priv)
+    rec["seconds"] = time.perf_counter() - t0
+    arrays = {n: a.astype(np.float16) for n, a in out.items()}
+    return {"arrays": {**arrays, "held": held.astype(np.int32)}, "record": rec}
+
+
+def remote(args) -> None:
+    """Worker ``args.worker`` of ``args.workers`` runs its share of the cells."""
+    import torch
+
+    from rapt.models import load_backbone
+
+    global MIN_STEPS, PUBLIC_ROWS
+    MIN_STEPS, PUBLIC_ROWS = args.min_steps, args.public_rows  # smaller only for a dry run
+    etas = json.loads(Path(args.etas).read_text())
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    bb = load_backbone(args.backbone, device=dev)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    todo = cells(tuple(args.tasks), tuple(args.rows), tuple(args.ps), tuple(args.seeds))
+    for i, (task, rows, p, seed) in enumerate(todo):
+        key = cell_key(task, rows, p, seed)
+        if i % args.workers != args.worker or (out / f"{key}.npz").exists():
+            continue
+        got = run_cell(bb, etas, task, rows, p, seed)
+        np.savez_compressed(out / f"{key}.tmp.npz", **got["arrays"],
+                            record=json.dumps(got["record"]))
+        (out / f"{key}.tmp.npz").rename(out / f"{key}.npz")
+        print(f"[w{args.worker}] {key} {got['record']['seconds']:.1f}s", flush=True)
+
+
+def _parse_p(s: str):
+    return None if s == "clean" else float(s)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="phase", required=True)
+    r = sub.add_parser("remote")
+    r.add_argument("--etas", required=True, help="JSON {P: η} calibrated on the public sample")
+    r.add_argument("--backbone", default="minilm")
+    r.add_argument("--out", required=True)
+    r.add_argument("--worker", type=int, default=0)
+    r.add_argument("--workers", type=int, default=1)
+    r.add_argument("--tasks", nargs="+", default=list(TASKS))
+    r.add_argument("--rows", nargs="+", type=int, default=list(ROWS))
+    r.add_argument("--ps", nargs="+", type=_parse_p, default=list(PS))
+    r.add_argument("--seeds", nargs="+", type=int, default=list(SEEDS))
+    r.add_argument("--min-steps", type=int, default=MIN_STEPS)
+    r.add_argument("--public-rows", type=int, default=PUBLIC_ROWS)
+    p = sub.add_parser("report")
+    p.add_argument("--cells", required=True)
+    p.add_argument("--name", default="local_baseline")
+    args = ap.parse_args()
+    if args.phase == "remote":
+        remote(args)
+    else:
+        from benchmarks.local_baseline_report import report
+
+        report(Path(args.cells), args.name)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""The user's side in the commands that tune (`rapt tune`, `rapt sap tune`): the rows held out
+from the remote prompt, the local model and its comparison printed with the verdict, and the
+local model saved beside OUT (mode 0600, never inside the folder one shares).
+
+The work itself is rapt.pipeline.user_side_after_tune and rapt.local.fit_user_side; this
+module only splits the loaded data, prints and saves."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import typer
+
+LOCAL_HELP = ("also fit a local model on your clean rows (TF-IDF + logistic regression, on "
+              "this machine, about a second; nothing more leaves it): 20 % of the rows (at most "
+              "500, none below about 100 rows) are held out from the remote prompt to compare "
+              "the two and fit their fusion, which `rapt predict` then uses; saved beside --out, "
+              "mode 0600")
+
+
+def held_out(labels: list[int], seed: int, enabled: bool) -> np.ndarray:
+    """Indices of the rows the remote prompt must not train on (empty when ``enabled`` is
+    False or the data are too few): a function of the labels and the seed only, so a resumed
+    run holds out the same rows."""
+    from rapt.local import holdout_split
+
+    return holdout_split(labels, seed)[1] if enabled else np.arange(0)
+
+
+def without(ds, held: np.ndarray, seed: int):
+    """``ds`` without the rows ``held`` (the rows the remote prompt trains on), its report's
+    counts updated; ``ds`` itself when nothing is held out. A note says how many are kept."""
+    if len(held) == 0:
+        return ds
+    drop = {int(i) for i in held}
+    examples = [e for i, e in enumerate(ds.examples) if i not in drop]
+    typer.echo(f"holding out {len(held)} of {len(ds)} rows (stratified, seed {seed}) to "
+               "compare the privatized model with a local one; the prompt trains on the other "
+               f"{len(examples)} (--no-local trains on every row)", err=True)
+    return dataclasses.replace(ds, examples=examples, report={**ds.report,
+                                                               "kept": len(examples)})
+
+
+def pairs_of(ds) -> list[str | None] | None:
+    """The second texts of a sentence-pair dataset, None for single texts."""
+    return ds.text_pairs if ds.report.get("text_pair_column") else None
+
+
+def echo_user_side(local, fusion, comparison) -> None:
+    """The local model's CV accuracy and CPU time, the held-out accuracies (remote, local,
+    fused) when there was a slice, and the verdict sentence."""
+    from rapt.local import verdict
+
+    cv = (f"{local.folds}-fold CV accuracy {local.cv_accuracy:.4f}" if local.cv_accuracy
+          is not None else "no CV accuracy (a class has fewer than 2 rows)")
+    typer.echo(f"local model (TF-IDF + logistic regression on your clean rows, C = {local.C:g}):"
+               f" {cv} on {local.n_rows} rows, fitted in {local.fit_seconds:.1f} s on this "
+               "machine's CPU")
+    if fusion is not None:
+        acc = fusion.accuracy or {}
+        typer.echo(f"held out ({fusion.n_rows} rows the prompt never trained on, privatized as "
+                   f"queries): accuracy remote {acc['remote']:.4f}, local {acc['local']:.4f}, "
+                   f"fused {acc['fused']:.4f} (fusion weights: remote {fusion.remote:g}, "
+                   f"local {fusion.local:g})")
+    typer.echo(verdict(comparison))
+
+
+def save_user_side(out: Path, local, fusion) -> None:
+    """The local model (and fusion weights) beside ``out``, 0600; where they went."""
+    from rapt.artifacts import write_local_model
+
+    paths = write_local_model(out, local, fusion)
+    typer.echo(f"local model saved beside it, not to be shared (its vocabulary holds your rows' "
+               f"words): {', '.join(str(p) for p in paths)}")
+
+
+def tune_user_side(custom, ds, held: np.ndarray, out: Path, seed: int) -> None:
+    """After a remote tune on ``ds`` without ``held``: score the prompt on the held-out rows
+    privatized as queries, fit the local model on every row and the fusion on the slice, print
+    the comparison and save it beside ``out``. A local model that cannot be fitted (a single
+    class) is a warning: the prompt is already saved."""
+    from rapt.pipeline import user_side_after_tune
+
+    try:
+        local, fusion, comp = user_side_after_tune(custom, ds.texts, ds.labels,
+                                                   len(ds.label_names), held,
+                                                   text_pairs=pairs_of(ds), seed=seed)
+    except ValueError as e:
+        typer.echo(f"warning: no local model: {e}", err=True)
+        return
+    echo_user_side(local, fusion, comp)
+    save_user_side(out, local, fusion)
+
+
+def fit_user_side_alone(ds, out: Path, seed: int) -> None:
+    """The local model on every clean row of ``ds`` when no slice was held out from the remote
+    model (its estimate is cross-validated): printed with the verdict and saved beside
+    ``out``; a warning instead when it cannot be fitted."""
+    from rapt.local import fit_user_side
+
+    try:
+        local, fusion, comp = fit_user_side(ds.texts, ds.labels, len(ds.label_names),
+                                            np.arange(0), None, text_pairs=pairs_of(ds),
+                                            seed=seed)
+    except ValueError as e:
+        typer.echo(f"warning: no local model: {e}", err=True)
+        return
+    echo_user_side(local, fusion, comp)
+    save_user_side(out, local, fusion)
