@@ -40,4 +40,4 @@ def test_help_lists_the_commands_in_their_order():
     assert _commands(["attack"]) == ["invert", "reconstruct", "attribute"]
     assert _commands(["serve"]) == ["keys"]
     assert _commands(["serve", "keys"]) == ["add", "list", "revoke", "purge"]
-    assert _commands(["client"]) == ["upload", "tune", "status", "predict"]
+    assert _commands(["client"]) == ["upload", "tune", "local", "status", "predict"]

@@ -185,9 +185,14 @@ def test_small_upload_local_only_and_a_changed_file(wire, tmp_path):
     assert "local model: TF-IDF + logistic regression on your 40 clean rows" in t.stderr
     assert "was not scored on held-out rows" in t.stderr and "held-out rows (" not in t.stderr
     prompt = json.loads(t.stdout[t.stdout.index("{"):])["prompt_id"]
+    # later, for a prompt tuned without --wait: `client local` does the same
+    loc = run(app, ["client", "local", prompt, *base, "--local-out", str(tmp_path / "later")])
+    assert loc.exit_code == 0, loc.output
+    assert "on your 40 clean rows" in loc.stderr
+    assert (tmp_path / "later.local.NOT-PRIVATE.json").is_file()
     n1 = len(sent)
     q = run(app, ["client", "predict", prompt, "good fun film", "awful dull plot", *base,
-                  "--backbone", str(folder), "--local-only"])
+                  "--backbone", str(folder), "--local-only"])  # the recorded one: "later"
     assert q.exit_code == 0, q.output
     assert not [s for s in sent[n1:] if s[2]]  # no body: no query left this machine
     assert "2 predictions" in q.stdout

@@ -255,6 +255,32 @@ def client_tune(
         if not no_local:
             _user_side(url, key, backbone, st["prompt_id"], dataset_id, local_out, seed,
                        pad_to_bucket)
+    elif not no_local:
+        typer.echo("note: the local model is fitted once the job ends: `rapt client local "
+                   "PROMPT_ID` then (or --wait here)", err=True)
+
+
+@client_app.command("local")
+def client_local(
+    prompt_id: str,
+    backbone: str | None = typer.Option(
+        None, "--backbone", help="local copy of the service's backbone, to privatize the "
+        "held-out rows (default: the one the dataset was uploaded with)"),
+    local_out: Path | None = LOCAL_OUT_OPT,
+    pad_to_bucket: int | None = with_help(PAD_OPT, "pad the held-out rows as `client predict "
+                                          "--pad-to-bucket` pads queries"),
+    seed: int = typer.Option(0, help="seed of the local model's cross-validation folds"),
+    url: str | None = URL_OPT, key: str | None = KEY_OPT,
+) -> None:
+    """What `client tune --wait` does once the job succeeds, for a tuned prompt: the local
+    model on the clean rows of its upload, the prompt scored on the rows held out at upload
+    (one predict call, privatized as queries are), the comparison, the verdict, and the local
+    model saved on this machine (--local-out)."""
+    c = _client(url, key)
+    dataset_id = _guard(lambda: c.dataset_of(prompt_id))
+    if dataset_id is None:
+        fail(f"prompt {prompt_id}: its job is gone, so its dataset is unknown; no local model")
+    _user_side(url, key, backbone, prompt_id, dataset_id, local_out, seed, pad_to_bucket)
 
 
 def _user_side(url, key, backbone: str | None, prompt_id: str, dataset_id: str,
