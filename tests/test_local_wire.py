@@ -59,12 +59,14 @@ def wire(tmp_path, monkeypatch):
     monkeypatch.setattr(client_module.RaptClient, "__init__", seeded)
     with TestClient(create_app(cfg, backbones={str(folder): bb})) as tc:
         sent: list[tuple[str, str, bytes]] = []
+        seen: list[str] = []  # every request's full URL and headers, for the leak checks
         tc.event_hooks["request"] = [
-            lambda req: sent.append((req.method, req.url.path, req.read()))]
+            lambda req: sent.append((req.method, req.url.path, req.read())),
+            lambda req: seen.append(f"{req.url} {dict(req.headers)}")]
         monkeypatch.setattr(client_module, "HttpSession",
                             lambda url, k, timeout=120.0, client=None:
                             HttpSession(url, k, client=tc))
-        yield sent, key, folder, bb
+        yield sent, key, folder, bb, seen
 
 
 def _posts(sent) -> list[tuple[str, str, bytes]]:
@@ -79,7 +81,7 @@ def test_local_model_sends_nothing_more_than_plain_predict(wire, tmp_path):
     from rapt.cli import app
     from rapt.local import holdout_split
 
-    sent, key, folder, bb = wire
+    sent, key, folder, bb, seen = wire
     run = CliRunner().invoke
     base = ["--url", "http://testserver", "--key", key]
     data = rows(120, 0)
@@ -129,7 +131,8 @@ def test_local_model_sends_nothing_more_than_plain_predict(wire, tmp_path):
         n_pred
     # nothing of the clean rows or of the local model in any request
     base_model, fusion = read_local_model(tmp_path / "mine")
-    blob = b"\n".join(m.encode() + u.encode() + b for m, u, b in sent).decode()
+    blob = b"\n".join(m.encode() + u.encode() + b for m, u, b in sent).decode() + "\n".join(
+        seen)
     words = {w for t, _ in data for w in t.split() if len(w) >= 4}
     assert words and not [w for w in words if w in blob]
     vocab = set(base_model.state()[0]["vocabulary"])
@@ -166,7 +169,7 @@ def test_small_upload_local_only_and_a_changed_file(wire, tmp_path):
 
     from rapt.cli import app
 
-    sent, key, folder, _ = wire
+    sent, key, folder, _, _ = wire
     run = CliRunner().invoke
     base = ["--url", "http://testserver", "--key", key]
     data = rows(40, 2)
