@@ -258,3 +258,10 @@ def test_verdict_without_a_remote_score():
     s = verdict(Comparison(0.9, None, None, 0, "3-fold cross-validation"))
     assert "scores 90.0 % on your rows (3-fold cross-validation)" in s
     assert "was not scored on held-out rows" in s
+
+
+def test_texts_without_words_get_a_clear_error():
+    from rapt.local import LocalBaseline
+
+    with pytest.raises(ValueError, match="no word of two or more"):
+        LocalBaseline.fit(["a b", "c d", "e f", "g h"], [0, 1, 0, 1], 2)

@@ -70,7 +70,11 @@ class LocalBaseline:
         counts = np.bincount(y)
         k = min(folds, int(counts[counts > 0].min()))  # stratified: every fold sees each class
         vec = TfidfVectorizer(**TFIDF)
-        feats = vec.fit_transform(x)
+        try:
+            feats = vec.fit_transform(x)
+        except ValueError as e:  # scikit-learn: "empty vocabulary; perhaps the documents ..."
+            raise ValueError("the local baseline found no word of two or more letters or "
+                             f"digits in the {len(x)} texts ({e})") from e
         if k >= 2:
             # LogisticRegressionCV walks the C path with warm starts: 5-10x faster than a grid
             # search on 5,000 rows. The idf weights are fitted on every row, folds included:
