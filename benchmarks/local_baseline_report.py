@@ -230,8 +230,12 @@ def plot(rows: list[dict], path: Path) -> None:
             ax.set_xlabel("training rows")
             if j == 0:
                 ax.set_ylabel("accuracy (%)")
-    axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
+    handles = {}
+    for ax in fig.axes:
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(lab, h)
+    fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=len(handles))
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
     save_png(fig, path)
 
 
@@ -292,7 +296,10 @@ def report(cells: Path, name: str) -> None:
           "Accuracy (%) on the evaluation rows, mean ± 95 % CI over paired seeds (Student t; "
           "no CI for one seed). \"− local\" / \"− LoRA\": the best user-side remedy's paired "
           "difference, in points. \"gap won back\": (best remedy − LoRA at P) / (LoRA clean − "
-          "LoRA at P), on the means of paired differences.", "", *table(rows), "",
+          "LoRA at P), on the means of paired differences. \"best remedy\": the user-side "
+          "remedy with the highest mean in that row, a post-hoc choice per row (at the goal's "
+          "cells it is the fused model, which `rapt tune` and `rapt predict` use by default).",
+          "", *table(rows), "",
           "## The goal at P 0.6 (the default) and 2,000 rows", "", *goal(rows), "",
           "## Where the hosted model beats the local one (by mean accuracy)", "", *wins(rows),
           "", "## What the user side costs (this machine, one thread, CPU seconds)", "",
