@@ -265,3 +265,11 @@ def test_texts_without_words_get_a_clear_error():
 
     with pytest.raises(ValueError, match="no word of two or more"):
         LocalBaseline.fit(["a b", "c d", "e f", "g h"], [0, 1, 0, 1], 2)
+
+
+@pytest.mark.parametrize(("p", "says"), [(None, "without privacy"), (0.6, "at no row count"),
+                                         (0.4, "below about 500 rows"), (0.2, "1,000 rows")])
+def test_grid_note_names_what_the_grid_measured_at_the_level(p, says):
+    from rapt.local.verdict import grid_note
+
+    assert says in grid_note(p)

@@ -48,10 +48,12 @@ def pairs_of(ds) -> list[str | None] | None:
     return ds.text_pairs if ds.report.get("text_pair_column") else None
 
 
-def echo_user_side(local, fusion, comparison) -> None:
+def echo_user_side(local, fusion, comparison, level: float | None | str = "unknown") -> None:
     """The local model's CV accuracy and CPU time, the held-out accuracies (remote, local,
-    fused) when there was a slice, and the verdict sentence."""
+    fused) when there was a slice, the verdict sentence and, given the release's ``level``
+    (its P; None: no privacy), what rapt's grid measured at that level."""
     from rapt.local import verdict
+    from rapt.local.verdict import grid_note
 
     cv = (f"{local.folds}-fold CV accuracy {local.cv_accuracy:.4f}" if local.cv_accuracy
           is not None else "no CV accuracy (a class has fewer than 2 rows)")
@@ -65,6 +67,17 @@ def echo_user_side(local, fusion, comparison) -> None:
                    f"fused {acc['fused']:.4f} (fusion weights: remote {fusion.remote:g}, "
                    f"local {fusion.local:g})")
     typer.echo(verdict(comparison))
+    if level != "unknown":
+        typer.echo(grid_note(level))
+
+
+def release_level(custom) -> float | None:
+    """The P a customization's release was calibrated for (or measured at); None: clean."""
+    if custom.privatizer is None:
+        return None
+    report = custom.privacy or {}
+    return custom.target_p if custom.target_p is not None else report.get(
+        "replacement_probability")
 
 
 def save_user_side(out: Path, local, fusion) -> None:
@@ -90,7 +103,7 @@ def tune_user_side(custom, ds, held: np.ndarray, out: Path, seed: int) -> None:
     except ValueError as e:
         typer.echo(f"warning: no local model: {e}", err=True)
         return
-    echo_user_side(local, fusion, comp)
+    echo_user_side(local, fusion, comp, release_level(custom))
     save_user_side(out, local, fusion)
 
 

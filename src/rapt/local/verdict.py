@@ -54,3 +54,24 @@ def verdict(c: Comparison) -> str:
         return (f"{head} Use the local model (`rapt predict --local-only`), or try a lower "
                 f"privacy level (--target-p), more rows, or --method prefix.")
     return head
+
+
+# What benchmarks/results/local_baseline.md measured (SST-2, FP, TREC; 100 rows to all; 2-3
+# paired seeds): the row counts at which a privatized remote model *alone* beat the local one.
+GRID = "rapt's grid (benchmarks/results/local_baseline.md, 3 tasks, 100 to 6,920 rows)"
+
+
+def grid_note(p: float | None) -> str:
+    """What the measured grid says for a release at replacement probability ``p`` (None: no
+    privacy): below which row count the hosted model alone beat the local model."""
+    if p is None:
+        return (f"In {GRID}, without privacy the hosted model beat the local one at every row "
+                f"count, by 3 to 22 points.")
+    if p >= 0.5:
+        where = "at no row count at P 0.6"
+    elif p >= 0.3:
+        where = "at P 0.4 only on SST-2 and only below about 500 rows"
+    else:
+        where = "at P 0.2 up to about 1,000 rows on every task"
+    return (f"In {GRID}, a privatized model alone beat the local one {where}; fused with it "
+            f"(rapt predict's default) it matched or beat the local model from 250 rows on.")
