@@ -1,4 +1,4 @@
-"""The attack table shipped with rapt: token recovery per backbone and η, on public text .
+"""The attack table shipped with rapt: token recovery per backbone and η, on public text.
 
 For each backbone, a grid of η from the η that gives P ≈ ``--p-range`` high (much noise) to the
 one that gives P ≈ low (little), spaced geometrically (calibrated with ``calibrate_eta_public``,
@@ -13,7 +13,11 @@ hypotheses, TrustPilot; never SST-2), ``--per-source`` seeded rows per split, sh
 first ``--eval-texts`` (cut to ``--max-tokens`` tokens) are attacked; the rest are the Bayes
 attacker's prior, so it never saw the text it attacks.
 
-Attackers: nearest neighbour and the mechanism-aware Bayes attacker on every backbone; the
+Attackers: nearest neighbour and the mechanism-aware Bayes attacker on every backbone (a screen
+of ``--bayes-samples`` draws per candidate; a guess changes only where ``--bayes-confirm`` fresh
+draws confirm it, for at most ``--bayes-max-confirm`` releases per η; fewer than the command's
+defaults, to fit the grid in about 20 minutes of one thread: the bounds stay valid, the
+attacker only changes fewer guesses); the
 contextual denoiser only where ``--denoiser BACKBONE=FOLDER`` gives a trained one (from
 `rapt adapt`), and only at the grid points within its η band (× / ÷ 1.25): it is only valid near
 the η it was trained at, and the table says so.
@@ -159,7 +163,7 @@ def _bayes_note(b: dict) -> str:
 
 def markdown(doc: dict) -> str:
     prov = doc["provenance"]
-    lines = ["# Attack table: token recovery vs η, per backbone, on public text ", "",
+    lines = ["# Attack table: token recovery vs η, per backbone, on public text", "",
              f"`{prov['command']}` at rapt {prov['rapt_version']} ({prov['commit']}), "
              f"{prov['date']}.  ",
              f"Machine: {prov['machine']['platform']}, {prov['machine']['cpu_count']} CPUs "
