@@ -156,10 +156,10 @@ def test_default_samples_resolve_a_posterior_ratio_of_1_3(exact_lik):
 
 
 def test_never_worse_than_the_release_where_the_estimate_is_uncertain(exact_lik):
-    """Where the exact rule keeps every release (prior ∝ p(y | y)-favouring, posterior ratio
-    0.95 for the only challenger), a plain Monte-Carlo MAP over few samples flips the release
-    often; the confirmed rule flips it at most at its stated error rate, even with an 8-draw
-    screen and 64 confirm draws."""
+    """Where the exact rule keeps the release (its only challenger's exact posterior is 0.95 of
+    the release's), a plain Monte-Carlo MAP over few samples flips the release often; the
+    confirmed rule flips it at most at its stated error rate, even with an 8-draw screen and 64
+    confirm draws."""
     log_prior = _prior_with_ratio(exact_lik, 0.95)
     flips = naive = 0
     for seed in range(200):
