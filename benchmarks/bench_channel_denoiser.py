@@ -305,8 +305,9 @@ def markdown(o: dict) -> str:
     r = o["eval"]["denoiser"]
     lines += ["", f"{r['tokens']:,} evaluation tokens, {r['replaced']:,} replaced "
               f"({r['rare_replaced']:,} outside the public corpus's 100 most frequent tokens).",
-              "The issue's probe (17 CPU-min, 22k sentences × 3 privatizations): 62.4 % / 16.8 %, "
-              "5.4 % of unreplaced tokens changed; nearest neighbour 58.6 % / 0 %.", ""]
+              "An earlier, uncommitted probe (17 CPU-min, 22k sentences × 3 privatizations; no "
+              "committed result reproduces it): 62.4 % / 16.8 %, 5.4 % of unreplaced tokens "
+              "changed; nearest neighbour 58.6 % / 0 %.", ""]
     if len(o["per_epoch"]) > 1:  # did it converge: the training curve per pass over the pairs
         lines += ["| epoch | steps | training loss | token acc | replaced acc |",
                   "|---|---|---|---|---|"]

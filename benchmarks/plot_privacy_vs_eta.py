@@ -3,8 +3,9 @@
 Reads ``src/rapt/resources/attack_table.json`` (written by ``bench_attack_table.py``; no number
 is measured here) and writes ``benchmarks/results/privacy_vs_eta.png``: per backbone, the
 measured replacement probability P and every attacker's token recovery at each grid η, the
-empirical privacy (1 − the strongest recovery) it implies, the weak-privacy threshold of
-:mod:`rapt.privacy.rule` and the default level the commands privatize at.
+empirical privacy (1 − the best recovery of the attackers run: an upper bound) it implies,
+the weak-privacy threshold of :mod:`rapt.privacy.rule` and the default level the commands
+privatize at.
 
     python -m benchmarks.plot_privacy_vs_eta
 """
@@ -40,7 +41,7 @@ def plot(table: dict):
                     ms=3, label=f"{info.get('name', key)}: tokens recovered")
         ep = [1 - max(r["all"] for r in pt["recovery"].values()) for pt in pts]
         ax.plot(etas, ep, "-", color="tab:green", lw=2.5, alpha=0.6,
-                label="empirical privacy (1 − strongest)")
+                label="empirical privacy (1 − best attacker run; upper bound)")
         ax.axhline(DEFAULT_MIN_P, color="tab:red", lw=1, ls=":",
                    label=f"weak below {DEFAULT_MIN_P:g} (--min-p)")
         ax.axhline(DEFAULT_TARGET_P, color="tab:blue", lw=1, ls=":",

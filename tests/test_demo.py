@@ -47,7 +47,7 @@ def test_run_demo_tiny(small_bert, shared_data, monkeypatch):
     res = run_demo(cfg, log=logs.append, progress=lambda s, r: steps.append((s, r)),
                    backbone=small_bert)
     # the shipped attack table's line beside P: a tiny test backbone is not in it, and says so
-    assert sum(s.startswith("strongest attacker: not in the table") for s in logs) == 1
+    assert sum(s.startswith("best attacker we ran: not in the table") for s in logs) == 1
     assert [r["setting"] for r in res.rows] == ["no privacy", "head only", "+privatization",
                                                 "+reconstruction", LOCAL_SETTING, FUSED_SETTING]
     assert all(len(r["accuracies"]) == 2 and 0.0 <= r["accuracy"] <= 1.0 for r in res.rows)

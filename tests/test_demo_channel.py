@@ -71,7 +71,7 @@ def test_demo_channel_row_and_verdict(small_bert, shared_data, monkeypatch):
 
     table = format_table(res)
     assert f"| {CHANNEL_SETTING} |" in table and res.channel_verdict in table
-    assert "strongest attacker" in table
+    assert "an upper bound on privacy), set by" in table
     make_plot(res)
     json.dumps(res.as_dict())
 

@@ -47,6 +47,7 @@ def test_measured_recovery_on_the_release_counts():
     assert v.empirical_privacy == pytest.approx(0.30)
     msg = weak_privacy_warning(report, backbone="minilm", what="upload")
     assert msg.startswith("weak privacy on this upload") and "70.0%" in msg and "0.300" in msg
+    assert "(an upper bound on privacy), set by nearest neighbour on this release" in msg
     # the same release with the inversion the table predicts: not weak
     ok = {**report, "replacement_probability": 0.7, "inversion_success": 0.3}
     assert weak_privacy_warning(ok, backbone="minilm") is None

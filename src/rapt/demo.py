@@ -43,6 +43,7 @@ from rapt.config import (
     tune_config,
 )
 from rapt.pipeline import plain_tokens_for  # noqa: F401  (re-exported: benchmarks use it)
+from rapt.privacy.attack_table import ep_phrase
 from rapt.privacy.rule import DEFAULT_TARGET_P
 from rapt.stats import effect_word, gap_won_back, mean_ci, paired_difference
 
@@ -433,9 +434,9 @@ def _channel_privacy(custom, clean: list, private: list, result: DemoResult,
     ch = custom.measure(clean, private)["channel"]
     result.channel["privacy"] = ch
     log(f"the channel model, as an attacker, recovers {ch['recovery']:.1%} of the test queries' "
-        f"tokens ({ch['recovery_replaced']:.1%} of the replaced ones): empirical privacy "
-        f"against the strongest attacker ({ch['strongest_attacker']}) "
-        f"{ch['empirical_privacy']:.3f}; post-processing, the formal guarantee at η is unchanged")
+        f"tokens ({ch['recovery_replaced']:.1%} of the replaced ones): "
+        f"{ep_phrase(ch['empirical_privacy'], ch['strongest_attacker'])}; post-processing, the "
+        "formal guarantee at η is unchanged")
 
 
 def _record(d: dict, tuned: Any, seconds: float, first: bool, rec: bool) -> None:
@@ -537,10 +538,9 @@ def format_table(result: DemoResult) -> str:
                   f"{CHANNEL_SETTING} = +privatization with the training rows and test queries "
                   f"read back by the channel model {ch['fingerprint'][:12]} (built on public "
                   "text; it never sees the clean text). The same model is an attacker: it "
-                  f"recovers {priv.get('recovery', 0):.1%} of the test queries' tokens; the "
-                  "empirical privacy against the strongest attacker "
-                  f"({priv.get('strongest_attacker')}) is {priv.get('empirical_privacy', 0):.3f} "
-                  "(the inversion column is nearest neighbour's; the dχ guarantee at η is "
+                  f"recovers {priv.get('recovery', 0):.1%} of the test queries' tokens; "
+                  f"{ep_phrase(priv.get('empirical_privacy', 0), priv.get('strongest_attacker'))}"
+                  " (the inversion column is nearest neighbour's; the dχ guarantee at η is "
                   "unchanged)."]
     return "\n".join(lines)
 

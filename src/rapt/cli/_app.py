@@ -45,10 +45,11 @@ def version() -> None:
 TARGET_P_HELP = ("instead of --eta: the η that gives this replacement probability P (0 < P < "
                  "1) on rapt's bundled public text sample, never on your data; the same "
                  "--target-p gives the same η in every command for one backbone")
-TARGET_EP_HELP = ("instead of --eta / --target-p: the largest η at which the strongest attacker of "
-                  "rapt's shipped attack table (measured on public text) recovers at most 1 − X "
-                  "of the tokens, i.e. empirical privacy ≥ X (0 < X < 1); the table holds the "
-                  "backbones minilm and smollm2-135m")
+TARGET_EP_HELP = ("instead of --eta / --target-p: the largest η at which the best of the "
+                  "attackers of rapt's shipped attack table (measured on public text) recovers "
+                  "at most 1 − X of the tokens, i.e. empirical privacy ≥ X (0 < X < 1; an "
+                  "upper bound on privacy: a stronger attacker may recover more); the table "
+                  "holds the backbones minilm and smollm2-135m")
 
 
 # rapt.data.load_dataset's keywords, which its messages write as ``name=``: every command that
@@ -224,15 +225,15 @@ def eta_for_target_ep(backbone: str, target_ep: float, *, err: bool = True) -> f
     """The η of ``--target-ep`` through the shipped attack table (no model needed: the table is
     keyed by the backbone's name), with one line saying so; one error line and exit 2 when the
     table cannot give it (another backbone, a target out of its range)."""
-    from rapt.privacy.attack_table import AttackTableError
+    from rapt.privacy.attack_table import EP_MEANING, AttackTableError
     from rapt.privacy.attack_table import eta_for_target_ep as from_table
 
     try:
         eta = from_table(backbone, target_ep)
     except AttackTableError as e:
         fail(f"--target-ep {target_ep:g}: {e}")
-    typer.echo(f"η = {eta:.4g} for empirical privacy ≥ {target_ep:g} against the strongest "
-               "attacker of rapt's attack table (shipped table, public text)", err=err)
+    typer.echo(f"η = {eta:.4g} for empirical privacy ≥ {target_ep:g} ({EP_MEANING}, by rapt's "
+               "attack table: shipped table, public text)", err=err)
     return eta
 
 

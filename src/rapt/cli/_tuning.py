@@ -46,15 +46,16 @@ def load_channel(path: Path, bb):
 
 
 def echo_channel(privacy: dict | None, *, err: bool = False) -> None:
-    """The channel model's recovery on this release: the strongest attacker's figure."""
+    """The channel model's recovery on this release, and the best of the attackers run."""
     ch = (privacy or {}).get("channel")
     if not ch:
         return
+    from rapt.privacy.attack_table import ep_phrase
+
     typer.echo(f"channel: the channel model recovers {ch['recovery']:.1%} of the text tokens "
-               f"({ch['recovery_replaced']:.1%} of the replaced ones); empirical privacy "
-               f"against the strongest attacker ({ch['strongest_attacker']}) "
-               f"{ch['empirical_privacy']:.3f}; post-processing, so the formal guarantee at η is "
-               "unchanged", err=err)
+               f"({ch['recovery_replaced']:.1%} of the replaced ones); "
+               f"{ep_phrase(ch['empirical_privacy'], ch['strongest_attacker'])}; "
+               "post-processing, so the formal guarantee at η is unchanged", err=err)
 
 
 def loss_postfix(r: dict) -> dict:

@@ -172,8 +172,10 @@ def reconstruct(
                                                help="at most N rows per public source"),
     bayes_k: int = typer.Option(2000, "--bayes-k", help="Bayes: candidate originals (top-K "
                                 "public tokens)"),
-    bayes_samples: int = typer.Option(64, "--bayes-samples", help="Bayes: Monte-Carlo "
-                                      "samples per candidate"),
+    bayes_samples: int = typer.Option(64, "--bayes-samples", help="Bayes: screen draws per "
+                                      "candidate (a guess changes only where fresh draws "
+                                      "confirm it: --option bayes_confirm_samples=N, default "
+                                      "2048)"),
     option: list[str] = typer.Option([], "--option", help="KEY=VALUE passed to the attackers "
                                      "(repeatable)"),
     mode: str = typer.Option("fast", "--mode", help="search: exact, fast, annoy"),

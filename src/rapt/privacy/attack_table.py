@@ -29,14 +29,22 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FORMAT", "AttackTableError", "TableAnswer", "eta_for_target_ep", "load_table",
-           "strongest_at", "table_line"]
+__all__ = ["EP_MEANING", "FORMAT", "AttackTableError", "TableAnswer", "ep_phrase",
+           "eta_for_target_ep", "load_table", "strongest_at", "table_line"]
 
 FORMAT = "rapt-attack-table"
 VERSION = 1
 RESOURCE = "resources/attack_table.json"
 SOURCE_NOTE = "shipped table, public text"
 _REL = 1e-9  # a grid endpoint given back through float formatting still counts as inside
+# What every printed empirical privacy means: no attacker we ran does better, a stronger one may.
+EP_MEANING = "1 − the best recovery of the attackers we ran (an upper bound on privacy)"
+
+
+def ep_phrase(ep: float, attacker: str | None) -> str:
+    """The words every privacy line uses for an empirical privacy ``ep`` and the attacker (the
+    best of those run) that set it."""
+    return f"empirical privacy {ep:.3f} = {EP_MEANING}, set by {attacker or 'no attacker'}"
 
 
 class AttackTableError(ValueError):
@@ -253,12 +261,12 @@ def eta_for_target_ep(backbone: str, target_ep: float, table: dict | None = None
 
 
 def table_line(backbone: str, eta: float, table: dict | None = None) -> str:
-    """One line for the commands that print P: the strongest attacker's recovery at this
-    backbone and η by the shipped table, or why the table has no answer."""
+    """One line for the commands that print P: the best recovery of the attackers the shipped
+    table ran at this backbone and η (an upper bound on privacy), or why it has no answer."""
     ans = strongest_at(backbone, eta, table)
     if ans.recovery is None:
-        return f"strongest attacker: not in the table, {ans.reason} ({SOURCE_NOTE})"
-    return (f"strongest attacker at η = {eta:.4g}: {ans.attacker_name} recovers "
+        return f"best attacker we ran: not in the table, {ans.reason} ({SOURCE_NOTE})"
+    return (f"best attacker we ran at η = {eta:.4g}: {ans.attacker_name} recovers "
             f"{ans.recovery:.1%} of the tokens ({ans.recovery_replaced:.1%} of the replaced "
-            f"ones), empirical privacy {ans.empirical_privacy:.3f} ({SOURCE_NOTE}, P there "
-            f"{ans.p:.2f})")
+            f"ones); {ep_phrase(ans.empirical_privacy, ans.attacker_name)} ({SOURCE_NOTE}, P "
+            f"there {ans.p:.2f})")

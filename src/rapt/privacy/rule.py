@@ -36,7 +36,7 @@ __all__ = ["DEFAULT_MIN_P", "DEFAULT_TARGET_P", "MIN_P_HELP", "PrivacyVerdict", 
 
 DEFAULT_MIN_P = 0.5  # below it the strongest attacker reads most of the tokens
 DEFAULT_TARGET_P = 0.6  # the default level where a command privatizes without being told
-MIN_P_HELP = ("warn when the release's empirical privacy (1 − the strongest attacker's token "
+MIN_P_HELP = ("warn when the release's empirical privacy (1 − the best attacker's token "
               "recovery: rapt's attack table at this η, and nearest neighbour on this release; "
               "about P) is below this")
 
@@ -58,9 +58,11 @@ class PrivacyVerdict:
         ep = self.empirical_privacy
         level = f"η = {self.eta:.4g}" if self.eta is not None else "this level"
         p = f"measured P = {self.p:.3f}, " if self.p is not None else ""
-        return (f"weak privacy on this {what}: {p}the strongest attacker ({self.attacker}) "
-                f"recovers {1 - ep:.1%} of the tokens, empirical privacy {ep:.3f} < --min-p "
-                f"{self.min_p:g} at {level}; for more privacy use a higher --target-p (the "
+        from rapt.privacy.attack_table import ep_phrase
+
+        return (f"weak privacy on this {what}: {p}the best attacker we ran ({self.attacker}) "
+                f"recovers {1 - ep:.1%} of the tokens, {ep_phrase(ep, self.attacker)}, < "
+                f"--min-p {self.min_p:g} at {level}; for more privacy use a higher --target-p (the "
                 f"default level is {DEFAULT_TARGET_P:g}) or a smaller --eta")
 
 
