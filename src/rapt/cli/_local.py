@@ -76,17 +76,20 @@ def save_user_side(out: Path, local, fusion) -> None:
                f"words): {', '.join(str(p) for p in paths)}")
 
 
-def tune_user_side(custom, ds, held: np.ndarray, out: Path, seed: int) -> None:
+def tune_user_side(custom, ds, held: np.ndarray, out: Path, seed: int, *,
+                   denoiser=None) -> None:
     """After a remote tune on ``ds`` without ``held``: score the prompt on the held-out rows
-    privatized as queries, fit the local model on every row and the fusion on the slice, print
-    the comparison and save it beside ``out``. A local model that cannot be fitted (a single
+    privatized as queries (through the output ``denoiser``, when there is one, as `rapt
+    predict` will), fit the local model on every row and the fusion on the slice, print the
+    comparison and save it beside ``out``. A local model that cannot be fitted (a single
     class) is a warning: the prompt is already saved."""
     from rapt.pipeline import user_side_after_tune
 
     try:
         local, fusion, comp = user_side_after_tune(custom, ds.texts, ds.labels,
                                                    len(ds.label_names), held,
-                                                   text_pairs=pairs_of(ds), seed=seed)
+                                                   text_pairs=pairs_of(ds), seed=seed,
+                                                   denoiser=denoiser)
     except ValueError as e:
         typer.echo(f"warning: no local model: {e}", err=True)
         return
