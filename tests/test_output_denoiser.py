@@ -184,3 +184,19 @@ def test_the_public_corpus_excludes_the_task_and_covers_every_family_for_a_file(
     assert user.disjoint_from == "user"
     assert {s["name"] for s in user.sources} == {"sst2-sentences", "financial_phrasebank",
                                                  "trec", "cb", "trustpilot"}
+
+
+def test_pooled_states_in_chunks_are_the_states_in_one_pass(tuned_custom, monkeypatch):
+    import rapt.pipeline as pl
+
+    custom, _, _ = tuned_custom
+    monkeypatch.setattr(pl, "OUTPUT_DENOISER_CHUNK", 16)
+    q = custom.for_artifact(custom.artifact)
+    rows = q.rows(PUBLIC[:40], queries=True)
+    steps = []
+    torch.testing.assert_close(pl._pooled(q, rows, lambda: steps.append(1)), pl._pooled(q, rows))
+    assert len(steps) == 3
+    seen = []
+    pl.fit_output_denoiser(custom, custom.artifact, PUBLIC, rows=40, epochs=2,
+                           progress=lambda d, t: seen.append((d, t)))
+    assert seen[-1] == (13, 13)  # 3 chunks clean, 2 x (privatize + 3 chunks), 2 epochs

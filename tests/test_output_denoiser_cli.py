@@ -58,6 +58,8 @@ def test_tune_saves_the_denoiser_inside_out_and_says_what_it_learned(tuned):
     assert rec["trained_on"]["disjoint_from"] == "user"  # a user's file: every built-in family
     assert f"{rec['before']:.4g} -> {rec['after']:.4g}" in line
     # the local model beside OUT, its fusion fitted on the denoised slice
+    assert "held out (24 rows the prompt never trained on, privatized as queries): accuracy " \
+        "remote (denoised) " in r.stdout
     assert json.loads(beside(out, "local.NOT-PRIVATE.json").read_text())["fusion"]["n_rows"] == 24
 
 

@@ -432,11 +432,22 @@ def output_denoiser_corpus(dataset: str):
     return public_corpus_for(dataset)
 
 
-def _pooled(q: Customization, rows: Sequence[Sequence[int]]) -> Tensor:
+OUTPUT_DENOISER_CHUNK = 500  # rows per pooled-state pass when progress is reported
+
+
+def _pooled(q: Customization, rows: Sequence[Sequence[int]],
+            step: Callable[[], None] | None = None) -> Tensor:
     """The prompt's pooled states (what its head reads) on rows as the provider reads them
-    (through the channel model, when there is one)."""
+    (through the channel model, when there is one); ``step()`` after each chunk of
+    :data:`OUTPUT_DENOISER_CHUNK` rows when given."""
     rows = q.denoise(rows) if q.channel is not None else rows
-    return q.artifact.pooled(q.reader, rows)
+    if step is None:
+        return q.artifact.pooled(q.reader, rows)
+    out = []
+    for s in range(0, len(rows), OUTPUT_DENOISER_CHUNK):
+        out.append(q.artifact.pooled(q.reader, rows[s:s + OUTPUT_DENOISER_CHUNK]))
+        step()
+    return torch.cat(out) if out else q.artifact.pooled(q.reader, rows)
 
 
 def _public_sample(public: Any, rows: int, seed: int) -> tuple[list[str], dict]:
@@ -460,7 +471,7 @@ def fit_output_denoiser(custom: Customization, tuned: Any, public_texts: Any, *,
     :data:`OUTPUT_DENOISER_COPIES` times at ``custom``'s η; the network learns to map (privatized
     state, token features) to the clean state. -> (denoiser, record: what it was trained on,
     η, rows, held-out error before and per epoch, seconds). ``progress(done, total)`` after
-    each stage and epoch. No private row is read."""
+    each chunk of rows privatized or read and each epoch. No private row is read."""
     import time
 
     from rapt.local.denoise import fit_denoiser, token_features
@@ -470,7 +481,8 @@ def fit_output_denoiser(custom: Customization, tuned: Any, public_texts: Any, *,
                          "privatizes nothing (give it an η)")
     t0, q = time.perf_counter(), custom.for_artifact(tuned)
     texts, record = _public_sample(public_texts, rows, seed)
-    total, done = 1 + 2 * OUTPUT_DENOISER_COPIES + epochs, 0
+    chunks = -(-len(texts) // OUTPUT_DENOISER_CHUNK)
+    total, done = (1 + OUTPUT_DENOISER_COPIES) * chunks + OUTPUT_DENOISER_COPIES + epochs, 0
 
     def step(n: int = 1) -> None:
         nonlocal done
@@ -479,15 +491,13 @@ def fit_output_denoiser(custom: Customization, tuned: Any, public_texts: Any, *,
             progress(done, total)
 
     clean = q.rows(texts, queries=True)
-    z_clean = _pooled(q, clean)
-    step()
+    z_clean = _pooled(q, clean, step)
     zp, feats = [], []
     for _ in range(OUTPUT_DENOISER_COPIES):
         priv = q.privatize(clean, measure=False)
         step()
-        zp.append(_pooled(q, priv))
+        zp.append(_pooled(q, priv, step))
         feats.append(token_features(q.backbone.embeddings, clean, priv, q._special_ids()))
-        step()
     dev = next(iter(q.backbone.model.parameters())).device
     den, fit = fit_denoiser(torch.cat(zp), torch.cat(feats),
                             z_clean.repeat(OUTPUT_DENOISER_COPIES, 1), seed=seed, epochs=epochs,

@@ -48,9 +48,10 @@ def pairs_of(ds) -> list[str | None] | None:
     return ds.text_pairs if ds.report.get("text_pair_column") else None
 
 
-def echo_user_side(local, fusion, comparison) -> None:
+def echo_user_side(local, fusion, comparison, *, denoised: bool = False) -> None:
     """The local model's CV accuracy and CPU time, the held-out accuracies (remote, local,
-    fused) when there was a slice, and the verdict sentence."""
+    fused) when there was a slice (``denoised``: the remote ones through the output
+    denoiser), and the verdict sentence."""
     from rapt.local import verdict
 
     cv = (f"{local.folds}-fold CV accuracy {local.cv_accuracy:.4f}" if local.cv_accuracy
@@ -61,7 +62,8 @@ def echo_user_side(local, fusion, comparison) -> None:
     if fusion is not None:
         acc = fusion.accuracy or {}
         typer.echo(f"held out ({fusion.n_rows} rows the prompt never trained on, privatized as "
-                   f"queries): accuracy remote {acc['remote']:.4f}, local {acc['local']:.4f}, "
+                   f"queries): accuracy remote{' (denoised)' if denoised else ''} "
+                   f"{acc['remote']:.4f}, local {acc['local']:.4f}, "
                    f"fused {acc['fused']:.4f} (fusion weights: remote {fusion.remote:g}, "
                    f"local {fusion.local:g})")
     typer.echo(verdict(comparison))
@@ -93,7 +95,7 @@ def tune_user_side(custom, ds, held: np.ndarray, out: Path, seed: int, *,
     except ValueError as e:
         typer.echo(f"warning: no local model: {e}", err=True)
         return
-    echo_user_side(local, fusion, comp)
+    echo_user_side(local, fusion, comp, denoised=denoiser is not None)
     save_user_side(out, local, fusion)
 
 

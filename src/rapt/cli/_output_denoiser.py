@@ -106,7 +106,9 @@ def for_queries(artifact: Path, eta: float | None, no_denoise: bool):
     den, doc = got
     if no_denoise or eta is None:
         why = "--no-denoise" if no_denoise else "the queries are not privatized"
-        typer.echo(f"output denoiser in {artifact} not used ({why})", err=True)
+        typer.echo(f"output denoiser in {artifact} not used ({why}); a local model's fusion "
+                   "weights from the same `rapt tune` were fitted on the denoised remote "
+                   "probabilities", err=True)
         return None
     fitted = (doc.get("record") or {}).get("eta")
     typer.echo(f"remote probabilities: the prompt's pooled states of the privatized queries, "
