@@ -29,13 +29,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from rapt.channel.model import ChannelModel, channel_fingerprint
 from rapt.config import DEFAULT_PRIVATIZER_MODE, TuneConfig
+
+if TYPE_CHECKING:
+    from rapt.channel.corpus import ChannelCorpus
+    from rapt.local.denoise import OutputDenoiser
 
 COLLAPSE_CHECK_ROWS = 1000  # training rows predicted after tuning to spot a collapse
 
@@ -367,7 +371,7 @@ class Customization:
 def user_side_after_tune(custom: Customization, texts: Sequence[str], labels: Sequence[int],
                          num_labels: int, held: Any, *,
                          text_pairs: Sequence[str | None] | None = None, seed: int = 0,
-                         denoiser: Any = None):
+                         denoiser: OutputDenoiser | None = None):
     """The user's side after a remote tune, on the clean rows it holds (no I/O, nothing sent):
     the held-out rows ``held`` (indices into ``texts``; the prompt in ``custom.artifact`` never
     trained on them) are privatized *as queries* -- the artifact's layout, this η, fresh noise,
@@ -393,7 +397,8 @@ def user_side_after_tune(custom: Customization, texts: Sequence[str], labels: Se
 
 
 def remote_proba(custom: Customization, texts: Sequence[str],
-                 text_pairs: Sequence[str | None] | None = None, *, denoiser: Any = None):
+                 text_pairs: Sequence[str | None] | None = None, *,
+                 denoiser: OutputDenoiser | None = None):
     """The tuned prompt's class probabilities (numpy, float64, (N, C)) on clean ``texts``
     privatized as queries: the artifact's layout (plain sequence 0), ``custom``'s privatizer
     (fresh noise, not measured: the training release's report stays as it is); through the
@@ -419,7 +424,7 @@ OUTPUT_DENOISER_COPIES = 2  # privatized copies of each
 OUTPUT_DENOISER_EPOCHS = 60
 
 
-def output_denoiser_corpus(dataset: str):
+def output_denoiser_corpus(dataset: str) -> ChannelCorpus:
     """The public corpus an output denoiser for a prompt tuned on ``dataset`` is fitted on
     (a :class:`rapt.channel.corpus.ChannelCorpus`): the built-in families other than a built-in
     dataset's own, every built-in family for a user's file."""
@@ -450,7 +455,8 @@ def _pooled(q: Customization, rows: Sequence[Sequence[int]],
     return torch.cat(out) if out else q.artifact.pooled(q.reader, rows)
 
 
-def _public_sample(public: Any, rows: int, seed: int) -> tuple[list[str], dict]:
+def _public_sample(public: ChannelCorpus | Sequence[str], rows: int,
+                   seed: int) -> tuple[list[str], dict]:
     """(at most ``rows`` of the public texts, seeded, in corpus order; the corpus record)."""
     import numpy as np
 
@@ -462,9 +468,11 @@ def _public_sample(public: Any, rows: int, seed: int) -> tuple[list[str], dict]:
     return [texts[int(i)] for i in pick], record
 
 
-def fit_output_denoiser(custom: Customization, tuned: Any, public_texts: Any, *, seed: int = 0,
+def fit_output_denoiser(custom: Customization, tuned: Any,
+                        public_texts: ChannelCorpus | Sequence[str], *, seed: int = 0,
                         rows: int = OUTPUT_DENOISER_ROWS, epochs: int = OUTPUT_DENOISER_EPOCHS,
-                        progress: Callable[[int, int], None] | None = None) -> tuple[Any, dict]:
+                        progress: Callable[[int, int], None] | None = None
+                        ) -> tuple[OutputDenoiser, dict]:
     """Fit a user-side output denoiser (:class:`rapt.local.denoise.OutputDenoiser`) for
     ``tuned`` on public text only: ``rows`` of ``public_texts`` (texts, or a ChannelCorpus whose
     provenance is recorded), encoded as queries, their pooled states clean and privatized
@@ -512,7 +520,7 @@ def fit_output_denoiser(custom: Customization, tuned: Any, public_texts: Any, *,
 
 
 @torch.no_grad()
-def denoised_proba(custom: Customization, tuned: Any, denoiser: Any,
+def denoised_proba(custom: Customization, tuned: Any, denoiser: OutputDenoiser,
                    clean_rows: Sequence[Sequence[int]],
                    private_rows: Sequence[Sequence[int]]) -> Tensor:
     """Class probabilities (N, C) of ``tuned`` on privatized queries, corrected on the user's
