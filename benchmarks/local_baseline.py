@@ -84,37 +84,18 @@ def _tune(custom, method, rows, labels, k, task, train, seed):
 
 
 def _denoise(custom, tuned, task, seed, queries_clean, queries_priv, held_clean, held_priv):
-    """Fit the output denoiser on public sentences with ``tuned``; -> (eval probs, held probs,
-    fit record)."""
-    import torch
-
+    """Fit the output denoiser on public sentences with ``tuned``
+    (:func:`rapt.pipeline.fit_output_denoiser`); -> (eval probs, held probs, fit record)."""
     from rapt.channel.corpus import public_corpus_for
-    from rapt.local.denoise import fit_denoiser, token_features
+    from rapt.pipeline import denoised_proba, fit_output_denoiser
 
-    bb = custom.backbone
-    pub = list(public_corpus_for(TASKS[task][0]).texts)
-    rng = np.random.default_rng(seed)
-    pub = [pub[i] for i in sorted(rng.choice(len(pub), min(PUBLIC_ROWS, len(pub)), False))]
-    clean = custom.rows(pub, queries=True)
-    z_clean = tuned.pooled(bb, clean)
-    zp, zc, feats = [], [], []
-    for _ in range(2):
-        priv = custom.privatize(clean, measure=False)
-        zp.append(tuned.pooled(bb, priv))
-        zc.append(z_clean)
-        feats.append(token_features(bb.embeddings, clean, priv, custom._special_ids()))
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    den, fit = fit_denoiser(torch.cat(zp), torch.cat(feats), torch.cat(zc), seed=seed,
-                            device=dev)
+    den, rec = fit_output_denoiser(custom, tuned, public_corpus_for(TASKS[task][0]), seed=seed,
+                                   rows=PUBLIC_ROWS)
 
     def run(c_rows, p_rows):
-        z = tuned.pooled(bb, p_rows)
-        f = token_features(bb.embeddings, c_rows, p_rows, custom._special_ids())
-        with torch.no_grad():
-            return tuned.head_proba(bb, den(z, f)).numpy()
+        return denoised_proba(custom, tuned, den, c_rows, p_rows).numpy()
 
-    return run(queries_clean, queries_priv), run(held_clean, held_priv), \
-        {"before": fit.before, "curve": fit.after, "public_rows": len(pub)}
+    return run(queries_clean, queries_priv), run(held_clean, held_priv), rec
 
 
 def run_cell(bb, etas: dict, task: str, rows: int, p, seed: int) -> dict:

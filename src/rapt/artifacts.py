@@ -228,3 +228,83 @@ def read_local_model(out: str | Path) -> tuple[Any, Any] | None:
     except Exception as e:  # noqa: BLE001 - safetensors raises its own error types
         raise ArtifactError(f"{js}: not a local model rapt can read: {e}") from e
     return baseline, fusion
+
+
+# ------------------------------------------------------------------ the output denoiser
+# A user-side output denoiser is fitted on public text only (the provider's tuned prompt run on
+# public sentences, clean and privatized): it may live inside the folder one shares, with the
+# prompt it belongs to.
+OUTPUT_DENOISER = "output_denoiser"  # OUT/output_denoiser.safetensors + .json
+OUTPUT_DENOISER_FORMAT = "rapt-output-denoiser"
+OUTPUT_DENOISER_VERSION = 1
+
+
+def prompt_fingerprint(out: str | Path) -> str:
+    """sha256 of ``OUT/prompt.safetensors``: the prompt an output denoiser was fitted for."""
+    import hashlib
+
+    return hashlib.sha256((Path(out) / TENSORS_FILE).read_bytes()).hexdigest()
+
+
+def output_denoiser_paths(out: str | Path) -> tuple[Path, Path]:
+    """(the JSON, the tensors) of the output denoiser inside ``out``."""
+    out = Path(out)
+    return out / f"{OUTPUT_DENOISER}.json", out / f"{OUTPUT_DENOISER}.safetensors"
+
+
+def write_output_denoiser(out: str | Path, denoiser: Any, record: dict) -> list[Path]:
+    """``OUT/output_denoiser.safetensors`` (its weights) and ``OUT/output_denoiser.json`` (its
+    shape, the fingerprint of the prompt in ``out`` it was fitted for, and ``record``: the
+    public corpus, η, rows and fit curve), beside the saved prompt."""
+    from safetensors.torch import save_file
+
+    js, st = output_denoiser_paths(out)
+    state = {k: v.detach().cpu().contiguous().clone() for k, v in denoiser.state_dict().items()}
+    save_file(state, str(st), metadata={"format": OUTPUT_DENOISER_FORMAT})
+    doc = {"format": OUTPUT_DENOISER_FORMAT, "version": OUTPUT_DENOISER_VERSION,
+           "note": "fitted on public text only (the tuned prompt's states on public sentences, "
+           "clean and privatized): no private row went into it; it runs on the user's side, "
+           "on the pooled states the provider returns for privatized queries",
+           "hidden": int(denoiser.hidden), "width": int(denoiser.net[0].out_features),
+           "prompt_sha256": prompt_fingerprint(out), "record": _jsonable(record)}
+    js.write_text(json.dumps(doc, indent=2) + "\n")
+    return [st, js]
+
+
+def remove_output_denoiser(out: str | Path) -> list[Path]:
+    """Delete an output denoiser left in ``out`` (it belongs to the prompt saved there before);
+    the files removed."""
+    gone = [p for p in output_denoiser_paths(out) if p.exists()]
+    for p in gone:
+        p.unlink()
+    return gone
+
+
+def read_output_denoiser(out: str | Path) -> tuple[Any, dict] | None:
+    """(OutputDenoiser, its JSON document) saved in ``out`` by :func:`write_output_denoiser`;
+    None when there is none. ArtifactError naming the file when it is incomplete, unreadable,
+    or fitted for another prompt than the one in ``out``."""
+    from safetensors.torch import load_file
+
+    from rapt.local.denoise import OutputDenoiser
+
+    js, st = output_denoiser_paths(out)
+    if not js.exists() and not st.exists():
+        return None
+    for f in (js, st):
+        if not f.exists():
+            raise ArtifactError(f"{f}: missing (the output denoiser is saved as two files)")
+    try:
+        doc = json.loads(js.read_text())
+        if doc.get("format") != OUTPUT_DENOISER_FORMAT:
+            raise ValueError(f"field 'format' is {doc.get('format')!r}, not "
+                             f"{OUTPUT_DENOISER_FORMAT!r}")
+        den = OutputDenoiser(int(doc["hidden"]), int(doc["width"]))
+        den.load_state_dict(load_file(str(st)))
+    except Exception as e:  # noqa: BLE001 - safetensors and torch raise their own error types
+        raise ArtifactError(f"{js}: not an output denoiser rapt can read: {e}") from e
+    if doc.get("prompt_sha256") != prompt_fingerprint(out):
+        raise ArtifactError(f"{js}: fitted for another prompt than {Path(out) / TENSORS_FILE} "
+                            "(the folder's prompt was replaced); fit it again with `rapt tune "
+                            "--output-denoiser`, or delete the two output_denoiser files")
+    return den.eval(), doc

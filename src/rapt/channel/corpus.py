@@ -43,13 +43,15 @@ _FAMILY_SPLITS: dict[str, tuple[tuple[str, str], ...]] = {
 }
 _ALIASES = {"sst2": "sst2", "sst-2": "sst2", "sst2-sentences": "sst2",
             "financial_phrasebank": "financial_phrasebank", "fp": "financial_phrasebank",
-            "trec": "trec", "cb": "cb", "trustpilot": "trustpilot"}
+            "trec": "trec", "cb": "cb", "trustpilot": "trustpilot", "user": "user"}
 # Public corpus per evaluation task: every other family (SST-2: TREC, FP, CB, TrustPilot;
 # FP: SST-2 sentences, TREC, CB, TrustPilot).
 PUBLIC_SOURCES: dict[str, tuple[tuple[str, str], ...]] = {
     task: tuple(s for fam, splits in _FAMILY_SPLITS.items() if fam != task for s in splits)
     for task in _FAMILY_SPLITS
 }
+# A user's own file belongs to no built-in family: every built-in split is public for it.
+PUBLIC_SOURCES["user"] = tuple(s for splits in _FAMILY_SPLITS.values() for s in splits)
 
 
 def task_family(task: str) -> str:

@@ -48,10 +48,12 @@ def pairs_of(ds) -> list[str | None] | None:
     return ds.text_pairs if ds.report.get("text_pair_column") else None
 
 
-def echo_user_side(local, fusion, comparison, level: float | None | str = "unknown") -> None:
+def echo_user_side(local, fusion, comparison, level: float | None | str = "unknown", *,
+                   denoised: bool = False) -> None:
     """The local model's CV accuracy and CPU time, the held-out accuracies (remote, local,
-    fused) when there was a slice, the verdict sentence and, given the release's ``level``
-    (its P; None: no privacy), what rapt's grid measured at that level."""
+    fused) when there was a slice (``denoised``: the remote ones through the output
+    denoiser), the verdict sentence and, given the release's ``level`` (its P; None: no
+    privacy), what rapt's grid measured at that level."""
     from rapt.local import verdict
     from rapt.local.verdict import grid_note
 
@@ -63,7 +65,8 @@ def echo_user_side(local, fusion, comparison, level: float | None | str = "unkno
     if fusion is not None:
         acc = fusion.accuracy or {}
         typer.echo(f"held out ({fusion.n_rows} rows the prompt never trained on, privatized as "
-                   f"queries): accuracy remote {acc['remote']:.4f}, local {acc['local']:.4f}, "
+                   f"queries): accuracy remote{' (denoised)' if denoised else ''} "
+                   f"{acc['remote']:.4f}, local {acc['local']:.4f}, "
                    f"fused {acc['fused']:.4f} (fusion weights: remote {fusion.remote:g}, "
                    f"local {fusion.local:g})")
     typer.echo(verdict(comparison))
@@ -89,21 +92,24 @@ def save_user_side(out: Path, local, fusion) -> None:
                f"words): {', '.join(str(p) for p in paths)}")
 
 
-def tune_user_side(custom, ds, held: np.ndarray, out: Path, seed: int) -> None:
+def tune_user_side(custom, ds, held: np.ndarray, out: Path, seed: int, *,
+                   denoiser=None) -> None:
     """After a remote tune on ``ds`` without ``held``: score the prompt on the held-out rows
-    privatized as queries, fit the local model on every row and the fusion on the slice, print
-    the comparison and save it beside ``out``. A local model that cannot be fitted (a single
+    privatized as queries (through the output ``denoiser``, when there is one, as `rapt
+    predict` will), fit the local model on every row and the fusion on the slice, print the
+    comparison and save it beside ``out``. A local model that cannot be fitted (a single
     class) is a warning: the prompt is already saved."""
     from rapt.pipeline import user_side_after_tune
 
     try:
         local, fusion, comp = user_side_after_tune(custom, ds.texts, ds.labels,
                                                    len(ds.label_names), held,
-                                                   text_pairs=pairs_of(ds), seed=seed)
+                                                   text_pairs=pairs_of(ds), seed=seed,
+                                                   denoiser=denoiser)
     except ValueError as e:
         typer.echo(f"warning: no local model: {e}", err=True)
         return
-    echo_user_side(local, fusion, comp, release_level(custom))
+    echo_user_side(local, fusion, comp, release_level(custom), denoised=denoiser is not None)
     save_user_side(out, local, fusion)
 
 

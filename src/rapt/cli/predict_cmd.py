@@ -21,6 +21,7 @@ from rapt.cli._app import (
     load_data_or_fail,
     warn_if_seeded,
 )
+from rapt.cli._output_denoiser import NO_DENOISE_HELP, for_queries
 from rapt.cli._tuning import echo_channel, load_channel, privatize_with_bar
 from rapt.cli.options import (
     BASE_HELP,
@@ -68,6 +69,7 @@ class PredictOptions:
     local: Path | None
     no_local: bool
     local_only: bool
+    no_denoise: bool
 
 
 def _stored_columns(meta: dict, data: str, fmt: str | None) -> tuple[str | None, str | None]:
@@ -169,6 +171,7 @@ def predict(
     local: Path | None = typer.Option(None, "--local", help=_PREDICT_HELP["local"]),
     no_local: bool = typer.Option(False, "--no-local", help=_PREDICT_HELP["no_local"]),
     local_only: bool = typer.Option(False, "--local-only", help=_PREDICT_HELP["local_only"]),
+    no_denoise: bool = typer.Option(False, "--no-denoise", help=NO_DENOISE_HELP),
 ) -> None:
     """Privatize queries locally (same η as training) and predict with a tuned prompt. The data
     need no labels; accuracy is reported when every example has one. Prints η, the measured P
@@ -189,7 +192,8 @@ def predict(
     names, ds = _query_data(o, tuned.meta)
     _check_pairs(tuned.meta, artifact, ds)
     user = _local_model(o, tuned)
-    eta, privacy, remote = (None, None, None) if local_only else _remote_probs(o, tuned, ds)
+    eta, privacy, remote, denoised = ((None, None, None, False) if local_only
+                                      else _remote_probs(o, tuned, ds))
     from rapt.predictions import Predictions
 
     probs, sources = _combine(remote, user, ds, local_only)
@@ -201,16 +205,19 @@ def predict(
         dp=bool(tuned.meta.get("dp")), retune=True))
     if json_report:
         report = {"artifact": str(artifact), "examples": len(preds),
-                  "accuracy": preds.accuracy(), "eta": eta, "privacy": privacy}
+                  "accuracy": preds.accuracy(), "eta": eta, "privacy": privacy,
+                  "output_denoiser": denoised}
         typer.echo(json.dumps({**report, **_local_report(preds, user, local_only)}))
 
 
 def _remote_probs(o: PredictOptions, tuned, ds):
-    """(η, the queries' privacy report, the prompt's probabilities as float64 numpy): the
-    queries privatized at the artifact's level (or --eta / --no-privacy) and classified."""
+    """(η, the queries' privacy report, the prompt's probabilities as float64 numpy, whether
+    the output denoiser made them): the queries privatized at the artifact's level (or --eta /
+    --no-privacy) and classified; through the output denoiser saved in ARTIFACT when there is
+    one and the queries are privatized (unless --no-denoise)."""
     import numpy as np
 
-    from rapt.pipeline import Customization
+    from rapt.pipeline import Customization, denoised_proba
 
     bb = load_backbone_or_fail(o.backbone or tuned.meta.get("backbone", "minilm"))
     eta = _query_eta(tuned.meta, o.eta, o.no_privacy, bb, o.artifact)
@@ -220,14 +227,19 @@ def _remote_probs(o: PredictOptions, tuned, ds):
                                          channel=den)
     if custom.privatizer is not None:
         warn_if_seeded(o.noise_seed)
-    rows = custom.rows(ds.texts, ds.text_pairs, queries=True)
+    clean = rows = custom.rows(ds.texts, ds.text_pairs, queries=True)
     if custom.privatizer is not None:
         rows = privatize_with_bar(custom, rows)
         echo_privacy(custom.privacy, backbone=bb.name, err=True, min_p=o.min_p,
                      what="query set")
         echo_channel(custom.privacy, err=True)
-    probs = custom.predict_proba(rows).detach().float().cpu().numpy()
-    return eta, custom.privacy, np.asarray(probs, dtype=np.float64)
+    out_den = for_queries(o.artifact, custom.eta, o.no_denoise)
+    if out_den is not None:
+        probs = denoised_proba(custom, tuned, out_den, clean, rows)
+    else:
+        probs = custom.predict_proba(rows)
+    probs = probs.detach().float().cpu().numpy()
+    return eta, custom.privacy, np.asarray(probs, dtype=np.float64), out_den is not None
 
 
 def _local_model(o: PredictOptions, tuned):

@@ -23,6 +23,11 @@ from rapt.cli._app import (
     warn_if_seeded,
 )
 from rapt.cli._local import LOCAL_HELP, held_out, tune_user_side, without
+from rapt.cli._output_denoiser import (
+    OUTPUT_DENOISER_HELP,
+    after_tune,
+    check_output_denoiser,
+)
 from rapt.cli._tuning import (
     customization,
     echo_channel,
@@ -112,6 +117,7 @@ class TuneOptions:
     train_log: bool
     precision: str
     local: bool
+    output_denoiser: bool
 
 
 # Long help texts of `rapt tune`, out of its signature.
@@ -204,6 +210,7 @@ def tune(
     train_log: bool = typer.Option(False, "--train-log", help=_TUNE_HELP["train_log"]),
     precision: str = with_default(PRECISION, _d("precision")),
     local: bool = typer.Option(True, "--local/--no-local", help=LOCAL_HELP),
+    output_denoiser: bool = typer.Option(False, "--output-denoiser", help=OUTPUT_DENOISER_HELP),
 ) -> None:
     """Privatize a dataset locally, tune a prompt on it, save it to --out (shareable; what is
     measured on your rows goes beside it). Ctrl-C saves a checkpoint; --resume goes on."""
@@ -227,8 +234,16 @@ def tune(
     _record_meta(tuned, custom, ds, o)
     _save_tuned(tuned, out, cfg.method, custom.privacy, train_log)
     tune_resume.drop(out)
-    if local:
-        tune_user_side(custom, everything, held, out, seed)
+    _user_side(custom, tuned, everything, held, o)
+
+
+def _user_side(custom, tuned, everything, held, o: TuneOptions) -> None:
+    """Once the prompt is saved: its output denoiser (--output-denoiser), then the local model
+    (--local), whose held-out remote probabilities are then the denoised ones, as `rapt
+    predict` fuses them."""
+    den = after_tune(custom, tuned, o)
+    if o.local:
+        tune_user_side(custom, everything, held, o.out, o.seed, denoiser=den)
 
 
 def _training_rows(o: TuneOptions, custom, rows, ds, cfg):
@@ -393,6 +408,7 @@ def _tune_config_and_rows(o: TuneOptions, bb, ds, dp, encoding):
             o.label_descriptions, ds.label_names) if o.label_descriptions else None,
                    "label_words": o.label_words.split(",") if o.label_words else None}
         cfg = tune_config(options, kind=bb.kind, label_names=ds.label_names, dataset=o.data)
+        check_output_denoiser(o.output_denoiser, o.no_privacy, bb.kind, cfg)
         return cfg, encoding.rows(bb.tokenizer, ds.texts, ds.text_pairs)
     except ValueError as e:
         fail(str(e))

@@ -15,7 +15,7 @@ MLP per query (:data:`WIDTH` wide, about 0.5M parameters at h = 384).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -82,11 +82,13 @@ class DenoiserFit:
 
 def fit_denoiser(pooled_private: Tensor, features: Tensor, pooled_clean: Tensor, *,
                  epochs: int = 60, lr: float = 1e-3, batch_size: int = 256, seed: int = 0,
-                 weight_decay: float = 1e-4, device: str | torch.device = "cpu"
+                 weight_decay: float = 1e-4, device: str | torch.device = "cpu",
+                 progress: Callable[[int], None] | None = None
                  ) -> tuple[OutputDenoiser, DenoiserFit]:
     """Fit an :class:`OutputDenoiser` on public pairs: (N, h) states of privatized sentences,
     their (N, 3h + 1) token features, (N, h) states of the same sentences clean. Keeps the
-    epoch with the lowest held-out error (a tenth of the pairs, seeded)."""
+    epoch with the lowest held-out error (a tenth of the pairs, seeded). ``progress(1)`` after
+    each epoch."""
     g = torch.Generator().manual_seed(seed)
     n = len(pooled_private)
     perm = torch.randperm(n, generator=g)
@@ -115,6 +117,8 @@ def fit_denoiser(pooled_private: Tensor, features: Tensor, pooled_clean: Tensor,
             opt.step()
         model.eval()
         curve.append(err(val))
+        if progress is not None:
+            progress(1)
         if curve[-1] < best:
             best, best_state = curve[-1], {k: v.clone() for k, v in model.state_dict().items()}
     model.load_state_dict(best_state)

@@ -329,6 +329,9 @@ class PredictRequest(BaseModel):
     texts: list[Text] | None = Field(None, min_length=1)
     text_pairs: list[Text] | None = Field(None, min_length=1,
                                           description="second texts of sentence pairs")
+    return_pooled: bool = Field(False, description=(
+        "also return the tuned prompt's pooled states of these rows (what its head reads), "
+        "for a user-side output denoiser (rapt.local.denoise); encoder heads only"))
 
     @model_validator(mode="after")
     def _rows(self) -> PredictRequest:
@@ -342,6 +345,9 @@ class PredictResponse(BaseModel):
     probabilities: list[list[float]]
     channel: ChannelInfo | None = Field(None, description="the channel model the queries were "
                                         "read back through (the prompt's); null: none")
+    pooled: list[list[float]] | None = Field(None, description=(
+        "with return_pooled: one state (hidden size floats) per row, the prompt's pooled state "
+        "of the row as sent, which its head reads; null otherwise"))
 
 
 class BackboneInfo(BaseModel):

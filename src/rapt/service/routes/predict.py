@@ -41,7 +41,21 @@ def predict(body: PredictRequest, svc: Svc, me: Owner) -> PredictResponse:
     probs = probs.float().cpu()
     return PredictResponse(prompt_id=row["id"], labels=probs.argmax(-1).tolist(),
                            probabilities=probs.tolist(),
-                           channel=channel.info if channel is not None else None)
+                           channel=channel.info if channel is not None else None,
+                           pooled=_pooled(prompt, reader, ids) if body.return_pooled else None)
+
+
+def _pooled(prompt, reader, ids) -> list[list[float]]:
+    """The prompt's pooled states of ``ids`` (N, h), for the owner's output denoiser: the
+    provider's own computation on the privatized rows it was sent, as the probabilities are."""
+    if not hasattr(prompt, "pooled"):
+        raise ServiceError(422, "no_pooled_state", "this prompt gives no pooled states")
+    try:
+        with torch.inference_mode():
+            return prompt.pooled(reader, ids).float().cpu().tolist()
+    except ValueError as e:  # a head that reads no pooled state (a causal LM's verbalizer)
+        raise ServiceError(422, "no_pooled_state", f"{e}: return_pooled needs an encoder "
+                           "head (linear or label-description)") from e
 
 
 def _batched(svc, row: dict, prompt, ids) -> torch.Tensor:

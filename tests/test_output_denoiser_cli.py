@@ -1,0 +1,127 @@
+"""The output denoiser on the command line: `rapt tune --output-denoiser` fits it on public text
+and saves it inside OUT (the local model's fusion is fitted on the denoised slice); `rapt
+predict` runs the privatized queries' pooled states through it (--no-denoise skips it)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from _tiny import TOY_WORDS, make_bert, make_tokenizer, save_backbone
+from typer.testing import CliRunner
+
+from rapt.artifacts import beside
+from rapt.cli import app
+
+runner = CliRunner()
+ROWS = "good fun film,pos\nbad boring plot,neg\ngreat music,pos\nawful story,neg\n"
+
+
+def _tune(bb, data, out, *extra) -> list[str]:
+    return ["tune", str(data), "--out", str(out), "--backbone", bb, "--eta", "20",
+            "--epochs", "1", "--batch-size", "8", "--noise-seed", "0", "--method", "lora",
+            "--max-length", "32", *extra]
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory, shared_data):
+    """(tmp, backbone path, data, OUT of a `rapt tune --output-denoiser`, its output); the
+    denoiser is fitted on 200 public sentences (the command's default is 3,000)."""
+    import rapt.pipeline as pl
+
+    tmp = tmp_path_factory.mktemp("dencli")
+    bb = str(save_backbone(make_bert(make_tokenizer(tmp, TOY_WORDS)), tmp / "bb"))
+    data = tmp / "d.csv"
+    data.write_text("text,label\n" + ROWS * 30)
+    out = tmp / "run"
+    mp = pytest.MonkeyPatch()
+    mp.setattr(pl, "OUTPUT_DENOISER_ROWS", 200)
+    try:
+        r = runner.invoke(app, _tune(bb, data, out, "--output-denoiser"))
+    finally:
+        mp.undo()
+    assert r.exit_code == 0, r.output
+    return tmp, bb, data, out, r
+
+
+def test_tune_saves_the_denoiser_inside_out_and_says_what_it_learned(tuned):
+    _, _, _, out, r = tuned
+    assert sorted(p.name for p in out.iterdir()) == [
+        "config.json", "output_denoiser.json", "output_denoiser.safetensors",
+        "prompt.safetensors"]
+    line = next(x for x in r.stdout.splitlines() if x.startswith("output denoiser"))
+    assert "fitted on 200 public sentences" in line and "η = 20" in line
+    assert "held-out public error" in line and "s on this machine's CPU" in line
+    doc = json.loads((out / "output_denoiser.json").read_text())
+    rec = doc["record"]
+    assert rec["public_rows"] == 200 and rec["eta"] == 20.0 and len(rec["curve"]) == 60
+    assert rec["trained_on"]["disjoint_from"] == "user"  # a user's file: every built-in family
+    assert f"{rec['before']:.4g} -> {rec['after']:.4g}" in line
+    # the local model beside OUT, its fusion fitted on the denoised slice
+    assert "held out (24 rows the prompt never trained on, privatized as queries): accuracy " \
+        "remote (denoised) " in r.stdout
+    assert json.loads(beside(out, "local.NOT-PRIVATE.json").read_text())["fusion"]["n_rows"] == 24
+
+
+def test_tune_output_denoiser_needs_privatization(tuned):
+    tmp, bb, data, _, _ = tuned
+    r = runner.invoke(app, ["tune", str(data), "--out", str(tmp / "x"), "--backbone", bb,
+                            "--no-privacy", "--output-denoiser"])
+    assert r.exit_code == 2 and "--output-denoiser corrects privatized queries" in r.stderr
+
+
+def _predict(out, data, *extra):
+    r = runner.invoke(app, ["predict", str(out), str(data), "--noise-seed", "1", "--limit",
+                            "16", "--json-report", "--no-local", *extra])
+    assert r.exit_code == 0, r.output
+    return r, json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_predict_runs_the_denoiser_on_privatized_queries(tuned, monkeypatch):
+    import rapt.pipeline as pl
+
+    _, _, data, out, _ = tuned
+    calls = []
+    real = pl.denoised_proba
+
+    def spy(*a):
+        calls.append(len(a[3]))
+        return real(*a)
+
+    monkeypatch.setattr(pl, "denoised_proba", spy)
+    r, rep = _predict(out, data)
+    assert rep["output_denoiser"] is True and calls == [16]
+    assert "corrected on this machine by the output denoiser" in r.stderr
+    r, rep = _predict(out, data, "--no-denoise")
+    assert rep["output_denoiser"] is False and calls == [16]
+    assert "not used (--no-denoise)" in r.stderr
+    r, rep = _predict(out, data, "--no-privacy")
+    assert rep["output_denoiser"] is False and "the queries are not privatized" in r.stderr
+
+
+def test_predict_fuses_the_denoised_remote_probabilities(tuned, monkeypatch):
+    """The prediction file's remote column is what was fused: the denoised probabilities."""
+    import torch
+
+    import rapt.pipeline as pl
+
+    tmp, _, data, out, _ = tuned
+    monkeypatch.setattr(pl, "denoised_proba",
+                        lambda c, t, d, clean, priv: torch.tensor([[0.9, 0.1]] * len(priv)))
+    r = runner.invoke(app, ["predict", str(out), str(data), "--noise-seed", "1", "--limit",
+                            "4", "--out", str(tmp / "p.jsonl")])
+    assert r.exit_code == 0, r.output
+    for row in map(json.loads, (tmp / "p.jsonl").read_text().splitlines()):
+        assert row["probabilities_remote"] == pytest.approx({"neg": 0.9, "pos": 0.1})
+
+
+def test_a_retune_without_it_removes_the_old_prompts_denoiser(tuned):
+    import shutil
+
+    tmp, bb, data, out, _ = tuned
+    copy = tmp / "again"
+    shutil.copytree(out, copy)
+    r = runner.invoke(app, _tune(bb, data, copy, "--no-local"))
+    assert r.exit_code == 0, r.output
+    assert "removed the output denoiser" in r.stderr
+    assert not (copy / "output_denoiser.json").exists()
