@@ -124,7 +124,7 @@ def test_the_held_out_slice_is_scored_through_the_denoiser(tuned_custom, monkeyp
     probabilities of the slice's rows privatized as queries."""
     import numpy as np
 
-    import rapt.pipeline as pl
+    import rapt.pipeline.user_side as pl
 
     custom, _, _ = tuned_custom
     calls = []
@@ -187,7 +187,7 @@ def test_the_public_corpus_excludes_the_task_and_covers_every_family_for_a_file(
 
 
 def test_pooled_states_in_chunks_are_the_states_in_one_pass(tuned_custom, monkeypatch):
-    import rapt.pipeline as pl
+    import rapt.pipeline.user_side as pl
 
     custom, _, _ = tuned_custom
     monkeypatch.setattr(pl, "OUTPUT_DENOISER_CHUNK", 16)

@@ -27,7 +27,7 @@ def _tune(bb, data, out, *extra) -> list[str]:
 def tuned(tmp_path_factory, shared_data):
     """(tmp, backbone path, data, OUT of a `rapt tune --output-denoiser`, its output); the
     denoiser is fitted on 200 public sentences (the command's default is 3,000)."""
-    import rapt.pipeline as pl
+    import rapt.pipeline.user_side as pl
 
     tmp = tmp_path_factory.mktemp("dencli")
     bb = str(save_backbone(make_bert(make_tokenizer(tmp, TOY_WORDS)), tmp / "bb"))
@@ -78,7 +78,7 @@ def _predict(out, data, *extra):
 
 
 def test_predict_runs_the_denoiser_on_privatized_queries(tuned, monkeypatch):
-    import rapt.pipeline as pl
+    import rapt.pipeline.user_side as pl
 
     _, _, data, out, _ = tuned
     calls = []
@@ -103,7 +103,7 @@ def test_predict_fuses_the_denoised_remote_probabilities(tuned, monkeypatch):
     """The prediction file's remote column is what was fused: the denoised probabilities."""
     import torch
 
-    import rapt.pipeline as pl
+    import rapt.pipeline.user_side as pl
 
     tmp, _, data, out, _ = tuned
     monkeypatch.setattr(pl, "denoised_proba",

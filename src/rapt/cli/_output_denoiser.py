@@ -43,8 +43,8 @@ def fit_and_save(custom, tuned, out: Path, dataset: str, seed: int):
     """Fit the output denoiser of ``tuned`` on the public corpus for ``dataset`` with a bar,
     save it inside ``out`` and print its held-out public error before / after and its time.
     -> the denoiser."""
-    from rapt import pipeline
     from rapt.artifacts import write_output_denoiser
+    from rapt.pipeline import user_side as pipeline
     from rapt.progress import progress_bar
 
     try:

@@ -217,7 +217,8 @@ def _remote_probs(o: PredictOptions, tuned, ds):
     one and the queries are privatized (unless --no-denoise)."""
     import numpy as np
 
-    from rapt.pipeline import Customization, denoised_proba
+    from rapt.pipeline import Customization
+    from rapt.pipeline.user_side import denoised_proba  # (the module's: tests replace it)
 
     bb = load_backbone_or_fail(o.backbone or tuned.meta.get("backbone", "minilm"))
     eta = _query_eta(tuned.meta, o.eta, o.no_privacy, bb, o.artifact)
