@@ -141,3 +141,22 @@ def test_every_rapt_name_in_the_openapi_document_exists(client):
                 assert hasattr(obj, attr), f"{name}: {'.'.join(parts[:cut])} has no {attr}"
                 obj = getattr(obj, attr)
             break
+
+
+@pytest.mark.parametrize(("page", "assets"), [
+    ("/docs", ("swagger-ui-bundle.js", "swagger-ui.css")),
+    ("/redoc", ("redoc.standalone.js",))])
+def test_docs_pages_load_their_scripts_from_the_service_not_a_cdn(client, page, assets):
+    """Air-gapped providers: every script and style the page names is served by the service
+    itself, without a key."""
+    import re
+
+    html = client.get(page)
+    assert html.status_code == 200
+    urls = re.findall(r"""(?:src|href)=["']([^"']+)["']""", html.text)
+    urls += re.findall(r"""url: *["']([^"']+)["']""", html.text)
+    assert not [u for u in urls if u.startswith(("http://", "https://", "//"))], urls
+    for name in assets:
+        url = next(u for u in urls if u.endswith(name))
+        got = client.get(url)
+        assert got.status_code == 200 and len(got.content) > 10_000, (url, got.status_code)

@@ -23,6 +23,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rapt import __version__
@@ -60,9 +61,11 @@ def create_app(config: ServiceConfig, *, backbones: dict[str, Any] | None = None
             app.state.svc.close()
 
     # 413 (the request gate) and 500 can answer any route; each router and route adds its own.
-    app = FastAPI(title="rapt provider service", version=__version__, lifespan=lifespan,
-                  description="Prompt tuning and inference on privatized data (RAPT).",
-                  responses=errors(413, 500))
+    # /docs and /redoc from assets in the fastapi-offline package, not a CDN: providers run
+    # air-gapped, where the CDN's scripts never load and the pages stay blank.
+    app = FastAPIOffline(title="rapt provider service", version=__version__, lifespan=lifespan,
+                         description="Prompt tuning and inference on privatized data (RAPT).",
+                         responses=errors(413, 500))
     # The last added is the outermost: errors -> route, API key, body size -> routes.
     app.add_middleware(RequestGateMiddleware, limit=config.limits.max_upload_bytes)
     app.add_middleware(InternalErrorMiddleware)
