@@ -31,6 +31,7 @@ from rapt.service.access_log import scrub_access_log
 from rapt.service.errors import ServiceError, error_response, errors, loc_text
 from rapt.service.inference import Forward
 from rapt.service.limits import ServiceConfig
+from rapt.service.metrics import MetricsMiddleware, ServiceMetrics
 from rapt.service.middleware import (
     InternalErrorMiddleware,
     RequestGateMiddleware,
@@ -55,6 +56,7 @@ def create_app(config: ServiceConfig, *, backbones: dict[str, Any] | None = None
     async def lifespan(app: FastAPI):
         scrub_access_log()  # after the server configured its logging: no query in its lines
         app.state.svc = Service(config, backbones, runner, prompt_loader, forward)
+        app.state.metrics.bind(app.state.svc)
         try:
             yield
         finally:
@@ -66,9 +68,11 @@ def create_app(config: ServiceConfig, *, backbones: dict[str, Any] | None = None
     app = FastAPIOffline(title="rapt provider service", version=__version__, lifespan=lifespan,
                          description="Prompt tuning and inference on privatized data (RAPT).",
                          responses=errors(413, 500))
-    # The last added is the outermost: errors -> route, API key, body size -> routes.
+    # The last added is the outermost: metrics -> errors -> route, API key, body size -> routes.
     app.add_middleware(RequestGateMiddleware, limit=config.limits.max_upload_bytes)
     app.add_middleware(InternalErrorMiddleware)
+    app.state.metrics = ServiceMetrics()  # outermost: counts every answer, 500s included
+    app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     _add_error_handlers(app)
     for router in ROUTERS:
         app.include_router(router)

@@ -81,6 +81,7 @@ class RequestGateMiddleware:
         route = _route_of(scope)
         if route is None:
             return await self.app(scope, receive, send)
+        scope["rapt.route"] = getattr(route, "path", None)  # for the metrics, even on a 401
         if _route_key(route) in scope["app"].state.key_routes:
             svc: Service = scope["app"].state.svc
             key = _api_key(scope.get("headers") or [])

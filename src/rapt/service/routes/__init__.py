@@ -10,5 +10,5 @@ from fastapi import APIRouter
 from rapt.service.routes import admin, datasets, jobs, meta, predict, prompts, sap
 
 # In the order they are matched and listed in the OpenAPI document.
-ROUTERS: list[APIRouter] = [meta.router, admin.router, datasets.router, jobs.router,
-                            prompts.router, predict.router, sap.router]
+ROUTERS: list[APIRouter] = [meta.router, admin.router, admin.metrics_router, datasets.router,
+                            jobs.router, prompts.router, predict.router, sap.router]

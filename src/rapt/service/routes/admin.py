@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request, Response
 
 from rapt.service.deps import Svc, admin
 from rapt.service.errors import ServiceError, errors
+from rapt.service.metrics import CONTENT_TYPE
 from rapt.service.state import Service
 
 # On the router, so a route added here cannot forget the operator check.
 router = APIRouter(prefix="/v1", dependencies=[Depends(admin)], responses=errors(401, 403))
+# /metrics at the root, where Prometheus looks; operator keys only, as every route here
+# (Prometheus sends one with `authorization: {credentials_file: ...}`).
+metrics_router = APIRouter(dependencies=[Depends(admin)], responses=errors(401, 403))
+
+
+@metrics_router.get("/metrics", response_class=Response,
+                    responses={200: {"content": {CONTENT_TYPE: {}},
+                                     "description": "Prometheus text format"}})
+def metrics(request: Request) -> Response:
+    """Prometheus metrics of this process: requests by route and status, latency, jobs by
+    state, the queue, workers, micro-batching, storage and DP ε per key (operator keys only)."""
+    return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE)
 
 
 @router.get("/stats")

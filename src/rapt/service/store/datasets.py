@@ -92,6 +92,19 @@ class DatasetStore(StoreBase):
         with self._tx() as conn:
             return self._stored_bytes(conn, owner)
 
+    def stored_bytes_by_owner(self) -> dict[str, int]:
+        """``stored_bytes`` of every key that stores anything, in two grouped queries."""
+        c, s = datasets.c, sap_sessions.c
+        out: dict[str, int] = {}
+        for r in self._rows(sa.select(c.owner, sa.func.sum(sa.func.coalesce(
+                c.bytes, sa.func.length(c.data))).label("n"))
+                .where(c.deleted.is_(None)).group_by(c.owner)):
+            out[r["owner"]] = int(r["n"] or 0)
+        for r in self._rows(sa.select(s.owner, sa.func.sum(s.release_bytes + s.state_bytes)
+                                      .label("n")).group_by(s.owner)):
+            out[r["owner"]] = out.get(r["owner"], 0) + int(r["n"] or 0)
+        return out
+
     def _data_path(self, did: str) -> Path:
         """The file holding a dataset's token ids and labels (JSON)."""
         if not did.replace("_", "").isalnum():  # ids are ours; never a path from elsewhere

@@ -88,6 +88,23 @@ class JobStore(StoreBase):
             return int(conn.execute(sa.select(sa.func.count()).select_from(jobs)
                                     .where(jobs.c.state == state)).scalar())
 
+    def job_counts(self) -> dict[str, int]:
+        """Jobs per state, over all keys (one grouped query: what /metrics reports)."""
+        return {r["state"]: int(r["n"]) for r in self._rows(
+            sa.select(jobs.c.state, sa.func.count().label("n")).group_by(jobs.c.state))}
+
+    def oldest_queued_created(self) -> float | None:
+        """When the longest-waiting queued job was created (None: the queue is empty)."""
+        row = self._one(sa.select(sa.func.min(jobs.c.created).label("t"))
+                        .where(jobs.c.state == "queued"))
+        return row["t"] if row else None
+
+    def epsilon_by_owner(self) -> dict[str, float]:
+        """Sum of the ε of each key's DP jobs that spent any (finished or running)."""
+        return {r["owner"]: float(r["eps"]) for r in self._rows(
+            sa.select(jobs.c.owner, sa.func.sum(jobs.c.epsilon).label("eps"))
+            .where(jobs.c.epsilon.is_not(None)).group_by(jobs.c.owner))}
+
     def update_job(self, jid: str, **fields: Any) -> None:
         """Set columns of a job, whoever runs it (see ``update_claimed`` for workers)."""
         self._exec(jobs.update().where(jobs.c.id == jid).values(**fields))

@@ -1,0 +1,96 @@
+"""GET /metrics: Prometheus text for operators, admin keys only; requests by route template and
+status, latency, jobs by state, queue, workers, micro-batching, storage and ε per key."""
+
+from __future__ import annotations
+
+import pytest
+from _service import FakeRunner, add_key, hdr, make_app, open_store, upload_body, wait_job
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from rapt.service import auth
+
+
+def _samples(text: str) -> dict[tuple[str, tuple], float]:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def _value(samples: dict, metric: str, **labels) -> float | None:
+    return samples.get((metric, tuple(sorted(labels.items()))))
+
+
+@pytest.fixture()
+def svc(tmp_path, tiny_bert):
+    app = make_app(tmp_path, tiny_bert, FakeRunner(steps=3))
+    admin_key = add_key(tmp_path, "ops", admin=True)
+    user_key = add_key(tmp_path, "alice")
+    with TestClient(app) as c:
+        yield c, admin_key, user_key, tmp_path
+
+
+def test_metrics_need_an_operator_key(svc):
+    c, admin_key, user_key, _ = svc
+    assert c.get("/metrics").status_code == 401
+    r = c.get("/metrics", headers=hdr(user_key))
+    assert r.status_code == 403 and r.json()["error"] == "forbidden"
+    r = c.get("/metrics", headers=hdr(admin_key))
+    assert r.status_code == 200
+    assert r.headers["content-type"].startswith("text/plain; version=0.0.4")
+    # Not a documented API operation with a JSON body, but listed (for operators).
+    assert "/metrics" in c.app.openapi()["paths"]
+
+
+def test_metrics_report_requests_jobs_and_storage(svc):
+    c, admin_key, user_key, tmp_path = svc
+    ds = c.post("/v1/datasets", json=upload_body(), headers=hdr(user_key)).json()
+    jid = c.post("/v1/jobs", json={"dataset_id": ds["id"], "epochs": 1},
+                 headers=hdr(user_key)).json()["id"]
+    assert wait_job(c, user_key, jid)["state"] == "succeeded"
+    c.get("/v1/jobs/job_nope", headers=hdr(user_key))  # 404 under the route's template
+    c.get("/no/such/path/job_abc")
+    c.get("/metrics")  # the gate's 401 counts too
+    text = c.get("/metrics", headers=hdr(admin_key)).text
+    m = _samples(text)
+    assert _value(m, "rapt_http_requests_total", route="/v1/datasets", method="POST",
+                  status="201") == 1
+    assert _value(m, "rapt_http_requests_total", route="/v1/jobs/{job_id}", method="GET",
+                  status="404") == 1
+    assert _value(m, "rapt_http_requests_total", route="unmatched", method="GET",
+                  status="404") == 1
+    assert _value(m, "rapt_http_requests_total", route="/metrics", method="GET",
+                  status="401") == 1
+    assert "job_nope" not in text and "job_abc" not in text  # templates, never raw paths
+    polls = _value(m, "rapt_http_requests_total", route="/v1/jobs/{job_id}", method="GET",
+                   status="200")
+    assert polls >= 1
+    assert _value(m, "rapt_http_request_duration_seconds_count",
+                  route="/v1/jobs/{job_id}") == polls + 1
+    assert _value(m, "rapt_jobs", state="succeeded") == 1
+    assert _value(m, "rapt_jobs", state="queued") == 0
+    assert _value(m, "rapt_queue_length") == 0
+    assert _value(m, "rapt_job_workers", backend="inprocess") == 1
+    store = open_store(tmp_path)
+    try:
+        kid = store.owner_of_hash(auth.hash_key(user_key))
+        stored = store.stored_bytes(kid)
+    finally:
+        store.close()
+    assert stored > 0
+    assert _value(m, "rapt_key_stored_bytes", key=kid, name="alice") == stored
+
+
+def test_metrics_count_micro_batches(svc):
+    c, admin_key, user_key, _ = svc
+    before = _samples(c.get("/metrics", headers=hdr(admin_key)).text)
+    assert _value(before, "rapt_microbatch_rows_total", backbone="tiny") == 0
+    ds = c.post("/v1/datasets", json=upload_body(), headers=hdr(user_key)).json()
+    jid = c.post("/v1/jobs", json={"dataset_id": ds["id"], "epochs": 1},
+                 headers=hdr(user_key)).json()["id"]
+    pid = wait_job(c, user_key, jid)["prompt_id"]
+    r = c.post("/v1/predict", json={"prompt_id": pid, "input_ids": [[2, 7, 8, 3]] * 3},
+               headers=hdr(user_key))
+    assert r.status_code == 200, r.text
+    after = _samples(c.get("/metrics", headers=hdr(admin_key)).text)
+    assert _value(after, "rapt_microbatch_rows_total", backbone="tiny") == 3
+    assert _value(after, "rapt_microbatch_requests_total", backbone="tiny") == 1
