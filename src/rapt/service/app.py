@@ -22,7 +22,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -38,7 +38,7 @@ from rapt.service.middleware import (
     allowed_methods,
     keyed_routes,
 )
-from rapt.service.routes import ROUTERS
+from rapt.service.routes import ROUTERS, console
 from rapt.service.split_sessions import SapError
 from rapt.service.state import Service, default_prompt_loader
 from rapt.service.worker import JobRunner
@@ -85,8 +85,12 @@ def _add_error_handlers(app: FastAPI) -> None:
     """Every error the app answers with becomes the JSON error body."""
 
     @app.exception_handler(ServiceError)
-    async def _service_error(request: Request, exc: ServiceError) -> JSONResponse:
+    async def _service_error(request: Request, exc: ServiceError) -> Response:
+        if request.url.path.startswith(console.PATH + "/"):  # a person reads it: a page
+            return console.error_page(request, exc.status, exc.detail)
         return error_response(exc.status, exc.error, exc.detail)
+
+    app.add_exception_handler(console.LoginRequired, console.login_redirect)
 
     @app.exception_handler(SapError)
     async def _sap_error(request: Request, exc: SapError) -> JSONResponse:

@@ -36,6 +36,12 @@ async def _service(request: Request) -> Service:
 Svc = Annotated[Service, Depends(_service)]
 
 
+def key_id(svc: Service, key: str | None) -> str | None:
+    """The id of a valid API key; None for a missing, unknown or revoked one (the one check
+    behind the API's headers and the console's cookie)."""
+    return svc.store.owner_of_hash(auth.hash_key(key)) if key else None
+
+
 def owner(request: Request,
           cred: HTTPAuthorizationCredentials | None = Depends(bearer),
           x_key: str | None = Depends(api_key_header)) -> str:
@@ -43,8 +49,7 @@ def owner(request: Request,
     security dependencies document the two ways to send the key)."""
     kid = request.scope.get("rapt.owner")
     if kid is None:  # not reached through the middleware
-        key = x_key or (cred.credentials if cred else None)
-        kid = svc_of(request).store.owner_of_hash(auth.hash_key(key)) if key else None
+        kid = key_id(svc_of(request), x_key or (cred.credentials if cred else None))
         if kid is None:
             raise ServiceError(401, "unauthorized", "missing, unknown or revoked API key")
     return kid

@@ -12,8 +12,7 @@ from fastapi.dependencies.models import Dependant
 from starlette.concurrency import run_in_threadpool
 from starlette.routing import BaseRoute, Match
 
-from rapt.service import auth
-from rapt.service.deps import owner
+from rapt.service.deps import key_id, owner
 from rapt.service.errors import error_response as _error
 from rapt.service.state import Service
 
@@ -88,7 +87,7 @@ class RequestGateMiddleware:
             if not key:
                 return await _error(401, "unauthorized", "missing API key: send 'Authorization: "
                                     "Bearer <key>'")(scope, receive, send)
-            kid = await run_in_threadpool(svc.store.owner_of_hash, auth.hash_key(key))
+            kid = await run_in_threadpool(key_id, svc, key)
             if kid is None:
                 return await _error(401, "unauthorized",
                                     "unknown or revoked API key")(scope, receive, send)

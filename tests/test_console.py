@@ -1,0 +1,191 @@
+"""The console (/console): sign-in through an HttpOnly SameSite=Strict cookie, CSRF tokens on
+every form, the API's ownership rules (another tenant's job is a 404), cancel and key
+revocation through forms, the loss curves as server-side SVG; the API never takes the cookie."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from _service import FakeRunner, add_key, hdr, make_app, upload_body, wait_job
+from fastapi.testclient import TestClient
+
+from rapt.service.curves import loss_svg
+from rapt.service.routes import prompts as prompt_routes
+
+
+def _csrf(html: str) -> str:
+    m = re.search(r'name="csrf" value="([^"]+)"', html)
+    assert m, html
+    return m.group(1)
+
+
+def login(c: TestClient, key: str):
+    token = _csrf(c.get("/console/login").text)
+    return c.post("/console/login", data={"csrf": token, "key": key}, follow_redirects=False)
+
+
+def _start_job(c, key, runner=None) -> str:
+    ds = c.post("/v1/datasets", json=upload_body(), headers=hdr(key)).json()
+    r = c.post("/v1/jobs", json={"dataset_id": ds["id"], "epochs": 1}, headers=hdr(key))
+    assert r.status_code == 202, r.text
+    return r.json()["id"]
+
+
+@pytest.fixture()
+def runner():
+    return FakeRunner(steps=3)
+
+
+@pytest.fixture()
+def console(tmp_path, tiny_bert, runner):
+    app = make_app(tmp_path, tiny_bert, runner)
+    keys = {"alice": add_key(tmp_path, "alice"), "bob": add_key(tmp_path, "bob"),
+            "ops": add_key(tmp_path, "ops", admin=True)}
+    with TestClient(app) as c:
+        yield c, keys
+
+
+def _client(c: TestClient, base_url: str = "http://testserver") -> TestClient:
+    """A second browser on the same app (its own cookie jar)."""
+    return TestClient(c.app, base_url=base_url)
+
+
+def test_login_sets_an_httponly_strict_cookie_and_logout_clears_it(console):
+    c, keys = console
+    r = c.get("/console", follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"] == "/console/login"
+    r = login(c, keys["alice"])
+    assert r.status_code == 303 and r.headers["location"] == "/console"
+    assert keys["alice"] not in r.headers["location"]
+    cookie = next(v for v in r.headers.get_list("set-cookie") if v.startswith("rapt_key="))
+    flags = [f.strip().lower() for f in cookie.split(";")]
+    assert "httponly" in flags and "samesite=strict" in flags and "path=/console" in flags
+    assert "secure" not in flags  # plain http (TestClient); see the https test
+    page = c.get("/console")
+    assert page.status_code == 200 and "alice" in page.text and "Sign out" in page.text
+    assert "script" not in page.text.lower()
+    assert "default-src 'none'" in page.headers["content-security-policy"]
+    assert page.headers["cache-control"] == "no-store"
+    r = c.post("/console/logout", data={"csrf": _csrf(page.text)}, follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"] == "/console/login"
+    assert c.get("/console", follow_redirects=False).status_code == 303
+
+
+def test_cookie_is_secure_over_https(console):
+    c, keys = console
+    with _client(c, "https://testserver") as b:
+        cookie = next(v for v in login(b, keys["alice"]).headers.get_list("set-cookie")
+                      if v.startswith("rapt_key="))
+        assert "secure" in [f.strip().lower() for f in cookie.split(";")]
+
+
+def test_wrong_key_and_missing_csrf_are_refused(console):
+    c, keys = console
+    r = login(c, "rapt_not_a_key")
+    assert r.status_code == 401 and "unknown or revoked" in r.text
+    assert not any(v.startswith("rapt_key=") for v in r.headers.get_list("set-cookie"))
+    with _client(c) as b:  # no CSRF cookie at all: a cross-site form post
+        r = b.post("/console/login", data={"csrf": "x", "key": keys["alice"]},
+                   follow_redirects=False)
+        assert r.status_code == 403 and "CSRF" in r.text
+    token = _csrf(c.get("/console/login").text)
+    r = c.post("/console/login", data={"csrf": token + "x", "key": keys["alice"]})
+    assert r.status_code == 403
+
+
+def test_cancel_through_the_form_needs_the_csrf_token(console, runner):
+    c, keys = console
+    runner.gate.clear()  # the job holds at step 2 until cancelled
+    jid = _start_job(c, keys["alice"])
+    assert runner.at_gate.wait(10)
+    login(c, keys["alice"])
+    page = c.get("/console")
+    assert f'/console/jobs/{jid}/cancel' in page.text and "<progress" in page.text
+    assert 'http-equiv="refresh"' in page.text  # a running job: the page refreshes itself
+    r = c.post(f"/console/jobs/{jid}/cancel", data={"csrf": "forged"}, follow_redirects=False)
+    assert r.status_code == 403
+    assert c.get(f"/v1/jobs/{jid}", headers=hdr(keys["alice"])).json()["state"] == "running"
+    r = c.post(f"/console/jobs/{jid}/cancel", data={"csrf": _csrf(page.text), "back": "job"},
+               follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"] == f"/console/jobs/{jid}"
+    assert wait_job(c, keys["alice"], jid)["state"] == "cancelled"
+    r = c.post(f"/console/jobs/{jid}/cancel", data={"csrf": _csrf(page.text)})
+    assert r.status_code == 409 and "already cancelled" in r.text
+
+
+def test_tenants_see_only_their_own_objects(console):
+    c, keys = console
+    jid = _start_job(c, keys["alice"])
+    wait_job(c, keys["alice"], jid)
+    with _client(c) as b:
+        login(b, keys["bob"])
+        assert b.get(f"/console/jobs/{jid}").status_code == 404
+        token = _csrf(b.get("/console").text)
+        r = b.post(f"/console/jobs/{jid}/cancel", data={"csrf": token})
+        assert r.status_code == 404 and "text/html" in r.headers["content-type"]
+        for page in ("/console", "/console/datasets", "/console/prompts"):
+            assert jid not in b.get(page).text
+        assert b.get("/console/admin").status_code == 403
+    login(c, keys["alice"])
+    mine = c.get(f"/console/jobs/{jid}")
+    assert mine.status_code == 200 and "succeeded" in mine.text
+    assert jid in c.get("/console/prompts").text
+
+
+def test_api_routes_never_accept_the_cookie(console):
+    c, keys = console
+    login(c, keys["alice"])
+    assert c.get("/v1/jobs").status_code == 401  # the jar's cookie is scoped to /console
+    # and even if a browser sent it beyond /console, the API reads keys from headers only
+    r = c.get("/v1/jobs", headers={"Cookie": f"rapt_key={keys['alice']}"})
+    assert r.status_code == 401
+    assert c.get("/metrics", headers={"Cookie": f"rapt_key={keys['ops']}"}).status_code == 401
+
+
+def test_job_page_draws_task_loss_and_l_rec_on_their_own_axes(console, monkeypatch):
+    c, keys = console
+    jid = _start_job(c, keys["alice"])
+    wait_job(c, keys["alice"], jid)
+    login(c, keys["alice"])
+    assert "no training history" in c.get(f"/console/jobs/{jid}").text  # FakePrompt keeps none
+    history = [{"step": s, "loss": 3.0 / s, "task_loss": 2.0 / s, "rec_loss": 50.0 / s}
+               for s in range(1, 6)]
+    monkeypatch.setattr(prompt_routes, "_saved_meta", lambda path: {"history": history})
+    page = c.get(f"/console/jobs/{jid}").text
+    assert page.count("<polyline") == 2 and "task loss" in page and "L_rec" in page
+    assert ">50<" in page and ">2<" in page  # each panel's own y range (max labels)
+
+
+def test_loss_svg_panels():
+    assert loss_svg([]) is None
+    assert loss_svg([{"step": 1, "loss": float("nan")}]) is None
+    one = loss_svg([{"step": 1, "loss": 1.0}, {"step": 2, "loss": 1.0}])  # flat: no div by 0
+    assert one.count("<polyline") == 1 and "L_rec" not in one
+    two = loss_svg([{"step": s, "task_loss": 1 / s, "rec_loss": 4 / s} for s in (1, 2, 3)])
+    assert two.count("<polyline") == 2 and 'height="300"' in two
+
+
+def test_admin_revokes_a_key_and_its_console_stops_working(console):
+    c, keys = console
+    with _client(c) as alice:
+        login(alice, keys["alice"])
+        assert alice.get("/console").status_code == 200
+        login(c, keys["ops"])
+        page = c.get("/console/admin")
+        assert page.status_code == 200 and "alice" in page.text and "bob" in page.text
+        kid = re.search(r'name="key" value="(key_[^"]+)">\s*<input name="confirm" '
+                        r'placeholder="alice"', page.text).group(1)
+        form = {"csrf": _csrf(page.text), "key": kid, "op": "revoke"}
+        r = c.post("/console/admin/keys", data={**form, "confirm": "bob"})
+        assert r.status_code == 422  # the typed name must be the key's
+        r = c.post("/console/admin/keys", data={**form, "confirm": "alice"},
+                   follow_redirects=False)
+        assert r.status_code == 303
+        r = alice.get("/console", follow_redirects=False)
+        assert r.status_code == 303 and r.headers["location"] == "/console/login"
+        assert alice.get("/v1/jobs", headers=hdr(keys["alice"])).status_code == 401
+        r = c.post("/console/admin/keys", data={"csrf": form["csrf"], "op": "create",
+                                                "key": "carol"})
+        new = re.search(r"<code>(rapt_[^<]+)</code>", r.text).group(1)
+        assert r.status_code == 201 and c.get("/v1/jobs", headers=hdr(new)).status_code == 200
