@@ -94,3 +94,21 @@ def test_metrics_count_micro_batches(svc):
     after = _samples(c.get("/metrics", headers=hdr(admin_key)).text)
     assert _value(after, "rapt_microbatch_rows_total", backbone="tiny") == 3
     assert _value(after, "rapt_microbatch_requests_total", backbone="tiny") == 1
+
+
+def test_metrics_sum_the_epsilon_of_each_keys_dp_jobs(svc):
+    c, admin_key, user_key, tmp_path = svc
+    ds = c.post("/v1/datasets", json=upload_body(), headers=hdr(user_key)).json()
+    jids = [c.post("/v1/jobs", json={"dataset_id": ds["id"], "epochs": 1},
+                   headers=hdr(user_key)).json()["id"] for _ in range(2)]
+    for jid in jids:
+        wait_job(c, user_key, jid)
+    store = open_store(tmp_path)
+    try:  # as the DP worker records them (the fake trainer runs no DP)
+        store.update_job(jids[0], epsilon=1.25)
+        store.update_job(jids[1], epsilon=0.5)
+        kid = store.owner_of_hash(auth.hash_key(user_key))
+    finally:
+        store.close()
+    m = _samples(c.get("/metrics", headers=hdr(admin_key)).text)
+    assert _value(m, "rapt_key_dp_epsilon_sum", key=kid, name="alice") == 1.75

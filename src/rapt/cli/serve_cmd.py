@@ -205,7 +205,8 @@ def _announce(cfg: ServiceConfig, host: str, port: int, tls: bool) -> None:
     else:
         where = f"db {cfg.db_path}"
     typer.echo(f"rapt service: {where}, jobs {cfg.jobs}, backbones {', '.join(cfg.backbones)}; "
-               f"{scheme}://{host}:{port}/docs", err=True)
+               f"API docs {scheme}://{host}:{port}/docs, console {scheme}://{host}:{port}/console",
+               err=True)
     for name, folder in cfg.channels.items():
         typer.echo(f"channel model for {name}: {folder} (jobs on privatized rows read them "
                    "back through it unless use_channel is false)", err=True)
