@@ -189,3 +189,18 @@ def test_admin_revokes_a_key_and_its_console_stops_working(console):
                                                 "key": "carol"})
         new = re.search(r"<code>(rapt_[^<]+)</code>", r.text).group(1)
         assert r.status_code == 201 and c.get("/v1/jobs", headers=hdr(new)).status_code == 200
+
+
+def test_datasets_and_prompts_pages_show_privacy_head_and_warnings(console, monkeypatch):
+    c, keys = console
+    jid = _start_job(c, keys["alice"])
+    pid = wait_job(c, keys["alice"], jid)["prompt_id"]
+    login(c, keys["alice"])
+    page = c.get("/console/datasets").text
+    assert "dchi-text2text" in page and "<td>6</td>" in page and "<td>10.0</td>" in page
+    warning = "predicts label 0 for 100 % of the training rows <collapsed>"
+    monkeypatch.setattr(prompt_routes, "_saved_meta", lambda path: {
+        "head": "verbalizer", "training_check": {"warnings": [warning]}})
+    page = c.get("/console/prompts").text
+    assert pid in page and "verbalizer" in page
+    assert "&lt;collapsed&gt;" in page and "<collapsed>" not in page  # escaped

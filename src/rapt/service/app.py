@@ -86,7 +86,8 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ServiceError)
     async def _service_error(request: Request, exc: ServiceError) -> Response:
-        if request.url.path.startswith(console.PATH + "/"):  # a person reads it: a page
+        path = request.url.path
+        if path == console.PATH or path.startswith(console.PATH + "/"):  # a person reads it
             return console.error_page(request, exc.status, exc.detail)
         return error_response(exc.status, exc.error, exc.detail)
 
