@@ -197,3 +197,13 @@ def server(tmp_path):
     srv.start()
     yield srv, key, folder
     srv.stop()
+
+
+@pytest.fixture(autouse=True)
+def _restore_umask():
+    """`rapt serve`'s commands set the process umask to 077 for good (a server's files are
+    tenants' data); in a test process that would make every later test's files 0600."""
+    old = os.umask(0o022)
+    os.umask(old)
+    yield
+    os.umask(old)
