@@ -61,14 +61,20 @@ def _tuned(tc, key, bb, tmp_path, *, denoiser: bool, **kw) -> tuple[RaptClient, 
     return c, st
 
 
-def test_the_job_fits_and_stores_it_and_the_client_applies_it(service):
+HEADS = {"linear": {}, "label-description": {
+    "head": "label-description", "label_descriptions": ["a bad movie", "a good movie"],
+    "head_temperature": 0.1}}
+
+
+@pytest.mark.parametrize("head", list(HEADS))
+def test_the_job_fits_and_stores_it_and_the_client_applies_it(service, head):
     from rapt.artifacts import read_output_denoiser
     from rapt.pipeline import Customization
     from rapt.pipeline.user_side import denoised_proba
     from rapt.tuning.tune import TunedPrompt
 
     tc, alice, bob, bb, tmp_path = service
-    c, st = _tuned(tc, alice, bb, tmp_path, denoiser=True)
+    c, st = _tuned(tc, alice, bb, tmp_path, denoiser=True, **HEADS[head])
     pid = st["prompt_id"]
     stage = st["stage"]
     assert stage["name"] == "output_denoiser" and stage["done"] == stage["total"] > 60
@@ -83,7 +89,8 @@ def test_the_job_fits_and_stores_it_and_the_client_applies_it(service):
     got = tc.get(f"/v1/prompts/{pid}/output-denoiser", headers=hdr(alice))
     assert got.status_code == 200, got.text
     body = got.json()
-    assert body["head"] == {"kind": "linear", "num_labels": 2, "temperature": None}
+    assert body["head"] == {"kind": head, "num_labels": 2,
+                            "temperature": 0.1 if head != "linear" else None}
     assert body["denoiser"]["prompt_sha256"] == doc["prompt_sha256"]
     other = tc.get(f"/v1/prompts/{pid}/output-denoiser", headers=hdr(bob))
     assert other.status_code == 404 and other.json()["error"] == "not_found"
@@ -197,6 +204,31 @@ def test_the_stage_shows_in_the_job_and_a_cancel_stops_it(tmp_path, monkeypatch)
         assert not list((tmp_path / "svc.db.files" / "checkpoints").glob("*"))
 
 
+def test_a_shutdown_during_the_fit_requeues_the_job_with_its_checkpoint(tmp_path,
+                                                                        monkeypatch):
+    from _service import open_store
+
+    inside = threading.Event()
+
+    def fit(backbone, data, tuned, params, progress):
+        inside.set()
+        while True:
+            progress(1, 10)
+            threading.Event().wait(0.02)
+
+    app, key = _stage_app(tmp_path, monkeypatch, fit)
+    with TestClient(app) as c:
+        jid = _job(c, key)
+        assert inside.wait(20)
+    store = open_store(tmp_path)  # the server stopped: the job waits to be resumed
+    try:
+        job = store.get_job(jid, None)
+    finally:
+        store.close()
+    assert job["state"] == "queued" and job["stage"] is None
+    assert job["checkpoint"] and job["step"] == 2
+
+
 def test_a_failed_fit_fails_the_job_saying_so(tmp_path, monkeypatch):
     def fit(backbone, data, tuned, params, progress):
         raise RuntimeError("public corpus missing")
@@ -217,3 +249,58 @@ def test_openapi_documents_the_option_and_the_route(tmp_path):
         "default"] is False
     route = spec["paths"]["/v1/prompts/{prompt_id}/output-denoiser"]["get"]
     assert {"200", "401", "404"} <= set(route["responses"])
+
+
+def test_client_commands_ask_for_it_apply_it_and_fuse_the_denoised_slice(tmp_path,
+                                                                          monkeypatch):
+    """`client tune --output-denoiser --wait`: the job fits it, the held-out slice is scored
+    denoised (its one predict call carries return_pooled, nothing else more) and the fusion
+    fitted on that; `client predict` applies it, --no-denoise not, and both send the same
+    privatized rows (noise seeded alike)."""
+    from test_local_wire import rows, wire, write
+    from typer.testing import CliRunner
+
+    import rapt.pipeline.user_side as pl
+    from rapt.cli import app
+
+    monkeypatch.setattr(pl, "OUTPUT_DENOISER_ROWS", 60)
+    monkeypatch.setattr(pl, "output_denoiser_corpus", lambda dataset: PUBLIC)
+    # the wire fixture, by hand (it is another module's)
+    gen = wire.__wrapped__(tmp_path, monkeypatch)
+    sent, key, folder, bb, _ = next(gen)
+    try:
+        run = CliRunner().invoke
+        base = ["--url", "http://testserver", "--key", key]
+        up = run(app, ["client", "upload", write(tmp_path / "d.csv", rows(120, 0)), *base,
+                       "--backbone", str(folder), "--eta", "5", "--max-length", "32"])
+        assert up.exit_code == 0, up.output
+        dataset = up.stdout.strip().splitlines()[-1]
+        n0 = len(sent)
+        t = run(app, ["client", "tune", dataset, *base, "--epochs", "1", "--batch-size", "8",
+                      "--output-denoiser", "--wait", "--local-out", str(tmp_path / "mine")])
+        assert t.exit_code == 0, t.output
+        (job,) = [json.loads(b) for m, u, b in sent[n0:] if (m, u) == ("POST", "/v1/jobs")]
+        assert job["output_denoiser"] is True
+        assert "output denoiser (fitted by the service on 60 public sentences at η = 5" in \
+            t.stderr
+        held = [json.loads(b) for m, u, b in sent[n0:] if u == "/v1/predict"]
+        assert len(held) == 1 and set(held[0]) == {"prompt_id", "input_ids", "return_pooled"}
+        assert "privatized model (denoised on this machine) " in t.stderr
+        prompt = json.loads(t.stdout[t.stdout.index("{"):])["prompt_id"]
+        queries = write(tmp_path / "q.csv", rows(10, 1))
+        bodies = {}
+        for flag in ([], ["--no-denoise"]):
+            n1 = len(sent)
+            p = run(app, ["client", "predict", prompt, queries, *base, "--backbone",
+                          str(folder), "--local", str(tmp_path / "mine"), *flag])
+            assert p.exit_code == 0, p.output
+            bodies[bool(flag)] = [json.loads(b) for _, u, b in sent[n1:] if u == "/v1/predict"]
+            if flag:
+                assert "output denoiser of prompt" in p.stderr and "(--no-denoise)" in p.stderr
+            else:
+                assert "corrected on this machine by its output denoiser" in p.stderr
+            assert "fused: the privatized model and your local model" in p.stderr
+        assert bodies[False][0].pop("return_pooled") is True
+        assert bodies[False] == bodies[True]
+    finally:
+        gen.close()

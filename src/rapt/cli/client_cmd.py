@@ -320,8 +320,10 @@ def _user_side(url, key, backbone: str | None, prompt_id: str, dataset_id: str,
                f"on this machine (C = {base.C:g}{cv})", err=True)
     if fusion is not None:
         acc = fusion.accuracy or {}
-        typer.echo(f"held-out rows ({fusion.n_rows}, never trained on): privatized model "
-                   f"{100 * acc['remote']:.1f} %, local {100 * acc['local']:.1f} %, fused "
+        den = " (denoised on this machine)" if c.prompt(prompt_id).get("output_denoiser") \
+            else ""
+        typer.echo(f"held-out rows ({fusion.n_rows}, never trained on): privatized model"
+                   f"{den} {100 * acc['remote']:.1f} %, local {100 * acc['local']:.1f} %, fused "
                    f"{100 * acc['fused']:.1f} % (weights: remote {fusion.remote:g}, local "
                    f"{fusion.local:g})", err=True)
     typer.echo(verdict(comp).replace("`rapt predict", "`rapt client predict"), err=True)
