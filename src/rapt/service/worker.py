@@ -111,9 +111,11 @@ def fit_output_denoiser_for_job(backbone: Any, data: TrainData, tuned: Any,
     model when it had one. -> (denoiser, record)."""
     from rapt.pipeline import Customization
     from rapt.pipeline import user_side as pipeline
+    from rapt.privacy.nn_search import MODES
 
     decl = params.get("privacy") or {}
-    mode = tuned.meta.get("privatizer_mode") or decl.get("nn_mode") or None
+    # the declared search mode when it is one rapt has (a declaration is free text)
+    mode = decl.get("nn_mode") if decl.get("nn_mode") in MODES else None
     custom = Customization.create(backbone, eta=float(decl["eta"]), channel=data.channel,
                                   **({"privatizer_mode": mode} if mode else {}))
     return pipeline.fit_output_denoiser(custom, tuned, pipeline.output_denoiser_corpus("user"),
