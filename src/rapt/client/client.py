@@ -618,7 +618,11 @@ class RaptClient:
                                            unit="step")
                     if bar is not None:
                         bar.n = st["step"]
-                        bar.set_postfix(loss=st["loss"], eta_s=st["eta_s"], refresh=False)
+                        stage = st.get("stage") or {}
+                        extra = ({"stage": f"{stage['name']} {stage['done']}/{stage['total']}"}
+                                 if stage else {})
+                        bar.set_postfix(loss=st["loss"], eta_s=st["eta_s"], **extra,
+                                        refresh=False)
                         bar.refresh()
                 if st["state"] in ("succeeded", "failed", "cancelled"):
                     return st
