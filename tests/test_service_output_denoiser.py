@@ -112,6 +112,15 @@ def test_the_job_fits_and_stores_it_and_the_client_applies_it(service, head):
     assert not torch.allclose(torch.tensor(raw), want, atol=1e-4)
     plain = c.predict(pid, TEXTS[:5], denoise=False)
     assert not plain.denoised and "return_pooled" not in sent[-1]
+    # a denoiser for another width than the local backbone's: refused before any query
+    from rapt.client.client import ClientError
+    from rapt.local.denoise import OutputDenoiser
+
+    c._denoisers[pid] = (OutputDenoiser(bb.hidden_size * 2), None, {})
+    n = len(sent)
+    with pytest.raises(ClientError, match="states of width 64, the local backbone's are 32"):
+        c.predict(pid, TEXTS[:2])
+    assert not [b for b in sent[n:] if b and "input_ids" in b]
 
 
 def test_the_wire_carries_only_the_return_pooled_flag_more(service):

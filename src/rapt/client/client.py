@@ -681,6 +681,11 @@ class RaptClient:
         rows = self.privatize(clear)
         self._measure(clear, rows, "predict", plain)
         den = self.output_denoiser(prompt_id) if denoise and not self.no_privacy else None
+        width = int(self.backbone.embeddings.shape[1])
+        if den is not None and den[0].hidden != width:  # before any query is sent
+            raise ClientError(f"prompt {prompt_id}'s output denoiser reads states of width "
+                              f"{den[0].hidden}, the local backbone's are {width}: use the "
+                              "service's backbone here (--backbone), or --no-denoise")
         sent = self._padded(rows)
         labels, probs = [], []
         for i in range(0, len(sent), chunk):
