@@ -236,6 +236,24 @@ def test_a_shutdown_during_the_fit_requeues_the_job_with_its_checkpoint(tmp_path
         store.close()
     assert job["state"] == "queued" and job["stage"] is None
     assert job["checkpoint"] and job["step"] == 2
+    # the next server resumes it from that checkpoint and fits the denoiser again
+    seen = []
+
+    def fit_again(backbone, data, tuned, params, progress):
+        progress(1, 10)
+        s = open_store(tmp_path)
+        seen.append(s.get_job(jid, None)["stage"])
+        s.close()
+        raise RuntimeError("stop here")
+
+    runner = FakeRunner(steps=2)
+    import rapt.service.worker as worker
+
+    monkeypatch.setattr(worker, "fit_output_denoiser_for_job", fit_again)
+    with TestClient(make_app(tmp_path, service_bert(), runner)) as c:
+        st = wait_job(c, key, jid)
+    assert runner.resumes[0]["step"] == 2 and st["state"] == "failed"
+    assert seen[0]["done"] == 1 and seen[0]["total"] == 10
 
 
 def test_a_failed_fit_fails_the_job_saying_so(tmp_path, monkeypatch):

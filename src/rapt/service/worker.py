@@ -425,8 +425,9 @@ class JobWorker:
                 return None
         run = _Run(job, cancel, lost, resume, float(job["elapsed"] or 0.0))
         start_step = int(resume.get("step", 0)) if resume is not None else None
+        # stage: a stage an earlier run of the job reached is not this run's (yet)
         if not store.update_claimed(job_id, me, started=time.time(),
-                                    resumed_from_step=start_step):
+                                    resumed_from_step=start_step, stage=None):
             return None
         self._runs[job_id] = run
         return run

@@ -1,4 +1,5 @@
-"""Tuned prompts: list, read, delete (a job's result; created by the job worker)."""
+"""Tuned prompts: list, read, delete (a job's result; created by the job worker), and the
+output denoiser a job fitted for one, for its owner's machine."""
 
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ def get_output_denoiser(row: Annotated[dict, Depends(prompt_of)]) -> OutputDenoi
     import base64
     import hashlib
 
-    from safetensors.torch import save
+    from safetensors.torch import load_file, save
 
     from rapt.artifacts import ArtifactError, load_artifact, output_denoiser_paths
 
@@ -70,8 +71,6 @@ def get_output_denoiser(row: Annotated[dict, Depends(prompt_of)]) -> OutputDenoi
         tensors, config, meta = load_artifact(row["path"])
         js, st = output_denoiser_paths(row["path"])
         doc = json.loads(js.read_text())
-        from safetensors.torch import load_file
-
         den = load_file(str(st))
     except (ArtifactError, OSError, ValueError) as e:  # the detail holds no server path
         log.warning("prompt %s: output denoiser unreadable: %s", row["id"], e)
