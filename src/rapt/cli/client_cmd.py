@@ -217,6 +217,11 @@ def client_tune(
     dp_clip: float | None = typer.Option(None, help="PromptDPSGD: per-example clipping norm C "
                                          "(default 1)"),
     wait: bool = typer.Option(False, help="poll with a progress bar until the job ends"),
+    output_denoiser: bool = typer.Option(
+        False, "--output-denoiser", help="after tuning, the service fits the prompt's output "
+        "denoiser (Split-N-Denoise) on public text at the dataset's η (its cost, part of the "
+        "job; no row of yours); `client predict` then corrects the pooled states of your "
+        "privatized queries with it on this machine (needs a privatized upload)"),
     backbone: str | None = typer.Option(
         None, "--backbone", help="local copy of the service's backbone, to privatize the "
         "held-out rows (default: the one the dataset was uploaded with)"),
@@ -240,7 +245,7 @@ def client_tune(
     job = _guard(lambda: c.tune(dataset_id, method=method, reconstruction=reconstruction,
                                 epochs=epochs, lr=lr, batch_size=batch_size,
                                 num_virtual_tokens=num_virtual_tokens, max_length=max_length,
-                                seed=seed, dp=dp))
+                                seed=seed, dp=dp, output_denoiser=output_denoiser))
     typer.echo(job)
     _echo_job_setup(c, job, dataset_id, given_method=method is not None, dp=dp is not None)
     if wait:
@@ -248,6 +253,8 @@ def client_tune(
         info = _guard(lambda: c.prompt(st["prompt_id"])) if st["state"] == "succeeded" else {}
         if info.get("head"):
             typer.echo(f"head: {info['head']}", err=True)
+        if info.get("output_denoiser"):
+            _echo_denoiser(c, st["prompt_id"])
         typer.echo(json.dumps(st, indent=1))
         if st["state"] != "succeeded":
             raise typer.Exit(1)
@@ -313,8 +320,10 @@ def _user_side(url, key, backbone: str | None, prompt_id: str, dataset_id: str,
                f"on this machine (C = {base.C:g}{cv})", err=True)
     if fusion is not None:
         acc = fusion.accuracy or {}
-        typer.echo(f"held-out rows ({fusion.n_rows}, never trained on): privatized model "
-                   f"{100 * acc['remote']:.1f} %, local {100 * acc['local']:.1f} %, fused "
+        den = " (denoised on this machine)" if c.prompt(prompt_id).get("output_denoiser") \
+            else ""
+        typer.echo(f"held-out rows ({fusion.n_rows}, never trained on): privatized model"
+                   f"{den} {100 * acc['remote']:.1f} %, local {100 * acc['local']:.1f} %, fused "
                    f"{100 * acc['fused']:.1f} % (weights: remote {fusion.remote:g}, local "
                    f"{fusion.local:g})", err=True)
     typer.echo(verdict(comp).replace("`rapt predict", "`rapt client predict"), err=True)
@@ -323,6 +332,16 @@ def _user_side(url, key, backbone: str | None, prompt_id: str, dataset_id: str,
     c.remember_local_model(prompt_id, out)
     typer.echo(f"local model saved: {', '.join(str(p) for p in paths)} (0600: statistics of "
                "your clean rows; keep them on this machine, never share them)", err=True)
+
+
+def _echo_denoiser(c, prompt_id: str) -> None:
+    """Stderr: what the prompt's output denoiser learned on public text (downloaded here)."""
+    rec = (_guard(lambda: c.output_denoiser(prompt_id))[2].get("record") or {})
+    typer.echo(f"output denoiser (fitted by the service on {rec.get('public_rows')} public "
+               f"sentences at η = {float(rec.get('eta') or 0):.4g}; no row of yours): held-out "
+               f"public error {float(rec.get('before') or 0):.4g} -> "
+               f"{float(rec.get('after') or 0):.4g}; `client predict` applies it on this "
+               "machine (--no-denoise: not)", err=True)
 
 
 def _echo_job_setup(c, job: str, dataset_id: str, *, given_method: bool, dp: bool) -> None:
@@ -392,6 +411,9 @@ def client_predict(
         "probabilities are fused with the remote ones, and the fused label is the prediction"),
     local_only: bool = typer.Option(False, "--local-only", help="the local model alone, on the "
                                     "clean queries: nothing is privatized or sent"),
+    no_denoise: bool = typer.Option(
+        False, "--no-denoise", help="use the service's probabilities as they are, even when "
+        "the prompt has an output denoiser (`client tune --output-denoiser`)"),
     url: str | None = URL_OPT, key: str | None = KEY_OPT,
 ) -> None:
     """Privatize each query here, classify it with a tuned prompt; prints a summary and the
@@ -423,7 +445,9 @@ def client_predict(
     if local_only:
         pred = _local_only(c, prompt_id, src, names, user[0])
     else:
-        pred = _guard(lambda: c.predict(prompt_id, src, label_names=names))
+        pred = _guard(lambda: c.predict(prompt_id, src, label_names=names,
+                                        denoise=not no_denoise))
+        _echo_denoised(c, prompt_id, pred, no_denoise)
     if pred.label_names is None:
         typer.echo("note: no label names recorded for this prompt on this machine (its dataset "
                    "was uploaded elsewhere): labels are shown as ids; pass --label-names",
@@ -440,6 +464,26 @@ def client_predict(
         private=(info.get("privacy") or {}).get("mechanism") == "dchi-text2text"))
     if not local_only:
         _echo_privacy(c, json_report)
+
+
+def _echo_denoised(c, prompt_id: str, pred, no_denoise: bool) -> None:
+    """Stderr: whether the remote probabilities went through the prompt's output denoiser,
+    and a warning when the queries' η is not the one it was fitted at."""
+    if not c.prompt(prompt_id).get("output_denoiser"):
+        return
+    if not pred.denoised:
+        why = "--no-denoise" if no_denoise else "the queries are not privatized"
+        typer.echo(f"output denoiser of prompt {prompt_id} not used ({why})", err=True)
+        return
+    typer.echo("remote probabilities: the prompt's pooled states of the privatized queries, "
+               "corrected on this machine by its output denoiser (fitted by the service on "
+               "public text), then its head; --no-denoise uses them as returned", err=True)
+    fitted = (c.output_denoiser(prompt_id)[2].get("record") or {}).get("eta")
+    if fitted is not None and c.eta is not None and \
+            abs(float(fitted) - c.eta) > 1e-6 * max(1.0, abs(c.eta)):
+        typer.echo(f"warning: the output denoiser was fitted at η = {float(fitted):.4g}; these "
+                   f"queries are privatized at η = {c.eta:.4g}: it may correct them less well",
+                   err=True)
 
 
 def _read_local(c, prompt_id: str, local: Path | None, *, required: bool):

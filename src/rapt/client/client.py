@@ -73,6 +73,9 @@ class Prediction:
     texts: list[str] | None = None
     text_pairs: list[str | None] | None = None
     gold: list[int | None] | None = None
+    # the probabilities are the prompt's head on pooled states corrected here by its output
+    # denoiser (the service's own probabilities were not used)
+    denoised: bool = False
 
     @property
     def label_strings(self) -> list[str] | None:
@@ -105,6 +108,34 @@ def _named(backbone: Any) -> str | None:
     if not isinstance(backbone, str | Path):
         return None
     return str(Path(backbone).resolve()) if Path(backbone).exists() else str(backbone)
+
+
+def _read_denoiser(doc: dict, prompt_id: str) -> tuple[Any, Any, dict]:
+    """(OutputDenoiser, task head, the denoiser's document) from the service's
+    ``GET /v1/prompts/{id}/output-denoiser`` answer; ClientError when it does not decode."""
+    import base64
+    import hashlib
+
+    from safetensors.torch import load
+
+    from rapt.local.denoise import OutputDenoiser
+    from rapt.tuning.heads import head_from_tensors
+
+    try:
+        data = base64.b64decode(doc["tensors"], validate=True)
+        if hashlib.sha256(data).hexdigest() != doc["sha256"]:
+            raise ValueError("its tensors do not match their SHA-256")
+        tensors = load(data)
+        meta, head = doc["denoiser"], doc["head"]
+        den = OutputDenoiser(int(meta["hidden"]), int(meta["width"]))
+        den.load_state_dict({k[len("denoiser."):]: v for k, v in tensors.items()
+                             if k.startswith("denoiser.")})
+        task = head_from_tensors(head["kind"], tensors, temperature=head.get("temperature"))
+    except Exception as e:  # noqa: BLE001 - base64, safetensors and torch raise their own
+        raise ClientError(f"prompt {prompt_id}: the output denoiser the service sent cannot "
+                          f"be used ({type(e).__name__}: {e}); predict without it "
+                          "(--no-denoise)") from e
+    return den.eval(), task, meta
 
 
 def rows_digest(ds: Any) -> str:
@@ -185,6 +216,7 @@ class RaptClient:
         self.api = HttpSession(url, api_key, timeout=timeout, client=http)
         self.http = self.api.client
         self._prompt_info: dict[str, dict] = {}
+        self._denoisers: dict[str, tuple[Any, Any, dict]] = {}
         self.last_upload: dict[str, Any] = {}
 
     def close(self) -> None:
@@ -527,14 +559,19 @@ class RaptClient:
         return list(names) if names and len(names) == int(info["num_labels"]) else None
 
     def tune(self, dataset_id: str, *, method: str | None = None,
-             reconstruction: bool | None = None, **hyper: Any) -> str:
+             reconstruction: bool | None = None, output_denoiser: bool = False,
+             **hyper: Any) -> str:
         """Create a tuning job; returns its id. ``reconstruction`` defaults to whether the
-        dataset was uploaded with plain tokens. Other keywords: lr, epochs, batch_size,
-        num_virtual_tokens, max_length, seed, dp={...} (see the service's JobCreate); those
-        left out or None take ``rapt.config.TuneConfig``'s defaults on the service."""
+        dataset was uploaded with plain tokens. ``output_denoiser``: the job also fits the
+        prompt's output denoiser on public text (:meth:`predict` then applies it here). Other
+        keywords: lr, epochs, batch_size, num_virtual_tokens, max_length, seed, dp={...} (see
+        the service's JobCreate); those left out or None take ``rapt.config.TuneConfig``'s
+        defaults on the service."""
         if reconstruction is None:
             reconstruction = bool(self.dataset(dataset_id).get("plain_ids"))
         given = {k: v for k, v in {"method": method, **hyper}.items() if v is not None}
+        if output_denoiser:  # left out otherwise: the request is what it was before
+            given["output_denoiser"] = True
         job = self.api.call("POST", "/v1/jobs", {"dataset_id": dataset_id,
                                               "reconstruction": reconstruction, **given})
         return job["id"]
@@ -553,6 +590,17 @@ class RaptClient:
             self._prompt_info[prompt_id] = self.api.call("GET", f"/v1/prompts/{prompt_id}")
         return self._prompt_info[prompt_id]
 
+    def output_denoiser(self, prompt_id: str) -> tuple[Any, Any, dict] | None:
+        """(OutputDenoiser, the prompt's task head, the denoiser's document) that the job of
+        ``prompt_id`` fitted on public text, downloaded once (checked against its SHA-256);
+        None when the prompt has none. Nothing is sent but the request for it."""
+        if not self.prompt(prompt_id).get("output_denoiser"):
+            return None
+        if prompt_id not in self._denoisers:
+            self._denoisers[prompt_id] = _read_denoiser(
+                self.api.call("GET", f"/v1/prompts/{prompt_id}/output-denoiser"), prompt_id)
+        return self._denoisers[prompt_id]
+
     def wait(self, job_id: str, *, progress: bool = True, poll_s: float = 0.5,
              timeout: float | None = None) -> dict:
         """Poll until the job ends; a bar (:mod:`rapt.progress`) shows step, loss and the
@@ -570,7 +618,11 @@ class RaptClient:
                                            unit="step")
                     if bar is not None:
                         bar.n = st["step"]
-                        bar.set_postfix(loss=st["loss"], eta_s=st["eta_s"], refresh=False)
+                        stage = st.get("stage") or {}
+                        extra = ({"stage": f"{stage['name']} {stage['done']}/{stage['total']}"}
+                                 if stage else {})
+                        bar.set_postfix(loss=st["loss"], eta_s=st["eta_s"], **extra,
+                                        refresh=False)
                         bar.refresh()
                 if st["state"] in ("succeeded", "failed", "cancelled"):
                     return st
@@ -585,8 +637,12 @@ class RaptClient:
                 text_pairs: Sequence[str | None] | None = None, max_length: int = 128,
                 chunk: int = 256, text_column: str | None = None,
                 text_pair_column: str | None = None,
-                label_names: Sequence[str] | None = None) -> Prediction:
-        """Privatize each query here (fresh noise) and ask the service for labels. A file's
+                label_names: Sequence[str] | None = None, denoise: bool = True
+                ) -> Prediction:
+        """Privatize each query here (fresh noise) and ask the service for labels. When the
+        prompt has an output denoiser (and ``denoise``), the service is asked for the pooled
+        states of the same privatized rows too, which are corrected here and read by the
+        prompt's head (:meth:`output_denoiser`): those are the probabilities. A file's
         columns are read as ``upload`` reads them (sentence pairs detected or named), and its
         gold labels, if any, by the prompt's label names. Without an η (or target_p) given to
         the client, the queries get the η recorded with the prompt's training data. Label
@@ -624,14 +680,45 @@ class RaptClient:
         clear = self._rows(list(texts), text_pairs, plain, max_length, queries=True)
         rows = self.privatize(clear)
         self._measure(clear, rows, "predict", plain)
-        rows = self._padded(rows)
+        den = self.output_denoiser(prompt_id) if denoise and not self.no_privacy else None
+        width = int(self.backbone.embeddings.shape[1])
+        if den is not None and den[0].hidden != width:  # before any query is sent
+            raise ClientError(f"prompt {prompt_id}'s output denoiser reads states of width "
+                              f"{den[0].hidden}, the local backbone's are {width}: use the "
+                              "service's backbone here (--backbone), or --no-denoise")
+        sent = self._padded(rows)
         labels, probs = [], []
-        for i in range(0, len(rows), chunk):
-            out = self.api.call("POST", "/v1/predict",
-                             {"prompt_id": prompt_id, "input_ids": rows[i:i + chunk]})
-            labels += out["labels"]
-            probs += out["probabilities"]
-        return Prediction(labels, probs, names, list(texts), text_pairs, gold)
+        for i in range(0, len(sent), chunk):
+            body = {"prompt_id": prompt_id, "input_ids": sent[i:i + chunk]}
+            if den is not None:  # the one field more: the states its head reads
+                body["return_pooled"] = True
+            out = self.api.call("POST", "/v1/predict", body)
+            if den is not None:
+                p = self._denoised(den, out["pooled"], clear[i:i + chunk], rows[i:i + chunk])
+                labels += p.argmax(-1).tolist()
+                probs += p.tolist()
+            else:
+                labels += out["labels"]
+                probs += out["probabilities"]
+        return Prediction(labels, probs, names, list(texts), text_pairs, gold,
+                          denoised=den is not None)
+
+    def _denoised(self, den: tuple[Any, Any, dict], pooled: list[list[float]],
+                  clear: list[list[int]], private: list[list[int]]) -> Any:
+        """Class probabilities (N, C) of privatized rows from the pooled states the service
+        returned, corrected here: the token features of (clean, privatized) rows from the
+        local embedding table (:func:`rapt.local.denoise.token_features`), the denoiser, then
+        the prompt's head. Nothing of it is sent."""
+        import torch
+
+        from rapt.local.denoise import token_features
+
+        denoiser, head, _ = den
+        z = torch.tensor(pooled, dtype=torch.float32)
+        feats = token_features(self.backbone.embeddings, clear, private,
+                               [int(t) for t in self.backbone.special_ids])
+        with torch.no_grad():
+            return head.from_pooled(denoiser(z, feats)).float().softmax(-1)
 
     # -- SAP split training ---------------------------------------------------------------------
     def sap_bottom(self, split_layer: int, *, cache_dir: str | Path | None = None

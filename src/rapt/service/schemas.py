@@ -240,6 +240,13 @@ class JobCreate(BaseModel):
         "model for the dataset's backbone before tuning (and the queries at predict). Default "
         "(null): yes when the server holds one and the dataset was privatized; true: the same, "
         "but refuse the job (422) when it cannot; false: tune on the rows as uploaded")
+    output_denoiser: bool = Field(False, description=(
+        "after tuning, the job fits a user-side output denoiser (Split-N-Denoise) for the "
+        "prompt on public text (the provider's cost: its tuned prompt's states on public "
+        "sentences, clean and privatized at the dataset's η; no row of the dataset); its "
+        "owner downloads it with GET /v1/prompts/{id}/output-denoiser and corrects the pooled "
+        "states of privatized queries on its own machine. Needs a privatized dataset and an "
+        "encoder head (linear or label-description)"))
 
     @model_validator(mode="after")
     def _method_defaults(self) -> JobCreate:
@@ -254,6 +261,16 @@ class JobCreate(BaseModel):
 
 
 JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+
+
+class JobStage(BaseModel):
+    """A stage of a job after its training steps (step and total_steps count those)."""
+
+    name: Literal["output_denoiser"] = Field(description="output_denoiser: fitting the "
+                                             "prompt's output denoiser on public text")
+    done: int = Field(description="units of the stage done (rows read in chunks, epochs)")
+    total: int
+    started: float = Field(description="when the stage began (Unix time)")
 
 
 class JobStatus(BaseModel):
@@ -277,6 +294,8 @@ class JobStatus(BaseModel):
     error: str | None
     created: float
     channel: ChannelInfo | None = Field(None, description=_CHANNEL_FIELD)
+    stage: JobStage | None = Field(None, description="the stage after training that the job "
+                                   "is in or last reached (output_denoiser); null: none")
 
 
 class DPGuarantee(BaseModel):
@@ -316,6 +335,33 @@ class PromptInfo(BaseModel):
         "class), labels by id; [] when they do not; None for prompts from before this check")
     dp: DPGuarantee | None = Field(None, description="the (ε, δ)-DP guarantee of a prompt tuned "
                                    "with dp; null: tuned without DP")
+    output_denoiser: bool = Field(False, description="its job fitted an output denoiser "
+                                  "(GET /v1/prompts/{id}/output-denoiser)")
+
+
+class DenoiserHead(BaseModel):
+    """The prompt's task head as the user side runs it on a corrected pooled state."""
+
+    kind: Literal["linear", "label-description"]
+    num_labels: int
+    temperature: float | None = Field(None, description="label-description: logits are "
+                                      "cos(state, label embedding) / temperature")
+
+
+class OutputDenoiserInfo(BaseModel):
+    """What the prompt's owner needs to correct the pooled states of its privatized queries
+    on its own machine (``rapt.local.denoise``): the output denoiser the job fitted on public
+    text, and the prompt's task head, which reads the corrected state."""
+
+    prompt_id: str
+    denoiser: dict = Field(description="the denoiser's document: hidden and width, the "
+                           "fingerprint of the prompt it was fitted for, and its fit record "
+                           "(public corpus, η, rows, held-out error before and after)")
+    head: DenoiserHead
+    tensors: str = Field(description="base64 of a safetensors file: 'denoiser.<name>' (the "
+                         "denoiser's state) and 'head.<name>' (linear: linear.weight and "
+                         "linear.bias; label-description: label_embeddings)")
+    sha256: str = Field(description="sha256 of the decoded tensors file")
 
 
 class PredictRequest(BaseModel):

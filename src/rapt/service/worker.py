@@ -10,6 +10,7 @@ inside Ray actors (``rapt.service.jobs``).
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -95,6 +96,31 @@ def default_runner(backbone: Any, data: TrainData, params: dict[str, Any], *,
 # run_loop checkpoints once more when should_stop() ends a run, so a job stopped for its time
 # slice resumes where it stopped (JobWorker yields only jobs that do).
 default_runner.checkpoints_when_stopped = True  # type: ignore[attr-defined]
+
+
+class _Stopped(Exception):
+    """A job stopped (cancel, lost lease, shutdown) while its output denoiser was fitted."""
+
+
+def fit_output_denoiser_for_job(backbone: Any, data: TrainData, tuned: Any,
+                                params: dict[str, Any],
+                                progress: Callable[[int, int], None]) -> tuple[Any, dict]:
+    """The output denoiser of a job's ``tuned`` prompt (rapt.pipeline.fit_output_denoiser):
+    public text of every built-in family (the service does not know the dataset's task),
+    privatized at the η and search mode the dataset declared, read through the job's channel
+    model when it had one. -> (denoiser, record)."""
+    from rapt.pipeline import Customization
+    from rapt.pipeline import user_side as pipeline
+    from rapt.privacy.nn_search import MODES
+
+    decl = params.get("privacy") or {}
+    # the declared search mode when it is one rapt has (a declaration is free text)
+    mode = decl.get("nn_mode") if decl.get("nn_mode") in MODES else None
+    custom = Customization.create(backbone, eta=float(decl["eta"]), channel=data.channel,
+                                  **({"privatizer_mode": mode} if mode else {}))
+    return pipeline.fit_output_denoiser(custom, tuned, pipeline.output_denoiser_corpus("user"),
+                                        seed=int(params.get("seed", 0)),
+                                        rows=pipeline.OUTPUT_DENOISER_ROWS, progress=progress)
 
 
 __all__ = ["JobRunner", "JobWorker", "QueueFullError", "TrainData", "default_runner",
@@ -373,7 +399,12 @@ class JobWorker:
         trained = self._train(run)
         if trained is None or self._ended_without_prompt(run, trained[1]):
             return
-        self._publish(run, *trained)
+        extra = None
+        if run.job["params"].get("output_denoiser"):
+            extra = self._fit_output_denoiser(run, *trained)
+            if extra is None:
+                return
+        self._publish(run, *trained, extra)
 
     def _start(self, job: dict[str, Any]) -> _Run | None:
         """The job's run state, its checkpoint read for resuming and its start recorded; None
@@ -394,8 +425,9 @@ class JobWorker:
                 return None
         run = _Run(job, cancel, lost, resume, float(job["elapsed"] or 0.0))
         start_step = int(resume.get("step", 0)) if resume is not None else None
+        # stage: a stage an earlier run of the job reached is not this run's (yet)
         if not store.update_claimed(job_id, me, started=time.time(),
-                                    resumed_from_step=start_step):
+                                    resumed_from_step=start_step, stage=None):
             return None
         self._runs[job_id] = run
         return run
@@ -502,9 +534,49 @@ class JobWorker:
             return True
         return False
 
-    def _publish(self, run: _Run, train: TrainData, result: Any) -> None:
-        """Save the tuned prompt and finish the job with it, exactly once: a lease lost or a
-        cancel that came while it saved leaves no prompt."""
+    def _fit_output_denoiser(self, run: _Run, train: TrainData,
+                             result: Any) -> tuple[Any, dict] | None:
+        """After training: the prompt's output denoiser fitted on public text at the dataset's
+        η (:func:`fit_output_denoiser`, the provider's cost), its progress as the job's stage.
+        -> (denoiser, record); None when the job ended here: failed (recorded), cancelled, its
+        lease lost, or stopped by shutdown (requeued: resumed from its checkpoint). A time
+        slice does not interrupt it: the prompt is trained, the rest is short."""
+        store, me = self.store, self.worker_id
+        last = [0.0]
+
+        def progress(done: int, total: int) -> None:
+            if run.cancel.is_set() or run.lost.is_set() or self._shutdown.is_set():
+                raise _Stopped
+            now = time.monotonic()
+            if now - last[0] >= self.progress_interval_s or done >= total:
+                last[0] = now
+                stage = {"name": "output_denoiser", "done": done, "total": total,
+                         "started": started}
+                if not store.update_claimed(run.id, me, stage=json.dumps(stage)):
+                    run.lost.set()
+
+        started = time.time()
+        try:
+            return fit_output_denoiser_for_job(self.backbones[run.job["backbone"]], train,
+                                               result, run.job["params"], progress)
+        except _Stopped:
+            if not run.lost.is_set():  # back in the queue it is no longer in that stage
+                store.update_claimed(run.id, me, stage=None)
+        except Exception as e:
+            log.error("job %s: output denoiser failed:\n%s", run.id, traceback.format_exc())
+            self._end(run.id, state="failed", finished=time.time(), elapsed=run.elapsed(),
+                      heartbeat=None, error=f"the prompt was tuned but its output denoiser "
+                      f"could not be fitted: {type(e).__name__}: {e}; submit the job again, "
+                      "or without output_denoiser")
+            return None
+        self._ended_without_prompt(run, None)
+        return None
+
+    def _publish(self, run: _Run, train: TrainData, result: Any,
+                 denoiser: tuple[Any, dict] | None = None) -> None:
+        """Save the tuned prompt (with its output ``denoiser`` and record, when the job fitted
+        one) and finish the job with it, exactly once: a lease lost or a cancel that came
+        while it saved leaves no prompt."""
         store, me, job, job_id = self.store, self.worker_id, run.job, run.id
         params = job["params"]
         elapsed = run.elapsed()
@@ -512,6 +584,10 @@ class JobWorker:
         folder = store.files / "prompts" / prompt_id
         try:
             result.save(folder)
+            if denoiser is not None:  # the files `rapt tune --output-denoiser` writes in OUT
+                from rapt.artifacts import write_output_denoiser
+
+                write_output_denoiser(folder, *denoiser)
             private_tree(folder)  # whatever modes the saver used: 0700 / 0600
             live = self._live.get(job_id)
             if live:  # the last step's progress, which the write interval may have held back

@@ -214,3 +214,26 @@ def encode_descriptions(backbone, descriptions: Sequence[str], pooling: Pooling 
     if bool((norms == 0).any()):
         raise ValueError("a label description encodes to the zero vector")
     return emb
+
+
+def head_from_tensors(kind: str, tensors: dict[str, Tensor], *,
+                      temperature: float | None = None) -> nn.Module:
+    """A task head rebuilt from its saved tensors (``head.<name>`` keys, as a TunedPrompt
+    saves them), to run on pooled states away from the backbone (a user-side output
+    denoiser's corrected states): ``linear`` (``head.linear.weight`` / ``.bias``) or
+    ``label-description`` (``head.label_embeddings`` and ``temperature``). Eval mode."""
+    state = {k[len("head."):]: v for k, v in tensors.items() if k.startswith("head.")}
+    if kind == "linear":
+        w = state.get("linear.weight")
+        if w is None or w.dim() != 2:
+            raise ValueError("a linear head needs head.linear.weight (C, h)")
+        head: nn.Module = ClassificationHead(w.shape[1], w.shape[0])
+    elif kind == "label-description":
+        if "label_embeddings" not in state:
+            raise ValueError("a label-description head needs head.label_embeddings (C, h)")
+        head = LabelDescriptionHead(state["label_embeddings"], temperature=float(
+            temperature if temperature is not None else DEFAULT_TEMPERATURE))
+    else:
+        raise ValueError(f"the {kind} head reads no pooled state")
+    head.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
+    return head.eval()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Annotated
 
 from fastapi import APIRouter, Depends
@@ -31,6 +32,10 @@ def job_status(svc: Service, job: dict) -> JobStatus:
         eta = elapsed / step * (total - step)
     elif job["state"] == "succeeded":
         eta = 0.0
+    stage = cur.get("stage")
+    if job["state"] == "running" and stage and 0 < stage["done"] < stage["total"]:
+        # after the training steps: the stage's own rate (the training's says nothing of it)
+        eta = (time.time() - stage["started"]) / stage["done"] * (stage["total"] - stage["done"])
     return JobStatus(id=job["id"], dataset_id=job["dataset_id"], backbone=job["backbone"],
                      state=job["state"], method=job["params"].get("method", "prompt"),
                      step=step, total_steps=total, loss=cur["loss"], epoch=cur["epoch"],
@@ -38,7 +43,7 @@ def job_status(svc: Service, job: dict) -> JobStatus:
                      delta=(job["params"].get("dp") or {}).get("delta"),
                      elapsed_s=elapsed, eta_s=eta, resumed_from_step=job["resumed_from_step"],
                      prompt_id=job["prompt_id"], error=job["error"], created=job["created"],
-                     channel=job["params"].get("channel"))
+                     channel=job["params"].get("channel"), stage=stage)
 
 
 @router.post("", status_code=202, response_model=JobStatus,
@@ -108,6 +113,8 @@ def _check_job(svc: Service, body: JobCreate, ds: dict) -> None:
         raise ServiceError(422, "validation_error",
                            f"label_descriptions: {len(body.label_descriptions)} given, "
                            f"dataset '{ds['id']}' has {ds['num_labels']} labels")
+    if body.output_denoiser:
+        _check_output_denoiser(svc, body, ds)
     if body.dp is not None and body.method not in DP_METHODS:
         raise ServiceError(422, "validation_error",
                            f"dp: PromptDPSGD covers prompt and prefix tuning only "
@@ -134,6 +141,28 @@ def _check_job(svc: Service, body: JobCreate, ds: dict) -> None:
             _check_dp(body, ds["n_examples"], steps)
         except ValueError as e:
             raise ServiceError(422, "validation_error", str(e)) from e
+
+
+def _check_output_denoiser(svc: Service, body: JobCreate, ds: dict) -> None:
+    """422 for an output denoiser that could not be fitted: it corrects privatized queries'
+    pooled states, so it needs a privatized dataset (an η to privatize public text at) and a
+    head that reads a pooled state."""
+    from rapt.tuning.tune import resolve_head
+
+    decl = ds["privacy"] or {}
+    if decl.get("mechanism") != "dchi-text2text" or not decl.get("eta"):
+        raise ServiceError(422, "validation_error",
+                           f"output_denoiser: dataset '{ds['id']}' was uploaded unprivatized "
+                           "(mechanism 'none'); the denoiser corrects privatized queries: "
+                           "leave output_denoiser out, or upload privatized rows")
+    try:
+        head = resolve_head(svc.backbones[ds["backbone"]].kind, tune_config(body.model_dump()))
+    except ValueError:
+        return  # the config's own error follows, from tune_config below
+    if head == "verbalizer":
+        raise ServiceError(422, "validation_error",
+                           "output_denoiser: the verbalizer head of a causal LM reads no pooled "
+                           "state; leave output_denoiser out (or use head 'linear')")
 
 
 def _check_dp(body: JobCreate, n_examples: int, steps: int) -> None:

@@ -66,6 +66,7 @@ class JobStore(StoreBase):
     def _job(row: dict[str, Any] | None) -> dict[str, Any] | None:
         if row:
             row["params"] = json.loads(row["params"])
+            row["stage"] = json.loads(row["stage"]) if row.get("stage") else None
         return row
 
     def get_job(self, jid: str, owner: str | None) -> dict[str, Any] | None:

@@ -50,6 +50,9 @@ jobs = sa.Table(
     Column("worker", Text), Column("heartbeat", Double),
     Column("attempts", Integer, nullable=False, server_default="0"),
     Column("cancel_requested", Double),
+    # The stage after the training steps the job is in (migration 7): JSON {name, done,
+    # total, started}; NULL: none.
+    Column("stage", Text),
     Index("jobs_state", "state"))
 
 prompts = sa.Table(
@@ -159,6 +162,8 @@ MIGRATIONS: tuple[Migration, ...] = (
         add_columns("prompts", "channel"),)),
     Migration(6, "SAP session file sizes, for the per-key storage quota", (
         add_columns("sap_sessions", "release_bytes", "state_bytes"),)),
+    Migration(7, "a job's stage after training (the output denoiser's fit)", (
+        add_columns("jobs", "stage"),)),
 )
 
 
