@@ -214,20 +214,31 @@ def read_local_model(out: str | Path) -> tuple[Any, Any] | None:
     from rapt.local import Fusion, LocalBaseline
 
     js, st = beside(out, LOCAL + ".json"), beside(out, LOCAL + ".safetensors")
+    try:
+        doc = _read_pair(js, st, LOCAL_FORMAT, "the local model")
+        if doc is None:
+            return None
+        baseline = LocalBaseline.from_state(doc["baseline"], load_np(str(st)))
+        fusion = Fusion.from_dict(doc["fusion"]) if doc.get("fusion") else None
+    except ArtifactError:
+        raise
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own error types
+        raise ArtifactError(f"{js}: not a local model rapt can read: {e}") from e
+    return baseline, fusion
+
+
+def _read_pair(js: Path, st: Path, fmt: str, what: str) -> dict | None:
+    """The JSON half of a (json, safetensors) pair, checked for its ``format``; None when
+    neither file is there. ArtifactError when only one is; ValueError on another format."""
     if not js.exists() and not st.exists():
         return None
     for f in (js, st):
         if not f.exists():
-            raise ArtifactError(f"{f}: missing (the local model is saved as two files)")
-    try:
-        doc = json.loads(js.read_text())
-        if doc.get("format") != LOCAL_FORMAT:
-            raise ValueError(f"field 'format' is {doc.get('format')!r}, not {LOCAL_FORMAT!r}")
-        baseline = LocalBaseline.from_state(doc["baseline"], load_np(str(st)))
-        fusion = Fusion.from_dict(doc["fusion"]) if doc.get("fusion") else None
-    except Exception as e:  # noqa: BLE001 - safetensors raises its own error types
-        raise ArtifactError(f"{js}: not a local model rapt can read: {e}") from e
-    return baseline, fusion
+            raise ArtifactError(f"{f}: missing ({what} is saved as two files)")
+    doc = json.loads(js.read_text())
+    if doc.get("format") != fmt:
+        raise ValueError(f"field 'format' is {doc.get('format')!r}, not {fmt!r}")
+    return doc
 
 
 # ------------------------------------------------------------------ the output denoiser
@@ -289,18 +300,14 @@ def read_output_denoiser(out: str | Path) -> tuple[Any, dict] | None:
     from rapt.local.denoise import OutputDenoiser
 
     js, st = output_denoiser_paths(out)
-    if not js.exists() and not st.exists():
-        return None
-    for f in (js, st):
-        if not f.exists():
-            raise ArtifactError(f"{f}: missing (the output denoiser is saved as two files)")
     try:
-        doc = json.loads(js.read_text())
-        if doc.get("format") != OUTPUT_DENOISER_FORMAT:
-            raise ValueError(f"field 'format' is {doc.get('format')!r}, not "
-                             f"{OUTPUT_DENOISER_FORMAT!r}")
+        doc = _read_pair(js, st, OUTPUT_DENOISER_FORMAT, "the output denoiser")
+        if doc is None:
+            return None
         den = OutputDenoiser(int(doc["hidden"]), int(doc["width"]))
         den.load_state_dict(load_file(str(st)))
+    except ArtifactError:
+        raise
     except Exception as e:  # noqa: BLE001 - safetensors and torch raise their own error types
         raise ArtifactError(f"{js}: not an output denoiser rapt can read: {e}") from e
     if doc.get("prompt_sha256") != prompt_fingerprint(out):
