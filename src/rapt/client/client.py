@@ -711,14 +711,11 @@ class RaptClient:
         the prompt's head. Nothing of it is sent."""
         import torch
 
-        from rapt.local.denoise import token_features
-
         denoiser, head, _ = den
-        z = torch.tensor(pooled, dtype=torch.float32)
-        feats = token_features(self.backbone.embeddings, clear, private,
-                               [int(t) for t in self.backbone.special_ids])
+        z = denoiser.correct(torch.tensor(pooled, dtype=torch.float32), self.backbone.embeddings,
+                             clear, private, [int(t) for t in self.backbone.special_ids])
         with torch.no_grad():
-            return head.from_pooled(denoiser(z, feats)).float().softmax(-1)
+            return head.from_pooled(z).float().softmax(-1)
 
     # -- SAP split training ---------------------------------------------------------------------
     def sap_bottom(self, split_layer: int, *, cache_dir: str | Path | None = None

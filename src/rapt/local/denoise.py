@@ -70,6 +70,15 @@ class OutputDenoiser(nn.Module):
         x = torch.cat([pooled, features], -1) / self.scale
         return pooled + self.net(x)
 
+    @torch.no_grad()
+    def correct(self, pooled: Tensor, embeddings: Tensor, clean: Sequence[Sequence[int]],
+                released: Sequence[Sequence[int]], special_ids: Sequence[int]) -> Tensor:
+        """The user's side in one call: (N, h) pooled states the provider returned for the
+        ``released`` rows -> the corrected states, from the :func:`token_features` of
+        (``clean``, ``released``) on the user's embedding table; on ``pooled``'s device."""
+        feats = token_features(embeddings, clean, released, special_ids)
+        return self.to(pooled.device).eval()(pooled, feats.to(pooled.device))
+
 
 @dataclass(frozen=True)
 class DenoiserFit:

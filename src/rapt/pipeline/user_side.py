@@ -177,10 +177,7 @@ def denoised_proba(custom: Customization, tuned: Any, denoiser: OutputDenoiser,
     side: the provider's pooled states of ``private_rows``, the token features of
     (``clean_rows``, ``private_rows``) from the embedding table the user privatizes with, the
     denoiser, then the prompt's head."""
-    from rapt.local.denoise import token_features
-
     q = custom.for_artifact(tuned)
     z = _pooled(q, private_rows)
-    f = token_features(q.backbone.embeddings, clean_rows, private_rows, q._special_ids())
-    denoiser = denoiser.to(z.device).eval()
-    return tuned.head_proba(q.reader, denoiser(z, f.to(z.device)))
+    return tuned.head_proba(q.reader, denoiser.correct(z, q.backbone.embeddings, clean_rows,
+                                                       private_rows, q._special_ids()))

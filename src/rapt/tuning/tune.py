@@ -246,16 +246,25 @@ class TunedPrompt:
     def predict_proba(self, backbone: Backbone, input_ids: Sequence[Sequence[int]],
                       batch_size: int = 64) -> Tensor:
         """Class probabilities (N, C) for privatized rows laid out as in training."""
+        def proba(m: RaptModel, ids: Tensor, mask: Tensor) -> Tensor:
+            return m(ids, mask, with_rec=False)[0].float().softmax(-1)
+
+        return self._by_length(backbone, input_ids, batch_size, int(self.meta["num_labels"]),
+                               proba)
+
+    def _by_length(self, backbone: Backbone, input_ids: Sequence[Sequence[int]],
+                   batch_size: int, width: int, fn) -> Tensor:
+        """(N, width) float32: ``fn(model, ids, mask)`` on batches of rows of similar length
+        (less padding), put back in the rows' order."""
         model = self.build(backbone)
         pad = backbone.tokenizer.pad_token_id
         order = sorted(range(len(input_ids)), key=lambda i: len(input_ids[i]))
-        out = torch.empty(len(input_ids), int(self.meta["num_labels"]))
+        out = torch.empty(len(input_ids), width)
         dev = next(iter(backbone.model.parameters())).device
         for s in range(0, len(order), batch_size):
             idx = order[s:s + batch_size]
             ids, mask = pad_batch([input_ids[i] for i in idx], pad, dev)
-            logits, _, _ = model(ids, mask, with_rec=False)
-            out[idx] = logits.float().softmax(-1).cpu()
+            out[idx] = fn(model, ids, mask).float().cpu()
         return out
 
     @torch.no_grad()
@@ -267,17 +276,12 @@ class TunedPrompt:
         model = self.build(backbone)
         if not hasattr(model.head, "from_pooled"):
             raise ValueError(f"the {model.head_kind} head reads no pooled state")
-        pad = backbone.tokenizer.pad_token_id
-        order = sorted(range(len(input_ids)), key=lambda i: len(input_ids[i]))
-        out = torch.empty(len(input_ids), backbone.hidden_size)
-        dev = next(iter(backbone.model.parameters())).device
-        for s in range(0, len(order), batch_size):
-            idx = order[s:s + batch_size]
-            ids, mask = pad_batch([input_ids[i] for i in idx], pad, dev)
-            _, _, hidden = model(ids, mask, with_rec=False)
-            mask = task_mask(mask, model.plain_len, model.offset)
-            out[idx] = pool(hidden, mask, model.head.pooling).float().cpu()
-        return out
+
+        def pooled(m: RaptModel, ids: Tensor, mask: Tensor) -> Tensor:
+            hidden = m(ids, mask, with_rec=False)[2]
+            return pool(hidden, task_mask(mask, m.plain_len, m.offset), m.head.pooling)
+
+        return self._by_length(backbone, input_ids, batch_size, backbone.hidden_size, pooled)
 
     @torch.no_grad()
     def head_proba(self, backbone: Backbone, pooled: Tensor) -> Tensor:
