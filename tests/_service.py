@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
-from _tiny import SPECIALS, WORDS, make_bert
+from _tiny import SPECIALS, WORDS, make_bert, save_backbone
 from safetensors.torch import load_file, save_file
 
 from rapt.client.client import RaptClient
@@ -137,6 +137,19 @@ def add_key(tmp_path, name="alice", **kw) -> str:
     store.add_key(name, auth.hash_key(key), **kw)
     store.close()
     return key
+
+
+def folder_service(tmp_path, monkeypatch):
+    """(backbone, its folder, the service's config, an API key): the tiny BERT saved to a
+    folder, which both the service and the CLI's client load by that path; the client's cache
+    in ``tmp_path``."""
+    bb = service_bert()
+    folder = save_backbone(bb, tmp_path / "bb")
+    cfg = ServiceConfig(db_path=tmp_path / "svc.db", backbones=[str(folder)],
+                        limits=Limits(max_seq_len=64), progress_interval_s=0.0)
+    key = add_key(tmp_path)
+    monkeypatch.setenv("RAPT_CACHE", str(tmp_path / "cache"))
+    return bb, folder, cfg, key
 
 
 def hdr(key):

@@ -7,7 +7,8 @@ import json
 import warnings
 
 import pytest
-from _service import LABELS, TEXTS, add_key, leaked_ngrams, service_bert, write_csv
+from _service import LABELS, TEXTS, add_key, folder_service, leaked_ngrams, service_bert, write_csv
+from _tiny import save_backbone
 from fastapi.testclient import TestClient
 
 from rapt.client.client import ClientError, RaptClient, ServiceError
@@ -335,9 +336,7 @@ def test_cli_client_upload_and_predict_pairs(service, tmp_path, monkeypatch):
     from rapt.tuning.reconstruction import build_rows
 
     tc, key, bb = service
-    folder = tmp_path / "bb"
-    bb.model.save_pretrained(folder)
-    bb.tokenizer.save_pretrained(folder)
+    folder = save_backbone(bb, tmp_path / "bb")
     init = client_mod.RaptClient.__init__
 
     def with_test_http(self, *args, **kw):  # the CLI's client talks to the in-process service
@@ -496,14 +495,7 @@ def test_cli_client_flow_prints_like_the_other_commands(tmp_path, monkeypatch):
     from rapt.cli import app
     from rapt.http import HttpSession
 
-    bb = service_bert()
-    folder = tmp_path / "bb"
-    bb.model.save_pretrained(folder)
-    bb.tokenizer.save_pretrained(folder)
-    cfg = ServiceConfig(db_path=tmp_path / "svc.db", backbones=[str(folder)],
-                        limits=Limits(max_seq_len=64), progress_interval_s=0.0)
-    key = add_key(tmp_path)
-    monkeypatch.setenv("RAPT_CACHE", str(tmp_path / "cache"))
+    bb, folder, cfg, key = folder_service(tmp_path, monkeypatch)
     hf_logging.enable_progress_bar()
     try:
         with TestClient(create_app(cfg, backbones={str(folder): bb})) as tc:

@@ -10,10 +10,10 @@ import random
 import stat
 
 import pytest
-from _service import add_key, ngrams, service_bert
+from _service import folder_service, ngrams
 from fastapi.testclient import TestClient
 
-from rapt.service import Limits, ServiceConfig, create_app
+from rapt.service import create_app
 
 POS = "good great fun funny brilliant best love nice fine".split()
 NEG = "bad awful boring dull terrible worst hate poor weak".split()
@@ -43,14 +43,7 @@ def wire(tmp_path, monkeypatch):
     import rapt.client.client as client_module
     from rapt.http import HttpSession
 
-    bb = service_bert()
-    folder = tmp_path / "bb"
-    bb.model.save_pretrained(folder)
-    bb.tokenizer.save_pretrained(folder)
-    cfg = ServiceConfig(db_path=tmp_path / "svc.db", backbones=[str(folder)],
-                        limits=Limits(max_seq_len=64), progress_interval_s=0.0)
-    key = add_key(tmp_path)
-    monkeypatch.setenv("RAPT_CACHE", str(tmp_path / "cache"))
+    bb, folder, cfg, key = folder_service(tmp_path, monkeypatch)
     init = client_module.RaptClient.__init__
 
     def seeded(self, *args, **kw):

@@ -23,6 +23,7 @@ from _service import (
     service_bert,
     split_config,
 )
+from _tiny import save_backbone
 from fastapi.testclient import TestClient
 from safetensors.torch import save
 
@@ -359,9 +360,7 @@ def test_cli_sap_tune_and_predict_against_the_service(sap_service, tmp_path, mon
     from rapt.cli import app
 
     tc, (key, _), bb = sap_service
-    folder = tmp_path / "bb"
-    bb.model.save_pretrained(folder)
-    bb.tokenizer.save_pretrained(folder)
+    folder = save_backbone(bb, tmp_path / "bb")
     init = client_mod.RaptClient.__init__
     monkeypatch.setattr(client_mod.RaptClient, "__init__",  # CLI -> the in-process service
                         lambda self, *a, **kw: init(self, *a, **{**kw, "http": tc}))
