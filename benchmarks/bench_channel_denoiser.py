@@ -38,10 +38,20 @@ from pathlib import Path
 
 import torch
 
-from benchmarks._common import RESULTS, command, machine
+from benchmarks._common import RESULTS, command, machine, save_png
 from benchmarks.bench_gpu import environment
-from rapt.channel.corpus import privatize_channel, public_corpus_for
-from rapt.channel.denoiser import DenoiserConfig, fit_change_margin, train_denoiser
+from rapt.channel.corpus import (
+    PUBLIC_SOURCES,
+    privatize_channel,
+    public_corpus_for,
+    task_family,
+)
+from rapt.channel.denoiser import (
+    Denoiser,
+    DenoiserConfig,
+    fit_change_margin,
+    train_denoiser,
+)
 from rapt.data import load_dataset
 from rapt.models import load_backbone
 from rapt.privacy.inversion import invert_ids
@@ -57,11 +67,14 @@ HOLDOUT = 300  # public rows kept out of training, to fit the change margin on
 EVAL_SET = {"sst2": ("sst2", "dev"), "financial_phrasebank": ("financial_phrasebank", "dev")}
 
 
-def public_texts(limit_per_source: int, seed: int,
-                 task: str = "sst2") -> tuple[list[str], dict]:
-    """``public_corpus_for(task)`` texts (a seeded subset of each split; every row when
-    ``limit_per_source`` <= 0), shuffled; -> (texts, provenance)."""
-    corpus = public_corpus_for(task, max_rows_per_source=limit_per_source
+def public_texts(limit_per_source: int, seed: int, task: str = "sst2",
+                 also: tuple[str, ...] = ()) -> tuple[list[str], dict]:
+    """``public_corpus_for(task)`` texts without the families in ``also`` either (a seeded
+    subset of each split; every row when ``limit_per_source`` <= 0), shuffled; -> (texts,
+    provenance)."""
+    drop = {task_family(t) for t in also}
+    sources = [s for s in PUBLIC_SOURCES[task_family(task)] if task_family(s[0]) not in drop]
+    corpus = public_corpus_for(task, sources=sources, max_rows_per_source=limit_per_source
                                if limit_per_source > 0 else None, seed=seed)
     texts = [t for t in corpus.texts if t.strip()]
     order = torch.randperm(len(texts), generator=torch.Generator().manual_seed(seed)).tolist()
@@ -121,7 +134,19 @@ def parse_args() -> argparse.Namespace:
                     help="privatizations of the public corpus, each with fresh noise")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--save", default=None, help="folder to save the trained denoiser in")
-    ap.add_argument("--target-p", type=float, default=0.4)
+    ap.add_argument("--target-p", type=float, nargs="+", default=[0.4],
+                    help="P levels: the training pairs are privatized at each one's η (an η "
+                         "band), and the denoiser is evaluated at each")
+    ap.add_argument("--eval-tasks", nargs="+", default=None, choices=sorted(EVAL_SET),
+                    help="tasks whose dev text is attacked (default: --task); the public corpus "
+                         "leaves out every one of them")
+    ap.add_argument("--eval-every", type=int, default=0,
+                    help="every N steps: the held-out curve (dev recovery at each task and P) "
+                         "and, with --save, a checkpoint (0: only at the end)")
+    ap.add_argument("--init", default=None,
+                    help="a saved denoiser (--save) to go on training, with fresh noise")
+    ap.add_argument("--noise-seed", type=int, default=1,
+                    help="seed of the training pairs' privatization (a new one to go on)")
     ap.add_argument("--eval-n", type=int, default=300, help="dev sentences evaluated (0: all)")
     ap.add_argument("--per-source", type=int, default=3000,
                     help="public rows per dataset split (0: all)")
@@ -154,9 +179,10 @@ def per_epoch(hist: list[dict]) -> list[dict]:
     return out
 
 
-def train(args, bb, cfg: DenoiserConfig, clean, priv, meta: dict):
+def train(args, bb, cfg: DenoiserConfig, clean, priv, meta: dict, curve=None):
     """``--epochs`` passes over every pair (``--budget-min``: a wall cap), else as many steps as
-    fit in the wall budget; -> (denoiser, facts about the run)."""
+    fit in the wall budget; ``curve(den, step)`` every ``--eval-every`` steps; ``--init`` goes
+    on from a saved denoiser; -> (denoiser, facts about the run)."""
     per_step = None
     if args.epochs:
         cfg.epochs, n_rows = args.epochs, len(clean)
@@ -170,42 +196,90 @@ def train(args, bb, cfg: DenoiserConfig, clean, priv, meta: dict):
         cfg.epochs = max(1, -(-rows // len(clean)))
         n_rows = min(len(clean), rows)
         cap = 1.2 * budget
+    # Built here, not inside train_denoiser, so that the curve can read it while it trains.
+    den = Denoiser.load(args.init, bb) if args.init else Denoiser(bb, cfg, meta)
     hist: list[dict] = []
+
+    def progress(rec: dict) -> None:
+        hist.append(rec)
+        if curve is not None and args.eval_every and rec["step"] % args.eval_every == 0:
+            curve(den, rec["step"])
+
     deadline = None if cap is None else time.perf_counter() + cap
     t0, c0 = time.perf_counter(), time.process_time()
-    den = train_denoiser(bb, clean[:n_rows], priv[:n_rows], cfg, meta=meta,
-                         progress=hist.append,
+    den = train_denoiser(bb, clean[:n_rows], priv[:n_rows], cfg, meta=meta, progress=progress,
                          should_stop=None if deadline is None
-                         else (lambda: time.perf_counter() > deadline))
+                         else (lambda: time.perf_counter() > deadline), init=den)
     return den, {"rows_used": n_rows, "wall_cap_s": cap, "cpu_s_per_step_probe": per_step,
                  "train_wall_s": time.perf_counter() - t0,
                  "train_cpu_s": time.process_time() - c0, "per_epoch": per_epoch(hist)}
 
 
-def evaluate(args, bb, den, cand, room: int, frequent: set[int], priv: Privatizer) -> dict:
-    """Nearest neighbour and the denoiser (fitted margin, and plain argmax) on the task's dev
-    sentences privatized with ``priv``."""
-    name, split = EVAL_SET[args.task]
-    texts = list(load_dataset(name, split).texts)
-    ev_clean = [r[:room] for r in tokenize_texts(texts[:args.eval_n] if args.eval_n > 0
-                                                  else texts, bb.tokenizer)]
-    ev_priv = privatize(priv, ev_clean)
-    flat = invert_ids(torch.tensor([t for r in ev_priv for t in r]), bb.embeddings,
-                      candidate_ids=cand).cpu()
-    nn_guess = [x.tolist() for x in torch.split(flat, [len(r) for r in ev_priv])]
-    margin = den.config.change_margin
-    den.config.change_margin = 0.0
-    argmax = recovery(ev_clean, ev_priv, den.guess(ev_priv), frequent)
-    den.config.change_margin = margin
-    return {"set": f"{args.task} {split}, first {len(ev_clean)} sentences",
-            "P_eval": replacement_probability(ev_clean, ev_priv, bb.special_ids),
-            "nearest neighbour": recovery(ev_clean, ev_priv, nn_guess, frequent),
-            "denoiser": recovery(ev_clean, ev_priv, den.guess(ev_priv), frequent),
-            "denoiser, plain argmax (margin 0)": argmax}
+class Releases:
+    """The dev sentences of each evaluation task, privatized once per P with fixed seeds, and
+    nearest neighbour's guesses on them: the same releases for every point of the curve."""
+
+    def __init__(self, args, bb, cand, room: int, etas: dict[float, float]) -> None:
+        self.cells = []
+        for t_i, task in enumerate(args.eval_tasks):
+            name, split = EVAL_SET[task]
+            texts = list(load_dataset(name, split).texts)
+            clean = [r[:room] for r in tokenize_texts(
+                texts[:args.eval_n] if args.eval_n > 0 else texts, bb.tokenizer)]
+            for p_i, (p, eta) in enumerate(etas.items()):
+                priv = privatize(make_privatizer(bb, eta, cand, 100 + 10 * t_i + p_i), clean)
+                flat = invert_ids(torch.tensor([t for r in priv for t in r]), bb.embeddings,
+                                  candidate_ids=cand).cpu()
+                nn = [x.tolist() for x in torch.split(flat, [len(r) for r in priv])]
+                self.cells.append({"task": task, "target_p": p, "eta": eta,
+                                   "set": f"{task} {split}, first {len(clean)} sentences",
+                                   "clean": clean, "private": priv, "nn": nn,
+                                   "P_eval": replacement_probability(clean, priv,
+                                                                     bb.special_ids)})
+
+    def score(self, den, frequent: set[int], margin: float | None = None) -> list[dict]:
+        """Recovery of nearest neighbour and the denoiser (at ``margin``, default its own)."""
+        saved = den.config.change_margin
+        den.config.change_margin = saved if margin is None else margin
+        try:
+            return [{"task": c["task"], "target_p": c["target_p"], "eta": c["eta"],
+                     "set": c["set"], "P_eval": c["P_eval"],
+                     "nearest neighbour": recovery(c["clean"], c["private"], c["nn"], frequent),
+                     "denoiser": recovery(c["clean"], c["private"], den.guess(c["private"]),
+                                          frequent)}
+                    for c in self.cells]
+        finally:
+            den.config.change_margin = saved
+
+
+def make_privatizer(bb, eta: float, cand, seed: int) -> Privatizer:
+    return Privatizer(bb.embeddings, eta, special_ids=bb.special_ids, candidate_ids=cand,
+                      mode="fast", seed=seed)
+
+
+def training_rows(args, bb) -> tuple[list[list[int]], dict, int]:
+    """Public token rows without the eval tasks' families and without any text the shipped
+    attack table attacks (so this denoiser may join that table); -> (rows, provenance,
+    rows dropped for the table)."""
+    from benchmarks.bench_attack_table import public_split
+
+    also = tuple(t for t in args.eval_tasks if task_family(t) != task_family(args.task))
+    texts, counts = public_texts(60 if args.quick else args.per_source, seed=0, task=args.task,
+                                 also=also)
+    counts["also_disjoint_from"] = [task_family(t) for t in also]
+    room = args.max_length - 2
+    rows = [r[:room] for r in tokenize_texts(texts, bb.tokenizer) if r]
+    # The table's defaults (250 texts cut to 48 tokens, 1,000 rows per split, seed 0).
+    attacked, _, _ = public_split(bb, 1000, 250, 48, 0)
+    table = {tuple(r) for r in attacked}
+    kept = [r for r in rows if tuple(r[:48]) not in table]
+    counts["left_out"] = "the texts the shipped attack table attacks (its default sample)"
+    return kept, counts, len(rows) - len(kept)
 
 
 def main() -> None:
     args = parse_args()
+    args.eval_tasks = args.eval_tasks or [args.task]
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         sys.exit("--device cuda: no CUDA device here (use --device cpu --quick for a dry run)")
@@ -214,59 +288,102 @@ def main() -> None:
     t_start = time.perf_counter()
 
     bb = load_backbone(args.backbone, device=device)  # float32, also from a float16 copy
-    tok = bb.tokenizer
-    eta = calibrate_eta_public(bb, args.target_p)
-    cand = candidate_ids_from_tokenizer(tok, bb.embeddings.shape[0])
-    room = args.max_length - 2
-    texts, counts = public_texts(60 if args.quick else args.per_source, seed=0, task=args.task)
-    clean = [r[:room] for r in tokenize_texts(texts, tok) if r]
+    etas = {p: calibrate_eta_public(bb, p) for p in args.target_p}
+    cand = candidate_ids_from_tokenizer(bb.tokenizer, bb.embeddings.shape[0])
+    clean, counts, n_table = training_rows(args, bb)
     hold = min(HOLDOUT, len(clean) // 5)
     clean, held_clean = clean[hold:], clean[:hold]
-
-    def privatizer(seed: int) -> Privatizer:
-        return Privatizer(bb.embeddings, eta, special_ids=bb.special_ids, candidate_ids=cand,
-                          mode="fast", seed=seed)
-
-    pairs = privatize_channel(clean, privatizer(1), repeats=args.repeats)
-    held_priv = privatize(privatizer(3), held_clean)
+    first = etas[args.target_p[0]]
+    pairs = privatize_channel(clean, make_privatizer(bb, first, cand, args.noise_seed),
+                              list(etas.values()), repeats=args.repeats)
+    held = privatize_channel(held_clean, make_privatizer(bb, first, cand, 3), list(etas.values()))
     p_train = replacement_probability(pairs.clean, pairs.private, bb.special_ids)
-    freq = Counter(t for r in clean for t in r)
-    frequent = {t for t, _ in freq.most_common(100)}
+    frequent = {t for t, _ in Counter(t for r in clean for t in r).most_common(100)}
+    releases = Releases(args, bb, cand, args.max_length - 2, etas)
+    points: list[dict] = []
+
+    def curve(den, step: int) -> None:
+        t = time.perf_counter()
+        points.append({"step": step, "cells": releases.score(den, frequent, margin=0.0)})
+        if args.save:  # a checkpoint: --init goes on from it after a crash or a stop
+            den.save(args.save)
+        print(f"step {step}: " + "  ".join(
+            f"{c['task']} P{c['target_p']}: {c['denoiser']['all']:.3f}/"
+            f"{c['denoiser']['replaced_only']:.3f} (nn {c['nearest neighbour']['all']:.3f})"
+            for c in points[-1]["cells"]) + f"  [{time.perf_counter() - t:.0f} s]", flush=True)
 
     cfg = DenoiserConfig(lr=args.lr, epochs=1, batch_size=args.batch, max_length=args.max_length,
                          trainable=args.trainable, keep_bonus=args.keep_bonus, seed=0)
+    band = [min(etas.values()), max(etas.values())]
     den, run = train(args, bb, cfg, pairs.clean, pairs.private,
-                     {"corpus": counts, "eta": eta, "target_p": args.target_p,
-                      "repeats": args.repeats, "device": str(device)})
-    margin_scores = fit_change_margin(den, held_clean, held_priv)
+                     {"corpus": counts, "eta": band[0] if len(etas) == 1 else None,
+                      "eta_band": band, "target_p": args.target_p, "repeats": args.repeats,
+                      "noise_seed": args.noise_seed, "device": str(device)}, curve=curve)
+    margin_scores = fit_change_margin(den, held.clean, held.private)
+    den.meta["change_margin_fit"] = {"held_out_public_rows": hold, "recovery": margin_scores}
     if args.save:
-        den.meta["change_margin_fit"] = {"held_out_public_rows": hold, "recovery": margin_scores}
         den.save(args.save)
-    ev = evaluate(args, bb, den, cand, room, frequent, privatizer(2))
-    res = {k: ev[k] for k in ("nearest neighbour", "denoiser")}
+    final = releases.score(den, frequent)
+    for cell, am in zip(final, releases.score(den, frequent, margin=0.0), strict=True):
+        cell["denoiser, plain argmax (margin 0)"] = am["denoiser"]
     out = {"command": command(),
            "machine": {**host, "loadavg_end": list(os.getloadavg())},
            "environment": environment(device),
-           "backbone": args.backbone, "task": args.task, "eta": eta, "target_p": args.target_p,
-           "P_train": p_train, "P_eval": ev.pop("P_eval"),
+           "backbone": args.backbone, "task": args.task, "eval_tasks": args.eval_tasks,
+           "etas": {str(p): e for p, e in etas.items()}, "P_train": p_train,
            "corpus": {"sources": counts, "sentences": len(clean), "repeats": args.repeats,
+                      "left_out_for_the_attack_table": n_table,
                       "rows_used": run["rows_used"], "tokens_used": den.meta["tokens"]},
            "config": cfg.__dict__, "steps": den.meta["steps"], "stopped": den.meta["stopped"],
+           "earlier": den.meta.get("earlier", []), "init": args.init,
            **{k: run[k] for k in ("wall_cap_s", "cpu_s_per_step_probe", "train_wall_s",
                                   "train_cpu_s", "per_epoch")},
            "last_train_record": den.meta["last"],
            "change_margin": den.config.change_margin, "change_margin_fit": margin_scores,
-           "saved_to": args.save, "eval": ev,
+           "saved_to": args.save, "eval": final, "curve": points,
            "total_wall_s": time.perf_counter() - t_start,
-           "attacks": [{"task": args.task, "backbone": args.backbone, "P": args.target_p,
-                        "attacker": k, "recovery": v["all"]} for k, v in res.items()]}
+           "attacks": [{"task": c["task"], "backbone": args.backbone, "P": c["P_eval"],
+                        "attacker": k, "recovery": c[k]["all"]}
+                       for c in final for k in ("nearest neighbour", "denoiser")]}
     stem = Path(args.out) if args.out else RESULTS / (
         "channel_denoiser_quick" if args.quick else "channel_denoiser")
     stem.parent.mkdir(parents=True, exist_ok=True)
     # Not with_suffix: a stem like "p0.4" has a dot of its own.
     Path(f"{stem}.json").write_text(json.dumps(out, indent=2) + "\n")
     Path(f"{stem}.md").write_text(markdown(out))
+    if points:
+        plot_curve(out, Path(f"{stem}.png"))
     print(markdown(out))
+
+
+def plot_curve(o: dict, path: Path) -> None:
+    """Held-out recovery (margin 0) against optimizer steps, per task and P."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    offset = sum(e.get("steps") or 0 for e in o["earlier"])
+    steps = [offset + pt["step"] for pt in o["curve"]]
+    for i, cell in enumerate(o["curve"][0]["cells"]):
+        for ax, key in zip(axes, ("all", "replaced_only"), strict=True):
+            ys = [pt["cells"][i]["denoiser"][key] * 100 for pt in o["curve"]]
+            line, = ax.plot(steps, ys, marker="o", label=f"{cell['task']} P {cell['target_p']}")
+            if key == "all":
+                ax.axhline(cell["nearest neighbour"]["all"] * 100, ls=":",
+                           color=line.get_color())
+    axes[0].set_title("all tokens (dotted: nearest neighbour)")
+    axes[1].set_title("replaced tokens (nearest neighbour: 0)")
+    for ax in axes:
+        ax.set_xlabel("optimizer steps (all runs)")
+        ax.set_ylabel("recovery on dev, %")
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=8)
+    fig.suptitle("Contextual denoiser attacker: held-out recovery while training")
+    fig.tight_layout()
+    save_png(fig, path)
+    plt.close(fig)
 
 
 def markdown(o: dict) -> str:
@@ -279,36 +396,46 @@ def markdown(o: dict) -> str:
     times = "once" if c["repeats"] == 1 else f"{c['repeats']} times with fresh noise"
     how = (f"{o['config']['epochs']} epoch(s)" if o["wall_cap_s"] is None or not o["stopped"]
            else f"stopped at the {o['wall_cap_s'] / 60:g}-min wall cap")
+    etas = ", ".join(f"{float(e):.4g} (P ≈ {p})" for p, e in o["etas"].items())
+    earlier = "".join(f" It went on from a checkpoint of {e['steps']} earlier steps on "
+                      f"{e['rows']:,} pairs." for e in o["earlier"])
     lines = [
-        "# Contextual denoiser vs nearest neighbour (issue 27)", "",
+        "# Contextual denoiser vs nearest neighbour", "",
         f"`{o['command']}` on {where}; load {m['loadavg_start'][0]:.1f} before, "
         f"{m['loadavg_end'][0]:.1f} after.", "",
-        f"{name}, η = {o['eta']:.4g} (calibrated for P ≈ {o['target_p']} on rapt's public "
-        f"sample); P measured {o['P_train']:.3f} on the training pairs, {o['P_eval']:.3f} on the "
-        "evaluation rows.", "",
+        f"{name}, η = {etas}, each calibrated on rapt's public sample; P measured "
+        f"{o['P_train']:.3f} on the training pairs.", "",
         f"Trained ({o['config']['trainable']}, lr {o['config']['lr']}, batch "
         f"{o['config']['batch_size']}, max length {o['config']['max_length']}) on "
         f"{c['rows_used']:,} (privatized, original) pairs ({c['tokens_used']:,} tokens) of "
-        f"{c['sentences']:,} public sentences ({sources}) privatized {times}, "
-        f"{o['steps']} steps ({how}), {o['train_cpu_s'] / 60:.1f} CPU-min "
-        f"({o['train_wall_s'] / 60:.1f} min wall). Evaluated on {o['eval']['set']}, privatized "
-        f"with fresh noise. Change margin {o['change_margin']:g} logits, fitted on held-out "
-        "public pairs (recovery per margin: "
+        f"{c['sentences']:,} public sentences ({sources}; disjoint from every evaluated task; "
+        f"{c['left_out_for_the_attack_table']} texts the shipped attack table attacks left out) "
+        f"privatized at each η {times}, {o['steps']} steps ({how}), "
+        f"{o['train_cpu_s'] / 60:.1f} CPU-min ({o['train_wall_s'] / 60:.1f} min wall).{earlier} "
+        "Evaluated on dev sentences privatized with fresh noise. Change margin "
+        f"{o['change_margin']:g} logits, fitted on held-out public pairs (recovery per margin: "
         f"{', '.join(f'{float(k):g}: {v:.1%}' for k, v in o['change_margin_fit'].items())}).",
         "",
-        "| attacker | all tokens | replaced only | replaced, outside top-100 | unreplaced "
-        "changed |", "|---|---|---|---|---|"]
-    for k in ("nearest neighbour", "denoiser, plain argmax (margin 0)", "denoiser"):
-        r = o["eval"][k]
-        lines.append(f"| {k} | {r['all']:.1%} | {r['replaced_only']:.1%} | "
-                     f"{r['replaced_rare']:.1%} | {r['unreplaced_changed']:.1%} |")
-    r = o["eval"]["denoiser"]
-    lines += ["", f"{r['tokens']:,} evaluation tokens, {r['replaced']:,} replaced "
-              f"({r['rare_replaced']:,} outside the public corpus's 100 most frequent tokens).",
-              "An earlier, uncommitted probe (17 CPU-min, 22k sentences × 3 privatizations; no "
-              "committed result reproduces it): 62.4 % / 16.8 %, 5.4 % of unreplaced tokens "
-              "changed; nearest neighbour 58.6 % / 0 %.", ""]
-    if len(o["per_epoch"]) > 1:  # did it converge: the training curve per pass over the pairs
+        "| set | P | attacker | all tokens | replaced only | replaced, outside top-100 | "
+        "unreplaced changed |", "|---|---|---|---|---|---|---|"]
+    for cell in o["eval"]:
+        for k in ("nearest neighbour", "denoiser, plain argmax (margin 0)", "denoiser"):
+            r = cell[k]
+            lines.append(f"| {cell['set']} | {cell['P_eval']:.3f} | {k} | {r['all']:.1%} | "
+                         f"{r['replaced_only']:.1%} | {r['replaced_rare']:.1%} | "
+                         f"{r['unreplaced_changed']:.1%} |")
+    lines += ["", "Replaced, outside top-100: replaced tokens outside the public corpus's 100 "
+              "most frequent.", ""]
+    if o["curve"]:  # did it converge: held-out recovery (margin 0) along the run
+        cells = o["curve"][0]["cells"]
+        lines += ["Held-out curve (plain argmax; all tokens / replaced only):", "",
+                  "| step | " + " | ".join(f"{x['task']} P {x['target_p']}" for x in cells)
+                  + " |", "|---" * (len(cells) + 1) + "|"]
+        lines += [f"| {pt['step']} | " + " | ".join(
+            f"{x['denoiser']['all']:.1%} / {x['denoiser']['replaced_only']:.1%}"
+            for x in pt["cells"]) + " |" for pt in o["curve"]]
+        lines.append("")
+    if len(o["per_epoch"]) > 1:  # the training curve per pass over the pairs
         lines += ["| epoch | steps | training loss | token acc | replaced acc |",
                   "|---|---|---|---|---|"]
         for e in o["per_epoch"]:

@@ -232,3 +232,25 @@ def test_denoiser_lives_on_its_backbones_device(tiny_bert):
     tiny_bert.model.to("meta")
     den = Denoiser(tiny_bert, DenoiserConfig(max_length=16))
     assert {t.device.type for t in [*den.parameters(), *den.buffers()]} == {"meta"}
+
+
+def test_training_goes_on_from_a_saved_denoiser(tiny_bert, chain, tmp_path):
+    train_c, train_p, test_c, test_p = chain
+    cfg = DenoiserConfig(lr=1e-2, epochs=3, batch_size=32, max_length=16, keep_bonus=2.0)
+    first = train_denoiser(tiny_bert, train_c, train_p, cfg, meta={"corpus": "chain grammar"})
+    back = Denoiser.load(first.save(tmp_path / "ckpt"), tiny_bert)
+    before = {k: v.clone() for k, v in back.trained_tensors().items()}
+    more = train_denoiser(tiny_bert, train_c, train_p, cfg, init=back)
+    assert more is back and more.meta["corpus"] == "chain grammar"
+    assert more.meta["earlier"] == [{"rows": len(train_c), "tokens": first.meta["tokens"],
+                                     "steps": first.meta["steps"], "stopped": False}]
+    after = more.trained_tensors()
+    assert any(not torch.equal(before[k], after[k]) for k in before)  # it did train
+    # Going on from the checkpoint does not start over: it is at least as good as the first
+    # run on the held-out rows, and far from a fresh model's first pass.
+    _, rep_first = _recovery(test_c, test_p, first.guess(test_p))
+    _, rep_more = _recovery(test_c, test_p, more.guess(test_p))
+    assert rep_more >= rep_first - 0.05, (rep_more, rep_first)
+    with pytest.raises(ValueError, match="trainable"):
+        train_denoiser(tiny_bert, train_c[:32], train_p[:32],
+                       DenoiserConfig(trainable="lora", max_length=16), init=back)

@@ -296,15 +296,30 @@ def train_denoiser(backbone: Backbone, clean_rows: Rows, private_rows: Rows,
                    config: DenoiserConfig | None = None, *,
                    meta: dict | None = None,
                    progress: Callable[[dict], None] | None = None,
-                   should_stop: Callable[[], bool] | None = None) -> Denoiser:
+                   should_stop: Callable[[], bool] | None = None,
+                   init: Denoiser | None = None) -> Denoiser:
     """Train a :class:`Denoiser` on aligned (original, privatized) token-id rows of public text
     (no special tokens needed: rows are wrapped in [CLS] ... [SEP] here).
 
     ``meta``: provenance recorded with the model (corpus, η or η band, ...); the backbone, the
     row and token counts and the training history's last record are added. ``progress`` gets
-    :func:`rapt.training.loop.run_loop`'s records (loss, token_acc, replaced_acc, ...)."""
+    :func:`rapt.training.loop.run_loop`'s records (loss, token_acc, replaced_acc, ...).
+    ``init``: a denoiser to train in place (a saved checkpoint loaded on the same backbone, or
+    a new one the caller holds a handle to, with the same ``trainable``) under ``config``'s
+    optimizer settings and a fresh learning-rate schedule; its earlier runs' steps and token
+    counts stay in ``meta["earlier"]``."""
     config = config or DenoiserConfig()
-    model = Denoiser(backbone, config, meta)
+    if init is None:
+        model = Denoiser(backbone, config, meta)
+    else:
+        if init.config.trainable != config.trainable:
+            raise ValueError(f"init was trained with trainable={init.config.trainable!r}; it "
+                             f"cannot go on as {config.trainable!r}")
+        earlier = list(init.meta.get("earlier", []))
+        if init.meta.get("steps") is not None:  # a model built but never trained has none
+            earlier.append({k: init.meta.get(k) for k in ("rows", "tokens", "steps", "stopped")})
+        model, model.config = init, config
+        model.meta = {**init.meta, **(meta or {}), "earlier": earlier}
     data = _pairs(model, clean_rows, private_rows)
     dev = next(iter(backbone.model.parameters())).device
     model.to(dev).train()
