@@ -151,9 +151,9 @@ def _login(d, url: str, key: str) -> None:
     _wait(lambda: d.current_url.rstrip("/").endswith("/console"), what="the jobs page")
 
 
-def _private_csv(path: Path, eta: float = 10.0) -> Path:
-    """TEXTS privatized as `rapt privatize` does it (dχ-privacy on the tiny BERT's embeddings),
-    with label names: the file a user uploads."""
+def _privatized(texts: list[str], eta: float = 10.0) -> list[str]:
+    """``texts`` privatized as `rapt privatize` does it: dχ-privacy on the tiny BERT's
+    embeddings (the user's machine's work; the service only ever gets the result)."""
     from rapt.privacy.mechanism import (
         Privatizer,
         candidate_ids_from_tokenizer,
@@ -164,11 +164,17 @@ def _private_csv(path: Path, eta: float = 10.0) -> Path:
     emb = bb.embeddings.detach()
     priv = Privatizer(emb, eta, special_ids=bb.special_ids, seed=0,
                       candidate_ids=candidate_ids_from_tokenizer(bb.tokenizer, emb.shape[0]))
-    texts = privatize_texts_detailed(TEXTS, bb.tokenizer, priv).texts
+    return privatize_texts_detailed(texts, bb.tokenizer, priv).texts
+
+
+def _private_csv(path: Path) -> Path:
+    """The file `rapt privatize` writes from a labelled CSV: the texts privatized, the label
+    names kept."""
     with path.open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["text", "label"])
-        w.writerows([t, LABEL_NAMES[y]] for t, y in zip(texts, LABELS, strict=True))
+        w.writerows([t, LABEL_NAMES[y]] for t, y in zip(_privatized(TEXTS), LABELS,
+                                                         strict=True))
     return path
 
 
@@ -225,6 +231,7 @@ def test_upload_tune_watch_predict_and_cancel(site, browser, tmp_path):
     ok = _wait(lambda: _all(d, "p.ok"), what="the upload's confirmation")[0].text
     assert "8 privatized rows" in ok and "0 = negative, 1 = positive" in ok
     dataset = re.search(r"ds_\w+", ok).group(0)
+    _shot(d, "datasets")
     # a short job: its page reaches 100 %, then draws the loss curve
     jid = _job_form(d, url, method="prompt", epochs="2", batch_size="2")
     seen = [_progress(d)]
@@ -241,12 +248,15 @@ def test_upload_tune_watch_predict_and_cancel(site, browser, tmp_path):
     pid = _css(d, "a[href^='/console/prompts/']").text
     # predict a few privatized rows on the prompt's page
     d.get(f"{url}/console/prompts/{pid}")
-    _css(d, "#predict-form textarea").send_keys("\n".join(TEXTS[:3]))
+    queries = _privatized(["a great film with good music", "a dull and boring story",
+                           "the best scene ever"])
+    _css(d, "#predict-form textarea").send_keys("\n".join(queries))
     _css(d, "#predict-form input[name=label_names]").send_keys("negative, positive")
     _css(d, "#predict-form button").click()
     labels = _wait(lambda: _all(d, "#predictions td.label"), what="the predictions")
     assert len(labels) == 3 and {x.text for x in labels} <= set(LABEL_NAMES)
     assert len(_all(d, "#predictions meter")) == 6
+    d.execute_script("window.scrollTo(0, document.body.scrollHeight)")
     _shot(d, "predict")
     # a longer job, cancelled from the jobs list while it runs
     long_job = _job_form(d, url, method="prompt", epochs="100", batch_size="1")
