@@ -345,3 +345,35 @@ def test_no_console_form_takes_clean_text(console):
         assert "/privatize" not in page
         if "multipart/form-data" in page:
             assert "rapt privatize" in page and "own machine" in page
+
+
+def test_upload_takes_what_rapt_privatize_wrote_sentence_pairs_included(console, tiny_bert,
+                                                                        tmp_path):
+    """The file the user's own `rapt privatize` writes (here a CSV of sentence pairs with
+    label names) is what the upload form reads: same reader, pairs kept as pairs."""
+    from _tiny import save_backbone
+    from typer.testing import CliRunner
+
+    from rapt.cli import app
+    from rapt.data import load_dataset
+
+    c, keys = console
+    src = tmp_path / "pairs.csv"
+    src.write_text("sentence1,sentence2,label\nthe movie was good,the music was great,yes\n"
+                   "a dull story,a great film,no\nthe plot was bad,the film was bad,yes\n")
+    out = tmp_path / "pairs.private.csv"
+    folder = save_backbone(tiny_bert, tmp_path / "bb")
+    r = CliRunner().invoke(app, ["privatize", str(src), str(out), "--backbone", str(folder),
+                                 "--eta", "5", "--noise-seed", "1"])
+    assert r.exit_code == 0, r.output
+    written = load_dataset(out)
+    assert written.texts != load_dataset(src).texts  # privatized (η 5 replaces tokens)
+    login(c, keys["alice"])
+    r = _upload(c, out.read_bytes(), name=out.name, eta="5")
+    assert r.status_code == 201, r.text
+    assert "0 = no, 1 = yes" in r.text
+    (ds,) = c.get("/v1/datasets", headers=hdr(keys["alice"])).json()
+    assert ds["n_examples"] == 3 and ds["privacy"]["eta"] == 5
+    tok = tiny_bert.tokenizer
+    pairs = tok(written.texts, [p for p in written.text_pairs])["input_ids"]
+    assert ds["max_row_len"] == max(len(p) for p in pairs)  # both texts of each pair
