@@ -200,11 +200,10 @@ def predict_rows(prompt_id: str, request: Request, svc: Svc, me: Me,
                  form: Multipart) -> Response:
     """Class probabilities of a few privatized rows, through the API's predict."""
     fields, files = form
-    owned(svc, "prompt", prompt_id, me)  # another tenant's prompt: 404, before anything else
+    row = owned(svc, "prompt", prompt_id, me)  # another tenant's prompt: 404, before the rows
     try:
         texts, pairs = _query_rows(fields, files)
-        num_labels = owned(svc, "prompt", prompt_id, me)["num_labels"]
-        names = _label_names(fields.get("label_names", ""), num_labels)
+        names = _label_names(fields.get("label_names", ""), row["num_labels"])
         res = predict.predict(PredictRequest(prompt_id=prompt_id, texts=texts,
                                              text_pairs=pairs), svc, me)
     except ValidationError as e:
