@@ -199,6 +199,12 @@ def _progress(d) -> tuple[str, float]:
     return state, float(bar.get_attribute("value") or 0) / float(bar.get_attribute("max"))
 
 
+def _bar(d) -> float:
+    """The first progress bar's fraction."""
+    bar = _css(d, "progress")
+    return float(bar.get_attribute("value") or 0) / float(bar.get_attribute("max") or 1)
+
+
 def test_docs_and_redoc_render_with_the_network_off(site, browser):
     from selenium.common.exceptions import WebDriverException
 
@@ -233,7 +239,7 @@ def test_upload_tune_watch_predict_and_cancel(site, browser, tmp_path):
     dataset = re.search(r"ds_\w+", ok).group(0)
     _shot(d, "datasets")
     # a short job: its page reaches 100 %, then draws the loss curve
-    jid = _job_form(d, url, method="prompt", epochs="2", batch_size="2")
+    jid = _job_form(d, url, method="prompt", epochs="3", batch_size="1")
     seen = [_progress(d)]
     while seen[-1][0] in ("queued", "running"):
         time.sleep(0.2)
@@ -243,7 +249,7 @@ def test_upload_tune_watch_predict_and_cancel(site, browser, tmp_path):
     assert seen[-1] == ("succeeded", 1.0), seen
     assert "100 %" in _css(d, "dd progress").find_element("xpath", "..").text
     line = _css(d, "svg.curve polyline").get_attribute("points").split()
-    assert len(line) == 8  # 2 epochs of 4 steps: one point per step
+    assert len(line) == 24  # 3 epochs of 8 steps: one point per step
     _shot(d, "job")
     pid = _css(d, "a[href^='/console/prompts/']").text
     # predict a few privatized rows on the prompt's page
@@ -263,6 +269,8 @@ def test_upload_tune_watch_predict_and_cancel(site, browser, tmp_path):
     d.get(url + "/console")
     _wait(lambda: (d.refresh() or True) and f"/console/jobs/{long_job}/cancel" in d.page_source
           and "running" in _css(d, "td.state").text, what="the long job to run")
+    if SHOTS:  # a bar some way along, for the picture
+        _wait(lambda: (d.refresh() or True) and _bar(d) >= 0.3, what="the long job's progress")
     _shot(d, "jobs")
     row = _css(d, f"form[action='/console/jobs/{long_job}/cancel']")
     row.find_element("css selector", "button").click()
