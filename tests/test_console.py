@@ -204,3 +204,176 @@ def test_datasets_and_prompts_pages_show_privacy_head_and_warnings(console, monk
     page = c.get("/console/prompts").text
     assert pid in page and "verbalizer" in page
     assert "&lt;collapsed&gt;" in page and "<collapsed>" not in page  # escaped
+
+
+# -- the forms that act: upload a privatized file, start a job, predict ------------------------
+PRIVATE_CSV = ("text,label\nthe movie was good and great,positive\n"
+               "a boring plot and a dull story,negative\nthe best film with a fine scene,positive\n"
+               "the worst music and a weak plot,negative\n")
+NO_FILE = {"file": ("", b"")}  # a browser sends the empty file input as an unnamed empty part
+
+
+def _upload(c, csv: bytes | str = PRIVATE_CSV, name="data.private.csv", **fields):
+    token = _csrf(c.get("/console/datasets").text)
+    data = {"csrf": token, "backbone": "tiny", "eta": "12.5", **fields}
+    return c.post("/console/datasets", data=data, files={"file": (name, csv, "text/csv")})
+
+
+def test_upload_takes_the_privatized_file_through_the_api_checks(console):
+    c, keys = console
+    login(c, keys["alice"])
+    page = c.get("/console/datasets").text
+    assert "rapt privatize data.csv data.private.csv --backbone tiny" in page
+    assert 'enctype="multipart/form-data"' in page
+    r = _upload(c)
+    assert r.status_code == 201, r.text
+    assert "0 = negative, 1 = positive" in r.text
+    (ds,) = c.get("/v1/datasets", headers=hdr(keys["alice"])).json()
+    assert ds["n_examples"] == 4 and ds["num_labels"] == 2
+    assert ds["privacy"] == {"mechanism": "dchi-text2text", "eta": 12.5, "embedding": "tiny",
+                             "nn_mode": None}
+    # the API's own errors, shown on the page that holds the form
+    r = _upload(c, eta="")
+    assert r.status_code == 422 and "needs eta" in r.text and 'id="upload-error"' in r.text
+    r = _upload(c, backbone="nope")
+    assert r.status_code == 422 and "nope" in r.text
+    r = _upload(c, "text,label\nfine,1\n\"unclosed,0\n")
+    assert r.status_code == 422 and "data.private.csv" in r.text
+    r = _upload(c, "text\nno label here\n")
+    assert r.status_code == 422 and "label" in r.text
+    r = _upload(c, name="data.xlsx")
+    assert r.status_code == 422 and "rapt privatize" in r.text
+    assert len(c.get("/v1/datasets", headers=hdr(keys["alice"])).json()) == 1
+
+
+def test_upload_and_job_forms_need_the_csrf_token_and_a_login(console):
+    c, keys = console
+    files = {"file": ("d.csv", PRIVATE_CSV, "text/csv")}
+    r = c.post("/console/datasets", data={"eta": "10", "backbone": "tiny"}, files=files,
+               follow_redirects=False)
+    assert r.status_code == 303  # not signed in: to the login page
+    login(c, keys["alice"])
+    r = c.post("/console/datasets", data={"csrf": "forged", "eta": "10", "backbone": "tiny"},
+               files=files)
+    assert r.status_code == 403
+    r = c.post("/console/jobs", data={"csrf": "forged", "dataset_id": "x"})
+    assert r.status_code == 403
+    token = _csrf(c.get("/console/datasets").text)
+    r = c.post("/console/datasets", data={"csrf": token, "eta": "10", "backbone": "tiny"})
+    assert r.status_code == 415  # a urlencoded post to the multipart form
+    assert c.get("/v1/datasets", headers=hdr(keys["alice"])).json() == []
+
+
+def test_start_a_job_from_the_datasets_page(console):
+    c, keys = console
+    login(c, keys["alice"])
+    _upload(c)
+    did = c.get("/v1/datasets", headers=hdr(keys["alice"])).json()[0]["id"]
+    page = c.get("/console/datasets").text
+    assert 'action="/console/jobs"' in page and f'value="{did}"' in page
+    form = {"csrf": _csrf(page), "dataset_id": did, "method": "prompt", "epochs": "2",
+            "batch_size": "4", "lr": "", "dp_epsilon": ""}
+    r = c.post("/console/jobs", data=form, follow_redirects=False)
+    assert r.status_code == 303, r.text
+    jid = r.headers["location"].rsplit("/", 1)[1]
+    st = wait_job(c, keys["alice"], jid)
+    assert st["state"] == "succeeded" and st["method"] == "prompt"
+    job = c.get(f"/v1/jobs/{jid}", headers=hdr(keys["alice"])).json()
+    assert job["dataset_id"] == did
+    r = c.post("/console/jobs", data={**form, "epochs": "0"})
+    assert r.status_code == 422 and "epochs" in r.text and 'id="job-error"' in r.text
+    r = c.post("/console/jobs", data={**form, "method": "lora", "dp_epsilon": "3"})
+    assert r.status_code == 422 and "PromptDPSGD" in r.text
+    with _client(c) as b:  # another tenant's dataset is a missing one
+        login(b, keys["bob"])
+        token = _csrf(b.get("/console/datasets").text)
+        r = b.post("/console/jobs", data={**form, "csrf": token})
+        assert r.status_code == 404 and did in r.text
+    assert len(c.get("/v1/jobs", headers=hdr(keys["alice"])).json()) == 1
+
+
+def test_predict_box_shows_label_names_and_probabilities(console):
+    c, keys = console
+    jid = _start_job(c, keys["alice"])
+    pid = wait_job(c, keys["alice"], jid)["prompt_id"]
+    login(c, keys["alice"])
+    assert f'href="/console/prompts/{pid}"' in c.get("/console/prompts").text
+    page = c.get(f"/console/prompts/{pid}").text
+    assert "rapt privatize queries.txt" in page and "--eta 10.0" in page
+    assert "never your clean text" in page
+    rows = "the movie was good\n\na dull story\n"
+    r = c.post(f"/console/prompts/{pid}/predict", files=NO_FILE,
+               data={"csrf": _csrf(page), "rows": rows, "label_names": "neg, pos"})
+    assert r.status_code == 200, r.text
+    api = c.post("/v1/predict", headers=hdr(keys["alice"]),
+                 json={"prompt_id": pid, "texts": ["the movie was good", "a dull story"]}).json()
+    cells = re.findall(r'<td class="label">(\w+)</td>', r.text)
+    assert cells == [["neg", "pos"][y] for y in api["labels"]]
+    for probs in api["probabilities"]:
+        assert f"neg: {probs[0]:.3f}" in r.text and f"pos: {probs[1]:.3f}" in r.text
+    # a file of privatized rows (here JSONL, unlabelled)
+    r = c.post(f"/console/prompts/{pid}/predict", data={"csrf": _csrf(page)},
+               files={"file": ("q.jsonl", b'{"text": "a dull story"}\n', "text/plain")})
+    assert r.status_code == 200 and r.text.count('<td class="label">') == 1
+    r = c.post(f"/console/prompts/{pid}/predict", files=NO_FILE,
+               data={"csrf": _csrf(page), "rows": "x", "label_names": "a, b, c"})
+    assert r.status_code == 422 and "3 given" in r.text and 'id="predict-error"' in r.text
+    r = c.post(f"/console/prompts/{pid}/predict", data={"csrf": _csrf(page), "rows": ""},
+               files=NO_FILE)
+    assert r.status_code == 422 and "paste privatized rows" in r.text
+    r = c.post(f"/console/prompts/{pid}/predict", data={"csrf": "forged", "rows": "x"},
+               files=NO_FILE)
+    assert r.status_code == 403
+    with _client(c) as b:
+        login(b, keys["bob"])
+        assert b.get(f"/console/prompts/{pid}").status_code == 404
+        token = _csrf(b.get("/console").text)
+        r = b.post(f"/console/prompts/{pid}/predict", data={"csrf": token, "rows": "x"},
+                   files=NO_FILE)
+        assert r.status_code == 404
+
+
+def test_no_console_form_takes_clean_text(console):
+    """Every form that sends rows says they must be privatized on the user's machine, and no
+    page offers a privatize action (the service has no privatizer to offer)."""
+    c, keys = console
+    jid = _start_job(c, keys["alice"])
+    pid = wait_job(c, keys["alice"], jid)["prompt_id"]
+    login(c, keys["alice"])
+    for url in ("/console", "/console/datasets", "/console/prompts", f"/console/prompts/{pid}"):
+        page = c.get(url).text
+        assert "/privatize" not in page
+        if "multipart/form-data" in page:
+            assert "rapt privatize" in page and "own machine" in page
+
+
+def test_upload_takes_what_rapt_privatize_wrote_sentence_pairs_included(console, tiny_bert,
+                                                                        tmp_path):
+    """The file the user's own `rapt privatize` writes (here a CSV of sentence pairs with
+    label names) is what the upload form reads: same reader, pairs kept as pairs."""
+    from _tiny import save_backbone
+    from typer.testing import CliRunner
+
+    from rapt.cli import app
+    from rapt.data import load_dataset
+
+    c, keys = console
+    src = tmp_path / "pairs.csv"
+    src.write_text("sentence1,sentence2,label\nthe movie was good,the music was great,yes\n"
+                   "a dull story,a great film,no\nthe plot was bad,the film was bad,yes\n")
+    out = tmp_path / "pairs.private.csv"
+    folder = save_backbone(tiny_bert, tmp_path / "bb")
+    r = CliRunner().invoke(app, ["privatize", str(src), str(out), "--backbone", str(folder),
+                                 "--eta", "5", "--noise-seed", "1"])
+    assert r.exit_code == 0, r.output
+    written = load_dataset(out)
+    assert written.texts != load_dataset(src).texts  # privatized (η 5 replaces tokens)
+    login(c, keys["alice"])
+    r = _upload(c, out.read_bytes(), name=out.name, eta="5")
+    assert r.status_code == 201, r.text
+    assert "0 = no, 1 = yes" in r.text
+    (ds,) = c.get("/v1/datasets", headers=hdr(keys["alice"])).json()
+    assert ds["n_examples"] == 3 and ds["privacy"]["eta"] == 5
+    tok = tiny_bert.tokenizer
+    pairs = tok(written.texts, [p for p in written.text_pairs])["input_ids"]
+    assert ds["max_row_len"] == max(len(p) for p in pairs)  # both texts of each pair

@@ -112,3 +112,30 @@ def test_metrics_sum_the_epsilon_of_each_keys_dp_jobs(svc):
         store.close()
     m = _samples(c.get("/metrics", headers=hdr(admin_key)).text)
     assert _value(m, "rapt_key_dp_epsilon_sum", key=kid, name="alice") == 1.75
+
+
+def test_metrics_count_the_privatized_tokens_received_by_route_family(svc, tiny_bert):
+    c, admin_key, user_key, _ = svc
+    special = set(tiny_bert.special_ids)
+
+    def tokens(rows):
+        return sum(1 for r in rows for t in r if t not in special)
+
+    m = _samples(c.get("/metrics", headers=hdr(admin_key)).text)
+    for family in ("datasets", "predict"):
+        assert _value(m, "rapt_privatized_tokens_total", route=family) == 0
+    body = upload_body(n=6)
+    ds = c.post("/v1/datasets", json=body, headers=hdr(user_key)).json()
+    clear = {**upload_body(n=4), "privacy": {"mechanism": "none"}}  # opted out: not counted
+    assert c.post("/v1/datasets", json=clear, headers=hdr(user_key)).status_code == 201
+    jid = c.post("/v1/jobs", json={"dataset_id": ds["id"], "epochs": 1},
+                 headers=hdr(user_key)).json()["id"]
+    pid = wait_job(c, user_key, jid)["prompt_id"]
+    queries = upload_body(n=3)["input_ids"]
+    r = c.post("/v1/predict", json={"prompt_id": pid, "input_ids": queries},
+               headers=hdr(user_key))
+    assert r.status_code == 200, r.text
+    m = _samples(c.get("/metrics", headers=hdr(admin_key)).text)
+    assert _value(m, "rapt_privatized_tokens_total", route="datasets") == \
+        tokens(body["input_ids"]) > 0
+    assert _value(m, "rapt_privatized_tokens_total", route="predict") == tokens(queries) > 0

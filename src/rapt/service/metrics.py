@@ -2,8 +2,9 @@
 
 Requests by route and status and their latency are counted by ``MetricsMiddleware`` as they
 pass; the rest is read at scrape time: jobs by state, the queue's length and oldest wait, the
-job workers, micro-batching counters, storage bytes and DP ε per key (grouped store queries,
-so a scrape costs a handful of queries whatever the number of keys). Each app has its own
+job workers, micro-batching counters, the privatized tokens received, storage bytes and DP ε
+per key (grouped store queries, so a scrape costs a handful of queries whatever the number of
+keys). Each app has its own
 registry: two apps in one process (tests) never share counters."""
 
 from __future__ import annotations
@@ -71,6 +72,14 @@ class _ServiceCollector(Collector):
         w.add_metric([cfg.jobs], workers)
         yield w
         yield from self._batching()
+        tokens = CounterMetricFamily("rapt_privatized_tokens", "Privatized tokens this process "
+                                     "received (special tokens left out), by route family: "
+                                     "datasets (uploads declared privatized), predict (queries)",
+                                     labels=["route"])
+        counts = dict(self.svc.privatized_tokens)
+        for family in sorted({"datasets", "predict"} | set(counts)):
+            tokens.add_metric([family], counts.get(family, 0))
+        yield tokens
         yield from self._per_key()
 
     def _batching(self) -> Iterator[Metric]:

@@ -86,6 +86,9 @@ class Service:
         self._prompts: collections.OrderedDict[str, Any] = collections.OrderedDict()
         self._prompt_lock = threading.Lock()
         self.sap = SplitSessions(self.store, backbones, self.limits)
+        # Privatized tokens received, by route family (GET /metrics reads them)
+        self.privatized_tokens: collections.Counter[str] = collections.Counter()
+        self._tokens_lock = threading.Lock()
         self.jobs.start()
 
     def close(self) -> None:
@@ -94,6 +97,14 @@ class Service:
             b.close()
         self.store.close()
         os.umask(self._umask)
+
+    def count_privatized(self, family: str, backbone: str, rows: list[list[int]]) -> None:
+        """Count the tokens of privatized ``rows`` received on a ``family`` of routes
+        (datasets, predict); the backbone's special tokens, never privatized, are left out."""
+        special = set(self.backbones[backbone].special_ids)
+        n = sum(1 for r in rows for t in r if t not in special)
+        with self._tokens_lock:
+            self.privatized_tokens[family] += n
 
     def revoke_key(self, ref: str, purge: bool) -> dict:
         """Revoke (and with ``purge`` delete everything of) a key; its running jobs here stop

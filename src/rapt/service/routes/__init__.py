@@ -8,9 +8,19 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from rapt.service.routes import admin, console, datasets, jobs, meta, predict, prompts, sap
+from rapt.service.routes import (
+    admin,
+    console,
+    console_forms,
+    datasets,
+    jobs,
+    meta,
+    predict,
+    prompts,
+    sap,
+)
 
 # In the order they are matched and listed in the OpenAPI document.
 ROUTERS: list[APIRouter] = [meta.router, admin.router, admin.metrics_router, datasets.router,
                             jobs.router, prompts.router, predict.router, sap.router,
-                            console.router]
+                            console.router, console_forms.router]

@@ -76,13 +76,17 @@ async def _form(request: Request) -> dict[str, str]:
     return dict(parse_qsl(body, keep_blank_values=True))
 
 
-def checked_form(request: Request, form: Annotated[dict, Depends(_form)]) -> dict[str, str]:
-    """The form, if its CSRF token equals the cookie's; 403 otherwise."""
+def check_csrf(request: Request, sent: str) -> None:
+    """403 unless a form's CSRF token equals the browser's cookie (double submit)."""
     cookie = request.cookies.get(CSRF_COOKIE, "").encode()
-    sent = form.get("csrf", "").encode()
-    if not cookie or not secrets.compare_digest(cookie, sent):
+    if not cookie or not secrets.compare_digest(cookie, sent.encode()):
         raise ServiceError(403, "csrf_failed", "the form's CSRF token does not match this "
                            "browser's; reload the page and submit it again")
+
+
+def checked_form(request: Request, form: Annotated[dict, Depends(_form)]) -> dict[str, str]:
+    """The form, if its CSRF token equals the cookie's; 403 otherwise."""
+    check_csrf(request, form.get("csrf", ""))
     return form
 
 
@@ -193,7 +197,17 @@ def cancel(job_id: str, request: Request, svc: Svc, me: Me, form: Form) -> Respo
 
 @router.get("/datasets")
 def datasets_page(request: Request, svc: Svc, me: Me) -> Response:
-    return _page(request, svc, me, "datasets.html", datasets=datasets.list_datasets(svc, me))
+    return datasets_view(request, svc, me)
+
+
+def datasets_view(request: Request, svc: Any, me: str, status: int = 200,
+                  **ctx: Any) -> Response:
+    """The datasets page with its upload and job forms (``ctx``: a form's error, its values)."""
+    from rapt.config import TuneConfig
+
+    return _page(request, svc, me, "datasets.html", status=status,
+                 datasets=datasets.list_datasets(svc, me), backbones=list(svc.backbones),
+                 defaults=TuneConfig(), **ctx)
 
 
 @router.get("/prompts")
