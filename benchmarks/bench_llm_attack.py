@@ -46,7 +46,7 @@ from benchmarks.bench_gpu import environment
 from rapt.attacks import ATTACKERS, ReconstructionInput
 from rapt.attacks.llm_recovery import DEFAULT_MAX_CHANGE, changed_share
 from rapt.attacks.llm_tuning import LLMTuningConfig, TunedLLM, train_llm_attacker
-from rapt.channel.corpus import privatize_channel
+from rapt.channel.corpus import privatize_channel, task_family
 from rapt.data import load_dataset
 from rapt.models import load_backbone
 from rapt.privacy.mechanism import (
@@ -107,7 +107,7 @@ def args_() -> argparse.Namespace:
     t.add_argument("--lr", type=float, default=2e-4)
     t.add_argument("--lora-r", type=int, default=16)
     t.add_argument("--tune-batch", type=int, default=16)
-    t.add_argument("--max-tokens", type=int, default=160, help="LLM tokens per training pair")
+    t.add_argument("--max-tokens", type=int, default=256, help="LLM tokens per training pair")
     t.add_argument("--budget-min", type=float, default=None, help="wall cap on training")
     ap.add_argument("--quick", action="store_true",
                     help="a few rows and steps: checks the script end to end, no result")
@@ -163,11 +163,15 @@ def setup(a: argparse.Namespace) -> Ctx:
     device = torch.device(a.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         sys.exit("--device cuda: no CUDA device here (use --device cpu --quick for a dry run)")
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True  # fp32 weights, TF32 matmuls
     enc = load_backbone(a.backbone, device=device)  # float32, also from a float16 copy
     cand = candidate_ids_from_tokenizer(enc.tokenizer, enc.embeddings.shape[0])
     index = build_index(enc.embeddings.detach()[cand].float(), "fast")
     texts, corpus = public_texts(a.per_source, seed=0, task=a.tasks[0], also=tuple(a.tasks[1:]))
     rows = [list(r) for r in tokenize_texts(texts, enc.tokenizer) if r]
+    corpus.update(n_tokens=sum(map(len, rows)), tokenizer=a.backbone,
+                  also_disjoint_from=[task_family(t) for t in a.tasks[1:]])
     # held-out public rows choose the LLMs' reply filters; no attacker sees them
     held = [r for r in rows[:a.tune_n] if len(r) <= TUNE_MAX_LEN]
     public = rows[a.tune_n:]
@@ -342,10 +346,11 @@ def main() -> None:
                        for c in cells for k, v in c["results"].items()]}
     stem = Path(a.out) if "/" in a.out else RESULTS / a.out
     stem.parent.mkdir(parents=True, exist_ok=True)
-    Path(f"{stem}.json").write_text(json.dumps(out, indent=2, ensure_ascii=False,
-                                               default=str) + "\n")
-    Path(f"{stem}.md").write_text(markdown(out))
-    print(markdown(out))
+    text = json.dumps(out, indent=2, ensure_ascii=False, default=str) + "\n"
+    Path(f"{stem}.json").write_text(text)
+    report = markdown(json.loads(text))  # from the file's own contents (string keys)
+    Path(f"{stem}.md").write_text(report)
+    print(report)
 
 
 # --------------------------------------------------------------------------- report
@@ -405,9 +410,9 @@ def markdown(o: dict) -> str:
               + " |", "|---|" + "---|" * (len(o["caps"]["fewshot"]) + bool(o["caps"]["tuned"]))]
     grids = [g["grid"] for g in o["caps"]["fewshot"].values()]
     grids += [o["caps"]["tuned"]["grid"]] if o["caps"]["tuned"] else []
-    for t in GRID:
-        lines.append(f"| {t:g} | " + " | ".join(f"{g[t]['all']:.1%} / "
-                                                f"{g[t]['replaced_only']:.1%}" for g in grids)
+    for t in map(str, GRID):
+        lines.append(f"| {t} | " + " | ".join(f"{g[t]['all']:.1%} / "
+                                              f"{g[t]['replaced_only']:.1%}" for g in grids)
                      + " |")
     chosen = [f"few-shot P {p}: {g['chosen']:g}" for p, g in o["caps"]["fewshot"].items()]
     chosen += [f"tuned: {o['caps']['tuned']['chosen']:g}"] if o["caps"]["tuned"] else []

@@ -226,3 +226,28 @@ def test_config_is_checked():
 def test_an_encoder_is_refused(tiny_bert):
     with pytest.raises(ValueError, match="causal"):
         TunedLLM(tiny_bert, SMALL)
+
+
+def test_the_cli_attacks_with_a_saved_adapter(tmp_path, tiny_bert, shared_data):
+    from _tiny import save_backbone
+    from typer.testing import CliRunner
+
+    from rapt.cli import app
+    from rapt.cli.attack_cmd import _attacker_names
+
+    assert "llm" in _attacker_names(["all"], {"llm_adapter": "FOLDER"})
+    llm = _toy_llm(hidden=32)
+    adapter = train_llm_attacker(llm, _pairs(16, seed=9), SMALL).save(tmp_path / "adapter")
+    src = tmp_path / "in.txt"
+    src.write_text("the movie was very good\na boring plot and a bad actor\n")
+    r = CliRunner().invoke(app, [
+        "attack", "reconstruct", str(src), "--format", "lines", "--backbone",
+        str(save_backbone(tiny_bert, tmp_path / "enc")), "--eta", "20", "-a", "nn", "-a", "llm",
+        "--public-for", "sst2", "--max-public-rows", "20", "--noise-seed", "0",
+        "--option", f"llm_backbone={save_backbone(llm, tmp_path / 'llm')}",
+        "--option", f"llm_adapter={adapter}", "--option", "llm_progress=false",
+        "--json-report"])
+    assert r.exit_code == 0, r.output
+    rep = json.loads([ln for ln in r.output.splitlines() if ln.startswith("{")][-1])
+    assert set(rep["attackers"]) == {"nn", "llm"}
+    assert rep["attackers"]["llm"]["n_all"] == rep["n_tokens"] == 12

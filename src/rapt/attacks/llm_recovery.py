@@ -56,6 +56,7 @@ NEW_TOKENS_FACTOR = 1.5  # reply budget, × the target's length in LLM tokens
 # mechanism leaves most tokens alone at any useful η, and a small LLM that loses the thread
 # rewrites or repeats itself over the rest. The value SmolLM2-135M scored best with (P ≈ 0.4,
 # MiniLM) on held-out public rows in benchmarks/bench_llm_attack.py; re-pick it for another LLM.
+# A fine-tuned adapter carries its own, picked the same way (LLMTuningConfig.max_change).
 DEFAULT_MAX_CHANGE = 0.1
 
 # (prompts, max new tokens per prompt) -> one reply per prompt

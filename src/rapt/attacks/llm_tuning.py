@@ -62,7 +62,7 @@ class LLMTuningConfig:
     batch_size: int = 8
     lora_r: int = 16
     targets: str | tuple[str, ...] = "all-linear"
-    max_tokens: int = 160
+    max_tokens: int = 256
     warmup: float = 0.06
     weight_decay: float = 0.0
     seed: int = 0
