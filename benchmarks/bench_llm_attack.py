@@ -34,9 +34,13 @@ import json
 import os
 import sys
 import time
+import traceback
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
@@ -58,6 +62,7 @@ from rapt.privacy.mechanism import (
 )
 from rapt.privacy.nn_search import build_index
 
+T = TypeVar("T")
 GRID = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0)
 TUNE_MAX_LEN = 64  # public rows up to SST-2's lengths, for the cap and the fine-tuning pairs
 
@@ -253,21 +258,36 @@ def best_cap(grid: dict[float, dict]) -> float:
     return max(grid, key=lambda t: (grid[t]["all"], -t))
 
 
+def guarded(what: str, fn: Callable[[], T]) -> T | str:
+    """``fn()``, or the error's text: on a lent GPU one attacker's failure must not cost the
+    others' results (the traceback goes to the log)."""
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001
+        print(f"{what} failed:", file=sys.stderr)
+        traceback.print_exc()
+        return f"{type(e).__name__}: {e}"
+
+
 def pick_caps(ctx: Ctx, tuned: TunedLLM | None) -> dict:
     """Each LLM's reply filter, chosen on the held-out public rows: per P for the few-shot LLM,
     one over every P for the adapter (stored in it)."""
     releases, out = held_releases(ctx), {"fewshot": {}, "tuned": None}
     if not ctx.a.no_fewshot:
         for p, private in releases.items():
-            raw = ATTACKERS["llm"](ctx.input(private, ctx.eta(p), llm_max_change=1.0))
-            grid = cap_grid(ctx, {p: private}, {p: raw})
-            out["fewshot"][p] = {"chosen": best_cap(grid), "grid": grid}
+            raw = guarded(f"few-shot cap at P {p}", lambda p=p, private=private: ATTACKERS[
+                "llm"](ctx.input(private, ctx.eta(p), llm_max_change=1.0)))
+            if not isinstance(raw, str):
+                grid = cap_grid(ctx, {p: private}, {p: raw})
+                out["fewshot"][p] = {"chosen": best_cap(grid), "grid": grid}
     if tuned is not None:
-        raws = {p: ATTACKERS["llm"](ctx.input(private, ctx.eta(p), **tuned_options(tuned, 1.0)))
-                for p, private in releases.items()}
-        grid = cap_grid(ctx, releases, raws)
-        tuned.config.max_change = best_cap(grid)
-        out["tuned"] = {"chosen": tuned.config.max_change, "grid": grid}
+        raws = guarded("tuned cap", lambda: {
+            p: ATTACKERS["llm"](ctx.input(private, ctx.eta(p), **tuned_options(tuned, 1.0)))
+            for p, private in releases.items()})
+        if not isinstance(raws, str):
+            grid = cap_grid(ctx, releases, raws)
+            tuned.config.max_change = best_cap(grid)
+            out["tuned"] = {"chosen": tuned.config.max_change, "grid": grid}
     return out
 
 
@@ -292,15 +312,21 @@ def cell(ctx: Ctx, task: str, p: float, tuned: TunedLLM | None, caps: dict) -> d
     res, wall, guesses = {}, {}, {}
     runs = [("nn", {}), ("bayes", {})]
     if not a.no_fewshot:
-        runs.append(("llm", {"llm_max_change": caps["fewshot"][p]["chosen"]}))
+        runs.append(("llm", {"llm_max_change": caps["fewshot"].get(p, {}).get(
+            "chosen", DEFAULT_MAX_CHANGE)}))
     if tuned is not None:
         runs.append(("tuned", tuned_options(tuned)))
     for key, opts in runs:
         t0 = time.perf_counter()
         attack = ATTACKERS["llm" if key == "tuned" else key]
-        guesses[key] = attack(replace(inp, options={**inp.options, **opts}))
-        wall[key] = time.perf_counter() - t0
-        res[NAMES[key]] = recovery(clean, private, guesses[key], ctx.frequent)
+        got = guarded(f"{key} on {task} at P {p}",
+                      partial(attack, replace(inp, options={**inp.options, **opts})))
+        wall[NAMES[key]] = time.perf_counter() - t0
+        if isinstance(got, str):
+            res[NAMES[key]] = {"error": got}
+            continue
+        guesses[key] = got
+        res[NAMES[key]] = recovery(clean, private, got, ctx.frequent)
     examples = [{"private": ctx.decode(private[i]), "original": ctx.decode(clean[i]),
                  **{NAMES[k]: ctx.decode(g[i]) for k, g in guesses.items() if k != "nn"}}
                 for i in range(min(3, len(clean)))]
@@ -308,6 +334,43 @@ def cell(ctx: Ctx, task: str, p: float, tuned: TunedLLM | None, caps: dict) -> d
             "set": f"{task} {split}, first {len(clean)} sentences",
             "P": replacement_probability(clean, private, enc.special_ids), "results": res,
             "wall_s": wall, "examples": examples}
+
+
+def document(ctx: Ctx, host: dict, t_start: float, tuned: TunedLLM | None, run: dict | None,
+             caps: dict, cells: list[dict]) -> dict:
+    """The results file's contents so far."""
+    a = ctx.a
+    return {"command": command(), "quick": a.quick,
+            "machine": {**host, "loadavg_end": list(os.getloadavg())},
+            "environment": environment(torch.device(a.device)),
+            "backbone": a.backbone, "llm": a.llm, "etas": ctx.etas, "tasks": a.tasks,
+            "target_p": a.target_p, "public_corpus": ctx.corpus,
+            "held_out": f"{len(ctx.held)} public rows (not in the attackers' public text, not "
+                        "trained on), privatized with seed 4 at each P",
+            "llm_options": {"shots": a.shots, "chat": a.chat, "batch_size": a.batch,
+                            "greedy": True, "max_new_tokens": "1.5 × the row's LLM tokens",
+                            "max_change_default": DEFAULT_MAX_CHANGE},
+            "caps": {"fewshot": {str(p): c for p, c in caps["fewshot"].items()},
+                     "tuned": caps["tuned"]},
+            "tuning": None if tuned is None else {"run": run, "config": tuned.config.__dict__,
+                                                  "meta": tuned.meta,
+                                                  "loaded_from": a.adapter},
+            "llm_load_s": ctx.llm_load_s, "cells": cells,
+            "total_wall_s": time.perf_counter() - t_start,
+            "attacks": [{"task": c["task"], "backbone": "minilm", "P": c["target_p"],
+                         "attacker": k, "recovery": v["all"]}
+                        for c in cells for k, v in c["results"].items() if "error" not in v]}
+
+
+def write(out_arg: str, doc: dict) -> str:
+    """``doc`` as STEM.json and its report as STEM.md; -> the report."""
+    stem = Path(out_arg) if "/" in out_arg else RESULTS / out_arg
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(doc, indent=2, ensure_ascii=False, default=str) + "\n"
+    Path(f"{stem}.json").write_text(text)
+    report = markdown(json.loads(text))  # from the file's own contents (string keys)
+    Path(f"{stem}.md").write_text(report)
+    return report
 
 
 def main() -> None:
@@ -323,33 +386,13 @@ def main() -> None:
     caps = pick_caps(ctx, tuned)
     if tuned is not None and a.save_adapter:
         tuned.save(a.save_adapter)  # with the cap chosen on held-out public rows
-    cells = [cell(ctx, task, p, tuned, caps) for task in a.tasks for p in a.target_p]
-    out = {"command": command(), "quick": a.quick,
-           "machine": {**host, "loadavg_end": list(os.getloadavg())},
-           "environment": environment(torch.device(a.device)),
-           "backbone": a.backbone, "llm": a.llm, "etas": ctx.etas, "tasks": a.tasks,
-           "target_p": a.target_p, "public_corpus": ctx.corpus,
-           "held_out": f"{len(ctx.held)} public rows (not in the attackers' public text, not "
-                       "trained on), privatized with seed 4 at each P",
-           "llm_options": {"shots": a.shots, "chat": a.chat, "batch_size": a.batch,
-                           "greedy": True, "max_new_tokens": "1.5 × the row's LLM tokens",
-                           "max_change_default": DEFAULT_MAX_CHANGE},
-           "caps": {"fewshot": {str(p): c for p, c in caps["fewshot"].items()},
-                    "tuned": caps["tuned"]},
-           "tuning": None if tuned is None else {"run": run, "config": tuned.config.__dict__,
-                                                 "meta": tuned.meta,
-                                                 "loaded_from": a.adapter},
-           "llm_load_s": ctx.llm_load_s, "cells": cells,
-           "total_wall_s": time.perf_counter() - t_start,
-           "attacks": [{"task": c["task"], "backbone": "minilm", "P": c["target_p"],
-                        "attacker": k, "recovery": v["all"]}
-                       for c in cells for k, v in c["results"].items()]}
-    stem = Path(a.out) if "/" in a.out else RESULTS / a.out
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(out, indent=2, ensure_ascii=False, default=str) + "\n"
-    Path(f"{stem}.json").write_text(text)
-    report = markdown(json.loads(text))  # from the file's own contents (string keys)
-    Path(f"{stem}.md").write_text(report)
+    cells: list[dict] = []
+    # written after every step: a run cut by a wall cap keeps what it measured
+    report = write(a.out, document(ctx, host, t_start, tuned, run, caps, cells))
+    for task in a.tasks:
+        for p in a.target_p:
+            cells.append(cell(ctx, task, p, tuned, caps))
+            report = write(a.out, document(ctx, host, t_start, tuned, run, caps, cells))
     print(report)
 
 
@@ -398,11 +441,13 @@ def markdown(o: dict) -> str:
         lines += [f"## {c['set']}, P ≈ {c['target_p']} (η {c['eta']:.4g}, measured "
                   f"{c['P']:.3f})", "", "| attacker | all tokens | replaced only | replaced, "
                   "outside top-100 | unreplaced changed | wall s |", "|---|---|---|---|---|---|"]
-        walls = dict(zip(c["results"], c["wall_s"].values(), strict=True))
         for k, r in c["results"].items():
+            if "error" in r:
+                lines.append(f"| {k} | failed: {r['error'][:120]} | | | | |")
+                continue
             lines.append(f"| {k} | {r['all']:.1%} | {r['replaced_only']:.1%} | "
                          f"{r['replaced_rare']:.1%} | {r['unreplaced_changed']:.1%} | "
-                         f"{walls[k]:.0f} |")
+                         f"{c['wall_s'][k]:.0f} |")
         lines.append("")
     lines += ["## Reply caps on the held-out public rows (all tokens / replaced only)", "",
               "| max change | " + " | ".join([f"few-shot, P {p}" for p in o["caps"]["fewshot"]]

@@ -235,8 +235,7 @@ def _generator(inp: ReconstructionInput, adapter: TunedLLM | None = None,
         llm = load_backbone(llm, kind="causal")
     gen = HFGenerator(llm, int(opts.get("llm_batch_size", 8)),
                       _flag(opts.get("llm_progress", True)))
-    chat = adapter is None and _flag(opts.get("llm_chat", False)) and \
-        getattr(llm.tokenizer, "chat_template", None)
+    chat = _flag(opts.get("llm_chat", False)) and getattr(llm.tokenizer, "chat_template", None)
     return gen, gen.n_tokens, llm.tokenizer if chat else None
 
 
