@@ -204,8 +204,16 @@ def training_curve(hist: list[dict], points: int = 20) -> list[dict]:
 def fine_tune(ctx: Ctx) -> tuple[TunedLLM, dict]:
     """LoRA-tune the LLM on public rows privatized ``--repeats`` times at each ``--tune-p``
     level's η, decoded as the attacker decodes a row; -> (adapter, facts about the run)."""
+    from benchmarks.bench_attack_table import public_split
+
     a = ctx.a
-    rows = [r for r in ctx.public if len(r) <= TUNE_MAX_LEN]
+    # Never the texts the shipped attack table attacks (its default sample), so that this
+    # adapter may join that table.
+    attacked, _, _ = public_split(ctx.enc, 1000, 250, 48, 0)
+    table = {tuple(r) for r in attacked}
+    fits = [r for r in ctx.public if len(r) <= TUNE_MAX_LEN]
+    rows = [r for r in fits if tuple(r[:48]) not in table]
+    left_out = len(fits) - len(rows)
     rows = rows[:a.tune_rows] if a.tune_rows > 0 else rows
     etas = [ctx.eta(p) for p in a.tune_p]
     pairs = privatize_channel(rows, ctx.privatizer(etas[0], 11), etas, repeats=a.repeats)
@@ -217,7 +225,9 @@ def fine_tune(ctx: Ctx) -> tuple[TunedLLM, dict]:
             "etas": etas, "tune_p": a.tune_p, "repeats": a.repeats, "noise_seed": 11,
             "P_train": replacement_probability(pairs.clean, pairs.private,
                                                ctx.enc.special_ids),
-            "held_out": f"{len(ctx.held)} public rows, not trained on"}
+            "held_out": f"{len(ctx.held)} public rows, not trained on",
+            "left_out": f"{left_out} rows the shipped attack table attacks (its default "
+                        "sample)"}
     hist: list[dict] = []
     cap = None if a.budget_min is None else time.perf_counter() + 60 * a.budget_min
 
