@@ -1,4 +1,4 @@
-"""LLM reconstruction attacker: a causal LLM rewrites each privatized row, few-shot.
+"""LLM reconstruction attacker: a causal LLM rewrites each privatized row, few-shot or tuned.
 
 After "The Double-edged Sword of LLM-based Data Reconstruction" (arXiv 2508.18976): the attacker
 decodes a privatized row of the *encoder's* tokenizer to text and asks a causal LLM (default
@@ -13,11 +13,16 @@ Registry entry ``"llm"``; options (``ReconstructionInput.options``):
 
 * ``llm_backbone``: a name or path for :func:`rapt.models.load_backbone`, or a loaded causal
   :class:`~rapt.models.Backbone` (default ``smollm2-135m``);
-* ``llm_shots``: examples in the prompt (4);
+* ``llm_adapter``: a LoRA adapter fine-tuned for this attack (:mod:`rapt.attacks.llm_tuning`):
+  the folder of a saved one (loaded on ``llm_backbone``, or on the base LLM its provenance
+  names when that option is not given) or a loaded :class:`~rapt.attacks.llm_tuning.TunedLLM`;
+  it was trained on the zero-shot plain prompt, so the shots default to 0 and ``llm_chat`` is
+  refused;
+* ``llm_shots``: examples in the prompt (4; 0 with an adapter);
 * ``llm_max_rows``: attack the first N rows only; the rest are returned as received (nearest
   neighbour's guess);
 * ``llm_max_change``: drop a reply that changes more than this share of a row's tokens
-  (:data:`DEFAULT_MAX_CHANGE`);
+  (the adapter's own ``max_change`` when it has one, else :data:`DEFAULT_MAX_CHANGE`);
 * ``llm_chat``: frame the prompt with the LLM's chat template (off: on held-out public text
   SmolLM2-135M recovered less with it);
 * ``llm_batch_size`` (8), ``llm_progress`` (tqdm bar, on);
@@ -33,9 +38,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from rapt.attacks.llm_prompt import build_prompt
 from rapt.attacks.recovery import ReconstructionInput, register_attacker
 
 if TYPE_CHECKING:
+    from rapt.attacks.llm_tuning import TunedLLM
     from rapt.models import Backbone
 
 __all__ = ["DEFAULT_LLM", "DEFAULT_MAX_CHANGE", "Generator", "HFGenerator", "align_guess",
@@ -49,10 +56,8 @@ NEW_TOKENS_FACTOR = 1.5  # reply budget, × the target's length in LLM tokens
 # mechanism leaves most tokens alone at any useful η, and a small LLM that loses the thread
 # rewrites or repeats itself over the rest. The value SmolLM2-135M scored best with (P ≈ 0.4,
 # MiniLM) on held-out public rows in benchmarks/bench_llm_attack.py; re-pick it for another LLM.
+# A fine-tuned adapter carries its own, picked the same way (LLMTuningConfig.max_change).
 DEFAULT_MAX_CHANGE = 0.1
-
-INSTRUCTION = ("Some words in each noisy sentence were replaced by random words with a similar "
-               "meaning or spelling. Reply with the original sentence only.")
 
 # (prompts, max new tokens per prompt) -> one reply per prompt
 Generator = Callable[[Sequence[str], Sequence[int]], list[str]]
@@ -123,23 +128,6 @@ def align_guess(received: Sequence[int], output: Sequence[int], *,
                 guess[a] = out[b]
         block = []
     return guess
-
-
-def build_prompt(shots: Sequence[tuple[str, str]], target: str, chat_tokenizer: Any = None) -> str:
-    """The prompt for one target: the instruction, ``shots`` as (privatized, original) text
-    pairs, then the target's privatized text. With ``chat_tokenizer`` (an instruct LLM's, with a
-    chat template) each shot is a user / assistant turn; otherwise a plain
-    "Noisy: ... / Original: ..." completion."""
-    if chat_tokenizer is not None:
-        msgs = [{"role": "system", "content": INSTRUCTION}]
-        for noisy, clean in shots:
-            msgs += [{"role": "user", "content": f"Noisy: {noisy}"},
-                     {"role": "assistant", "content": clean}]
-        msgs.append({"role": "user", "content": f"Noisy: {target}"})
-        return chat_tokenizer.apply_chat_template(msgs, tokenize=False,
-                                                 add_generation_prompt=True)
-    body = "".join(f"Noisy: {noisy}\nOriginal: {clean}\n\n" for noisy, clean in shots)
-    return f"{INSTRUCTION}\n\n{body}Noisy: {target}\nOriginal:"
 
 
 def few_shot_examples(inp: ReconstructionInput, decode: Callable[[list[int]], str],
@@ -218,14 +206,29 @@ class HFGenerator:
         return out
 
 
-def _generator(inp: ReconstructionInput) -> tuple[Generator, Callable[[str], int], Any]:
+def _adapter(opts: dict) -> TunedLLM | None:
+    """The ``llm_adapter`` option, loaded (on ``llm_backbone`` when that option is given)."""
+    from rapt.attacks.llm_tuning import TunedLLM
+
+    adapter = opts.get("llm_adapter")
+    if adapter is None:
+        return None
+    if _flag(opts.get("llm_chat", False)):
+        raise ValueError("an llm_adapter was trained on the plain prompt, not the chat "
+                         "template: drop llm_chat")
+    return adapter if isinstance(adapter, TunedLLM) else TunedLLM.load(
+        adapter, opts.get("llm_backbone"))
+
+
+def _generator(inp: ReconstructionInput, adapter: TunedLLM | None = None,
+               ) -> tuple[Generator, Callable[[str], int], Any]:
     """(generate, LLM token count of a text, the tokenizer whose chat template frames the
-    prompt or None) from the options."""
+    prompt or None) from the options; ``adapter``: generate with its tuned LLM."""
     opts = inp.options
     stub = opts.get("llm_generate")
     if stub is not None:
         return stub, lambda text: len(text.split()), None
-    llm: Any = opts.get("llm_backbone", DEFAULT_LLM)
+    llm: Any = opts.get("llm_backbone", DEFAULT_LLM) if adapter is None else adapter.backbone
     if isinstance(llm, str):
         from rapt.models import load_backbone
 
@@ -259,14 +262,18 @@ def llm_attack(inp: ReconstructionInput) -> list[list[int]]:
     def retokenize(ids: list[int]) -> list[int]:
         return list(tok(decode(ids), add_special_tokens=False)["input_ids"])
 
-    generate, n_llm_tokens, chat_tok = _generator(inp)
-    shots = few_shot_examples(inp, decode, int(opts.get("llm_shots", DEFAULT_SHOTS)))
+    adapter = _adapter(opts)
+    generate, n_llm_tokens, chat_tok = _generator(inp, adapter)
+    shots = few_shot_examples(inp, decode, int(opts.get("llm_shots", DEFAULT_SHOTS
+                                                        if adapter is None else 0)))
     guesses = [[int(t) for t in r] for r in inp.private_rows]
     targets = [decode(list(r)) for r in inp.private_rows[:n]]
     todo = [i for i in range(n) if targets[i]]
     replies = generate([build_prompt(shots, targets[i], chat_tok) for i in todo],
                        [math.ceil(NEW_TOKENS_FACTOR * n_llm_tokens(targets[i])) for i in todo])
-    max_change = float(opts.get("llm_max_change", DEFAULT_MAX_CHANGE))
+    tuned_cap = None if adapter is None else adapter.config.max_change
+    max_change = float(opts.get("llm_max_change", DEFAULT_MAX_CHANGE if tuned_cap is None
+                                else tuned_cap))
     for i, reply in zip(todo, replies, strict=True):
         line = reply.strip().split("\n", 1)[0].strip()
         out = tok(line, add_special_tokens=False)["input_ids"] if line else []

@@ -122,8 +122,8 @@ def invert(
 
 # Attackers that cost minutes on a CPU: the denoiser trains a model when none is given, the LLM
 # attacker loads a second model and generates text. ``all`` includes one only when the option
-# named here is given (--option denoiser=FOLDER, --option llm_backbone=NAME).
-_SLOW = {"denoiser": "denoiser", "llm": "llm_backbone"}
+# named here is given (--option denoiser=FOLDER, --option llm_backbone=NAME or llm_adapter=FOLDER).
+_SLOW = {"denoiser": ("denoiser",), "llm": ("llm_backbone", "llm_adapter")}
 
 
 def _attacker_names(requested: list[str], options: dict) -> list[str]:
@@ -131,7 +131,7 @@ def _attacker_names(requested: list[str], options: dict) -> list[str]:
     from rapt.channel import denoiser  # noqa: F401  (registers "denoiser")
 
     every = [k for k in sorted(ATTACKERS, key=lambda k: (k != "nn", k))
-             if k not in _SLOW or _SLOW[k] in options]
+             if k not in _SLOW or any(o in options for o in _SLOW[k])]
     names: list[str] = []
     for a in requested:
         for n in (every if a == "all" else [a]):

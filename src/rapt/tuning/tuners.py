@@ -281,12 +281,14 @@ def attention_targets(model: nn.Module) -> list[str]:
     return ["query", "value"] if mtype in {"bert", "roberta"} else ["q_proj", "v_proj"]
 
 
-def add_lora(model: nn.Module, *, r: int, alpha: float, targets: Sequence[str] | None = None,
+def add_lora(model: nn.Module, *, r: int, alpha: float,
+             targets: Sequence[str] | str | None = None,
              dropout: float = 0.0, layers: Sequence[int] | None = None, wrap: bool = False,
              seed: int | None = None) -> nn.Module:
     """Fresh peft LoRA (B = 0: the model starts as it was) of rank ``r`` and scaling
     ``lora_scaling(r, alpha)`` on the ``targets`` modules (None: peft's choice for the model
-    family) of ``layers`` (None: all); afterwards only the LoRA tensors of ``model`` train.
+    family; a string is peft's own, e.g. ``"all-linear"``: every linear layer but the output
+    head) of ``layers`` (None: all); afterwards only the LoRA tensors of ``model`` train.
 
     ``wrap=False`` injects in place and returns ``model`` (parameter names unchanged);
     ``wrap=True`` returns peft's ``PeftModel`` around it (names under ``base_model.model.``;
@@ -296,7 +298,8 @@ def add_lora(model: nn.Module, *, r: int, alpha: float, targets: Sequence[str] |
     from peft import LoraConfig, get_peft_model, inject_adapter_in_model
 
     config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout,
-                        target_modules=list(targets) if targets is not None else None,
+                        target_modules=targets if targets is None or isinstance(targets, str)
+                        else list(targets),
                         layers_to_transform=list(layers) if layers is not None else None)
     with torch.random.fork_rng(devices=[], enabled=seed is not None):
         if seed is not None:
