@@ -158,3 +158,40 @@ def test_registered_and_seeded():
     assert out == bigram_bayes_attack(inp) and out[1] == [] and out[0] == [3, 0, 4]
     with pytest.raises(ValueError, match="public_rows"):
         bigram_bayes_attack(ReconstructionInput([[1]], EMB, ETA))
+
+
+@pytest.mark.integration
+def test_minilm_rows_recover_at_least_what_nearest_neighbour_does(shared_data, monkeypatch):
+    """Real rows (MiniLM, public text, P ≈ 0.5): the bigram decoder recovers at least nearest
+    neighbour's share minus the stated error (three standard errors of the positions it
+    changed)."""
+    from rapt.channel.corpus import public_corpus_for
+    from rapt.models import BackboneNotFoundError, load_backbone
+    from rapt.privacy.mechanism import Privatizer, candidate_ids_from_tokenizer
+    from rapt.privacy.nn_search import build_index
+
+    monkeypatch.setenv("RAPT_DATA_DIR", str(shared_data))
+    try:
+        bb = load_backbone("minilm")
+    except BackboneNotFoundError as e:
+        pytest.skip(str(e))
+    rows = [list(r) for r in public_corpus_for("sst2", max_rows_per_source=60).tokenize(
+        bb.tokenizer).rows if r]
+    attacked, public = [r[:32] for r in rows[:60]], rows[60:]
+    emb = bb.embeddings.detach()
+    cand = candidate_ids_from_tokenizer(bb.tokenizer, emb.shape[0])
+    flat = torch.tensor([i for r in attacked for i in r])
+    eta, index = 75.0, build_index(emb[cand].float(), "fast")
+    priv = Privatizer(emb, eta, special_ids=bb.special_ids, candidate_ids=cand, seed=3,
+                      index=index).privatize_ids(flat)
+    released = [t.tolist() for t in torch.split(priv, [len(r) for r in attacked])]
+    inp = ReconstructionInput(released, emb, eta, tuple(bb.special_ids), cand, index,
+                              public_rows=public, seed=4,
+                              options={"bayes_k": 300, "bigram_samples": 256,
+                                       "bayes_confirm_samples": 1024, "bayes_max_confirm": 32})
+    guess = torch.tensor([i for r in bigram_bayes_attack(inp) for i in r])
+    changed = int((guess != priv).sum())
+    stated = 3 * math.sqrt(changed) / flat.numel()
+    ours, nn = float((guess == flat).float().mean()), float((priv == flat).float().mean())
+    assert 0.3 < 1 - nn < 0.7  # P ≈ 0.5
+    assert ours >= nn - stated, (ours, nn, changed)
