@@ -120,7 +120,8 @@ def measure_backbone(name: str, args, denoiser_spec: str | None) -> dict:
     opts = {"bayes_k": args.bayes_k, "bayes_samples": args.bayes_samples,
             "bayes_confirm_samples": args.bayes_confirm,
             "bayes_max_confirm": args.bayes_max_confirm, "bayes_z": args.bayes_z,
-            "bigram_samples": args.bigram_samples, "bigram_candidates": args.bigram_candidates}
+            "bigram_samples": args.bigram_samples, "bigram_candidates": args.bigram_candidates,
+            "bigram_max_confirm": args.bigram_max_confirm}
     points = []
     for i, eta in enumerate(etas):
         names = list(args.attackers)
@@ -150,7 +151,7 @@ def measure_backbone(name: str, args, denoiser_spec: str | None) -> dict:
         attackers["bayes-bigram"] = {
             "name": NAMES["bayes-bigram"], "k": args.bayes_k, "samples": args.bigram_samples,
             "candidates": args.bigram_candidates, "confirm_samples": args.bayes_confirm,
-            "max_confirm": args.bayes_max_confirm, "z": args.bayes_z,
+            "max_confirm": args.bigram_max_confirm, "z": args.bayes_z,
             "prior": "interpolated Kneser-Ney bigram of the prior rows (discount 0.75)",
             "decision": "per-token MAP of each row's HMM (forward-backward); the release unless "
                         "fresh draws confirm the challenger and it still wins with every "
@@ -290,6 +291,8 @@ def parse_args() -> argparse.Namespace:
                     help="bayes-bigram: screen draws per candidate original")
     ap.add_argument("--bigram-candidates", type=int, default=16,
                     help="bayes-bigram: screened originals per position besides the release")
+    ap.add_argument("--bigram-max-confirm", type=int, default=256,
+                    help="bayes-bigram: (release, challenger) pairs confirmed per η")
     ap.add_argument("--p", type=float, nargs="+", default=[],
                     help="measure only the η calibrated for each of these P, not the grid")
     ap.add_argument("--out", default="attack_table",

@@ -273,9 +273,10 @@ def _split(flat: Tensor, rows: Sequence[Sequence[int]]) -> list[list[int]]:
 
 def bigram_bayes_attack(inp: ReconstructionInput) -> list[list[int]]:
     """Registry entry ``"bayes-bigram"``: needs ``inp.public_rows`` (unigram screen and bigram
-    prior). Options: the Bayes attacker's ``bayes_k``, ``bayes_confirm_samples``,
-    ``bayes_max_confirm``, ``bayes_z``, ``bayes_alpha``, and ``bigram_samples`` (screen draws
-    per original, 1024: the bigram needs more candidates than the unigram rule),
+    prior). Options: the Bayes attacker's ``bayes_k``, ``bayes_confirm_samples``, ``bayes_z``,
+    ``bayes_alpha``, and ``bigram_samples`` (screen draws per original, 1024: the context only
+    helps where the screen saw the original reach the release), ``bigram_max_confirm``
+    ((release, challenger) pairs confirmed; default ``bayes_max_confirm``, else 128),
     ``bigram_candidates`` (16), ``bigram_discount`` (0.75), ``bigram_strict`` (false)."""
     if inp.public_rows is None:
         raise ValueError("the bigram Bayes attacker needs public_rows (public text for its "
@@ -289,7 +290,8 @@ def bigram_bayes_attack(inp: ReconstructionInput) -> list[list[int]]:
         samples=int(opts.get("bigram_samples", DEFAULT_BIGRAM_SAMPLES)),
         confirm_samples=int(opts.get("bayes_confirm_samples", DEFAULT_CONFIRM)),
         z=float(opts.get("bayes_z", DEFAULT_Z)),
-        max_confirm=int(opts.get("bayes_max_confirm", DEFAULT_MAX_CONFIRM)),
+        max_confirm=int(opts.get("bigram_max_confirm",
+                                 opts.get("bayes_max_confirm", DEFAULT_MAX_CONFIRM))),
         special_ids=inp.special_ids, candidate_ids=inp.candidate_ids, index=inp.index,
         seed=inp.seed)
     prior = BigramPrior.fit(inp.public_rows, V, inp.special_ids,
