@@ -294,7 +294,7 @@ def bigram_bayes_attack(inp: ReconstructionInput) -> list[list[int]]:
                                  opts.get("bayes_max_confirm", DEFAULT_MAX_CONFIRM))),
         special_ids=inp.special_ids, candidate_ids=inp.candidate_ids, index=inp.index,
         seed=inp.seed)
-    prior = BigramPrior.fit(inp.public_rows, V, inp.special_ids,
+    prior = BigramPrior.fit(inp.public_rows, V,
                             float(opts.get("bigram_discount", DEFAULT_DISCOUNT)), alpha)
     strict = str(opts.get("bigram_strict", False)).lower() in ("1", "true", "yes")
     att = BigramBayesAttacker(screen, prior, int(opts.get("bigram_candidates",

@@ -35,7 +35,9 @@ class BigramPrior:
         p(b | a) = max(c(a, b) − D, 0) / c(a) + λ(a) · q(b),   λ(a) = D · N₁₊(a •) / c(a)
 
     with q the continuation unigram (in how many distinct contexts b follows, + ``alpha`` so an
-    unseen token keeps some mass; specials 0) and p(b | a) = q(b) for a context never seen.
+    unseen token keeps some mass) and p(b | a) = q(b) for a context never seen.  Special tokens
+    are ordinary tokens here: the mechanism passes them through, so in a row they are observed
+    states, never candidates, and a zero probability would zero the whole row.
     Sparse: only the seen bigrams are stored (sorted keys a·(V+1) + b), so it fits a 30k or 50k
     vocabulary. Written here, not taken from a library: nltk.lm scores one n-gram per Python
     call over strings (a lattice is millions of calls) and kenlm needs a compiled binary and
@@ -55,7 +57,7 @@ class BigramPrior:
         return self.vocab_size
 
     @classmethod
-    def fit(cls, rows: Sequence[Sequence[int]], vocab_size: int, special_ids: Sequence[int] = (),
+    def fit(cls, rows: Sequence[Sequence[int]], vocab_size: int,
             discount: float = DEFAULT_DISCOUNT, alpha: float = 1.0) -> BigramPrior:
         """Count the bigrams of ``rows`` (each framed by the boundary) and smooth them."""
         if not 0.0 < discount < 1.0:
@@ -68,14 +70,11 @@ class BigramPrior:
             pairs = torch.cat([s[:-1] * W + s[1:] for s in seqs])
         else:
             pairs = torch.zeros(0, dtype=torch.long)
-        special = torch.tensor(sorted({int(i) for i in special_ids}), dtype=torch.long)
-        pairs = pairs[~torch.isin(pairs % W, special)]  # a special is never an original
         keys, counts = torch.unique(pairs, return_counts=True)  # sorted
         a, b, c = keys // W, keys % W, counts.double()
         ctx = torch.zeros(W, dtype=torch.float64).index_add_(0, a, c)
         types = torch.zeros(W, dtype=torch.float64).index_add_(0, a, torch.ones_like(c))
         cont = torch.zeros(W, dtype=torch.float64).index_add_(0, b, torch.ones_like(c)) + alpha
-        cont[special] = 0.0
         log_q = (cont / cont.sum()).log()
         seen = ctx > 0
         lam = torch.ones(W, dtype=torch.float64)
