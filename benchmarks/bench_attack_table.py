@@ -196,7 +196,10 @@ def _bigram_note(e: dict) -> str:
 
 def markdown(doc: dict) -> str:
     prov = doc["provenance"]
-    lines = ["# Attack table: token recovery vs η, per backbone, on public text", "",
+    shipped = doc.get("shipped", True)
+    title = ("Attack table: token recovery vs η, per backbone, on public text" if shipped else
+             "Attackers compared on one release per η: token recovery on public text")
+    lines = [f"# {title}", "",
              f"`{prov['command']}` at rapt {prov['rapt_version']} ({prov['commit']}), "
              f"{prov['date']}.  ",
              f"Machine: {prov['machine']['platform']}, {prov['machine']['cpu_count']} CPUs "
@@ -206,9 +209,10 @@ def markdown(doc: dict) -> str:
              "wall.", "",
              "Recovery = share of non-special tokens the attacker guesses right (all / replaced "
              "only); empirical privacy (EP) = 1 − the best recovery of the attackers we ran (an "
-             "upper bound on privacy: a stronger attacker would lower it). Shipped as "
-             "`src/rapt/resources/attack_table.json` "
-             "(read by `rapt.privacy.attack_table`), printed by every command beside P.", ""]
+             "upper bound on privacy: a stronger attacker would lower it). "
+             + ("Shipped as `src/rapt/resources/attack_table.json` (read by "
+                "`rapt.privacy.attack_table`), printed by every command beside P." if shipped else
+                "Not the shipped table: every attacker sees the same release at each η."), ""]
     for name, e in doc["backbones"].items():
         c = e["corpus"]
         src = ", ".join(f"{s['name']}/{s['split']} {s['texts']}" for s in c["sources"])
@@ -340,7 +344,7 @@ def main() -> None:
                "machine": {**host, "loadavg_end": list(os.getloadavg())},
                "wall_s": round(time.perf_counter() - t0, 1), "seed": args.seed,
                "noise": "seeded per point (a benchmark: the table is not a release)"},
-           "backbones": backbones}
+           "shipped": args.out == "attack_table" and not args.p, "backbones": backbones}
     from rapt.privacy.attack_table import parse_table
 
     if not args.p:
