@@ -17,16 +17,24 @@ Attackers: nearest neighbour and the mechanism-aware Bayes attacker on every bac
 of ``--bayes-samples`` draws per candidate; a guess changes only where ``--bayes-confirm`` fresh
 draws confirm it, for at most ``--bayes-max-confirm`` releases per η; fewer than the command's
 defaults, to fit the grid in about 20 minutes of one thread: the bounds stay valid, the
-attacker only changes fewer guesses); the
+attacker only changes fewer guesses); with ``--attackers nn bayes bayes-bigram``, also the
+Bayes attacker with a bigram (context) prior, decoding each row as an HMM
+(``--bigram-samples`` screen draws per candidate, its ``--bigram-candidates`` best originals
+per position; the same confirm draws and bounds); the
 contextual denoiser only where ``--denoiser BACKBONE=FOLDER`` gives a trained one (from
 `rapt adapt`), and only at the grid points within its η band (× / ÷ 1.25): it is only valid near
 the η it was trained at, and the table says so.
 
 Writes ``src/rapt/resources/attack_table.json`` (read by :mod:`rapt.privacy.attack_table`) and
-``benchmarks/results/attack_table.{json,md,png}``.
+``benchmarks/results/attack_table.{json,md,png}``.  ``--p 0.4 0.6`` measures only the η
+calibrated for those P instead of the grid, and ``--out NAME`` writes
+``benchmarks/results/NAME.{json,md,png}`` and leaves the shipped table alone (a comparison of
+attackers, not a table).
 
     python -m benchmarks.bench_attack_table [--points 12] [--threads 1]
-        [--denoiser minilm=/tmp/channel/minilm] [--quick]
+        [--attackers nn bayes bayes-bigram] [--denoiser minilm=/tmp/channel/minilm] [--quick]
+    python -m benchmarks.bench_attack_table --backbones minilm --p 0.4 0.6
+        --attackers nn bayes bayes-bigram --out attacker_bayes_bigram --threads 1
 """
 
 from __future__ import annotations
@@ -46,7 +54,7 @@ from benchmarks._common import RESULTS, command, machine
 ROOT = Path(__file__).resolve().parents[1]
 RESOURCE = ROOT / "src" / "rapt" / "resources" / "attack_table.json"
 NAMES = {"nn": "nearest neighbour", "bayes": "mechanism-aware Bayes",
-         "denoiser": "contextual denoiser"}
+         "bayes-bigram": "Bayes, bigram prior", "denoiser": "contextual denoiser"}
 BAND_SLACK = 1.25  # a denoiser counts as valid within its η band widened by this factor
 
 
@@ -106,13 +114,17 @@ def measure_backbone(name: str, args, denoiser_spec: str | None) -> dict:
                                          args.seed)
     p_hi, p_lo = args.p_range
     eta_lo, eta_hi = calibrate_eta_public(bb, p_hi), calibrate_eta_public(bb, p_lo)
+    etas = (sorted(calibrate_eta_public(bb, p) for p in args.p) if args.p
+            else eta_band(eta_lo, eta_hi, args.points))
     den, band = load_denoiser(denoiser_spec, bb)
     opts = {"bayes_k": args.bayes_k, "bayes_samples": args.bayes_samples,
             "bayes_confirm_samples": args.bayes_confirm,
-            "bayes_max_confirm": args.bayes_max_confirm, "bayes_z": args.bayes_z}
+            "bayes_max_confirm": args.bayes_max_confirm, "bayes_z": args.bayes_z,
+            "bigram_samples": args.bigram_samples, "bigram_candidates": args.bigram_candidates,
+            "bigram_max_confirm": args.bigram_max_confirm}
     points = []
-    for i, eta in enumerate(eta_band(eta_lo, eta_hi, args.points)):
-        names = ["nn", "bayes"]
+    for i, eta in enumerate(etas):
+        names = list(args.attackers)
         if den is not None and band[0] / BAND_SLACK <= eta <= band[1] * BAND_SLACK:
             names.append("denoiser")
         t = time.perf_counter()
@@ -135,6 +147,15 @@ def measure_backbone(name: str, args, denoiser_spec: str | None) -> dict:
                            "prior": "unigram counts of the prior rows + 1",
                            "decision": "the release unless fresh draws confirm a challenger "
                                        "(Wilson bounds at z)"}}
+    if "bayes-bigram" in args.attackers:
+        attackers["bayes-bigram"] = {
+            "name": NAMES["bayes-bigram"], "k": args.bayes_k, "samples": args.bigram_samples,
+            "candidates": args.bigram_candidates, "confirm_samples": args.bayes_confirm,
+            "max_confirm": args.bigram_max_confirm, "z": args.bayes_z,
+            "prior": "interpolated Kneser-Ney bigram of the prior rows (discount 0.75)",
+            "decision": "per-token MAP of each row's HMM (forward-backward); the release unless "
+                        "fresh draws confirm the challenger and it still wins with every "
+                        "emission at its release-favouring Wilson bound"}
     if den is not None:
         attackers["denoiser"] = {
             "name": NAMES["denoiser"], "folder": denoiser_spec, "eta_band": list(band),
@@ -146,8 +167,9 @@ def measure_backbone(name: str, args, denoiser_spec: str | None) -> dict:
             "embeddings": list(emb.shape),
             "mechanism": "dχ text-to-text at η; outputs: the tokenizer's real tokens (no "
                          "specials or unused placeholders); certified-exact (fast) search",
-            "grid": {"p_range_on_public_sample": [p_hi, p_lo], "eta_range": [eta_lo, eta_hi],
-                     "points": args.points, "spacing": "geometric in η"},
+            "grid": ({"p_on_public_sample": list(args.p), "eta": etas} if args.p else
+                     {"p_range_on_public_sample": [p_hi, p_lo], "eta_range": [eta_lo, eta_hi],
+                      "points": args.points, "spacing": "geometric in η"}),
             "corpus": prov, "attackers": attackers, "points": points,
             "seconds": round(time.perf_counter() - t0, 1)}
 
@@ -161,9 +183,23 @@ def _bayes_note(b: dict) -> str:
             "η), so it is never below nearest neighbour beyond sampling error.")
 
 
+def _bigram_note(e: dict) -> str:
+    b = e["attackers"].get("bayes-bigram")
+    if b is None:
+        return ""
+    return (f" Bayes with a bigram prior: each row an HMM over the release and the "
+            f"{b['candidates']} best of the top-{b['k']} originals screened with {b['samples']} "
+            f"draws each, transitions {b['prior']}; a guess changes only when "
+            f"{b['confirm_samples']} fresh draws confirm it and it still wins with every emission"
+            f" at its release-favouring bound (at most {b['max_confirm']} pairs per η).")
+
+
 def markdown(doc: dict) -> str:
     prov = doc["provenance"]
-    lines = ["# Attack table: token recovery vs η, per backbone, on public text", "",
+    shipped = doc.get("shipped", True)
+    title = ("Attack table: token recovery vs η, per backbone, on public text" if shipped else
+             "Attackers compared on one release per η: token recovery on public text")
+    lines = [f"# {title}", "",
              f"`{prov['command']}` at rapt {prov['rapt_version']} ({prov['commit']}), "
              f"{prov['date']}.  ",
              f"Machine: {prov['machine']['platform']}, {prov['machine']['cpu_count']} CPUs "
@@ -173,9 +209,10 @@ def markdown(doc: dict) -> str:
              "wall.", "",
              "Recovery = share of non-special tokens the attacker guesses right (all / replaced "
              "only); empirical privacy (EP) = 1 − the best recovery of the attackers we ran (an "
-             "upper bound on privacy: a stronger attacker would lower it). Shipped as "
-             "`src/rapt/resources/attack_table.json` "
-             "(read by `rapt.privacy.attack_table`), printed by every command beside P.", ""]
+             "upper bound on privacy: a stronger attacker would lower it). "
+             + ("Shipped as `src/rapt/resources/attack_table.json` (read by "
+                "`rapt.privacy.attack_table`), printed by every command beside P." if shipped else
+                "Not the shipped table: every attacker sees the same release at each η."), ""]
     for name, e in doc["backbones"].items():
         c = e["corpus"]
         src = ", ".join(f"{s['name']}/{s['split']} {s['texts']}" for s in c["sources"])
@@ -185,7 +222,8 @@ def markdown(doc: dict) -> str:
                   f"{e['tokenizer']}): {c['attacked_texts']} texts attacked "
                   f"({c['attacked_tokens']:,} tokens, at most {c['max_tokens_per_attacked_text']}"
                   f" each), prior from the other {c['prior_texts']:,} texts "
-                  f"({c['prior_tokens']:,} tokens). {_bayes_note(e['attackers']['bayes'])} "
+                  f"({c['prior_tokens']:,} tokens). {_bayes_note(e['attackers']['bayes'])}"
+                  f"{_bigram_note(e)} "
                   f"{e['seconds'] / 60:.1f} min.", ""]
         if "denoiser" in e["attackers"]:
             d = e["attackers"]["denoiser"]
@@ -249,6 +287,21 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--bayes-max-confirm", type=int, default=64,
                     help="releases confirmed per η (the screen's likeliest flips first)")
     ap.add_argument("--bayes-z", type=float, default=3.0)
+    ap.add_argument("--attackers", nargs="+", default=["nn", "bayes"],
+                    choices=["nn", "bayes", "bayes-bigram"],
+                    help="attackers at every point (nn and bayes at least; the denoiser: "
+                         "--denoiser)")
+    ap.add_argument("--bigram-samples", type=int, default=1024,
+                    help="bayes-bigram: screen draws per candidate original")
+    ap.add_argument("--bigram-candidates", type=int, default=16,
+                    help="bayes-bigram: screened originals per position besides the release")
+    ap.add_argument("--bigram-max-confirm", type=int, default=256,
+                    help="bayes-bigram: (release, challenger) pairs confirmed per η")
+    ap.add_argument("--p", type=float, nargs="+", default=[],
+                    help="measure only the η calibrated for each of these P, not the grid")
+    ap.add_argument("--out", default="attack_table",
+                    help="results name under benchmarks/results; the shipped table is written "
+                         "only under the default name and without --p")
     ap.add_argument("--denoiser", action="append", default=[], metavar="BACKBONE=FOLDER",
                     help="a trained channel model (rapt adapt) for that backbone")
     ap.add_argument("--threads", type=int, default=1)
@@ -256,6 +309,10 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true",
                     help="check the script: 3 points, 40 texts, written under /tmp only")
     args = ap.parse_args()
+    if not {"nn", "bayes"} <= set(args.attackers):
+        ap.error("--attackers must include nn and bayes (the table's floor and its Bayes rule)")
+    if args.p and args.out == "attack_table":
+        ap.error("--p measures a few points, not the table: give --out NAME as well")
     if args.quick:
         args.points, args.eval_texts, args.per_source = 3, 40, 200
     return args
@@ -287,20 +344,23 @@ def main() -> None:
                "machine": {**host, "loadavg_end": list(os.getloadavg())},
                "wall_s": round(time.perf_counter() - t0, 1), "seed": args.seed,
                "noise": "seeded per point (a benchmark: the table is not a release)"},
-           "backbones": backbones}
+           "shipped": args.out == "attack_table" and not args.p, "backbones": backbones}
     from rapt.privacy.attack_table import parse_table
 
-    parse_table(doc, "the table just measured")  # what rapt reads must parse
+    if not args.p:
+        parse_table(doc, "the table just measured")  # what rapt reads must parse
     out_dir = Path("/tmp/attack_table_quick") if args.quick else RESULTS
-    resource = out_dir / "attack_table_resource.json" if args.quick else RESOURCE
     out_dir.mkdir(parents=True, exist_ok=True)
     text = json.dumps(doc, indent=1) + "\n"
-    resource.write_text(text)
-    (out_dir / "attack_table.json").write_text(text)
-    (out_dir / "attack_table.md").write_text(markdown(doc))
-    plot(doc, out_dir / "attack_table.png")
+    if args.out == "attack_table" and not args.p:
+        resource = out_dir / "attack_table_resource.json" if args.quick else RESOURCE
+        resource.write_text(text)
+        print(f"wrote {resource}")
+    (out_dir / f"{args.out}.json").write_text(text)
+    (out_dir / f"{args.out}.md").write_text(markdown(doc))
+    plot(doc, out_dir / f"{args.out}.png")
     print(markdown(doc))
-    print(f"wrote {resource}, {out_dir / 'attack_table.json'}, .md, .png")
+    print(f"wrote {out_dir / args.out}.json, .md, .png")
 
 
 if __name__ == "__main__":

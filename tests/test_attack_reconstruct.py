@@ -110,6 +110,18 @@ def test_cli_bayes_with_a_public_corpus(setup, shared_data):
     assert rep["public_corpus"]["n_tokens"] > 0 and rep["options"]["bayes_k"] == 20
 
 
+def test_cli_bigram_bayes_with_a_public_corpus(setup, shared_data):
+    folder, src = setup
+    r = _cli([str(src), "--format", "lines", "--backbone", str(folder), "--eta", "120",
+              "-a", "nn", "-a", "bayes-bigram", "--public-for", "sst2",
+              "--max-public-rows", "30", "--bayes-k", "20", "--option", "bigram_samples=64",
+              "--noise-seed", "0", "--json-report"])
+    assert r.exit_code == 0, r.output
+    rep = json.loads([ln for ln in r.output.splitlines() if ln.startswith("{")][-1])
+    assert set(rep["attackers"]) == {"nn", "bayes-bigram"}
+    assert rep["attackers"]["bayes-bigram"]["n_all"] == rep["attackers"]["nn"]["n_all"] > 0
+
+
 def test_cli_errors(setup):
     folder, src = setup
     base = [str(src), "--format", "lines", "--backbone", str(folder)]
@@ -119,6 +131,8 @@ def test_cli_errors(setup):
     assert r.exit_code == 2 and "unknown --attacker" in r.output
     r = _cli([*base, "--eta", "120", "-a", "bayes"])
     assert r.exit_code == 2 and "--public-for" in r.output
+    r = _cli([*base, "--eta", "120", "-a", "bayes-bigram"])
+    assert r.exit_code == 2 and "--public-for" in r.output
 
 
 def test_all_leaves_out_attackers_that_would_train_unless_their_model_is_given():
@@ -127,5 +141,7 @@ def test_all_leaves_out_attackers_that_would_train_unless_their_model_is_given()
 
     plain = _attacker_names(["all"], {})
     assert "nn" in plain and "bayes" in plain and "denoiser" not in plain
+    assert "bayes-bigram" not in plain  # 1024 draws of each of 2000 candidates
+    assert "bayes-bigram" in _attacker_names(["all"], {"bigram_samples": "256"})
     assert "denoiser" in _attacker_names(["all"], {"denoiser": "/some/folder"})
     assert _attacker_names(["denoiser"], {}) == ["denoiser"]

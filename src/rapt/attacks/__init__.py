@@ -8,6 +8,7 @@ trains through the training loop, so it registers ``"denoiser"`` where it is imp
 """
 
 from rapt.attacks import bayes as _bayes  # noqa: F401  (registers "bayes")
+from rapt.attacks import bayes_bigram as _bayes_bigram  # noqa: F401  (registers "bayes-bigram")
 from rapt.attacks import llm_recovery as _llm_recovery  # noqa: F401  (registers "llm")
 from rapt.attacks.recovery import (
     ATTACKERS,

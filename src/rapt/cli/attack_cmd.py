@@ -121,9 +121,12 @@ def invert(
 
 
 # Attackers that cost minutes on a CPU: the denoiser trains a model when none is given, the LLM
-# attacker loads a second model and generates text. ``all`` includes one only when the option
-# named here is given (--option denoiser=FOLDER, --option llm_backbone=NAME or llm_adapter=FOLDER).
-_SLOW = {"denoiser": ("denoiser",), "llm": ("llm_backbone", "llm_adapter")}
+# attacker loads a second model and generates text, the bigram Bayes attacker draws 1024
+# privatizations of each of its 2000 candidates. ``all`` includes one only when an option
+# named here is given (--option denoiser=FOLDER, --option llm_backbone=NAME or
+# llm_adapter=FOLDER, --option bigram_samples=N).
+_SLOW = {"denoiser": ("denoiser",), "llm": ("llm_backbone", "llm_adapter"),
+         "bayes-bigram": ("bigram_samples",)}
 
 
 def _attacker_names(requested: list[str], options: dict) -> list[str]:
@@ -160,8 +163,10 @@ def reconstruct(
     eta: float | None = ETA,
     target_p: float | None = TARGET_P,
     attacker: list[str] = typer.Option(["all"], "--attacker", "-a",
-                                       help="nn, bayes, denoiser, llm, another registered "
-                                       "attacker, or all (repeatable; all takes the denoiser "
+                                       help="nn, bayes, bayes-bigram (a bigram context prior), "
+                                       "denoiser, llm, another registered attacker, or all "
+                                       "(repeatable; all takes bayes-bigram only with --option "
+                                       "bigram_samples=N, the denoiser "
                                        "only when --option denoiser=FOLDER gives a trained one, "
                                        "the LLM only with --option llm_backbone=NAME)"),
     public_for: str | None = typer.Option(None, "--public-for",
@@ -202,7 +207,7 @@ def reconstruct(
         task_family(str(task))
     except ValueError:
         # the Bayes prior is public text; other attackers say themselves what they need
-        if public_for is not None or "bayes" in names:
+        if public_for is not None or any(n.startswith("bayes") for n in names):
             fail(f"{task!r} is not a built-in task: give --public-for TASK, the task the "
                  "public corpus must be disjoint from")
         task = None
