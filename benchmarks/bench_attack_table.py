@@ -160,6 +160,12 @@ def measure_backbone(name: str, args, denoiser_spec: str | None) -> dict:
         attackers["denoiser"] = {
             "name": NAMES["denoiser"], "folder": denoiser_spec, "eta_band": list(band),
             "measured_within": [band[0] / BAND_SLACK, band[1] * BAND_SLACK],
+            # The folder is not shipped: say what it was, so it can be trained again.
+            "trained": {k: den.meta.get(k) for k in ("target_p", "rows", "tokens", "steps",
+                                                     "earlier", "noise_seed")}
+            | {"corpus": [f"{s['name']}/{s['split']}" for s in
+                          den.meta.get("corpus", {}).get("sources", [])],
+               "trainable": den.config.trainable, "change_margin": den.config.change_margin},
             "note": "a channel model trained at this η band: measured (and valid) only near it"}
     emb = bb.embeddings
     return {"tokenizer": f"{name}'s ({type(bb.tokenizer).__name__}, {len(bb.tokenizer):,} "
@@ -227,7 +233,11 @@ def markdown(doc: dict) -> str:
                   f"{e['seconds'] / 60:.1f} min.", ""]
         if "denoiser" in e["attackers"]:
             d = e["attackers"]["denoiser"]
-            lines += [f"Denoiser `{d['folder']}`, trained at η {d['eta_band'][0]:.4g}.."
+            t = d.get("trained") or {}
+            how = (f" ({t['trainable']} fine-tune of the backbone, {t['steps']} steps on "
+                   f"{t['rows']:,} pairs of {', '.join(t['corpus'])}; change margin "
+                   f"{t['change_margin']:g})" if t.get("steps") else "")
+            lines += [f"Denoiser `{d['folder']}`{how}, trained at η {d['eta_band'][0]:.4g}.."
                       f"{d['eta_band'][1]:.4g}: measured only at η "
                       f"{d['measured_within'][0]:.4g}..{d['measured_within'][1]:.4g}.", ""]
         lines += ["| η | P | " + " | ".join(f"{NAMES.get(k, k)} all / replaced" for k in keys)
