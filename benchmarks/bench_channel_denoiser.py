@@ -267,12 +267,13 @@ def training_rows(args, bb) -> tuple[list[list[int]], dict, int]:
     texts, counts = public_texts(60 if args.quick else args.per_source, seed=0, task=args.task,
                                  also=also)
     counts["also_disjoint_from"] = [task_family(t) for t in also]
-    room = args.max_length - 2
-    rows = [r[:room] for r in tokenize_texts(texts, bb.tokenizer) if r]
-    # The table's defaults (250 texts cut to 48 tokens, 1,000 rows per split, seed 0).
+    rows = [r for r in tokenize_texts(texts, bb.tokenizer) if r]
+    # The table's defaults (250 texts cut to 48 tokens, 1,000 rows per split, seed 0), compared
+    # before the rows are cut to max_length: a text longer than both cuts must match too.
     attacked, _, _ = public_split(bb, 1000, 250, 48, 0)
     table = {tuple(r) for r in attacked}
-    kept = [r for r in rows if tuple(r[:48]) not in table]
+    room = args.max_length - 2
+    kept = [r[:room] for r in rows if tuple(r[:48]) not in table]
     counts["left_out"] = "the texts the shipped attack table attacks (its default sample)"
     return kept, counts, len(rows) - len(kept)
 
