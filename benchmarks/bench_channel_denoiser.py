@@ -257,6 +257,15 @@ def make_privatizer(bb, eta: float, cand, seed: int) -> Privatizer:
                       mode="fast", seed=seed)
 
 
+def drop_attacked(rows: list[list[int]], attacked: list[list[int]],
+                  width: int) -> list[list[int]]:
+    """``rows`` without those whose first ``width`` tokens are an ``attacked`` row (attacked rows
+    are cut to ``width``); compare uncut rows, so that a long text matches whatever either side
+    was cut to later."""
+    table = {tuple(r) for r in attacked}
+    return [r for r in rows if tuple(r[:width]) not in table]
+
+
 def training_rows(args, bb) -> tuple[list[list[int]], dict, int]:
     """Public token rows without the eval tasks' families and without any text the shipped
     attack table attacks (so this denoiser may join that table); -> (rows, provenance,
@@ -271,9 +280,8 @@ def training_rows(args, bb) -> tuple[list[list[int]], dict, int]:
     # The table's defaults (250 texts cut to 48 tokens, 1,000 rows per split, seed 0), compared
     # before the rows are cut to max_length: a text longer than both cuts must match too.
     attacked, _, _ = public_split(bb, 1000, 250, 48, 0)
-    table = {tuple(r) for r in attacked}
     room = args.max_length - 2
-    kept = [r[:room] for r in rows if tuple(r[:48]) not in table]
+    kept = [r[:room] for r in drop_attacked(rows, attacked, 48)]
     counts["left_out"] = "the texts the shipped attack table attacks (its default sample)"
     return kept, counts, len(rows) - len(kept)
 
