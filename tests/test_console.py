@@ -377,3 +377,32 @@ def test_upload_takes_what_rapt_privatize_wrote_sentence_pairs_included(console,
     tok = tiny_bert.tokenizer
     pairs = tok(written.texts, [p for p in written.text_pairs])["input_ids"]
     assert ds["max_row_len"] == max(len(p) for p in pairs)  # both texts of each pair
+
+
+def test_dataset_page_shows_the_attack_tables_privacy_and_the_rules_verdict(console,
+                                                                           monkeypatch):
+    from rapt.privacy import attack_table
+
+    c, keys = console
+    login(c, keys["alice"])
+    r = _upload(c, eta="40")  # "tiny" is in no shipped table
+    assert r.status_code == 201, r.text
+    assert "not in rapt's attack table: backbone &#39;tiny&#39; is not in it" in r.text
+    # A table that holds "tiny": nearest neighbour recovers 20 % at η 40 and 50 % at η 80; the
+    # Bayes attacker 30 % and 60 %: it sets the empirical privacy (an upper bound).
+    pts = [{"eta": 40.0, "p": 0.8, "recovery": {"nn": {"all": 0.2, "replaced": 0.0},
+                                                "bayes": {"all": 0.3, "replaced": 0.1}}},
+           {"eta": 80.0, "p": 0.5, "recovery": {"nn": {"all": 0.5, "replaced": 0.0},
+                                                "bayes": {"all": 0.6, "replaced": 0.2}}}]
+    table = attack_table.parse_table({
+        "format": "rapt-attack-table", "version": 1,
+        "backbones": {"tiny": {"attackers": {"nn": {"name": "nearest neighbour"},
+                                             "bayes": {"name": "mechanism-aware Bayes"}},
+                               "points": pts}}})
+    monkeypatch.setattr(attack_table, "load_table", lambda path=None: table)
+    page = c.get("/console/datasets").text
+    assert "0.80</td>" in page and "0.700, set by mechanism-aware Bayes" in page
+    assert "weak: below" not in page and "upper bound" in page
+    assert _upload(c, eta="80").status_code == 201  # EP 0.4 < the rule's 0.5: weak
+    page = c.get("/console/datasets").text
+    assert "0.400, set by mechanism-aware Bayes" in page and "weak: below 0.5" in page

@@ -205,9 +205,25 @@ def datasets_view(request: Request, svc: Any, me: str, status: int = 200,
     """The datasets page with its upload and job forms (``ctx``: a form's error, its values)."""
     from rapt.config import TuneConfig
 
-    return _page(request, svc, me, "datasets.html", status=status,
-                 datasets=datasets.list_datasets(svc, me), backbones=list(svc.backbones),
-                 defaults=TuneConfig(), **ctx)
+    mine = datasets.list_datasets(svc, me)
+    return _page(request, svc, me, "datasets.html", status=status, datasets=mine,
+                 privacy={d.id: table_privacy(d.backbone, d.privacy.eta) for d in mine
+                          if d.privacy.mechanism != "none" and d.privacy.eta is not None},
+                 backbones=list(svc.backbones), defaults=TuneConfig(), **ctx)
+
+
+def table_privacy(backbone: str, eta: float) -> dict:
+    """What rapt's attack table says of a declared (backbone, η): the table's P there, the
+    empirical privacy (1 − the best recovery of the attackers we ran: an upper bound), which
+    attacker sets it, and the privacy rule's verdict on η alone. The service never sees the
+    clean text, so P and nearest neighbour on the rows themselves stay on the user's machine."""
+    from rapt.privacy.attack_table import strongest_at
+    from rapt.privacy.rule import judge
+
+    ans = strongest_at(backbone, eta)
+    verdict = judge(None, backbone=backbone, eta=eta)
+    return {"p": ans.p, "ep": ans.empirical_privacy, "attacker": ans.attacker_name,
+            "reason": ans.reason, "weak": verdict.weak, "min_p": verdict.min_p}
 
 
 @router.get("/prompts")
