@@ -333,8 +333,11 @@ def main() -> None:
     if args.save:
         den.save(args.save)
     final = releases.score(den, frequent)
-    for cell, am in zip(final, releases.score(den, frequent, margin=0.0), strict=True):
+    last = releases.score(den, frequent, margin=0.0)
+    for cell, am in zip(final, last, strict=True):
         cell["denoiser, plain argmax (margin 0)"] = am["denoiser"]
+    if args.eval_every and (not points or points[-1]["step"] != den.meta["steps"]):
+        points.append({"step": den.meta["steps"], "cells": last})  # the curve's last point
     out = {"command": command(),
            "machine": {**host, "loadavg_end": list(os.getloadavg())},
            "environment": environment(device),
