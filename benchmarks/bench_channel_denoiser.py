@@ -1,28 +1,33 @@
-"""The contextual denoiser attacker (issue 27) on MiniLM at P ≈ 0.4, against nearest neighbour.
+"""The contextual denoiser attacker on MiniLM, against nearest neighbour, at one P or several.
 
-Public text (``public_corpus_for(--task)``; for SST-2: TREC, Financial PhraseBank, CB premises
-and hypotheses, TrustPilot; never the task's own text) is privatized by the provider at the η
-that ``calibrate_eta_public`` gives for P ≈ ``--target-p``, ``--repeats`` times with fresh
-noise (:func:`rapt.channel.corpus.privatize_channel`); a :class:`rapt.channel.denoiser.Denoiser` is
-trained on the (privatized -> original) pairs, either for a wall-clock budget on ``--threads``
-threads (the default, for a shared CPU) or for ``--epochs`` passes over every pair (to
-convergence on a GPU; ``--budget-min`` is then only a wall cap). Its change margin is fitted on
-held-out public pairs (:func:`fit_change_margin`), and it is evaluated on the task's dev
-sentences privatized with fresh noise: token recovery over all non-special tokens, over replaced
-tokens only (nearest neighbour: 0 by construction) and over the replaced tokens outside the
-public corpus's 100 most frequent, plus the share of unreplaced tokens it wrongly changes.
-Writes benchmarks/results/channel_denoiser.{json,md} (``--out STEM``: STEM.json/.md).
+Public text (``public_corpus_for(--task)``, without the families of ``--eval-tasks`` either, and
+without any text the shipped attack table attacks, so the model may join that table; for SST-2
+and FP together: TREC, CB premises and hypotheses, TrustPilot) is privatized by the provider at
+the η that ``calibrate_eta_public`` gives for each P of ``--target-p`` (several: an η band),
+``--repeats`` times with fresh noise (:func:`rapt.channel.corpus.privatize_channel`); a
+:class:`rapt.channel.denoiser.Denoiser` is trained on the (privatized -> original) pairs, either
+for a wall-clock budget on ``--threads`` threads or for ``--epochs`` passes over every pair
+(``--budget-min`` is then only a wall cap). ``--eval-every N``: every N steps the held-out curve
+(the dev releases below, plain argmax) and, with ``--save``, a checkpoint; ``--init DIR`` goes on
+training a saved one (a new ``--noise-seed`` gives fresh privatizations). Its change margin is
+fitted on held-out public pairs (:func:`fit_change_margin`), and it is evaluated on each eval
+task's dev sentences privatized at each P with fixed seeds: token recovery over all non-special
+tokens, over replaced tokens only (nearest neighbour: 0 by construction) and over the replaced
+tokens outside the public corpus's 100 most frequent, plus the share of unreplaced tokens it
+wrongly changes. Writes STEM.{json,md} (+ STEM.png, the curve), STEM = ``--out`` or
+benchmarks/results/channel_denoiser.
 
-    python -m benchmarks.bench_channel_denoiser [--budget-min 12] [--threads 2] [--save DIR]
-        [--quick]
+    python -m benchmarks.bench_channel_denoiser --threads 2 --per-source 0 --target-p 0.4 0.6 \
+        --eval-tasks sst2 financial_phrasebank --eval-every 167 --epochs 1 \
+        --save DIR --out benchmarks/results/attacker_denoiser_band
     python -m benchmarks.bench_channel_denoiser --device cuda --backbone .gpu-carry/minilm \
         --per-source 0 --repeats 3 --epochs 4 --budget-min 3 --save DIR --out $OUT/STEM
 
-``--save DIR`` keeps the trained denoiser (outside the repo, e.g. /tmp/channel/minilm-p0.4-sst2)
-for benchmarks/bench_channel.py's denoise-then-tune setting. ``--device cuda``: backbone,
-privatization, training and evaluation on the GPU; ``--backbone`` may be a local folder (the
-float16 copy carried to the device machine, see benchmarks/gpu/README.md): it is loaded in
-float32 either way.
+``--save DIR`` keeps the trained denoiser (outside the repo) for benchmarks/bench_channel.py's
+denoise-then-tune setting and for ``bench_attack_table --denoiser minilm=DIR``. ``--device
+cuda``: backbone, privatization, training and evaluation on the GPU; ``--backbone`` may be a
+local folder (the float16 copy carried to the device machine, see benchmarks/gpu/README.md): it
+is loaded in float32 either way.
 """
 
 from __future__ import annotations
