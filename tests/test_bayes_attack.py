@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from _minilm_rows import minilm_rows
 
 from rapt.attacks.bayes import (
     DEFAULT_CONFIRM,
@@ -190,21 +191,10 @@ def test_minilm_rows_recover_at_least_what_nearest_neighbour_does(shared_data, m
     share minus the stated error, three standard errors of the positions whose guess it
     changed (each such change is right more often than not under the prior; on a finite
     sample its gain is noise of that size)."""
-    from rapt.channel.corpus import public_corpus_for
-    from rapt.models import BackboneNotFoundError, load_backbone
-    from rapt.privacy.mechanism import Privatizer, candidate_ids_from_tokenizer
+    from rapt.privacy.mechanism import Privatizer
 
-    monkeypatch.setenv("RAPT_DATA_DIR", str(shared_data))
-    try:
-        bb = load_backbone("minilm")
-    except BackboneNotFoundError as e:
-        pytest.skip(str(e))
-    rows = [list(r) for r in public_corpus_for("sst2", max_rows_per_source=60).tokenize(
-        bb.tokenizer).rows if r]
-    attacked, prior = [r[:32] for r in rows[:60]], rows[60:]
-    emb = bb.embeddings.detach()
-    cand = candidate_ids_from_tokenizer(bb.tokenizer, emb.shape[0])
-    flat = torch.tensor([i for r in attacked for i in r])
+    r = minilm_rows(shared_data, monkeypatch)
+    bb, prior, emb, cand, flat = r.backbone, r.public, r.embeddings, r.candidates, r.flat
     for eta in (100.0,):  # P ≈ 0.13: where the rule changes some guesses
         priv = Privatizer(emb, eta, special_ids=bb.special_ids, candidate_ids=cand, seed=3,
                           mode="fast").privatize_ids(flat)

@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from _minilm_rows import minilm_rows
 
 from rapt.attacks.bayes import BayesAttacker, unigram_log_prior
 from rapt.attacks.bayes_bigram import BigramBayesAttacker, bigram_bayes_attack, context_bound
@@ -173,22 +174,12 @@ def test_minilm_rows_recover_at_least_what_nearest_neighbour_does(shared_data, m
     """Real rows (MiniLM, public text, P ≈ 0.5): the bigram decoder recovers at least nearest
     neighbour's share minus the stated error (three standard errors of the positions it
     changed)."""
-    from rapt.channel.corpus import public_corpus_for
-    from rapt.models import BackboneNotFoundError, load_backbone
-    from rapt.privacy.mechanism import Privatizer, candidate_ids_from_tokenizer
+    from rapt.privacy.mechanism import Privatizer
     from rapt.privacy.nn_search import build_index
 
-    monkeypatch.setenv("RAPT_DATA_DIR", str(shared_data))
-    try:
-        bb = load_backbone("minilm")
-    except BackboneNotFoundError as e:
-        pytest.skip(str(e))
-    rows = [list(r) for r in public_corpus_for("sst2", max_rows_per_source=60).tokenize(
-        bb.tokenizer).rows if r]
-    attacked, public = [r[:32] for r in rows[:60]], rows[60:]
-    emb = bb.embeddings.detach()
-    cand = candidate_ids_from_tokenizer(bb.tokenizer, emb.shape[0])
-    flat = torch.tensor([i for r in attacked for i in r])
+    r = minilm_rows(shared_data, monkeypatch)
+    bb, attacked, public, emb, cand, flat = (r.backbone, r.attacked, r.public, r.embeddings,
+                                             r.candidates, r.flat)
     eta, index = 75.0, build_index(emb[cand].float(), "fast")
     priv = Privatizer(emb, eta, special_ids=bb.special_ids, candidate_ids=cand, seed=3,
                       index=index).privatize_ids(flat)
