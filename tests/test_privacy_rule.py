@@ -29,12 +29,17 @@ def _eta_at_p(backbone: str, p: float) -> float:
 @pytest.mark.parametrize("backbone", ["minilm", "smollm2-135m"])
 def test_table_level_decides_for_the_packaged_backbones(backbone):
     """P 0.4 (the README's old level) is weak by the table's strongest attacker; the default
-    level is not, with a margin (the measured release may differ by a few points)."""
+    level is not. The table's number is fixed, so it needs no sampling margin; since the
+    contextual denoiser joined MiniLM's table its margin at the default is small (0.536 against
+    the rule's 0.5), and a release measured at the default P is judged on its own recovery too."""
     weak = judge(None, backbone=backbone, eta=_eta_at_p(backbone, 0.4))
     assert weak.weak and weak.empirical_privacy < 0.45, weak
     assert "attack table" in weak.attacker
     ok = judge(None, backbone=backbone, eta=_eta_at_p(backbone, DEFAULT_TARGET_P))
-    assert not ok.weak and ok.empirical_privacy > DEFAULT_MIN_P + 0.05, ok
+    assert not ok.weak and ok.empirical_privacy > DEFAULT_MIN_P, ok
+    measured = {"eta": ok.eta, "replacement_probability": DEFAULT_TARGET_P - 0.03,
+                "inversion_success": 1 - DEFAULT_TARGET_P + 0.03, "n_tokens": 2000}
+    assert not judge(measured, backbone=backbone).weak  # a release a few points off the level
 
 
 def test_measured_recovery_on_the_release_counts():
