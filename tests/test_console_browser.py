@@ -113,9 +113,16 @@ def _key(site, name: str, **kw) -> str:
 
 
 def _wait(cond, timeout: float = 30.0, what: str = "condition"):
+    """Poll ``cond``; an element that is not there yet, or went stale because a form's answer
+    replaced the page between finding it and reading it, counts as "not yet"."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+
     t0 = time.time()
     while time.time() - t0 < timeout:
-        value = cond()
+        try:
+            value = cond()
+        except (NoSuchElementException, StaleElementReferenceException):
+            value = None
         if value:
             return value
         time.sleep(0.1)
