@@ -127,7 +127,13 @@ def test_metrics_count_the_privatized_tokens_received_by_route_family(svc, tiny_
     body = upload_body(n=6)
     ds = c.post("/v1/datasets", json=body, headers=hdr(user_key)).json()
     clear = {**upload_body(n=4), "privacy": {"mechanism": "none"}}  # opted out: not counted
-    assert c.post("/v1/datasets", json=clear, headers=hdr(user_key)).status_code == 201
+    clear_id = c.post("/v1/datasets", json=clear, headers=hdr(user_key)).json()["id"]
+    clear_job = c.post("/v1/jobs", json={"dataset_id": clear_id, "epochs": 1},
+                       headers=hdr(user_key)).json()["id"]
+    clear_pid = wait_job(c, user_key, clear_job)["prompt_id"]
+    r = c.post("/v1/predict", json={"prompt_id": clear_pid, "input_ids": upload_body(n=2)[
+        "input_ids"]}, headers=hdr(user_key))  # queries of a prompt tuned in clear: not counted
+    assert r.status_code == 200, r.text
     jid = c.post("/v1/jobs", json={"dataset_id": ds["id"], "epochs": 1},
                  headers=hdr(user_key)).json()["id"]
     pid = wait_job(c, user_key, jid)["prompt_id"]

@@ -98,9 +98,14 @@ class Service:
         self.store.close()
         os.umask(self._umask)
 
-    def count_privatized(self, family: str, backbone: str, rows: list[list[int]]) -> None:
+    def count_privatized(self, family: str, backbone: str, rows: list[list[int]],
+                         privacy: dict | None) -> None:
         """Count the tokens of privatized ``rows`` received on a ``family`` of routes
-        (datasets, predict); the backbone's special tokens, never privatized, are left out."""
+        (datasets, predict); the backbone's special tokens, never privatized, are left out, and
+        so are rows under a ``privacy`` declaration of mechanism "none" (sent in clear: for a
+        query, the data its prompt was tuned on)."""
+        if (privacy or {}).get("mechanism") == "none":
+            return
         special = set(self.backbones[backbone].special_ids)
         n = sum(1 for r in rows for t in r if t not in special)
         with self._tokens_lock:

@@ -32,8 +32,7 @@ def upload_dataset(body: DatasetUpload, svc: Svc, me: Owner) -> DatasetInfo:
             max_bytes=svc.limits.max_dataset_bytes_per_key)
     except QuotaError as e:
         raise ServiceError(429, "quota_exceeded", str(e)) from None
-    if body.privacy.mechanism != "none":  # rows the user opted to send in clear are not
-        svc.count_privatized("datasets", name, ids)
+    svc.count_privatized("datasets", name, ids, body.privacy.model_dump())
     return DatasetInfo(**svc.store.get_dataset(did, me))
 
 

@@ -27,7 +27,7 @@ def predict(body: PredictRequest, svc: Svc, me: Owner) -> PredictResponse:
     ids = svc.rows_of(row["backbone"], body.input_ids, body.texts,
                       svc.limits.max_predict_rows, "max_predict_rows",
                       prompt_tokens=prompt_positions(prompt), text_pairs=body.text_pairs)
-    svc.count_privatized("predict", row["backbone"], ids)
+    svc.count_privatized("predict", row["backbone"], ids, row.get("privacy"))
     bb = svc.backbones[row["backbone"]]
     if channel is not None:  # read back as the training rows were; tokenized texts hold no k
         plain = row["plain_ids"] if body.input_ids is not None else None
