@@ -108,6 +108,28 @@ def recovery(clean, private, guess, frequent: set[int]) -> dict:
             "unreplaced_changed": broke / max(1, kept)}
 
 
+def gain_ci(clean, private, base, guess, n_boot: int = 2000, seed: int = 0) -> dict:
+    """Paired bootstrap over sentences of ``guess``'s gain over ``base`` in recovery of all
+    tokens and of replaced ones (percentage points); -> point, 95 % CI per measure."""
+    per = torch.tensor([[sum(a == x for a, x in zip(c, g, strict=True)) -
+                         sum(a == x for a, x in zip(c, b0, strict=True)),
+                         len(c),
+                         sum(a == x for a, p, x in zip(c, p_, g, strict=True) if a != p),
+                         sum(a != p for a, p in zip(c, p_, strict=True))]
+                        for c, p_, b0, g in zip(clean, private, base, guess, strict=True)],
+                       dtype=torch.float64)
+    idx = torch.randint(0, len(per), (n_boot, len(per)),
+                        generator=torch.Generator().manual_seed(seed))
+    boot = per[idx].sum(1)  # (n_boot, 4)
+    out = {}
+    for key, num, den in (("all", 0, 1), ("replaced_only", 2, 3)):
+        point = per[:, num].sum() / per[:, den].sum().clamp(min=1)
+        draws = boot[:, num] / boot[:, den].clamp(min=1)
+        lo, hi = torch.quantile(draws, torch.tensor([0.025, 0.975], dtype=torch.float64))
+        out[key] = {"gain_pp": 100 * point.item(), "ci95_pp": [100 * lo.item(), 100 * hi.item()]}
+    return out
+
+
 def privatize(priv: Privatizer, rows: list[list[int]]) -> list[list[int]]:
     return privatize_channel(rows, priv).private
 
@@ -153,6 +175,11 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--noise-seed", type=int, default=1,
                     help="seed of the training pairs' privatization (a new one to go on)")
     ap.add_argument("--eval-n", type=int, default=300, help="dev sentences evaluated (0: all)")
+    ap.add_argument("--corpus", default="public", choices=["public", "domain", "both"],
+                    help="training text: other families' (public: what the shipped table's "
+                         "attacker may use), the attacked tasks' own families without their "
+                         "dev split (domain: public text of the user's domain, simulated by "
+                         "the disjoint splits; exact dev duplicates dropped), or both")
     ap.add_argument("--per-source", type=int, default=3000,
                     help="public rows per dataset split (0: all)")
     ap.add_argument("--lr", type=float, default=2e-4)
@@ -210,6 +237,8 @@ def train(args, bb, cfg: DenoiserConfig, clean, priv, meta: dict, curve=None):
         if curve is not None and args.eval_every and rec["step"] % args.eval_every == 0:
             curve(den, rec["step"])
 
+    if curve is not None and args.eval_every and args.init:
+        curve(den, 0)  # where it starts: the saved denoiser on the same releases
     deadline = None if cap is None else time.perf_counter() + cap
     t0, c0 = time.perf_counter(), time.process_time()
     den = train_denoiser(bb, clean[:n_rows], priv[:n_rows], cfg, meta=meta, progress=progress,
@@ -242,19 +271,27 @@ class Releases:
                                    "P_eval": replacement_probability(clean, priv,
                                                                      bb.special_ids)})
 
-    def score(self, den, frequent: set[int], margin: float | None = None) -> list[dict]:
-        """Recovery of nearest neighbour and the denoiser (at ``margin``, default its own)."""
+    def score(self, den, frequent: set[int], margin: float | None = None,
+              ci: bool = False) -> list[dict]:
+        """Recovery of nearest neighbour and the denoiser (at ``margin``, default its own);
+        ``ci``: with the denoiser's paired bootstrap gain over nearest neighbour."""
         saved = den.config.change_margin
         den.config.change_margin = saved if margin is None else margin
+        out = []
         try:
-            return [{"task": c["task"], "target_p": c["target_p"], "eta": c["eta"],
-                     "set": c["set"], "P_eval": c["P_eval"],
-                     "nearest neighbour": recovery(c["clean"], c["private"], c["nn"], frequent),
-                     "denoiser": recovery(c["clean"], c["private"], den.guess(c["private"]),
-                                          frequent)}
-                    for c in self.cells]
+            for c in self.cells:
+                guess = den.guess(c["private"])
+                out.append({"task": c["task"], "target_p": c["target_p"], "eta": c["eta"],
+                            "set": c["set"], "P_eval": c["P_eval"],
+                            "nearest neighbour": recovery(c["clean"], c["private"], c["nn"],
+                                                          frequent),
+                            "denoiser": recovery(c["clean"], c["private"], guess, frequent)})
+                if ci:  # nearest neighbour recovers no replaced token: its gain is the rate
+                    out[-1]["denoiser"]["gain_over_nn"] = gain_ci(c["clean"], c["private"],
+                                                                  c["nn"], guess)
         finally:
             den.config.change_margin = saved
+        return out
 
 
 def make_privatizer(bb, eta: float, cand, seed: int) -> Privatizer:
@@ -271,6 +308,65 @@ def drop_attacked(rows: list[list[int]], attacked: list[list[int]],
     return [r for r in rows if tuple(r[:width]) not in table]
 
 
+# The splits of each evaluated family that are not its dev split: the domain attacker's text.
+DOMAIN_SPLITS = {"sst2": (("sst2-sentences", "train"), ("sst2-sentences", "test")),
+                 "financial_phrasebank": (("financial_phrasebank", "train"),
+                                          ("financial_phrasebank", "test"))}
+
+
+def near_duplicate_share(dev: list[list[int]], train: list[list[int]],
+                         threshold: float = 0.8) -> float:
+    """Share of ``dev`` rows with a ``train`` row whose token set overlaps theirs by at least
+    ``threshold`` (Jaccard): templated sentences that exact deduplication keeps."""
+    # Candidates share a token with the row; sets, not a library index: a few seconds here.
+    sets = [set(r) for r in train]
+    by_token: dict[int, list[int]] = {}
+    for i, s in enumerate(sets):
+        for t in s:
+            by_token.setdefault(t, []).append(i)
+    hits = 0
+    for r in dev:
+        a = set(r)
+        # A row with Jaccard >= threshold holds all but at most (1 - threshold)|a| of this
+        # row's tokens, so it holds one of its k rarest: only those rows need checking.
+        k = int((1 - threshold) * len(a)) + 1
+        cand = set()
+        for t in sorted(a, key=lambda t: len(by_token.get(t, ())))[:k]:
+            cand.update(by_token.get(t, ()))
+        if any(len(a & sets[i]) / len(a | sets[i]) >= threshold for i in cand):
+            hits += 1
+    return hits / max(1, len(dev))
+
+
+def domain_rows(tasks: list[str], bb, limit: int) -> tuple[list[list[int]], list[dict]]:
+    """Token rows of the evaluated tasks' non-dev splits, without any row equal to a row of
+    their dev split (FP repeats some sentences across splits); -> (rows, provenance: per
+    source, and per task the share of dev rows with a near duplicate kept)."""
+    rows: list[list[int]] = []
+    record = []
+    for task in tasks:
+        name, split = EVAL_SET[task]
+        dev_rows = tokenize_texts(list(load_dataset(name, split).texts), bb.tokenizer)
+        dev = {tuple(r) for r in dev_rows}
+        mine: list[list[int]] = []
+        for src, src_split in DOMAIN_SPLITS[task]:
+            if src_split == split:
+                raise ValueError(f"{src}/{src_split} is the attacked split")
+            ds = load_dataset(src, src_split)
+            if 0 < limit < len(ds):
+                ds = ds.subset(limit, seed=0)
+            got = [r for r in tokenize_texts([t for t in ds.texts if t.strip()], bb.tokenizer)
+                   if r]
+            kept = [r for r in got if tuple(r) not in dev]
+            mine += kept
+            record.append({"task": task, "name": src, "split": src_split, "rows": len(ds),
+                           "texts": len(kept), "dev_duplicates_dropped": len(got) - len(kept)})
+        record[-1]["dev_near_duplicate_share_0.8"] = near_duplicate_share(dev_rows, mine)
+        rows += mine
+    order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(0)).tolist()
+    return [rows[i] for i in order], record
+
+
 def training_rows(args, bb) -> tuple[list[list[int]], dict, int]:
     """Public token rows without the eval tasks' families and without any text the shipped
     attack table attacks (so this denoiser may join that table); -> (rows, provenance,
@@ -278,10 +374,20 @@ def training_rows(args, bb) -> tuple[list[list[int]], dict, int]:
     from benchmarks.bench_attack_table import public_split
 
     also = tuple(t for t in args.eval_tasks if task_family(t) != task_family(args.task))
-    texts, counts = public_texts(60 if args.quick else args.per_source, seed=0, task=args.task,
-                                 also=also)
-    counts["also_disjoint_from"] = [task_family(t) for t in also]
+    limit = 60 if args.quick else args.per_source
+    texts, counts = [], {"sources": []}
+    if args.corpus in ("public", "both"):
+        texts, counts = public_texts(limit, seed=0, task=args.task, also=also)
+        counts["also_disjoint_from"] = [task_family(t) for t in also]
     rows = [r for r in tokenize_texts(texts, bb.tokenizer) if r]
+    if args.corpus in ("domain", "both"):
+        dom, dom_sources = domain_rows(args.eval_tasks, bb, limit)
+        rows += dom
+        counts["sources"] = counts["sources"] + dom_sources
+        counts["domain"] = ("the attacked tasks' own families, dev split left out (public "
+                            "text of the user's domain, simulated by disjoint splits)")
+        order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(0)).tolist()
+        rows = [rows[i] for i in order]
     # The table's defaults (250 texts cut to 48 tokens, 1,000 rows per split, seed 0), compared
     # before the rows are cut to max_length: a text longer than both cuts must match too.
     attacked, _, _ = public_split(bb, 1000, 250, 48, 0)
@@ -337,7 +443,7 @@ def main() -> None:
     den.meta["change_margin_fit"] = {"held_out_public_rows": hold, "recovery": margin_scores}
     if args.save:
         den.save(args.save)
-    final = releases.score(den, frequent)
+    final = releases.score(den, frequent, ci=True)
     last = releases.score(den, frequent, margin=0.0)
     for cell, am in zip(final, last, strict=True):
         cell["denoiser, plain argmax (margin 0)"] = am["denoiser"]
@@ -414,6 +520,8 @@ def markdown(o: dict) -> str:
     how = (f"{o['config']['epochs']} epoch(s)" if o["wall_cap_s"] is None or not o["stopped"]
            else f"stopped at the {o['wall_cap_s'] / 60:g}-min wall cap")
     etas = ", ".join(f"{float(e):.4g} (P ≈ {p})" for p, e in o["etas"].items())
+    disjoint = ("none of the attacked dev texts: the domain attacker" if "domain" in
+                c["sources"] else "disjoint from every evaluated task")
     earlier = "".join(f" It went on from a checkpoint of {e['steps']} earlier steps on "
                       f"{e['rows']:,} pairs." for e in o["earlier"])
     lines = [
@@ -425,7 +533,7 @@ def markdown(o: dict) -> str:
         f"Trained ({o['config']['trainable']}, lr {o['config']['lr']}, batch "
         f"{o['config']['batch_size']}, max length {o['config']['max_length']}) on "
         f"{c['rows_used']:,} (privatized, original) pairs ({c['tokens_used']:,} tokens) of "
-        f"{c['sentences']:,} public sentences ({sources}; disjoint from every evaluated task; "
+        f"{c['sentences']:,} public sentences ({sources}; {disjoint}; "
         f"{c['left_out_for_the_attack_table']} texts the shipped attack table attacks left out) "
         f"privatized at each η {times}, {o['steps']} steps ({how}), "
         f"{o['train_cpu_s'] / 60:.1f} CPU-min ({o['train_wall_s'] / 60:.1f} min wall).{earlier} "
@@ -434,15 +542,20 @@ def markdown(o: dict) -> str:
         f"{', '.join(f'{float(k):g}: {v:.1%}' for k, v in o['change_margin_fit'].items())}).",
         "",
         "| set | P | attacker | all tokens | replaced only | replaced, outside top-100 | "
-        "unreplaced changed |", "|---|---|---|---|---|---|---|"]
+        "unreplaced changed | gain over nearest neighbour, all tokens (95 % CI) |",
+        "|---|---|---|---|---|---|---|---|"]
     for cell in o["eval"]:
         for k in ("nearest neighbour", "denoiser, plain argmax (margin 0)", "denoiser"):
             r = cell[k]
+            g = r.get("gain_over_nn")
+            gain = (f"{g['all']['gain_pp']:+.1f} ({g['all']['ci95_pp'][0]:+.1f} to "
+                    f"{g['all']['ci95_pp'][1]:+.1f})" if g else "")
             lines.append(f"| {cell['set']} | {cell['P_eval']:.3f} | {k} | {r['all']:.1%} | "
                          f"{r['replaced_only']:.1%} | {r['replaced_rare']:.1%} | "
-                         f"{r['unreplaced_changed']:.1%} |")
+                         f"{r['unreplaced_changed']:.1%} | {gain} |")
     lines += ["", "Replaced, outside top-100: replaced tokens outside the public corpus's 100 "
-              "most frequent.", ""]
+              "most frequent. Gain: paired bootstrap over sentences (2,000 draws), one "
+              "privatization of the dev text.", ""]
     if o["curve"]:  # did it converge: held-out recovery (margin 0) along the run
         cells = o["curve"][0]["cells"]
         lines += ["Held-out curve (plain argmax; all tokens / replaced only):", "",
