@@ -161,7 +161,7 @@ def write_private(path: str | Path, data: str | bytes) -> Path:
 def shareable_privacy(report: dict | None, backbone: str) -> dict | None:
     """The privacy of a release as a shared folder may state it: its level (η, the P η was
     calibrated for on public text, the search mode, seeded) and the shipped attack table's
-    figures at that η (public text: P there and the strongest attacker's recovery). What was
+    figures at that η (public text: P there and the best recovery of the attackers we ran). What was
     measured on the private rows is left out; :func:`write_private` puts it beside the folder."""
     if report is None:
         return None

@@ -7,9 +7,10 @@ token, so that copying the input (what nearest neighbour does) is the starting p
 
 It is trained on (privatized -> original) pairs of *public* text, privatized by the provider
 with the same mechanism, so it costs no privacy, and it sees only privatized ids at predict
-time: what it outputs is post-processing of the dχ release. The same model is the strongest
-attacker we field (its recovery rate is the honest empirical privacy) and the first utility
-remedy (denoise-then-tune: rows pass through :meth:`Denoiser.denoise` before tuning and predict).
+time: what it outputs is post-processing of the dχ release. The same model is also an
+attacker (where it beats the others we ran, its recovery sets the empirical privacy, an upper
+bound) and the first utility remedy (denoise-then-tune: rows pass through
+:meth:`Denoiser.denoise` before tuning and predict).
 
 Training goes through :func:`rapt.training.loop.run_loop` with a
 :class:`rapt.training.loop.MeanStep` over a :class:`DenoisingObjective`;

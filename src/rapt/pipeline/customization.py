@@ -20,9 +20,10 @@ It does no I/O: callers read files, print and save; progress goes to plain calla
 With ``channel=denoiser`` the privatized rows are denoised inside :meth:`Customization.tune` and
 :meth:`Customization.predict_proba` (text positions only: specials and plain tokens k stay as
 released), and the privacy report adds the channel's own recovery on the release: the same
-model is also an attacker at that η (once well trained, the strongest rapt has). With
-``channel=adapter`` (a :class:`rapt.channel.adapter.ChannelAdapter`) the rows stay as released
-and :attr:`Customization.reader`, the backbone with the adapter merged in, tunes and predicts.
+model is also an attacker at that η (where it recovers more than the others we ran, it sets
+the upper bound on privacy). With ``channel=adapter`` (a
+:class:`rapt.channel.adapter.ChannelAdapter`) the rows stay as released and
+:attr:`Customization.reader`, the backbone with the adapter merged in, tunes and predicts.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The shipped attack table: how much of a release the strongest known attacker recovers, per
-backbone and η, measured on public text.
+"""The shipped attack table: how much of a release the best of the attackers we ran recovers,
+per backbone and η, measured on public text (1 − it: an upper bound on privacy).
 
 ``rapt/resources/attack_table.json`` is written by ``benchmarks/bench_attack_table.py``: for each
 backbone a grid of η, and at each η the measured replacement probability P and every attacker's

@@ -1,10 +1,11 @@
 """The one weak-privacy rule of every command that privatizes.
 
-A release is *weak* when its empirical privacy, 1 − the token recovery of the strongest attacker
-rapt knows at its η, is below ``min_p`` (default :data:`DEFAULT_MIN_P` = 0.5: that attacker
-recovers more than half of the text tokens). The recoveries that count:
+A release is *weak* when its empirical privacy, 1 − the best token recovery of the attackers
+rapt ran at its η (an upper bound on privacy), is below ``min_p`` (default
+:data:`DEFAULT_MIN_P` = 0.5: that attacker recovers more than half of the text tokens). The
+recoveries that count:
 
-* the shipped attack table's strongest attacker at (backbone, η), measured on public text
+* the shipped attack table's best attacker at (backbone, η), measured on public text
   (:func:`rapt.privacy.attack_table.strongest_at`): fixed for a configured level, so a level is
   judged the same way by every command;
 * the nearest-neighbour inversion measured on this release (``inversion_success`` of

@@ -8,9 +8,9 @@ are read back through a denoiser, and so are predict's queries for a prompt tune
 through :class:`rapt.pipeline.Customization` (text positions only; specials and RAPT's plain
 tokens stay as uploaded). The channel model only ever sees what the customer uploaded
 (privatized ids): post-processing of the release; the same model is also an attacker at that η,
-once well trained the strongest rapt has (docs/THREAT_MODEL.md). A channel adapter leaves the
-rows as uploaded: jobs tune, and predict runs, on the backbone with the adapter merged in (its
-own copy, outside the micro-batcher).
+counted wherever it recovers more than the others we ran (docs/THREAT_MODEL.md). A channel
+adapter leaves the rows as uploaded: jobs tune, and predict runs, on the backbone with the
+adapter merged in (its own copy, outside the micro-batcher).
 """
 
 from __future__ import annotations

@@ -159,7 +159,8 @@ class ChannelInfo(BaseModel):
     """The provider's channel model (issue 27, denoise-then-tune): built by the provider from
     public text it privatized itself (`rapt adapt`); it reads the uploaded privatized rows back
     before tuning and predict. Post-processing of the release (the dχ guarantee at η is
-    unchanged), and also the strongest attacker known at that η."""
+    unchanged), and also an attacker at that η: its recovery counts in the empirical privacy
+    (1 − the best recovery of the attackers we ran, an upper bound)."""
 
     fingerprint: str = Field(description="sha256 of the channel model's config and tensors")
     provenance: dict = Field(description="backbone, public corpus (sources, token count), η "
