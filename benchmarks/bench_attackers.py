@@ -40,7 +40,7 @@ def cells(run: dict) -> list[dict]:
         row = {"task": c["task"], "target_p": c["target_p"], "P": c["P_eval"],
                "eta": c["eta"], "set": c["set"],
                "nearest neighbour": {"all": nn["all"], "replaced_only": 0.0},
-               "domain denoiser": {k: den[k] for k in ("all", "replaced_only",
+               "domain denoiser": {k: den[k] for k in ("all", "replaced_only", "replaced_rare",
                                                        "unreplaced_changed")},
                "gain_pp": g["all"]["gain_pp"], "gain_ci95_pp": g["all"]["ci95_pp"],
                "replaced_ci95_pp": g["replaced_only"]["ci95_pp"]}
@@ -52,6 +52,14 @@ def cells(run: dict) -> list[dict]:
                                and den["replaced_only"] >= GOAL_REPLACED)
         out.append(row)
     return out
+
+
+def curve(run: dict) -> list[dict]:
+    """Held-out gain over nearest neighbour (points, all tokens) at each point of the run."""
+    return [{"step": pt["step"],
+             "gain_pp": {f"{c['task']} P {c['target_p']}": 100 * (c["denoiser"]["all"] -
+                                                              c["nearest neighbour"]["all"])
+                         for c in pt["cells"]}} for pt in run["curve"]]
 
 
 def elsewhere() -> list[dict]:
@@ -122,8 +130,8 @@ def markdown(doc: dict) -> str:
         "that share is high the simulation favours the attacker.", "",
         "| task | P | nearest neighbour | public-text denoiser all / replaced | domain denoiser "
         "all / replaced | gain over NN, points (95 % CI) | replaced recovered, CI | "
-        "unreplaced changed | goal (≥ 3 pts, ≥ 10 %) |",
-        "|---|---|---|---|---|---|---|---|---|"]
+        "replaced outside the 100 most frequent | unreplaced changed | goal (≥ 3 pts, ≥ 10 %) |",
+        "|---|---|---|---|---|---|---|---|---|---|"]
     for c in doc["cells"]:
         pub = c.get("public-text denoiser")
         pub_s = f"{pub['all']:.1%} / {pub['replaced_only']:.1%}" if pub else "–"
@@ -133,8 +141,18 @@ def markdown(doc: dict) -> str:
         lines.append(
             f"| {c['task']} | {c['P']:.3f} | {c['nearest neighbour']['all']:.1%} | {pub_s} | "
             f"{d['all']:.1%} / {d['replaced_only']:.1%} | {c['gain_pp']:+.1f} ({lo:+.1f} to "
-            f"{hi:+.1f}) | {rlo:.1f}–{rhi:.1f} % | {d['unreplaced_changed']:.1%} | "
+            f"{hi:+.1f}) | {rlo:.1f}–{rhi:.1f} % | {d['replaced_rare']:.1%} | "
+            f"{d['unreplaced_changed']:.1%} | "
             f"{'met' if c['goal_met'] else 'not met'} |")
+    if doc["curve"]:
+        head = doc["curve"][0]["gain_pp"]
+        lines += ["", "Did it converge: held-out gain over nearest neighbour (points of all "
+                  "tokens, plain argmax) along the run; step 0 is the public-text denoiser it "
+                  "started from. The learning rate decays linearly to 0 at the last step.", "",
+                  "| step | " + " | ".join(head) + " |",
+                  "|---" * (len(head) + 1) + "|"]
+        lines += [f"| {pt['step']} | " + " | ".join(f"{g:+.1f}" for g in pt["gain_pp"].values())
+                  + " |" for pt in doc["curve"]]
     if doc["elsewhere"]:
         lines += ["", "Measured elsewhere (other texts or fewer sentences; not comparable cell "
                   "by cell):", "", "| attacker | where | P | all | replaced only | file |",
@@ -202,7 +220,7 @@ def main() -> None:
                    "config": run["config"], "etas": run["etas"], "saved_to": run["saved_to"]},
            "goal": {"all_tokens_pp": GOAL_ALL_PP, "replaced_share": GOAL_REPLACED},
            "cells": cells(run), "elsewhere": elsewhere(),
-           "dev_near_duplicates": near_duplicates(run)}
+           "dev_near_duplicates": near_duplicates(run), "curve": curve(run)}
     stem = Path(args.out)
     write_json(Path(f"{stem}.json"), doc)
     Path(f"{stem}.md").write_text(markdown(doc))

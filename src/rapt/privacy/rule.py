@@ -35,11 +35,11 @@ from dataclasses import dataclass
 __all__ = ["DEFAULT_MIN_P", "DEFAULT_TARGET_P", "MIN_P_HELP", "PrivacyVerdict", "judge",
            "weak_privacy_warning"]
 
-DEFAULT_MIN_P = 0.5  # below it the strongest attacker reads most of the tokens
+DEFAULT_MIN_P = 0.5  # below it the best attacker we ran reads most of the tokens
 DEFAULT_TARGET_P = 0.6  # the default level where a command privatizes without being told
-MIN_P_HELP = ("warn when the release's empirical privacy (1 − the best attacker's token "
-              "recovery: rapt's attack table at this η, and nearest neighbour on this release; "
-              "about P) is below this")
+MIN_P_HELP = ("warn when the release's empirical privacy (1 − the best token recovery of the "
+              "attackers rapt ran: its attack table at this η, and nearest neighbour on this "
+              "release; an upper bound on privacy, at or below P) is below this")
 
 
 @dataclass(frozen=True)
