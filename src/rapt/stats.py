@@ -83,6 +83,33 @@ def gap_won_back(remedy: Sequence[float], privatized: Sequence[float],
     return {"diff": diff, "gap": gap, "share": share}
 
 
+def paired_bootstrap(a: Sequence[float], b: Sequence[float], *, seed: int = 0,
+                     level: float = 0.95, resamples: int = 2000) -> tuple[float, float, float]:
+    """(mean of a − b, lower, upper): the percentile bootstrap CI at ``level`` of the mean
+    difference of paired per-row values (e.g. 1/0 correct, two models on the same rows),
+    resampling rows; seeded, so the same rows give the same interval. Identical differences
+    give a zero-width interval."""
+    import numpy as np
+    from scipy import stats
+
+    d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+    if d.size == 0:
+        raise ValueError("paired_bootstrap needs at least one pair")
+    if np.all(d == d[0]):
+        return float(d[0]), float(d[0]), float(d[0])
+    ci = stats.bootstrap((d,), np.mean, n_resamples=resamples, confidence_level=level,
+                         method="percentile", random_state=seed).confidence_interval
+    return float(d.mean()), float(ci.low), float(ci.high)
+
+
+def majority_half_width(m: float, n: int, level: float = 0.95) -> float:
+    """Half-width of the ``level`` interval around the majority rate ``m`` on ``n`` rows
+    (normal approximation of a classifier that always answers the majority class): an
+    accuracy at or below m + this is no better than that classifier."""
+    z = statistics.NormalDist().inv_cdf(0.5 + level / 2)
+    return z * math.sqrt(m * (1 - m) / n)
+
+
 def effect_word(d: dict) -> str:
     """'helped' / 'hurt' when the paired CI excludes 0, else 'made no significant difference'."""
     if not d["excludes_zero"]:
@@ -122,8 +149,7 @@ def collapse_warnings(pred: Sequence[int], gold: Sequence[int | None] | None,
         major = max(range(len(names)), key=freq.__getitem__)
         m = freq[major] / n
         acc = sum(int(int(p) == int(g)) for p, g in zip(pred, gold, strict=True)) / n
-        z = statistics.NormalDist().inv_cdf(0.5 + level / 2)
-        half = z * math.sqrt(m * (1 - m) / n)
+        half = majority_half_width(m, n, level)
         if acc <= m + half:
             out.append(f"accuracy {acc:.3f} is within the {level:.0%} CI of the majority rate "
                        f"{m:.3f} ± {half:.3f} (always answering '{names[major]}', {n} rows): "

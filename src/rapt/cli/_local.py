@@ -20,6 +20,11 @@ LOCAL_HELP = ("also fit a local model on your clean rows (TF-IDF + logistic regr
               "mode 0600")
 
 
+# What `rapt predict` does by default in each mode the tune's verdict can choose.
+MODE_WORDS = {"fused": "the two fused", "local": "the local model alone (nothing sent)",
+              "remote": "the privatized model alone"}
+
+
 def held_out(labels: list[int], seed: int, enabled: bool) -> np.ndarray:
     """Indices of the rows the remote prompt must not train on (empty when ``enabled`` is
     False or the data are too few): a function of the labels and the seed only, so a resumed
@@ -66,9 +71,10 @@ def echo_user_side(local, fusion, comparison, level: float | None | str = "unkno
         acc = fusion.accuracy or {}
         typer.echo(f"held out ({fusion.n_rows} rows the prompt never trained on, privatized as "
                    f"queries): accuracy remote{' (denoised)' if denoised else ''} "
-                   f"{acc['remote']:.4f}, local {acc['local']:.4f}, "
-                   f"fused {acc['fused']:.4f} (fusion weights: remote {fusion.remote:g}, "
-                   f"local {fusion.local:g})")
+                   f"{100 * acc['remote']:.1f} %, local {100 * acc['local']:.1f} %, fused "
+                   f"{100 * acc['fused']:.1f} % (cross-fitted; fusion weights: remote "
+                   f"{fusion.remote:g}, local {fusion.local:g}); `rapt predict` uses: "
+                   f"{MODE_WORDS[fusion.mode]}")
     typer.echo(verdict(comparison))
     if level != "unknown":
         typer.echo(grid_note(level))
