@@ -49,11 +49,17 @@ def test_tune_holds_out_a_slice_and_saves_the_local_model_beside_out(tuned):
     assert "s on this machine's CPU" in r.stdout  # the local model's time, once
     assert r.stdout.count("machine's CPU") == 1
     assert "held out (24 rows the prompt never trained on, privatized as queries)" in r.stdout
-    assert "On your data, " in r.stdout  # the verdict
+    assert "On your data (24 held-out rows" in r.stdout  # the verdict
+    # the words give the class: the local model alone is right on every held-out row, and
+    # the verdict, the saved record and predict's default (below) agree on it
+    assert "The local model is right on the same rows as fused" in r.stdout
+    assert "`rapt predict` uses it alone by default and sends nothing" in r.stdout
+    assert "`rapt predict` uses: the local model alone (nothing sent)" in r.stdout
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "prompt.safetensors"]
     doc = json.loads(beside(out, "local.NOT-PRIVATE.json").read_text())
     assert doc["fusion"]["n_rows"] == 24 and doc["baseline"]["n_rows"] == 120
-    assert set(doc["fusion"]["accuracy"]) == {"remote", "local", "fused"}
+    assert set(doc["fusion"]["accuracy"]) == {"remote", "local", "fused", "majority"}
+    assert doc["fusion"]["mode"] == "local" and doc["fusion"]["accuracy"]["local"] == 1.0
     shared = json.dumps(_meta(out))  # nothing of it in the folder one shares
     assert not any(k in shared for k in ("fusion", "vocabulary", "cv_accuracy", "NOT-PRIVATE"))
 
@@ -94,14 +100,45 @@ def _predict(out, data, *extra):
     return r, json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def test_predict_fuses_the_local_model_by_default(tuned):
+def test_predict_does_what_the_tunes_verdict_chose(tuned, tmp_path, monkeypatch):
+    """By default predict follows the mode recorded beside ARTIFACT by `rapt tune` (here the
+    local model alone: nothing privatized); a record that says fused or remote is followed
+    too."""
+    import shutil
+
+    from rapt.pipeline import Customization
+
+    _, _, data, out, _ = tuned
+    real = Customization.privatize
+    calls = []
+    monkeypatch.setattr(Customization, "privatize",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    r, rep = _predict(out, data)
+    assert rep["mode"] == "local-only" and rep["chosen_at_tune"] == "local" and not calls
+    assert "the local model alone, on the clean queries (nothing is privatized or sent), " \
+        "what `rapt tune`'s verdict chose on 24 held-out rows" in r.stderr
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy)
+    shutil.copy(beside(out, "local.NOT-PRIVATE.safetensors"),
+                beside(copy, "local.NOT-PRIVATE.safetensors"))
+    doc = json.loads(beside(out, "local.NOT-PRIVATE.json").read_text())
+    for mode in ("fused", "remote"):
+        doc["fusion"]["mode"] = mode
+        beside(copy, "local.NOT-PRIVATE.json").write_text(json.dumps(doc))
+        _, rep = _predict(copy, data)
+        assert rep["mode"] == mode and rep["chosen_at_tune"] == mode and calls
+        assert rep["accuracy"] == rep[f"accuracy_{mode}"]
+
+
+def test_predict_fused_fuses_the_local_model(tuned):
     tmp, _, data, out, _ = tuned
-    r, rep = _predict(out, data, "--out", str(tmp / "p.jsonl"))
+    r, rep = _predict(out, data, "--fused", "--out", str(tmp / "p.jsonl"))
     assert {"artifact", "examples", "accuracy", "eta", "privacy"} <= set(rep)
     assert rep["mode"] == "fused" and rep["privacy"]["eta"] == 20.0
     assert {"accuracy_remote", "accuracy_local", "accuracy_fused"} <= set(rep)
     assert rep["accuracy"] == rep["accuracy_fused"]
-    assert "accuracy by model: remote" in r.stdout and "fused with the remote" in r.stderr
+    assert "accuracy by model: remote" in r.stdout
+    assert "the remote and local predictions fused (weights remote" in r.stderr
     rows = [json.loads(x) for x in (tmp / "p.jsonl").read_text().splitlines()]
     assert len(rows) == 16
     for row in rows:
@@ -109,7 +146,7 @@ def test_predict_fuses_the_local_model_by_default(tuned):
         assert row["probabilities"] == fused and row["label"] == max(fused, key=fused.get)
         assert set(row["probabilities_remote"]) == set(row["probabilities_local"]) == {
             "neg", "pos"}
-    r, _ = _predict(out, data, "--out", str(tmp / "p.csv"))
+    r, _ = _predict(out, data, "--fused", "--out", str(tmp / "p.csv"))
     head = (tmp / "p.csv").read_text().splitlines()[0].split(",")
     assert head[-8:] == ["p(neg)", "p(pos)", "p_remote(neg)", "p_remote(pos)", "p_local(neg)",
                          "p_local(pos)", "p_fused(neg)", "p_fused(pos)"]
@@ -117,7 +154,7 @@ def test_predict_fuses_the_local_model_by_default(tuned):
 
 def test_predict_no_local_is_the_remote_prediction_alone(tuned):
     tmp, _, data, out, _ = tuned
-    _, fused = _predict(out, data)
+    _, fused = _predict(out, data, "--fused")
     r, rep = _predict(out, data, "--no-local", "--out", str(tmp / "n.jsonl"))
     assert rep["mode"] == "remote" and rep["accuracy"] == fused["accuracy_remote"]
     assert "accuracy_fused" not in rep and "accuracy by model" not in r.stdout
@@ -146,11 +183,14 @@ def test_predict_local_names_another_runs_local_model(tuned):
     _, rep = _predict(plain, data)
     assert rep["mode"] == "remote"  # no local model beside it
     _, rep = _predict(plain, data, "--local", str(out))
+    assert rep["mode"] == "local-only"  # what that run's verdict chose
+    _, rep = _predict(plain, data, "--local", str(out), "--fused")
     assert rep["mode"] == "fused" and rep["fusion"]["n_rows"] == 24
 
 
 @pytest.mark.parametrize("extra, msg", [
     (["--no-local", "--local-only"], "--no-local leaves the local model out"),
+    (["--fused", "--local-only"], "--fused pools the remote and local predictions"),
     (["--local", "nowhere"], "no local model beside nowhere"),
 ])
 def test_predict_local_option_errors(tuned, extra, msg):

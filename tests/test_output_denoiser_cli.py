@@ -84,9 +84,9 @@ def test_predict_runs_the_denoiser_on_privatized_queries(tuned, monkeypatch):
     calls = []
     real = pl.denoised_proba
 
-    def spy(*a):
+    def spy(*a, **kw):
         calls.append(len(a[3]))
-        return real(*a)
+        return real(*a, **kw)
 
     monkeypatch.setattr(pl, "denoised_proba", spy)
     r, rep = _predict(out, data)
@@ -100,19 +100,54 @@ def test_predict_runs_the_denoiser_on_privatized_queries(tuned, monkeypatch):
 
 
 def test_predict_fuses_the_denoised_remote_probabilities(tuned, monkeypatch):
-    """The prediction file's remote column is what was fused: the denoised probabilities."""
+    """The prediction file keeps the prompt's own probabilities as `probabilities_remote` and
+    the denoised ones, which are what was fused, as `probabilities_denoised`; the same without
+    a local model (--no-local)."""
     import torch
 
     import rapt.pipeline.user_side as pl
+    from rapt.artifacts import read_local_model
 
     tmp, _, data, out, _ = tuned
-    monkeypatch.setattr(pl, "denoised_proba",
-                        lambda c, t, d, clean, priv: torch.tensor([[0.9, 0.1]] * len(priv)))
-    r = runner.invoke(app, ["predict", str(out), str(data), "--noise-seed", "1", "--limit",
-                            "4", "--out", str(tmp / "p.jsonl")])
-    assert r.exit_code == 0, r.output
-    for row in map(json.loads, (tmp / "p.jsonl").read_text().splitlines()):
-        assert row["probabilities_remote"] == pytest.approx({"neg": 0.9, "pos": 0.1})
+    monkeypatch.setattr(pl, "denoised_proba", lambda c, t, d, clean, priv, with_raw=False: (
+        torch.tensor([[0.9, 0.1]] * len(priv)), torch.tensor([[0.2, 0.8]] * len(priv))))
+    _, fusion = read_local_model(out)
+    for extra in (["--fused"], ["--no-local"]):
+        r = runner.invoke(app, ["predict", str(out), str(data), "--noise-seed", "1", "--limit",
+                                "4", "--out", str(tmp / "p.jsonl"), *extra])
+        assert r.exit_code == 0, r.output
+        for row in map(json.loads, (tmp / "p.jsonl").read_text().splitlines()):
+            assert row["probabilities_remote"] == pytest.approx({"neg": 0.2, "pos": 0.8})
+            assert row["probabilities_denoised"] == pytest.approx({"neg": 0.9, "pos": 0.1})
+            if extra == ["--fused"]:
+                local = [row["probabilities_local"][k] for k in ("neg", "pos")]
+                want = fusion([[0.9, 0.1]], [local])[0]
+                assert row["probabilities"] == pytest.approx(
+                    dict(zip(("neg", "pos"), want, strict=True)), abs=1e-5)
+            else:
+                assert row["probabilities"] == row["probabilities_denoised"]
+
+
+def test_the_raw_remote_probabilities_are_the_prompts_own(tuned):
+    """`denoised_proba(..., with_raw=True)`'s second value is what the prompt gives the same
+    privatized rows without the denoiser."""
+    import torch
+
+    from rapt.artifacts import read_output_denoiser
+    from rapt.models import load_backbone
+    from rapt.pipeline import Customization
+    from rapt.pipeline.user_side import denoised_proba
+    from rapt.tuning.tune import TunedPrompt
+
+    _, bb, _, out, _ = tuned
+    tuned_prompt = TunedPrompt.load(out)
+    custom = Customization.from_artifact(load_backbone(bb), tuned_prompt, eta=20.0,
+                                         noise_seed=0)
+    clean = custom.rows(["good fun film", "awful story"], None, queries=True)
+    rows = custom.privatize(clean, measure=False)
+    den, raw = denoised_proba(custom, tuned_prompt, read_output_denoiser(out)[0], clean, rows,
+                              with_raw=True)
+    torch.testing.assert_close(raw, custom.predict_proba(rows), atol=1e-5, rtol=1e-4)
 
 
 def test_a_retune_without_it_removes_the_old_prompts_denoiser(tuned):

@@ -69,6 +69,7 @@ class PredictOptions:
     local: Path | None
     no_local: bool
     local_only: bool
+    fused: bool
     no_denoise: bool
 
 
@@ -142,6 +143,8 @@ _PREDICT_HELP = {
     "no_local": "the remote prompt alone, even when a local model lies beside ARTIFACT",
     "local_only": "the local model alone, on the clean queries: nothing is privatized, sent or "
     "run on the backbone",
+    "fused": "fuse the remote and local predictions even where `rapt tune`'s verdict chose one "
+    "of them alone (by default predict does what that verdict said, recorded beside ARTIFACT)",
 }
 
 
@@ -171,6 +174,7 @@ def predict(
     local: Path | None = typer.Option(None, "--local", help=_PREDICT_HELP["local"]),
     no_local: bool = typer.Option(False, "--no-local", help=_PREDICT_HELP["no_local"]),
     local_only: bool = typer.Option(False, "--local-only", help=_PREDICT_HELP["local_only"]),
+    fused: bool = typer.Option(False, "--fused", help=_PREDICT_HELP["fused"]),
     no_denoise: bool = typer.Option(False, "--no-denoise", help=NO_DENOISE_HELP),
 ) -> None:
     """Privatize queries locally (same η as training) and predict with a tuned prompt. The data
@@ -192,11 +196,12 @@ def predict(
     names, ds = _query_data(o, tuned.meta)
     _check_pairs(tuned.meta, artifact, ds)
     user = _local_model(o, tuned)
-    eta, privacy, remote, denoised = ((None, None, None, False) if local_only
-                                      else _remote_probs(o, tuned, ds))
+    mode = _mode(o, user)
+    eta, privacy, raw, denoised = ((None, None, None, None) if mode == "local"
+                                   else _remote_probs(o, tuned, ds))
     from rapt.predictions import Predictions
 
-    probs, sources = _combine(remote, user, ds, local_only)
+    probs, sources = _combine(raw, denoised, user, ds, mode)
     preds = Predictions(names or [str(i) for i in range(probs.shape[1])], probs.tolist(),
                         texts=ds.texts, text_pairs=ds.text_pairs,
                         gold=[e.label for e in ds.examples], sources=sources)
@@ -206,15 +211,15 @@ def predict(
     if json_report:
         report = {"artifact": str(artifact), "examples": len(preds),
                   "accuracy": preds.accuracy(), "eta": eta, "privacy": privacy,
-                  "output_denoiser": denoised}
-        typer.echo(json.dumps({**report, **_local_report(preds, user, local_only)}))
+                  "output_denoiser": denoised is not None}
+        typer.echo(json.dumps({**report, **_local_report(preds, user, mode)}))
 
 
 def _remote_probs(o: PredictOptions, tuned, ds):
-    """(η, the queries' privacy report, the prompt's probabilities as float64 numpy, whether
-    the output denoiser made them): the queries privatized at the artifact's level (or --eta /
-    --no-privacy) and classified; through the output denoiser saved in ARTIFACT when there is
-    one and the queries are privatized (unless --no-denoise)."""
+    """(η, the queries' privacy report, the prompt's probabilities as float64 numpy, the same
+    through the output denoiser or None): the queries privatized at the artifact's level (or
+    --eta / --no-privacy) and classified; corrected by the output denoiser saved in ARTIFACT
+    when there is one and the queries are privatized (unless --no-denoise)."""
     import numpy as np
 
     from rapt.pipeline import Customization
@@ -235,12 +240,14 @@ def _remote_probs(o: PredictOptions, tuned, ds):
                      what="query set")
         echo_channel(custom.privacy, err=True)
     out_den = for_queries(o.artifact, custom.eta, o.no_denoise)
+    den = None
     if out_den is not None:
-        probs = denoised_proba(custom, tuned, out_den, clean, rows)
+        den, probs = denoised_proba(custom, tuned, out_den, clean, rows, with_raw=True)
+        den = np.asarray(den.detach().float().cpu().numpy(), dtype=np.float64)
     else:
         probs = custom.predict_proba(rows)
     probs = probs.detach().float().cpu().numpy()
-    return eta, custom.privacy, np.asarray(probs, dtype=np.float64), out_den is not None
+    return eta, custom.privacy, np.asarray(probs, dtype=np.float64), den
 
 
 def _local_model(o: PredictOptions, tuned):
@@ -267,47 +274,69 @@ def _local_model(o: PredictOptions, tuned):
     if user is not None and n and user[0].num_labels != n:
         fail(f"the local model beside {where} has {user[0].num_labels} labels, the prompt "
              f"{o.artifact} {n}: name the local model of the same run with --local")
-    if o.local_only:
-        typer.echo("--local-only: the local model alone, on the clean queries (nothing is "
-                   "privatized or sent)", err=True)
-    elif user is not None:
-        fusion = user[1]
-        typer.echo(f"local model ({where}.local.NOT-PRIVATE.*): "
-                   + (f"fused with the remote prediction (weights remote {fusion.remote:g}, "
-                      f"local {fusion.local:g}, fitted on {fusion.n_rows} held-out rows)"
-                      if fusion is not None else "no fusion weights (too few rows were held "
-                      "out when tuning): the prediction is the remote one")
-                   + "; --no-local: the remote alone, --local-only: the local alone", err=True)
+    if user is not None and o.fused and user[1] is None:
+        fail(f"--fused: the local model beside {where} has no fusion weights (too few rows "
+             "were held out when tuning)")
     return user
 
 
-def _combine(remote, user, ds, local_only: bool):
-    """(the prediction's probabilities, each model's by name or None): the remote ones alone
-    without a local model, the local ones alone with --local-only, else the fusion of both
-    (the remote ones, the local ones beside them, when the local model has no fusion
-    weights)."""
+def _mode(o: PredictOptions, user) -> str:
+    """What predict does -- "remote", "local" or "fused" -- and a note saying why: the
+    options when given (--no-local, --local-only, --fused), else what `rapt tune`'s verdict
+    chose and recorded with the fusion weights (the remote alone without fusion weights)."""
+    if o.fused and (o.local_only or o.no_local):
+        fail("--fused pools the remote and local predictions: give it or --local-only / "
+             "--no-local, not both")
     if user is None:
-        return remote, None
-    local_model, fusion = user
-    pairs = ds.text_pairs if ds.report.get("text_pair_column") else None
-    local = local_model.predict_proba(ds.texts, pairs)
-    if local_only:
+        return "remote"
+    fusion = user[1]
+    mode = ("local" if o.local_only else "fused" if o.fused
+            else fusion.mode if fusion is not None else "remote")
+    why = ("as asked" if o.local_only or o.fused else
+           "no fusion weights: too few rows were held out when tuning" if fusion is None else
+           f"what `rapt tune`'s verdict chose on {fusion.n_rows} held-out rows")
+    say = {"local": "the local model alone, on the clean queries (nothing is privatized or "
+                    "sent)",
+           "fused": "the remote and local predictions fused (weights remote "
+                    f"{getattr(fusion, 'remote', 0):g}, local {getattr(fusion, 'local', 0):g})",
+           "remote": "the remote prediction (the local one beside it)"}[mode]
+    typer.echo(f"local model ({o.local or o.artifact}.local.NOT-PRIVATE.*): {say}, {why}; "
+               "--no-local: the remote alone, --local-only: the local alone, --fused: both",
+               err=True)
+    return mode
+
+
+def _combine(raw, denoised, user, ds, mode: str):
+    """(the prediction's probabilities, each model's by name or None), by ``mode``: the local
+    ones alone ("local"), the fusion of the remote and local ones ("fused"), else the remote
+    ones, with each model's beside them -- "remote" the prompt's as returned, "denoised" the
+    same through the output denoiser (then the remote side of the fusion), "local", "fused"."""
+    local_model, fusion = user if user is not None else (None, None)
+    local = None if local_model is None else local_model.predict_proba(
+        ds.texts, ds.text_pairs if ds.report.get("text_pair_column") else None)
+    if mode == "local":
         return local, None
-    if fusion is None:
-        return remote, {"remote": remote, "local": local}
-    fused = fusion(remote, local)
-    return fused, {"remote": remote, "local": local, "fused": fused}
+    remote = raw if denoised is None else denoised
+    sources = {"remote": raw} if denoised is None else {"remote": raw, "denoised": denoised}
+    if local is not None:
+        sources["local"] = local
+    if fusion is not None:
+        sources["fused"] = fusion(remote, local)
+    if len(sources) == 1:
+        return remote, None
+    return (sources["fused"] if mode == "fused" else remote), sources
 
 
-def _local_report(preds, user, local_only: bool) -> dict:
+def _local_report(preds, user, mode: str) -> dict:
     """--json-report's keys for the local model: which models made the prediction and each
     one's accuracy (keys added, none renamed: readers of the old report keep working)."""
+    out = {"mode": "local-only" if mode == "local" else mode}
     if user is None:
-        return {"mode": "remote"}
+        return {**out, **{f"accuracy_{s}": preds.accuracy(s) for s in preds.sources or {}}}
     fusion = user[1]
-    out = {"mode": "local-only" if local_only else "fused" if fusion is not None
-           else "remote", "local_cv_accuracy": user[0].cv_accuracy,
-           "fusion": fusion.to_dict() if fusion is not None and not local_only else None}
+    out.update({"local_cv_accuracy": user[0].cv_accuracy,
+                "chosen_at_tune": fusion.mode if fusion is not None else None,
+                "fusion": fusion.to_dict() if fusion is not None and mode != "local" else None})
     for src in preds.sources or {}:
         out[f"accuracy_{src}"] = preds.accuracy(src)
     return out

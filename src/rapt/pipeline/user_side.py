@@ -171,13 +171,15 @@ def fit_output_denoiser(custom: Customization, tuned: Any,
 
 @torch.no_grad()
 def denoised_proba(custom: Customization, tuned: Any, denoiser: OutputDenoiser,
-                   clean_rows: Sequence[Sequence[int]],
-                   private_rows: Sequence[Sequence[int]]) -> Tensor:
+                   clean_rows: Sequence[Sequence[int]], private_rows: Sequence[Sequence[int]],
+                   *, with_raw: bool = False) -> Tensor | tuple[Tensor, Tensor]:
     """Class probabilities (N, C) of ``tuned`` on privatized queries, corrected on the user's
     side: the provider's pooled states of ``private_rows``, the token features of
     (``clean_rows``, ``private_rows``) from the embedding table the user privatizes with, the
-    denoiser, then the prompt's head."""
+    denoiser, then the prompt's head. ``with_raw``: (those, the head's on the uncorrected
+    states: the prompt's own probabilities), from one pass of the backbone."""
     q = custom.for_artifact(tuned)
     z = _pooled(q, private_rows)
-    return tuned.head_proba(q.reader, denoiser.correct(z, q.backbone.embeddings, clean_rows,
-                                                       private_rows, q._special_ids()))
+    den = tuned.head_proba(q.reader, denoiser.correct(z, q.backbone.embeddings, clean_rows,
+                                                      private_rows, q._special_ids()))
+    return (den, tuned.head_proba(q.reader, z)) if with_raw else den
