@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import random
 import stat
+from pathlib import Path
 
 import pytest
 from _service import folder_service, ngrams
@@ -98,7 +99,7 @@ def test_local_model_sends_nothing_more_than_plain_predict(wire, tmp_path):
         n1 = len(sent)
         p = run(app, ["client", "predict", prompt, queries, *base, "--backbone", str(folder),
                       "--out", str(tmp_path / f"{mode}.csv"),
-                      *(["--local", str(tmp_path / "mine")] if mode == "local"
+                      *(["--local", str(tmp_path / "mine"), "--fused"] if mode == "local"
                         else ["--no-local"])])
         assert p.exit_code == 0, p.output
         runs[mode] = (_posts(sent[n0:n1]), _posts(sent[n1:]), t, p, prompt)
@@ -141,7 +142,22 @@ def test_local_model_sends_nothing_more_than_plain_predict(wire, tmp_path):
     err = t_local.stderr
     assert "local model: TF-IDF + logistic regression on your 120 clean rows" in err
     assert f"held-out rows ({len(held)}, never trained on): privatized model" in err
-    assert "On your data, " in err and "local model saved: " in err
+    assert "On your data (" in err and "local model saved: " in err
+    # later, `client local` for the same prompt: the held-out answer recorded here, nothing sent
+    n2 = len(sent)
+    loc = CliRunner().invoke(app, ["client", "local", prompt, *base, "--local-out",
+                                   str(tmp_path / "mine")])
+    assert loc.exit_code == 0, loc.output
+    assert not [s for s in sent[n2:] if s[2]] and "held-out rows: nothing sent" in loc.stderr
+    # predict without --fused does what the verdict chose: the local model alone here (the
+    # words give the class), so no query leaves this machine
+    assert read_local_model(tmp_path / "mine")[1].mode == "local"
+    n3 = len(sent)
+    p = CliRunner().invoke(app, ["client", "predict", prompt, queries, *base, "--backbone",
+                                 str(folder), "--local", str(tmp_path / "mine")])
+    assert p.exit_code == 0, p.output
+    assert not [s for s in sent[n3:] if s[2]]
+    assert "the verdict after tuning chose the local model alone" in p.stderr
     for f in (tmp_path / "mine.local.NOT-PRIVATE.json",
               tmp_path / "mine.local.NOT-PRIVATE.safetensors"):
         assert stat.S_IMODE(f.stat().st_mode) == 0o600
@@ -217,3 +233,58 @@ def test_small_upload_local_only_and_a_changed_file(wire, tmp_path):
     up = run(app, ["client", "upload", write(tmp_path / "big.csv", rows(120, 3)), *base,
                    "--backbone", str(folder), "--eta", "5", "--no-local"])
     assert up.exit_code == 0 and len(json.loads(_posts(sent)[-1][2])["input_ids"]) == 120
+
+
+def test_the_held_out_rows_go_out_once(tmp_path, monkeypatch):
+    """The held-out rows are privatized and sent once: asked again for the same prompt (`client
+    local` after `client tune --wait`, another process), the client reads the answer it
+    recorded (0600) and sends nothing; for another prompt of the same rows it sends the very
+    rows it sent the first time, no fresh privatization."""
+    import httpx
+    from _service import service_bert
+
+    from rapt.client.client import RaptClient
+    from rapt.data import load_dataset
+    from rapt.local import holdout_split
+
+    monkeypatch.setenv("RAPT_CACHE", str(tmp_path / "cache"))
+    bb = service_bert()
+    posts: list[dict] = []
+
+    def answer(req: httpx.Request) -> httpx.Response:
+        path = req.url.path
+        if path.startswith("/v1/prompts/"):
+            return httpx.Response(200, json={
+                "id": path.rsplit("/", 1)[1], "job_id": "j1", "num_labels": 2, "plain_ids": None,
+                "privacy": {"mechanism": "dchi-text2text", "eta": 5.0}})
+        if path == "/v1/jobs/j1":
+            return httpx.Response(200, json={"id": "j1", "dataset_id": "d1"})
+        assert path == "/v1/predict", path
+        body = json.loads(req.content)
+        posts.append(body)
+        n = len(body["input_ids"])
+        return httpx.Response(200, json={"prompt_id": body["prompt_id"], "labels": [1] * n,
+                                         "probabilities": [[0.3, 0.7]] * n})
+
+    def client() -> RaptClient:  # a new one each time, as each command starts afresh
+        return RaptClient(api_key="k", backbone=bb, remote_backbone="tiny", http=httpx.Client(
+            transport=httpx.MockTransport(answer), base_url="http://svc"))
+
+    ds = load_dataset(write(tmp_path / "d.csv", rows(120, 0)))
+    held = holdout_split(ds.labels, 0)[1].tolist()
+    first = client()
+    _, f1, _ = first.user_side("p1", data=ds, held=held)
+    assert len(posts) == 1 and len(posts[0]["input_ids"]) == len(held) == 24
+    again = client()
+    _, f2, _ = again.user_side("p1", data=ds, held=held)
+    assert len(posts) == 1  # nothing went out
+    assert f2 == f1 and not again.last_heldout["sent"]
+    assert first.last_heldout["sent"] and first.last_heldout["fresh"]
+    record = Path(again.last_heldout["file"])
+    assert record.name.endswith(".NOT-PRIVATE.json")
+    assert stat.S_IMODE(record.stat().st_mode) == 0o600
+    other = client()
+    other.user_side("p2", data=ds, held=held)
+    assert len(posts) == 2 and posts[1]["prompt_id"] == "p2"
+    assert posts[1]["input_ids"] == posts[0]["input_ids"]  # the same release, sent again
+    assert other.last_heldout["sent"] and not other.last_heldout["fresh"]

@@ -98,7 +98,7 @@ def test_the_job_fits_and_stores_it_and_the_client_applies_it(service, head):
     sent: list[dict] = []
     tc.event_hooks["request"] = [lambda r: sent.append(json.loads(r.read() or b"null"))]
     pred = c.predict(pid, TEXTS[:5])
-    assert pred.denoised
+    assert pred.denoised and pred.remote_probabilities is not None
     (q,) = [b for b in sent if b and "input_ids" in b]
     assert q["return_pooled"] is True
     clean = c._rows(TEXTS[:5], None, None, 128, queries=True)
@@ -110,6 +110,7 @@ def test_the_job_fits_and_stores_it_and_the_client_applies_it(service, head):
     raw = tc.post("/v1/predict", json={"prompt_id": pid, "input_ids": q["input_ids"]},
                   headers=hdr(alice)).json()["probabilities"]
     assert not torch.allclose(torch.tensor(raw), want, atol=1e-4)
+    torch.testing.assert_close(torch.tensor(pred.remote_probabilities), torch.tensor(raw))
     plain = c.predict(pid, TEXTS[:5], denoise=False)
     assert not plain.denoised and "return_pooled" not in sent[-1]
     # a denoiser for another width than the local backbone's: refused before any query
@@ -319,8 +320,13 @@ def test_client_commands_ask_for_it_apply_it_and_fuse_the_denoised_slice(tmp_pat
         for flag in ([], ["--no-denoise"]):
             n1 = len(sent)
             p = run(app, ["client", "predict", prompt, queries, *base, "--backbone",
-                          str(folder), "--local", str(tmp_path / "mine"), *flag])
+                          str(folder), "--local", str(tmp_path / "mine"), "--fused", "--out",
+                          str(tmp_path / "p.jsonl"), *flag])
             assert p.exit_code == 0, p.output
+            got = [json.loads(x) for x in (tmp_path / "p.jsonl").read_text().splitlines()]
+            # the service's own probabilities under _remote, the denoised ones (those fused)
+            # under _denoised
+            assert ("probabilities_denoised" in got[0]) is not bool(flag)
             bodies[bool(flag)] = [json.loads(b) for _, u, b in sent[n1:] if u == "/v1/predict"]
             if flag:
                 assert "output denoiser of prompt" in p.stderr and "(--no-denoise)" in p.stderr

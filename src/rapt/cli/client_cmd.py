@@ -313,7 +313,7 @@ def _user_side(url, key, backbone: str | None, prompt_id: str, dataset_id: str,
         typer.echo(f"note: no local model: {e}", err=True)
         return
     if fusion is not None:
-        _echo_privacy(c)  # what the held-out predict call sent
+        _echo_heldout(c)
     cv = "" if base.cv_accuracy is None else (
         f", {base.folds}-fold cross-validation accuracy {100 * base.cv_accuracy:.1f} %")
     typer.echo(f"local model: TF-IDF + logistic regression on your {base.n_rows} clean rows, "
@@ -332,6 +332,22 @@ def _user_side(url, key, backbone: str | None, prompt_id: str, dataset_id: str,
     c.remember_local_model(prompt_id, out)
     typer.echo(f"local model saved: {', '.join(str(p) for p in paths)} (0600: statistics of "
                "your clean rows; keep them on this machine, never share them)", err=True)
+
+
+def _echo_heldout(c) -> None:
+    """Stderr: what the held-out rows cost: nothing (their stored answer), nothing new (the
+    rows sent before, sent again as they were), or the privacy line of their first release."""
+    got = c.last_heldout
+    if not got.get("sent"):
+        typer.echo(f"held-out rows: nothing sent; the prompt's answer to them, recorded when "
+                   f"they went out, is read from {got.get('file')} (each row goes out once)",
+                   err=True)
+        return
+    if not got.get("fresh"):
+        typer.echo("held-out rows: sent again exactly as privatized the first time, for "
+                   f"another prompt (no fresh noise, nothing new released; {got.get('file')})",
+                   err=True)
+    _echo_privacy(c)  # what the held-out predict call sent
 
 
 def _echo_denoiser(c, prompt_id: str) -> None:
@@ -411,6 +427,9 @@ def client_predict(
         "probabilities are fused with the remote ones, and the fused label is the prediction"),
     local_only: bool = typer.Option(False, "--local-only", help="the local model alone, on the "
                                     "clean queries: nothing is privatized or sent"),
+    fused: bool = typer.Option(False, "--fused", help="fuse the privatized and local models even "
+                               "where the verdict after tuning chose one alone (by default "
+                               "predict does what it said, recorded with the local model)"),
     no_denoise: bool = typer.Option(
         False, "--no-denoise", help="use the service's probabilities as they are, even when "
         "the prompt has an output denoiser (`client tune --output-denoiser`)"),
@@ -420,11 +439,13 @@ def client_predict(
     first rows (or writes them all with --out), by label name, and on stderr η, the measured P
     and the nearest-neighbour inversion success.
 
-    When `client tune --wait` saved a local model for the prompt (see --local), each clean
-    query is also classified by it, on this machine, and the two are fused with the weights
-    fitted on the held-out rows; --out then holds the fused probabilities and each model's
-    (p_remote, p_local, p_fused). What is sent is the same either way (--no-local: the
-    privatized model alone)."""
+    When `client tune --wait` saved a local model for the prompt (see --local), predict does
+    what the verdict after tuning chose on the held-out rows: the two fused (each clean query
+    classified by the local model too, on this machine), or one model alone (the local one:
+    nothing sent); --fused, --local-only and --no-local choose instead. --out then holds the
+    prediction's probabilities and each model's (p_remote, p_denoised with an output
+    denoiser, p_local, p_fused). What is sent is the same whenever the privatized model is
+    asked."""
     from rapt.data import load_dataset
     from rapt.predictions import Predictions
 
@@ -437,12 +458,8 @@ def client_predict(
                                           text_pair_column=text_pair_column,
                                           label_column=label_column))
         echo_data_notes(src)
-    if no_local and (local is not None or local_only):
-        fail("--no-local leaves the local model out: give it or --local / --local-only, not "
-             "both")
-    user = None if no_local else _read_local(c, prompt_id, local,
-                                             required=local_only or local is not None)
-    if local_only:
+    user, mode = _user_model(c, prompt_id, local, no_local, local_only, fused)
+    if mode == "local":
         pred = _local_only(c, prompt_id, src, names, user[0])
     else:
         pred = _guard(lambda: c.predict(prompt_id, src, label_names=names,
@@ -452,9 +469,7 @@ def client_predict(
         typer.echo("note: no label names recorded for this prompt on this machine (its dataset "
                    "was uploaded elsewhere): labels are shown as ids; pass --label-names",
                    err=True)
-    probs, sources = pred.probabilities, None
-    if user is not None and not local_only:
-        probs, sources = _fused(pred, *user)
+    probs, sources = _combined(pred, user, mode)
     preds = _guard(lambda: Predictions(
         pred.label_names or [str(i) for i in range(len(pred.probabilities[0]))],
         probs, texts=pred.texts, text_pairs=pred.text_pairs, gold=pred.gold, sources=sources))
@@ -462,7 +477,7 @@ def client_predict(
     echo_predictions(preds, out, eta=c.eta, fixes=collapse_fixes(
         method=info.get("method"), retune=True,
         private=(info.get("privacy") or {}).get("mechanism") == "dchi-text2text"))
-    if not local_only:
+    if mode != "local":
         _echo_privacy(c, json_report)
 
 
@@ -521,21 +536,65 @@ def _local_only(c, prompt_id: str, src, names, baseline):
                       list(texts), pairs, gold)
 
 
-def _fused(pred, baseline, fusion):
-    """(the prediction's probabilities, each model's by name), as `rapt predict` combines
-    them: fused when fusion weights were fitted at tune time, else the privatized model's
-    (the local ones beside them)."""
+def _user_model(c, prompt_id: str, local: Path | None, no_local: bool, local_only: bool,
+                fused: bool):
+    """((LocalBaseline, Fusion or None) or None, what `client predict` does: "local", "fused"
+    or "remote"), by the options when given, else as the verdict after tuning chose (recorded
+    with the fusion weights); a note why. One error line for options that contradict."""
+    if no_local and (local is not None or local_only or fused):
+        fail("--no-local leaves the local model out: give it or --local / --local-only / "
+             "--fused, not both")
+    if fused and local_only:
+        fail("--fused pools both models: give it or --local-only, not both")
+    user = None if no_local else _read_local(c, prompt_id, local,
+                                             required=local_only or fused or local is not None)
+    return user, _mode(user, local_only, fused)
+
+
+def _mode(user, local_only: bool, fused: bool) -> str:
+    """See :func:`_user_model`."""
+    if user is None:
+        return "remote"
+    fusion = user[1]
+    if fused and fusion is None:
+        fail("--fused: this local model has no fusion weights (no rows were held out at "
+             "upload)")
+    mode = ("local" if local_only else "fused" if fused
+            else fusion.mode if fusion is not None else "remote")
+    if fusion is not None and not (local_only or fused) and mode != "fused":
+        side = "the local model" if mode == "local" else "the privatized model"
+        typer.echo(f"the verdict after tuning chose {side} alone (it scored best on "
+                   f"{fusion.n_rows} held-out rows): "
+                   + ("nothing is privatized or sent" if mode == "local" else
+                      "its predictions, the local ones beside them")
+                   + "; --fused fuses the two", err=True)
+    return mode
+
+
+def _combined(pred, user, mode: str):
+    """(the prediction's probabilities, each model's by name or None), as `rapt predict`
+    combines them: fused when fusion weights were fitted at tune time and ``mode`` is "fused",
+    else the privatized model's (each model's beside them: "remote" as the service returned
+    them, "denoised" through the output denoiser, "local", "fused")."""
     import numpy as np
 
+    sources = ({"remote": pred.probabilities} if pred.remote_probabilities is None else
+               {"remote": pred.remote_probabilities, "denoised": pred.probabilities})
+    if user is None or mode == "local":
+        return pred.probabilities, (sources if len(sources) > 1 and mode != "local" else None)
+    baseline, fusion = user
     remote = np.asarray(pred.probabilities, dtype=float)
     local = baseline.predict_proba(pred.texts, pred.text_pairs)
+    sources["local"] = local.tolist()
     if fusion is None:
         typer.echo("note: a local model but no fusion weights (no rows were held out at "
                    "upload): the privatized model's predictions, the local ones beside them",
                    err=True)
-        return remote.tolist(), {"remote": remote.tolist(), "local": local.tolist()}
+        return remote.tolist(), sources
+    sources["fused"] = fusion(remote, local).tolist()
+    if mode != "fused":
+        return remote.tolist(), sources
     typer.echo(f"fused: the privatized model and your local model (weights remote "
                f"{fusion.remote:g}, local {fusion.local:g}, fitted on {fusion.n_rows} held-out "
                "rows; --no-local for the privatized model alone)", err=True)
-    fused = fusion(remote, local).tolist()
-    return fused, {"remote": remote.tolist(), "local": local.tolist(), "fused": fused}
+    return sources["fused"], sources

@@ -76,6 +76,10 @@ class Prediction:
     # the probabilities are the prompt's head on pooled states corrected here by its output
     # denoiser (the service's own probabilities were not used)
     denoised: bool = False
+    # with ``denoised``: the service's own probabilities, as it returned them
+    remote_probabilities: list[list[float]] | None = None
+    # the rows as privatized and sent (before any padding), kept on this machine
+    sent: list[list[int]] | None = None
 
     @property
     def label_strings(self) -> list[str] | None:
@@ -218,6 +222,8 @@ class RaptClient:
         self._prompt_info: dict[str, dict] = {}
         self._denoisers: dict[str, tuple[Any, Any, dict]] = {}
         self.last_upload: dict[str, Any] = {}
+        # Whether the held-out rows' answer was sent for, or read from this machine's record
+        self.last_heldout: dict[str, Any] = {}
 
     def close(self) -> None:
         self.api.close()
@@ -496,15 +502,59 @@ class RaptClient:
                                   f"{prompt_id}'s dataset (uploaded elsewhere, or with "
                                   "holdout off)")
             data, held = got
-        held = [int(i) for i in held or []]
-        remote = None
-        if held:
-            part = _subset(data, held)
-            pred = self.predict(prompt_id, part.texts, text_pairs=part.text_pairs)
-            remote = np.asarray(pred.probabilities, dtype=float)
+        held = [] if held is None else [int(i) for i in held]
+        remote = self._heldout_answer(prompt_id, _subset(data, held)) if held else None
         return fit_user_side(data.texts, data.labels, int(self.prompt(prompt_id)["num_labels"]),
                              np.asarray(held, dtype=np.int64), remote,
                              text_pairs=data.text_pairs, seed=seed)
+
+    def _heldout_answer(self, prompt_id: str, part: Any) -> np.ndarray:
+        """The prompt's probabilities (N, C) on the held-out rows ``part``, which go out once.
+        A file here (``$RAPT_CACHE/held-out/<digest of the rows>.NOT-PRIVATE.json``, 0600)
+        keeps the rows as first privatized and sent, and each prompt's answer: asked again for
+        a prompt (`client local` after `client tune --wait`), the stored answer is used and
+        nothing is sent; for another prompt, the same privatized rows go out again as they
+        were (no fresh noise: nothing new about the rows is released). ``last_heldout`` says
+        which."""
+        path = _cache_root() / "held-out" / f"{rows_digest(part)[:32]}.NOT-PRIVATE.json"
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            doc = {}
+        doc = doc if isinstance(doc, dict) else {}
+        answers = doc.setdefault("answers", {})
+        key = self._label_key(prompt_id)
+        if isinstance(answers.get(key), dict):
+            self.last_heldout = {"sent": False, "fresh": False, "file": str(path)}
+            return np.asarray(answers[key]["probabilities"], dtype=float)
+        pred = self.predict(prompt_id, part.texts, text_pairs=part.text_pairs,
+                            released=doc.get("release"))
+        self.last_heldout = {"sent": True, "fresh": "release" not in doc, "file": str(path)}
+        doc.setdefault("release", {"eta": self.eta, "no_privacy": self.no_privacy,
+                                   "rows": pred.sent})
+        answers[key] = {"probabilities": pred.probabilities, "denoised": pred.denoised}
+        doc["warning"] = ("the held-out rows as privatized and sent, and the answers to them: "
+                          "statistics of your rows, keep local")
+        try:
+            _write_0600(path, json.dumps(doc))
+        except OSError as e:
+            warnings.warn(f"could not record the held-out rows' answer in {path} ({e}): "
+                          "asking again would send them again", stacklevel=3)
+        return np.asarray(pred.probabilities, dtype=float)
+
+    def _released(self, clear: list[list[int]], released: dict) -> list[list[int]]:
+        """The privatized rows of an earlier release of the rows ``clear``, to send again as
+        they were; ClientError, before anything is sent, when they cannot stand for them."""
+        rows = [[int(t) for t in r] for r in released.get("rows") or []]
+        if (released.get("eta"), bool(released.get("no_privacy"))) != (self.eta,
+                                                                        self.no_privacy):
+            raise ClientError(f"these rows were sent once at η = {released.get('eta')}; sending "
+                              f"them at η = {self.eta} would release them a second time")
+        if [len(r) for r in rows] != [len(r) for r in clear]:
+            raise ClientError("the rows sent before do not fit these rows' layout (another "
+                              "max_length or plain tokens); sending them again would release "
+                              "them a second time")
+        return rows
 
     def local_model_path(self, prompt_id: str) -> Path:
         """Where the local model of ``prompt_id`` lives on this machine: where
@@ -637,8 +687,8 @@ class RaptClient:
                 text_pairs: Sequence[str | None] | None = None, max_length: int = 128,
                 chunk: int = 256, text_column: str | None = None,
                 text_pair_column: str | None = None,
-                label_names: Sequence[str] | None = None, denoise: bool = True
-                ) -> Prediction:
+                label_names: Sequence[str] | None = None, denoise: bool = True,
+                released: dict | None = None) -> Prediction:
         """Privatize each query here (fresh noise) and ask the service for labels. When the
         prompt has an output denoiser (and ``denoise``), the service is asked for the pooled
         states of the same privatized rows too, which are corrected here and read by the
@@ -646,7 +696,9 @@ class RaptClient:
         columns are read as ``upload`` reads them (sentence pairs detected or named), and its
         gold labels, if any, by the prompt's label names. Without an η (or target_p) given to
         the client, the queries get the η recorded with the prompt's training data. Label
-        names: ``label_names``, else those recorded here at upload."""
+        names: ``label_names``, else those recorded here at upload. ``released``: {eta,
+        no_privacy, rows}, the same rows as privatized and sent before, sent again as they
+        were instead of privatized afresh."""
         info = self.prompt(prompt_id)  # its recorded η (below) and its rows' plain tokens
         if not self._eta_chosen and not self.no_privacy:
             decl = info.get("privacy") or {}
@@ -678,7 +730,7 @@ class RaptClient:
             texts = [texts]
         plain = info.get("plain_ids")  # queries take the training rows' layout
         clear = self._rows(list(texts), text_pairs, plain, max_length, queries=True)
-        rows = self.privatize(clear)
+        rows = self.privatize(clear) if released is None else self._released(clear, released)
         self._measure(clear, rows, "predict", plain)
         den = self.output_denoiser(prompt_id) if denoise and not self.no_privacy else None
         width = int(self.backbone.embeddings.shape[1])
@@ -687,7 +739,7 @@ class RaptClient:
                               f"{den[0].hidden}, the local backbone's are {width}: use the "
                               "service's backbone here (--backbone), or --no-denoise")
         sent = self._padded(rows)
-        labels, probs = [], []
+        labels, probs, raw = [], [], []
         for i in range(0, len(sent), chunk):
             body = {"prompt_id": prompt_id, "input_ids": sent[i:i + chunk]}
             if den is not None:  # the one field more: the states its head reads
@@ -697,11 +749,13 @@ class RaptClient:
                 p = self._denoised(den, out["pooled"], clear[i:i + chunk], rows[i:i + chunk])
                 labels += p.argmax(-1).tolist()
                 probs += p.tolist()
+                raw += out["probabilities"]
             else:
                 labels += out["labels"]
                 probs += out["probabilities"]
         return Prediction(labels, probs, names, list(texts), text_pairs, gold,
-                          denoised=den is not None)
+                          denoised=den is not None, remote_probabilities=raw if den else None,
+                          sent=rows)
 
     def _denoised(self, den: tuple[Any, Any, dict], pooled: list[list[float]],
                   clear: list[list[int]], private: list[list[int]]) -> Any:
