@@ -146,5 +146,5 @@ def grid_note(p: float | None) -> str:
         where = "at P 0.4 only on SST-2 and only below about 500 rows"
     else:
         where = "at P 0.2 up to about 1,000 rows on every task"
-    return (f"In {GRID}, a privatized model alone beat the local one {where}; fused with it "
-            f"(rapt predict's default) it matched or beat the local model from 250 rows on.")
+    return (f"In {GRID}, a privatized model alone beat the local one {where}; fused with it, "
+            f"it matched or beat the local model from 250 rows on.")
