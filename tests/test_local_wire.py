@@ -288,3 +288,13 @@ def test_the_held_out_rows_go_out_once(tmp_path, monkeypatch):
     assert len(posts) == 2 and posts[1]["prompt_id"] == "p2"
     assert posts[1]["input_ids"] == posts[0]["input_ids"]  # the same release, sent again
     assert other.last_heldout["sent"] and not other.last_heldout["fresh"]
+    # at another η they would be a second release: refused, saying why, before anything goes
+    from rapt.client.client import ClientError
+
+    at7 = RaptClient(api_key="k", backbone=bb, remote_backbone="tiny", eta=7.0,
+                     http=httpx.Client(transport=httpx.MockTransport(answer),
+                                       base_url="http://svc"))
+    with pytest.raises(ClientError, match=r"sent once at η = 5.0; sending them at η = 7.0 "
+                                          r"would release them a second time.*delete"):
+        at7.user_side("p3", data=ds, held=held)
+    assert len(posts) == 2

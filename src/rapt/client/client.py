@@ -527,8 +527,14 @@ class RaptClient:
         if isinstance(answers.get(key), dict):
             self.last_heldout = {"sent": False, "fresh": False, "file": str(path)}
             return np.asarray(answers[key]["probabilities"], dtype=float)
-        pred = self.predict(prompt_id, part.texts, text_pairs=part.text_pairs,
-                            released=doc.get("release"))
+        try:
+            pred = self.predict(prompt_id, part.texts, text_pairs=part.text_pairs,
+                                released=doc.get("release"))
+        except ClientError as e:
+            if doc.get("release") is None:
+                raise
+            raise ClientError(f"held-out rows: {e} (to release them again knowingly, delete "
+                              f"{path})") from e
         self.last_heldout = {"sent": True, "fresh": "release" not in doc, "file": str(path)}
         doc.setdefault("release", {"eta": self.eta, "no_privacy": self.no_privacy,
                                    "rows": pred.sent})
