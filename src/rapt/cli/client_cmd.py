@@ -324,8 +324,8 @@ def _user_side(url, key, backbone: str | None, prompt_id: str, dataset_id: str,
             else ""
         typer.echo(f"held-out rows ({fusion.n_rows}, never trained on): privatized model"
                    f"{den} {100 * acc['remote']:.1f} %, local {100 * acc['local']:.1f} %, fused "
-                   f"{100 * acc['fused']:.1f} % (weights: remote {fusion.remote:g}, local "
-                   f"{fusion.local:g})", err=True)
+                   f"{100 * acc['fused']:.1f} % (cross-fitted; weights: remote "
+                   f"{fusion.remote:g}, local {fusion.local:g})", err=True)
     typer.echo(verdict(comp).replace("`rapt predict", "`rapt client predict"), err=True)
     out = local_out or c.local_model_path(prompt_id)
     paths = write_local_model(out, base, fusion)
