@@ -48,6 +48,8 @@ class Service:
         # Process-wide; restored by close() for processes that host a service among others.
         self._umask = os.umask(0o077)
         self.store = Store(config.store_url or config.db_path, files=config.files_dir)
+        # A crash between a dataset's file and its row (either way) leaves nothing behind.
+        self.store.reconcile_dataset_files()
         # Ray actors load backbones by name themselves; injected ones are sent to them.
         job_backbones = ({n: n for n in config.backbones} if backbones is None
                          else backbones)

@@ -10,7 +10,9 @@ Prompt tensors and dataset rows live in a folder beside the database (``files``:
 ``<db>.files`` for SQLite, given with ``files=`` for PostgreSQL, a shared filesystem when
 several machines run jobs): ``datasets/<id>.json`` (token ids and labels, never in the
 database, so deleting the file erases them), ``prompts/<id>`` safetensors folders and
-``checkpoints/<job id>.pt``. Every lookup of a user object takes the owner's key id, so one key
+``checkpoints/<job id>.pt``. A dataset's file takes its name only once its row is committed,
+and the service's start-up erases files without a row (``reconcile_dataset_files``), so a
+crash at any point leaves no tenant data that nothing lists. Every lookup of a user object takes the owner's key id, so one key
 can never read another key's rows.
 
 Jobs are the queue: a job row is claimed by one worker with a conditional update

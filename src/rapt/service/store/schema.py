@@ -164,6 +164,8 @@ MIGRATIONS: tuple[Migration, ...] = (
         add_columns("sap_sessions", "release_bytes", "state_bytes"),)),
     Migration(7, "a job's stage after training (the output denoiser's fit)", (
         add_columns("jobs", "stage"),)),
+    Migration(8, "the lock between dataset uploads and the datasets folder's reconciliation", (
+        insert_rows("locks", {"name": "dataset_files"}),)),
 )
 
 
