@@ -58,7 +58,9 @@ def test_login_sets_an_httponly_strict_cookie_and_logout_clears_it(console):
     r = login(c, keys["alice"])
     assert r.status_code == 303 and r.headers["location"] == "/console"
     assert keys["alice"] not in r.headers["location"]
-    cookie = next(v for v in r.headers.get_list("set-cookie") if v.startswith("rapt_key="))
+    cookie = next(v for v in r.headers.get_list("set-cookie")
+                  if v.startswith("rapt_session="))
+    assert keys["alice"] not in " ".join(r.headers.get_list("set-cookie"))  # a session token
     flags = [f.strip().lower() for f in cookie.split(";")]
     assert "httponly" in flags and "samesite=strict" in flags and "path=/console" in flags
     assert "secure" not in flags  # plain http (TestClient); see the https test
@@ -72,12 +74,20 @@ def test_login_sets_an_httponly_strict_cookie_and_logout_clears_it(console):
     assert c.get("/console", follow_redirects=False).status_code == 303
 
 
-def test_cookie_is_secure_over_https(console):
+def test_cookies_are_secure_host_cookies_over_https(console):
+    """Over HTTPS the cookies are ``__Host-`` cookies: Secure, on ``/``, no Domain, so no
+    other host (a sibling subdomain) can plant one."""
     c, keys = console
     with _client(c, "https://testserver") as b:
-        cookie = next(v for v in login(b, keys["alice"]).headers.get_list("set-cookie")
-                      if v.startswith("rapt_key="))
-        assert "secure" in [f.strip().lower() for f in cookie.split(";")]
+        r = login(b, keys["alice"])
+        assert r.status_code == 303, r.text
+        cookies = {v.split("=", 1)[0]: [f.strip().lower() for f in v.split(";")]
+                   for v in r.headers.get_list("set-cookie")}
+        assert set(cookies) == {"__Host-rapt_session", "__Host-rapt_csrf"}, cookies
+        for flags in cookies.values():
+            assert "secure" in flags and "path=/" in flags and "httponly" in flags
+            assert not any(f.startswith("domain=") for f in flags)
+        assert b.get("/console").status_code == 200
 
 
 def test_wrong_key_and_missing_csrf_are_refused(console):

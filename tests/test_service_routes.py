@@ -26,8 +26,10 @@ GATE_NO_KEY = "missing API key: send 'Authorization: Bearer <key>'"
 
 @pytest.fixture()
 def client(tmp_path, tiny_bert):
+    # Every route gets a wrong key below: more failures from one address than the default
+    # limit lets through (tests/test_console_sessions.py tests the limit).
     cfg = ServiceConfig(db_path=tmp_path / "svc.db", backbones=["tiny"],
-                        limits=Limits(max_upload_bytes=1000))
+                        limits=Limits(max_upload_bytes=1000, max_auth_failures=0))
     with TestClient(create_app(cfg, backbones={"tiny": tiny_bert})) as c:
         yield c
 

@@ -81,13 +81,17 @@ def create_app(config: ServiceConfig, *, backbones: dict[str, Any] | None = None
     return app
 
 
+def _in_console(request: Request) -> bool:
+    path = request.url.path
+    return path == console.PATH or path.startswith(console.PATH + "/")
+
+
 def _add_error_handlers(app: FastAPI) -> None:
     """Every error the app answers with becomes the JSON error body."""
 
     @app.exception_handler(ServiceError)
     async def _service_error(request: Request, exc: ServiceError) -> Response:
-        path = request.url.path
-        if path == console.PATH or path.startswith(console.PATH + "/"):  # a person reads it
+        if _in_console(request):  # a person reads it
             return console.error_page(request, exc.status, exc.detail)
         return error_response(exc.status, exc.error, exc.detail)
 
@@ -101,14 +105,16 @@ def _add_error_handlers(app: FastAPI) -> None:
         return resp
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
         cause = exc.__cause__
         if exc.status_code == 400 and isinstance(cause, UnicodeDecodeError):
             # Bytes that are no text: the same 422 as any other body that is not JSON.
             return error_response(422, "validation_error", f"body is not valid JSON "
                                   f"({cause.encoding}: {cause.reason} at byte {cause.start})")
         code = HTTPStatus(exc.status_code).phrase.lower().replace(" ", "_")
-        resp = error_response(exc.status_code, code, str(exc.detail))
+        resp = (console.error_page(request, exc.status_code, str(exc.detail))
+                if _in_console(request) else error_response(exc.status_code, code,
+                                                            str(exc.detail)))
         resp.headers.update(exc.headers or {})
         if exc.status_code == 405:  # RFC 9110: the methods the path takes, all of them
             resp.headers["Allow"] = ", ".join(allowed_methods(request.scope))

@@ -9,7 +9,15 @@ from typing import Any
 import sqlalchemy as sa
 
 from rapt.service.store.connection import StoreBase
-from rapt.service.store.schema import api_keys, datasets, jobs, new_id, prompts, sap_sessions
+from rapt.service.store.schema import (
+    api_keys,
+    console_sessions,
+    datasets,
+    jobs,
+    new_id,
+    prompts,
+    sap_sessions,
+)
 
 
 class LastAdminKeyError(ValueError):
@@ -88,9 +96,9 @@ class KeyStore(StoreBase):
     def _revoke(self, conn: sa.Connection, kid: str) -> tuple[list[str], list[str], list[str]]:
         """Revoke key ``kid`` in ``conn``'s transaction: its queued jobs are cancelled, its
         running ones flagged for their worker (which stops at its next step and creates no
-        prompt), its split sessions deleted. Returns (cancelled job ids, running job ids,
-        session folders to remove). LastAdminKeyError (nothing changed) for the last live
-        admin key."""
+        prompt), its split sessions deleted, its console sessions ended. Returns (cancelled job
+        ids, running job ids, session folders to remove). LastAdminKeyError (nothing changed)
+        for the last live admin key."""
         c, j, s = api_keys.c, jobs.c, sap_sessions.c
         self._keep_an_admin(conn, kid)
         now = time.time()
@@ -107,6 +115,7 @@ class KeyStore(StoreBase):
                      .values(cancel_requested=now))
         folders = list(conn.execute(sa.select(s.path).where(s.owner == kid)).scalars())
         conn.execute(sap_sessions.delete().where(s.owner == kid))
+        conn.execute(console_sessions.delete().where(console_sessions.c.key_id == kid))
         return queued, running, folders
 
     def revoke_key(self, ref: str) -> dict[str, Any]:

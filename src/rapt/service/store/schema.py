@@ -84,6 +84,16 @@ sap_sessions = sa.Table(
     Column("release_bytes", Integer, nullable=False, server_default="0"),
     Column("state_bytes", Integer, nullable=False, server_default="0"))
 
+# Console sign-ins (migration 9): the SHA-256 of a session's random token (the browser's
+# cookie holds the token, never the API key), the key it acts for, when it began and when it
+# was last used (idle and absolute expiry).
+console_sessions = sa.Table(
+    "console_sessions", metadata,
+    Column("token_hash", Text, primary_key=True),
+    Column("key_id", Text, sa.ForeignKey("api_keys.id"), nullable=False),
+    Column("created", Double, nullable=False), Column("last_seen", Double, nullable=False),
+    Index("console_sessions_key", "key_id"))
+
 # Named rows locked (SELECT ... FOR UPDATE) to serialize a check-then-insert across processes
 # on PostgreSQL; SQLite's write transactions are serialized already.
 locks = sa.Table("locks", metadata, Column("name", Text, primary_key=True))
@@ -166,6 +176,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         add_columns("jobs", "stage"),)),
     Migration(8, "the lock between dataset uploads and the datasets folder's reconciliation", (
         insert_rows("locks", {"name": "dataset_files"}),)),
+    Migration(9, "console sessions", (create_tables("console_sessions"),)),
 )
 
 
