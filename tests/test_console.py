@@ -416,3 +416,45 @@ def test_dataset_page_shows_the_attack_tables_privacy_and_the_rules_verdict(cons
     assert _upload(c, eta="80").status_code == 201  # EP 0.4 < the rule's 0.5: weak
     page = c.get("/console/datasets").text
     assert "0.400, set by mechanism-aware Bayes" in page and "weak: below 0.5" in page
+
+
+def _create_key(c: TestClient, name: str):
+    token = _csrf(c.get("/console/admin").text)
+    return c.post("/console/admin/keys", data={"csrf": token, "op": "create", "key": name})
+
+
+def test_a_new_key_needs_a_free_name_of_bounded_length(console):
+    """Old behaviour: a second live key named 'alice', and a 100,000-character name, were
+    created (a revoke by name then found two keys; the admin page carried the long one)."""
+    c, keys = console
+    login(c, keys["ops"])
+    assert 'maxlength="100"' in c.get("/console/admin").text
+    for name, why in (("alice", "a live key is named &#39;alice&#39; already"),
+                      ("x" * 100_000, "at most 100 characters; this one has 100000"),
+                      ("tab\there", "printable characters only"), ("  ", "give the new key")):
+        r = _create_key(c, name)
+        assert r.status_code == 422 and why in r.text, (name[:20], r.text[:300])
+        assert "text/html" in r.headers["content-type"] and "<code>rapt_" not in r.text
+    names = [k["name"] for k in c.app.state.svc.store.list_keys()]
+    assert names == ["alice", "bob", "ops"]
+    r = _create_key(c, "x" * 100)
+    assert r.status_code == 201 and "<code>rapt_" in r.text
+
+
+def test_a_form_over_the_size_limit_gets_an_html_page(tmp_path, tiny_bert):
+    """Old behaviour: the request gate answered a console form over max_upload_bytes with the
+    API's JSON error body."""
+    app = make_app(tmp_path, tiny_bert, max_upload_bytes=2000)
+    key = add_key(tmp_path, "alice")
+    with TestClient(app) as c:
+        login(c, key)
+        token = _csrf(c.get("/console/datasets").text)
+        r = c.post("/console/datasets", data={"csrf": token, "eta": "10", "backbone": "tiny"},
+                   files={"file": ("d.csv", b"text,label\n" + b"x,1\n" * 2000, "text/csv")})
+        assert r.status_code == 413 and "text/html" in r.headers["content-type"], r.text[:200]
+        assert "max_upload_bytes=2000" in r.text and "<h1>413</h1>" in r.text
+        assert "default-src 'none'" in r.headers["content-security-policy"]
+        r = c.get("/console/no/such/page")
+        assert r.status_code == 404 and "text/html" in r.headers["content-type"]
+        r = c.post("/v1/datasets", content=b"x" * 3000, headers=hdr(key))
+        assert r.status_code == 413 and r.json()["error"] == "payload_too_large"  # the API: JSON

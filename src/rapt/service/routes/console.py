@@ -31,6 +31,7 @@ from rapt.service.curves import loss_svg
 from rapt.service.deps import Svc, key_id, owned, svc_of
 from rapt.service.errors import ServiceError
 from rapt.service.routes import admin, datasets, jobs, prompts
+from rapt.service.store.keys import MAX_KEY_NAME
 from rapt.service.throttle import client_address
 
 SESSION_COOKIE, CSRF_COOKIE, PATH = "rapt_session", "rapt_csrf", "/console"
@@ -318,7 +319,8 @@ def _admin_page(request: Request, svc: Any, me: str, new_key: str | None = None,
     queue = store.jobs_in_states("running", "queued")
     return _page(request, svc, me, "admin.html", keys=keys, names=names, now=time.time(),
                  stored=store.stored_bytes_by_owner(), counts=store.job_counts(),
-                 queue=queue, config=svc.config, new_key=new_key, status=status)
+                 queue=queue, config=svc.config, new_key=new_key, status=status,
+                 max_name=MAX_KEY_NAME)
 
 
 @router.post("/admin/keys")
@@ -327,8 +329,10 @@ def admin_key_op(request: Request, svc: Svc, me: Me, form: Form) -> Response:
     admin.admin(request, me)
     op, ref = form.get("op"), form.get("key", "").strip()
     if op == "create":
-        if not ref:
-            raise ServiceError(422, "validation_error", "give the new key a name")
+        try:
+            svc.store.check_key_name(ref)
+        except ValueError as e:
+            raise ServiceError(422, "validation_error", str(e)) from None
         key = auth.new_key()  # shown once, on this page only (no-store), never in a URL
         svc.store.add_key(ref, auth.hash_key(key), admin=form.get("admin") == "on")
         return _admin_page(request, svc, me, new_key=key, status=201)

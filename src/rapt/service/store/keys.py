@@ -19,6 +19,9 @@ from rapt.service.store.schema import (
     sap_sessions,
 )
 
+# A key's name is a label people read in lists and type to confirm a revoke or a purge.
+MAX_KEY_NAME = 100  # characters
+
 
 class LastAdminKeyError(ValueError):
     """Revoking this key would leave no live admin key: nobody could use the operator routes
@@ -33,6 +36,23 @@ class KeyStore(StoreBase):
         self._exec(api_keys.insert().values(id=kid, name=name, key_hash=key_hash,
                                             created=time.time(), admin=int(admin)))
         return kid
+
+    def check_key_name(self, name: str) -> None:
+        """ValueError saying why ``name`` cannot name a new key: empty, longer than
+        ``MAX_KEY_NAME`` characters, holding a control character, or the name of a live key
+        (a revoke or purge by name must find one key)."""
+        if not name.strip():
+            raise ValueError("give the new key a name")
+        if len(name) > MAX_KEY_NAME:
+            raise ValueError(f"a key name has at most {MAX_KEY_NAME} characters; this one has "
+                             f"{len(name)}")
+        if any(not ch.isprintable() for ch in name):
+            raise ValueError("a key name holds printable characters only (no tab, newline or "
+                             "other control character)")
+        c = api_keys.c
+        if self._one(sa.select(c.id).where(c.name == name, c.revoked.is_(None))) is not None:
+            raise ValueError(f"a live key is named '{name}' already; choose another name (or "
+                             "revoke that key first)")
 
     def owner_of_hash(self, key_hash: str) -> str | None:
         """The key id of a valid (not revoked) key."""

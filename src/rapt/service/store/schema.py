@@ -53,6 +53,9 @@ jobs = sa.Table(
     # The stage after the training steps the job is in (migration 7): JSON {name, done,
     # total, started}; NULL: none.
     Column("stage", Text),
+    # The step its checkpoint holds (migration 10): where it resumes after a crash, while
+    # ``step`` may hold a later step's progress.
+    Column("checkpoint_step", Integer),
     Index("jobs_state", "state"))
 
 prompts = sa.Table(
@@ -177,6 +180,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(8, "the lock between dataset uploads and the datasets folder's reconciliation", (
         insert_rows("locks", {"name": "dataset_files"}),)),
     Migration(9, "console sessions", (create_tables("console_sessions"),)),
+    Migration(10, "the step a job's checkpoint holds", (add_columns("jobs", "checkpoint_step"),)),
 )
 
 
