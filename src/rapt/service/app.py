@@ -63,11 +63,12 @@ def create_app(config: ServiceConfig, *, backbones: dict[str, Any] | None = None
             app.state.svc.close()
 
     # 413 (the request gate) and 500 can answer any route; each router and route adds its own.
-    # /docs and /redoc from assets in the fastapi-offline package, not a CDN: providers run
-    # air-gapped, where the CDN's scripts never load and the pages stay blank.
+    # The assets of /docs and /redoc from the fastapi-offline package, not a CDN: providers run
+    # air-gapped, where the CDN's scripts never load and the pages stay blank. The pages are
+    # routes.docs's (ReDoc's script fetched its logo from a CDN).
     app = FastAPIOffline(title="rapt provider service", version=__version__, lifespan=lifespan,
                          description="Prompt tuning and inference on privatized data (RAPT).",
-                         responses=errors(413, 500))
+                         responses=errors(413, 500), docs_url=None, redoc_url=None)
     # The last added is the outermost: metrics -> errors -> route, API key, body size -> routes.
     app.add_middleware(RequestGateMiddleware, limit=config.limits.max_upload_bytes)
     app.add_middleware(InternalErrorMiddleware)
