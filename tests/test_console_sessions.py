@@ -9,7 +9,15 @@ from __future__ import annotations
 import re
 
 import pytest
-from _service import FakeRunner, add_key, hdr, make_app, open_store, upload_body
+from _service import (
+    SQLITE_ONLY,
+    FakeRunner,
+    add_key,
+    hdr,
+    make_app,
+    open_store,
+    upload_body,
+)
 from fastapi.testclient import TestClient
 
 from rapt.service import auth
@@ -26,9 +34,10 @@ class Clock:
 
 
 @pytest.fixture()
-def console(tmp_path, tiny_bert):
+def console(tmp_path, tiny_bert, backend):
     """(TestClient, keys, clock): the service with 3 failed sign-ins or keys allowed per
-    address in 60 s, on a clock the test moves."""
+    address in 60 s, on a clock the test moves; the store's backend as the test asks (the
+    tests of the session rows run on both)."""
     app = make_app(tmp_path, tiny_bert, FakeRunner(steps=2), max_auth_failures=3,
                    auth_failure_window_s=60.0)
     keys = {"alice": add_key(tmp_path, "alice"), "ops": add_key(tmp_path, "ops", admin=True)}
@@ -68,6 +77,7 @@ def signed_in(c: TestClient) -> bool:
     return c.get("/console", follow_redirects=False).status_code == 200
 
 
+@SQLITE_ONLY  # reads the SQLite file for the token
 def test_the_cookie_holds_a_session_token_that_sign_out_ends(console):
     """Old behaviour: the cookie held the API key itself, so a copy of it still worked after
     sign-out, for ever."""
@@ -149,6 +159,7 @@ def _planted(c: TestClient, keys: dict) -> tuple[str, dict]:
     {"Origin": "null"},  # a sandboxed or opaque origin
     {"Sec-Fetch-Site": "cross-site"},
 ])
+@SQLITE_ONLY
 def test_a_cross_site_post_is_refused_even_with_a_planted_csrf_cookie(console, headers):
     """Old behaviour: only the double-submit token was checked, so a cross-site form that
     carried the planted cookie's value created a job."""
@@ -166,6 +177,7 @@ def test_a_cross_site_post_is_refused_even_with_a_planted_csrf_cookie(console, h
     assert r.status_code == 403 and not signed_in(b)
 
 
+@SQLITE_ONLY
 def test_a_post_from_the_consoles_own_pages_passes(console):
     c, keys, _ = console
     _, form = _planted(c, keys)  # the double-submit token alone is what a script needs
@@ -175,6 +187,7 @@ def test_a_post_from_the_consoles_own_pages_passes(console):
     assert len(c.get("/v1/jobs", headers=hdr(keys["alice"])).json()) == 1
 
 
+@SQLITE_ONLY
 @pytest.mark.parametrize("csrf", [None, ""])
 def test_a_form_without_a_csrf_token_is_refused(console, csrf):
     """A missing or empty csrf field is refused, on sign-in and on a signed-in form, even when
@@ -201,6 +214,7 @@ def test_a_form_without_a_csrf_token_is_refused(console, csrf):
     assert c.get("/v1/jobs", headers=hdr(keys["alice"])).json() == []
 
 
+@SQLITE_ONLY
 def test_failed_sign_ins_are_limited_per_address_with_retry_after(console):
     """Old behaviour: every wrong key was checked, at any rate (300 in 2.3 s)."""
     c, keys, clock = console
@@ -216,6 +230,7 @@ def test_failed_sign_ins_are_limited_per_address_with_retry_after(console):
     assert login(b, keys["alice"]).status_code == 303
 
 
+@SQLITE_ONLY
 def test_failed_api_keys_are_limited_per_address_with_retry_after(console):
     c, keys, clock = console
     b = browser(c, "10.0.0.9")
