@@ -58,7 +58,9 @@ def test_login_sets_an_httponly_strict_cookie_and_logout_clears_it(console):
     r = login(c, keys["alice"])
     assert r.status_code == 303 and r.headers["location"] == "/console"
     assert keys["alice"] not in r.headers["location"]
-    cookie = next(v for v in r.headers.get_list("set-cookie") if v.startswith("rapt_key="))
+    cookie = next(v for v in r.headers.get_list("set-cookie")
+                  if v.startswith("rapt_session="))
+    assert keys["alice"] not in " ".join(r.headers.get_list("set-cookie"))  # a session token
     flags = [f.strip().lower() for f in cookie.split(";")]
     assert "httponly" in flags and "samesite=strict" in flags and "path=/console" in flags
     assert "secure" not in flags  # plain http (TestClient); see the https test
@@ -72,12 +74,20 @@ def test_login_sets_an_httponly_strict_cookie_and_logout_clears_it(console):
     assert c.get("/console", follow_redirects=False).status_code == 303
 
 
-def test_cookie_is_secure_over_https(console):
+def test_cookies_are_secure_host_cookies_over_https(console):
+    """Over HTTPS the cookies are ``__Host-`` cookies: Secure, on ``/``, no Domain, so no
+    other host (a sibling subdomain) can plant one."""
     c, keys = console
     with _client(c, "https://testserver") as b:
-        cookie = next(v for v in login(b, keys["alice"]).headers.get_list("set-cookie")
-                      if v.startswith("rapt_key="))
-        assert "secure" in [f.strip().lower() for f in cookie.split(";")]
+        r = login(b, keys["alice"])
+        assert r.status_code == 303, r.text
+        cookies = {v.split("=", 1)[0]: [f.strip().lower() for f in v.split(";")]
+                   for v in r.headers.get_list("set-cookie")}
+        assert set(cookies) == {"__Host-rapt_session", "__Host-rapt_csrf"}, cookies
+        for flags in cookies.values():
+            assert "secure" in flags and "path=/" in flags and "httponly" in flags
+            assert not any(f.startswith("domain=") for f in flags)
+        assert b.get("/console").status_code == 200
 
 
 def test_wrong_key_and_missing_csrf_are_refused(console):
@@ -406,3 +416,45 @@ def test_dataset_page_shows_the_attack_tables_privacy_and_the_rules_verdict(cons
     assert _upload(c, eta="80").status_code == 201  # EP 0.4 < the rule's 0.5: weak
     page = c.get("/console/datasets").text
     assert "0.400, set by mechanism-aware Bayes" in page and "weak: below 0.5" in page
+
+
+def _create_key(c: TestClient, name: str):
+    token = _csrf(c.get("/console/admin").text)
+    return c.post("/console/admin/keys", data={"csrf": token, "op": "create", "key": name})
+
+
+def test_a_new_key_needs_a_free_name_of_bounded_length(console):
+    """Old behaviour: a second live key named 'alice', and a 100,000-character name, were
+    created (a revoke by name then found two keys; the admin page carried the long one)."""
+    c, keys = console
+    login(c, keys["ops"])
+    assert 'maxlength="100"' in c.get("/console/admin").text
+    for name, why in (("alice", "a live key is named &#39;alice&#39; already"),
+                      ("x" * 100_000, "at most 100 characters; this one has 100000"),
+                      ("tab\there", "printable characters only"), ("  ", "give the new key")):
+        r = _create_key(c, name)
+        assert r.status_code == 422 and why in r.text, (name[:20], r.text[:300])
+        assert "text/html" in r.headers["content-type"] and "<code>rapt_" not in r.text
+    names = [k["name"] for k in c.app.state.svc.store.list_keys()]
+    assert names == ["alice", "bob", "ops"]
+    r = _create_key(c, "x" * 100)
+    assert r.status_code == 201 and "<code>rapt_" in r.text
+
+
+def test_a_form_over_the_size_limit_gets_an_html_page(tmp_path, tiny_bert):
+    """Old behaviour: the request gate answered a console form over max_upload_bytes with the
+    API's JSON error body."""
+    app = make_app(tmp_path, tiny_bert, max_upload_bytes=2000)
+    key = add_key(tmp_path, "alice")
+    with TestClient(app) as c:
+        login(c, key)
+        token = _csrf(c.get("/console/datasets").text)
+        r = c.post("/console/datasets", data={"csrf": token, "eta": "10", "backbone": "tiny"},
+                   files={"file": ("d.csv", b"text,label\n" + b"x,1\n" * 2000, "text/csv")})
+        assert r.status_code == 413 and "text/html" in r.headers["content-type"], r.text[:200]
+        assert "max_upload_bytes=2000" in r.text and "<h1>413</h1>" in r.text
+        assert "default-src 'none'" in r.headers["content-security-policy"]
+        r = c.get("/console/no/such/page")
+        assert r.status_code == 404 and "text/html" in r.headers["content-type"]
+        r = c.post("/v1/datasets", content=b"x" * 3000, headers=hdr(key))
+        assert r.status_code == 413 and r.json()["error"] == "payload_too_large"  # the API: JSON

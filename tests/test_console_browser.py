@@ -98,6 +98,9 @@ def browser(site):
         for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
                     "--disable-gpu", "--window-size=1200,850", OFFLINE):
             opts.add_argument(arg)
+        # The DevTools network events, read back with get_log("performance"): every request
+        # a page makes, the ones that fail (no host resolves but the loopback) included.
+        opts.set_capability("goog:loggingPrefs", {"performance": "ALL"})
         d = webdriver.Chrome(options=opts, service=Service(driver))
         d.implicitly_wait(0)
         opened.append(d)
@@ -212,20 +215,62 @@ def _bar(d) -> float:
     return float(bar.get_attribute("value") or 0) / float(bar.get_attribute("max") or 1)
 
 
+def _requested(d) -> list[str]:
+    """The URLs the browser requested since the last call (DevTools network log)."""
+    import json
+
+    out = []
+    for entry in d.get_log("performance"):
+        msg = json.loads(entry["message"])["message"]
+        if msg["method"] == "Network.requestWillBeSent":
+            out.append(msg["params"]["request"]["url"])
+    return out
+
+
+def _rendered_requests(d) -> list[str]:
+    """Every URL the page requested once it has rendered: collected until no new request has
+    come for a second (pictures and fonts load after the script has drawn the page)."""
+    urls, quiet_since = [], time.time()
+    while time.time() - quiet_since < 1.0:
+        new = _requested(d)
+        if new:
+            urls += new
+            quiet_since = time.time()
+        time.sleep(0.1)
+    return urls
+
+
+def _elsewhere(urls: list[str]) -> list[str]:
+    """The URLs that leave the loopback (data: and blob: URLs stay in the page)."""
+    from urllib.parse import urlsplit
+
+    return [u for u in urls if urlsplit(u).scheme not in ("data", "blob", "about")
+            and urlsplit(u).hostname != "127.0.0.1"]
+
+
 def test_docs_and_redoc_render_with_the_network_off(site, browser):
+    """Both pages render from the package's own assets and request nothing from any other
+    host: the network log of each page is checked, not only its rendering (old behaviour:
+    ReDoc's script fetched its logo from cdn.redoc.ly, which failed unseen here)."""
     from selenium.common.exceptions import WebDriverException
 
     d = browser()
     with pytest.raises(WebDriverException, match="ERR_NAME_NOT_RESOLVED"):
         d.get("https://cdn.jsdelivr.net/npm/swagger-ui-dist@5/swagger-ui.css")  # really off
+    assert set(_elsewhere(_requested(d))) == {"https://cdn.jsdelivr.net/npm/swagger-ui-dist@5/"
+                                              "swagger-ui.css"}  # and the log does see it
     d.get(site[0] + "/docs")
     title = _wait(lambda: _all(d, "#swagger-ui .info .title"), what="Swagger UI to render")
     assert "rapt provider service" in title[0].text
     assert _wait(lambda: _all(d, "#swagger-ui .opblock"), what="the operations")
+    docs = _rendered_requests(d)
+    assert site[0] + "/openapi.json" in docs and _elsewhere(docs) == [], docs
     d.get(site[0] + "/redoc")
     heading = _wait(lambda: [h for h in _all(d, "h1") if "rapt provider service" in h.text],
                     what="ReDoc to render")
     assert heading and _all(d, "[role=navigation], .menu-content")
+    redoc = _rendered_requests(d)
+    assert site[0] + "/openapi.json" in redoc and _elsewhere(redoc) == [], redoc
 
 
 def test_upload_tune_watch_predict_and_cancel(site, browser, tmp_path):

@@ -556,6 +556,59 @@ def test_graceful_shutdown_before_first_checkpoint_requeues(tmp_path):
         assert runner.resumes == [None, None]
 
 
+class CheckpointAtTwo(FakeRunner):
+    """First run: progress to step 3 of 6, its only checkpoint at step 2, then wait to be
+    stopped; later runs: hold at their start until ``gate`` opens, then run to the end."""
+
+    def __call__(self, backbone, data, params, *, progress, should_stop, checkpoint, resume):
+        self.resumes.append(resume)
+        if resume is None:
+            for s in (1, 2, 3):
+                progress({"step": s, "total_steps": 6, "loss": 1.0 / s, "epoch": 0})
+                if s == 2:
+                    checkpoint({"step": 2, "w": torch.zeros(1)})
+            self.at_gate.set()
+            while not should_stop():
+                time.sleep(0.01)
+            return FakePrompt(torch.zeros(1, 2))
+        self.at_gate.set()
+        assert self.gate.wait(30)
+        for s in range(int(resume["step"]) + 1, 7):
+            progress({"step": s, "total_steps": 6, "loss": 1.0 / s, "epoch": 0})
+        return FakePrompt(torch.zeros(backbone.embeddings.shape[0], data.num_labels))
+
+
+def test_a_killed_jobs_status_shows_the_step_it_resumes_from(tmp_path):
+    """Old behaviour: after kill -9 the status kept the last step the dead run reported (3),
+    while the job resumes from its checkpoint's (2): taken back, queued and running again, it
+    said 3 of 6 until the new run's own progress caught up."""
+    from rapt.service.worker import JobWorker
+
+    key, runner = add_key(tmp_path), CheckpointAtTwo()
+    with TestClient(make_app(tmp_path, service_bert(), runner)) as c:
+        ds = c.post("/v1/datasets", json=upload_body(), headers=hdr(key)).json()
+        jid = c.post("/v1/jobs", json={"dataset_id": ds["id"]}, headers=hdr(key)).json()["id"]
+        assert runner.at_gate.wait(10)
+    _as_killed(tmp_path, jid)
+    store = open_store(tmp_path)
+    try:
+        store.update_job(jid, step=3)  # the dead run's last progress
+        assert JobWorker(store, {}, FakeRunner(), max_queued=4).reap_stale() == [jid]
+        row = store.get_job(jid, None)
+        assert (row["state"], row["step"], row["resumed_from_step"]) == ("queued", 2, 2)
+    finally:
+        store.close()
+    runner.at_gate.clear()
+    runner.gate.clear()
+    with TestClient(make_app(tmp_path, service_bert(), runner)) as c:
+        assert runner.at_gate.wait(10)  # the new run holds at its start
+        st = c.get(f"/v1/jobs/{jid}", headers=hdr(key)).json()
+        assert (st["state"], st["step"], st["resumed_from_step"]) == ("running", 2, 2), st
+        runner.gate.set()
+        st = wait_job(c, key, jid)
+        assert (st["state"], st["step"]) == ("succeeded", 6), st
+
+
 # -- issue 12 item 7, issue 17: request isolation in the inference batcher ---------------------
 def row_of(n: int) -> list[int]:
     """A token id row of length n (specials at both ends)."""
@@ -949,6 +1002,11 @@ def test_cli_db_option_and_key_revocation(tmp_path, monkeypatch):
     assert "revoked" in run("serve", "--db", db, "keys", "list").stdout
     out = run("serve", "--db", db, "keys", "revoke", "nobody", code=2)
     assert "nobody" in out.output
+    out = run("serve", "--db", db, "keys", "add", "bob", code=2)  # a live key's name
+    assert "a live key is named 'bob' already" in out.output
+    assert run("serve", "--db", db, "keys", "add", "alice").stdout.startswith("rapt_")  # revoked
+    out = run("serve", "--db", db, "keys", "add", "y" * 1000, code=2)
+    assert "at most 100 characters" in out.output
     out = run("serve", "--db", db, "keys", "add", "c", "--db", tmp_path / "other.db", code=2)
     assert "--db" in out.output and not (tmp_path / "other.db").exists()
 

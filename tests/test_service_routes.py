@@ -26,8 +26,10 @@ GATE_NO_KEY = "missing API key: send 'Authorization: Bearer <key>'"
 
 @pytest.fixture()
 def client(tmp_path, tiny_bert):
+    # Every route gets a wrong key below: more failures from one address than the default
+    # limit lets through (tests/test_console_sessions.py tests the limit).
     cfg = ServiceConfig(db_path=tmp_path / "svc.db", backbones=["tiny"],
-                        limits=Limits(max_upload_bytes=1000))
+                        limits=Limits(max_upload_bytes=1000, max_auth_failures=0))
     with TestClient(create_app(cfg, backbones={"tiny": tiny_bert})) as c:
         yield c
 
@@ -160,3 +162,20 @@ def test_docs_pages_load_their_scripts_from_the_service_not_a_cdn(client, page, 
         url = next(u for u in urls if u.endswith(name))
         got = client.get(url)
         assert got.status_code == 200 and len(got.content) > 10_000, (url, got.status_code)
+
+
+def test_docs_pages_name_no_other_host(client):
+    """/docs and /redoc load only this server's assets; ReDoc's script is served with its
+    CDN logo replaced (old behaviour: it fetched cdn.redoc.ly/redoc/logo-mini.svg). The
+    browser test records the pages' network log; this one reads what they are made of."""
+    import re as _re
+
+    for page in ("/docs", "/redoc"):
+        r = client.get(page)
+        assert r.status_code == 200 and "default-src 'self'" in \
+            r.headers["content-security-policy"]
+        for url in _re.findall(r'(?:src|href|url)\s*[=:]\s*["\']([^"\']+)', r.text):
+            assert url.startswith("/"), (page, url)
+    js = client.get("/docs-assets/redoc.standalone.js")
+    assert js.status_code == 200 and js.headers["content-type"].startswith("text/javascript")
+    assert "cdn.redoc.ly" not in js.text and "data:image/svg+xml" in js.text

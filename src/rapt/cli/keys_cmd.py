@@ -34,6 +34,11 @@ def keys_add(ctx: typer.Context,
     from rapt.service import auth
 
     st = _open_store(db, ctx, store)
+    try:
+        st.check_key_name(name)
+    except ValueError as e:
+        st.close()
+        fail(f"NAME {name[:40]!r}{'...' if len(name) > 40 else ''}: {e}")
     key = auth.new_key()
     kid = st.add_key(name, auth.hash_key(key), admin=admin)
     st.close()

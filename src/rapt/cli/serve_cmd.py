@@ -25,6 +25,8 @@ CHANNEL_HELP = ("BACKBONE=FOLDER: the channel model `rapt adapt` built for a loa
                 "(repeat for several backbones). Jobs on privatized rows read them back through "
                 "it before tuning, and their prompts' queries at predict (denoise-then-tune); "
                 "refused at start-up if FOLDER is not one or was built on another backbone")
+AUTH_FAILURES_HELP = ("failed API keys and console sign-ins one client address may send in "
+                      "--auth-window-s; past it, 429 with Retry-After (0: no limit)")
 FILES_HELP = ("folder for prompt tensors and job checkpoints (env RAPT_FILES; default beside "
               "the SQLite file, ./rapt-service.files with PostgreSQL); shared by every worker")
 
@@ -95,6 +97,8 @@ def serve(
     max_datasets_per_key: int = typer.Option(100, help="quota: stored datasets per API key"),
     max_dataset_mb_per_key: float = typer.Option(1024.0, help="quota: stored dataset data per "
                                                  "API key, MiB"),
+    max_auth_failures: int = typer.Option(20, help=AUTH_FAILURES_HELP),
+    auth_window_s: float = typer.Option(300.0, help="the window of --max-auth-failures, s"),
     ssl_keyfile: Path | None = typer.Option(None, help="TLS private key (PEM); serve https "
                                             "with --ssl-certfile"),
     ssl_certfile: Path | None = typer.Option(None, help="TLS certificate chain (PEM)"),
@@ -120,9 +124,7 @@ def serve(
     if ctx.invoked_subcommand is not None:
         return
     channels = _check_serve_options(jobs, ssl_keyfile, ssl_certfile, channel, backbone)
-    import uvicorn
-
-    from rapt.service import Limits, ServiceConfig, create_app
+    from rapt.service import Limits, ServiceConfig
 
     os.umask(0o077)  # every file the service writes holds a tenant's data: 0600 / 0700
 
@@ -142,7 +144,19 @@ def serve(
                                       max_steps_per_job=max_steps_per_job,
                                       max_datasets_per_key=max_datasets_per_key,
                                       max_dataset_bytes_per_key=int(
-                                          max_dataset_mb_per_key * 1024 * 1024)))
+                                          max_dataset_mb_per_key * 1024 * 1024),
+                                      max_auth_failures=max_auth_failures,
+                                      auth_failure_window_s=auth_window_s))
+    _run(cfg, host, port, ssl_keyfile, ssl_certfile)
+
+
+def _run(cfg: ServiceConfig, host: str, port: int, ssl_keyfile: Path | None,
+         ssl_certfile: Path | None) -> None:
+    """Say where the service is, and serve it (https with a key and certificate)."""
+    import uvicorn
+
+    from rapt.service import create_app
+
     _announce(cfg, host, port, tls=ssl_certfile is not None)
     no_loading_bars()
     tls = ({"ssl_keyfile": str(ssl_keyfile), "ssl_certfile": str(ssl_certfile)}

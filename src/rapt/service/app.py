@@ -63,11 +63,12 @@ def create_app(config: ServiceConfig, *, backbones: dict[str, Any] | None = None
             app.state.svc.close()
 
     # 413 (the request gate) and 500 can answer any route; each router and route adds its own.
-    # /docs and /redoc from assets in the fastapi-offline package, not a CDN: providers run
-    # air-gapped, where the CDN's scripts never load and the pages stay blank.
+    # The assets of /docs and /redoc from the fastapi-offline package, not a CDN: providers run
+    # air-gapped, where the CDN's scripts never load and the pages stay blank. The pages are
+    # routes.docs's (ReDoc's script fetched its logo from a CDN).
     app = FastAPIOffline(title="rapt provider service", version=__version__, lifespan=lifespan,
                          description="Prompt tuning and inference on privatized data (RAPT).",
-                         responses=errors(413, 500))
+                         responses=errors(413, 500), docs_url=None, redoc_url=None)
     # The last added is the outermost: metrics -> errors -> route, API key, body size -> routes.
     app.add_middleware(RequestGateMiddleware, limit=config.limits.max_upload_bytes)
     app.add_middleware(InternalErrorMiddleware)
@@ -81,13 +82,17 @@ def create_app(config: ServiceConfig, *, backbones: dict[str, Any] | None = None
     return app
 
 
+def _in_console(request: Request) -> bool:
+    path = request.url.path
+    return path == console.PATH or path.startswith(console.PATH + "/")
+
+
 def _add_error_handlers(app: FastAPI) -> None:
     """Every error the app answers with becomes the JSON error body."""
 
     @app.exception_handler(ServiceError)
     async def _service_error(request: Request, exc: ServiceError) -> Response:
-        path = request.url.path
-        if path == console.PATH or path.startswith(console.PATH + "/"):  # a person reads it
+        if _in_console(request):  # a person reads it
             return console.error_page(request, exc.status, exc.detail)
         return error_response(exc.status, exc.error, exc.detail)
 
@@ -101,14 +106,16 @@ def _add_error_handlers(app: FastAPI) -> None:
         return resp
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
         cause = exc.__cause__
         if exc.status_code == 400 and isinstance(cause, UnicodeDecodeError):
             # Bytes that are no text: the same 422 as any other body that is not JSON.
             return error_response(422, "validation_error", f"body is not valid JSON "
                                   f"({cause.encoding}: {cause.reason} at byte {cause.start})")
         code = HTTPStatus(exc.status_code).phrase.lower().replace(" ", "_")
-        resp = error_response(exc.status_code, code, str(exc.detail))
+        resp = (console.error_page(request, exc.status_code, str(exc.detail))
+                if _in_console(request) else error_response(exc.status_code, code,
+                                                            str(exc.detail)))
         resp.headers.update(exc.headers or {})
         if exc.status_code == 405:  # RFC 9110: the methods the path takes, all of them
             resp.headers["Allow"] = ", ".join(allowed_methods(request.scope))

@@ -14,7 +14,8 @@ _WHEN = {
     413: "the request body is over the limit max_upload_bytes (or a stored-size limit)",
     422: "the request is refused by validation: the schema's, or a rule it cannot state "
          "(exactly one of two fields, labels below num_labels, rows the backbone can hold, ...)",
-    429: "a quota or queue of this key or of the server is full",
+    429: "a quota or queue of this key or of the server is full, or this address sent too "
+         "many unknown keys lately (Retry-After: the seconds to wait)",
     500: "unexpected error; the detail holds only an id the operator finds in the server log",
     503: "a backbone or stored files that the request needs are not available here",
 }

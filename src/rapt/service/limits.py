@@ -32,6 +32,10 @@ class Limits:
     max_sap_live_sessions: int = 8  # in all
     max_sap_live_sessions_per_key: int = 2  # of one key
     max_sap_live_bytes: int = 4 << 30  # their tops' and releases' bytes, in all
+    # Failed API keys and console sign-ins per client address in any auth_failure_window_s
+    # seconds; past it, requests with a key and sign-ins get 429 with Retry-After (0: none).
+    max_auth_failures: int = 20
+    auth_failure_window_s: float = 300.0
 
 
 @dataclass
@@ -65,6 +69,10 @@ class ServiceConfig:
     lease_s: float = 30.0  # a running job whose worker has not renewed its lease this long is
     # taken back and resumed from its checkpoint by another worker
     heartbeat_s: float = 1.0  # lease renewal (and cancel polling) interval
+    # A console session ends after this many seconds without a request, and this many after
+    # its sign-in whatever its use.
+    console_idle_s: float = 30 * 60
+    console_session_s: float = 12 * 3600
     # Backbone name -> folder of its channel model from `rapt adapt`: jobs on
     # privatized rows and their prompts' queries are read back through it.
     channels: dict[str, str] = field(default_factory=dict)

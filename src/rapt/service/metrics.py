@@ -19,6 +19,11 @@ from prometheus_client.registry import Collector
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 JOB_STATES = ("queued", "running", "succeeded", "failed", "cancelled")
+# The request methods counted under their own name (RFC 9110's and PATCH); any other method a
+# client makes up counts as "other", so no request can add a series (the route is a template
+# or "unmatched", the status one of the app's own codes).
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE",
+                     "PATCH"})
 # Seconds: from a cached /v1/health to a predict that waits for its micro-batch.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -111,7 +116,7 @@ class _ServiceCollector(Collector):
 class MetricsMiddleware:
     """Counts every HTTP request by route template (never the raw path: ids would make a
     series per object), method and status, and times it. Unknown paths count as
-    ``unmatched``."""
+    ``unmatched``, unknown methods as ``other``: every label comes from a bounded set."""
 
     def __init__(self, app: Any, metrics: ServiceMetrics):
         self.app, self.metrics = app, metrics
@@ -131,5 +136,7 @@ class MetricsMiddleware:
         finally:
             route = scope.get("rapt.route") or getattr(scope.get("route"), "path", None)
             route = route or "unmatched"
-            self.metrics.requests.labels(route, scope.get("method", ""), str(status[0])).inc()
+            method = scope.get("method", "")
+            method = method if method in METHODS else "other"
+            self.metrics.requests.labels(route, method, str(status[0])).inc()
             self.metrics.latency.labels(route).observe(time.perf_counter() - t0)

@@ -10,11 +10,14 @@ from typing import Any
 
 from fastapi.dependencies.models import Dependant
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
 from starlette.routing import BaseRoute, Match
 
 from rapt.service.deps import key_id, owner
 from rapt.service.errors import error_response as _error
+from rapt.service.routes import console
 from rapt.service.state import Service
+from rapt.service.throttle import client_address
 
 log = logging.getLogger("rapt.service")
 
@@ -28,6 +31,15 @@ def _api_key(headers: list[tuple[bytes, bytes]]) -> str | None:
     if scheme.lower() != "bearer":
         return None
     return cred.strip() or None
+
+
+def _answer(scope: dict, status: int, error: str, detail: str) -> Any:
+    """The gate's refusal: the JSON error body, or under /console the console's error page
+    (a person sent the form)."""
+    path = scope.get("path", "")
+    if path == console.PATH or path.startswith(console.PATH + "/"):
+        return console.error_page(Request(scope), status, detail)
+    return _error(status, error, detail)
 
 
 class InternalErrorMiddleware:
@@ -66,7 +78,8 @@ class RequestGateMiddleware:
     2. the API key, for routes with ``owner`` in their dependency tree
        (``app.state.key_routes``, from ``keyed_routes``): a missing, unknown or
        revoked key gets 401 with the body unread (one indexed lookup); the key id goes into
-       ``scope["rapt.owner"]`` for that dependency;
+       ``scope["rapt.owner"]`` for that dependency. An address with too many failed keys
+       lately gets 429 with Retry-After, its keys unchecked (``Service.auth_failures``);
     3. the size: a Content-Length over ``limit`` gets 413 unread; otherwise the body is read up
        to the limit (chunked bodies too) and 413 the moment it passes it.
     """
@@ -87,13 +100,20 @@ class RequestGateMiddleware:
             if not key:
                 return await _error(401, "unauthorized", "missing API key: send 'Authorization: "
                                     "Bearer <key>'")(scope, receive, send)
+            addr = client_address(scope)
+            wait = svc.auth_failures.retry_after(addr)
+            if wait is not None:  # every key refused, or a guess would learn from the answer
+                resp = _error(429, "too_many_auth_failures", svc.auth_failures.refusal(wait))
+                resp.headers["Retry-After"] = str(wait)
+                return await resp(scope, receive, send)
             kid = await run_in_threadpool(key_id, svc, key)
             if kid is None:
+                svc.auth_failures.fail(addr)
                 return await _error(401, "unauthorized",
                                     "unknown or revoked API key")(scope, receive, send)
             scope["rapt.owner"] = kid
-        too_large = _error(413, "payload_too_large",
-                           f"request body exceeds the limit max_upload_bytes={self.limit}")
+        too_large = _answer(scope, 413, "payload_too_large",
+                            f"request body exceeds the limit max_upload_bytes={self.limit}")
         length = dict(scope.get("headers") or []).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.limit:
             return await too_large(scope, receive, send)

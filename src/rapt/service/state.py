@@ -7,6 +7,7 @@ import collections
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from rapt.service.jobs import make_job_backend
 from rapt.service.limits import ServiceConfig
 from rapt.service.split_sessions import SapError, SplitSessions
 from rapt.service.store import Store
+from rapt.service.throttle import FailureLimiter
 from rapt.service.worker import JobRunner
 
 log = logging.getLogger("rapt.service")
@@ -47,7 +49,15 @@ class Service:
         # split-session state and releases) is a tenant's data: 0600 files, 0700 folders.
         # Process-wide; restored by close() for processes that host a service among others.
         self._umask = os.umask(0o077)
+        # Seconds since the epoch: console sessions' expiry and the failed-key limiter read
+        # it (tests replace it to move time on).
+        self.clock: Callable[[], float] = time.time
+        self.auth_failures = FailureLimiter(self.limits.max_auth_failures,
+                                            self.limits.auth_failure_window_s,
+                                            lambda: self.clock())
         self.store = Store(config.store_url or config.db_path, files=config.files_dir)
+        # A crash between a dataset's file and its row (either way) leaves nothing behind.
+        self.store.reconcile_dataset_files()
         # Ray actors load backbones by name themselves; injected ones are sent to them.
         job_backbones = ({n: n for n in config.backbones} if backbones is None
                          else backbones)

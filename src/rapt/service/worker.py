@@ -161,6 +161,13 @@ class _Run:
         return self.elapsed_before + time.monotonic() - self.t0
 
 
+def _resume_step(job: dict[str, Any]) -> dict[str, int]:
+    """The fields that make a requeued job's status show the step it resumes from (its
+    checkpoint's), not the later progress its interrupted run wrote; none when unknown."""
+    at = job.get("checkpoint_step")
+    return {"step": int(at), "resumed_from_step": int(at)} if at is not None else {}
+
+
 class JobWorker:
     """Runs queued jobs in ``threads`` background threads (the in-process job backend).
 
@@ -255,7 +262,8 @@ class JobWorker:
                 continue
             ck = job["checkpoint"]
             if ck and Path(ck).exists():
-                fields = {"state": "queued", "worker": None, "heartbeat": None}
+                fields = {"state": "queued", "worker": None, "heartbeat": None,
+                          **_resume_step(job)}
                 log.info("job %s: worker %s is gone; resuming from %s", job["id"],
                          job["worker"], ck)
             else:
@@ -425,9 +433,11 @@ class JobWorker:
                 return None
         run = _Run(job, cancel, lost, resume, float(job["elapsed"] or 0.0))
         start_step = int(resume.get("step", 0)) if resume is not None else None
-        # stage: a stage an earlier run of the job reached is not this run's (yet)
+        # stage: a stage an earlier run of the job reached is not this run's (yet); step: the
+        # one the run starts from, not the last progress an earlier run wrote after it
+        at = {"step": start_step} if start_step is not None else {}
         if not store.update_claimed(job_id, me, started=time.time(),
-                                    resumed_from_step=start_step, stage=None):
+                                    resumed_from_step=start_step, stage=None, **at):
             return None
         self._runs[job_id] = run
         return run
@@ -454,6 +464,7 @@ class JobWorker:
         if run.lost.is_set():  # another worker holds the job now: its file, not ours
             return
         path = self._checkpoint_path(run.id)
+        ck_step = state.get("step")
         tmp = path.with_suffix(".tmp")
         # 0600 from creation: the state holds what was learnt from the tenant's data.
         with os.fdopen(os.open(tmp, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600), "wb") as f:
@@ -462,6 +473,8 @@ class JobWorker:
         run.checkpointed = True
         live = self._live.get(run.id, {})
         if not self.store.update_claimed(run.id, self.worker_id, checkpoint=str(path),
+                                         checkpoint_step=(int(ck_step) if ck_step is not None
+                                                          else None),
                                          **{k: v for k, v in live.items() if k != "elapsed"},
                                          elapsed=run.elapsed()):
             run.lost.set()
@@ -526,7 +539,8 @@ class JobWorker:
             ck = store.get_job(job_id, None)["checkpoint"]
             if ck and Path(ck).exists():  # back to the queue: any worker resumes it
                 store.update_claimed(job_id, me, state="queued", worker=None, heartbeat=None,
-                                     elapsed=elapsed)
+                                     elapsed=elapsed, **_resume_step(store.get_job(job_id,
+                                                                                   None)))
             else:  # nothing saved yet: run it again from the start
                 store.update_claimed(job_id, me, state="queued", worker=None, heartbeat=None,
                                      step=0, loss=None, epoch=None, epsilon=None, elapsed=0.0,

@@ -10,10 +10,12 @@ from rapt.service.metrics import CONTENT_TYPE
 from rapt.service.state import Service
 
 # On the router, so a route added here cannot forget the operator check.
-router = APIRouter(prefix="/v1", dependencies=[Depends(admin)], responses=errors(401, 403))
+router = APIRouter(prefix="/v1", dependencies=[Depends(admin)],
+                   responses=errors(401, 403, 429))
 # /metrics at the root, where Prometheus looks; operator keys only, as every route here
 # (Prometheus sends one with `authorization: {credentials_file: ...}`).
-metrics_router = APIRouter(dependencies=[Depends(admin)], responses=errors(401, 403))
+metrics_router = APIRouter(dependencies=[Depends(admin)],
+                           responses=errors(401, 403, 429))
 
 
 @metrics_router.get("/metrics", response_class=Response,

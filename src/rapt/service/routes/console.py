@@ -1,13 +1,18 @@
 """The console: server-rendered HTML pages over the same store queries and ownership checks as
 the API (the API's own route functions are called), for people who would rather not read JSON.
 
-Sign-in: a form posts the API key, which goes into an HttpOnly, SameSite=Strict cookie scoped
-to ``/console`` (Secure over HTTPS), never into a URL. Only console routes read that cookie;
-the API's routes take keys from headers only, so a browser's cookie cannot act on ``/v1``.
-Every form carries a CSRF token that must equal the ``rapt_csrf`` cookie (double submit; the
-SameSite=Strict cookies are a second guard). Pages are Jinja2 templates shipped in the package,
-styled by one package-served stylesheet: no CDN, no build step, no script (a page with a job
-in progress refreshes itself with a meta tag)."""
+Sign-in: a form posts the API key; the server answers with a session: a random token in an
+HttpOnly, SameSite=Strict cookie scoped to ``/console`` (over HTTPS a ``__Host-`` cookie,
+Secure, on ``/``), whose SHA-256 alone the store keeps. The key itself never goes into a
+cookie or a URL. A session ends at sign-out, after ``console_idle_s`` without a request, at
+``console_session_s`` after its sign-in, and when its key is revoked or purged. Failed
+sign-ins count with failed API keys per client address (429 past the limit). Only console
+routes read these cookies; the API's routes take keys from headers only, so a browser's cookie
+cannot act on ``/v1``. Every form carries a CSRF token that must equal the CSRF cookie (double
+submit), and every console POST must come from a page of this origin (``Sec-Fetch-Site``,
+``Origin``): a cross-site post is refused even with a planted cookie. Pages are Jinja2
+templates shipped in the package, styled by one package-served stylesheet: no CDN, no build
+step, no script (a page with a job in progress refreshes itself with a meta tag)."""
 
 from __future__ import annotations
 
@@ -21,18 +26,27 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import RedirectResponse
 from fastapi.templating import Jinja2Templates
 
+from rapt.service import auth
 from rapt.service.curves import loss_svg
-from rapt.service.deps import Svc, key_id, owned
+from rapt.service.deps import Svc, key_id, owned, svc_of
 from rapt.service.errors import ServiceError
 from rapt.service.routes import admin, datasets, jobs, prompts
+from rapt.service.store.keys import MAX_KEY_NAME
+from rapt.service.throttle import client_address
 
-KEY_COOKIE, CSRF_COOKIE, PATH = "rapt_key", "rapt_csrf", "/console"
+SESSION_COOKIE, CSRF_COOKIE, PATH = "rapt_session", "rapt_csrf", "/console"
+# The cookie of earlier releases, which held the API key itself: erased wherever it is seen.
+OLD_KEY_COOKIE = "rapt_key"
+# Sec-Fetch-Site values of a request a page of this origin made, or the user typed.
+SAME_SITE_FETCH = ("same-origin", "none")
 ASSETS = Path(__file__).resolve().parent.parent / "templates" / "console"
 # Nothing from elsewhere, no script, no framing; pages hold a tenant's data: never cached.
 HEADERS = {"Content-Security-Policy": "default-src 'none'; style-src 'self'; img-src 'self'; "
            "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
            "X-Frame-Options": "DENY", "X-Content-Type-Options": "nosniff",
-           "Referrer-Policy": "no-referrer", "Cache-Control": "no-store"}
+           # same-origin, not no-referrer: under no-referrer a browser sends "Origin: null"
+           # with the console's own form posts, which the origin check then refuses
+           "Referrer-Policy": "same-origin", "Cache-Control": "no-store"}
 
 router = APIRouter(prefix=PATH, include_in_schema=False)
 
@@ -55,10 +69,28 @@ templates.env.filters["duration"] = _duration
 templates.env.filters["when"] = lambda t: time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t))
 
 
+def _https(request: Request) -> bool:
+    return request.url.scheme == "https"
+
+
+def cookie_name(request: Request, name: str) -> str:
+    """Over HTTPS the ``__Host-`` name: the browser then takes the cookie only from this
+    host, Secure and on ``/`` (another subdomain cannot plant it)."""
+    return f"__Host-{name}" if _https(request) else name
+
+
+def _session_hash(request: Request) -> str | None:
+    token = request.cookies.get(cookie_name(request, SESSION_COOKIE))
+    return auth.hash_key(token) if token else None
+
+
 def console_owner(request: Request, svc: Svc) -> str:
-    """The key id behind the console's cookie (the same check as the API's key header)."""
-    kid = key_id(svc, request.cookies.get(KEY_COOKIE))
-    if kid is None:
+    """The key id of the browser's live session (its last use becomes now)."""
+    h = _session_hash(request)
+    cfg = svc.config
+    kid = h and svc.store.session_owner(h, svc.clock(), cfg.console_idle_s,
+                                        cfg.console_session_s)
+    if not kid:
         raise LoginRequired()
     return kid
 
@@ -76,17 +108,36 @@ async def _form(request: Request) -> dict[str, str]:
     return dict(parse_qsl(body, keep_blank_values=True))
 
 
-def check_csrf(request: Request, sent: str) -> None:
-    """403 unless a form's CSRF token equals the browser's cookie (double submit)."""
-    cookie = request.cookies.get(CSRF_COOKIE, "").encode()
-    if not cookie or not secrets.compare_digest(cookie, sent.encode()):
-        raise ServiceError(403, "csrf_failed", "the form's CSRF token does not match this "
-                           "browser's; reload the page and submit it again")
+def _check_origin(request: Request) -> None:
+    """403 unless the browser says a page of this origin sent the form. Browsers set both
+    headers themselves (a page cannot); a client that sends neither (a script, curl) is left
+    to the CSRF token."""
+    site = request.headers.get("sec-fetch-site")
+    if site is not None and site.lower() not in SAME_SITE_FETCH:
+        raise ServiceError(403, "cross_site", f"a console form sent from another site "
+                           f"(Sec-Fetch-Site: {site}) is refused; open the console at "
+                           f"{request.base_url}console and submit it there")
+    origin = request.headers.get("origin")
+    own = f"{request.url.scheme}://{request.url.netloc}".lower()
+    if origin is not None and origin.lower() != own:
+        raise ServiceError(403, "cross_site", f"a console form sent from {origin!r} is "
+                           f"refused: only pages of {own} may post console forms")
+
+
+def check_csrf(request: Request, sent: str | None) -> None:
+    """403 unless a page of this origin sent the form (``_check_origin``) and the form's CSRF
+    token, present and not empty, equals the browser's cookie (double submit)."""
+    _check_origin(request)
+    cookie = request.cookies.get(cookie_name(request, CSRF_COOKIE), "")
+    if not sent or not cookie or not secrets.compare_digest(cookie.encode(), sent.encode()):
+        raise ServiceError(403, "csrf_failed", "the form's CSRF token is missing or does not "
+                           "match this browser's; reload the page and submit it again")
 
 
 def checked_form(request: Request, form: Annotated[dict, Depends(_form)]) -> dict[str, str]:
-    """The form, if its CSRF token equals the cookie's; 403 otherwise."""
-    check_csrf(request, form.get("csrf", ""))
+    """The form, if a page of this origin sent it with the CSRF token of the cookie; 403
+    otherwise."""
+    check_csrf(request, form.get("csrf"))
     return form
 
 
@@ -95,16 +146,20 @@ Form = Annotated[dict, Depends(checked_form)]
 
 def _set_cookie(request: Request, resp: Response, name: str, value: str,
                 max_age: int | None = None) -> None:
-    resp.set_cookie(name, value, max_age=max_age, path=PATH, httponly=True, samesite="strict",
-                    secure=request.url.scheme == "https")
+    """Set (or with ``max_age`` 0, erase) a console cookie under its name for the scheme."""
+    https = _https(request)
+    resp.set_cookie(cookie_name(request, name), value, max_age=max_age,
+                    path="/" if https else PATH, httponly=True, samesite="strict",
+                    secure=https)
 
 
 def render(request: Request, name: str, status: int = 200, **ctx: Any) -> Response:
     """A page, with the CSRF token its forms carry (a new one when the browser has none)."""
-    token = request.cookies.get(CSRF_COOKIE) or secrets.token_urlsafe(32)
+    have = request.cookies.get(cookie_name(request, CSRF_COOKIE))
+    token = have or secrets.token_urlsafe(32)
     resp = templates.TemplateResponse(request, name, {"csrf": token, **ctx},
                                       status_code=status, headers=HEADERS)
-    if request.cookies.get(CSRF_COOKIE) != token:
+    if have != token:
         _set_cookie(request, resp, CSRF_COOKIE, token)
     return resp
 
@@ -128,8 +183,10 @@ def redirect(to: str) -> RedirectResponse:
 
 def login_redirect(request: Request, exc: LoginRequired) -> Response:
     resp = redirect("/login")
-    if request.cookies.get(KEY_COOKIE):  # a revoked key: forget it
-        _set_cookie(request, resp, KEY_COOKIE, "", max_age=0)
+    if _session_hash(request):  # an ended session: forget it
+        _set_cookie(request, resp, SESSION_COOKIE, "", max_age=0)
+    if request.cookies.get(OLD_KEY_COOKIE):  # an earlier release's cookie held the key
+        resp.delete_cookie(OLD_KEY_COOKIE, path=PATH)
     return resp
 
 
@@ -146,20 +203,36 @@ def login_page(request: Request) -> Response:
 
 @router.post("/login")
 def login(request: Request, svc: Svc, form: Form) -> Response:
-    key = form.get("key", "").strip()
-    if key_id(svc, key) is None:
+    """Check the key (failed attempts count per address) and start a session."""
+    addr = client_address(request.scope)
+    wait = svc.auth_failures.retry_after(addr)
+    if wait is not None:
+        resp = render(request, "login.html", status=429, error=svc.auth_failures.refusal(wait))
+        resp.headers["Retry-After"] = str(wait)
+        return resp
+    kid = key_id(svc, form.get("key", "").strip())
+    if kid is None:
+        svc.auth_failures.fail(addr)
         return render(request, "login.html", status=401,
                       error="unknown or revoked API key (ask the operator for one)")
+    if (old := _session_hash(request)) is not None:
+        svc.store.end_session(old)
+    token = secrets.token_urlsafe(32)  # 256 random bits; the store keeps its hash only
+    svc.store.create_session(kid, auth.hash_key(token), svc.clock(), svc.config.console_idle_s,
+                             svc.config.console_session_s)
     resp = redirect("")
-    _set_cookie(request, resp, KEY_COOKIE, key)
+    _set_cookie(request, resp, SESSION_COOKIE, token)
     _set_cookie(request, resp, CSRF_COOKIE, secrets.token_urlsafe(32))  # a new session's
     return resp
 
 
 @router.post("/logout")
 def logout(request: Request, form: Form) -> Response:
+    """End the session in the store (a copied cookie stops working too) and in the browser."""
+    if (h := _session_hash(request)) is not None:
+        svc_of(request).store.end_session(h)
     resp = redirect("/login")
-    for name in (KEY_COOKIE, CSRF_COOKIE):
+    for name in (SESSION_COOKIE, CSRF_COOKIE):
         _set_cookie(request, resp, name, "", max_age=0)
     return resp
 
@@ -246,19 +319,20 @@ def _admin_page(request: Request, svc: Any, me: str, new_key: str | None = None,
     queue = store.jobs_in_states("running", "queued")
     return _page(request, svc, me, "admin.html", keys=keys, names=names, now=time.time(),
                  stored=store.stored_bytes_by_owner(), counts=store.job_counts(),
-                 queue=queue, config=svc.config, new_key=new_key, status=status)
+                 queue=queue, config=svc.config, new_key=new_key, status=status,
+                 max_name=MAX_KEY_NAME)
 
 
 @router.post("/admin/keys")
 def admin_key_op(request: Request, svc: Svc, me: Me, form: Form) -> Response:
     """Create, revoke or purge a key; revoke and purge need its name typed again."""
-    from rapt.service import auth
-
     admin.admin(request, me)
     op, ref = form.get("op"), form.get("key", "").strip()
     if op == "create":
-        if not ref:
-            raise ServiceError(422, "validation_error", "give the new key a name")
+        try:
+            svc.store.check_key_name(ref)
+        except ValueError as e:
+            raise ServiceError(422, "validation_error", str(e)) from None
         key = auth.new_key()  # shown once, on this page only (no-store), never in a URL
         svc.store.add_key(ref, auth.hash_key(key), admin=form.get("admin") == "on")
         return _admin_page(request, svc, me, new_key=key, status=201)

@@ -56,7 +56,7 @@ async def _multipart(request: Request) -> tuple[dict[str, str], dict[str, tuple[
                 files[name] = (value.filename or "upload", data)
         else:
             fields[name] = value
-    check_csrf(request, fields.get("csrf", ""))
+    check_csrf(request, fields.get("csrf"))
     return fields, files
 
 

@@ -13,7 +13,8 @@ from rapt.service.state import Service
 from rapt.service.store import QuotaError
 
 # On the router, so a route added here cannot forget the key check.
-router = APIRouter(prefix="/v1/datasets", dependencies=[Depends(owner)], responses=errors(401))
+router = APIRouter(prefix="/v1/datasets", dependencies=[Depends(owner)],
+                   responses=errors(401, 429))
 
 
 @router.post("", status_code=201, response_model=DatasetInfo, responses=errors(422, 429))

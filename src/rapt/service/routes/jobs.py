@@ -17,7 +17,8 @@ from rapt.service.store import QueueFullError
 from rapt.service.worker import planned_steps
 
 # On the router, so a route added here cannot forget the key check.
-router = APIRouter(prefix="/v1/jobs", dependencies=[Depends(owner)], responses=errors(401))
+router = APIRouter(prefix="/v1/jobs", dependencies=[Depends(owner)],
+                   responses=errors(401, 429))
 
 
 def job_status(svc: Service, job: dict) -> JobStatus:

@@ -14,7 +14,8 @@ from rapt.service.inference import InferenceQueueFullError, prompt_positions
 from rapt.service.schemas import PredictRequest, PredictResponse
 
 # On the router, so a route added here cannot forget the key check.
-router = APIRouter(prefix="/v1", dependencies=[Depends(owner)], responses=errors(401))
+router = APIRouter(prefix="/v1", dependencies=[Depends(owner)],
+                   responses=errors(401, 429))
 
 
 @router.post("/predict", response_model=PredictResponse,

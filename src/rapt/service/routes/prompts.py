@@ -19,7 +19,8 @@ from rapt.service.schemas import DenoiserHead, DPGuarantee, OutputDenoiserInfo, 
 log = logging.getLogger("rapt.service")
 
 # On the router, so a route added here cannot forget the key check.
-router = APIRouter(prefix="/v1/prompts", dependencies=[Depends(owner)], responses=errors(401))
+router = APIRouter(prefix="/v1/prompts", dependencies=[Depends(owner)],
+                   responses=errors(401, 429))
 
 
 @router.get("", response_model=list[PromptInfo])

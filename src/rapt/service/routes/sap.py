@@ -13,7 +13,8 @@ from rapt.service.errors import errors
 from rapt.service.schemas import SapSessionCreate, SapSessionInfo
 
 # On the router, so a route added here cannot forget the key check.
-router = APIRouter(prefix="/v1/sap", dependencies=[Depends(owner)], responses=errors(401))
+router = APIRouter(prefix="/v1/sap", dependencies=[Depends(owner)],
+                   responses=errors(401, 429))
 
 OCTET = "application/octet-stream"
 BINARY = {200: {"content": {OCTET: {}}, "description": "a safetensors message"}}

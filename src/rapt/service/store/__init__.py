@@ -10,8 +10,10 @@ Prompt tensors and dataset rows live in a folder beside the database (``files``:
 ``<db>.files`` for SQLite, given with ``files=`` for PostgreSQL, a shared filesystem when
 several machines run jobs): ``datasets/<id>.json`` (token ids and labels, never in the
 database, so deleting the file erases them), ``prompts/<id>`` safetensors folders and
-``checkpoints/<job id>.pt``. Every lookup of a user object takes the owner's key id, so one key
-can never read another key's rows.
+``checkpoints/<job id>.pt``. A dataset's file takes its name only once its row is committed,
+and the service's start-up erases files without a row (``reconcile_dataset_files``), so a
+crash at any point leaves no tenant data that nothing lists. Every lookup of a user object
+takes the owner's key id, so one key can never read another key's rows.
 
 Jobs are the queue: a job row is claimed by one worker with a conditional update
 (``state='queued'`` -> ``'running'``, the worker's id, a heartbeat), so two workers, threads or
@@ -23,12 +25,13 @@ SQLite: the database file is created 0600 and the folders the store creates 0700
 every tenant's data. Deleted rows are overwritten in the file (``secure_delete``) and the WAL
 is checkpointed and truncated after every delete, so no copy stays in ``-wal`` either.
 
-Keys: revoking one cancels its jobs and deletes its split sessions; purging one deletes
+Keys: revoking one cancels its jobs and ends its split and console sessions; purging one deletes
 everything it owns (``purge_key``).
 
 The package, one part per module: ``schema`` (tables, migrations), ``files`` (private files,
 erasure), ``connection`` (URL, engine, transactions: ``StoreBase``), and a mixin per kind of
-row: ``keys``, ``datasets``, ``jobs`` (the queue), ``prompts``, ``sap`` (split sessions).
+row: ``keys``, ``datasets``, ``jobs`` (the queue), ``prompts``, ``sap`` (split sessions),
+``sessions`` (console sign-ins).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from rapt.service.store.keys import KeyStore, LastAdminKeyError
 from rapt.service.store.prompts import PromptStore
 from rapt.service.store.sap import SapStore
 from rapt.service.store.schema import MIGRATIONS, USER_TABLES, new_id
+from rapt.service.store.sessions import SessionStore
 
 __all__ = [
     "MIGRATIONS",
@@ -61,8 +65,9 @@ __all__ = [
 ]
 
 
-class Store(KeyStore, DatasetStore, JobStore, PromptStore, SapStore, StoreBase):
-    """The store: keys, datasets, jobs, prompts and SAP sessions over one connection (see
+class Store(KeyStore, DatasetStore, JobStore, PromptStore, SapStore, SessionStore, StoreBase):
+    """The store: keys, datasets, jobs, prompts, SAP sessions and console sessions over one
+    connection (see
     ``StoreBase`` for the backends and their locking)."""
 
     def __init__(self, target: str | Path, files: str | Path | None = None):

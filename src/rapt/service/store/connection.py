@@ -166,10 +166,12 @@ class StoreBase:
             return conn.execute(stmt).rowcount
 
     @staticmethod
-    def _lock_row(conn: sa.Connection, name: str) -> None:
-        """Hold the named lock row until the transaction ends (PostgreSQL; a no-op read on
-        SQLite, whose BEGIN IMMEDIATE serializes writers already)."""
-        conn.execute(sa.select(locks.c.name).where(locks.c.name == name).with_for_update())
+    def _lock_row(conn: sa.Connection, name: str, shared: bool = False) -> None:
+        """Hold the named lock row until the transaction ends, exclusive or ``shared``
+        (PostgreSQL; a no-op read on SQLite, whose BEGIN IMMEDIATE serializes writers
+        already)."""
+        conn.execute(sa.select(locks.c.name).where(locks.c.name == name)
+                     .with_for_update(read=shared))
 
     def checkpoint_wal(self) -> None:
         """SQLite: copy the WAL into the database and truncate it to 0 bytes, so rows deleted

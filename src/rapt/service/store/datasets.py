@@ -4,6 +4,8 @@ storage quota."""
 from __future__ import annotations
 
 import json
+import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,9 @@ from rapt.service.store.connection import StoreBase
 from rapt.service.store.files import erase_file
 from rapt.service.store.schema import api_keys, datasets, jobs, new_id, sap_sessions
 
+log = logging.getLogger("rapt.service")
+# The lock row that uploads hold shared and a reconciliation of the datasets folder exclusive.
+DATASET_FILES = "dataset_files"
 QUOTA_FIX = ("delete datasets with DELETE /v1/datasets/{id} or SAP sessions with "
              "DELETE /v1/sap/sessions/{id}")
 
@@ -31,7 +36,12 @@ class DatasetStore(StoreBase):
                        plain_ids: list[int] | None, *, max_count: int | None = None,
                        max_bytes: int | None = None) -> str:
         """Insert a dataset; raises QuotaError (nothing stored) when the owner's stored
-        datasets would exceed ``max_count`` datasets or ``max_bytes`` bytes of data."""
+        datasets would exceed ``max_count`` datasets or ``max_bytes`` bytes of data.
+
+        The data goes to a temporary name inside the row's transaction and takes its own name
+        after the commit, so a process killed at any point leaves a file that
+        ``reconcile_dataset_files`` (run at start-up) can tell apart: a temporary file without
+        a row is erased, one with a row is given its name."""
         did = new_id("ds")
         data = json.dumps({"input_ids": input_ids, "labels": labels}, separators=(",", ":"))
         try:
@@ -39,7 +49,12 @@ class DatasetStore(StoreBase):
                                  plain_ids, data, max_count, max_bytes)
         except BaseException:
             # A quota refusal, a failed write or a failed commit: no file without its row.
-            erase_file(self._data_path(did))
+            erase_file(self._part_path(did))
+            raise
+        try:
+            self._publish_data(did)
+        except BaseException:
+            self._drop_unpublished(did)
             raise
         return did
 
@@ -47,8 +62,8 @@ class DatasetStore(StoreBase):
                         input_ids: list[list[int]], labels: list[int], num_labels: int,
                         privacy: dict, plain_ids: list[int] | None, data: str,
                         max_count: int | None, max_bytes: int | None) -> None:
-        """The quota checks and the row, in one transaction; the file written inside it, so
-        a failed write stores no row."""
+        """The quota checks and the row, in one transaction; the data written inside it (to
+        the temporary name), so a failed write stores no row."""
         size = len(data)  # ASCII JSON: characters are bytes
         c = datasets.c
         with self._tx() as conn:
@@ -56,6 +71,9 @@ class DatasetStore(StoreBase):
             # one after the other, on every backend.
             conn.execute(sa.select(api_keys.c.id).where(api_keys.c.id == owner)
                          .with_for_update())
+            # Shared: uploads run together; a reconciliation waits until none is between
+            # writing its file and committing its row.
+            self._lock_row(conn, DATASET_FILES, shared=True)
             n = int(conn.execute(sa.select(sa.func.count()).select_from(datasets).where(
                 c.owner == owner, c.deleted.is_(None))).scalar())
             used = self._stored_bytes(conn, owner)
@@ -73,7 +91,59 @@ class DatasetStore(StoreBase):
                 privacy=json.dumps(privacy),
                 plain_ids=json.dumps(plain_ids) if plain_ids is not None else None,
                 data="", created=time.time(), bytes=size))
-            write_private(self._data_path(did), data.encode())
+            write_private(self._part_path(did), data.encode())
+
+    def _publish_data(self, did: str) -> None:
+        """Give a committed dataset's file its name (atomic); a reconciliation of another
+        process may have done it already."""
+        try:
+            os.replace(self._part_path(did), self._data_path(did))
+        except FileNotFoundError:
+            if not self._data_path(did).exists():
+                raise
+
+    def _drop_unpublished(self, did: str) -> None:
+        """Undo a committed dataset whose file could not take its name: no row without its
+        file, no file without its row."""
+        with self._tx() as conn:
+            conn.execute(datasets.delete().where(datasets.c.id == did))
+        for path in (self._part_path(did), self._data_path(did)):
+            erase_file(path)
+
+    def reconcile_dataset_files(self) -> dict[str, list[str]]:
+        """Make the datasets folder match the rows after a crash (a killed process, a lost
+        machine): a file without a live row (written before a commit that never came, or left
+        by a delete or purge stopped before its erasure) is erased; a committed dataset still
+        under its temporary name gets its name. Rows whose file is missing are reported (and
+        logged), not deleted: jobs may name them. Runs under the lock that uploads share, so it
+        never takes an upload in progress for a crashed one. Returns the names of the files
+        erased and completed, and the ids of the rows without a file."""
+        folder = self.files / "datasets"
+        erased: list[str] = []
+        completed: list[str] = []
+        with self._tx() as conn:
+            self._lock_row(conn, DATASET_FILES)
+            live = set(conn.execute(sa.select(datasets.c.id).where(
+                datasets.c.deleted.is_(None), datasets.c.data == "")).scalars())
+            for f in sorted(p for p in folder.iterdir() if p.is_file()):
+                name = f.name
+                if (name.endswith(".json.part") and name[:-10] in live
+                        and not self._data_path(name[:-10]).exists()):
+                    os.replace(f, self._data_path(name[:-10]))
+                    completed.append(name)
+                elif not (name.endswith(".json") and name[:-5] in live):
+                    erase_file(f)
+                    erased.append(name)
+            missing = sorted(d for d in live if not self._data_path(d).exists())
+        for name in erased:
+            log.warning("datasets folder: erased %s, which no dataset row owns (left by a "
+                        "crash)", name)
+        for name in completed:
+            log.warning("datasets folder: %s was committed but kept its temporary name (a "
+                        "crash after the commit); renamed", name)
+        for did in missing:
+            log.error("dataset %s has a row but no file in %s: its data is lost", did, folder)
+        return {"erased": erased, "completed": completed, "missing": missing}
 
     @staticmethod
     def _stored_bytes(conn: sa.Connection, owner: str) -> int:
@@ -110,6 +180,10 @@ class DatasetStore(StoreBase):
         if not did.replace("_", "").isalnum():  # ids are ours; never a path from elsewhere
             raise ValueError(f"bad dataset id {did!r}")
         return self.files / "datasets" / f"{did}.json"
+
+    def _part_path(self, did: str) -> Path:
+        """The temporary name of a dataset's file until its row is committed."""
+        return self._data_path(did).with_name(f"{did}.json.part")
 
     def _move_data_to_files(self) -> None:
         """Move dataset rows that an earlier release kept in the database (``data`` column)

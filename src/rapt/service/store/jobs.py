@@ -202,9 +202,10 @@ class JobStore(StoreBase):
             return conn.execute(sa.select(jobs.c.state).where(jobs.c.id == jid)).scalar()
 
     def running_jobs(self) -> list[dict[str, Any]]:
-        """id, worker, heartbeat, checkpoint of every running job (for the stale check)."""
+        """id, worker, heartbeat, checkpoint (and its step) of every running job (for the
+        stale check)."""
         c = jobs.c
-        return self._rows(sa.select(c.id, c.worker, c.heartbeat, c.checkpoint)
+        return self._rows(sa.select(c.id, c.worker, c.heartbeat, c.checkpoint, c.checkpoint_step)
                           .where(c.state == "running"))
 
     def release_stale(self, jid: str, worker: str | None, heartbeat: float | None, /,

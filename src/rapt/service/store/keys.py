@@ -9,7 +9,18 @@ from typing import Any
 import sqlalchemy as sa
 
 from rapt.service.store.connection import StoreBase
-from rapt.service.store.schema import api_keys, datasets, jobs, new_id, prompts, sap_sessions
+from rapt.service.store.schema import (
+    api_keys,
+    console_sessions,
+    datasets,
+    jobs,
+    new_id,
+    prompts,
+    sap_sessions,
+)
+
+# A key's name is a label people read in lists and type to confirm a revoke or a purge.
+MAX_KEY_NAME = 100  # characters
 
 
 class LastAdminKeyError(ValueError):
@@ -25,6 +36,23 @@ class KeyStore(StoreBase):
         self._exec(api_keys.insert().values(id=kid, name=name, key_hash=key_hash,
                                             created=time.time(), admin=int(admin)))
         return kid
+
+    def check_key_name(self, name: str) -> None:
+        """ValueError saying why ``name`` cannot name a new key: empty, longer than
+        ``MAX_KEY_NAME`` characters, holding a control character, or the name of a live key
+        (a revoke or purge by name must find one key)."""
+        if not name.strip():
+            raise ValueError("give the new key a name")
+        if len(name) > MAX_KEY_NAME:
+            raise ValueError(f"a key name has at most {MAX_KEY_NAME} characters; this one has "
+                             f"{len(name)}")
+        if any(not ch.isprintable() for ch in name):
+            raise ValueError("a key name holds printable characters only (no tab, newline or "
+                             "other control character)")
+        c = api_keys.c
+        if self._one(sa.select(c.id).where(c.name == name, c.revoked.is_(None))) is not None:
+            raise ValueError(f"a live key is named '{name}' already; choose another name (or "
+                             "revoke that key first)")
 
     def owner_of_hash(self, key_hash: str) -> str | None:
         """The key id of a valid (not revoked) key."""
@@ -88,9 +116,9 @@ class KeyStore(StoreBase):
     def _revoke(self, conn: sa.Connection, kid: str) -> tuple[list[str], list[str], list[str]]:
         """Revoke key ``kid`` in ``conn``'s transaction: its queued jobs are cancelled, its
         running ones flagged for their worker (which stops at its next step and creates no
-        prompt), its split sessions deleted. Returns (cancelled job ids, running job ids,
-        session folders to remove). LastAdminKeyError (nothing changed) for the last live
-        admin key."""
+        prompt), its split sessions deleted, its console sessions ended. Returns (cancelled job
+        ids, running job ids, session folders to remove). LastAdminKeyError (nothing changed)
+        for the last live admin key."""
         c, j, s = api_keys.c, jobs.c, sap_sessions.c
         self._keep_an_admin(conn, kid)
         now = time.time()
@@ -107,6 +135,7 @@ class KeyStore(StoreBase):
                      .values(cancel_requested=now))
         folders = list(conn.execute(sa.select(s.path).where(s.owner == kid)).scalars())
         conn.execute(sap_sessions.delete().where(s.owner == kid))
+        conn.execute(console_sessions.delete().where(console_sessions.c.key_id == kid))
         return queued, running, folders
 
     def revoke_key(self, ref: str) -> dict[str, Any]:

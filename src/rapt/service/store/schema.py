@@ -53,6 +53,9 @@ jobs = sa.Table(
     # The stage after the training steps the job is in (migration 7): JSON {name, done,
     # total, started}; NULL: none.
     Column("stage", Text),
+    # The step its checkpoint holds (migration 10): where it resumes after a crash, while
+    # ``step`` may hold a later step's progress.
+    Column("checkpoint_step", Integer),
     Index("jobs_state", "state"))
 
 prompts = sa.Table(
@@ -83,6 +86,16 @@ sap_sessions = sa.Table(
     # datasets: the release chunks uploaded, and the saved state (top tensors, optimizer).
     Column("release_bytes", Integer, nullable=False, server_default="0"),
     Column("state_bytes", Integer, nullable=False, server_default="0"))
+
+# Console sign-ins (migration 9): the SHA-256 of a session's random token (the browser's
+# cookie holds the token, never the API key), the key it acts for, when it began and when it
+# was last used (idle and absolute expiry).
+console_sessions = sa.Table(
+    "console_sessions", metadata,
+    Column("token_hash", Text, primary_key=True),
+    Column("key_id", Text, sa.ForeignKey("api_keys.id"), nullable=False),
+    Column("created", Double, nullable=False), Column("last_seen", Double, nullable=False),
+    Index("console_sessions_key", "key_id"))
 
 # Named rows locked (SELECT ... FOR UPDATE) to serialize a check-then-insert across processes
 # on PostgreSQL; SQLite's write transactions are serialized already.
@@ -164,6 +177,10 @@ MIGRATIONS: tuple[Migration, ...] = (
         add_columns("sap_sessions", "release_bytes", "state_bytes"),)),
     Migration(7, "a job's stage after training (the output denoiser's fit)", (
         add_columns("jobs", "stage"),)),
+    Migration(8, "the lock between dataset uploads and the datasets folder's reconciliation", (
+        insert_rows("locks", {"name": "dataset_files"}),)),
+    Migration(9, "console sessions", (create_tables("console_sessions"),)),
+    Migration(10, "the step a job's checkpoint holds", (add_columns("jobs", "checkpoint_step"),)),
 )
 
 
