@@ -56,6 +56,8 @@ from rapt.cli.options import (
 from rapt.config import (
     DEFAULT_PLAIN_TOKENS,
     DEFAULT_PRIVATIZER_MODE,
+    DP_EPSILON_HELP,
+    DP_NOISE_HELP,
     LR_HELP,
     METHOD_DEFAULT_HELP,
     VIRTUAL_TOKENS_HELP,
@@ -198,8 +200,8 @@ def tune(
     noise_seed: int | None = typer.Option(None, help=_TUNE_HELP["noise_seed"]),
     privatizer_mode: str = typer.Option(DEFAULT_PRIVATIZER_MODE,
                                         help="exact | fast (certified exact) | annoy"),
-    dp_epsilon: float | None = typer.Option(None, help="PromptDPSGD target ε"),
-    dp_noise: float | None = typer.Option(None, help="PromptDPSGD noise multiplier σ"),
+    dp_epsilon: float | None = typer.Option(None, help=DP_EPSILON_HELP),
+    dp_noise: float | None = typer.Option(None, help=DP_NOISE_HELP),
     dp_clip: float | None = typer.Option(None, help="PromptDPSGD clipping norm C (default 1)"),
     dp_delta: float | None = typer.Option(None, help="PromptDPSGD δ, below 1/N (default "
                                           "min(1e-5, 1/(10·N)) for N training rows)"),
@@ -409,6 +411,12 @@ def _tune_config_and_rows(o: TuneOptions, bb, ds, dp, encoding):
                    "label_words": o.label_words.split(",") if o.label_words else None}
         cfg = tune_config(options, kind=bb.kind, label_names=ds.label_names, dataset=o.data)
         check_output_denoiser(o.output_denoiser, o.no_privacy, bb.kind, cfg)
+        if cfg.dp is not None:  # a guarantee that says nothing is refused before any work
+            from rapt.dp.accounting import check_plan
+            from rapt.tuning.tune import planned_steps
+
+            check_plan(cfg.dp, len(ds), planned_steps(cfg, len(ds)), cfg.batch_size,
+                       ("--dp-delta", "--dp-noise"))
         return cfg, encoding.rows(bb.tokenizer, ds.texts, ds.text_pairs)
     except ValueError as e:
         fail(str(e))
