@@ -143,8 +143,8 @@ _TUNE_HELP = {
     "saved with its checkpoint (OUT.resume.NOT-PRIVATE.pt, beside the folder); the other "
     "options must be the same",
     "train_log": "write the per-step losses to OUT.train-log.NOT-PRIVATE.json beside the folder "
-    "(mode 0600; under DP they are not covered by ε, so only when asked; without DP they are "
-    "also in the artifact's config)",
+    "(mode 0600; measured on your rows, and under DP not covered by ε, so only when asked: "
+    "the --out folder never holds them)",
     "seed": "init, data order and plain tokens (not privacy noise)",
     "noise_seed": "seed the privacy noise (dχ and DP-SGD): tests/benchmarks only, voids the "
     "guarantee; default: OS entropy",
@@ -521,10 +521,12 @@ def _save_stopped(custom, rows, ds, out: Path, stop, meta: dict) -> None:
 
 def _save_tuned(tuned, out: Path, method: str, measured: dict | None, train_log: bool) -> None:
     """Save the artifact, which may be shared; beside it, mode 0600, what was measured on the
-    private rows (the release's privacy report) and, with --train-log, the per-step log (under
-    DP the config never holds it: it is not covered by ε)."""
+    private rows (the release's privacy report) and, with --train-log, the per-step log. The
+    folder never holds that log, with DP or without: its losses are measured on your rows
+    (under DP outside ε), and the folder is what one hands on."""
     from rapt.artifacts import TRAIN_LOG, beside, write_measured, write_train_log
 
+    tuned.meta.pop("history", None)  # tuned.train_log keeps it, for --train-log
     tuned.save(out)
     msg = f"saved the {method}-tuned model to {out}"
     if tuned.meta.get("dp"):
