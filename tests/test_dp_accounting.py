@@ -109,8 +109,8 @@ def test_a_noise_whose_epsilon_says_nothing_is_refused_with_the_smallest_sigma()
     passes while 3 % less does not."""
     import re
 
-    from rapt.config import EPSILON_MAX
     from rapt.dp.accounting import check_noise_multiplier
+    from rapt.guarantee import EPSILON_MAX
 
     assert math.isinf(epsilon(1e-300, 0.01, 10, 1e-5))  # σ -> 0: ε -> ∞, not a crash
     q, steps, delta = 0.01, 1000, 1e-5

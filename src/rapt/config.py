@@ -52,20 +52,6 @@ DEFAULT_PLAIN_TOKENS = 40  # RAPT §4.1: m = 40 plain tokens for reconstruction
 ETA_MIN, ETA_MAX = 1e-3, 1e6
 
 
-# The largest ε rapt calls differentially private; a target above it, or a noise multiplier
-# whose ε over the planned steps is above it, is refused. (ε, δ)-DP bounds any membership test
-# by TPR ≤ e^ε·FPR + δ: at ε = 100, e^-ε = 3.7e-44, so a test that errs on one non-member in
-# 1e43 may find every member, i.e. the bound promises nothing. Published deployments use ε
-# from below 1 to a few tens (the 2020 US Census: 19.61 in all), all well below the line.
-EPSILON_MAX = 100.0
-
-# Help texts of the DP options, shared by `rapt tune` and `rapt client tune`.
-DP_EPSILON_HELP = (f"PromptDPSGD target ε, at most ε_max = {EPSILON_MAX:g} (above it a DP "
-                   "guarantee promises nothing: docs/THREAT_MODEL.md)")
-DP_NOISE_HELP = (f"PromptDPSGD noise multiplier σ; refused when its ε over the planned steps "
-                 f"is above ε_max = {EPSILON_MAX:g} (the error names the smallest σ accepted)")
-
-
 def eta_problem(eta: float) -> str | None:
     """Why ``eta`` cannot be a dχ privacy parameter (None: it can)."""
     if not (math.isfinite(eta) and ETA_MIN <= eta <= ETA_MAX):

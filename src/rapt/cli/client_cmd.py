@@ -41,13 +41,12 @@ from rapt.cli.options import (
 )
 from rapt.config import (
     DEFAULT_PLAIN_TOKENS,
-    DP_EPSILON_HELP,
-    DP_NOISE_HELP,
     LR_HELP,
     METHOD_DEFAULT_HELP,
     VIRTUAL_TOKENS_HELP,
 )
 from rapt.config import tune_default as _d
+from rapt.guarantee import DP_EPSILON_HELP, DP_NOISE_HELP
 from rapt.privacy.rule import DEFAULT_MIN_P
 
 client_app = sub_app(help="User side: privatize locally, then upload / tune / predict.",

@@ -56,13 +56,12 @@ from rapt.cli.options import (
 from rapt.config import (
     DEFAULT_PLAIN_TOKENS,
     DEFAULT_PRIVATIZER_MODE,
-    DP_EPSILON_HELP,
-    DP_NOISE_HELP,
     LR_HELP,
     METHOD_DEFAULT_HELP,
     VIRTUAL_TOKENS_HELP,
 )
 from rapt.config import tune_default as _d
+from rapt.guarantee import DP_EPSILON_HELP, DP_NOISE_HELP
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,8 @@ from opacus.accountants import PRVAccountant, RDPAccountant
 from opacus.accountants.accountant import IAccountant
 from opacus.accountants.utils import get_noise_multiplier
 
-from rapt.dp.config import ACCOUNTANTS, EPSILON_MAX, DPConfig, check_sample_rate
+from rapt.dp.config import ACCOUNTANTS, DPConfig, check_sample_rate
+from rapt.guarantee import EPSILON_MAX
 
 _MAX_SIGMA = 2.0 ** 20  # beyond opacus' search (MAX_SIGMA = 1e6): the ε no noise goes below
 

@@ -6,7 +6,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-from rapt.config import EPSILON_MAX
+from rapt.guarantee import EPSILON_MAX
 
 Accountant = Literal["rdp", "prv"]
 ACCOUNTANTS: tuple[str, ...] = ("rdp", "prv")

@@ -18,7 +18,7 @@ from rapt.config import (
     default_virtual_tokens,
 )
 from rapt.config import tune_default as _d
-from rapt.dp.config import EPSILON_MAX
+from rapt.guarantee import EPSILON_MAX
 
 TokenIds = list[list[int]]
 # Integer bounds at the door: a value the code behind cannot hold (torch seeds are 64-bit, the
