@@ -20,8 +20,9 @@ MAX_FUNCTION_LINES = 80
 # may import from its own layer and the layers below it only. A package's ``__init__`` is the
 # package's own name, so a package sits in one layer as a whole.
 LAYERS: list[tuple[str, ...]] = [
-    ("rapt.config", "rapt.noise", "rapt.stats", "rapt.data", "rapt.models", "rapt.dp",
-     "rapt.padding", "rapt.http", "rapt.predictions", "rapt.progress", "rapt.precision"),
+    ("rapt.config", "rapt.guarantee", "rapt.noise", "rapt.stats", "rapt.data", "rapt.models",
+     "rapt.dp", "rapt.padding", "rapt.http", "rapt.predictions", "rapt.progress",
+     "rapt.precision"),
     ("rapt.privacy", "rapt.artifacts", "rapt.pate", "rapt.training", "rapt.local"),
     ("rapt.tuning",),
     ("rapt.channel", "rapt.attacks", "rapt.split"),

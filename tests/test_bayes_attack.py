@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from _bayes import EMB, ETA, exact_likelihood, prior_with_ratio
 from _minilm_rows import minilm_rows
 
 from rapt.attacks.bayes import (
@@ -19,34 +20,17 @@ from rapt.attacks.bayes import (
 from rapt.attacks.recovery import ATTACKERS, ReconstructionInput, run_attackers
 from rapt.privacy.mechanism import Privatizer
 
-EMB = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 1.2], [2.5, 0.5], [1.5, 2.0]])
 COUNTS = [60, 20, 10, 5, 1]
-ETA = 1.5
 
 
 def _public_rows() -> list[list[int]]:
     return [[w] * c for w, c in enumerate(COUNTS)]
 
 
-def _exact_likelihood(emb: torch.Tensor, eta: float, n: int = 1601, radius: float = 16.0):
-    """p(w' | w) (V, V) by a Riemann sum of the 2-D noise density η²/(2π)·exp(−η‖z‖) over
-    the Voronoi cells: an independent check of the Monte-Carlo estimate."""
-    g = torch.linspace(-radius, radius, n, dtype=torch.float64)
-    z = torch.stack(torch.meshgrid(g, g, indexing="ij"), -1).reshape(-1, 2)
-    dens = torch.exp(-eta * z.norm(dim=1))
-    dens = dens / dens.sum()  # the cell area and η²/2π cancel; the tail beyond 16 is ~1e-9
-    e = emb.double()
-    out = torch.zeros(len(e), len(e), dtype=torch.float64)
-    for w in range(len(e)):
-        nearest = torch.cdist(e[w] + z, e).argmin(1)
-        out[w] = torch.zeros(len(e), dtype=torch.float64).index_add_(0, nearest, dens)
-    return out
-
-
 def test_decisions_match_the_exact_bayes_rule():
     prior = torch.tensor(COUNTS, dtype=torch.float64) + 1.0
     prior = prior / prior.sum()
-    lik = _exact_likelihood(EMB, ETA)
+    lik = exact_likelihood(EMB, ETA)
     assert torch.allclose(lik.sum(1), torch.ones(5, dtype=torch.float64), atol=1e-6)
     post = prior.unsqueeze(1) * lik  # [w, w']
     top2 = post.topk(2, dim=0).values
@@ -119,15 +103,7 @@ def test_special_ids_pass_through():
 
 @pytest.fixture(scope="module")
 def exact_lik() -> torch.Tensor:
-    return _exact_likelihood(EMB, ETA)
-
-
-def _prior_with_ratio(lik: torch.Tensor, ratio: float) -> torch.Tensor:
-    """A log prior under which original 0 beats the release y = 1 by exactly ``ratio``:
-    prior(0)·p(1 | 0) = ratio · prior(1)·p(1 | 1); words 2-4 are too rare to compete."""
-    p = torch.tensor([ratio * float(lik[1, 1]) / float(lik[0, 1]), 1.0, 1e-4, 1e-4, 1e-4],
-                     dtype=torch.float64)
-    return (p / p.sum()).log()
+    return exact_likelihood(EMB, ETA)
 
 
 def test_exact_posterior_of_the_rule(exact_lik):
@@ -135,9 +111,9 @@ def test_exact_posterior_of_the_rule(exact_lik):
     challenger where the exact posterior prefers it clearly (×2), and keeps the release where
     the exact posterior prefers the release, with the default samples and any seed."""
     for seed in range(3):
-        clear = BayesAttacker.build(EMB, ETA, _prior_with_ratio(exact_lik, 2.0), k=5, seed=seed)
+        clear = BayesAttacker.build(EMB, ETA, prior_with_ratio(exact_lik, 2.0), k=5, seed=seed)
         assert clear.guess(torch.tensor([1])).tolist() == [0]
-        wrong = BayesAttacker.build(EMB, ETA, _prior_with_ratio(exact_lik, 0.9), k=5, seed=seed)
+        wrong = BayesAttacker.build(EMB, ETA, prior_with_ratio(exact_lik, 0.9), k=5, seed=seed)
         assert wrong.guess(torch.tensor([1])).tolist() == [1]
 
 
@@ -147,7 +123,7 @@ def test_default_samples_resolve_a_posterior_ratio_of_1_3(exact_lik):
     (≈ 84 % expected; half the samples: ≈ 35 %). 40 runs, at least 24 switches: a decoder with
     half the samples passes with probability < 1e-3, the default fails with probability
     < 1e-4."""
-    log_prior = _prior_with_ratio(exact_lik, 1.3)
+    log_prior = prior_with_ratio(exact_lik, 1.3)
     switched = 0
     for seed in range(40):
         att = BayesAttacker.build(EMB, ETA, log_prior, k=5, seed=100 + seed)
@@ -161,7 +137,7 @@ def test_never_worse_than_the_release_where_the_estimate_is_uncertain(exact_lik)
     the release's), a plain Monte-Carlo MAP over few samples flips the release often; the
     confirmed rule flips it at most at its stated error rate, even with an 8-draw screen and 64
     confirm draws."""
-    log_prior = _prior_with_ratio(exact_lik, 0.95)
+    log_prior = prior_with_ratio(exact_lik, 0.95)
     flips = naive = 0
     for seed in range(200):
         att = BayesAttacker.build(EMB, ETA, log_prior, k=5, samples=8, confirm_samples=64,

@@ -53,6 +53,9 @@ def env(tmp_path_factory):
                                for i, w in enumerate(words)),
         "ones.csv": "text,label\ngood film,1\nfun plot,1\n",
         "onebased.csv": "text,label\ngood film,2\nbad film,1\nfun plot,2\nboring plot,1\n",
+        # no rows: a header only, nothing, blank lines
+        "header.csv": "text,label\n", "headertab.tsv": "text\tlabel\n", "empty.jsonl": "",
+        "blank.txt": "\n\n",
     }
     for fname, text in line_files.items():
         files[fname.split(".")[0]] = tmp / fname
@@ -100,6 +103,25 @@ CASES = {
                                 ["good.csv", "missing column 'review'"]),
     "predict missing model folder": (["predict", "art", "good", "--backbone", "nomodel"],
                                      ["no_model_here", "cannot load backbone"]),
+    # Old behaviour: predict on a header-only CSV or an empty JSONL ended in an IndexError
+    # (exit 1); privatize on an empty or header-only file exited 0 with an empty output.
+    "predict header-only csv": (["predict", "art", "header"], ["header.csv", "no rows"]),
+    "predict header-only tsv": (["predict", "art", "headertab"], ["headertab.tsv", "no rows"]),
+    "predict empty jsonl": (["predict", "art", "empty"], ["empty.jsonl", "no rows"]),
+    "predict blank txt": (["predict", "art", "blank"], ["blank.txt", "no rows"]),
+    "privatize header-only csv": (["privatize", "header", "out", *B, "--eta", "20"],
+                                  ["header.csv", "no rows"]),
+    "privatize empty jsonl": (["privatize", "empty", "out", *B, "--eta", "20"],
+                              ["empty.jsonl", "no rows"]),
+    "privatize blank txt": (["privatize", "blank", "out", *B, "--eta", "20"],
+                            ["blank.txt", "no rows"]),
+    "tune header-only csv": (["tune", "header", "--out", "out", *B], ["header.csv", "no rows"]),
+    "client predict header-only csv": (
+        ["client", "predict", "p1", "header", "--label-names", "neg,pos", *B, "--url",
+         "http://127.0.0.1:9", "--key", "k", "--eta", "20"], ["header.csv", "no rows"]),
+    "client upload empty jsonl": (
+        ["client", "upload", "empty", *B, "--url", "http://127.0.0.1:9", "--key", "k", "--eta",
+         "20"], ["empty.jsonl", "no rows"]),
     "attribute bad file": (["attack", "attribute", "--data", "missing", *B],
                            ["no_such.csv", "no such file"]),
     "attribute bad column": (["attack", "attribute", "--data", "good", *B],

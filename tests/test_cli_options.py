@@ -62,7 +62,9 @@ def test_sap_tune_takes_label_names_and_format(tiny):
                             "--batch-size", "2", "--out", str(out)])
     assert r.exit_code == 0, r.output
     assert "1-based" in r.output  # labels 1..K for K names, as `rapt tune` reads them
-    assert json.loads((out / "sap.json").read_text())["label_names"] == ["neg", "pos"]
+    doc = json.loads((out / "sap.json").read_text())
+    assert doc["label_names"] == ["neg", "pos"]
+    assert not {"history", "loss", "final_loss"} & set(doc)  # the losses stay beside the folder
 
 
 def test_dp_log_goes_beside_the_output_folder_only_when_asked(tiny):
@@ -87,3 +89,30 @@ def test_dp_log_goes_beside_the_output_folder_only_when_asked(tiny):
     assert "history" not in json.loads((out / "config.json").read_text())["meta"]
     r = runner.invoke(app, ["predict", str(out), str(data), "--no-privacy"])
     assert r.exit_code == 0 and "accuracy" in r.output, r.output
+
+
+def test_log_without_dp_goes_beside_the_output_folder_only_when_asked(tiny):
+    """Old behaviour: without DP the shareable folder's config.json held the per-step losses
+    (``meta.history``), while the README says the log goes out only with --train-log. Now the
+    folder follows the DP rule: no history in it; --train-log writes it beside, mode 0600."""
+    import stat
+
+    tmp, bb = tiny
+    data = tmp / "nodp.csv"
+    data.write_text("text,label\n" + "good film,pos\nbad film,neg\n" * 4)
+    out = tmp / "nodp"
+    argv = ["tune", str(data), "--out", str(out), "--backbone", bb, "--epochs", "1",
+            "--batch-size", "4", "--num-virtual-tokens", "2", "--eta", "20", "--noise-seed",
+            "0", "--no-local"]
+    log = tmp / "nodp.train-log.NOT-PRIVATE.json"
+    r = runner.invoke(app, argv)
+    assert r.exit_code == 0, r.output
+    meta = json.loads((out / "config.json").read_text())["meta"]
+    assert "history" not in meta and not meta.get("dp") and meta["steps"] >= 1, meta
+    assert not log.exists() and not list(out.glob("*NOT-PRIVATE*"))
+    r = runner.invoke(app, [*argv, "--train-log"])
+    assert r.exit_code == 0, r.output
+    assert "history" not in json.loads((out / "config.json").read_text())["meta"]
+    assert stat.S_IMODE(log.stat().st_mode) == 0o600
+    history = json.loads(log.read_text())["history"]
+    assert len(history) == meta["steps"] and "loss" in history[0], history

@@ -525,3 +525,26 @@ def test_cli_client_flow_prints_like_the_other_commands(tmp_path, monkeypatch):
     assert "method: lora (default; --method" in out
     assert "privacy: η = 1e+06 (declared with dataset" in out
     assert out.index("method:") < out.index("head: ") < out.index('"state": "succeeded"')
+
+
+def test_the_clients_own_records_are_readable_by_the_user_only(service, tmp_path,
+                                                                monkeypatch):
+    """The client's records on this machine (user-side.NOT-PRIVATE.json: the held-out rows'
+    indices and how to reload the file; label-names.json) are 0600 under the usual umask
+    022. Mutation caught: _write_0600 opening with 0o644."""
+    import os
+    import stat
+
+    tc, key, bb = service
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("RAPT_CACHE", str(cache))
+    old = os.umask(0o022)
+    try:
+        c = RaptClient(api_key=key, backbone=bb, remote_backbone="tiny", http=tc, eta=5.0)
+        c.upload(write_csv(tmp_path / "private.csv"), max_length=32)
+    finally:
+        os.umask(old)
+    records = {p.name: stat.S_IMODE(p.stat().st_mode) for p in cache.iterdir()}
+    assert records == {"user-side.NOT-PRIVATE.json": 0o600, "label-names.json": 0o600}, \
+        records
+    assert "holdout|" in (cache / "user-side.NOT-PRIVATE.json").read_text()

@@ -100,3 +100,30 @@ def test_a_negative_conversion_is_refused_not_reported_as_zero():
     # A small but reachable target gives a small, positive ε, not a clamped 0.
     sigma = find_noise_multiplier(0.2, 1e-5, 0.125, 8)
     assert 0.19 < epsilon(sigma, 0.125, 8, 1e-5) <= 0.2
+
+
+def test_a_noise_whose_epsilon_says_nothing_is_refused_with_the_smallest_sigma():
+    """Old behaviour: σ = 1e-300 raised ZeroDivisionError inside opacus (a 500 in the service,
+    a traceback in the CLI), and σ = 1e-6 "trained under DP" with ε = 2.2e12. Now ε over the
+    planned steps must be at most ε_max, and the refusal names the smallest σ accepted, which
+    passes while 3 % less does not."""
+    import re
+
+    from rapt.dp.accounting import check_noise_multiplier
+    from rapt.guarantee import EPSILON_MAX
+
+    assert math.isinf(epsilon(1e-300, 0.01, 10, 1e-5))  # σ -> 0: ε -> ∞, not a crash
+    q, steps, delta = 0.01, 1000, 1e-5
+    for sigma in (1e-300, 1e-6, 0.2):
+        with pytest.raises(ValueError) as e:
+            check_noise_multiplier(sigma, q, steps, delta, field="dp.noise_multiplier")
+        msg = str(e.value)
+        assert f"dp.noise_multiplier = {sigma:g} gives ε = " in msg and "ε_max = 100" in msg
+        smallest = float(re.search(r"smallest σ accepted here is ([0-9.e-]+)", msg).group(1))
+    assert smallest == pytest.approx(0.278)  # opacus' search at ε_max, rounded up
+    check_noise_multiplier(smallest, q, steps, delta)
+    assert epsilon(smallest, q, steps, delta) <= EPSILON_MAX
+    assert epsilon(smallest * 0.97, q, steps, delta) > EPSILON_MAX
+    with pytest.raises(ValueError, match="smallest σ"):
+        check_noise_multiplier(smallest * 0.97, q, steps, delta)
+    check_noise_multiplier(1.0, q, steps, delta, "prv")  # a valid σ passes, prv too

@@ -13,7 +13,8 @@ from rapt.dp import DPConfig
     ({"target_epsilon": 0.0}, "target_epsilon"),
     ({"target_epsilon": -1.0}, "target_epsilon"),
     ({"target_epsilon": math.nan}, "target_epsilon"),
-    ({"target_epsilon": math.inf}, "dp=None"),
+    ({"target_epsilon": math.inf}, "without DP"),
+    ({"target_epsilon": 101.0}, "target_epsilon = 101 is above ε_max = 100"),
     ({"target_epsilon": 8.0, "noise_multiplier": 1.0}, "not both"),
     ({}, "one of target_epsilon or noise_multiplier"),
     ({"noise_multiplier": -0.5}, "noise_multiplier"),
@@ -121,6 +122,7 @@ BAD_DP_OPTIONS = [
     # Noise 0 used to train "under DP" with ε = ∞; δ = 1/4 on 4 rows used to be accepted.
     (["--dp-noise", "0"], "--dp-noise", "noise_multiplier"),
     (["--dp-epsilon", "8", "--dp-delta", "0.25"], "--dp-delta", "--dp-delta"),
+    (["--dp-epsilon", "1000"], "--dp-epsilon", "ε_max = 100"),
 ]
 
 
@@ -180,6 +182,27 @@ def test_cli_tune_dp_errors_name_the_flag_for_delta_and_no_noise(tune_inputs, tm
     r, _ = _tune(tune_inputs, tmp_path, "--dp-noise", "0")
     assert r.exit_code == 2 and "--dp-noise must be > 0" in r.output, r.output
     assert "no privacy guarantee" in r.output
+
+
+def test_cli_tune_refuses_a_noise_whose_epsilon_says_nothing(tune_inputs, tmp_path):
+    """Old behaviour: --dp-noise 1e-300 printed a ZeroDivisionError traceback from opacus, and
+    1e-6 trained "under DP" with ε ~ 1e12. Now both exit 2 before training, naming the flag,
+    ε_max and the smallest σ accepted; that σ then trains, with ε ≤ ε_max."""
+    import re
+
+    from rapt.tuning.tune import TunedPrompt
+
+    for sigma in ("1e-300", "1e-6"):
+        r, out = _tune(tune_inputs, tmp_path, "--dp-noise", sigma)
+        assert r.exit_code == 2 and "Traceback" not in r.output, (r.output, r.exception)
+        errors = [line for line in r.output.splitlines() if line.startswith("error:")]
+        said = f"--dp-noise = {float(sigma):g} gives ε = "
+        assert len(errors) == 1 and said in errors[0], r.output
+        assert "above ε_max = 100" in errors[0] and not out.exists(), errors[0]
+    smallest = re.search(r"smallest σ accepted here is ([0-9.e-]+)", errors[0]).group(1)
+    r, out = _tune(tune_inputs, tmp_path, "--dp-noise", smallest)
+    assert r.exit_code == 0, r.output
+    assert TunedPrompt.load(out).meta["dp"]["epsilon"] <= 100
 
 
 def test_a_saved_config_without_noise_loads_as_non_private():

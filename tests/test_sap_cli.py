@@ -49,6 +49,10 @@ def test_sap_tune_predict_attack(setup):
     assert len(lines) == 6 and all(x["label"] in ("neg", "pos") for x in lines)
     assert all(set(x["probabilities"]) == {"neg", "pos"} for x in lines)
     assert [x["text"] for x in lines] == [t for t, _ in ROWS]
+    header = tmp / "header.csv"  # no rows: one error line, exit 2 (was an IndexError)
+    header.write_text("review,sentiment\n")
+    r = runner.invoke(app, ["sap", "predict", str(out), str(header), "--text-column", "review"])
+    assert r.exit_code == 2 and "header.csv: no rows" in r.output, (r.output, r.exception)
     r = runner.invoke(app, ["sap", "attack", str(csv), "--backbone", model, "--text-column",
                             "review", "--split-layer", "1", "--steps", "5", "--candidates",
                             "8"])

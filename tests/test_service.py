@@ -197,6 +197,14 @@ BAD_JOBS = [
     # Old behaviour: accepted, and ε reported 0.0 (the conversion at δ = 1/N went below 0).
     ("dp target out of reach", {"batch_size": 2, "dp": {"target_epsilon": 1e-6}},
      "cannot reach ε = 1e-06"),
+    # Old behaviour: a 500 (ZeroDivisionError in opacus), and for 1e-6 a job that "succeeded"
+    # with ε = 2.2e12, summed into the key's ε metric.
+    ("dp noise 1e-300", {"batch_size": 2, "dp": {"noise_multiplier": 1e-300}},
+     "dp.noise_multiplier = 1e-300 gives ε = ∞"),
+    ("dp noise 1e-6", {"batch_size": 2, "dp": {"noise_multiplier": 1e-6}}, "above ε_max = 100"),
+    ("dp noise smallest", {"batch_size": 2, "dp": {"noise_multiplier": 1e-6}},
+     "smallest σ accepted here is"),
+    ("dp target above ε_max", {"dp": {"target_epsilon": 101.0}}, "target_epsilon"),
     ("unknown option", {"momentum": 0.9}, "momentum"),
     ("descriptions per label", {"label_descriptions": ["a", "b", "c"]}, "label_descriptions"),
     ("description head without them", {"head": "label-description"}, "label_descriptions"),

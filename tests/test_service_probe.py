@@ -326,3 +326,30 @@ def test_a_job_shows_its_end_only_once_its_checkpoint_is_gone(svc, monkeypatch):
     assert seen == [("succeeded", False), ("cancelled", False), ("failed", False)], seen
     assert list(ck.iterdir()) == []
 
+
+
+@SQLITE_ONLY
+@pytest.mark.parametrize("row", [[2, 3], [0], [2, 0, 0, 3], [4]])
+def test_rows_of_only_special_or_pad_ids_are_refused(svc, row):
+    """Old behaviour: `input_ids` rows holding no token of text ([CLS] [SEP], a pad, [MASK])
+    were stored and predicted on, while a blank text is refused; now both routes answer 422
+    naming the row (negative control: the same bodies with a text token pass)."""
+    a = svc.alice
+    body = upload_body(n=3)
+    ok = svc.post("/v1/datasets", json=body, headers=hdr(a))
+    assert ok.status_code == 201, ok.text
+    job = svc.post("/v1/jobs", json={"dataset_id": ok.json()["id"]}, headers=hdr(a)).json()
+    pid = wait_job(svc, a, job["id"])["prompt_id"]
+    before = svc.store.counts()
+    body["input_ids"][1] = row
+    r = svc.post("/v1/datasets", json=body, headers=hdr(a))
+    assert r.status_code == 422 and "input_ids[1] holds only special or pad tokens" in \
+        r.json()["detail"], r.text
+    r = svc.post("/v1/predict", json={"prompt_id": pid, "input_ids": [[2, 7, 3], row]},
+                 headers=hdr(a))
+    assert r.status_code == 422 and "input_ids[1] holds only special" in r.json()["detail"], \
+        r.text
+    assert svc.store.counts() == before
+    r = svc.post("/v1/predict", json={"prompt_id": pid, "input_ids": [[2, 7, 3], row + [7]]},
+                 headers=hdr(a))
+    assert r.status_code == 200, r.text

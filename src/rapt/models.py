@@ -70,6 +70,9 @@ class Backbone:
     extra: dict = field(default_factory=dict)
     table: torch.Tensor | None = None  # the embeddings of a model-less backbone
 
+    def __post_init__(self) -> None:
+        text_as_text(self.tokenizer)
+
     @property
     def embeddings(self) -> torch.Tensor:
         if self.model is None:
@@ -85,6 +88,19 @@ class Backbone:
     @property
     def special_ids(self) -> list[int]:
         return sorted(set(self.tokenizer.all_special_ids))
+
+
+def text_as_text(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+    """Make ``tokenizer`` read a literal special-token string in text ("[CLS]", "[MASK]",
+    "<|im_start|>") as ordinary text (transformers' ``split_special_tokens``), and return it.
+
+    Every backbone's tokenizer gets this, so every command, the client and the service tokenize
+    user text alike: special tokens are never privatized, so text that spelled them would
+    choose tokens that are released unchanged. Specials enter only where the tokenizer adds
+    them (``add_special_tokens``); code that parses a template's markers on purpose (a chat
+    prompt) passes ``split_special_tokens=False`` to that call."""
+    tokenizer.split_special_tokens = True
+    return tokenizer
 
 
 def _package_dir(import_name: str) -> Path:

@@ -172,13 +172,16 @@ class HFGenerator:
         self.stop_ids = sorted(stop) or None  # None: run to the cap
 
     def n_tokens(self, text: str) -> int:
-        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return len(self.tokenizer(text, add_special_tokens=False,
+                                  split_special_tokens=False)["input_ids"])
 
     @torch.inference_mode()
     def __call__(self, prompts: Sequence[str], max_new_tokens: Sequence[int]) -> list[str]:
         from rapt.progress import progress_bar
 
-        enc = [self.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+        # a chat prompt's markers (<|im_start|>) are the template's, not text: parse them
+        enc = [self.tokenizer(p, add_special_tokens=False, split_special_tokens=False)
+               ["input_ids"] for p in prompts]
         out: list[str] = [""] * len(enc)
         dev = next(self.model.parameters()).device
         pad = int(self.tokenizer.pad_token_id)
@@ -259,8 +262,11 @@ def llm_attack(inp: ReconstructionInput) -> list[list[int]]:
     def decode(ids: list[int]) -> str:
         return tok.decode(ids, skip_special_tokens=False).strip()
 
+    # decode() spells the rows' specials ("[CLS]"); reading them back as the special ids keeps
+    # the reply aligned with the row (this text is the provider's, from ids, not user text)
     def retokenize(ids: list[int]) -> list[int]:
-        return list(tok(decode(ids), add_special_tokens=False)["input_ids"])
+        return list(tok(decode(ids), add_special_tokens=False,
+                        split_special_tokens=False)["input_ids"])
 
     adapter = _adapter(opts)
     generate, n_llm_tokens, chat_tok = _generator(inp, adapter)
@@ -276,7 +282,8 @@ def llm_attack(inp: ReconstructionInput) -> list[list[int]]:
                                 else tuned_cap))
     for i, reply in zip(todo, replies, strict=True):
         line = reply.strip().split("\n", 1)[0].strip()
-        out = tok(line, add_special_tokens=False)["input_ids"] if line else []
+        out = (tok(line, add_special_tokens=False, split_special_tokens=False)["input_ids"]
+               if line else [])
         guess = align_guess(inp.private_rows[i], out, special_ids=inp.special_ids,
                             retokenize=retokenize)
         if changed_share(inp.private_rows[i], guess, inp.special_ids) <= max_change:

@@ -167,7 +167,8 @@ def encode_pairs(tokenizer: Any, pairs: Sequence[Pair], max_tokens: int) -> Enco
     rows: list[tuple[list[int], list[int]]] = []
     dropped = 0
     for noisy, clean in pairs:
-        prompt = tokenizer(build_prompt([], noisy), add_special_tokens=False)["input_ids"]
+        prompt = tokenizer(build_prompt([], noisy), add_special_tokens=False,  # as the attacker
+                           split_special_tokens=False)["input_ids"]
         answer = [*tokenizer(f" {clean}", add_special_tokens=False)["input_ids"], int(eos)]
         if len(prompt) + len(answer) > max_tokens:
             dropped += 1

@@ -39,8 +39,14 @@ from rapt.cli.options import (
     split_names,
     with_help,
 )
-from rapt.config import DEFAULT_PLAIN_TOKENS, LR_HELP, METHOD_DEFAULT_HELP, VIRTUAL_TOKENS_HELP
+from rapt.config import (
+    DEFAULT_PLAIN_TOKENS,
+    LR_HELP,
+    METHOD_DEFAULT_HELP,
+    VIRTUAL_TOKENS_HELP,
+)
 from rapt.config import tune_default as _d
+from rapt.guarantee import DP_EPSILON_HELP, DP_NOISE_HELP
 from rapt.privacy.rule import DEFAULT_MIN_P
 
 client_app = sub_app(help="User side: privatize locally, then upload / tune / predict.",
@@ -211,9 +217,9 @@ def client_tune(
     num_virtual_tokens: int | None = typer.Option(
         None, help=VIRTUAL_TOKENS_HELP),
     max_length: int = typer.Option(_d("max_length")), seed: int = typer.Option(_d("seed")),
-    dp_epsilon: float | None = typer.Option(None, help="PromptDPSGD: target ε (at δ = "
-                                            "min(1e-5, 1/(10·N)) for N rows)"),
-    dp_noise: float | None = typer.Option(None, help="PromptDPSGD: noise multiplier σ"),
+    dp_epsilon: float | None = typer.Option(None, help=f"{DP_EPSILON_HELP}; δ = "
+                                            "min(1e-5, 1/(10·N)) for N rows"),
+    dp_noise: float | None = typer.Option(None, help=DP_NOISE_HELP),
     dp_clip: float | None = typer.Option(None, help="PromptDPSGD: per-example clipping norm C "
                                          "(default 1)"),
     wait: bool = typer.Option(False, help="poll with a progress bar until the job ends"),

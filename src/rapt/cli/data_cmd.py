@@ -151,13 +151,13 @@ def _tokenize(ds, backbone: str, batch_size: int):
     """(tokenizer of ``backbone``, token ids of every example with its text pair)."""
     from transformers import AutoTokenizer
 
-    from rapt.models import BackboneNotFoundError, resolve
+    from rapt.models import BackboneNotFoundError, resolve, text_as_text
     from rapt.progress import progress_bar
 
     try:
         source, gguf_file, _ = resolve(backbone)
-        tok = AutoTokenizer.from_pretrained(source, **({"gguf_file": gguf_file}
-                                                       if gguf_file else {}))
+        tok = text_as_text(AutoTokenizer.from_pretrained(
+            source, **({"gguf_file": gguf_file} if gguf_file else {})))
     except (BackboneNotFoundError, OSError) as e:
         fail(f"cannot load the tokenizer of '{backbone}': {e}")
     ids: list[list[int]] = []

@@ -61,6 +61,7 @@ from rapt.config import (
     VIRTUAL_TOKENS_HELP,
 )
 from rapt.config import tune_default as _d
+from rapt.guarantee import DP_EPSILON_HELP, DP_NOISE_HELP
 
 
 @dataclass(frozen=True)
@@ -141,8 +142,8 @@ _TUNE_HELP = {
     "saved with its checkpoint (OUT.resume.NOT-PRIVATE.pt, beside the folder); the other "
     "options must be the same",
     "train_log": "write the per-step losses to OUT.train-log.NOT-PRIVATE.json beside the folder "
-    "(mode 0600; under DP they are not covered by ε, so only when asked; without DP they are "
-    "also in the artifact's config)",
+    "(mode 0600; measured on your rows, and under DP not covered by ε, so only when asked: "
+    "the --out folder never holds them)",
     "seed": "init, data order and plain tokens (not privacy noise)",
     "noise_seed": "seed the privacy noise (dχ and DP-SGD): tests/benchmarks only, voids the "
     "guarantee; default: OS entropy",
@@ -198,8 +199,8 @@ def tune(
     noise_seed: int | None = typer.Option(None, help=_TUNE_HELP["noise_seed"]),
     privatizer_mode: str = typer.Option(DEFAULT_PRIVATIZER_MODE,
                                         help="exact | fast (certified exact) | annoy"),
-    dp_epsilon: float | None = typer.Option(None, help="PromptDPSGD target ε"),
-    dp_noise: float | None = typer.Option(None, help="PromptDPSGD noise multiplier σ"),
+    dp_epsilon: float | None = typer.Option(None, help=DP_EPSILON_HELP),
+    dp_noise: float | None = typer.Option(None, help=DP_NOISE_HELP),
     dp_clip: float | None = typer.Option(None, help="PromptDPSGD clipping norm C (default 1)"),
     dp_delta: float | None = typer.Option(None, help="PromptDPSGD δ, below 1/N (default "
                                           "min(1e-5, 1/(10·N)) for N training rows)"),
@@ -409,6 +410,12 @@ def _tune_config_and_rows(o: TuneOptions, bb, ds, dp, encoding):
                    "label_words": o.label_words.split(",") if o.label_words else None}
         cfg = tune_config(options, kind=bb.kind, label_names=ds.label_names, dataset=o.data)
         check_output_denoiser(o.output_denoiser, o.no_privacy, bb.kind, cfg)
+        if cfg.dp is not None:  # a guarantee that says nothing is refused before any work
+            from rapt.dp.accounting import check_plan
+            from rapt.tuning.tune import planned_steps
+
+            check_plan(cfg.dp, len(ds), planned_steps(cfg, len(ds)), cfg.batch_size,
+                       ("--dp-delta", "--dp-noise"))
         return cfg, encoding.rows(bb.tokenizer, ds.texts, ds.text_pairs)
     except ValueError as e:
         fail(str(e))
@@ -513,10 +520,12 @@ def _save_stopped(custom, rows, ds, out: Path, stop, meta: dict) -> None:
 
 def _save_tuned(tuned, out: Path, method: str, measured: dict | None, train_log: bool) -> None:
     """Save the artifact, which may be shared; beside it, mode 0600, what was measured on the
-    private rows (the release's privacy report) and, with --train-log, the per-step log (under
-    DP the config never holds it: it is not covered by ε)."""
+    private rows (the release's privacy report) and, with --train-log, the per-step log. The
+    folder never holds that log, with DP or without: its losses are measured on your rows
+    (under DP outside ε), and the folder is what one hands on."""
     from rapt.artifacts import TRAIN_LOG, beside, write_measured, write_train_log
 
+    tuned.meta.pop("history", None)  # tuned.train_log keeps it, for --train-log
     tuned.save(out)
     msg = f"saved the {method}-tuned model to {out}"
     if tuned.meta.get("dp"):

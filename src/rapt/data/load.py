@@ -63,6 +63,9 @@ def _dataset(src: _Source, limit: int | None, limit_seed: int | None = 0) -> Dat
     examples = [Example(text=t, label=i, text_pair=tp, attrs=attrs, line=line)
                 for (line, t, tp, _raw, attrs), i in zip(rows, ids, strict=True)]
     read = len(examples)
+    if not read:  # every command that reads a file stops here, not on an empty list later
+        raise DataError("no rows in this file (it is empty, or holds only a header or blank "
+                        "lines)", path=src.path)
     if src.seeded_splits:
         examples = _seeded_split(examples, src.seeded_splits, str(src.split))
     examples = limited(examples, limit, limit_seed)
@@ -161,7 +164,8 @@ def load_dataset(
     ``limit`` keeps ``limit`` records after reading and checking the whole file: a random
     sample seeded by ``limit_seed`` (default 0; same seed, same rows), in file order among the
     chosen rows; ``limit_seed=None`` keeps the first ``limit`` instead.
-    Raises DataError naming file, line and problem for anything malformed.
+    Raises DataError naming file, line and problem for anything malformed, and for a file
+    with no rows.
     """
     if limit is not None and limit < 0:
         raise DataError(f"limit must be >= 0, got {limit}")

@@ -15,7 +15,8 @@ from opacus.accountants import PRVAccountant, RDPAccountant
 from opacus.accountants.accountant import IAccountant
 from opacus.accountants.utils import get_noise_multiplier
 
-from rapt.dp.config import ACCOUNTANTS, check_sample_rate
+from rapt.dp.config import ACCOUNTANTS, DPConfig, check_sample_rate
+from rapt.guarantee import EPSILON_MAX
 
 _MAX_SIGMA = 2.0 ** 20  # beyond opacus' search (MAX_SIGMA = 1e6): the ε no noise goes below
 
@@ -71,7 +72,65 @@ def _raw_epsilon(noise_multiplier: float, sample_rate: float, steps: int, delta:
     acc = make_accountant(accountant)
     # opacus' accountants compose a history of (σ, q, steps) triples.
     acc.history = [(float(noise_multiplier), float(sample_rate), int(steps))]
-    return float(acc.get_epsilon(delta=delta))
+    try:
+        return float(acc.get_epsilon(delta=delta))
+    except (ZeroDivisionError, OverflowError):
+        # 1/σ² overflows or divides by 0 (σ = 1e-300): ε grows without bound as σ -> 0
+        return math.inf
+
+
+def check_noise_multiplier(noise_multiplier: float, sample_rate: float, steps: int,
+                           delta: float, accountant: str = "rdp",
+                           field: str = "noise multiplier σ") -> None:
+    """ValueError unless σ gives a meaningful ε over the planned ``steps``: at most
+    :data:`EPSILON_MAX` (the message gives the smallest σ accepted), and a δ small enough for
+    the accountant (:func:`epsilon` at one step).
+
+    The ε_max test uses the rdp accountant whatever ``accountant`` is: it is an upper bound,
+    takes milliseconds and stays finite-or-∞ at any σ, where prv runs out of memory on tiny σ.
+    """
+    with warnings.catch_warnings():
+        # near and above ε_max opacus notes that its smallest RDP order is optimal (a looser
+        # bound than larger orders would give): moot for a refusal
+        warnings.filterwarnings("ignore", message="Optimal order is the smallest alpha")
+        eps = epsilon(noise_multiplier, sample_rate, steps, delta, "rdp")
+        if eps > EPSILON_MAX:
+            raise ValueError(
+                f"{field} = {noise_multiplier:g} gives ε = "
+                f"{'∞' if math.isinf(eps) else f'{eps:.3g}'} over the {steps} planned steps "
+                f"(q = {sample_rate:g}, δ = {delta:g}, rdp accountant), above ε_max = "
+                f"{EPSILON_MAX:g}, where a DP guarantee promises nothing (e^ε > 1e43); "
+                f"{_smallest_sigma(sample_rate, steps, delta)}, or give a target ε ≤ "
+                f"{EPSILON_MAX:g}, or train without DP")
+    epsilon(noise_multiplier, sample_rate, 1, delta, accountant)
+
+
+def _smallest_sigma(sample_rate: float, steps: int, delta: float) -> str:
+    """'the smallest σ accepted here is S', S rounded up to 3 digits (so S itself passes)."""
+    try:
+        s = find_noise_multiplier(EPSILON_MAX, delta, sample_rate, steps, "rdp")
+    except ValueError:
+        return "more noise is needed"
+    digits = math.floor(math.log10(s)) - 2
+    return f"the smallest σ accepted here is {math.ceil(s / 10 ** digits) * 10 ** digits:.3g}"
+
+
+def check_plan(config: DPConfig, n_examples: int, steps: int, batch_size: int | None = None,
+               fields: tuple[str, str] = ("DPConfig.delta", "DPConfig.noise_multiplier")
+               ) -> None:
+    """ValueError, before any training, for a DP run whose guarantee would say nothing: δ of
+    at least 1/N, a σ above the ε_max bound
+    (:func:`check_noise_multiplier`), or a target ε that no noise reaches. A target is
+    calibrated with the rdp accountant only (a fraction of a second; prv's calibration takes
+    seconds, so such a run fails with the same message when it starts). ``fields``: the
+    caller's names for δ and σ, for the messages."""
+    delta = config.resolve_delta(n_examples, fields[0])
+    q = config.resolve_sample_rate(n_examples, batch_size)
+    if config.noise_multiplier is not None:
+        check_noise_multiplier(config.noise_multiplier, q, steps, delta, config.accountant,
+                               fields[1])
+    elif config.accountant == "rdp":
+        find_noise_multiplier(config.target_epsilon, delta, q, steps, accountant="rdp")
 
 
 def find_noise_multiplier(

@@ -6,6 +6,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Literal
 
+from rapt.guarantee import EPSILON_MAX
+
 Accountant = Literal["rdp", "prv"]
 ACCOUNTANTS: tuple[str, ...] = ("rdp", "prv")
 
@@ -46,12 +48,7 @@ class DPConfig:
         if self.target_epsilon is None and self.noise_multiplier is None:
             raise ValueError("DPConfig: one of target_epsilon or noise_multiplier is required")
         if self.target_epsilon is not None:
-            eps = float(self.target_epsilon)
-            if not math.isfinite(eps) or eps <= 0:
-                raise ValueError(
-                    f"DPConfig.target_epsilon must be a finite number > 0 (got {eps}); "
-                    "for ε = ∞ train without DP (dp=None)"
-                )
+            check_target_epsilon(self.target_epsilon, "DPConfig.target_epsilon")
         if self.noise_multiplier is not None:
             s = float(self.noise_multiplier)
             if not math.isfinite(s) or s <= 0:
@@ -118,6 +115,20 @@ def default_delta(n_examples: int) -> float:
     return min(1e-5, 1.0 / (10 * check_n_examples(n_examples)))
 
 
+def check_target_epsilon(eps: float, field: str) -> float:
+    """Return a target ε as float, or raise ValueError naming ``field`` unless it is finite,
+    > 0 and at most :data:`EPSILON_MAX`."""
+    eps = float(eps)
+    if not math.isfinite(eps) or eps <= 0:
+        raise ValueError(f"{field} must be a finite number > 0 (got {eps}); for ε = ∞ train "
+                         "without DP")
+    if eps > EPSILON_MAX:
+        raise ValueError(f"{field} = {eps:g} is above ε_max = {EPSILON_MAX:g}, where a DP "
+                         f"guarantee promises nothing (e^ε > 1e43); give {field} ≤ "
+                         f"{EPSILON_MAX:g}, or train without DP")
+    return eps
+
+
 def check_sample_rate(q: float, what: str = "sample_rate") -> float:
     """Return q as float, or raise ValueError if it is not in (0, 1]."""
     q = float(q)
@@ -149,9 +160,8 @@ def dp_config_from_options(
         return None
     if epsilon is not None and noise is not None:
         raise ValueError("give either --dp-epsilon or --dp-noise, not both")
-    if epsilon is not None and (not math.isfinite(epsilon) or epsilon <= 0):
-        raise ValueError(f"--dp-epsilon must be a finite number > 0 (got {epsilon}); "
-                         "omit it for non-private training")
+    if epsilon is not None:
+        check_target_epsilon(epsilon, "--dp-epsilon")
     if noise is not None and (not math.isfinite(noise) or noise <= 0):
         raise ValueError(f"--dp-noise must be > 0 (got {noise}): {NO_NOISE}, i.e. leave out "
                          "--dp-noise and --dp-epsilon")

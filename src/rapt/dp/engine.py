@@ -22,8 +22,8 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from rapt.dp.accounting import check_noise_multiplier, find_noise_multiplier
 from rapt.dp.accounting import epsilon as _epsilon
-from rapt.dp.accounting import find_noise_multiplier
 from rapt.dp.config import DPConfig, check_n_examples
 from rapt.dp.sampling import micro_batches, poisson_batch, poisson_batches
 from rapt.noise import NoiseSource
@@ -70,14 +70,15 @@ class DPSGD:
         self.accountant = config.accountant
         if config.noise_multiplier is not None:
             self.noise_multiplier = float(config.noise_multiplier)
+            # Now, not at the first report: a σ whose ε over the planned steps is above ε_max,
+            # or a δ too large for the accountant, is refused before any step.
+            check_noise_multiplier(self.noise_multiplier, self.sample_rate,
+                                   self.planned_steps, self.delta, self.accountant)
         else:
             self.noise_multiplier = find_noise_multiplier(
                 float(config.target_epsilon), self.delta, self.sample_rate, self.planned_steps,
                 accountant=self.accountant,
             )
-        # Now, not at the first report: ε grows with the steps, so if one step already gives
-        # a meaningful ε every later step does (a δ too large for the accountant is refused).
-        _epsilon(self.noise_multiplier, self.sample_rate, 1, self.delta, self.accountant)
         self.expected_batch_size = self.sample_rate * self.n_examples
         self.steps = 0
         self.examples_seen = 0

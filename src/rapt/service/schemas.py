@@ -18,6 +18,7 @@ from rapt.config import (
     default_virtual_tokens,
 )
 from rapt.config import tune_default as _d
+from rapt.guarantee import EPSILON_MAX
 
 TokenIds = list[list[int]]
 # Integer bounds at the door: a value the code behind cannot hold (torch seeds are 64-bit, the
@@ -177,8 +178,12 @@ class DPOptions(BaseModel):
 
     model_config = REQUEST
 
-    target_epsilon: float | None = Field(None, gt=0, le=1000)
-    noise_multiplier: float | None = Field(None, gt=0, le=100)
+    target_epsilon: float | None = Field(
+        None, gt=0, le=EPSILON_MAX, description=f"at most ε_max = {EPSILON_MAX:g}: above it a "
+        "DP guarantee promises nothing (docs/THREAT_MODEL.md)")
+    noise_multiplier: float | None = Field(
+        None, gt=0, le=100, description="σ; refused (422, with the smallest σ accepted) when "
+        f"its ε over the job's steps is above ε_max = {EPSILON_MAX:g}")
     max_grad_norm: float = Field(1.0, gt=0, le=1000)
     delta: float | None = Field(None, gt=0, lt=1, description="must be below 1/N (N: the "
                                 "dataset's rows); default min(1e-5, 1/(10·N))")

@@ -238,9 +238,7 @@ class Service:
                 raise ServiceError(422, "limit_exceeded", f"texts has {len(texts)} rows; the "
                                    f"limit is {max_rows_name}={max_rows}")
             input_ids = encode_texts(bb.tokenizer, texts, text_pairs)
-            special = set(bb.special_ids)
-            empty = next((i for i, r in enumerate(input_ids)
-                          if all(t in special for t in r)), None)
+            empty = _special_only(input_ids, bb.special_ids)
             if empty is not None:
                 raise ServiceError(422, "validation_error", f"texts[{empty}]: no token is left "
                                    "once tokenized (the tokenizer drops every character)")
@@ -251,6 +249,11 @@ class Service:
         # included, so padding cannot carry a row past the limits; then the real rows only.
         self.check_rows(backbone, input_ids, "input_ids", max_rows, max_rows_name,
                         prompt_tokens)
+        empty = _special_only(input_ids, bb.special_ids)
+        if empty is not None:  # as a blank text is refused: nothing of it is text
+            raise ServiceError(422, "validation_error", f"input_ids[{empty}] holds only special "
+                               f"or pad tokens ({input_ids[empty][:8]}); a row needs at least "
+                               "one token of text")
         return strip_padding(input_ids, dedicated_pad_id(bb.tokenizer))
 
     def backbone_name(self, name: str) -> str:
@@ -267,3 +270,8 @@ class Service:
                                f"{kind} '{row['id']}' needs backbone '{row['backbone']}', which "
                                "this server did not load (start it with --backbone for it)")
 
+
+def _special_only(rows: list[list[int]], special_ids: list[int]) -> int | None:
+    """The index of the first row made only of special (and pad) ids, or None."""
+    special = set(special_ids)
+    return next((i for i, r in enumerate(rows) if all(t in special for t in r)), None)

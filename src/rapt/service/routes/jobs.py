@@ -167,19 +167,12 @@ def _check_output_denoiser(svc: Service, body: JobCreate, ds: dict) -> None:
 
 
 def _check_dp(body: JobCreate, n_examples: int, steps: int) -> None:
-    """ValueError for a δ of at least 1/N or too large for a meaningful ε, or for a target ε
-    that no noise reaches. A target is calibrated here with the rdp accountant only (a fraction
-    of a second); prv's calibration takes seconds, so such a job fails with the same message
-    when it starts."""
-    from rapt.dp.accounting import epsilon, find_noise_multiplier
+    """ValueError for a DP job whose guarantee would say nothing (rapt.dp.accounting's
+    check_plan: δ of at least 1/N, a σ above the ε_max bound, a target no noise reaches)."""
+    from rapt.dp.accounting import check_plan
 
-    dp = tune_config(body.model_dump()).dp
-    delta = dp.resolve_delta(n_examples, "dp.delta")
-    q = dp.resolve_sample_rate(n_examples, body.batch_size)
-    if dp.noise_multiplier is not None:
-        epsilon(dp.noise_multiplier, q, 1, delta, dp.accountant)
-    elif dp.accountant == "rdp":
-        find_noise_multiplier(dp.target_epsilon, delta, q, steps, accountant=dp.accountant)
+    check_plan(tune_config(body.model_dump()).dp, n_examples, steps, body.batch_size,
+               ("dp.delta", "dp.noise_multiplier"))
 
 
 @router.get("", response_model=list[JobStatus])
