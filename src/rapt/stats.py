@@ -1,4 +1,5 @@
-"""Seed statistics for comparing tuning settings: mean ± Student-t CI and paired differences.
+"""Seed statistics for comparing tuning settings: mean ± Student-t CI and paired differences;
+the Wilson interval of a rate.
 
 Shared by ``rapt demo`` and the benchmarks so that both say "helped" under the same rule."""
 
@@ -21,6 +22,24 @@ def mean_ci(xs: Sequence[float], level: float = 0.95) -> tuple[float, float]:
         return m, 0.0
     return m, float(stats.t.ppf(0.5 + level / 2, len(xs) - 1) * statistics.stdev(xs)
                     / math.sqrt(len(xs)))
+
+
+def wilson_interval(successes: int, n: int, level: float = 0.95) -> tuple[float, float] | None:
+    """Wilson score interval for a binomial rate ``successes / n`` at ``level``; None for
+    ``n == 0``. It assumes independent trials, and stays inside [0, 1] with a sensible width
+    at rates of 0 or 1, where the normal interval collapses to a point."""
+    if n < 0 or not 0 <= successes <= n:
+        raise ValueError(f"need 0 <= successes <= n, got {successes} of {n}")
+    if n == 0:
+        return None
+    z = statistics.NormalDist().inv_cdf(0.5 + level / 2)
+    p, z2 = successes / n, z * z
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z / (1 + z2 / n) * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
+    # At a rate of 0 or 1 the interval's closed end is exactly that rate (no rounding error).
+    lo = 0.0 if successes == 0 else max(0.0, centre - half)
+    hi = 1.0 if successes == n else min(1.0, centre + half)
+    return lo, hi
 
 
 def paired_difference(a: Sequence[float], b: Sequence[float],

@@ -1,0 +1,105 @@
+"""An attacker's recovery, and so the empirical privacy, per kind of token (I/O-free).
+
+Given the original token ids, an attacker's guesses (same shape), which positions the mechanism
+replaced, and each token's kind (:class:`rapt.privacy.kinds.TokenKinds`), it counts for every
+kind -- all tokens, each frequency band of public text, personal data, and the rest --
+
+* ``count`` and ``replaced``: how many tokens of that kind there are (``unit``: "token"), and
+  how many of them the mechanism replaced;
+* ``recovery``: the share of them the attacker guessed right, and ``replaced_recovery``: the
+  share of the replaced ones it guessed right (an attacker that returns the release, nearest
+  neighbour, gets none of those);
+* ``privacy`` = 1 − ``recovery``: the empirical privacy of that kind against this attacker (an
+  upper bound on what a stronger attacker would leave);
+* each with a 95 % Wilson interval, which treats tokens as independent trials: right for the
+  per-token noise of the mechanism and for per-token attackers, optimistic (too narrow) for an
+  attacker that reads context, whose errors cluster within a sentence.
+
+What is counted: tokens (word pieces), never special tokens (pass rows without them). With
+``words`` (each token's word index in its row, :attr:`TokenKinds.words`) the same figures are
+also given per *word* under ``"words"``: a word is recovered when every one of its pieces is,
+replaced when any of them is, of a band by its own band, and personal data when any of its
+pieces is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rapt.privacy.kinds import BANDS
+from rapt.stats import wilson_interval
+
+__all__ = ["KINDS", "recovery_by_kind"]
+
+KINDS = ("all", *BANDS, "personal data", "not personal data")
+
+
+def _rate(k: int, n: int) -> tuple[float | None, list[float] | None]:
+    ci = wilson_interval(k, n)
+    return (k / n if n else None), (None if ci is None else [ci[0], ci[1]])
+
+
+def _summary(hit: list[bool], repl: list[bool], unit: str) -> dict:
+    n, r = len(hit), sum(repl)
+    k, kr = sum(hit), sum(h and x for h, x in zip(hit, repl, strict=True))
+    rec, rec_ci = _rate(k, n)
+    rrec, rrec_ci = _rate(kr, r)
+    return {"unit": unit, "count": n, "replaced": r, "recovered": k, "replaced_recovered": kr,
+            "recovery": rec, "recovery_ci95": rec_ci,
+            "replaced_recovery": rrec, "replaced_recovery_ci95": rrec_ci,
+            "privacy": None if rec is None else 1.0 - rec,
+            "privacy_ci95": None if rec_ci is None else [1.0 - rec_ci[1], 1.0 - rec_ci[0]]}
+
+
+def _by_kind(hit: list[bool], repl: list[bool], band: list[int], personal: list[bool],
+             unit: str) -> dict:
+    select = {"all": lambda i: True,
+              **{name: (lambda i, b=b: band[i] == b) for b, name in enumerate(BANDS)},
+              "personal data": lambda i: personal[i],
+              "not personal data": lambda i: not personal[i]}
+    out = {}
+    for kind in KINDS:
+        idx = [i for i in range(len(hit)) if select[kind](i)]
+        out[kind] = _summary([hit[i] for i in idx], [repl[i] for i in idx], unit)
+    return out
+
+
+def _check(name: str, rows, original) -> None:
+    if len(rows) != len(original) or any(len(a) != len(b)
+                                         for a, b in zip(rows, original, strict=True)):
+        raise ValueError(f"{name} rows do not align with the original rows")
+
+
+def recovery_by_kind(original: Sequence[Sequence[int]], guessed: Sequence[Sequence[int]],
+                     replaced: Sequence[Sequence[bool]], bands: Sequence[Sequence[int]],
+                     personal: Sequence[Sequence[bool]],
+                     words: Sequence[Sequence[int]] | None = None) -> dict[str, dict]:
+    """Per kind in :data:`KINDS`: counts, recovery and privacy with 95 % CIs (module
+    docstring); a rate over no token is None. Rows align position by position; ``bands`` are
+    indices into :data:`rapt.privacy.kinds.BANDS`; with ``words``, each kind's dict also holds
+    the same figures per word under ``"words"``."""
+    for name, rows in (("guessed", guessed), ("replaced", replaced), ("bands", bands),
+                       ("personal", personal)) + ((("words", words),) if words else ()):
+        _check(name, rows, original)
+    flat = [(a == g, bool(r), int(b), bool(p))
+            for o, gs, rs, bs, ps in zip(original, guessed, replaced, bands, personal,
+                                         strict=True)
+            for a, g, r, b, p in zip(o, gs, rs, bs, ps, strict=True)]
+    hit, repl, band, pers = (list(c) for c in zip(*flat, strict=True)) if flat else ([],) * 4
+    out = _by_kind(hit, repl, band, pers, "token")
+    if words is None:
+        return out
+    grouped: dict[tuple[int, int], list[int]] = {}
+    pos = 0
+    for row, ws in enumerate(words):
+        for w in ws:
+            grouped.setdefault((row, int(w)), []).append(pos)
+            pos += 1
+    members = list(grouped.values())
+    per_word = _by_kind([all(hit[i] for i in m) for m in members],
+                        [any(repl[i] for i in m) for m in members],
+                        [band[m[0]] for m in members],
+                        [any(pers[i] for i in m) for m in members], "word")
+    for kind in KINDS:
+        out[kind]["words"] = per_word[kind]
+    return out

