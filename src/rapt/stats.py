@@ -125,7 +125,10 @@ def collapse_warnings(pred: Sequence[int], gold: Sequence[int | None] | None,
         z = statistics.NormalDist().inv_cdf(0.5 + level / 2)
         half = z * math.sqrt(m * (1 - m) / n)
         if acc <= m + half:
-            out.append(f"accuracy {acc:.3f} is within the {level:.0%} CI of the majority rate "
-                       f"{m:.3f} ± {half:.3f} (always answering '{names[major]}', {n} rows): "
+            from rapt.numfmt import pct, points
+
+            out.append(f"accuracy {pct(acc)} is within the {level:.0%} CI of the majority rate "
+                       f"{pct(m)} ± {points(half)} points (always answering '{names[major]}', "
+                       f"{n} rows): "
                        "no better than guessing the majority class")
     return out

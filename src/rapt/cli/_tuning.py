@@ -61,6 +61,8 @@ def echo_channel(privacy: dict | None, *, err: bool = False) -> None:
 def loss_postfix(r: dict) -> dict:
     """A step's losses for a bar: with reconstruction the task loss and L_rec apart (L_rec is
     summed over the m plain positions, ~100x the task loss), else the loss."""
+    from rapt.numfmt import loss
+
     if r.get("rec_loss") is not None:
-        return {"task": f"{r.get('task_loss', r['loss']):.3f}", "L_rec": f"{r['rec_loss']:.1f}"}
-    return {"loss": f"{r['loss']:.3f}"}
+        return {"task": loss(r.get("task_loss", r["loss"])), "L_rec": loss(r["rec_loss"])}
+    return {"loss": loss(r["loss"])}
