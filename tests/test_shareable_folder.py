@@ -192,7 +192,8 @@ def test_sap_tune_folder_holds_the_level_and_the_measures_lie_beside(tiny):
     assert not MEASURED_FIELDS & set(doc["privacy"])
     measured = beside(out, "measured.NOT-PRIVATE.json")
     assert _beside(out) == {measured.name, *_local_files(out)} and _mode(measured) == 0o600
-    assert "by 3-fold cross-validation" in r.stdout and "was not scored on held-out rows" in r.stdout
+    assert "by 3-fold cross-validation" in r.stdout
+    assert "was not scored on held-out rows" in r.stdout
     got = json.loads(measured.read_text())
     assert 0 < got["privacy"]["replacement_probability"] < 1 and 0 < got["measured_p"] < 1
     r = runner.invoke(app, ["sap", "predict", str(out), str(data), "--noise-seed", "1"])

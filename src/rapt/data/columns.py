@@ -3,8 +3,8 @@ rows: what a data error proposes when it cannot find the text column (MRPC's TSV
 columns ``Quality``, ``#1 String``, ``#2 String``), and what `rapt data check` proposes for
 the columns a file has but the reader did not use.
 
-A guess, stated as one: text has several words per value and mostly distinct values; a
-label has few distinct short values; the rest (ids, numbers, dates) is neither.
+A guess, stated as one: text has several words per value; a label has few distinct short
+values; the rest (ids, numbers, dates) is neither.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def _kind(values: list[str]) -> str:
         return "other"
     distinct = len(set(values))
     words = sum(len(v.split()) for v in values) / len(values)
-    if words >= TEXT_MIN_WORDS and distinct > len(values) / 2:
+    if words >= TEXT_MIN_WORDS:
         return "text"
     if words < TEXT_MIN_WORDS and distinct <= LABEL_MAX_VALUES and distinct < max(2, len(values)):
         return "label"
