@@ -68,3 +68,26 @@ def test_client_shows_bars_and_the_queries_privacy_before_the_predictions(cli, t
     sent = out.index(f"predict (prompt {prompt}): 100% (300/300 rows)")
     assert out.index("privatize: done in") < privacy < sent < out.index("300 predictions")
     assert re.search(r"accuracy \d+\.\d % on 300 examples", out), out
+
+
+def test_the_job_bar_then_a_bar_per_stage_each_at_its_end(capsys):
+    """A job polled mid-training, then in its output denoiser's stage, then done: one bar per
+    part, each closed at its end (a last poll that misses steps still ends them at 100 %)."""
+    from rapt.client.client import _JobBars
+
+    bars = _JobBars("j1")
+    for step in (3, 7):
+        bars.show({"state": "running", "total_steps": 10, "step": step,
+                   "loss": 0.6931471824645996, "stage": None})
+    for done in (1, 4):
+        bars.show({"state": "running", "total_steps": 10, "step": 10, "loss": 0.5,
+                   "stage": {"name": "output_denoiser", "done": done, "total": 5}})
+    bars.show({"state": "succeeded", "total_steps": 10, "step": 10, "loss": 0.5, "stage": None})
+    bars.close()
+    err = capsys.readouterr().err.splitlines()
+    ends = [i for i, ln in enumerate(err) if "100%" in ln or " done in " in ln]
+    assert [err[i].split(",")[0] for i in ends] == [
+        "job j1: 100% (10/10 steps)", err[ends[1]], "job j1: output denoiser: 100% (5/5 steps)",
+        err[ends[3]]], err
+    assert err[ends[0]].endswith(" loss=0.6931") and err[ends[1]].startswith("job j1: done in")
+    assert err[ends[3]].startswith("job j1: output denoiser: done in")

@@ -159,7 +159,7 @@ def test_demo_with_one_seed_prints_no_interval():
     assert "±" not in one and "95 % CI" not in one and "1 seed, no CI" in one
     assert "1 seed: no CI" in one
     three = format_table(_result(3))
-    assert "mean ± 95 % CI" in three and "0.810 ± 0.020" in three and "(95 % CI, 3 paired" in three
+    assert "mean ± 95 % CI" in three and "81.0 % ± 2.0" in three and "(95 % CI, 3 paired" in three
 
 
 def test_demo_plot_puts_l_rec_on_its_own_axis():

@@ -120,7 +120,7 @@ def test_dp_tune_ctrl_c_and_resume_leave_only_shareable_files_in_out(tiny, monke
     assert meta["train_seconds"] >= 1000.0
     # the bar goes on from step 3 of 8 (not "1/5"), and its time is the whole run's
     lines = [ln for ln in r.stderr.splitlines() if ln.startswith("tune:")]
-    assert lines[0].startswith("tune: 50% (4/8 step)"), lines
+    assert lines[0].startswith("tune: 50% (4/8 steps)"), lines
     assert lines[-1].startswith("tune: done in 10"), lines
 
     r = runner.invoke(app, ["predict", str(out), str(tiny[2]), "--noise-seed", "1"])

@@ -378,7 +378,8 @@ def _run_seed(custom, config: DemoConfig, data, n_text: int, base: TuneConfig, s
         tally.acc[name].append(a)
         _record(tally.info[name], tuned, time.perf_counter() - t, first, rec)
         result.head = tuned.meta["head"]
-        log(f"seed {seed}: {name:16s} accuracy {a:.3f}  ({time.perf_counter() - t:.0f} s)")
+        log(f"seed {seed}: {name:16s} accuracy {numfmt.pct(a)}  "
+            f"({time.perf_counter() - t:.0f} s)")
     _user_side(train, test, remote, seed, tally, log)
 
 
@@ -399,7 +400,7 @@ def _user_side(train, test, remote, seed: int, tally: _Tally,
         fused = cross_fitted_fusion(remote, local, y, seed)
     for name, p in ((LOCAL_SETTING, local), (FUSED_SETTING, fused)):
         tally.acc[name].append(_accuracy(p.argmax(-1).tolist(), test.labels))
-        log(f"seed {seed}: {name} accuracy {tally.acc[name][-1]:.3f}  "
+        log(f"seed {seed}: {name} accuracy {numfmt.pct(tally.acc[name][-1])}  "
             f"({time.perf_counter() - t:.1f} s)")
 
 
@@ -499,15 +500,15 @@ def channel_verdict_line(won: dict, target_p: float | None, p: float,
 def format_table(result: DemoResult) -> str:
     """A small Markdown table of the demo's numbers, then the verdict line."""
     one = all(len(r["accuracies"]) < 2 for r in result.rows)  # one seed: no interval
-    lines = ["| setting | accuracy (" + ("1 seed, no CI" if one else "mean ± 95 % CI")
+    lines = ["| setting | accuracy (" + ("1 seed, no CI" if one else "mean ± 95 % CI, points")
              + ") | per seed | P | inversion empirical privacy |", "|---|---|---|---|---|"]
     for r in result.rows:
         private = r["setting"] != "no privacy"
-        seeds = ", ".join(f"{a:.3f}" for a in r["accuracies"])
-        acc = f"{r['accuracy']:.3f}" + ("" if one else f" ± {r['ci95']:.3f}")
+        seeds = ", ".join(numfmt.pct(a) for a in r["accuracies"])
+        acc = numfmt.pct(r["accuracy"]) + ("" if one else f" ± {numfmt.points(r['ci95'])}")
         lines.append(f"| {r['setting']} | {acc} | {seeds} | "
                      + ("nothing sent | - |" if r["setting"] == LOCAL_SETTING else
-                        f"{result.p:.3f} | {result.inversion_privacy:.3f} |" if private
+                        f"{numfmt.p(result.p)} | {result.inversion_privacy:.3f} |" if private
                         else "0 | 0 |"))
     c = result.config
     steps = next((r.get("steps", 0) for r in result.rows if r["setting"] == "+privatization"), 0)

@@ -155,7 +155,7 @@ RELEASE_NAMES = {"upload": "training data", "predict": "query set"}
 class _JobBars:
     """A job's progress as :meth:`RaptClient.wait` polls it: a bar over its training steps
     (loss to 4 significant digits; rate and time left are the bar's, measured here), then a
-    bar of its own for a stage after training, whose steps take another time each."""
+    bar of its own for each stage after training, whose steps take another time each."""
 
     def __init__(self, job_id: str) -> None:
         self.job_id, self.bar, self.stage = job_id, None, None
@@ -164,25 +164,38 @@ class _JobBars:
         from rapt.numfmt import loss
 
         stage = st.get("stage") or None
-        name = stage["name"].replace("_", " ") if stage else None
-        if name != self.stage and self.bar is not None:
+        if stage is not None:
+            name = str(stage["name"]).replace("_", " ")
+            if name != self.stage:  # training (or the stage before) is over
+                self._finish()
+                self.stage = name
+                self._open(stage["total"], stage["done"], f"job {self.job_id}: {name}")
+            self._advance(stage["done"])
+        elif self.stage is None:  # still training
+            if self.bar is None and st.get("total_steps"):
+                self._open(st["total_steps"], st.get("step") or 0, f"job {self.job_id}")
+            if self.bar is not None and st.get("loss") is not None:
+                self.bar.set_postfix(loss=loss(st["loss"]), refresh=False)
+            self._advance(st.get("step") or 0)
+        if st.get("state") == "succeeded":
+            self._finish()
+
+    def _open(self, total: int, done: int, desc: str) -> None:
+        from rapt.progress import progress_bar
+
+        # a job already under way: its bar starts where it is, its rate is this wait's
+        self.bar = progress_bar(total=total, desc=desc, unit="step", initial=done)
+
+    def _advance(self, done: int) -> None:
+        if self.bar is not None and done > self.bar.n:
+            self.bar.update(done - self.bar.n)
+
+    def _finish(self) -> None:
+        """The open bar at its end (the job went past it), closed."""
+        if self.bar is not None:
+            self._advance(self.bar.total or 0)
             self.bar.close()
             self.bar = None
-        self.stage = name
-        total, done = ((stage["total"], stage["done"]) if stage
-                       else (st.get("total_steps"), st.get("step") or 0))
-        if self.bar is None and total:
-            from rapt.progress import progress_bar
-
-            desc = f"job {self.job_id}" + (f": {name}" if name else "")
-            # a job already under way: its bar starts where it is, its rate is this wait's
-            self.bar = progress_bar(total=total, desc=desc, unit="step", initial=done)
-        if self.bar is None:
-            return
-        if not stage and st.get("loss") is not None:
-            self.bar.set_postfix(loss=loss(st["loss"]), refresh=False)
-        if done > self.bar.n:
-            self.bar.update(done - self.bar.n)
 
     def close(self) -> None:
         if self.bar is not None:

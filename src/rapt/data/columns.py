@@ -36,7 +36,7 @@ def _kind(values: list[str]) -> str:
     words = sum(len(v.split()) for v in values) / len(values)
     if words >= TEXT_MIN_WORDS:
         return "text"
-    if words < TEXT_MIN_WORDS and distinct <= LABEL_MAX_VALUES and distinct < max(2, len(values)):
+    if words < TEXT_MIN_WORDS and distinct <= LABEL_MAX_VALUES and distinct < len(values):
         return "label"
     return "other"
 

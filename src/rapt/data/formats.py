@@ -229,9 +229,10 @@ def _which_columns(header: list[str], rows: list[list[str]], pair: str | None,
 
     label = label or ("label" if "label" in header else None)
     guess = proposal(column_kinds(header, rows), pair=pair, label=label)
-    if guess:
+    if _opt("text_column") in guess:
         return f"{guess} (a guess from the first {len(rows)} rows)"
-    return (f"choose one with {_opt('text_column')} (for sentence pairs the second with "
+    return ((f"{guess} (a guess from the first {len(rows)} rows); " if guess else "")
+            + f"choose one with {_opt('text_column')} (for sentence pairs the second with "
             f"{_opt('text_pair_column')}; the label with {_opt('label_column')})")
 
 
