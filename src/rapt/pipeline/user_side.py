@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from rapt.pipeline.customization import Customization
+from rapt.pipeline.customization import PRIVATIZE_CHUNK, Customization
 
 if TYPE_CHECKING:
     from rapt.channel.corpus import ChannelCorpus
@@ -138,7 +138,8 @@ def fit_output_denoiser(custom: Customization, tuned: Any,
     :data:`OUTPUT_DENOISER_COPIES` times at ``custom``'s η; the network learns to map (privatized
     state, token features) to the clean state. -> (denoiser, record: what it was trained on,
     η, rows, held-out error before and per epoch, seconds). ``progress(done, total)`` after
-    each chunk of rows privatized or read and each epoch. No private row is read."""
+    each chunk of rows privatized (:data:`PRIVATIZE_CHUNK`) or read
+    (:data:`OUTPUT_DENOISER_CHUNK`) and each epoch. No private row is read."""
     import time
 
     from rapt.local.denoise import fit_denoiser, token_features
@@ -149,7 +150,10 @@ def fit_output_denoiser(custom: Customization, tuned: Any,
     t0, q = time.perf_counter(), custom.for_artifact(tuned)
     texts, record = _public_sample(public_texts, rows, seed)
     chunks = -(-len(texts) // OUTPUT_DENOISER_CHUNK)
-    total, done = (1 + OUTPUT_DENOISER_COPIES) * chunks + OUTPUT_DENOISER_COPIES + epochs, 0
+    # privatizing a copy is reported by chunk too: in one step it was the slowest of all
+    priv_chunks = -(-len(texts) // PRIVATIZE_CHUNK)
+    total = (1 + OUTPUT_DENOISER_COPIES) * chunks + OUTPUT_DENOISER_COPIES * priv_chunks + epochs
+    done = 0
 
     def step(n: int = 1) -> None:
         nonlocal done
@@ -161,8 +165,7 @@ def fit_output_denoiser(custom: Customization, tuned: Any,
     z_clean = _pooled(q, clean, step)
     zp, feats = [], []
     for _ in range(OUTPUT_DENOISER_COPIES):
-        priv = q.privatize(clean, measure=False)
-        step()
+        priv = q.privatize(clean, measure=False, progress=lambda _: step())
         zp.append(_pooled(q, priv, step))
         feats.append(token_features(q.backbone.embeddings, clean, priv, q._special_ids()))
     dev = next(iter(q.backbone.model.parameters())).device
