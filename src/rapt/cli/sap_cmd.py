@@ -65,7 +65,8 @@ app.add_typer(sap_app, name="sap")
 FORMAT = "rapt-sap"
 VERSION = 1
 _LOCAL_HELP = ("also fit a local model on your clean rows (TF-IDF + logistic regression, on "
-               "this machine, about a second; nothing more leaves it), print its "
+               "this machine: about 2 s for 500 rows on 2 cores, measured; nothing more leaves "
+               "it), print its "
                "cross-validated accuracy with a verdict and save it beside --out (mode 0600)")
 
 
