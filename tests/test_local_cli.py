@@ -66,6 +66,8 @@ def test_tune_shows_a_bar_for_the_held_out_slice_and_a_clock_for_the_local_fit(t
     r = tuned[-1]
     err = r.stderr
     assert "check: the model on its training rows: 100% (96/96 rows)" in err
+    assert err.index("privatize: done in") < err.index("measure: P and nearest-neighbour "
+                                                       "inversion of what was privatized: done")
     assert "held-out rows: privatize, then score: 100% (48/48 rows)" in err
     assert err.index("held-out rows: privatize, then score: done in") \
         < err.index("local model: fitting on your clean rows: ...") \

@@ -26,11 +26,17 @@ def customization(bb, eta: float | None, target_p: float | None, noise_seed: int
 
 
 def privatize_with_bar(custom, rows, *, measure: bool = True):
-    """``custom.privatize`` with a progress bar on stderr (its report in ``custom.privacy``)."""
-    from rapt.progress import progress_bar
+    """``custom.privatize`` with a progress bar on stderr, then (``measure``) its privacy
+    report in ``custom.privacy`` with a clock: the nearest-neighbour inversion over every
+    token takes a while of its own."""
+    from rapt.progress import progress_bar, timed
 
     with progress_bar(total=len(rows), desc="privatize", unit="row") as bar:
-        return custom.privatize(rows, measure=measure, progress=bar.update)
+        out = custom.privatize(rows, measure=False, progress=bar.update)
+    if measure and custom.privatizer is not None:
+        with timed("measure: P and nearest-neighbour inversion of what was privatized"):
+            custom.measure(rows, out)
+    return out
 
 
 def load_channel(path: Path, bb):
