@@ -22,7 +22,7 @@ MAX_FUNCTION_LINES = 80
 LAYERS: list[tuple[str, ...]] = [
     ("rapt.config", "rapt.guarantee", "rapt.noise", "rapt.stats", "rapt.data", "rapt.models",
      "rapt.dp", "rapt.padding", "rapt.http", "rapt.predictions", "rapt.progress",
-     "rapt.precision"),
+     "rapt.precision", "rapt.numfmt"),
     ("rapt.privacy", "rapt.artifacts", "rapt.pate", "rapt.training", "rapt.local"),
     ("rapt.tuning",),
     ("rapt.channel", "rapt.attacks", "rapt.split"),

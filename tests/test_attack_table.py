@@ -223,9 +223,9 @@ def test_privatize_prints_the_table_line_and_takes_target_ep(cli_setup, tmp_path
     r = runner.invoke(app, [*args, "--eta", "50", "--json-report"])
     assert r.exit_code == 0, r.output
     line = next(ln for ln in r.output.splitlines() if ln.startswith("best attacker we ran"))
-    assert line.startswith("best attacker we ran at η = 50: nearest neighbour recovers 35.0% of "
+    assert line.startswith("best attacker we ran at η = 50.00: nearest neighbour recovers 35.0% of "
                            "the tokens") and line.endswith("(shipped table, public text, P "
-                                                           "there 0.65)")
+                                                           "there 0.650)")
     # which attacker, and what the number is: an upper bound, not a measurement of privacy
     assert ("empirical privacy 0.650 = 1 − the best recovery of the attackers we ran (an upper "
             "bound on privacy), set by nearest neighbour") in line
@@ -254,5 +254,5 @@ def test_tune_takes_target_ep_and_prints_the_line(cli_setup, tmp_path, monkeypat
     eta = eta_for_target_ep(str(folder), 0.4, _table(str(folder)))
     meta = json.loads((tmp_path / "art" / "config.json").read_text())["meta"]
     assert meta["eta"] == pytest.approx(eta)
-    assert f"best attacker we ran at η = {eta:.4g}: " in r.output
+    assert f"best attacker we ran at η = {eta:.2f}: " in r.output
     assert "(shipped table, public text" in r.output

@@ -179,7 +179,7 @@ def test_predict_accuracy_uses_the_prompts_label_names(env, tmp_path):
         gold = [line.split(",")[1] for line in env[name].read_text().splitlines()[1:]]
         pred = [json.loads(line)["label"] for line in preds.read_text().splitlines()]
         acc = sum(a == b for a, b in zip(pred, gold, strict=True)) / len(gold)
-        assert f"accuracy {acc:.4f}" in r.output, (name, pred, gold, r.output)
+        assert f"accuracy {100 * acc:.1f} %" in r.output, (name, pred, gold, r.output)
 
 
 def test_predict_unlabelled_file_prints_label_names(env, tmp_path):
@@ -237,7 +237,7 @@ def test_tune_one_based_label_ids_with_label_names(env, tmp_path):
     gold = ["pos", "neg", "pos", "neg"]
     pred = [json.loads(line)["label"] for line in preds.read_text().splitlines()]
     acc = sum(a == b for a, b in zip(pred, gold, strict=True)) / 4
-    assert f"accuracy {acc:.4f}" in r.output, (pred, r.output)
+    assert f"accuracy {100 * acc:.1f} %" in r.output, (pred, r.output)
 
 
 def test_predict_prints_a_summary_and_the_first_rows_or_writes_csv(env, tmp_path):

@@ -520,10 +520,10 @@ def test_cli_client_flow_prints_like_the_other_commands(tmp_path, monkeypatch):
         err = r.stderr
         assert "Loading weights" not in err and "WARNING" not in err
         assert err.count(f"warning: weak privacy on this {what}: ") == 1
-        assert err.index("rows privatized; privacy: η = 1e+06") < err.index("warning: weak")
+        assert err.index("rows privatized; privacy: η = 1000000.00") < err.index("warning: weak")
     out = tune.output
     assert "method: lora (default; --method" in out
-    assert "privacy: η = 1e+06 (declared with dataset" in out
+    assert "privacy: η = 1000000.00 (declared with dataset" in out
     assert out.index("method:") < out.index("head: ") < out.index('"state": "succeeded"')
 
 

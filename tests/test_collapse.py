@@ -18,7 +18,7 @@ def test_near_constant_and_majority_rate():
     msgs = collapse_warnings(pred, gold, names)
     assert len(msgs) == 2
     assert "'neu' for 399 of 400 rows (99.8%)" in msgs[0]
-    assert "accuracy 0.600" in msgs[1] and "majority rate 0.600" in msgs[1]
+    assert "accuracy 60.0 %" in msgs[1] and "majority rate 60.0 % ± 4.8 points" in msgs[1]
     # a model that learnt: varied predictions, accuracy well above the majority rate
     good = gold[:340] + [2] * 60
     assert collapse_warnings(good, gold, names) == []
@@ -27,7 +27,7 @@ def test_near_constant_and_majority_rate():
         return [g if i < k else (g + 1) % 3 for i, g in enumerate(gold)]
 
     inside = collapse_warnings(right_on(252), gold, names)  # 0.630 vs 0.600 ± 0.048
-    assert len(inside) == 1 and "accuracy 0.630 is within the 95% CI" in inside[0]
+    assert len(inside) == 1 and "accuracy 63.0 % is within the 95% CI" in inside[0]
     assert collapse_warnings(right_on(268), gold, names) == []  # 0.670: outside
     assert collapse_warnings(right_on(252), gold, names, level=0.5) == []  # ± 0.017
     # no gold labels: only the near-constant check; tiny inputs are not judged constant
@@ -56,7 +56,7 @@ def test_tune_warns_after_training_when_the_model_collapsed(tiny):
     assert r.exit_code == 0, r.output
     assert "warning: after training (predictions on 20 training rows): predictions are " \
            "near-constant: 'pos' for 20 of 20 rows" in r.stderr
-    assert "within the 95% CI of the majority rate 0.950" in r.stderr
+    assert "within the 95% CI of the majority rate 95.0 %" in r.stderr
     assert "what to try: more epochs (--epochs)" in r.stderr
     # the advice fits this run: LoRA (the default) on clear text
     advice = r.stderr[r.stderr.index("what to try:"):].splitlines()[0]
@@ -71,7 +71,7 @@ def test_tune_warns_after_training_when_the_model_collapsed(tiny):
     r = CliRunner().invoke(app, ["predict", str(tmp / "a"), str(sep)])
     assert r.exit_code == 0, r.output
     assert "warning: these predictions: predictions are near-constant" in r.stderr
-    assert "accuracy 0.500 is within the 95% CI" in r.stderr
+    assert "accuracy 50.0 % is within the 95% CI" in r.stderr
 
 
 def test_service_jobs_check_their_training_rows_and_the_client_says_so(tiny, tmp_path,

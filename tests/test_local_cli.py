@@ -45,7 +45,8 @@ def test_tune_holds_out_a_slice_and_saves_the_local_model_beside_out(tuned):
     _, _, _, out, r = tuned
     assert "holding out 24 of 120 rows" in r.stderr
     assert _meta(out)["n_examples"] == 96  # the prompt never saw the held-out rows
-    assert "3-fold CV accuracy" in r.stdout and "on 120 rows" in r.stdout
+    assert "fitted on all 120 rows in " in r.stdout and "by 3-fold cross-validation on them" \
+        in r.stdout
     assert "s on this machine's CPU" in r.stdout  # the local model's time, once
     assert r.stdout.count("machine's CPU") == 1
     assert "held out (24 rows the prompt never trained on, privatized as queries)" in r.stdout
@@ -62,6 +63,37 @@ def test_tune_holds_out_a_slice_and_saves_the_local_model_beside_out(tuned):
     assert doc["fusion"]["mode"] == "local" and doc["fusion"]["accuracy"]["local"] == 1.0
     shared = json.dumps(_meta(out))  # nothing of it in the folder one shares
     assert not any(k in shared for k in ("fusion", "vocabulary", "cv_accuracy", "NOT-PRIVATE"))
+
+
+def test_tune_shows_a_bar_for_the_held_out_slice_and_a_clock_for_the_local_fit(tuned):
+    """Issue 51 item 4: after "saved the ...-tuned model" the slice was privatized and scored,
+    and the local model fitted, without a line (67-69 s on AG News); the collapse check on the
+    training rows too."""
+    r = tuned[-1]
+    err = r.stderr
+    assert "check: the model on its training rows: 100% (96/96 rows)" in err
+    assert err.index("privatize: done in") < err.index("measure: P and nearest-neighbour "
+                                                       "inversion of what was privatized: done")
+    assert "held-out rows: privatize, then score: 100% (48/48 rows)" in err
+    assert err.index("held-out rows: privatize, then score: done in") \
+        < err.index("local model: fitting on your clean rows: ...") \
+        < err.index("local model: fitting on your clean rows: done in")
+    out = r.output  # stdout and stderr as a terminal shows them
+    assert out.index("saved the prompt-tuned model") < out.index("held-out rows: privatize")
+
+
+def test_tune_prints_accuracies_in_percent_each_with_its_rows(tuned):
+    """Issue 51 item 6: "3-fold CV accuracy 0.8460 on 2000 rows" and "accuracy remote 0.8000,
+    local 0.8600" beside a verdict in percent, the held-out local score from a model fitted
+    without the slice, unsaid."""
+    import re
+
+    out = tuned[-1].stdout
+    assert re.search(r"fitted on all 120 rows in \d+\.\d s on this machine's CPU; "
+                     r"\d+\.\d % by 3-fold cross-validation on them", out), out
+    assert re.search(r"accuracy remote \d+\.\d %, local \d+\.\d % \(fitted without these "
+                     r"rows\), fused \d+\.\d %", out), out
+    assert not re.search(r"\b0\.\d{3,4}\b", out.split("local model (")[1]), out
 
 
 def test_tune_no_local_is_as_before(tuned):
@@ -133,6 +165,8 @@ def test_predict_does_what_the_tunes_verdict_chose(tuned, tmp_path, monkeypatch)
 def test_predict_fused_fuses_the_local_model(tuned):
     tmp, _, data, out, _ = tuned
     r, rep = _predict(out, data, "--fused", "--out", str(tmp / "p.jsonl"))
+    # the prompt's pass over the privatized queries has its bar
+    assert "classify: 100% (16/16 rows)" in r.stderr
     assert {"artifact", "examples", "accuracy", "eta", "privacy"} <= set(rep)
     assert rep["mode"] == "fused" and rep["privacy"]["eta"] == 20.0
     assert {"accuracy_remote", "accuracy_local", "accuracy_fused"} <= set(rep)

@@ -96,7 +96,7 @@ def test_sources_are_written_beside_the_prediction_and_scored():
     assert head == ("row,text,label,gold,p(neg),p(pos),p_remote(neg),p_remote(pos),"
                     "p_local(neg),p_local(pos),p_fused(neg),p_fused(pos)")
     assert first == "0,a,pos,pos,0.2,0.8,0.6,0.4,0.1,0.9,0.2,0.8"
-    assert "accuracy by model: remote 0.6667, local 1.0000, fused 1.0000" in p.report_lines()
+    assert "accuracy by model: remote 66.7 %, local 100.0 %, fused 100.0 %" in p.report_lines()
     plain = Predictions(["neg", "pos"], fused, gold=[1, 1, 0])
     assert not any("by model" in line for line in plain.report_lines())
     with pytest.raises(ValueError, match=r"sources\['local'\]: not 3 rows of 2"):

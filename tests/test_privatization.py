@@ -387,7 +387,7 @@ def test_cli_privatize_keeps_format(tiny_backbone_dir, tmp_path, name, content, 
     assert r.exit_code == 0, r.output
     out = dst.read_text()
     assert check(out), out
-    assert "the movie" in out and "P (replaced tokens) = 0.0000" in r.output  # η = 1e6: no change
+    assert "the movie" in out and "P (replaced tokens) = 0.000" in r.output  # η = 1e6: no change
 
 
 def test_cli_tune_noise_is_unseeded_by_default(tiny_backbone_dir, tmp_path):

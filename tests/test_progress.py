@@ -29,8 +29,8 @@ def test_a_file_gets_a_line_every_tenth_and_no_carriage_returns():
     bar.close()
     lines = out.getvalue().splitlines()
     assert "\r" not in out.getvalue()
-    assert len(lines) == 11 and lines[0].startswith("tune: 10% (20/200 step)")
-    assert lines[9].startswith("tune: 100% (200/200 step)") and "loss=0.5" in lines[9]
+    assert len(lines) == 11 and lines[0].startswith("tune: 10% (20/200 steps)")
+    assert lines[9].startswith("tune: 100% (200/200 steps)") and "loss=0.5" in lines[9]
     assert lines[10].startswith("tune: done in ")
     # an interrupted run says where it stopped; iteration works as tqdm's does
     out = io.StringIO()
@@ -49,6 +49,67 @@ def test_a_terminal_gets_tqdm():
     bar = progress_bar(total=3, file=_Tty())
     assert isinstance(bar, tqdm)
     bar.close()
+
+
+class _Clock:
+    """rapt.progress's ``time`` with a clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def test_the_rate_leaves_out_a_slow_first_step_and_says_the_time_left(monkeypatch):
+    """Issue 51 item 5: a bar whose first step took a minute (loading, warm-up) and the others
+    a second each. Before: "0.0328 step/s" at 20 % (the first step in every rate), no time
+    left; now the rate from the first update on, and the time it implies."""
+    import rapt.progress
+
+    clock = _Clock()
+    monkeypatch.setattr(rapt.progress, "time", clock)
+    out = io.StringIO()
+    bar = progress_bar(total=10, desc="fit", unit="step", file=out)
+    clock.now = 60.0
+    bar.update(1)
+    for _ in range(9):
+        clock.now += 1.0
+        bar.update(1)
+    bar.close()
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "fit: 10% (1/10 steps), 0.0167 step/s, 9.0 min left"
+    assert lines[1] == "fit: 20% (2/10 steps), 1 step/s, 8.0 s left"
+    assert lines[9] == "fit: 100% (10/10 steps), 1 step/s" and lines[10] == "fit: done in 69.0 s"
+
+
+def test_units_are_counted_in_the_plural():
+    """Issue 51 item 9: "(256/1,600 row)" was printed."""
+    out = io.StringIO()
+    with progress_bar(total=1600, desc="privatize", unit="row", file=out) as bar:
+        bar.update(256)
+    assert out.getvalue().startswith("privatize: 16% (256/1,600 rows), ")
+    from rapt.numfmt import count
+
+    assert (count(1, "row"), count(2, "token"), count(3, "it")) == ("1 row", "2 tokens", "3 it")
+
+
+def test_timed_shows_the_clock_of_a_step_without_a_count():
+    """Issue 51 item 4: a scikit-learn fit reports no count; its step still shows a clock,
+    in a log one line as it starts and one with its time, on a terminal a ticking tqdm line."""
+    from rapt.progress import timed
+
+    out = io.StringIO()
+    with timed("local model", file=out):
+        pass
+    assert out.getvalue().splitlines()[0] == "local model: ..."
+    assert out.getvalue().splitlines()[1].startswith("local model: done in ")
+    tty = _Tty()
+    with timed("local model", file=tty, refresh_s=0.01):
+        import time
+
+        time.sleep(0.05)
+    assert "local model: 00:00" in tty.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +159,7 @@ def test_demo_with_one_seed_prints_no_interval():
     assert "±" not in one and "95 % CI" not in one and "1 seed, no CI" in one
     assert "1 seed: no CI" in one
     three = format_table(_result(3))
-    assert "mean ± 95 % CI" in three and "0.810 ± 0.020" in three and "(95 % CI, 3 paired" in three
+    assert "mean ± 95 % CI" in three and "81.0 % ± 2.0" in three and "(95 % CI, 3 paired" in three
 
 
 def test_demo_plot_puts_l_rec_on_its_own_axis():

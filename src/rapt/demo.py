@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from rapt import numfmt
 from rapt.config import (
     DEFAULT_PLAIN_TOKENS,
     DEFAULT_PRIVATIZER_MODE,
@@ -236,8 +237,8 @@ def run_demo(config: DemoConfig, log: Callable[[str], None] = print,
                                       noise_seed=config.noise_seed,
                                       privatizer_mode=config.privatizer_mode)
     if config.eta is None:  # the calibration every command uses
-        log(f"η = {custom.eta:.3g} (calibrated for P ≈ {config.target_p} on the public text "
-            "sample)")
+        log(f"η = {numfmt.eta(custom.eta)} (calibrated for P ≈ {config.target_p} on the public "
+            "text sample)")
     result = DemoResult(config=asdict(config), eta=float(custom.eta), p=0.0,
                         inversion_privacy=0.0, seeded=custom.privatizer.seeded,
                         text_length=n_text, rows_whole=whole, target_p=custom.target_p)
@@ -346,9 +347,10 @@ def _run_seed(custom, config: DemoConfig, data, n_text: int, base: TuneConfig, s
             result.inversion_success = float(
                 with_k.measure(k_test, priv_k_test)["inversion_success"])
         result.inversion_privacy = 1.0 - result.inversion_success
-        log(f"privatized with η = {result.eta:.3g}: measured P = {tally.ps[0]:.3f} (training "
-            f"rows); nearest-neighbour inversion recovers {result.inversion_success:.1%} of the "
-            f"test queries' tokens (empirical privacy {result.inversion_privacy:.3f})")
+        log(f"privatized with η = {numfmt.eta(result.eta)}: measured P = "
+            f"{numfmt.p(tally.ps[0])} (training rows); nearest-neighbour inversion recovers "
+            f"{result.inversion_success:.1%} of the test queries' tokens (empirical privacy "
+            f"{result.inversion_privacy:.3f})")
         log(table_line(custom.backbone.name, result.eta))
     if first and channel is not None and channel.attacker is not None:
         with tally.stages.time("channel attack"):
@@ -376,7 +378,8 @@ def _run_seed(custom, config: DemoConfig, data, n_text: int, base: TuneConfig, s
         tally.acc[name].append(a)
         _record(tally.info[name], tuned, time.perf_counter() - t, first, rec)
         result.head = tuned.meta["head"]
-        log(f"seed {seed}: {name:16s} accuracy {a:.3f}  ({time.perf_counter() - t:.0f} s)")
+        log(f"seed {seed}: {name:16s} accuracy {numfmt.pct(a)}  "
+            f"({time.perf_counter() - t:.0f} s)")
     _user_side(train, test, remote, seed, tally, log)
 
 
@@ -397,7 +400,7 @@ def _user_side(train, test, remote, seed: int, tally: _Tally,
         fused = cross_fitted_fusion(remote, local, y, seed)
     for name, p in ((LOCAL_SETTING, local), (FUSED_SETTING, fused)):
         tally.acc[name].append(_accuracy(p.argmax(-1).tolist(), test.labels))
-        log(f"seed {seed}: {name} accuracy {tally.acc[name][-1]:.3f}  "
+        log(f"seed {seed}: {name} accuracy {numfmt.pct(tally.acc[name][-1])}  "
             f"({time.perf_counter() - t:.1f} s)")
 
 
@@ -497,21 +500,21 @@ def channel_verdict_line(won: dict, target_p: float | None, p: float,
 def format_table(result: DemoResult) -> str:
     """A small Markdown table of the demo's numbers, then the verdict line."""
     one = all(len(r["accuracies"]) < 2 for r in result.rows)  # one seed: no interval
-    lines = ["| setting | accuracy (" + ("1 seed, no CI" if one else "mean ± 95 % CI")
+    lines = ["| setting | accuracy (" + ("1 seed, no CI" if one else "mean ± 95 % CI, points")
              + ") | per seed | P | inversion empirical privacy |", "|---|---|---|---|---|"]
     for r in result.rows:
         private = r["setting"] != "no privacy"
-        seeds = ", ".join(f"{a:.3f}" for a in r["accuracies"])
-        acc = f"{r['accuracy']:.3f}" + ("" if one else f" ± {r['ci95']:.3f}")
+        seeds = ", ".join(numfmt.pct(a) for a in r["accuracies"])
+        acc = numfmt.pct(r["accuracy"]) + ("" if one else f" ± {numfmt.points(r['ci95'])}")
         lines.append(f"| {r['setting']} | {acc} | {seeds} | "
                      + ("nothing sent | - |" if r["setting"] == LOCAL_SETTING else
-                        f"{result.p:.3f} | {result.inversion_privacy:.3f} |" if private
+                        f"{numfmt.p(result.p)} | {result.inversion_privacy:.3f} |" if private
                         else "0 | 0 |"))
     c = result.config
     steps = next((r.get("steps", 0) for r in result.rows if r["setting"] == "+privatization"), 0)
     lines += ["", f"{c['method']} tuning of {c['backbone']} (head: {result.head}) on "
               f"{c['train_size']} {c['dataset']} sentences, {steps} steps per run, "
-              f"η = {result.eta:.3g}, {c['plain_len']} plain tokens, rows cut at "
+              f"η = {numfmt.eta(result.eta)}, {c['plain_len']} plain tokens, rows cut at "
               f"{result.text_length} tokens with specials ({result.rows_whole:.0%} whole), "
               f"{c['seeds']} paired seeds; {result.seconds:.0f} s in all. Head only = the "
               "prefix kept at its init (only a trainable head, if any, trains).",
@@ -587,7 +590,7 @@ def make_plot(result: DemoResult):
         ax1.text(j, min(1.0, means[j] + r["ci95"] + 0.02), f"{means[j]:.3f}", ha="center")
     ax1.set_ylim(0, 1.05)
     ax1.set_ylabel("test accuracy (privatized queries; local: clean)")
-    ax1.set_title(f"η = {result.eta:.3g}, P = {result.p:.2f}, "
+    ax1.set_title(f"η = {numfmt.eta(result.eta)}, P = {numfmt.p(result.p)}, "
                   f"inversion privacy = {result.inversion_privacy:.2f}", fontsize=10)
     plt.setp(ax1.get_xticklabels(), rotation=20, ha="right", fontsize=7)
     _loss_panel(ax2, result.rows)

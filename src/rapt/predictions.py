@@ -202,13 +202,15 @@ class Predictions:
         lines = [self.summary()]
         if show_rows:
             lines += self.first_rows()
+        from rapt import numfmt
+
         acc = self.accuracy()
         if acc is not None:
-            lines.append(f"accuracy {acc:.4f} on {len(self)} examples"
-                         + (f" (queries privatized with η = {eta:.4g})" if eta else ""))
+            lines.append(f"accuracy {numfmt.pct(acc)} on {len(self)} examples"
+                         + (f" (queries privatized with η = {numfmt.eta(eta)})" if eta else ""))
             if self.sources:
                 lines.append("accuracy by model: " + ", ".join(
-                    f"{s} {self.accuracy(s):.4f}" for s in self.sources))
+                    f"{s} {numfmt.pct(self.accuracy(s))}" for s in self.sources))
             lines += self.confusion_table()
         return lines
 

@@ -3,7 +3,9 @@
 On a terminal it is tqdm's. Written to a file or a pipe, tqdm's carriage-return redraws flood
 the log with one "line" per refresh; there :class:`LineProgress` prints one plain line each
 time another ``every`` share of the total is done (10 % by default; every ``every_s`` seconds
-when the total is unknown) and one at the end.
+when the total is unknown) and one at the end. Both show the rate and the time left; a step
+with no count of its own (a scikit-learn fit) gets :func:`timed`, a bar that only shows its
+clock.
 
     with progress_bar(total=len(rows), desc="privatize", unit="row") as bar:
         for chunk in chunks:
@@ -14,11 +16,15 @@ when the total is unknown) and one at the end.
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any, TextIO
 
-__all__ = ["LineProgress", "is_terminal", "progress_bar", "quiet_library_bars"]
+from rapt.numfmt import count, seconds
+
+__all__ = ["LineProgress", "is_terminal", "progress_bar", "quiet_library_bars", "timed"]
 
 
 def is_terminal(stream: Any) -> bool:
@@ -80,11 +86,16 @@ class LineProgress:
         self.t_run = self._last_t = time.monotonic()
         self.t0 = self.t_run - elapsed  # the job's start, earlier runs included
         self._last_step = 0  # how many ``every`` shares were already reported
+        # (time, count) at the first update: the rate is measured from there on, since a
+        # first step that loads or warms up would otherwise set the rate of every line
+        self._first: tuple[float, float] | None = None
         self.closed = False
 
     # -- tqdm's interface -----------------------------------------------------------------------
     def update(self, n: float = 1) -> None:
         self.n += n
+        if self._first is None:
+            self._first = (time.monotonic(), self.n)
         self.refresh()
 
     def set_postfix(self, ordered_dict: dict | None = None, refresh: bool = True,
@@ -115,7 +126,7 @@ class LineProgress:
         if not (complete and self._last_step > 0):  # the final state is not printed yet
             self._line()
         word = "done" if complete or self.total is None else "ended"
-        self.file.write(f"{self._head()}{word} in {time.monotonic() - self.t0:.1f} s\n")
+        self.file.write(f"{self._head()}{word} in {seconds(time.monotonic() - self.t0)}\n")
         self.file.flush()
 
     def __iter__(self) -> Iterator:
@@ -134,13 +145,62 @@ class LineProgress:
     def _head(self) -> str:
         return f"{self.desc}: " if self.desc else ""
 
+    def rate(self) -> float | None:
+        """Units per second since the first update (None before two updates' worth of
+        time): a slow first step (loading, warm-up) does not set the rate of the rest."""
+        now = time.monotonic()
+        if self._first is not None and self.n > self._first[1] and now > self._first[0]:
+            return (self.n - self._first[1]) / (now - self._first[0])
+        done = self.n - self.initial
+        return done / (now - self.t_run) if done > 0 and now > self.t_run else None
+
     def _line(self) -> None:
-        n = f"{self.n:,.0f}" if float(self.n).is_integer() else f"{self.n:,.2f}"
         if self.total:
-            what = f"{100 * self.n / self.total:.0f}% ({n}/{self.total:,.0f} {self.unit})"
+            n = f"{self.n:,.0f}" if float(self.n).is_integer() else f"{self.n:,.2f}"
+            what = f"{100 * self.n / self.total:.0f}% ({n}/{count(self.total, self.unit)})"
         else:
-            what = f"{n} {self.unit}"
-        rate = (self.n - self.initial) / max(1e-9, time.monotonic() - self.t_run)
+            what = count(self.n, self.unit)
+        rate = self.rate()
+        speed = "" if rate is None else f", {rate:.3g} {self.unit}/s"
+        if rate and self.total and self.n < self.total:
+            speed += f", {seconds((self.total - self.n) / rate)} left"
         tail = f" {self.postfix}" if self.postfix else ""
-        self.file.write(f"{self._head()}{what}, {rate:.3g} {self.unit}/s{tail}\n")
+        self.file.write(f"{self._head()}{what}{speed}{tail}\n")
         self.file.flush()
+
+
+@contextmanager
+def timed(desc: str, *, file: TextIO | None = None, refresh_s: float = 1.0) -> Iterator[None]:
+    """A step that reports no count of its own (a scikit-learn fit) with its clock: on a
+    terminal a tqdm line whose elapsed time ticks every ``refresh_s`` seconds, in a log one
+    line when it starts and one with the time it took."""
+    file = sys.stderr if file is None else file
+    if not is_terminal(file):
+        t0 = time.monotonic()
+        file.write(f"{desc}: ...\n")
+        file.flush()
+        try:
+            yield
+        finally:
+            file.write(f"{desc}: done in {seconds(time.monotonic() - t0)}\n")
+            file.flush()
+        return
+    from tqdm import tqdm
+
+    bar = tqdm(total=None, desc=desc, file=file, bar_format="{desc}: {elapsed}")
+    stop = threading.Event()
+
+    def tick() -> None:
+        while not stop.wait(refresh_s):
+            bar.refresh()
+
+    ticker = threading.Thread(target=tick, daemon=True)
+    ticker.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        ticker.join()
+        bar.close()
+
+

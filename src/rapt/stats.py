@@ -170,7 +170,10 @@ def collapse_warnings(pred: Sequence[int], gold: Sequence[int | None] | None,
         acc = sum(int(int(p) == int(g)) for p, g in zip(pred, gold, strict=True)) / n
         half = majority_half_width(m, n, level)
         if acc <= m + half:
-            out.append(f"accuracy {acc:.3f} is within the {level:.0%} CI of the majority rate "
-                       f"{m:.3f} ± {half:.3f} (always answering '{names[major]}', {n} rows): "
+            from rapt.numfmt import pct, points
+
+            out.append(f"accuracy {pct(acc)} is within the {level:.0%} CI of the majority rate "
+                       f"{pct(m)} ± {points(half)} points (always answering '{names[major]}', "
+                       f"{n} rows): "
                        "no better than guessing the majority class")
     return out

@@ -232,8 +232,10 @@ def eta_for_target_ep(backbone: str, target_ep: float, *, err: bool = True) -> f
         eta = from_table(backbone, target_ep)
     except AttackTableError as e:
         fail(f"--target-ep {target_ep:g}: {e}")
-    typer.echo(f"η = {eta:.4g} for empirical privacy ≥ {target_ep:g} ({EP_MEANING}, by rapt's "
-               "attack table: shipped table, public text)", err=err)
+    from rapt.numfmt import eta as eta_text
+
+    typer.echo(f"η = {eta_text(eta)} for empirical privacy ≥ {target_ep:g} ({EP_MEANING}, by "
+               "rapt's attack table: shipped table, public text)", err=err)
     return eta
 
 

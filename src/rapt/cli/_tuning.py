@@ -26,11 +26,17 @@ def customization(bb, eta: float | None, target_p: float | None, noise_seed: int
 
 
 def privatize_with_bar(custom, rows, *, measure: bool = True):
-    """``custom.privatize`` with a progress bar on stderr (its report in ``custom.privacy``)."""
-    from rapt.progress import progress_bar
+    """``custom.privatize`` with a progress bar on stderr, then (``measure``) its privacy
+    report in ``custom.privacy`` with a clock: the nearest-neighbour inversion over every
+    token takes a while of its own."""
+    from rapt.progress import progress_bar, timed
 
     with progress_bar(total=len(rows), desc="privatize", unit="row") as bar:
-        return custom.privatize(rows, measure=measure, progress=bar.update)
+        out = custom.privatize(rows, measure=False, progress=bar.update)
+    if measure and custom.privatizer is not None:
+        with timed("measure: P and nearest-neighbour inversion of what was privatized"):
+            custom.measure(rows, out)
+    return out
 
 
 def load_channel(path: Path, bb):
@@ -61,6 +67,8 @@ def echo_channel(privacy: dict | None, *, err: bool = False) -> None:
 def loss_postfix(r: dict) -> dict:
     """A step's losses for a bar: with reconstruction the task loss and L_rec apart (L_rec is
     summed over the m plain positions, ~100x the task loss), else the loss."""
+    from rapt.numfmt import loss
+
     if r.get("rec_loss") is not None:
-        return {"task": f"{r.get('task_loss', r['loss']):.3f}", "L_rec": f"{r['rec_loss']:.1f}"}
-    return {"loss": f"{r['loss']:.3f}"}
+        return {"task": loss(r.get("task_loss", r["loss"])), "L_rec": loss(r["rec_loss"])}
+    return {"loss": loss(r["loss"])}

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import typer
 
+from rapt import numfmt
 from rapt.cli._app import TARGET_P_HELP, app, check_eta_options, fail, load_backbone_or_fail
 from rapt.config import eta_problem
 
@@ -269,6 +270,7 @@ def _train(o: AdaptOptions, bb, priv, etas: list[float], rows, prov: dict):
     """Privatize the training rows at each η (--repeats times) and train the channel model
     with a step bar, stopping at --budget-min. -> (model, provenance of the channel data)."""
     from rapt.channel.corpus import privatize_channel
+    from rapt.numfmt import loss
     from rapt.progress import progress_bar
 
     fit, cfg, second = _fitter(o)
@@ -290,7 +292,7 @@ def _train(o: AdaptOptions, bb, priv, etas: list[float], rows, prov: dict):
 
     def progress(r: dict) -> None:
         bar.total = r["total_steps"]
-        bar.set_postfix({"loss": f"{r['loss']:.3f}", second: f"{r.get(second, 0):.3f}"})
+        bar.set_postfix({"loss": loss(r["loss"]), second: loss(r.get(second, 0))})
         bar.update(1)
 
     try:
@@ -359,7 +361,7 @@ def _echo_adapter_results(results: list, held: list) -> None:
                "and the distillation loss (lower: closer to clean):")
     for r in results:
         raw, ad = r["raw"], r["adapted"]
-        typer.echo(f"  η = {r['eta']:.4g}  P = {r['p']:.3f}: raw backbone cos "
+        typer.echo(f"  η = {numfmt.eta(r['eta'])}  P = {numfmt.p(r['p'])}: raw backbone cos "
                    f"{raw['pooled_cos']:.3f}, loss {raw['loss']:.4f}; adapted cos "
                    f"{ad['pooled_cos']:.3f}, loss {ad['loss']:.4f}")
     typer.echo("the adapter reads the release as released: post-processing, so the formal "
@@ -367,7 +369,7 @@ def _echo_adapter_results(results: list, held: list) -> None:
                "`rapt attack reconstruct` and the shipped table report are unchanged by it")
     worse = [r["eta"] for r in results if r["adapted"]["loss"] >= r["raw"]["loss"]]
     if worse:
-        typer.echo(f"warning: at η = {', '.join(f'{e:.4g}' for e in worse)} the adapter reads "
+        typer.echo(f"warning: at η = {', '.join(numfmt.eta(e) for e in worse)} the adapter reads "
                    "privatized text no closer to clean than the raw backbone: it is "
                    "undertrained; train on more rows or for longer (--epochs, --budget-min)",
                    err=True)
@@ -376,7 +378,8 @@ def _echo_adapter_results(results: list, held: list) -> None:
 def _echo_results(results: list, held: list) -> None:
     typer.echo(f"recovery on {len(held):,} held-out public texts (never trained on):")
     for r in results:
-        typer.echo(f"  η = {r['eta']:.4g}  P = {r['p']:.3f}  ({r['n_tokens']:,} tokens)")
+        typer.echo(f"  η = {numfmt.eta(r['eta'])}  P = {numfmt.p(r['p'])}  "
+                   f"({r['n_tokens']:,} tokens)")
         for name, rec in r["recovery"].items():
             typer.echo(f"    {name:>17}: {rec['all']:.1%} of all tokens, {rec['replaced']:.1%} "
                        f"of replaced tokens")
@@ -386,7 +389,7 @@ def _echo_results(results: list, held: list) -> None:
     weak = [r["eta"] for r in results if r["recovery"]["denoiser"]["all"]
             < r["recovery"]["nearest neighbour"]["all"]]
     if weak:
-        typer.echo(f"warning: at η = {', '.join(f'{e:.4g}' for e in weak)} the channel model "
+        typer.echo(f"warning: at η = {', '.join(numfmt.eta(e) for e in weak)} the channel model "
                    "recovers fewer tokens than nearest neighbour (the release itself): it is "
                    "undertrained and, as a remedy, likely to hurt; train on more rows or for "
                    "longer (--epochs, --budget-min)", err=True)
@@ -418,5 +421,5 @@ def _corpus_names(prov: dict) -> str:
 
 def _eta_text(etas: list[float]) -> str:
     if len(etas) == 1:
-        return f"= {etas[0]:.4g}"
-    return f"band {etas[0]:.4g}..{etas[-1]:.4g} ({len(etas)} values)"
+        return f"= {numfmt.eta(etas[0])}"
+    return f"band {numfmt.eta(etas[0])}..{numfmt.eta(etas[-1])} ({len(etas)} values)"

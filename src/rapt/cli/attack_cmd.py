@@ -10,6 +10,7 @@ from pathlib import Path
 
 import typer
 
+from rapt import numfmt
 from rapt.cli._app import (
     app,
     check_eta_options,
@@ -112,7 +113,7 @@ def invert(
             p = 1.0 - res.success_rate
         rows.append({"eta": e, "target_p": tp, "p": p, **res.as_dict()})
         calibrated = f" (calibrated for P ≈ {tp:g})" if tp is not None else ""
-        typer.echo(f"eta = {e:.4g}{calibrated}  P = {p:.4f}  attack success = "
+        typer.echo(f"η = {numfmt.eta(e)}{calibrated}  P = {numfmt.p(p)}  attack success = "
                    f"{res.success_rate:.4f}  empirical privacy = {res.empirical_privacy:.4f}  "
                    f"({res.n_tokens} tokens)")
     if json_report:
@@ -224,7 +225,8 @@ def reconstruct(
     res = run(rows, bb, float(eta_v), names, public_rows=None if corpus is None else corpus.rows,
               seed=seed, mode=mode, options=opts)
     warn_if_seeded(seed)
-    typer.echo(f"eta = {res['eta']:.4g}  P = {res['p']:.4f}  ({res['n_tokens']} tokens)")
+    typer.echo(f"η = {numfmt.eta(res['eta'])}  P = {numfmt.p(res['p'])}  "
+               f"({res['n_tokens']} tokens)")
     for name, r in res["attackers"].items():
         typer.echo(f"{name:>10}: recovery {r['all']:.4f} of all tokens ({r['n_all']}), "
                    f"{r['replaced']:.4f} of replaced tokens ({r['n_replaced']})")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import typer
 
+from rapt import numfmt
 from rapt.cli._app import (
     TEXT_PAIR_OPT,
     app,
@@ -61,8 +62,10 @@ TARGET_EP_OPT = TARGET_EP
 JSON_OPT = typer.Option(False, "--json-report", help="also print one JSON line with the privacy "
                         "report (η, measured P, nearest-neighbour inversion success); it stays "
                         "on this machine")
-NOPRIV_OPT = with_help(NO_PRIVACY, "send token ids unprivatized (the default is P ≈ 0.6, or "
-                       "for predict the η recorded with the prompt's training data)")
+NOPRIV_OPT = with_help(NO_PRIVACY, "send token ids unprivatized (the default is P ≈ 0.6)")
+NOPRIV_PREDICT_OPT = with_help(NO_PRIVACY, "send the queries' token ids unprivatized (the "
+                               "default is the η recorded on the service with the prompt's "
+                               "training data, else P ≈ 0.6)")
 BB_OPT = typer.Option("minilm", "--backbone",
                       help="local copy of the service's backbone (tokenizer + embeddings)")
 PAD_OPT = typer.Option(None, "--pad-to-bucket", min=1, help="pad every row sent to a multiple "
@@ -81,6 +84,7 @@ LOCAL_OUT_OPT = typer.Option(
 def _client(url, key, backbone="minilm", eta=None, no_privacy=False, seed=None,
             min_p=DEFAULT_MIN_P,
             target_p=None, plain_tokens=DEFAULT_PLAIN_TOKENS, pad_to_bucket=None):
+    """The client of a command: bars on stderr while rows are privatized and sent."""
     from rapt.client.client import ClientError, RaptClient
 
     no_loading_bars()
@@ -88,7 +92,8 @@ def _client(url, key, backbone="minilm", eta=None, no_privacy=False, seed=None,
         with _privacy_warnings():
             return RaptClient(url, key, backbone=backbone, eta=eta, target_p=target_p,
                               no_privacy=no_privacy, seed=seed, min_p=min_p,
-                              plain_tokens=plain_tokens, pad_to_bucket=pad_to_bucket)
+                              plain_tokens=plain_tokens, pad_to_bucket=pad_to_bucket,
+                              progress=True)
     except ClientError as e:
         fail(str(e))
 
@@ -149,7 +154,20 @@ def _echo_privacy(c, json_report: bool = False) -> None:
                      min_p=r.get("min_p"), what=RELEASE_NAMES[r["what"]])
         table = asdict(strongest_at(c.backbone.name, r["eta"]))
     if json_report and r:
-        typer.echo(json.dumps({"privacy": r, "attack_table": table}))
+        _echo_json_report(c, table)
+
+
+def _echo_json_report(c, table: dict | None = None) -> None:
+    """--json-report: the privacy report of what was sent and the attack table's answer at
+    its η, one JSON line on stdout."""
+    from dataclasses import asdict
+
+    from rapt.privacy.attack_table import strongest_at
+
+    r = c.last_privacy
+    if table is None and r and not r["no_privacy"]:
+        table = asdict(strongest_at(c.backbone.name, r["eta"]))
+    typer.echo(json.dumps({"privacy": r, "attack_table": table}))
 
 
 @client_app.command("upload")
@@ -321,7 +339,7 @@ def _user_side(url, key, backbone: str | None, prompt_id: str, dataset_id: str,
     if fusion is not None:
         _echo_heldout(c)
     cv = "" if base.cv_accuracy is None else (
-        f", {base.folds}-fold cross-validation accuracy {100 * base.cv_accuracy:.1f} %")
+        f"; {numfmt.pct(base.cv_accuracy)} by {base.folds}-fold cross-validation on them")
     typer.echo(f"local model: TF-IDF + logistic regression on your {base.n_rows} clean rows, "
                f"on this machine (C = {base.C:g}{cv})", err=True)
     if fusion is not None:
@@ -329,9 +347,9 @@ def _user_side(url, key, backbone: str | None, prompt_id: str, dataset_id: str,
         den = " (denoised on this machine)" if c.prompt(prompt_id).get("output_denoiser") \
             else ""
         typer.echo(f"held-out rows ({fusion.n_rows}, never trained on): privatized model"
-                   f"{den} {100 * acc['remote']:.1f} %, local {100 * acc['local']:.1f} %, fused "
-                   f"{100 * acc['fused']:.1f} % (cross-fitted; weights: remote "
-                   f"{fusion.remote:g}, local {fusion.local:g})", err=True)
+                   f"{den} {numfmt.pct(acc['remote'])}, local {numfmt.pct(acc['local'])} (fitted "
+                   f"without these rows), fused {numfmt.pct(acc['fused'])} (cross-fitted; "
+                   f"weights: remote {fusion.remote:g}, local {fusion.local:g})", err=True)
     typer.echo(verdict(comp).replace("`rapt predict", "`rapt client predict"), err=True)
     out = local_out or c.local_model_path(prompt_id)
     paths = write_local_model(out, base, fusion)
@@ -360,8 +378,8 @@ def _echo_denoiser(c, prompt_id: str) -> None:
     """Stderr: what the prompt's output denoiser learned on public text (downloaded here)."""
     rec = (_guard(lambda: c.output_denoiser(prompt_id))[2].get("record") or {})
     typer.echo(f"output denoiser (fitted by the service on {rec.get('public_rows')} public "
-               f"sentences at η = {float(rec.get('eta') or 0):.4g}; no row of yours): held-out "
-               f"public error {float(rec.get('before') or 0):.4g} -> "
+               f"sentences at η = {numfmt.eta(float(rec.get('eta') or 0))}; no row of yours): "
+               f"held-out public error {float(rec.get('before') or 0):.4g} -> "
                f"{float(rec.get('after') or 0):.4g}; `client predict` applies it on this "
                "machine (--no-denoise: not)", err=True)
 
@@ -374,7 +392,7 @@ def _echo_job_setup(c, job: str, dataset_id: str, *, given_method: bool, dp: boo
         " under DP" if dp else "") + "; --method prompt | prefix | lora)"), err=True)
     decl = _guard(lambda: c.dataset(dataset_id)).get("privacy") or {}
     if decl.get("mechanism") == "dchi-text2text":
-        typer.echo(f"privacy: η = {decl['eta']:.4g} (declared with dataset {dataset_id} at "
+        typer.echo(f"privacy: η = {numfmt.eta(decl['eta'])} (declared with dataset {dataset_id} at "
                    "upload)", err=True)
     else:
         typer.echo(f"warning: dataset {dataset_id} was uploaded with --no-privacy: the job trains "
@@ -414,7 +432,7 @@ def client_predict(
     eta: float | None = with_help(ETA, "dχ-privacy parameter η used to privatize the queries "
                                   "locally (default: the η recorded on the service with the "
                                   "prompt's training data)"),
-    no_privacy: bool = NOPRIV_OPT, backbone: str = BB_OPT,
+    no_privacy: bool = NOPRIV_PREDICT_OPT, backbone: str = BB_OPT,
     min_p: float = MIN_P_OPT, json_report: bool = JSON_OPT,
     text_column: str | None = with_help(TEXT_COLUMN, "text column/key of a query file"),
     text_pair_column: str | None = TEXT_PAIR_OPT, pad_to_bucket: int | None = PAD_OPT,
@@ -467,9 +485,10 @@ def client_predict(
     user, mode = _user_model(c, prompt_id, local, no_local, local_only, fused)
     if mode == "local":
         pred = _local_only(c, prompt_id, src, names, user[0])
-    else:
+    else:  # the privacy of the queries is printed once they are privatized, before sending
         pred = _guard(lambda: c.predict(prompt_id, src, label_names=names,
-                                        denoise=not no_denoise))
+                                        denoise=not no_denoise,
+                                        on_privatized=lambda _: _echo_privacy(c)))
         _echo_denoised(c, prompt_id, pred, no_denoise)
     if pred.label_names is None:
         typer.echo("note: no label names recorded for this prompt on this machine (its dataset "
@@ -483,8 +502,8 @@ def client_predict(
     echo_predictions(preds, out, eta=c.eta, fixes=collapse_fixes(
         method=info.get("method"), retune=True,
         private=(info.get("privacy") or {}).get("mechanism") == "dchi-text2text"))
-    if mode != "local":
-        _echo_privacy(c, json_report)
+    if json_report and mode != "local" and c.last_privacy:
+        _echo_json_report(c)
 
 
 def _echo_denoised(c, prompt_id: str, pred, no_denoise: bool) -> None:
@@ -502,8 +521,9 @@ def _echo_denoised(c, prompt_id: str, pred, no_denoise: bool) -> None:
     fitted = (c.output_denoiser(prompt_id)[2].get("record") or {}).get("eta")
     if fitted is not None and c.eta is not None and \
             abs(float(fitted) - c.eta) > 1e-6 * max(1.0, abs(c.eta)):
-        typer.echo(f"warning: the output denoiser was fitted at η = {float(fitted):.4g}; these "
-                   f"queries are privatized at η = {c.eta:.4g}: it may correct them less well",
+        typer.echo(f"warning: the output denoiser was fitted at η = {numfmt.eta(float(fitted))}; "
+                   f"these queries are privatized at η = {numfmt.eta(c.eta)}: it may correct them "
+                   "less well",
                    err=True)
 
 

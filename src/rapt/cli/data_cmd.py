@@ -7,7 +7,7 @@ import math
 
 import typer
 
-from rapt.cli._app import app, fail, load_data_or_fail, sub_app
+from rapt.cli._app import app, fail, flag_words, load_data_or_fail, sub_app
 from rapt.cli.options import (
     FORMAT,
     LABEL_BASE,
@@ -77,11 +77,32 @@ def check(
         for label, n in r["per_label"].items():
             share = n / max(1, r["kept"])
             typer.echo(f"    {label:>24}  {n:>7}  {share:6.1%}")
+    _echo_columns(ds)
     for e in ds.examples[:show]:
         label = ds.label_names[e.label] if e.label is not None else "-"
         text = e.text if len(e.text) <= 100 else e.text[:97] + "..."
         pair = f" || {e.text_pair[:60]}" if e.text_pair else ""
         typer.echo(f"  line {e.line}: [{label}] {text}{pair}")
+
+
+def _echo_columns(ds) -> None:
+    """A table's (or JSONL's) columns as read (text, pair, label) and the others, with the
+    options that would read those that look like text or a label."""
+    from rapt.data.columns import SAMPLE_ROWS, column_kinds, proposal
+
+    r = ds.report
+    if r.get("format") not in ("csv", "tsv", "jsonl") or not r.get("text_column"):
+        return
+    text, pair, label = r["text_column"], r.get("text_pair_column"), r.get("label_source")
+    others = list(ds.examples[0].attrs) if ds.examples else []
+    read = [f"text '{text}'"] + ([f"pair '{pair}'"] if pair else []) + (
+        [f"label '{label}'"] if label else [])
+    typer.echo(f"  columns read: {', '.join(read)}"
+               + (f"; not read: {', '.join(repr(c) for c in others)}" if others else ""))
+    rows = [[e.attrs.get(c, "") for c in others] for e in ds.examples[:SAMPLE_ROWS]]
+    guess = proposal(column_kinds(others, rows), text=text, pair=pair, label=label)
+    if guess:
+        typer.echo(f"  of those not read, {flag_words(guess)}")
 
 
 @data_app.command("cti")

@@ -224,6 +224,7 @@ def _remote_probs(o: PredictOptions, tuned, ds):
 
     from rapt.pipeline import Customization
     from rapt.pipeline.user_side import denoised_proba  # (the module's: tests replace it)
+    from rapt.progress import progress_bar
 
     bb = load_backbone_or_fail(o.backbone or tuned.meta.get("backbone", "minilm"))
     eta = _query_eta(tuned.meta, o.eta, o.no_privacy, bb, o.artifact)
@@ -241,11 +242,13 @@ def _remote_probs(o: PredictOptions, tuned, ds):
         echo_channel(custom.privacy, err=True)
     out_den = for_queries(o.artifact, custom.eta, o.no_denoise)
     den = None
-    if out_den is not None:
-        den, probs = denoised_proba(custom, tuned, out_den, clean, rows, with_raw=True)
-        den = np.asarray(den.detach().float().cpu().numpy(), dtype=np.float64)
-    else:
-        probs = custom.predict_proba(rows)
+    with progress_bar(total=len(rows), desc="classify", unit="row") as bar:
+        if out_den is not None:
+            den, probs = denoised_proba(custom, tuned, out_den, clean, rows, with_raw=True)
+            den = np.asarray(den.detach().float().cpu().numpy(), dtype=np.float64)
+            bar.update(len(rows))
+        else:
+            probs = custom.predict_proba(rows, progress=bar.update)
     probs = probs.detach().float().cpu().numpy()
     return eta, custom.privacy, np.asarray(probs, dtype=np.float64), den
 
@@ -413,11 +416,12 @@ def _query_eta(meta: dict, eta: float | None, no_privacy: bool, bb,
         typer.echo(f"warning: {artifact} was tuned with --no-privacy: queries are used in clear "
                    "text too (--eta privatizes them)", err=True)
         return None
+    from rapt.numfmt import eta as fmt_eta
     from rapt.privacy.mechanism import calibrate_eta_public
     from rapt.privacy.rule import DEFAULT_TARGET_P
 
     eta = calibrate_eta_public(bb, DEFAULT_TARGET_P)
     typer.echo(f"note: {artifact} records no privacy level: queries are privatized at the "
-               f"default level, P ≈ {DEFAULT_TARGET_P:g} (η = {eta:.4g}); --no-privacy sends "
+               f"default level, P ≈ {DEFAULT_TARGET_P:g} (η = {fmt_eta(eta)}); --no-privacy sends "
                "them in clear", err=True)
     return eta

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import typer
 
+from rapt import numfmt
 from rapt.cli._app import (
     TARGET_P_HELP,
     app,
@@ -229,8 +230,8 @@ def privatize(
     target_p = privacy_level(eta, target_p, target_ep, False, clear=None, can_be_clear=False)
     eta = resolve_eta(bb, eta, target_p, target_ep)[0]
     if target_p is not None:
-        typer.echo(f"calibrated eta = {eta:.3f} for target P = {target_p} on rapt's public text "
-                   "sample (P on this input is measured below)", err=True)
+        typer.echo(f"calibrated η = {numfmt.eta(eta)} for target P = {target_p} on rapt's public "
+                   "text sample (P on this input is measured below)", err=True)
     warn_if_seeded(seed)
     priv, res, out_texts, out_pairs = _privatize_dataset(
         bb, ds, eta, seed=seed, mode=mode, chunk_size=chunk_size, all_tokens=all_tokens,
@@ -248,7 +249,7 @@ def privatize(
                                fmt=fmt_used, examples=len(ds), eta=eta, mode=mode,
                                backbone=backbone, seed=seed, threads=threads)
     typer.echo(f"privatized {len(ds)} records, {report['tokens']} tokens -> {output}")
-    typer.echo(f"eta = {eta:g}  P (replaced tokens) = {res.p:.4f}  throughput = "
+    typer.echo(f"η = {numfmt.eta(eta)}  P (replaced tokens) = {numfmt.p(res.p)}  throughput = "
                f"{report['tokens_per_s']:,.0f} tokens/s ({mode} search, {threads} threads)")
     echo_privacy(report["privacy"], backbone=backbone, min_p=min_p, what="file")
     if all_tokens or mode == "annoy":
@@ -282,7 +283,7 @@ def _privatize_dataset(bb, ds, eta: float, *, seed: int | None, mode: str, chunk
     priv = Privatizer(emb, eta, special_ids=bb.special_ids, candidate_ids=cand, mode=mode,
                       chunk_size=chunk_size, seed=seed)
     n_tok = sum(len(r) for r in tokenize_texts(all_texts, bb.tokenizer))
-    with progress_bar(total=n_tok, unit="tok", desc="privatize") as bar:
+    with progress_bar(total=n_tok, unit="token", desc="privatize") as bar:
         res = privatize_texts_detailed(all_texts, bb.tokenizer, priv, progress=bar.update,
                                        pieces=pieces)
     out_texts = res.texts[: len(texts)]

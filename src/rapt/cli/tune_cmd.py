@@ -9,6 +9,7 @@ from pathlib import Path
 
 import typer
 
+from rapt import numfmt
 from rapt.cli import tune_resume
 from rapt.cli._app import (
     app,
@@ -272,7 +273,12 @@ def _training_rows(o: TuneOptions, custom, rows, ds, cfg):
 def _warn_training_collapse(custom, rows, ds) -> None:
     """Warn when the model, on the training rows as trained on, answers one class or does no
     better than the majority class; the advice fits this run."""
-    check = custom.training_check(rows, ds.labels, ds.label_names)
+    from rapt.pipeline.customization import COLLAPSE_CHECK_ROWS
+    from rapt.progress import progress_bar
+
+    with progress_bar(total=min(len(rows), COLLAPSE_CHECK_ROWS), unit="row",
+                      desc="check: the model on its training rows") as bar:
+        check = custom.training_check(rows, ds.labels, ds.label_names, progress=bar.update)
     cfg = custom.config
     echo_collapse(check["warnings"],
                   when=f"after training (predictions on {check['rows']} training rows)",
@@ -334,8 +340,9 @@ def _warn_channel_eta(den, eta: float | None) -> None:
         return
     lo, hi = float(min(band)), float(max(band))
     if not lo / 1.25 <= eta <= hi * 1.25:
-        typer.echo(f"warning: the channel model was trained at η {lo:.4g}..{hi:.4g}; this "
-                   f"run privatizes at η = {eta:.4g}", err=True)
+        typer.echo(f"warning: the channel model was trained at η "
+                   f"{numfmt.eta(lo)}..{numfmt.eta(hi)}; this run privatizes at η = "
+                   f"{numfmt.eta(eta)}", err=True)
 
 
 

@@ -19,7 +19,7 @@ import json
 import os
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -156,11 +156,62 @@ def rows_digest(ds: Any) -> str:
 RELEASE_NAMES = {"upload": "training data", "predict": "query set"}
 
 
+class _JobBars:
+    """A job's progress as :meth:`RaptClient.wait` polls it: a bar over its training steps
+    (loss to 4 significant digits; rate and time left are the bar's, measured here), then a
+    bar of its own for each stage after training, whose steps take another time each."""
+
+    def __init__(self, job_id: str) -> None:
+        self.job_id, self.bar, self.stage = job_id, None, None
+
+    def show(self, st: dict) -> None:
+        from rapt.numfmt import loss
+
+        stage = st.get("stage") or None
+        if stage is not None:
+            name = str(stage["name"]).replace("_", " ")
+            if name != self.stage:  # training (or the stage before) is over
+                self._finish()
+                self.stage = name
+                self._open(stage["total"], stage["done"], f"job {self.job_id}: {name}")
+            self._advance(stage["done"])
+        elif self.stage is None:  # still training
+            if self.bar is None and st.get("total_steps"):
+                self._open(st["total_steps"], st.get("step") or 0, f"job {self.job_id}")
+            if self.bar is not None and st.get("loss") is not None:
+                self.bar.set_postfix(loss=loss(st["loss"]), refresh=False)
+            self._advance(st.get("step") or 0)
+        if st.get("state") == "succeeded":
+            self._finish()
+
+    def _open(self, total: int, done: int, desc: str) -> None:
+        from rapt.progress import progress_bar
+
+        # a job already under way: its bar starts where it is, its rate is this wait's
+        self.bar = progress_bar(total=total, desc=desc, unit="step", initial=done)
+
+    def _advance(self, done: int) -> None:
+        if self.bar is not None and done > self.bar.n:
+            self.bar.update(done - self.bar.n)
+
+    def _finish(self) -> None:
+        """The open bar at its end (the job went past it), closed."""
+        if self.bar is not None:
+            self._advance(self.bar.total or 0)
+            self.bar.close()
+            self.bar = None
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
 class RaptClient:
     """Talks to a rapt service; ``backbone`` is the local copy (tokenizer + embeddings) of the
     model the service hosts, used only to tokenize and privatize on this machine.
     ``pad_to_bucket`` (tokens): pad every row sent to a multiple of it (``rapt.padding``;
-    hides lengths from the traffic, not from the provider)."""
+    hides lengths from the traffic, not from the provider). ``progress``: a bar on stderr
+    while rows are privatized and while they are sent (:meth:`wait` has its own switch)."""
 
     def __init__(self, url: str | None = None, api_key: str | None = None, *,
                  backbone: Any = "minilm", remote_backbone: str | None = None,
@@ -168,7 +219,7 @@ class RaptClient:
                  no_privacy: bool = False, mode: str = DEFAULT_PRIVATIZER_MODE,
                  seed: int | None = None, plain_tokens: int | Sequence[int] = DEFAULT_PLAIN_TOKENS,
                  min_p: float = DEFAULT_MIN_P, timeout: float = 120.0,
-                 pad_to_bucket: int | None = None,
+                 pad_to_bucket: int | None = None, progress: bool = False,
                  http: httpx.Client | None = None) -> None:
         url = url or os.environ.get("RAPT_URL")
         api_key = api_key or os.environ.get("RAPT_API_KEY")
@@ -195,6 +246,8 @@ class RaptClient:
         # Rows go up padded to a multiple of this many tokens (rapt.padding): the wire shows
         # length buckets, not lengths; the provider, which must mask the padding, still does.
         self.pad_to_bucket = pad_to_bucket
+        # bars on stderr (rapt.progress) while rows are privatized and sent, as the CLI shows
+        self.progress = progress
         self.eta, self.no_privacy, self.mode, self.seed = eta, no_privacy, mode, seed
         # η given (or calibrated from target_p) by the user wins; otherwise predict uses the η
         # the service recorded with the prompt's training data.
@@ -329,13 +382,30 @@ class RaptClient:
         return layout.rows(self.backbone.tokenizer, list(texts), pairs, queries=queries)
 
     def privatize(self, rows: list[list[int]]) -> list[list[int]]:
-        """Apply the mechanism to every non-special token (identity with no_privacy)."""
+        """Apply the mechanism to every non-special token (identity with no_privacy); a bar
+        with ``progress``."""
         self._check_privacy()
         if self.no_privacy:
             warnings.warn("no_privacy=True: your text's token ids are about to be sent to the "
                           "provider unprotected", PrivacyWarning, stacklevel=3)
             return [list(r) for r in rows]
-        return self.customization.privatize(rows, measure=False)
+        with self._bar(len(rows), "privatize") as bar:
+            return self.customization.privatize(rows, measure=False,
+                                                progress=bar.update if self.progress else None)
+
+    def _timed(self, desc: str) -> Any:
+        """:func:`rapt.progress.timed` with ``progress`` (a step with its clock), else nothing."""
+        import contextlib
+
+        from rapt.progress import timed
+
+        return timed(desc) if self.progress else contextlib.nullcontext()
+
+    def _bar(self, total: int, desc: str) -> Any:
+        """A :mod:`rapt.progress` bar of ``total`` rows (a silent one without ``progress``)."""
+        from rapt.progress import progress_bar
+
+        return progress_bar(total=total, desc=desc, unit="row", disable=not self.progress)
 
     def encode(self, texts: Sequence[str], *, text_pairs: Sequence[str | None] | None = None,
                plain_ids: Sequence[int] | None = None, max_length: int = 128
@@ -504,9 +574,11 @@ class RaptClient:
             data, held = got
         held = [] if held is None else [int(i) for i in held]
         remote = self._heldout_answer(prompt_id, _subset(data, held)) if held else None
-        return fit_user_side(data.texts, data.labels, int(self.prompt(prompt_id)["num_labels"]),
-                             np.asarray(held, dtype=np.int64), remote,
-                             text_pairs=data.text_pairs, seed=seed)
+        with self._timed("local model: fitting on your clean rows"):
+            return fit_user_side(data.texts, data.labels,
+                                 int(self.prompt(prompt_id)["num_labels"]),
+                                 np.asarray(held, dtype=np.int64), remote,
+                                 text_pairs=data.text_pairs, seed=seed)
 
     def _heldout_answer(self, prompt_id: str, part: Any) -> np.ndarray:
         """The prompt's probabilities (N, C) on the held-out rows ``part``, which go out once.
@@ -659,42 +731,31 @@ class RaptClient:
 
     def wait(self, job_id: str, *, progress: bool = True, poll_s: float = 0.5,
              timeout: float | None = None) -> dict:
-        """Poll until the job ends; a bar (:mod:`rapt.progress`) shows step, loss and the
-        service's ETA."""
-        from rapt.progress import progress_bar
-
+        """Poll until the job ends; a bar (:mod:`rapt.progress`) shows its steps, loss, rate
+        and time left, then one for a stage after training (the output denoiser's fit)."""
         t0 = time.monotonic()
-        bar = None
+        bars = _JobBars(job_id) if progress else None
         try:
             while True:
                 st = self.status(job_id)
-                if progress:
-                    if bar is None and st.get("total_steps"):
-                        bar = progress_bar(total=st["total_steps"], desc=f"job {job_id}",
-                                           unit="step")
-                    if bar is not None:
-                        bar.n = st["step"]
-                        stage = st.get("stage") or {}
-                        extra = ({"stage": f"{stage['name']} {stage['done']}/{stage['total']}"}
-                                 if stage else {})
-                        bar.set_postfix(loss=st["loss"], eta_s=st["eta_s"], **extra,
-                                        refresh=False)
-                        bar.refresh()
+                if bars is not None:
+                    bars.show(st)
                 if st["state"] in ("succeeded", "failed", "cancelled"):
                     return st
                 if timeout is not None and time.monotonic() - t0 > timeout:
                     raise TimeoutError(f"job {job_id} still {st['state']} after {timeout} s")
                 time.sleep(poll_s)
         finally:
-            if bar is not None:
-                bar.close()
+            if bars is not None:
+                bars.close()
 
     def predict(self, prompt_id: str, texts: Sequence[str] | str | Path | Any, *,
                 text_pairs: Sequence[str | None] | None = None, max_length: int = 128,
                 chunk: int = 256, text_column: str | None = None,
                 text_pair_column: str | None = None,
                 label_names: Sequence[str] | None = None, denoise: bool = True,
-                released: dict | None = None) -> Prediction:
+                released: dict | None = None,
+                on_privatized: Callable[[dict], None] | None = None) -> Prediction:
         """Privatize each query here (fresh noise) and ask the service for labels. When the
         prompt has an output denoiser (and ``denoise``), the service is asked for the pooled
         states of the same privatized rows too, which are corrected here and read by the
@@ -704,7 +765,8 @@ class RaptClient:
         the client, the queries get the η recorded with the prompt's training data. Label
         names: ``label_names``, else those recorded here at upload. ``released``: {eta,
         no_privacy, rows}, the same rows as privatized and sent before, sent again as they
-        were instead of privatized afresh."""
+        were instead of privatized afresh. ``on_privatized``: called with the privacy report
+        (:attr:`last_privacy`) once the queries are privatized, before any is sent."""
         info = self.prompt(prompt_id)  # its recorded η (below) and its rows' plain tokens
         if not self._eta_chosen and not self.no_privacy:
             decl = info.get("privacy") or {}
@@ -744,21 +806,26 @@ class RaptClient:
             raise ClientError(f"prompt {prompt_id}'s output denoiser reads states of width "
                               f"{den[0].hidden}, the local backbone's are {width}: use the "
                               "service's backbone here (--backbone), or --no-denoise")
+        if on_privatized is not None:
+            on_privatized(self.last_privacy)
         sent = self._padded(rows)
         labels, probs, raw = [], [], []
-        for i in range(0, len(sent), chunk):
-            body = {"prompt_id": prompt_id, "input_ids": sent[i:i + chunk]}
-            if den is not None:  # the one field more: the states its head reads
-                body["return_pooled"] = True
-            out = self.api.call("POST", "/v1/predict", body)
-            if den is not None:
-                p = self._denoised(den, out["pooled"], clear[i:i + chunk], rows[i:i + chunk])
-                labels += p.argmax(-1).tolist()
-                probs += p.tolist()
-                raw += out["probabilities"]
-            else:
-                labels += out["labels"]
-                probs += out["probabilities"]
+        with self._bar(len(sent), f"predict (prompt {prompt_id})") as bar:
+            for i in range(0, len(sent), chunk):
+                body = {"prompt_id": prompt_id, "input_ids": sent[i:i + chunk]}
+                if den is not None:  # the one field more: the states its head reads
+                    body["return_pooled"] = True
+                out = self.api.call("POST", "/v1/predict", body)
+                if den is not None:
+                    p = self._denoised(den, out["pooled"], clear[i:i + chunk],
+                                       rows[i:i + chunk])
+                    labels += p.argmax(-1).tolist()
+                    probs += p.tolist()
+                    raw += out["probabilities"]
+                else:
+                    labels += out["labels"]
+                    probs += out["probabilities"]
+                bar.update(len(body["input_ids"]))
         return Prediction(labels, probs, names, list(texts), text_pairs, gold,
                           denoised=den is not None, remote_probabilities=raw if den else None,
                           sent=rows)

@@ -193,9 +193,12 @@ def _blank_row(row: list[str]) -> bool:
     return not row or (len(row) == 1 and not row[0].strip())
 
 
-def _table_columns(header: list[str], line: int, path: Path, spec: ReadSpec
+def _table_columns(header: list[str], line: int, path: Path, spec: ReadSpec,
+                   sample: Callable[[], list[list[str]]] = list
                    ) -> tuple[str, str | None, str | None]:
-    """(text, pair, label) columns of a table with this header; DataError when one is missing."""
+    """(text, pair, label) columns of a table with this header; DataError when one is missing
+    (the text column's names the columns that look like text or a label in ``sample()``, the
+    first data rows, and the options that would read them)."""
     dup = [h for h, n in Counter(header).items() if n > 1]
     if dup:
         raise DataError(f"duplicate column names {dup}", path=path, line=line)
@@ -207,7 +210,8 @@ def _table_columns(header: list[str], line: int, path: Path, spec: ReadSpec
     if text_col is None or text_col not in header:
         want = spec.text_column or "text' or 'sentence"
         raise DataError(f"missing column '{want}' (columns: {header}); "
-                        f"choose one with {_opt('text_column')}", path=path, line=line)
+                        + _which_columns(header, sample(), pair_col, spec.label_column),
+                        path=path, line=line)
     if pair_col == text_col:
         raise DataError(f"column '{text_col}' is both the text and the text_pair_column",
                         path=path, line=line)
@@ -215,6 +219,21 @@ def _table_columns(header: list[str], line: int, path: Path, spec: ReadSpec
     if spec.label_required and label_col is None:
         raise DataError(f"missing column 'label' (columns: {header})", path=path, line=line)
     return text_col, pair_col, label_col
+
+
+def _which_columns(header: list[str], rows: list[list[str]], pair: str | None,
+                   label: str | None) -> str:
+    """What a missing text column's error proposes: the columns that look like text or a
+    label and the options that would read them, or the options to choose from."""
+    from rapt.data.columns import column_kinds, proposal
+
+    label = label or ("label" if "label" in header else None)
+    guess = proposal(column_kinds(header, rows), pair=pair, label=label)
+    if _opt("text_column") in guess:
+        return f"{guess} (a guess from the first {len(rows)} rows)"
+    return ((f"{guess} (a guess from the first {len(rows)} rows); " if guess else "")
+            + f"choose one with {_opt('text_column')} (for sentence pairs the second with "
+            f"{_opt('text_pair_column')}; the label with {_opt('label_column')})")
 
 
 def _read_table(text: str, path: Path, spec: ReadSpec, delimiter: str
@@ -233,7 +252,14 @@ def _read_table(text: str, path: Path, spec: ReadSpec, delimiter: str
         break
     if header is None:
         raise DataError("no header row (the file is empty)", path=path, line=1)
-    text_col, pair_col, label_col = _table_columns(header, header_line, path, spec)
+    def sample() -> list[list[str]]:  # the first data rows, for an error's guess
+        from itertools import islice
+
+        from rapt.data.columns import SAMPLE_ROWS
+
+        return [row for _, row in islice(records, SAMPLE_ROWS) if not _blank_row(row)]
+
+    text_col, pair_col, label_col = _table_columns(header, header_line, path, spec, sample)
     cols = {h: i for i, h in enumerate(header)}
     used = {text_col, pair_col, label_col}
     for line, row in records:
@@ -268,8 +294,10 @@ def _check_keys(obj: dict, text_key: str | None, pair_key: str | None, spec: Rea
             raise DataError(f"missing field{given} (keys: {sorted(obj)})", path=path,
                             line=line, field=k)
     if text_key is None:
-        raise DataError(f"missing field 'text' (keys: {sorted(obj)}); "
-                        f"choose one with {_opt('text_column')}", path=path, line=line)
+        keys = sorted(obj)
+        raise DataError(f"missing field 'text' (keys: {keys}); "
+                        + _which_columns(keys, [[obj[k] for k in keys]], pair_key,
+                                         spec.label_column), path=path, line=line)
     if pair_key == text_key:
         raise DataError(f"key '{text_key}' is both the text and the text_pair_column",
                         path=path, line=line)

@@ -1,6 +1,6 @@
 """The local baseline: TF-IDF (word 1–2 grams, sublinear tf) + logistic regression, with the
 inverse regularization C chosen by stratified k-fold cross-validation, fitted on the user's clean
-rows in about a second on a laptop (no backbone, no GPU).
+rows in seconds (2.3 s for 500 SST-2 rows on 2 cores; no backbone, no GPU).
 
 scikit-learn does the work; this module only fixes the recipe, keeps all ``num_labels``
 columns when a class is missing from the rows, and turns the fitted state into plain arrays and

@@ -40,7 +40,7 @@ from rapt.config import DEFAULT_PRIVATIZER_MODE, TuneConfig
 
 COLLAPSE_CHECK_ROWS = 1000  # training rows predicted after tuning to spot a collapse
 
-PRIVATIZE_CHUNK = 256  # rows per privatize call when progress is reported
+PRIVATIZE_CHUNK = 256  # rows per privatize (or predict) call when progress is reported
 
 PlainIds = list[int] | list[list[int]]
 
@@ -336,22 +336,34 @@ class Customization:
                 "seeded": self.noise_seed is not None, "privacy": self.privacy,
                 "channel": self.channel_meta()}
 
-    def predict_proba(self, rows: Sequence[Sequence[int]]) -> Tensor:
-        """Class probabilities (N, C) of the artifact for rows in its layout."""
+    def predict_proba(self, rows: Sequence[Sequence[int]], *,
+                      progress: Callable[[int], None] | None = None) -> Tensor:
+        """Class probabilities (N, C) of the artifact for rows in its layout; ``progress(n)``
+        after each chunk of n rows (then the rows go in chunks of PRIVATIZE_CHUNK)."""
+        import torch
+
         if self.artifact is None:
             raise ValueError("Customization.artifact is not set: tune or load a prompt first")
         rows = self.denoise(rows) if self.channel is not None else rows
-        return self.artifact.predict_proba(self.reader, rows)
+        if progress is None or not rows:
+            return self.artifact.predict_proba(self.reader, rows)
+        out = []
+        for s in range(0, len(rows), PRIVATIZE_CHUNK):
+            out.append(self.artifact.predict_proba(self.reader, rows[s:s + PRIVATIZE_CHUNK]))
+            progress(len(out[-1]))
+        return torch.cat(out)
 
     def predict(self, rows: Sequence[Sequence[int]]) -> list[int]:
         """Predicted label ids for rows in the artifact's layout."""
         return self.predict_proba(rows).argmax(-1).tolist()
 
     def training_check(self, rows: Sequence[Sequence[int]], labels: Sequence[int],
-                       names: Sequence[str], max_rows: int = COLLAPSE_CHECK_ROWS) -> dict:
+                       names: Sequence[str], max_rows: int = COLLAPSE_CHECK_ROWS, *,
+                       progress: Callable[[int], None] | None = None) -> dict:
         """Predict (a seeded sample of at most ``max_rows``) training rows as trained on, after
         tuning: {"rows": n, "warnings": [...]} from :func:`rapt.stats.collapse_warnings`
-        (near-constant predictions, or no better than the majority class)."""
+        (near-constant predictions, or no better than the majority class). ``progress(n)``
+        as rows are predicted."""
         import random
 
         from rapt.stats import collapse_warnings
@@ -359,6 +371,6 @@ class Customization:
         idx = list(range(len(rows)))
         if len(idx) > max_rows:
             idx = sorted(random.Random(0).sample(idx, max_rows))
-        pred = self.predict([rows[i] for i in idx])
+        pred = self.predict_proba([rows[i] for i in idx], progress=progress).argmax(-1).tolist()
         return {"rows": len(idx),
                 "warnings": collapse_warnings(pred, [labels[i] for i in idx], names)}

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from rapt.pipeline.customization import Customization
+from rapt.pipeline.customization import PRIVATIZE_CHUNK, Customization
 
 if TYPE_CHECKING:
     from rapt.channel.corpus import ChannelCorpus
@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 def user_side_after_tune(custom: Customization, texts: Sequence[str], labels: Sequence[int],
                          num_labels: int, held: Any, *,
                          text_pairs: Sequence[str | None] | None = None, seed: int = 0,
-                         denoiser: OutputDenoiser | None = None):
+                         denoiser: OutputDenoiser | None = None,
+                         progress: Callable[[int], None] | None = None):
     """The user's side after a remote tune, on the clean rows it holds (no I/O, nothing sent):
     the held-out rows ``held`` (indices into ``texts``; the prompt in ``custom.artifact`` never
     trained on them) are privatized *as queries* -- the artifact's layout, this η, fresh noise,
@@ -30,7 +31,8 @@ def user_side_after_tune(custom: Customization, texts: Sequence[str], labels: Se
     on the held-out ones. -> (LocalBaseline, Fusion or None, Comparison). With no held-out rows
     nothing is privatized, no fusion is fitted and the comparison is the local model's CV.
     With an output ``denoiser`` the slice's remote probabilities are the denoised ones, as
-    ``rapt predict`` will fuse them."""
+    ``rapt predict`` will fuse them. ``progress(n)`` as rows of the slice are privatized
+    and then scored (2·len(held) in all)."""
     import numpy as np
 
     from rapt.local import fit_user_side
@@ -40,7 +42,7 @@ def user_side_after_tune(custom: Customization, texts: Sequence[str], labels: Se
     if len(held):
         remote = remote_proba(custom, [texts[int(i)] for i in held],
                               None if text_pairs is None else [text_pairs[int(i)] for i in held],
-                              denoiser=denoiser)
+                              denoiser=denoiser, progress=progress)
     return fit_user_side(list(texts), np.asarray(labels, dtype=np.int64), num_labels, held,
                          remote, text_pairs=None if text_pairs is None else list(text_pairs),
                          seed=seed)
@@ -48,22 +50,29 @@ def user_side_after_tune(custom: Customization, texts: Sequence[str], labels: Se
 
 def remote_proba(custom: Customization, texts: Sequence[str],
                  text_pairs: Sequence[str | None] | None = None, *,
-                 denoiser: OutputDenoiser | None = None):
+                 denoiser: OutputDenoiser | None = None,
+                 progress: Callable[[int], None] | None = None):
     """The tuned prompt's class probabilities (numpy, float64, (N, C)) on clean ``texts``
     privatized as queries: the artifact's layout (plain sequence 0), ``custom``'s privatizer
     (fresh noise, not measured: the training release's report stays as it is); through the
-    output ``denoiser`` when one is given (and the queries are privatized)."""
+    output ``denoiser`` when one is given (and the queries are privatized). ``progress(n)``
+    after each chunk of rows privatized, then of rows scored (2·N in all; the N privatized
+    at once without a privatizer)."""
     import numpy as np
 
     if custom.artifact is None:
         raise ValueError("Customization.artifact is not set: tune or load a prompt first")
     q = custom.for_artifact(custom.artifact)
     clean = q.rows(texts, text_pairs, queries=True)
-    rows = q.privatize(clean, measure=False)
+    rows = q.privatize(clean, measure=False, progress=progress)
+    if progress is not None and q.privatizer is None:
+        progress(len(rows))
     if denoiser is not None and q.privatizer is not None:
         probs = denoised_proba(q, q.artifact, denoiser, clean, rows)
+        if progress is not None:
+            progress(len(rows))
     else:
-        probs = q.predict_proba(rows)
+        probs = q.predict_proba(rows, progress=progress)
     return np.asarray(probs.detach().float().cpu().numpy(), dtype=np.float64)
 
 
@@ -129,7 +138,8 @@ def fit_output_denoiser(custom: Customization, tuned: Any,
     :data:`OUTPUT_DENOISER_COPIES` times at ``custom``'s η; the network learns to map (privatized
     state, token features) to the clean state. -> (denoiser, record: what it was trained on,
     η, rows, held-out error before and per epoch, seconds). ``progress(done, total)`` after
-    each chunk of rows privatized or read and each epoch. No private row is read."""
+    each chunk of rows privatized (:data:`PRIVATIZE_CHUNK`) or read
+    (:data:`OUTPUT_DENOISER_CHUNK`) and each epoch. No private row is read."""
     import time
 
     from rapt.local.denoise import fit_denoiser, token_features
@@ -140,7 +150,10 @@ def fit_output_denoiser(custom: Customization, tuned: Any,
     t0, q = time.perf_counter(), custom.for_artifact(tuned)
     texts, record = _public_sample(public_texts, rows, seed)
     chunks = -(-len(texts) // OUTPUT_DENOISER_CHUNK)
-    total, done = (1 + OUTPUT_DENOISER_COPIES) * chunks + OUTPUT_DENOISER_COPIES + epochs, 0
+    # privatizing a copy is reported by chunk too: in one step it was the slowest of all
+    priv_chunks = -(-len(texts) // PRIVATIZE_CHUNK)
+    total = (1 + OUTPUT_DENOISER_COPIES) * chunks + OUTPUT_DENOISER_COPIES * priv_chunks + epochs
+    done = 0
 
     def step(n: int = 1) -> None:
         nonlocal done
@@ -152,8 +165,7 @@ def fit_output_denoiser(custom: Customization, tuned: Any,
     z_clean = _pooled(q, clean, step)
     zp, feats = [], []
     for _ in range(OUTPUT_DENOISER_COPIES):
-        priv = q.privatize(clean, measure=False)
-        step()
+        priv = q.privatize(clean, measure=False, progress=lambda _: step())
         zp.append(_pooled(q, priv, step))
         feats.append(token_features(q.backbone.embeddings, clean, priv, q._special_ids()))
     dev = next(iter(q.backbone.model.parameters())).device

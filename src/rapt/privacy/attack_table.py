@@ -263,10 +263,12 @@ def eta_for_target_ep(backbone: str, target_ep: float, table: dict | None = None
 def table_line(backbone: str, eta: float, table: dict | None = None) -> str:
     """One line for the commands that print P: the best recovery of the attackers the shipped
     table ran at this backbone and η (an upper bound on privacy), or why it has no answer."""
+    from rapt import numfmt
+
     ans = strongest_at(backbone, eta, table)
     if ans.recovery is None:
         return f"best attacker we ran: not in the table, {ans.reason} ({SOURCE_NOTE})"
-    return (f"best attacker we ran at η = {eta:.4g}: {ans.attacker_name} recovers "
+    return (f"best attacker we ran at η = {numfmt.eta(eta)}: {ans.attacker_name} recovers "
             f"{ans.recovery:.1%} of the tokens ({ans.recovery_replaced:.1%} of the replaced "
             f"ones); {ep_phrase(ans.empirical_privacy, ans.attacker_name)} ({SOURCE_NOTE}, P "
-            f"there {ans.p:.2f})")
+            f"there {numfmt.p(ans.p)})")

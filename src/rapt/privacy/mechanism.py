@@ -625,8 +625,10 @@ def privacy_report(original_ids: Tensor | Sequence[Sequence[int]],
 
 def privacy_line(report: dict) -> str:
     """One line for a :func:`privacy_report`: η, measured P, inversion success."""
+    from rapt.numfmt import eta, p
+
     calibrated = (f" (calibrated for P ≈ {report['target_p']:g} on rapt's public text sample)"
                   if report.get("target_p") is not None else "")
-    return (f"privacy: η = {report['eta']:.4g}{calibrated}; measured P = "
-            f"{report['replacement_probability']:.3f} of {report['n_tokens']:,} tokens replaced; "
+    return (f"privacy: η = {eta(report['eta'])}{calibrated}; measured P = "
+            f"{p(report['replacement_probability'])} of {report['n_tokens']:,} tokens replaced; "
             f"nearest-neighbour inversion recovers {report['inversion_success']:.1%}")

@@ -57,9 +57,11 @@ class PrivacyVerdict:
     def message(self, what: str = "release") -> str:
         """One warning line for a weak release (the command adds its own prefix)."""
         ep = self.empirical_privacy
-        level = f"η = {self.eta:.4g}" if self.eta is not None else "this level"
-        p = f"measured P = {self.p:.3f}, " if self.p is not None else ""
+        from rapt import numfmt
         from rapt.privacy.attack_table import ep_phrase
+
+        level = f"η = {numfmt.eta(self.eta)}" if self.eta is not None else "this level"
+        p = f"measured P = {numfmt.p(self.p)}, " if self.p is not None else ""
 
         return (f"weak privacy on this {what}: {p}the best attacker we ran ({self.attacker}) "
                 f"recovers {1 - ep:.1%} of the tokens, {ep_phrase(ep, self.attacker)}, < "
