@@ -18,8 +18,8 @@ OUTPUT_DENOISER_HELP = (
     "after tuning, fit a user-side output denoiser (Split-N-Denoise) on public text: the tuned "
     "prompt's states on public sentences, clean and privatized at this η, teach a small network "
     "to correct the state of a privatized query from what only you know (its clean tokens); "
-    "saved inside --out (no private row goes into it) and used by `rapt predict` (30 min "
-    "measured for MiniLM on 2 busy CPU cores, two thirds of it privatizing 6,000 public rows; "
+    "saved inside --out (no private row goes into it) and used by `rapt predict` (350 s "
+    "measured for MiniLM on 2 quiet CPU cores, 3,000 public sentences privatized twice; "
     "needs privatization and an encoder head)")
 NO_DENOISE_HELP = ("use the remote probabilities as the prompt gives them, even when ARTIFACT "
                    "holds an output denoiser (`rapt tune --output-denoiser`)")
