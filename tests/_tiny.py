@@ -75,6 +75,18 @@ def save_backbone(bb, folder: Path) -> Path:
     return folder
 
 
+TOY_ROWS = "good fun film,pos\nbad boring plot,neg\ngreat music,pos\nawful story,neg\n"
+
+
+def toy_cli_inputs(folder: Path, repeats: int = 30) -> tuple[str, Path]:
+    """(a saved tiny BERT over TOY_WORDS, a labelled CSV of TOY_ROWS × ``repeats``) under
+    ``folder``: the inputs of a CLI test's `rapt tune`."""
+    bb = str(save_backbone(make_bert(make_tokenizer(folder, TOY_WORDS)), folder / "bb"))
+    data = folder / "d.csv"
+    data.write_text("text,label\n" + TOY_ROWS * repeats)
+    return bb, data
+
+
 def make_bpe_tokenizer(folder: Path | None = None, merges: tuple[str, ...] = ()):
     """A byte-level BPE tokenizer in the style of GPT-2 / SmolLM2: the 256 byte symbols plus
     ``merges`` ("Ġ p" -> "Ġp"). Without a merge, " 0" is "Ġ" + "0", so every label word with a

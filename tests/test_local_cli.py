@@ -8,23 +8,20 @@ from __future__ import annotations
 import json
 
 import pytest
-from _tiny import TOY_WORDS, make_bert, make_tokenizer, save_backbone
+from _tiny import TOY_ROWS, toy_cli_inputs
 from typer.testing import CliRunner
 
 from rapt.artifacts import beside
 from rapt.cli import app
 
 runner = CliRunner()
-ROWS = "good fun film,pos\nbad boring plot,neg\ngreat music,pos\nawful story,neg\n"
 
 
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory):
     """(tmp, backbone path, data, OUT of a `rapt tune` with the local model, its output)."""
     tmp = tmp_path_factory.mktemp("localcli")
-    bb = str(save_backbone(make_bert(make_tokenizer(tmp, TOY_WORDS)), tmp / "bb"))
-    data = tmp / "d.csv"
-    data.write_text("text,label\n" + ROWS * 30)
+    bb, data = toy_cli_inputs(tmp)
     out = tmp / "run"
     r = runner.invoke(app, _tune(bb, data, out))
     assert r.exit_code == 0, r.output
@@ -111,7 +108,7 @@ def small(tuned):
     """(OUT, output) of a `rapt tune` on 20 rows: too few to hold a slice out."""
     tmp, bb, _, _, _ = tuned
     data = tmp / "small.csv"
-    data.write_text("text,label\n" + ROWS * 5)
+    data.write_text("text,label\n" + TOY_ROWS * 5)
     out = tmp / "small"
     r = runner.invoke(app, _tune(bb, data, out))
     assert r.exit_code == 0, r.output

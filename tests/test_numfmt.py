@@ -8,22 +8,19 @@ import re
 
 import pytest
 import typer.main
-from _tiny import TOY_WORDS, make_bert, make_tokenizer, save_backbone
+from _tiny import toy_cli_inputs
 from typer.testing import CliRunner
 
 from rapt import numfmt
 from rapt.cli import app
 
 runner = CliRunner()
-ROWS = "good fun film,pos\nbad boring plot,neg\ngreat music,pos\nawful story,neg\n"
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("numfmt")
-    bb = str(save_backbone(make_bert(make_tokenizer(tmp, TOY_WORDS)), tmp / "bb"))
-    data = tmp / "d.csv"
-    data.write_text("text,label\n" + ROWS * 30)
+    bb, data = toy_cli_inputs(tmp)
     return tmp, bb, data
 
 

@@ -7,14 +7,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from _tiny import TOY_WORDS, make_bert, make_tokenizer, save_backbone
+from _tiny import toy_cli_inputs
 from typer.testing import CliRunner
 
 from rapt.artifacts import beside
 from rapt.cli import app
 
 runner = CliRunner()
-ROWS = "good fun film,pos\nbad boring plot,neg\ngreat music,pos\nawful story,neg\n"
 
 
 def _tune(bb, data, out, *extra) -> list[str]:
@@ -30,9 +29,7 @@ def tuned(tmp_path_factory, shared_data):
     import rapt.pipeline.user_side as pl
 
     tmp = tmp_path_factory.mktemp("dencli")
-    bb = str(save_backbone(make_bert(make_tokenizer(tmp, TOY_WORDS)), tmp / "bb"))
-    data = tmp / "d.csv"
-    data.write_text("text,label\n" + ROWS * 30)
+    bb, data = toy_cli_inputs(tmp)
     out = tmp / "run"
     mp = pytest.MonkeyPatch()
     mp.setattr(pl, "OUTPUT_DENOISER_ROWS", 200)
