@@ -37,7 +37,7 @@ def test_exact_vocab_tiling_is_identical():
 @pytest.mark.parametrize("noise", [0.05, 0.5, 1.0, 3.0, 30.0])
 def test_fast_equals_exact_and_brute_force(noise):
     W, y = _data(noise=noise)
-    fast = FastIndex(W, block=32, batch=128)
+    fast = FastIndex(W, block=32, batch=128, bf16=True)
     got = fast.search(y)
     assert torch.equal(got, ExactIndex(W).search(y))
     assert torch.equal(got, _brute(y, W))
@@ -47,7 +47,7 @@ def test_fast_equals_exact_and_brute_force(noise):
 
 def test_fast_certifies_most_queries_and_few_candidates():
     W, y = _data(V=4000, d=64, N=512, noise=1.0)
-    fast = FastIndex(W)
+    fast = FastIndex(W, bf16=True)
     fast.search(y)
     assert fast.stats["certified"] / fast.stats["queries"] > 0.95
     # The bound must be tight enough to prune: few exact re-scores per query.
@@ -56,7 +56,7 @@ def test_fast_certifies_most_queries_and_few_candidates():
 
 def test_fast_fallback_is_exact():
     W, y = _data(V=800, N=200, noise=1.0)
-    fast = FastIndex(W, block=16, max_blocks=0)  # every query fails its certificate
+    fast = FastIndex(W, block=16, max_blocks=0, bf16=True)  # every query fails its certificate
     assert torch.equal(fast.search(y), _brute(y, W))
     assert fast.stats["fallback"] == 200 and fast.stats["certified"] == 0
 
@@ -67,7 +67,7 @@ def test_fast_all_positive_scores_fall_back_to_exact():
     g = torch.Generator().manual_seed(0)
     W = 5.0 + torch.rand(500, 8, generator=g)
     y = 0.01 * torch.randn(50, 8, generator=g)
-    fast = FastIndex(W, block=32)
+    fast = FastIndex(W, block=32, bf16=True)
     assert torch.equal(fast.search(y), _brute(y, W))
     assert fast.stats["fallback"] == 50
 
@@ -76,10 +76,26 @@ def test_fast_handles_vocab_not_multiple_of_block_and_duplicates():
     W, y = _data(V=1001, N=300, noise=0.3)
     W[500] = W[10]  # exact duplicate: ties go to the smaller index in both modes
     y[:5] = W[10]
-    fast = FastIndex(W, block=128).search(y)
+    fast = FastIndex(W, block=128, bf16=True).search(y)
     exact = ExactIndex(W).search(y)
     assert torch.equal(fast, exact)
     assert (fast[:5] == 10).all()
+
+
+def test_without_native_bf16_the_fast_index_runs_the_exact_scan(monkeypatch):
+    """On a CPU that emulates bfloat16 (AVX2 only) the bfloat16 matmul is slower than the
+    float32 scan it is meant to spare, so the index runs that scan; it decides by the CPU."""
+    import rapt.precision as precision
+
+    W, y = _data(V=600, N=100, noise=1.0)
+    for native in (False, True):
+        monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda native=native: native)
+        fast = FastIndex(W, block=32)
+        assert fast.use_exact_only is (not native)
+        assert torch.equal(fast.search(y), _brute(y, W))
+        assert fast.stats["certified"] + fast.stats["fallback"] == 100
+        assert (fast.stats["candidates"] == 0) is (not native)
+    assert FastIndex(W, bf16=True).use_exact_only is False
 
 
 def test_annoy_finds_clean_vectors():
@@ -120,6 +136,6 @@ def test_fast_equals_exact_on_minilm():
     ids = torch.randint(1000, E.shape[0], (768,), generator=g)
     for eta in (60.0, 150.0):
         y = E[ids] + sample_noise(len(ids), E.shape[1], eta, NoiseSource(0))
-        fast = FastIndex(E)
+        fast = FastIndex(E, bf16=True)
         assert torch.equal(fast.search(y), ExactIndex(E).search(y))
         assert fast.stats["certified"] / fast.stats["queries"] > 0.98
