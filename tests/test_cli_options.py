@@ -67,52 +67,35 @@ def test_sap_tune_takes_label_names_and_format(tiny):
     assert not {"history", "loss", "final_loss"} & set(doc)  # the losses stay beside the folder
 
 
-def test_dp_log_goes_beside_the_output_folder_only_when_asked(tiny):
-    """The per-step log of a DP run is not covered by ε: it is written only with --train-log,
-    beside the folder (which may then be shared as it is), never in it or its config."""
+@pytest.mark.parametrize("dp", [True, False], ids=["dp", "no-dp"])
+def test_the_train_log_goes_beside_the_output_folder_only_when_asked(tiny, dp):
+    """The per-step log is not covered by ε (DP) nor by the release's privatization (no DP):
+    with or without DP it is written only with --train-log, beside the folder (which may then
+    be shared as it is; mode 0600), never in it or its config (``meta.history``). Without DP
+    the folder's config.json once held it, while the README said otherwise."""
+    import stat
+
     tmp, bb = tiny
-    data = tmp / "d.csv"
+    name = "dp" if dp else "nodp"
+    data = tmp / f"{name}.csv"
     data.write_text("text,label\n" + "good film,pos\nbad film,neg\n" * 4)
-    out = tmp / "dp"
-    argv = ["tune", str(data), "--out", str(out), "--backbone", bb, "--dp-noise", "1.0",
-            "--epochs", "1", "--batch-size", "4", "--num-virtual-tokens", "2", "--noise-seed",
-            "0"]
-    log = tmp / "dp.train-log.NOT-PRIVATE.json"
+    out = tmp / name
+    privacy = ["--dp-noise", "1.0"] if dp else ["--eta", "20", "--no-local"]
+    argv = ["tune", str(data), "--out", str(out), "--backbone", bb, *privacy, "--epochs", "1",
+            "--batch-size", "4", "--num-virtual-tokens", "2", "--noise-seed", "0"]
+    log = tmp / f"{name}.train-log.NOT-PRIVATE.json"
     r = runner.invoke(app, argv)
     assert r.exit_code == 0, r.output
+    meta = json.loads((out / "config.json").read_text())["meta"]
+    assert "history" not in meta and bool(meta.get("dp")) is dp and meta["steps"] >= 1, meta
     assert not log.exists() and not list(out.glob("*NOT-PRIVATE*"))
     r = runner.invoke(app, [*argv, "--train-log"])
     assert r.exit_code == 0, r.output
     assert log.is_file() and not list(out.glob("*NOT-PRIVATE*"))
     assert "not to be shared" in r.output
-    assert json.loads(log.read_text())["history"]
-    assert "history" not in json.loads((out / "config.json").read_text())["meta"]
-    r = runner.invoke(app, ["predict", str(out), str(data), "--no-privacy"])
-    assert r.exit_code == 0 and "accuracy" in r.output, r.output
-
-
-def test_log_without_dp_goes_beside_the_output_folder_only_when_asked(tiny):
-    """Old behaviour: without DP the shareable folder's config.json held the per-step losses
-    (``meta.history``), while the README says the log goes out only with --train-log. Now the
-    folder follows the DP rule: no history in it; --train-log writes it beside, mode 0600."""
-    import stat
-
-    tmp, bb = tiny
-    data = tmp / "nodp.csv"
-    data.write_text("text,label\n" + "good film,pos\nbad film,neg\n" * 4)
-    out = tmp / "nodp"
-    argv = ["tune", str(data), "--out", str(out), "--backbone", bb, "--epochs", "1",
-            "--batch-size", "4", "--num-virtual-tokens", "2", "--eta", "20", "--noise-seed",
-            "0", "--no-local"]
-    log = tmp / "nodp.train-log.NOT-PRIVATE.json"
-    r = runner.invoke(app, argv)
-    assert r.exit_code == 0, r.output
-    meta = json.loads((out / "config.json").read_text())["meta"]
-    assert "history" not in meta and not meta.get("dp") and meta["steps"] >= 1, meta
-    assert not log.exists() and not list(out.glob("*NOT-PRIVATE*"))
-    r = runner.invoke(app, [*argv, "--train-log"])
-    assert r.exit_code == 0, r.output
     assert "history" not in json.loads((out / "config.json").read_text())["meta"]
     assert stat.S_IMODE(log.stat().st_mode) == 0o600
     history = json.loads(log.read_text())["history"]
     assert len(history) == meta["steps"] and "loss" in history[0], history
+    r = runner.invoke(app, ["predict", str(out), str(data), "--no-privacy"])
+    assert r.exit_code == 0 and "accuracy" in r.output, r.output
