@@ -1,8 +1,8 @@
 """What `rapt client` prints while it works: a bar while rows are privatized and while they are
 sent, the privacy line of the queries before the predictions (it followed them), and a job bar
 in the CLI's format (loss to 4 significant digits, the bar's own time left; it printed
-"loss=1.402788758277893 eta_s=51.7", "eta" being η everywhere else). Issue 51 items 4 and 5;
-each test failed before."""
+"loss=1.402788758277893 eta_s=51.7", "eta" being η everywhere else).
+Each test failed before."""
 
 from __future__ import annotations
 

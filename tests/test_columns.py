@@ -1,7 +1,7 @@
 """Sentence pairs in a file whose columns have other names (MRPC's TSV: Quality, #1 ID, #2 ID,
 #1 String, #2 String): the error names the columns that look like text or a label and every
 option needed (text, pair, label); `rapt data check` proposes the columns it did not read.
-Issue 51 item 8; each test failed before ("choose one with --text-column" only)."""
+Each test failed before ("choose one with --text-column" only)."""
 
 from __future__ import annotations
 

@@ -63,7 +63,7 @@ def test_tune_holds_out_a_slice_and_saves_the_local_model_beside_out(tuned):
 
 
 def test_tune_shows_a_bar_for_the_held_out_slice_and_a_clock_for_the_local_fit(tuned):
-    """Issue 51 item 4: after "saved the ...-tuned model" the slice was privatized and scored,
+    """Old behaviour: after "saved the ...-tuned model" the slice was privatized and scored,
     and the local model fitted, without a line (67-69 s on AG News); the collapse check on the
     training rows too."""
     r = tuned[-1]
@@ -80,7 +80,7 @@ def test_tune_shows_a_bar_for_the_held_out_slice_and_a_clock_for_the_local_fit(t
 
 
 def test_tune_prints_accuracies_in_percent_each_with_its_rows(tuned):
-    """Issue 51 item 6: "3-fold CV accuracy 0.8460 on 2000 rows" and "accuracy remote 0.8000,
+    """Old behaviour: "3-fold CV accuracy 0.8460 on 2000 rows" and "accuracy remote 0.8000,
     local 0.8600" beside a verdict in percent, the held-out local score from a model fitted
     without the slice, unsaid."""
     import re

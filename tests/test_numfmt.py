@@ -1,6 +1,6 @@
 """One way to print each kind of number (rapt.numfmt), in every command: η with 2 decimals, P
 with 3, accuracies in percent with one decimal, losses to 4 significant digits; and each
-number says what it was measured on. Issue 51 items 6 and 9; each test failed before."""
+number says what it was measured on. Each test failed before."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def test_client_predict_help_does_not_speak_of_predict_from_outside():
 
 
 def test_help_times_come_from_a_measurement():
-    """Issue 51 item 5: --help said "about a second" for a local fit that took 10 s on AG
+    """Old behaviour: --help said "about a second" for a local fit that took 10 s on AG
     News, and "minutes" for an output denoiser; each time now says what was measured where."""
     cmds = typer.main.get_command(app).commands
     helps = {(c, p.name): p.help or "" for c in ("tune", "sap") for p in (

@@ -203,7 +203,7 @@ def test_pooled_states_in_chunks_are_the_states_in_one_pass(tuned_custom, monkey
 
 
 def test_privatizing_the_public_rows_is_reported_by_chunk(tuned_custom, monkeypatch):
-    """Issue 51 item 5: each privatized copy of the public rows was one step, the slowest of
+    """Old behaviour: each privatized copy of the public rows was one step, the slowest of
     all (732 s of a 3,000-row fit on 2 loaded cores, against 10-80 s for the others), so the
     bar stood still and its rate promised nothing true; now every PRIVATIZE_CHUNK rows is a
     step."""

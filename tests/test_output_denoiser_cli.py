@@ -49,7 +49,7 @@ def test_tune_saves_the_denoiser_inside_out_and_says_what_it_learned(tuned):
     line = next(x for x in r.stdout.splitlines() if x.startswith("output denoiser"))
     assert "fitted on 200 public sentences" in line and "η = 20" in line
     assert "held-out public error" in line and "s on this machine's CPU" in line
-    # issue 51 item 5: one bar over slow passes and fast epochs started at the slow rate and
+    # old behaviour: one bar over slow passes and fast epochs started at the slow rate and
     # promised several times the real time; each stage has its own bar now
     assert "output denoiser: public states: 100% (" in r.stderr
     assert "output denoiser: fit: 100% (60/60 epochs)" in r.stderr

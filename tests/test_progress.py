@@ -62,7 +62,7 @@ class _Clock:
 
 
 def test_the_rate_leaves_out_a_slow_first_step_and_says_the_time_left(monkeypatch):
-    """Issue 51 item 5: a bar whose first step took a minute (loading, warm-up) and the others
+    """Old behaviour: a bar whose first step took a minute (loading, warm-up) and the others
     a second each. Before: "0.0328 step/s" at 20 % (the first step in every rate), no time
     left; now the rate from the first update on, and the time it implies."""
     import rapt.progress
@@ -84,7 +84,7 @@ def test_the_rate_leaves_out_a_slow_first_step_and_says_the_time_left(monkeypatc
 
 
 def test_units_are_counted_in_the_plural():
-    """Issue 51 item 9: "(256/1,600 row)" was printed."""
+    """Old behaviour: "(256/1,600 row)" was printed."""
     out = io.StringIO()
     with progress_bar(total=1600, desc="privatize", unit="row", file=out) as bar:
         bar.update(256)
@@ -95,7 +95,7 @@ def test_units_are_counted_in_the_plural():
 
 
 def test_timed_shows_the_clock_of_a_step_without_a_count():
-    """Issue 51 item 4: a scikit-learn fit reports no count; its step still shows a clock,
+    """Old behaviour: a scikit-learn fit reports no count; its step still shows a clock,
     in a log one line as it starts and one with its time, on a terminal a ticking tqdm line."""
     from rapt.progress import timed
 
