@@ -162,6 +162,13 @@ class Customization:
     # the provider's channel model: it prepares the privatized rows (see denoise) and gives the
     # backbone that reads them (see reader); None: the public backbone reads rows as released
     channel: ChannelModel | None = None
+    # how the noise is spent by kind of token (rapt.privacy.by_kind); None or protect "all":
+    # every token at η. Another policy needs the rows' texts in privatize().
+    kind_policy: Any = None
+    # text -> personal-data spans found ahead (rapt.privacy.by_kind.row_noise); None: Presidio
+    # runs on the texts here (the detector is built once, on first use)
+    personal_spans: Any = None
+    _detector: Any = field(default=None, init=False, repr=False, compare=False)
     # (private rows, denoised rows) of the last denoise call: measure() and tune() share it.
     _denoised: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -170,13 +177,17 @@ class Customization:
                config: TuneConfig | None = None, *, eta: float | None = None,
                target_p: float | None = None, noise_seed: int | None = None,
                privatizer_mode: str = DEFAULT_PRIVATIZER_MODE,
-               channel: ChannelModel | None = None) -> Customization:
-        """Calibrate η for ``target_p`` (or take ``eta``) and build the privatizer."""
+               channel: ChannelModel | None = None, kind_policy: Any = None,
+               personal_spans: Any = None) -> Customization:
+        """Calibrate η for ``target_p`` (or take ``eta``) and build the privatizer; η is the
+        protected classes' under a by-kind ``kind_policy``."""
         priv = make_privatizer(backbone, eta, target_p, noise_seed=noise_seed,
                                mode=privatizer_mode)
+        if priv is not None and kind_policy is not None:
+            kind_policy.check_against(priv.eta)
         return cls(backbone, encoding or Encoding(), config, priv,
                    target_p if priv is not None else None, noise_seed, privatizer_mode,
-                   channel=channel)
+                   channel=channel, kind_policy=kind_policy, personal_spans=personal_spans)
 
     def for_artifact(self, tuned: Any) -> Customization:
         """Queries of ``tuned``: its row layout and config, this privatizer."""
@@ -216,22 +227,58 @@ class Customization:
         """Clean token-id rows in this customization's layout (see :meth:`Encoding.rows`)."""
         return self.encoding.rows(self.backbone.tokenizer, texts, text_pairs, queries=queries)
 
+    @property
+    def by_kind(self) -> bool:
+        """True when the noise depends on the kind of token (a non-uniform kind policy)."""
+        return (self.privatizer is not None and self.kind_policy is not None
+                and not self.kind_policy.uniform)
+
+    def kind_noise(self, rows: Sequence[Sequence[int]], texts: Sequence[str],
+                   text_pairs: Sequence[str | None] | None = None) -> tuple:
+        """(η scales, pass-in-clear masks, classes) of ``rows`` built from ``texts`` under
+        :attr:`kind_policy` (see :func:`rapt.privacy.by_kind.row_noise`)."""
+        from rapt.privacy.by_kind import row_noise
+        from rapt.tuning.reconstruction import plain_offset
+
+        detector = None
+        if self.personal_spans is None:
+            if self._detector is None:
+                from rapt.privacy.personal_data import PersonalDataDetector
+
+                self._detector = PersonalDataDetector()
+            detector = self._detector
+        start = plain_offset(self.backbone.tokenizer) + self.encoding.plain_len
+        return row_noise(rows, texts, text_pairs, self.backbone.tokenizer, self.kind_policy,
+                         self.privatizer.eta, special=set(self._special_ids()), start=start,
+                         detector=detector, spans=self.personal_spans)
+
     def privatize(self, rows: list[list[int]], *, measure: bool = True,
-                  progress: Callable[[int], None] | None = None) -> list[list[int]]:
+                  progress: Callable[[int], None] | None = None,
+                  texts: Sequence[str] | None = None,
+                  text_pairs: Sequence[str | None] | None = None) -> list[list[int]]:
         """Privatized rows (``rows`` as they are without a privatizer); with ``measure`` the
         privacy report goes to ``self.privacy``. ``progress(n)`` after each chunk of n rows
-        (then the rows go in chunks of PRIVATIZE_CHUNK)."""
+        (then the rows go in chunks of PRIVATIZE_CHUNK). With a by-kind policy the rows'
+        ``texts`` (and ``text_pairs``) are required: they decide each token's class."""
         from rapt.tuning.reconstruction import privatize_rows
 
         if self.privatizer is None:
             return rows
-        if progress is None:
-            out = privatize_rows(rows, self.privatizer)
-        else:
-            out = []
-            for s in range(0, len(rows), PRIVATIZE_CHUNK):
-                out += privatize_rows(rows[s:s + PRIVATIZE_CHUNK], self.privatizer)
-                progress(len(rows[s:s + PRIVATIZE_CHUNK]))
+        scales = clear = None
+        if self.by_kind:
+            if texts is None:
+                raise ValueError("noise by kind of token needs the rows' texts to classify "
+                                 "their tokens (privatize(rows, texts=...))")
+            scales, clear, _ = self.kind_noise(rows, texts, text_pairs)
+        step = len(rows) if progress is None else PRIVATIZE_CHUNK
+        out = []
+        for s in range(0, len(rows), max(step, 1)):
+            part = slice(s, s + max(step, 1))
+            out += privatize_rows(rows[part], self.privatizer,
+                                  eta_scale=None if scales is None else scales[part],
+                                  passthrough=None if clear is None else clear[part])
+            if progress is not None:
+                progress(len(rows[part]))
         if measure:
             self.measure(rows, out)
         return out
@@ -334,7 +381,16 @@ class Customization:
         on = self.privatizer is not None
         return {"eta": self.eta, "privatizer_mode": self.privatizer_mode if on else None,
                 "seeded": self.noise_seed is not None, "privacy": self.privacy,
-                "channel": self.channel_meta()}
+                "channel": self.channel_meta(), "by_kind": self.kind_record()}
+
+    def kind_record(self) -> dict | None:
+        """The by-kind policy as an artifact records it (each class's η), or None (uniform)."""
+        if not self.by_kind:
+            return None
+        det = self._detector.record if self._detector is not None else (
+            "spans given with the rows" if self.personal_spans is not None else None)
+        return self.kind_policy.record(self.privatizer.eta,
+                                       detector=det if isinstance(det, dict) else {"note": det})
 
     def predict_proba(self, rows: Sequence[Sequence[int]], *,
                       progress: Callable[[int], None] | None = None) -> Tensor:

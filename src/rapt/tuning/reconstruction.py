@@ -211,14 +211,26 @@ def _as_sequences(plain_ids) -> list[list[int]]:
 
 
 def privatize_rows(rows: Sequence[Sequence[int]], privatizer,
-                   noise: NoiseSource | None = None) -> list[list[int]]:
+                   noise: NoiseSource | None = None, *,
+                   eta_scale: Sequence[torch.Tensor] | None = None,
+                   passthrough: Sequence[torch.Tensor] | None = None) -> list[list[int]]:
     """Privatize every token of every row (the privatizer passes its special ids through).
-    All rows go through one ``privatize_ids`` call on the concatenated ids (no padding needed)."""
+    All rows go through one ``privatize_ids`` call on the concatenated ids (no padding needed).
+    ``eta_scale`` / ``passthrough``: one tensor per row, as ``privatize_ids`` takes them
+    (:func:`rapt.privacy.by_kind.row_noise` makes them)."""
     lengths = [len(r) for r in rows]
     if not rows:
         return []
     flat = torch.tensor([t for r in rows for t in r], dtype=torch.long)
-    out = privatizer.privatize_ids(flat, noise=noise).tolist()
+    for name, per_row in (("eta_scale", eta_scale), ("passthrough", passthrough)):
+        if per_row is not None and [len(x) for x in per_row] != lengths:
+            raise ValueError(f"{name} must hold one entry per token of every row")
+    scale = torch.cat(list(eta_scale)) if eta_scale is not None else None
+    clear = torch.cat(list(passthrough)) if passthrough is not None else None
+    if clear is not None and not bool(clear.any()):
+        clear = None
+    out = privatizer.privatize_ids(flat, noise=noise, eta_scale=scale,
+                                   passthrough=clear).tolist()
     res, i = [], 0
     for n in lengths:
         res.append(out[i:i + n])

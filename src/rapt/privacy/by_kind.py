@@ -1,0 +1,184 @@
+"""Noise spent by kind of token: dχ-privacy with an η that depends on the token's class.
+
+Uniform word-level noise spends most of its budget on frequent words, which context gives back
+to an attacker and which carry most of the task signal; the secrets are names, numbers and rare
+words. A :class:`KindPolicy` sorts every text token into one of three classes:
+
+* ``personal``: inside a personal-data span (:mod:`rapt.privacy.personal_data`, Presidio);
+* ``rare``: its word is not among the ``frequent_rank`` most frequent words of rapt's *public*
+  word list (:mod:`rapt.privacy.kinds`; never the user's data);
+* ``frequent``: the rest.
+
+``protect`` says which classes get the policy's η (the strong noise): ``all`` (every class: the
+uniform mechanism), ``rare`` (personal and rare) or ``personal`` (personal only). The other
+classes get ``eta_other`` (weaker noise), or pass in clear when it is None.
+
+What is guaranteed (THREAT_MODEL.md, "Noise by kind of token"): for two texts whose tokens fall
+in the same classes position by position, the release's probability ratio is at most
+exp(Σ_i η_c(i)·‖x_i − x'_i‖): dχ per class at that class's η. Nothing is promised between
+tokens of different classes (a token in clear is distinguishable from any other token), and the
+class of a position is a function of the text that the release reveals in part. Tokens the
+classifier cannot place (positions that do not line up with the text, the plain tokens of
+reconstruction) get the strong noise.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from rapt.config import eta_problem
+from rapt.privacy.kinds import BAND_EDGES, TokenKinds, WordFrequencies, token_kinds
+
+__all__ = ["CLASSES", "DEFAULT_FREQUENT_RANK", "PROTECT", "KindPolicy", "align_classes",
+           "classes_of", "row_noise"]
+
+CLASSES = ("personal", "rare", "frequent")
+PROTECT = ("all", "rare", "personal")
+DEFAULT_FREQUENT_RANK = 1000
+PERSONAL, RARE, FREQUENT = range(3)
+_PROTECTED = {"all": (PERSONAL, RARE, FREQUENT), "rare": (PERSONAL, RARE),
+              "personal": (PERSONAL,)}
+
+
+@dataclass(frozen=True)
+class KindPolicy:
+    """Which classes get the strong noise (``protect``), where "frequent" ends
+    (``frequent_rank``: 100, 1,000 or 10,000 public words) and the η of the unprotected
+    classes (``eta_other``; None: released in clear). The strong η is the privatizer's."""
+
+    protect: str = "all"
+    frequent_rank: int = DEFAULT_FREQUENT_RANK
+    eta_other: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.protect not in PROTECT:
+            raise ValueError(f"protect must be one of {', '.join(PROTECT)}, got "
+                             f"{self.protect!r}")
+        if self.frequent_rank not in BAND_EDGES:
+            raise ValueError(f"frequent_rank must be one of {', '.join(map(str, BAND_EDGES))} "
+                             f"(the public word list's band edges), got {self.frequent_rank}")
+        if self.eta_other is not None:
+            problem = eta_problem(float(self.eta_other))
+            if problem:
+                raise ValueError(f"eta_other {problem}")
+
+    @property
+    def uniform(self) -> bool:
+        """True when every token gets the same η (``protect="all"``)."""
+        return self.protect == "all"
+
+    def protected(self, cls: int) -> bool:
+        return cls in _PROTECTED[self.protect]
+
+    def class_etas(self, eta: float) -> dict[str, float | None]:
+        """η of each class (None: in clear) when the strong η is ``eta``."""
+        return {name: float(eta) if self.protected(i) else self.eta_other
+                for i, name in enumerate(CLASSES)}
+
+    def check_against(self, eta: float) -> None:
+        """The unprotected classes must not get *more* noise than the protected ones."""
+        if self.eta_other is not None and self.eta_other < eta and not self.uniform:
+            raise ValueError(f"eta_other {self.eta_other:g} is below the protected classes' "
+                             f"η {eta:g}: it would noise frequent words more than rare ones")
+
+    def record(self, eta: float, frequencies: WordFrequencies | None = None,
+               detector: dict | None = None) -> dict:
+        """What goes in an artifact: the policy, each class's η, and the word list and
+        detector that decided the classes."""
+        out: dict = {"protect": self.protect, "frequent_rank": self.frequent_rank,
+                     "class_eta": self.class_etas(eta)}
+        if frequencies is not None:
+            words = "\n".join(f"{w}\t{c}" for w, c in sorted(frequencies.counts.items()))
+            out["word_list_sha256"] = hashlib.sha256(words.encode()).hexdigest()
+        if detector is not None:
+            out["personal_data_detector"] = detector
+        return out
+
+
+def classes_of(kinds: TokenKinds, frequent_rank: int = DEFAULT_FREQUENT_RANK
+               ) -> list[list[int]]:
+    """Class index (into :data:`CLASSES`) of every token of ``kinds``."""
+    top = BAND_EDGES.index(frequent_rank) + 1  # bands below this index are "frequent"
+    return [[PERSONAL if p else (FREQUENT if b < top else RARE) for b, p in zip(bs, ps,
+                                                                                  strict=True)]
+            for bs, ps in zip(kinds.bands, kinds.personal, strict=True)]
+
+
+def align_classes(row: Sequence[int], segments: Sequence[Sequence[int]],
+                  classes: Sequence[Sequence[int]], special: set[int], start: int = 0
+                  ) -> list[int]:
+    """Class of every position of a token-id ``row`` built from the texts whose ids (without
+    specials) are ``segments`` (one text, or a sentence pair) with those ``classes``.
+
+    Positions before ``start`` (leading specials, the plain tokens k) and any position whose id
+    is not the next one of its segment (truncation, a tokenizer that does not split texts the
+    same way twice) get ``PERSONAL``: a token that cannot be placed gets the strong noise.
+    A special token after the first segment's tokens moves to the next segment."""
+    out = [PERSONAL] * len(row)
+    s, j = 0, 0
+    for pos in range(start, len(row)):
+        tok = int(row[pos])
+        if tok in special:
+            if j > 0 and s < len(segments):
+                s, j = s + 1, 0
+            continue
+        if s < len(segments) and j < len(segments[s]) and int(segments[s][j]) == tok:
+            out[pos] = classes[s][j]
+            j += 1
+    return out
+
+
+def _looked_up(texts: Sequence[str], spans: Mapping[str, Sequence] | None):
+    if spans is None:
+        return None
+    missing = [t for t in texts if t not in spans]
+    if missing:
+        raise KeyError(f"{len(missing)} of {len(texts)} texts have no personal-data spans "
+                       f"in the lookup given, e.g. {missing[0][:60]!r}")
+    return [list(spans[t]) for t in texts]
+
+
+def row_noise(rows: Sequence[Sequence[int]], texts: Sequence[str],
+              text_pairs: Sequence[str | None] | None, tokenizer, policy: KindPolicy,
+              eta: float, *, special: set[int], start: int = 0,
+              frequencies: WordFrequencies | None = None, detector=None,
+              spans: Mapping[str, Sequence] | None = None
+              ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[list[int]]]:
+    """Per row: the η scale (float64, 1 = the strong η) and the pass-in-clear mask (bool) that
+    :meth:`rapt.privacy.mechanism.Privatizer.privatize_ids` takes, and each position's class.
+
+    ``rows[i]`` must have been built from ``texts[i]`` (and ``text_pairs[i]``); ``start``: the
+    first text position of every row. Personal data from ``spans`` (text -> its spans, e.g.
+    found once ahead on a machine with Presidio) when given, else found by ``detector``."""
+    if len(rows) != len(texts):
+        raise ValueError(f"{len(rows)} rows for {len(texts)} texts")
+    policy.check_against(eta)
+    pairs = list(text_pairs) if text_pairs is not None else [None] * len(texts)
+    k1 = token_kinds(list(texts), tokenizer, frequencies, detector, _looked_up(texts, spans))
+    c1 = classes_of(k1, policy.frequent_rank)
+    have = [i for i, t in enumerate(pairs) if t]
+    c2: dict[int, list[int]] = {}
+    ids2: dict[int, list[int]] = {}
+    if have:
+        second = [pairs[i] for i in have]
+        k2 = token_kinds(second, tokenizer, frequencies, detector, _looked_up(second, spans))
+        c2 = dict(zip(have, classes_of(k2, policy.frequent_rank), strict=True))
+        ids2 = dict(zip(have, k2.ids, strict=True))
+    other = None if policy.eta_other is None else float(policy.eta_other) / float(eta)
+    scales, clear, classes = [], [], []
+    for i, row in enumerate(rows):
+        segs = [k1.ids[i]] + ([ids2[i]] if i in c2 else [])
+        cls = [c1[i]] + ([c2[i]] if i in c2 else [])
+        got = align_classes(row, segs, cls, special, start)
+        weak = torch.tensor([not policy.protected(c) for c in got], dtype=torch.bool)
+        scale = torch.ones(len(row), dtype=torch.float64)
+        if other is not None:
+            scale[weak] = other
+        clear.append(weak if other is None else torch.zeros(len(row), dtype=torch.bool))
+        scales.append(scale)
+        classes.append(got)
+    return scales, clear, classes
