@@ -237,7 +237,7 @@ class Customization:
                    text_pairs: Sequence[str | None] | None = None) -> tuple:
         """(η scales, pass-in-clear masks, classes) of ``rows`` built from ``texts`` under
         :attr:`kind_policy` (see :func:`rapt.privacy.by_kind.row_noise`)."""
-        from rapt.privacy.by_kind import row_noise
+        from rapt.privacy.by_kind import KindPolicy, row_noise
         from rapt.tuning.reconstruction import plain_offset
 
         detector = None
@@ -248,7 +248,8 @@ class Customization:
                 self._detector = PersonalDataDetector()
             detector = self._detector
         start = plain_offset(self.backbone.tokenizer) + self.encoding.plain_len
-        return row_noise(rows, texts, text_pairs, self.backbone.tokenizer, self.kind_policy,
+        return row_noise(rows, texts, text_pairs, self.backbone.tokenizer,
+                         self.kind_policy or KindPolicy(),
                          self.privatizer.eta, special=set(self._special_ids()), start=start,
                          detector=detector, spans=self.personal_spans)
 
@@ -264,12 +265,14 @@ class Customization:
 
         if self.privatizer is None:
             return rows
-        scales = clear = None
-        if self.by_kind:
-            if texts is None:
-                raise ValueError("noise by kind of token needs the rows' texts to classify "
-                                 "their tokens (privatize(rows, texts=...))")
-            scales, clear, _ = self.kind_noise(rows, texts, text_pairs)
+        scales = clear = classes = None
+        if self.by_kind and texts is None:
+            raise ValueError("noise by kind of token needs the rows' texts to classify "
+                             "their tokens (privatize(rows, texts=...))")
+        if texts is not None and (self.by_kind or measure):
+            scales, clear, classes = self.kind_noise(rows, texts, text_pairs)
+            if not self.by_kind:
+                scales = clear = None  # classes only to report privacy per kind
         step = len(rows) if progress is None else PRIVATIZE_CHUNK
         out = []
         for s in range(0, len(rows), max(step, 1)):
@@ -280,10 +283,11 @@ class Customization:
             if progress is not None:
                 progress(len(rows[part]))
         if measure:
-            self.measure(rows, out)
+            self.measure(rows, out, classes=classes)
         return out
 
-    def measure(self, clean: Sequence[Sequence[int]], private: Sequence[Sequence[int]]) -> dict:
+    def measure(self, clean: Sequence[Sequence[int]], private: Sequence[Sequence[int]], *,
+                classes: Sequence[Sequence[int]] | None = None) -> dict:
         """The privacy report of a release (``rapt.privacy.mechanism.privacy_report``: η, P,
         inversion success, ...) on the text positions only: the plain tokens are public."""
         from rapt.privacy.mechanism import privacy_report
