@@ -43,10 +43,47 @@ SEEDS = (0, 1, 2)
 MIN_STEPS = 100  # optimizer steps at least: 3 epochs of 100 rows are 12 steps, not a budget
 DENOISE_ROWS = (500, 2000)
 PUBLIC_ROWS = 3000  # public sentences the denoiser is fitted on (each privatized twice)
+# Noise by kind of token (rapt.privacy.by_kind): name -> (protect, P of the protected classes'
+# η, P of the other classes' η or None = in clear). Frequent = the 1,000 most frequent public
+# words; the protected classes are personal data and every rarer word.
+MECHS = {"r0.6": ("rare", 0.6, None), "r0.6f0.2": ("rare", 0.6, 0.2),
+         "r0.7": ("rare", 0.7, None), "p0.6": ("personal", 0.6, None)}
 
 
-def cell_key(task: str, rows: int, p: float | None, seed: int) -> str:
+def cell_key(task: str, rows: int, p: float | str | None, seed: int) -> str:
+    """``p``: a P (uniform noise), None (clean) or a :data:`MECHS` name."""
     return f"{task}_{rows or 'all'}_{'clean' if p is None else p}_{seed}"
+
+
+def mechanism(p: float | str | None, etas: dict, spans) -> dict:
+    """Customization.create's privacy arguments for a cell's ``p`` (see :func:`cell_key`)."""
+    if p is None:
+        return {}
+    if not isinstance(p, str):
+        return {"eta": etas[str(p)]}
+    from rapt.privacy.by_kind import KindPolicy
+
+    protect, strong, other = MECHS[p]
+    return {"eta": etas[str(strong)], "personal_spans": spans,
+            "kind_policy": KindPolicy(protect, eta_other=None if other is None
+                                      else etas[str(other)])}
+
+
+def class_p(custom, clean, private, texts) -> dict:
+    """Measured P per token class (rapt.privacy.by_kind.CLASSES) of a release, and each
+    class's share of the tokens."""
+    from rapt.privacy.by_kind import CLASSES
+
+    _, _, classes = custom.kind_noise(clean, texts)
+    special = set(custom._special_ids())
+    n, changed = np.zeros(len(CLASSES)), np.zeros(len(CLASSES))
+    for c_row, p_row, k_row in zip(clean, private, classes, strict=True):
+        for a, b, k in zip(c_row, p_row, k_row, strict=True):
+            if a not in special:
+                n[k] += 1
+                changed[k] += a != b
+    return {name: {"share": n[i] / n.sum(), "p": changed[i] / n[i] if n[i] else None}
+            for i, name in enumerate(CLASSES)}
 
 
 def cells(tasks=tuple(TASKS), rows=ROWS, ps=PS, seeds=SEEDS) -> list[tuple]:
@@ -98,8 +135,9 @@ def _denoise(custom, tuned, task, seed, queries_clean, queries_priv, held_clean,
     return run(queries_clean, queries_priv), run(held_clean, held_priv), rec
 
 
-def run_cell(bb, etas: dict, task: str, rows: int, p, seed: int) -> dict:
-    """Every remote model of one cell -> arrays (float16 probabilities) and a record."""
+def run_cell(bb, etas: dict, task: str, rows: int, p, seed: int, spans=None) -> dict:
+    """Every remote model of one cell -> arrays (float16 probabilities) and a record.
+    ``spans``: the personal-data lookup the by-kind cells read (benchmarks.personal_spans)."""
     from rapt.local import holdout_split
     from rapt.pipeline import Customization, Encoding
 
@@ -108,19 +146,25 @@ def run_cell(bb, etas: dict, task: str, rows: int, p, seed: int) -> dict:
     texts, y, k = train.texts, np.array(train.labels), train.num_labels
     _, held = holdout_split(y, seed)
     fit_idx = np.setdiff1d(np.arange(len(y)), held)
-    eta = None if p is None else etas[str(p)]
-    custom = Customization.create(bb, Encoding(), eta=eta, noise_seed=1000 + seed)
+    custom = Customization.create(bb, Encoding(), noise_seed=1000 + seed,
+                                  **mechanism(p, etas, spans))
+    eta = custom.eta
     rows_c = custom.rows(texts)
-    rows_p = custom.privatize(rows_c, measure=False)
-    q_clean = custom.rows([e.text for e in ev], queries=True)
-    q_priv = custom.privatize(q_clean, measure=False)
+    rows_p = custom.privatize(rows_c, measure=False, texts=texts)
+    qtexts = [e.text for e in ev]
+    q_clean = custom.rows(qtexts, queries=True)
+    q_priv = custom.privatize(q_clean, measure=False, texts=qtexts)
     h_clean = [rows_c[i] for i in held]
-    h_priv = custom.privatize(h_clean, measure=False)  # the slice, privatized as queries are
+    # the slice, privatized as queries are
+    h_priv = custom.privatize(h_clean, measure=False, texts=[texts[i] for i in held])
     changed = [a != b for r, s in zip(rows_c, rows_p, strict=True) for a, b in zip(r, s,
                                                                                 strict=True)]
     out, rec = {}, {"task": task, "rows": len(y), "p": p, "eta": eta, "seed": seed,
                     "p_measured": float(np.mean(changed)),  # specials included: a lower bound
-                    "held": len(held), "epochs": epochs_for(len(y)), "eval_rows": len(ev)}
+                    "held": len(held), "epochs": epochs_for(len(y)), "eval_rows": len(ev),
+                    "by_kind": custom.kind_record()}
+    if isinstance(p, str):
+        rec["class_p"] = class_p(custom, rows_c, rows_p, texts)
     for method in ("lora", "prefix"):
         tuned = _tune(custom, method, rows_p, y.tolist(), k, task, train, seed)
         out[method] = custom.for_artifact(tuned).predict_proba(q_priv).numpy()
@@ -148,6 +192,11 @@ def remote(args) -> None:
     global MIN_STEPS, PUBLIC_ROWS
     MIN_STEPS, PUBLIC_ROWS = args.min_steps, args.public_rows  # smaller only for a dry run
     etas = json.loads(Path(args.etas).read_text())
+    spans = None
+    if args.spans:
+        from benchmarks.personal_spans import load_spans
+
+        spans = load_spans(args.spans)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     bb = load_backbone(args.backbone, device=dev)
     out = Path(args.out)
@@ -157,7 +206,7 @@ def remote(args) -> None:
         key = cell_key(task, rows, p, seed)
         if i % args.workers != args.worker or (out / f"{key}.npz").exists():
             continue
-        got = run_cell(bb, etas, task, rows, p, seed)
+        got = run_cell(bb, etas, task, rows, p, seed, spans)
         np.savez_compressed(out / f"{key}.tmp.npz", **got["arrays"],
                             record=json.dumps(got["record"]))
         (out / f"{key}.tmp.npz").rename(out / f"{key}.npz")
@@ -165,6 +214,8 @@ def remote(args) -> None:
 
 
 def _parse_p(s: str):
+    if s in MECHS:
+        return s
     return None if s == "clean" else float(s)
 
 
@@ -179,7 +230,10 @@ def main() -> None:
     r.add_argument("--workers", type=int, default=1)
     r.add_argument("--tasks", nargs="+", default=list(TASKS))
     r.add_argument("--rows", nargs="+", type=int, default=list(ROWS))
-    r.add_argument("--ps", nargs="+", type=_parse_p, default=list(PS))
+    r.add_argument("--ps", nargs="+", type=_parse_p, default=list(PS),
+                   help=f"P levels (uniform noise), clean, or by-kind settings: {', '.join(MECHS)}")
+    r.add_argument("--spans", help="personal-data lookup (benchmarks.personal_spans); the "
+                   "by-kind cells run Presidio here without it")
     r.add_argument("--seeds", nargs="+", type=int, default=list(SEEDS))
     r.add_argument("--min-steps", type=int, default=MIN_STEPS)
     r.add_argument("--public-rows", type=int, default=PUBLIC_ROWS)

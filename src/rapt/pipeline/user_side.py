@@ -165,7 +165,7 @@ def fit_output_denoiser(custom: Customization, tuned: Any,
     z_clean = _pooled(q, clean, step)
     zp, feats = [], []
     for _ in range(OUTPUT_DENOISER_COPIES):
-        priv = q.privatize(clean, measure=False, progress=lambda _: step())
+        priv = q.privatize(clean, measure=False, progress=lambda _: step(), texts=texts)
         zp.append(_pooled(q, priv, step))
         feats.append(token_features(q.backbone.embeddings, clean, priv, q._special_ids()))
     dev = next(iter(q.backbone.model.parameters())).device

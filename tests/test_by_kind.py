@@ -1,0 +1,143 @@
+"""Noise by kind of token (rapt.privacy.by_kind): the classes, their alignment to rows, and the
+noise each class gets (tested against its distribution)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from scipy import stats
+
+from rapt.pipeline import Customization, Encoding
+from rapt.privacy.by_kind import (
+    CLASSES,
+    FREQUENT,
+    PERSONAL,
+    RARE,
+    KindPolicy,
+    align_classes,
+    row_noise,
+)
+from rapt.privacy.personal_data import PersonalSpan
+
+TEXTS = ["the film was good but caulfield hated it",
+         "call 555 about the account of zbigniew"]
+# Personal data given ahead (what a machine without Presidio passes): "caulfield" and the number
+SPANS = {TEXTS[0]: [PersonalSpan(22, 31, "PERSON", 0.85, "test")],
+         TEXTS[1]: [PersonalSpan(5, 8, "NUMBER", 0.6, "test")]}
+
+
+def _custom(bb, policy, seed=5, eta=40.0):
+    return Customization.create(bb, Encoding(), eta=eta, noise_seed=seed, kind_policy=policy,
+                                personal_spans=SPANS)
+
+
+def _classes(bb, policy=KindPolicy("rare")):
+    c = _custom(bb, policy)
+    rows = c.rows(TEXTS)
+    return c, rows, c.kind_noise(rows, TEXTS)[2]
+
+
+def test_classes_follow_the_public_word_list_and_the_spans(small_bert):
+    c, rows, classes = _classes(small_bert)
+    tok = small_bert.tokenizer
+    words = [tok.convert_ids_to_tokens(r) for r in rows]
+    got = {w: CLASSES[k] for ws, ks in zip(words, classes, strict=True)
+           for w, k in zip(ws, ks, strict=True) if w not in ("[CLS]", "[SEP]")}
+    assert got["the"] == got["was"] == got["about"] == "frequent"
+    assert got["555"] == "personal"
+    # every piece of a word outside the 1,000 most frequent public words is rare
+    z_pieces = [w for w in words[1] if w not in ("[CLS]", "[SEP]")][-3:]
+    assert len(tok.tokenize("zbigniew")) >= 2 and all(got[w] == "rare" for w in z_pieces[-1:])
+    cau = tok.tokenize("caulfield")
+    assert all(got[p] == "personal" for p in cau)
+
+
+def test_protected_tokens_get_the_uniform_release_and_frequent_ones_pass_in_clear(small_bert):
+    uni = _custom(small_bert, None)
+    rows = uni.rows(TEXTS)
+    u = uni.privatize(rows, measure=False)
+    by = _custom(small_bert, KindPolicy("rare"))
+    b = by.privatize(rows, measure=False, texts=TEXTS)
+    _, _, classes = by.kind_noise(rows, TEXTS)
+    special = set(by._special_ids())
+    n_prot = n_freq = 0
+    for r, ur, br, ks in zip(rows, u, b, classes, strict=True):
+        for x, y_u, y_b, k in zip(r, ur, br, ks, strict=True):
+            if x in special:
+                continue
+            if k == FREQUENT:
+                assert y_b == x
+                n_freq += 1
+            else:  # the same noise slot as the uniform mechanism's: the same output
+                assert y_b == y_u
+                n_prot += 1
+    assert n_prot >= 5 and n_freq >= 5
+    # uniform at η stays exactly today's mechanism
+    again = _custom(small_bert, KindPolicy("all"))
+    assert again.privatize(rows, measure=False, texts=TEXTS) == u
+
+
+@pytest.mark.parametrize("eta,eta_other", [(40.0, 160.0)])
+def test_each_class_gets_its_own_eta(small_bert, eta, eta_other):
+    """‖z‖ of each class follows Gamma(d, scale 1/η_class) (KS), and not the other class's."""
+    c = _custom(small_bert, KindPolicy("rare", eta_other=eta_other), eta=eta)
+    rows = c.rows(TEXTS)
+    scales, clear, classes = c.kind_noise(rows, TEXTS)
+    assert not any(bool(x.any()) for x in clear)  # eta_other given: nothing in clear
+    ids = torch.tensor(rows[0])
+    reps = 600
+    ids_r, scale_r = ids.repeat(reps), scales[0].repeat(reps)
+    noised = c.privatizer.noised_embeddings(ids_r, eta_scale=scale_r)
+    norms = (noised - c.privatizer.embeddings[ids_r]).norm(dim=1).double()
+    cls = torch.tensor(classes[0]).repeat(reps)
+    special = torch.isin(ids_r, c.privatizer.special_ids)
+    d = small_bert.embeddings.shape[1]
+    for k, e, other in ((FREQUENT, eta_other, eta), (RARE, eta, eta_other),
+                        (PERSONAL, eta, eta_other)):
+        sel = norms[(cls == k) & ~special].numpy()
+        assert len(sel) >= 500
+        assert stats.kstest(sel, stats.gamma(d, scale=1 / e).cdf).pvalue > 1e-3
+        assert stats.kstest(sel, stats.gamma(d, scale=1 / other).cdf).pvalue < 1e-6
+
+
+def test_align_classes_gives_unplaced_tokens_the_strong_noise():
+    special = {101, 102}
+    # a pair row: [CLS] a b [SEP] c d [SEP], the first segment truncated to its first token
+    row = [101, 7, 102, 9, 10, 102]
+    got = align_classes(row, [[7, 8], [9, 10]], [[FREQUENT, RARE], [FREQUENT, FREQUENT]],
+                        special)
+    assert got[1] == FREQUENT and got[3] == FREQUENT and got[4] == FREQUENT
+    # an id that is not the next one of its segment, and positions before ``start``
+    got = align_classes([101, 5, 7, 102], [[7]], [[FREQUENT]], special, start=2)
+    assert got[1] == PERSONAL and got[2] == FREQUENT
+    got = align_classes([101, 99, 102], [[7]], [[FREQUENT]], special)
+    assert got[1] == PERSONAL
+
+
+def test_policy_is_checked():
+    with pytest.raises(ValueError, match="protect"):
+        KindPolicy("names")
+    with pytest.raises(ValueError, match="frequent_rank"):
+        KindPolicy("rare", frequent_rank=500)
+    with pytest.raises(ValueError, match="eta_other"):
+        KindPolicy("rare", eta_other=-1.0)
+    with pytest.raises(ValueError, match="below"):
+        KindPolicy("rare", eta_other=10.0).check_against(40.0)
+    rec = KindPolicy("personal", eta_other=80.0).record(40.0)
+    assert rec["class_eta"] == {"personal": 40.0, "rare": 80.0, "frequent": 80.0}
+
+
+def test_by_kind_needs_the_texts_and_their_spans(small_bert):
+    c = _custom(small_bert, KindPolicy("rare"))
+    rows = c.rows(TEXTS)
+    with pytest.raises(ValueError, match="texts"):
+        c.privatize(rows, measure=False)
+    with pytest.raises(KeyError, match="no personal-data spans"):
+        c.privatize(c.rows(["an unknown text"]), measure=False, texts=["an unknown text"])
+    with pytest.raises(ValueError, match="rows for"):
+        row_noise(rows, TEXTS[:1], None, small_bert.tokenizer, KindPolicy("rare"), 40.0,
+                  special=set(), spans=SPANS)
+    c.privatize(rows, measure=False, texts=TEXTS)
+    meta = c.privacy_meta()["by_kind"]
+    assert meta["protect"] == "rare" and meta["class_eta"]["frequent"] is None
+    assert _custom(small_bert, None).privacy_meta()["by_kind"] is None
