@@ -56,10 +56,12 @@ NOISE_SEED = typer.Option(None, "--noise-seed", help="seed the privacy noise: te
                           "entropy")
 
 # -- noise by kind of token (rapt.privacy.by_kind): built by rapt.cli._by_kind.kind_policy ------
-PROTECT_HELP = ("which tokens get the full noise of η: all (default: every token, the uniform "
-                "mechanism) | rare (personal data and rare words) | personal (personal data "
-                "that Presidio finds); the others pass in clear unless --other-p / --other-eta "
-                "is given")
+_PROTECT_WHAT = ("which tokens get the full noise of η: all (every token: the uniform mechanism) "
+                 "| rare (personal data, and words outside the --frequent-rank N most frequent "
+                 "words of rapt's public word list) | personal (personal data that Presidio "
+                 "finds); the others (frequent words) pass in clear unless --other-p / "
+                 "--other-eta is given")
+PROTECT_HELP = _PROTECT_WHAT + " (default: all)"
 FREQUENT_RANK_HELP = ("with --protect rare: a word is rare when it is outside the N most frequent "
                       "words of rapt's public word list (never your data): 100 | 1000 | 10000")
 OTHER_P_HELP = ("with --protect rare|personal: noise the unprotected tokens at the η that gives "
@@ -74,6 +76,12 @@ OTHER_ETA = typer.Option(None, "--other-eta", help=OTHER_ETA_HELP)
 
 # -- compute ------------------------------------------------------------------------------------
 PRECISION = typer.Option(None, "--precision", help=PRECISION_HELP)
+
+
+def protect_for_queries(default: str):
+    """--protect of a command that privatizes a tuned prompt's queries: not given (None), the
+    prompt's policy, which ``default`` names for the help."""
+    return with_help(with_default(PROTECT, None), f"{_PROTECT_WHAT} (default: {default})")
 
 
 def with_help(option, help: str):

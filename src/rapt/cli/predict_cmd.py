@@ -38,12 +38,10 @@ from rapt.cli.options import (
     OTHER_ETA,
     OTHER_P,
     PRECISION,
-    PROTECT,
-    PROTECT_HELP,
     TEXT_COLUMN,
     TEXT_PAIR_COLUMN,
+    protect_for_queries,
     split_names,
-    with_default,
     with_help,
 )
 from rapt.config import PRECISION_HELP, PRECISIONS
@@ -151,8 +149,6 @@ _PREDICT_HELP = {
     "local": "the --out of the `rapt tune` run whose local model to use (default: ARTIFACT's, "
     "when `rapt tune` saved one beside it): its clean-query probabilities are fused with the "
     "remote ones, and the fused label is the prediction",
-    "protect": PROTECT_HELP.replace("all (default: ", "all (") + " (default: the policy the "
-    "prompt was tuned with, recorded in ARTIFACT)",
     "no_local": "the remote prompt alone, even when a local model lies beside ARTIFACT",
     "local_only": "the local model alone, on the clean queries: nothing is privatized, sent or "
     "run on the backbone",
@@ -177,7 +173,8 @@ def predict(
     eta: float | None = with_help(ETA, "default: the artifact's η (same as training)"),
     min_p: float = MIN_P,
     no_privacy: bool = with_help(NO_PRIVACY, _PREDICT_HELP["no_privacy"]),
-    protect: str | None = with_help(with_default(PROTECT, None), _PREDICT_HELP["protect"]),
+    protect: str | None = protect_for_queries("the policy the prompt was tuned with, recorded "
+                                              "in ARTIFACT"),
     frequent_rank: int = FREQUENT_RANK,
     other_p: float | None = OTHER_P, other_eta: float | None = OTHER_ETA,
     out: Path | None = typer.Option(None, help=_PREDICT_HELP["out"]),
