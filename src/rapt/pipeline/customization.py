@@ -13,9 +13,13 @@ privacy report (η, measured P, nearest-neighbour inversion success).
 It does no I/O: callers read files, print and save; progress goes to plain callables.
 
     c = Customization.create(bb, Encoding(128), TuneConfig(), target_p=0.6)
-    rows = c.privatize(c.rows(texts))          # c.privacy: η, P, inversion success
-    tuned = c.tune(rows, labels, num_labels)   # c.artifact
-    probs = c.for_artifact(tuned).predict_proba(c.privatize(c.rows(queries, queries=True)))
+    rows = c.privatize(c.rows(texts), texts=texts)   # c.privacy: η, P, inversion success
+    tuned = c.tune(rows, labels, num_labels)          # c.artifact
+    q = c.for_artifact(tuned)
+    probs = q.predict_proba(q.privatize(q.rows(queries, queries=True), texts=queries))
+
+The texts go with the rows to :meth:`Customization.privatize`: under a by-kind
+``kind_policy`` (:mod:`rapt.privacy.by_kind`) they decide each token's class.
 
 With ``channel=denoiser`` the privatized rows are denoised inside :meth:`Customization.tune` and
 :meth:`Customization.predict_proba` (text positions only: specials and plain tokens k stay as

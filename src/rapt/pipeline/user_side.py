@@ -64,7 +64,8 @@ def remote_proba(custom: Customization, texts: Sequence[str],
         raise ValueError("Customization.artifact is not set: tune or load a prompt first")
     q = custom.for_artifact(custom.artifact)
     clean = q.rows(texts, text_pairs, queries=True)
-    rows = q.privatize(clean, measure=False, progress=progress)
+    rows = q.privatize(clean, measure=False, progress=progress, texts=texts,
+                       text_pairs=text_pairs)
     if progress is not None and q.privatizer is None:
         progress(len(rows))
     if denoiser is not None and q.privatizer is not None:
@@ -165,7 +166,7 @@ def fit_output_denoiser(custom: Customization, tuned: Any,
     z_clean = _pooled(q, clean, step)
     zp, feats = [], []
     for _ in range(OUTPUT_DENOISER_COPIES):
-        priv = q.privatize(clean, measure=False, progress=lambda _: step())
+        priv = q.privatize(clean, measure=False, progress=lambda _: step(), texts=texts)
         zp.append(_pooled(q, priv, step))
         feats.append(token_features(q.backbone.embeddings, clean, priv, q._special_ids()))
     dev = next(iter(q.backbone.model.parameters())).device
