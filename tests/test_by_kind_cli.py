@@ -213,7 +213,8 @@ def test_client_queries_take_the_policy_declared_with_the_prompt(service):
 
 
 def test_the_help_says_what_rare_means_and_that_frequent_words_pass_in_clear():
-    for cmd in (["tune"], ["predict"], ["client", "upload"], ["client", "predict"], ["demo"]):
+    for cmd in (["tune"], ["predict"], ["privatize"], ["client", "upload"], ["client", "predict"],
+                ["demo"]):
         text = " ".join(runner.invoke(app, [*cmd, "--help"], terminal_width=200).output.split())
         assert "--protect" in text and "--frequent-rank" in text, cmd
         assert "--other-p" in text and "--other-eta" in text, cmd
@@ -227,3 +228,26 @@ def test_the_toy_words_split_as_the_tests_assume():
     freq = load_word_frequencies()
     assert all(freq.band(w) <= 1 for w in FREQUENT) and all(freq.band(w) >= 2 for w in RARE)
     assert set(FREQUENT + RARE) <= set(TOY_WORDS)
+
+
+def test_privatize_protect_rare_writes_frequent_words_as_they_were(rare_run, tmp_path):
+    _, bb, data, *_ = rare_run
+    base = ["privatize", str(data), "--backbone", bb, "--eta", "2", "--noise-seed", "0",
+            "--json-report"]
+    r = runner.invoke(app, [*base[:2], str(tmp_path / "rare.csv"), *base[2:],
+                            "--protect", "rare"])
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.output.strip().splitlines()[-1])
+    assert report["by_kind"]["class_eta"] == {"personal": 2.0, "rare": 2.0, "frequent": None}
+    clean = [line.split(",")[0].split() for line in data.read_text().splitlines()[1:]]
+    got = [line.split(",")[0].split() for line in
+           (tmp_path / "rare.csv").read_text().splitlines()[1:]]
+    kept = [b == a for c, p in zip(clean, got, strict=True) if len(c) == len(p)
+            for a, b in zip(c, p, strict=True) if a in FREQUENT]
+    assert kept and all(kept)
+    outs = []
+    for name, extra in (("all.csv", ["--protect", "all"]), ("plain.csv", [])):
+        r = runner.invoke(app, [*base[:2], str(tmp_path / name), *base[2:], *extra])
+        assert r.exit_code == 0, r.output
+        outs.append((tmp_path / name).read_text())
+    assert outs[0] == outs[1]
