@@ -100,6 +100,12 @@ class DemoConfig:
     noise_seed: int | None = None  # privacy noise: OS entropy unless set (then "seeded")
     privatizer_mode: str = DEFAULT_PRIVATIZER_MODE
     channel: str | None = None  # a channel model folder (rapt adapt): adds +denoise-then-tune
+    # noise by kind of token (rapt.privacy.by_kind): the classes that get η ("all": uniform),
+    # where "frequent" ends, and the others' level (P on the public sample, or η; neither: clear)
+    protect: str = "all"
+    frequent_rank: int = 1000
+    other_p: float | None = None
+    other_eta: float | None = None
     # Backbone passes (rapt.precision): auto = bf16 on CPUs with native bf16. In this very
     # setting bf16 and fp32 scored the same (-0.0 ± 0.2 points, 5 paired seeds:
     # benchmarks/results/precision.md) at 1.8x the prefix step speed.
@@ -119,6 +125,12 @@ class DemoConfig:
         if self.precision not in PRECISIONS:
             raise ValueError(f"DemoConfig.precision must be one of {', '.join(PRECISIONS)} "
                              f"(got {self.precision!r})")
+        from rapt.privacy.by_kind import KindPolicy
+
+        KindPolicy(self.protect, self.frequent_rank, self.other_eta)  # ValueError naming it
+        if self.other_p is not None and not 0 < self.other_p < 1:
+            raise ValueError(f"DemoConfig.other_p must lie strictly between 0 and 1 "
+                             f"(got {self.other_p})")
         if self.eta is None and not 0 < self.target_p < 1:
             raise ValueError(f"DemoConfig.target_p must lie strictly between 0 and 1 "
                              f"(got {self.target_p})")
@@ -236,9 +248,13 @@ def run_demo(config: DemoConfig, log: Callable[[str], None] = print,
                                       target_p=config.target_p if config.eta is None else None,
                                       noise_seed=config.noise_seed,
                                       privatizer_mode=config.privatizer_mode)
+        custom.kind_policy = _kind_policy(config, bb, custom.eta)
     if config.eta is None:  # the calibration every command uses
         log(f"η = {numfmt.eta(custom.eta)} (calibrated for P ≈ {config.target_p} on the public "
             "text sample)")
+    if custom.by_kind:
+        log(f"noise by kind of token: {custom.kind_record()['class_eta']} (η by class; None: "
+            "in clear)")
     result = DemoResult(config=asdict(config), eta=float(custom.eta), p=0.0,
                         inversion_privacy=0.0, seeded=custom.privatizer.seeded,
                         text_length=n_text, rows_whole=whole, target_p=custom.target_p)
@@ -265,6 +281,27 @@ def run_demo(config: DemoConfig, log: Callable[[str], None] = print,
     result.stage_seconds = dict(stages.seconds)
     log(stages.line())
     return result
+
+
+def _kind_policy(config: DemoConfig, bb, eta: float) -> Any:
+    """The demo's KindPolicy (None: uniform); the unprotected η calibrated for
+    ``config.other_p`` on the public text sample as η is; ValueError when it lies below η."""
+    from rapt.privacy.by_kind import KindPolicy
+
+    if config.protect == "all":
+        return None
+    other = config.other_eta
+    if config.other_p is not None:
+        from rapt.privacy.mechanism import calibrate_eta_public
+
+        other = calibrate_eta_public(bb, config.other_p)
+    policy = KindPolicy(config.protect, config.frequent_rank, other)
+    try:
+        policy.check_against(eta)
+    except ValueError as e:
+        name = "other_p" if config.other_p is not None else "other_eta"
+        raise ValueError(f"DemoConfig.{name}: {e}") from None
+    return policy
 
 
 def _load_channel(config: DemoConfig, bb) -> ChannelModel | None:
@@ -335,8 +372,8 @@ def _run_seed(custom, config: DemoConfig, data, n_text: int, base: TuneConfig, s
                                                        config.plain_sequences, len(train), seed))
     k_rows, k_test = with_k.rows(train.texts), with_k.rows(test.texts, queries=True)
     with tally.stages.time("privatization"):
-        priv_k = with_k.privatize(k_rows, measure=False)
-        priv_k_test = with_k.privatize(k_test, measure=False)
+        priv_k = with_k.privatize(k_rows, measure=False, texts=train.texts)
+        priv_k_test = with_k.privatize(k_test, measure=False, texts=test.texts)
     cut = with_k.encoding.text_only
     clean = (cut(tok, k_rows), cut(tok, k_test))
     priv = (cut(tok, priv_k), cut(tok, priv_k_test))

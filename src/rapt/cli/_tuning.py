@@ -8,13 +8,15 @@ from pathlib import Path
 import typer
 
 from rapt.cli._app import check_eta_options, fail, warn_if_seeded
+from rapt.cli._by_kind import KindOptions, kind_policy
 
 
 def customization(bb, eta: float | None, target_p: float | None, noise_seed: int | None,
-                  mode: str, encoding=None, config=None):
+                  mode: str, encoding=None, config=None, kinds: KindOptions | None = None):
     """The Customization at η (or at the η that gives P ≈ target on rapt's public text sample);
     its privatizer is None when neither is given. Its noise comes from OS entropy unless
-    ``noise_seed`` is given (with a warning). Bad --eta/--target-p values exit 2."""
+    ``noise_seed`` is given (with a warning); by kind of token under ``kinds`` (--protect
+    ...). Bad --eta/--target-p values and by-kind options exit 2."""
     from rapt.pipeline import Customization
 
     check_eta_options(eta, target_p)
@@ -22,17 +24,21 @@ def customization(bb, eta: float | None, target_p: float | None, noise_seed: int
                                   noise_seed=noise_seed, privatizer_mode=mode)
     if custom.privatizer is not None:
         warn_if_seeded(noise_seed)
+    if kinds is not None:
+        custom.kind_policy = kind_policy(bb, custom.eta, kinds)
     return custom
 
 
-def privatize_with_bar(custom, rows, *, measure: bool = True):
+def privatize_with_bar(custom, rows, *, texts=None, text_pairs=None, measure: bool = True):
     """``custom.privatize`` with a progress bar on stderr, then (``measure``) its privacy
     report in ``custom.privacy`` with a clock: the nearest-neighbour inversion over every
-    token takes a while of its own."""
+    token takes a while of its own. ``texts`` (and ``text_pairs``): what ``rows`` were built
+    from, which a by-kind policy classifies."""
     from rapt.progress import progress_bar, timed
 
     with progress_bar(total=len(rows), desc="privatize", unit="row") as bar:
-        out = custom.privatize(rows, measure=False, progress=bar.update)
+        out = custom.privatize(rows, measure=False, progress=bar.update, texts=texts,
+                               text_pairs=text_pairs)
     if measure and custom.privatizer is not None:
         with timed("measure: P and nearest-neighbour inversion of what was privatized"):
             custom.measure(rows, out)

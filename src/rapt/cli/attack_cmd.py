@@ -276,8 +276,8 @@ def attribute(
         rte = build_rows(bb.tokenizer, te.texts, max_length)
     custom = customization(bb, eta, None, noise_seed, DEFAULT_PRIVATIZER_MODE)
     if custom.privatizer is not None:
-        rtr = privatize_with_bar(custom, rtr, measure=False)
-        rte = privatize_with_bar(custom, rte, measure=False)
+        rtr = privatize_with_bar(custom, rtr, texts=tr.texts, measure=False)
+        rte = privatize_with_bar(custom, rte, texts=te.texts, measure=False)
     feats = {"input embeddings": (embedding_features(bb, rtr), embedding_features(bb, rte)),
              "last-layer states": (hidden_features(bb, rtr, tuned),
                                    hidden_features(bb, rte, tuned))}

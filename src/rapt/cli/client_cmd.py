@@ -28,15 +28,21 @@ from rapt.cli._app import (
     privacy_level,
     sub_app,
 )
+from rapt.cli._by_kind import KindOptions, check_kind_options, echo_policy, kind_policy
 from rapt.cli.options import (
     ETA,
+    FREQUENT_RANK,
     LABEL_COLUMN,
     LABEL_NAMES,
     MIN_P,
     NO_PRIVACY,
+    OTHER_ETA,
+    OTHER_P,
+    PROTECT,
     TARGET_EP,
     TARGET_P,
     TEXT_COLUMN,
+    protect_for_queries,
     split_names,
     with_help,
 )
@@ -72,6 +78,7 @@ PAD_OPT = typer.Option(None, "--pad-to-bucket", min=1, help="pad every row sent 
                        "of this many tokens, so the wire shows length buckets, not lengths "
                        "(the service strips the padding: the provider still learns lengths)")
 MIN_P_OPT = MIN_P
+PROTECT_PREDICT_OPT = protect_for_queries("the policy declared with the prompt's training data")
 NO_LOCAL_OPT = typer.Option(False, "--no-local", help="no local model: the privatized model "
                             "alone (nothing else changes in what is sent)")
 LOCAL_OUT_OPT = typer.Option(
@@ -96,6 +103,21 @@ def _client(url, key, backbone="minilm", eta=None, no_privacy=False, seed=None,
                               progress=True)
     except ClientError as e:
         fail(str(e))
+
+
+def _kind_policy(c, kinds: KindOptions, prompt_id: str | None = None) -> None:
+    """Give the client the by-kind policy of the options at the η it privatizes with (a
+    prompt's queries: --eta or the prompt's η). --protect not given to predict: the client
+    takes the policy the prompt's training data was declared with (:func:`_echo_privacy`
+    says so)."""
+    from rapt.privacy.by_kind import KindPolicy
+
+    check_kind_options(kinds, private=not c.no_privacy)
+    if c.no_privacy:
+        return
+    if kinds.protect is not None:
+        eta = _guard(lambda: c.query_eta(prompt_id) if prompt_id else c.resolved_eta())
+        c.set_kind_policy(kind_policy(c.backbone, eta, kinds) or KindPolicy())
 
 
 @contextlib.contextmanager
@@ -142,6 +164,10 @@ def _echo_privacy(c, json_report: bool = False) -> None:
 
     r = c.last_privacy
     table = None
+    if r and not r["no_privacy"] and c.kind_policy is not None and not c.kind_policy.uniform \
+            and str(c.kind_source).startswith("prompt"):
+        echo_policy(c.kind_policy, r["eta"], prefix=f"queries as {c.kind_source}'s training data "
+                    "was declared (--protect overrides): ")
     if r and r["no_privacy"]:
         typer.echo(f"{r['what']}: {r['rows']} rows sent in clear text (--no-privacy): no "
                    "privacy", err=True)
@@ -174,6 +200,8 @@ def _echo_json_report(c, table: dict | None = None) -> None:
 def client_upload(
     file: str = typer.Argument(..., help="labelled CSV / TSV / JSONL file (or a built-in name)"),
     eta: float | None = ETA_OPT, no_privacy: bool = NOPRIV_OPT, backbone: str = BB_OPT,
+    protect: str = PROTECT, frequent_rank: int = FREQUENT_RANK,
+    other_p: float | None = OTHER_P, other_eta: float | None = OTHER_ETA,
     text_column: str | None = TEXT_COLUMN, label_column: str | None = LABEL_COLUMN,
     text_pair_column: str | None = TEXT_PAIR_OPT,
     target_p: float | None = TARGET_P_OPT, target_ep: float | None = TARGET_EP_OPT,
@@ -205,8 +233,11 @@ def client_upload(
     target_p = privacy_level(eta, target_p, target_ep, no_privacy, clear=None)
     if target_ep is not None:
         eta = eta_for_target_ep(backbone, target_ep)
+    kinds = KindOptions(protect, frequent_rank, other_p, other_eta)
+    check_kind_options(kinds, private=not no_privacy)
     c = _client(url, key, backbone, eta, no_privacy, seed, min_p, target_p=target_p,
                 plain_tokens=plain_len, pad_to_bucket=pad_to_bucket)
+    _kind_policy(c, kinds)
     # how to read the rows again after the tune (the held-out ones are never uploaded)
     reload = {"name_or_path": str(Path(file).resolve()) if Path(file).exists() else file,
               "text_column": text_column, "label_column": label_column,
@@ -441,10 +472,11 @@ def client_predict(
     label_names: str | None = with_help(LABEL_NAMES, "comma-separated label names in id order "
                                         "(default: those recorded on this machine when the "
                                         "prompt's dataset was uploaded from it)"),
+    protect: str | None = PROTECT_PREDICT_OPT, frequent_rank: int = FREQUENT_RANK,
+    other_p: float | None = OTHER_P, other_eta: float | None = OTHER_ETA,
     out: Path | None = typer.Option(None, "--out", help="write every prediction to this file, "
                                     "JSONL or CSV by its suffix (default: a summary and the "
                                     "first rows)"),
-    no_local: bool = NO_LOCAL_OPT,
     local: Path | None = typer.Option(
         None, "--local", help="the --local-out of the `client tune` run whose local model to "
         "use (default: where `client tune --wait` saved the prompt's): its clean-query "
@@ -457,7 +489,7 @@ def client_predict(
     no_denoise: bool = typer.Option(
         False, "--no-denoise", help="use the service's probabilities as they are, even when "
         "the prompt has an output denoiser (`client tune --output-denoiser`)"),
-    url: str | None = URL_OPT, key: str | None = KEY_OPT,
+    url: str | None = URL_OPT, key: str | None = KEY_OPT, no_local: bool = NO_LOCAL_OPT,
 ) -> None:
     """Privatize each query here, classify it with a tuned prompt; prints a summary and the
     first rows (or writes them all with --out), by label name, and on stderr η, the measured P
@@ -475,6 +507,7 @@ def client_predict(
 
     check_out_or_fail(out)
     c = _client(url, key, backbone, eta, no_privacy, min_p=min_p, pad_to_bucket=pad_to_bucket)
+    _kind_policy(c, KindOptions(protect, frequent_rank, other_p, other_eta), prompt_id)
     names = split_names(label_names) or _guard(lambda: c.label_names_for(prompt_id))
     src = inputs[0] if len(inputs) == 1 and os.path.exists(inputs[0]) else inputs
     if not isinstance(src, list):

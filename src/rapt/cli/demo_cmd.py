@@ -13,8 +13,19 @@ from typing import Any
 import typer
 
 from rapt.cli._app import TARGET_P_HELP, app, fail, warn_if_seeded, warn_weak_privacy
+from rapt.cli._by_kind import KindOptions, check_kind_options
 from rapt.cli._tuning import loss_postfix
-from rapt.cli.options import ETA, MIN_P, PRECISION, TARGET_P, with_help
+from rapt.cli.options import (
+    ETA,
+    FREQUENT_RANK,
+    MIN_P,
+    OTHER_ETA,
+    OTHER_P,
+    PRECISION,
+    PROTECT,
+    TARGET_P,
+    with_help,
+)
 from rapt.config import LR_HELP, PRECISION_HELP
 from rapt.privacy.rule import DEFAULT_TARGET_P
 
@@ -49,6 +60,10 @@ class DemoOptions:
     noise_seed: int | None
     channel: Path | None
     precision: str | None
+    protect: str
+    frequent_rank: int
+    other_p: float | None
+    other_eta: float | None
 
 
 _DEMO_HELP = {
@@ -95,6 +110,8 @@ def demo(
                                        f"{DEFAULT_TARGET_P:g})"),
     eta: float | None = with_help(ETA, "η (overrides --target-p)"),
     min_p: float = MIN_P,
+    protect: str = PROTECT, frequent_rank: int = FREQUENT_RANK,
+    other_p: float | None = OTHER_P, other_eta: float | None = OTHER_ETA,
     seeds: int | None = typer.Option(None, help="paired seeds (default 3)"),
     seed: int | None = typer.Option(None, help=_DEMO_HELP["seed"]),
     noise_seed: int | None = typer.Option(None, help=_DEMO_HELP["noise_seed"]),
@@ -163,6 +180,7 @@ def _demo_config(o: DemoOptions):
         given["label_descriptions"] = [d.strip() for d in o.label_descriptions.split("|")]
     if o.channel is not None:
         given["channel"] = str(o.channel)  # a string in results.json
+    check_kind_options(KindOptions(o.protect, o.frequent_rank, o.other_p, o.other_eta))
     if o.head is not None and o.head not in HEADS:
         fail(f"--head must be one of {', '.join(HEADS)} (got {o.head!r})")
     if o.rec_reduction is not None and o.rec_reduction not in ("sum", "mean"):

@@ -15,6 +15,7 @@ import typer
 
 from rapt.cli._app import TARGET_EP_HELP, TARGET_P_HELP, TEXT_PAIR_OPT
 from rapt.config import PRECISION_HELP
+from rapt.privacy.kinds import BAND_EDGES
 from rapt.privacy.rule import DEFAULT_MIN_P, DEFAULT_TARGET_P, MIN_P_HELP
 
 FORMAT_HELP = ("file format if the extension does not tell: csv, tsv, jsonl, lines, "
@@ -54,8 +55,33 @@ NOISE_SEED = typer.Option(None, "--noise-seed", help="seed the privacy noise: te
                           "benchmarks only, voids the guarantee (seeded: true); default: OS "
                           "entropy")
 
+# -- noise by kind of token (rapt.privacy.by_kind): built by rapt.cli._by_kind.kind_policy ------
+_PROTECT_WHAT = ("which tokens get the full noise of η: all (every token: the uniform mechanism) "
+                 "| rare (personal data, and words outside the --frequent-rank N most frequent "
+                 "words of rapt's public word list) | personal (personal data that Presidio "
+                 "finds); the others (frequent words) pass in clear unless --other-p / "
+                 "--other-eta is given")
+PROTECT_HELP = _PROTECT_WHAT + " (default: all)"
+FREQUENT_RANK_HELP = ("with --protect rare: a word is rare when it is outside the N most frequent "
+                      "words of rapt's public word list (never your data): 100 | 1000 | 10000")
+OTHER_P_HELP = ("with --protect rare|personal: noise the unprotected tokens at the η that gives "
+                "this P on rapt's public text sample (as --target-p), at most the protected P")
+OTHER_ETA_HELP = ("with --protect rare|personal: noise the unprotected tokens at this η (at least "
+                  "the protected η)")
+PROTECT = typer.Option("all", "--protect", help=PROTECT_HELP)
+# by_kind.DEFAULT_FREQUENT_RANK (1000); that module imports torch, which `rapt --help` must not
+FREQUENT_RANK = typer.Option(BAND_EDGES[1], "--frequent-rank", help=FREQUENT_RANK_HELP)
+OTHER_P = typer.Option(None, "--other-p", help=OTHER_P_HELP)
+OTHER_ETA = typer.Option(None, "--other-eta", help=OTHER_ETA_HELP)
+
 # -- compute ------------------------------------------------------------------------------------
 PRECISION = typer.Option(None, "--precision", help=PRECISION_HELP)
+
+
+def protect_for_queries(default: str):
+    """--protect of a command that privatizes a tuned prompt's queries: not given (None), the
+    prompt's policy, which ``default`` names for the help."""
+    return with_help(with_default(PROTECT, None), f"{_PROTECT_WHAT} (default: {default})")
 
 
 def with_help(option, help: str):

@@ -21,21 +21,26 @@ from rapt.cli._app import (
     load_data_or_fail,
     warn_if_seeded,
 )
+from rapt.cli._by_kind import KindOptions, check_kind_options, echo_policy, kind_policy
 from rapt.cli._output_denoiser import NO_DENOISE_HELP, for_queries
 from rapt.cli._tuning import echo_channel, load_channel, privatize_with_bar
 from rapt.cli.options import (
     BASE_HELP,
     ETA,
     FORMAT,
+    FREQUENT_RANK,
     LABEL_BASE,
     LABEL_COLUMN,
     LABEL_NAMES,
     LIMIT,
     MIN_P,
     NO_PRIVACY,
+    OTHER_ETA,
+    OTHER_P,
     PRECISION,
     TEXT_COLUMN,
     TEXT_PAIR_COLUMN,
+    protect_for_queries,
     split_names,
     with_help,
 )
@@ -60,6 +65,10 @@ class PredictOptions:
     eta: float | None
     min_p: float
     no_privacy: bool
+    protect: str | None
+    frequent_rank: int
+    other_p: float | None
+    other_eta: float | None
     out: Path | None
     noise_seed: int | None
     json_report: bool
@@ -164,6 +173,10 @@ def predict(
     eta: float | None = with_help(ETA, "default: the artifact's η (same as training)"),
     min_p: float = MIN_P,
     no_privacy: bool = with_help(NO_PRIVACY, _PREDICT_HELP["no_privacy"]),
+    protect: str | None = protect_for_queries("the policy the prompt was tuned with, recorded "
+                                              "in ARTIFACT"),
+    frequent_rank: int = FREQUENT_RANK,
+    other_p: float | None = OTHER_P, other_eta: float | None = OTHER_ETA,
     out: Path | None = typer.Option(None, help=_PREDICT_HELP["out"]),
     noise_seed: int | None = typer.Option(None, help=_PREDICT_HELP["noise_seed"]),
     json_report: bool = typer.Option(False, "--json-report", help=_PREDICT_HELP["json_report"]),
@@ -185,6 +198,7 @@ def predict(
     from rapt.tuning.tune import TunedPrompt
 
     check_out_or_fail(out)
+    check_kind_options(_kinds(o), private=not no_privacy)
     try:
         tuned = TunedPrompt.load(artifact)
     except ArtifactError as e:
@@ -231,12 +245,13 @@ def _remote_probs(o: PredictOptions, tuned, ds):
     check_eta_options(eta, None)
     den = _predict_channel(o, tuned.meta, bb)
     custom = Customization.from_artifact(bb, tuned, eta=eta, noise_seed=o.noise_seed,
-                                         channel=den)
+                                         channel=den, kind_policy=_query_policy(o, tuned, bb,
+                                                                                eta))
     if custom.privatizer is not None:
         warn_if_seeded(o.noise_seed)
     clean = rows = custom.rows(ds.texts, ds.text_pairs, queries=True)
     if custom.privatizer is not None:
-        rows = privatize_with_bar(custom, rows)
+        rows = privatize_with_bar(custom, rows, texts=ds.texts, text_pairs=ds.text_pairs)
         echo_privacy(custom.privacy, backbone=bb.name, err=True, min_p=o.min_p,
                      what="query set")
         echo_channel(custom.privacy, err=True)
@@ -251,6 +266,32 @@ def _remote_probs(o: PredictOptions, tuned, ds):
             probs = custom.predict_proba(rows, progress=bar.update)
     probs = probs.detach().float().cpu().numpy()
     return eta, custom.privacy, np.asarray(probs, dtype=np.float64), den
+
+
+def _kinds(o: PredictOptions) -> KindOptions:
+    return KindOptions(o.protect, o.frequent_rank, o.other_p, o.other_eta)
+
+
+def _query_policy(o: PredictOptions, tuned, bb, eta: float | None):
+    """The queries' noise by kind of token: --protect when given (all: uniform), else the
+    policy the prompt was tuned with (its ``by_kind`` record), said on stderr."""
+    from rapt.privacy.by_kind import KindPolicy
+
+    if eta is None:
+        return None
+    if o.protect is not None:
+        return kind_policy(bb, eta, _kinds(o)) or KindPolicy()
+    rec = tuned.meta.get("by_kind")
+    if not rec:
+        return None
+    policy = KindPolicy.from_record(rec)
+    try:
+        policy.check_against(eta)
+    except ValueError as e:
+        fail(f"{o.artifact} was tuned with noise by kind of token whose unprotected tokens get "
+             f"η = {policy.eta_other:g}, below --eta {eta:g} ({e}); give --protect too")
+    echo_policy(policy, eta, prefix="queries as the prompt was tuned (--protect overrides): ")
+    return policy
 
 
 def _local_model(o: PredictOptions, tuned):

@@ -24,9 +24,14 @@ from rapt.cli._app import (
     resolve_eta,
     warn_if_seeded,
 )
+from rapt.cli._by_kind import KindOptions, check_kind_options, kind_policy
 from rapt.cli.options import (
     ETA,
+    FREQUENT_RANK,
     MIN_P,
+    OTHER_ETA,
+    OTHER_P,
+    PROTECT,
     TARGET_EP,
     TARGET_P,
     TEXT_COLUMN,
@@ -188,8 +193,9 @@ def privatize(
     target_p: float | None = with_help(TARGET_P, TARGET_P_HELP + "; default "
                                        f"{DEFAULT_TARGET_P:g} when no --eta / --target-ep is "
                                        "given (a level the weak-privacy rule does not flag)"),
-    target_ep: float | None = TARGET_EP,
-    min_p: float = MIN_P,
+    target_ep: float | None = TARGET_EP, min_p: float = MIN_P,
+    protect: str = PROTECT, frequent_rank: int = FREQUENT_RANK,
+    other_p: float | None = OTHER_P, other_eta: float | None = OTHER_ETA,
     backbone: str = typer.Option("minilm", "--backbone", "-b",
                                  help="embedding model: minilm, smollm2-135m, hub id or path"),
     mode: str = typer.Option(DEFAULT_PRIVATIZER_MODE, "--mode",
@@ -217,6 +223,7 @@ def privatize(
     Prints η, the measured replacement probability P, the nearest-neighbour inversion success,
     the shipped attack table's strongest attacker at that η and the throughput."""
     check_eta_options(eta, target_p, target_ep)
+    check_kind_options(kinds := KindOptions(protect, frequent_rank, other_p, other_eta))
     _check_options(mode, chunk_size, pieces)
     format_opt = None if fmt == "auto" else fmt
     ds = _load(input, split, format_opt, text_column, text_pair_column)
@@ -235,7 +242,7 @@ def privatize(
     warn_if_seeded(seed)
     priv, res, out_texts, out_pairs = _privatize_dataset(
         bb, ds, eta, seed=seed, mode=mode, chunk_size=chunk_size, all_tokens=all_tokens,
-        pieces=pieces)
+        pieces=pieces, policy=(policy := kind_policy(bb, eta, kinds)))
     # The loader's columns: it may have detected a sentence pair the flags did not name.
     body = _rewrite(src, input, fmt_used, len(ds), out_texts, out_pairs,
                     ds.report.get("text_column") or text_column,
@@ -248,6 +255,7 @@ def privatize(
     report = _privatize_report(res, priv, target_p=target_p, src=src, output=output,
                                fmt=fmt_used, examples=len(ds), eta=eta, mode=mode,
                                backbone=backbone, seed=seed, threads=threads)
+    report["by_kind"] = policy.record(eta) if policy is not None else None
     typer.echo(f"privatized {len(ds)} records, {report['tokens']} tokens -> {output}")
     typer.echo(f"η = {numfmt.eta(eta)}  P (replaced tokens) = {numfmt.p(res.p)}  throughput = "
                f"{report['tokens_per_s']:,.0f} tokens/s ({mode} search, {threads} threads)")
@@ -261,8 +269,9 @@ def privatize(
 
 
 def _privatize_dataset(bb, ds, eta: float, *, seed: int | None, mode: str, chunk_size: int,
-                       all_tokens: bool, pieces: str = "join"):
-    """Privatize every text (and pair text) of ``ds`` at ``eta`` with a bar on stderr.
+                       all_tokens: bool, pieces: str = "join", policy=None):
+    """Privatize every text (and pair text) of ``ds`` at ``eta`` with a bar on stderr; by kind
+    of token under ``policy`` (a KindPolicy, or None: uniform).
 
     Returns (privatizer, detailed result, private texts, private pair texts — None where the
     record has no pair)."""
@@ -283,9 +292,18 @@ def _privatize_dataset(bb, ds, eta: float, *, seed: int | None, mode: str, chunk
     priv = Privatizer(emb, eta, special_ids=bb.special_ids, candidate_ids=cand, mode=mode,
                       chunk_size=chunk_size, seed=seed)
     n_tok = sum(len(r) for r in tokenize_texts(all_texts, bb.tokenizer))
+    scales = clear = None
+    if policy is not None:
+        from rapt.privacy.by_kind import row_noise
+        from rapt.privacy.personal_data import PersonalDataDetector
+
+        scales, clear, _ = row_noise(tokenize_texts(all_texts, bb.tokenizer), all_texts, None,
+                                     bb.tokenizer, policy, eta, special=set(
+                                         int(i) for i in bb.special_ids), detector=(
+                                         PersonalDataDetector()))
     with progress_bar(total=n_tok, unit="token", desc="privatize") as bar:
         res = privatize_texts_detailed(all_texts, bb.tokenizer, priv, progress=bar.update,
-                                       pieces=pieces)
+                                       pieces=pieces, eta_scale=scales, passthrough=clear)
     out_texts = res.texts[: len(texts)]
     out_pairs: list[str | None] = (
         [t if p is not None else None for t, p in zip(res.texts[len(texts):], pairs,

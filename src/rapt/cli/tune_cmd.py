@@ -23,6 +23,7 @@ from rapt.cli._app import (
     privacy_level,
     warn_if_seeded,
 )
+from rapt.cli._by_kind import KindOptions, check_kind_options
 from rapt.cli._local import LOCAL_HELP, held_out, tune_user_side, without
 from rapt.cli._output_denoiser import (
     OUTPUT_DENOISER_HELP,
@@ -39,13 +40,17 @@ from rapt.cli._tuning import (
 from rapt.cli.options import (
     ETA,
     FORMAT,
+    FREQUENT_RANK,
     LABEL_BASE,
     LABEL_COLUMN,
     LABEL_NAMES,
     LIMIT,
     MIN_P,
     NO_PRIVACY,
+    OTHER_ETA,
+    OTHER_P,
     PRECISION,
+    PROTECT,
     TARGET_EP,
     TARGET_P,
     TEXT_COLUMN,
@@ -87,6 +92,10 @@ class TuneOptions:
     target_ep: float | None
     no_privacy: bool
     min_p: float
+    protect: str
+    frequent_rank: int
+    other_p: float | None
+    other_eta: float | None
     reconstruction: bool
     plain_len: int
     plain_tokens: str | None
@@ -176,6 +185,8 @@ def tune(
     target_ep: float | None = TARGET_EP,
     no_privacy: bool = NO_PRIVACY,
     min_p: float = MIN_P,
+    protect: str = PROTECT, frequent_rank: int = FREQUENT_RANK,
+    other_p: float | None = OTHER_P, other_eta: float | None = OTHER_ETA,
     reconstruction: bool = typer.Option(_d("reconstruction"), help=_TUNE_HELP["reconstruction"]),
     plain_len: int = typer.Option(DEFAULT_PLAIN_TOKENS, help="number of plain tokens m"),
     plain_tokens: str | None = typer.Option(None, help="plain tokens as text (default: random)"),
@@ -226,10 +237,7 @@ def tune(
     encoding = _encoding(o, bb, len(ds))
     cfg, rows = _tune_config_and_rows(o, bb, ds, dp, encoding)
     _echo_method_and_head(bb, cfg, method is None, dp is not None, bool(label_descriptions))
-    custom = customization(bb, eta, target_p, noise_seed, privatizer_mode, encoding, cfg)
-    custom.channel = load_channel(channel, bb) if channel is not None else None
-    if dp is not None and custom.privatizer is None:
-        warn_if_seeded(noise_seed)
+    custom = _customization(o, bb, eta, target_p, encoding, cfg, dp is not None)
     rows, resumed = _training_rows(o, custom, rows, ds, cfg)
     tuned = _tune_with_bar(custom, rows, ds, out=out, resume=resumed, delta=delta)
     _warn_training_collapse(custom, rows, ds)
@@ -237,6 +245,21 @@ def tune(
     _save_tuned(tuned, out, cfg.method, custom.privacy, train_log)
     tune_resume.drop(out)
     _user_side(custom, tuned, everything, held, o)
+
+
+def _customization(o: TuneOptions, bb, eta, target_p, encoding, cfg, dp: bool):
+    """The run's Customization: its privatizer (by kind of token under --protect) and channel
+    model."""
+    custom = customization(bb, eta, target_p, o.noise_seed, o.privatizer_mode, encoding, cfg,
+                           kinds=_kinds(o))
+    custom.channel = load_channel(o.channel, bb) if o.channel is not None else None
+    if dp and custom.privatizer is None:
+        warn_if_seeded(o.noise_seed)
+    return custom
+
+
+def _kinds(o: TuneOptions) -> KindOptions:
+    return KindOptions(o.protect, o.frequent_rank, o.other_p, o.other_eta)
 
 
 def _user_side(custom, tuned, everything, held, o: TuneOptions) -> None:
@@ -266,7 +289,7 @@ def _training_rows(o: TuneOptions, custom, rows, ds, cfg):
         typer.echo(f"note: {tune_resume.path_in(o.out)} is the checkpoint of a stopped run; "
                    "--resume continues it (this run starts afresh and replaces it)", err=True)
     if custom.privatizer is not None:
-        return _privatize_and_echo(custom, rows, o.min_p), None
+        return _privatize_and_echo(custom, rows, ds, o.min_p), None
     return rows, None  # --no-privacy, announced when the options were read
 
 
@@ -316,15 +339,17 @@ def _privacy_level(o: TuneOptions) -> tuple[float | None, float | None]:
                                                    "queries `rapt predict` sends" if dp else "")))
     if o.channel is not None and o.no_privacy:
         fail("--channel reads privatized text back: leave out --no-privacy")
+    check_kind_options(_kinds(o), private=not o.no_privacy)
     eta = eta_for_target_ep(o.backbone, o.target_ep) if o.target_ep is not None else o.eta
     return eta, target_p
 
 
-def _privatize_and_echo(custom, rows, min_p: float):
-    """Privatized rows with a bar; the privacy line, and the channel model's recovery when
-    there is one (warned when this η lies outside the band it was trained on)."""
+def _privatize_and_echo(custom, rows, ds, min_p: float):
+    """Privatized rows (built from ``ds``'s texts) with a bar; the privacy line, and the
+    channel model's recovery when there is one (warned when this η lies outside the band it
+    was trained on)."""
     _warn_channel_eta(custom.channel, custom.eta)
-    rows = privatize_with_bar(custom, rows)
+    rows = privatize_with_bar(custom, rows, texts=ds.texts, text_pairs=ds.text_pairs)
     echo_privacy(custom.privacy, backbone=custom.backbone.name, min_p=min_p,
                  what="training data")
     echo_channel(custom.privacy)

@@ -220,7 +220,7 @@ class RaptClient:
                  seed: int | None = None, plain_tokens: int | Sequence[int] = DEFAULT_PLAIN_TOKENS,
                  min_p: float = DEFAULT_MIN_P, timeout: float = 120.0,
                  pad_to_bucket: int | None = None, progress: bool = False,
-                 http: httpx.Client | None = None) -> None:
+                 kind_policy: Any = None, http: httpx.Client | None = None) -> None:
         url = url or os.environ.get("RAPT_URL")
         api_key = api_key or os.environ.get("RAPT_API_KEY")
         if not url and http is None:
@@ -253,6 +253,10 @@ class RaptClient:
         # the service recorded with the prompt's training data.
         self.target_p = target_p
         self._eta_chosen = eta is not None or target_p is not None
+        # rapt.privacy.by_kind.KindPolicy: the noise by kind of token (None: uniform, except
+        # that predict then takes the policy the prompt's training data was declared with)
+        self.kind_policy, self.kind_source = kind_policy, "given" if kind_policy else None
+        self._kind_chosen = kind_policy is not None
         self.eta_source = "given" if eta is not None else None
         self.min_p = float(min_p)
         if seed is not None:
@@ -300,14 +304,23 @@ class RaptClient:
         """Without an η, calibrate one: for ``target_p``, or for the default level
         (:data:`rapt.privacy.rule.DEFAULT_TARGET_P`); clear text only with ``no_privacy``."""
         if self.eta is None and not self.no_privacy:
-            from rapt.pipeline import Customization
-
             target = self.target_p if self.target_p is not None else DEFAULT_TARGET_P
             # Calibrated as every command calibrates (rapt.pipeline); its privatizer is kept.
-            custom = Customization.create(self.backbone, target_p=target,
-                                          noise_seed=self.seed, privatizer_mode=self.mode)
+            custom = self._create(target_p=target)
             self._set_eta(custom.eta, "target_p" if self.target_p is not None else "default")
             self._custom = custom
+
+    def resolved_eta(self) -> float | None:
+        """The η uploads are privatized at (calibrated now for ``target_p`` or the default
+        level when none was given); None with ``no_privacy``."""
+        self._check_privacy()
+        return None if self.no_privacy else self.eta
+
+    def set_kind_policy(self, policy: Any, source: str = "given") -> None:
+        """Privatize by kind of token under ``policy`` (a KindPolicy; ``KindPolicy()``:
+        uniform, also for the queries of a prompt tuned by kind)."""
+        self.kind_policy, self.kind_source, self._kind_chosen = policy, source, True
+        self._custom = None
 
     def _set_eta(self, eta: float, source: str) -> None:
         if eta != self.eta:
@@ -332,6 +345,7 @@ class RaptClient:
                           n_tokens=sum(len(r) for r in text))
         else:
             report.update(replace(self.customization, encoding=layout).measure(rows, private))
+            report["by_kind"] = self._declaration().get("by_kind")  # the policy, not counts
             from rapt.privacy.rule import weak_privacy_warning
 
             # The rule every command applies (rapt.privacy.rule): table and measured recovery.
@@ -347,15 +361,24 @@ class RaptClient:
         """The local backbone's :class:`rapt.pipeline.Customization` at the client's η (no
         privatizer without one); rebuilt when η changes."""
         if self._custom is None:
-            from rapt.pipeline import Customization
-
-            custom = Customization.create(self.backbone, eta=self.eta, noise_seed=self.seed,
-                                          privatizer_mode=self.mode)
+            custom = self._create(eta=self.eta)
             # The P that η was calibrated for, reported beside the measured P.
             target = DEFAULT_TARGET_P if self.eta_source == "default" else self.target_p
             custom.target_p = target if custom.privatizer is not None else None
             self._custom = custom
         return self._custom
+
+    def _create(self, **level: Any) -> Customization:
+        """The Customization at ``level`` (eta= or target_p=) with the kind policy; a policy
+        whose unprotected η lies below the protected one is a ClientError."""
+        from rapt.pipeline import Customization
+
+        try:
+            return Customization.create(self.backbone, noise_seed=self.seed,
+                                        privatizer_mode=self.mode, kind_policy=self.kind_policy,
+                                        **level)
+        except ValueError as e:
+            raise ClientError(f"noise by kind of token ({self.kind_source}): {e}") from None
 
     @property
     def privatizer(self) -> Any:
@@ -381,17 +404,23 @@ class RaptClient:
         layout = Encoding(max_length, list(plain) if plain else None)
         return layout.rows(self.backbone.tokenizer, list(texts), pairs, queries=queries)
 
-    def privatize(self, rows: list[list[int]]) -> list[list[int]]:
+    def privatize(self, rows: list[list[int]], texts: Sequence[str] | None = None,
+                  text_pairs: Sequence[str | None] | None = None) -> list[list[int]]:
         """Apply the mechanism to every non-special token (identity with no_privacy); a bar
-        with ``progress``."""
+        with ``progress``. ``texts`` (and ``text_pairs``): what the rows were built from; a
+        by-kind policy needs them to classify the tokens."""
         self._check_privacy()
         if self.no_privacy:
             warnings.warn("no_privacy=True: your text's token ids are about to be sent to the "
                           "provider unprotected", PrivacyWarning, stacklevel=3)
             return [list(r) for r in rows]
+        if self.customization.by_kind and texts is None:
+            raise ClientError("noise by kind of token needs the texts the rows were built from "
+                              "(privatize(rows, texts=...)); nothing was sent")
         with self._bar(len(rows), "privatize") as bar:
             return self.customization.privatize(rows, measure=False,
-                                                progress=bar.update if self.progress else None)
+                                                progress=bar.update if self.progress else None,
+                                                texts=texts, text_pairs=text_pairs)
 
     def _timed(self, desc: str) -> Any:
         """:func:`rapt.progress.timed` with ``progress`` (a step with its clock), else nothing."""
@@ -411,7 +440,8 @@ class RaptClient:
                plain_ids: Sequence[int] | None = None, max_length: int = 128
                ) -> list[list[int]]:
         """Texts -> privatized token id rows (what upload and predict send)."""
-        return self.privatize(self._rows(list(texts), text_pairs, plain_ids, max_length))
+        return self.privatize(self._rows(list(texts), text_pairs, plain_ids, max_length),
+                              list(texts), text_pairs)
 
     def _padded(self, rows: list[list[int]]) -> list[list[int]]:
         """Rows as they are sent: padded to ``pad_to_bucket`` when it is set."""
@@ -431,8 +461,12 @@ class RaptClient:
         if self.no_privacy:
             return {"mechanism": "none"}
         # The service's name for the backbone (not a local path, which could name the user).
-        return {"mechanism": "dchi-text2text", "eta": self.eta,
-                "embedding": self.remote_backbone, "nn_mode": self.mode}
+        out = {"mechanism": "dchi-text2text", "eta": self.eta,
+               "embedding": self.remote_backbone, "nn_mode": self.mode}
+        rec = self.customization.kind_record()
+        if rec is not None:  # the policy and each class's η only: no statistic of the rows
+            out["by_kind"] = {k: rec[k] for k in ("protect", "frequent_rank", "class_eta")}
+        return out
 
     # -- HTTP (rapt.http.HttpSession: errors as ServiceError) -----------------------------------
     def upload(self, source: str | Path | Any, *, text_column: str | None = None,
@@ -474,7 +508,7 @@ class RaptClient:
                 ds, labels = _subset(ds, keep), [labels[i] for i in keep]
         plain = self.plain_ids() if reconstruction else None
         rows = self._rows(ds.texts, ds.text_pairs, plain, max_length)
-        private = self.privatize(rows)
+        private = self.privatize(rows, ds.texts, ds.text_pairs)
         p = self._measure(rows, private, "upload", plain)["replacement_probability"]
         num_labels = max(len(ds.label_names), max(labels) + 1, 2)
         body = {"backbone": self.remote_backbone, "input_ids": self._padded(private),
@@ -767,20 +801,8 @@ class RaptClient:
         no_privacy, rows}, the same rows as privatized and sent before, sent again as they
         were instead of privatized afresh. ``on_privatized``: called with the privacy report
         (:attr:`last_privacy`) once the queries are privatized, before any is sent."""
-        info = self.prompt(prompt_id)  # its recorded η (below) and its rows' plain tokens
-        if not self._eta_chosen and not self.no_privacy:
-            decl = info.get("privacy") or {}
-            if decl.get("mechanism") == "dchi-text2text" and decl.get("eta"):
-                self._set_eta(float(decl["eta"]), f"prompt {prompt_id}")
-            else:
-                if self.eta_source != "default":
-                    self.eta, self._custom = None, None  # the default level, calibrated below
-                why = (f"prompt {prompt_id} was tuned on unprivatized data" if decl
-                       else f"the service recorded no η for prompt {prompt_id}")
-                warnings.warn(f"{why}: its queries are privatized at the default level, P ≈ "
-                              f"{DEFAULT_TARGET_P:g} (pass no_privacy=True to send them in "
-                              "clear, as it was tuned)", PrivacyWarning, stacklevel=2)
-        self._check_privacy()
+        info = self.prompt(prompt_id)  # its rows' plain tokens
+        self.query_eta(prompt_id)
         names = list(label_names) if label_names else self.label_names_for(prompt_id)
         gold = None
         if isinstance(texts, str | Path) and Path(texts).exists():
@@ -798,7 +820,8 @@ class RaptClient:
             texts = [texts]
         plain = info.get("plain_ids")  # queries take the training rows' layout
         clear = self._rows(list(texts), text_pairs, plain, max_length, queries=True)
-        rows = self.privatize(clear) if released is None else self._released(clear, released)
+        rows = (self.privatize(clear, list(texts), text_pairs) if released is None
+                else self._released(clear, released))
         self._measure(clear, rows, "predict", plain)
         den = self.output_denoiser(prompt_id) if denoise and not self.no_privacy else None
         width = int(self.backbone.embeddings.shape[1])
@@ -829,6 +852,33 @@ class RaptClient:
         return Prediction(labels, probs, names, list(texts), text_pairs, gold,
                           denoised=den is not None, remote_probabilities=raw if den else None,
                           sent=rows)
+
+    def query_eta(self, prompt_id: str) -> float | None:
+        """The η the queries of ``prompt_id`` are privatized at (None: no_privacy), and their
+        noise by kind of token: the client's when given, else those the prompt's training data
+        was declared with; a prompt without a recorded η gets the default level (warned)."""
+        decl = self.prompt(prompt_id).get("privacy") or {}
+        if not self._eta_chosen and not self.no_privacy:
+            if decl.get("mechanism") == "dchi-text2text" and decl.get("eta"):
+                self._set_eta(float(decl["eta"]), f"prompt {prompt_id}")
+            else:
+                if self.eta_source != "default":
+                    self.eta, self._custom = None, None  # the default level, calibrated below
+                why = (f"prompt {prompt_id} was tuned on unprivatized data" if decl
+                       else f"the service recorded no η for prompt {prompt_id}")
+                warnings.warn(f"{why}: its queries are privatized at the default level, P ≈ "
+                              f"{DEFAULT_TARGET_P:g} (pass no_privacy=True to send them in "
+                              "clear, as it was tuned)", PrivacyWarning, stacklevel=3)
+        if not self._kind_chosen and not self.no_privacy:
+            from rapt.privacy.by_kind import KindPolicy
+
+            rec = decl.get("by_kind")
+            policy = KindPolicy.from_record(rec) if rec else None
+            if policy != self.kind_policy:
+                self.kind_policy, self._custom = policy, None
+            self.kind_source = f"prompt {prompt_id}" if policy else None
+        self._check_privacy()
+        return None if self.no_privacy else self.eta
 
     def _denoised(self, den: tuple[Any, Any, dict], pooled: list[list[float]],
                   clear: list[list[int]], private: list[list[int]]) -> Any:

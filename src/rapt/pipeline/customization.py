@@ -13,9 +13,13 @@ privacy report (η, measured P, nearest-neighbour inversion success).
 It does no I/O: callers read files, print and save; progress goes to plain callables.
 
     c = Customization.create(bb, Encoding(128), TuneConfig(), target_p=0.6)
-    rows = c.privatize(c.rows(texts))          # c.privacy: η, P, inversion success
-    tuned = c.tune(rows, labels, num_labels)   # c.artifact
-    probs = c.for_artifact(tuned).predict_proba(c.privatize(c.rows(queries, queries=True)))
+    rows = c.privatize(c.rows(texts), texts=texts)   # c.privacy: η, P, inversion success
+    tuned = c.tune(rows, labels, num_labels)          # c.artifact
+    q = c.for_artifact(tuned)
+    probs = q.predict_proba(q.privatize(q.rows(queries, queries=True), texts=queries))
+
+The texts go with the rows to :meth:`Customization.privatize`: under a by-kind
+``kind_policy`` (:mod:`rapt.privacy.by_kind`) they decide each token's class.
 
 With ``channel=denoiser`` the privatized rows are denoised inside :meth:`Customization.tune` and
 :meth:`Customization.predict_proba` (text positions only: specials and plain tokens k stay as
@@ -197,14 +201,21 @@ class Customization:
     @classmethod
     def from_artifact(cls, backbone: Any, tuned: Any, *, eta: float | None,
                       noise_seed: int | None = None,
-                      channel: ChannelModel | None = None) -> Customization:
+                      channel: ChannelModel | None = None,
+                      kind_policy: Any = None) -> Customization:
         """Privatized queries of a loaded prompt at ``eta`` (None: clean), in the prompt's
         layout and privatizer mode, read back by ``channel`` if given (the caller checks it is
         the one the prompt was tuned with: :func:`rapt.channel.model.channel_fingerprint`);
-        its calibration target is kept only at its own η."""
+        its calibration target is kept only at its own η. The noise by kind of token is the
+        prompt's (its ``by_kind`` record) unless ``kind_policy`` says otherwise
+        (``KindPolicy()``: uniform)."""
+        from rapt.privacy.by_kind import KindPolicy
+
         mode = tuned.meta.get("privatizer_mode") or DEFAULT_PRIVATIZER_MODE
+        if kind_policy is None and tuned.meta.get("by_kind") and eta is not None:
+            kind_policy = KindPolicy.from_record(tuned.meta["by_kind"])
         custom = cls.create(backbone, noise_seed=noise_seed, privatizer_mode=mode, eta=eta,
-                            channel=channel)
+                            channel=channel, kind_policy=kind_policy)
         trained = tuned.meta.get("privacy") or {}
         custom.target_p = trained.get("target_p") if trained.get("eta") == eta else None
         return custom.for_artifact(tuned)

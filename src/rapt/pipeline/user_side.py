@@ -64,7 +64,8 @@ def remote_proba(custom: Customization, texts: Sequence[str],
         raise ValueError("Customization.artifact is not set: tune or load a prompt first")
     q = custom.for_artifact(custom.artifact)
     clean = q.rows(texts, text_pairs, queries=True)
-    rows = q.privatize(clean, measure=False, progress=progress)
+    rows = q.privatize(clean, measure=False, progress=progress, texts=texts,
+                       text_pairs=text_pairs)
     if progress is not None and q.privatizer is None:
         progress(len(rows))
     if denoiser is not None and q.privatizer is not None:

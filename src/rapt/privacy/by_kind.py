@@ -85,6 +85,16 @@ class KindPolicy:
             raise ValueError(f"eta_other {self.eta_other:g} is below the protected classes' "
                              f"η {eta:g}: it would noise frequent words more than rare ones")
 
+    @classmethod
+    def from_record(cls, record: Mapping) -> KindPolicy:
+        """The policy an artifact or a declaration recorded (:meth:`record`): the unprotected
+        classes' η is the frequent class's, which no policy but "all" protects."""
+        etas = record.get("class_eta") or {}
+        protect = str(record.get("protect", "all"))
+        other = etas.get("frequent") if protect != "all" else None
+        return cls(protect, int(record.get("frequent_rank", DEFAULT_FREQUENT_RANK)),
+                   None if other is None else float(other))
+
     def record(self, eta: float, frequencies: WordFrequencies | None = None,
                detector: dict | None = None) -> dict:
         """What goes in an artifact: the policy, each class's η, and the word list and

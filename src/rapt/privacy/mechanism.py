@@ -416,21 +416,30 @@ def privatize_texts_detailed(texts: Sequence[str], tokenizer, privatizer: Privat
                              token_eta_scale: Tensor | None = None,
                              noise: NoiseSource | None = None,
                              progress: Callable[[int], None] | None = None,
-                             pieces: str = "join") -> PrivatizedTexts:
+                             pieces: str = "join",
+                             eta_scale: Sequence[Tensor] | None = None,
+                             passthrough: Sequence[Tensor] | None = None) -> PrivatizedTexts:
     """Privatize each text token by token; returns texts (:func:`detokenize` with ``pieces``),
     ids and the measured P.
 
-    ``token_eta_scale`` is an optional per-vocabulary η multiplier (V,) (e.g. from CTI)."""
+    ``token_eta_scale`` is an optional per-vocabulary η multiplier (V,) (e.g. from CTI).
+    ``eta_scale`` / ``passthrough``: one tensor per text over its tokens, as
+    :func:`rapt.privacy.by_kind.row_noise` makes them (noise by kind of token)."""
     if not texts:
         return PrivatizedTexts([], [], [], 0.0, {})
     orig = tokenize_texts(texts, tokenizer)
     lengths = [len(x) for x in orig]
     flat = torch.tensor([i for row in orig for i in row], dtype=torch.long)
-    scale = None
+    scale = clear = None
     if token_eta_scale is not None:
         scale = torch.as_tensor(token_eta_scale, dtype=torch.float64)[flat]
+    if eta_scale is not None:
+        per = torch.cat([torch.as_tensor(t, dtype=torch.float64) for t in eta_scale])
+        scale = per if scale is None else scale * per
+    if passthrough is not None:
+        clear = torch.cat([torch.as_tensor(t, dtype=torch.bool) for t in passthrough])
     priv_flat = privatizer.privatize_ids(flat, eta_scale=scale, noise=noise,
-                                         progress=progress).cpu()
+                                         progress=progress, passthrough=clear).cpu()
     priv = [row.tolist() for row in torch.split(priv_flat, lengths)]
     out_texts = [detokenize(tokenizer, row, pieces) for row in priv]
     p = replacement_probability(flat, priv_flat, privatizer.special_ids.tolist())

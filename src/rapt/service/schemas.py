@@ -59,6 +59,31 @@ class ErrorBody(BaseModel):
     detail: str
 
 
+class ClassEtas(BaseModel):
+    """η of each class of token (null: released in clear)."""
+
+    model_config = REQUEST
+
+    personal: float | None = Field(ge=ETA_MIN, le=ETA_MAX, description="personal-data spans")
+    rare: float | None = Field(ge=ETA_MIN, le=ETA_MAX, description="words outside the "
+                               "frequent_rank most frequent of rapt's public word list")
+    frequent: float | None = Field(ge=ETA_MIN, le=ETA_MAX, description="the other words")
+
+
+class KindDeclaration(BaseModel):
+    """Noise by kind of token (rapt.privacy.by_kind): the policy and each class's η, never a
+    statistic of the rows."""
+
+    model_config = REQUEST
+
+    protect: Literal["all", "rare", "personal"] = Field(
+        description="the classes that got the declaration's eta: all | rare (personal and "
+        "rare) | personal")
+    frequent_rank: Literal[100, 1000, 10000] = Field(
+        description="rare: outside this many most frequent words of rapt's public word list")
+    class_eta: ClassEtas
+
+
 class PrivacyDeclaration(BaseModel):
     """What the client declares it did to the data before sending it (not verifiable here)."""
 
@@ -72,6 +97,9 @@ class PrivacyDeclaration(BaseModel):
     embedding: Text | None = Field(None, max_length=200,
                                    description="embedding model the mechanism used")
     nn_mode: Text | None = Field(None, max_length=20, description="nearest-neighbour search mode")
+    by_kind: KindDeclaration | None = Field(
+        None, description="noise by kind of token: eta is the protected classes'; null: "
+        "every token at eta")
 
     @model_validator(mode="after")
     def _eta_iff_mechanism(self) -> PrivacyDeclaration:
@@ -79,7 +107,32 @@ class PrivacyDeclaration(BaseModel):
             raise ValueError("mechanism 'dchi-text2text' needs eta")
         if self.mechanism == "none" and self.eta is not None:
             raise ValueError("mechanism 'none' takes no eta")
+        if self.by_kind is not None:
+            self._check_by_kind(self.by_kind)
         return self
+
+    def _check_by_kind(self, kinds: KindDeclaration) -> None:
+        """The protected classes got eta; the others one η of their own, not below eta (the
+        mechanism never noises frequent words more than rare ones), or none (in clear)."""
+        from rapt.privacy.by_kind import CLASSES, KindPolicy
+
+        if self.eta is None:
+            raise ValueError("by_kind needs mechanism 'dchi-text2text' and its eta")
+        policy, etas = KindPolicy(kinds.protect, kinds.frequent_rank), kinds.class_eta
+        others = set()
+        for i, name in enumerate(CLASSES):
+            got = getattr(etas, name)
+            if policy.protected(i) and got != self.eta:
+                raise ValueError(f"by_kind.class_eta.{name} must be eta ({self.eta:g}): "
+                                 f"protect '{kinds.protect}' protects the {name} class")
+            if not policy.protected(i):
+                if got is not None and got < self.eta:
+                    raise ValueError(f"by_kind.class_eta.{name} = {got:g} is below eta "
+                                     f"({self.eta:g})")
+                others.add(got)
+        if len(others) > 1:
+            raise ValueError("by_kind.class_eta: the unprotected classes share one η (or are "
+                             "all in clear)")
 
 
 class DatasetUpload(BaseModel):

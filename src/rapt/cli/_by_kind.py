@@ -1,0 +1,99 @@
+"""Noise by kind of token on the command line (--protect, --frequent-rank, --other-p,
+--other-eta; their definitions are in :mod:`rapt.cli.options`): the checks every command
+runs before any work, and the one function that builds the
+:class:`rapt.privacy.by_kind.KindPolicy` at the command's η."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import typer
+
+from rapt.cli._app import fail
+from rapt.privacy.kinds import BAND_EDGES
+
+# rapt.privacy.by_kind.PROTECT; that module imports torch, which a check before work need not
+PROTECT_CHOICES = ("all", "rare", "personal")
+
+
+@dataclass(frozen=True)
+class KindOptions:
+    """The four options as typed. ``protect`` None: not given (`rapt predict`: the artifact's
+    policy)."""
+
+    protect: str | None = "all"
+    frequent_rank: int = BAND_EDGES[1]
+    other_p: float | None = None
+    other_eta: float | None = None
+
+
+def check_kind_options(o: KindOptions, *, private: bool = True) -> None:
+    """Bad values exit 2 naming the option; cheap, before anything is loaded. ``private``:
+    whether the command privatizes at all (not with --no-privacy)."""
+    from rapt.config import eta_problem
+
+    if o.protect is not None and o.protect not in PROTECT_CHOICES:
+        fail(f"--protect must be one of {', '.join(PROTECT_CHOICES)} (got {o.protect!r})")
+    if o.frequent_rank not in BAND_EDGES:
+        fail(f"--frequent-rank must be one of {', '.join(map(str, BAND_EDGES))}, the band "
+             f"edges of rapt's public word list (got {o.frequent_rank})")
+    if o.other_p is not None and o.other_eta is not None:
+        fail("give --other-p or --other-eta, not both")
+    if o.other_p is not None and not 0 < o.other_p < 1:
+        fail(f"--other-p must lie strictly between 0 and 1 (got {o.other_p})")
+    if o.other_eta is not None and eta_problem(o.other_eta):
+        fail(f"--other-eta {eta_problem(o.other_eta)}")
+    other = "--other-p" if o.other_p is not None else "--other-eta"
+    if (o.other_p is not None or o.other_eta is not None) and o.protect in (None, "all"):
+        fail(f"{other} sets the noise of the unprotected tokens: give --protect rare or "
+             "--protect personal with it (with --protect all every token gets the full noise)")
+    if not private and o.protect not in (None, "all"):
+        fail(f"--protect {o.protect} noises tokens by kind: leave out --no-privacy")
+
+
+def kind_policy(bb: Any, eta: float | None, o: KindOptions) -> Any:
+    """The KindPolicy of the options at the protected η ``eta`` (None: uniform noise, or
+    nothing privatized); the unprotected classes' η from --other-eta, or calibrated for
+    --other-p on rapt's public text sample as --target-p is. An unprotected η below ``eta``
+    exits 2 naming the option. The policy is printed on stderr."""
+    from rapt.privacy.by_kind import KindPolicy
+
+    check_kind_options(o)
+    if eta is None or o.protect in (None, "all"):
+        return None
+    other = o.other_eta
+    if o.other_p is not None:
+        from rapt.privacy.mechanism import calibrate_eta_public
+
+        other = calibrate_eta_public(bb, o.other_p)
+    policy = KindPolicy(o.protect, o.frequent_rank, other)
+    try:
+        policy.check_against(eta)
+    except ValueError:
+        from rapt.numfmt import eta as fmt
+
+        given = (f"--other-p {o.other_p:g} gives η = {fmt(other)}" if o.other_p is not None
+                 else f"--other-eta {fmt(other)}")
+        fail(f"{given}, below the protected tokens' η = {fmt(eta)}: the unprotected tokens "
+             "would get more noise than the protected ones; give "
+             + ("a smaller --other-p" if o.other_p is not None else "a larger --other-eta"))
+    echo_policy(policy, eta)
+    return policy
+
+
+def policy_text(policy: Any, eta: float) -> str:
+    """One line: which tokens get η, and what the others get."""
+    from rapt.numfmt import eta as fmt
+
+    what = {"rare": f"personal data and words outside the {policy.frequent_rank} most frequent "
+            "of rapt's public word list", "personal": "personal data (Presidio)"}
+    rest = ("pass in clear" if policy.eta_other is None
+            else f"get η = {fmt(policy.eta_other)}")
+    others = "frequent words" if policy.protect == "rare" else "other tokens"
+    return (f"noise by kind of token (--protect {policy.protect}): {what[policy.protect]} get "
+            f"η = {fmt(eta)}; {others} {rest}")
+
+
+def echo_policy(policy: Any, eta: float, *, prefix: str = "") -> None:
+    typer.echo(prefix + policy_text(policy, eta), err=True)
