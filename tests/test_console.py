@@ -241,7 +241,7 @@ def test_upload_takes_the_privatized_file_through_the_api_checks(console):
     (ds,) = c.get("/v1/datasets", headers=hdr(keys["alice"])).json()
     assert ds["n_examples"] == 4 and ds["num_labels"] == 2
     assert ds["privacy"] == {"mechanism": "dchi-text2text", "eta": 12.5, "embedding": "tiny",
-                             "nn_mode": None}
+                             "nn_mode": None, "by_kind": None}
     # the API's own errors, shown on the page that holds the form
     r = _upload(c, eta="")
     assert r.status_code == 422 and "needs eta" in r.text and 'id="upload-error"' in r.text

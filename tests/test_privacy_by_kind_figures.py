@@ -119,3 +119,107 @@ def test_a_stronger_channel_sets_each_kinds_empirical_privacy(tiny_bert):
         assert rep["by_kind"][kind]["empirical_privacy"] == 0.0
         assert rep["by_kind"][kind]["inversion_success"] < 1.0  # nearest neighbour's stays
         assert rep["channel"]["by_kind"][kind]["recovery"] == 1.0
+
+
+def _report(by_kind):
+    return {"eta": 50.0, "replacement_probability": 0.6, "inversion_success": 0.4,
+            "n_tokens": 1234, "target_p": None, "by_kind": by_kind}
+
+
+def test_the_privacy_line_carries_rare_word_and_personal_data_privacy():
+    from rapt.privacy.mechanism import privacy_line
+
+    by = privacy_by_class([5, 6, 7, 8], [9, 6, 9, 9], [9, 6, 9, 9],
+                          [RARE, RARE, FREQUENT, FREQUENT])
+    line = privacy_line(_report(by))
+    assert "nearest-neighbour inversion recovers 40.0%" in line
+    assert "rare-word privacy 0.500 (nearest neighbour, 2 tokens)" in line
+    assert "personal-data privacy: no such tokens" in line and "0.000" not in line
+    assert "not measured" in privacy_line(_report(None))
+
+
+def _declared(rare=0.652, personal=None):
+    fig = {"empirical_privacy": 0.61, "ci95": [0.58, 0.64], "attacker": "nearest neighbour"}
+    return {"all": fig,
+            "rare": {**fig, "empirical_privacy": rare, "ci95": [0.6, 0.7]},
+            "personal": {"empirical_privacy": personal, "ci95": None,
+                         "attacker": "nearest neighbour"}}
+
+
+@pytest.fixture()
+def api(tmp_path, tiny_bert):
+    from _service import add_key, make_app
+    from fastapi.testclient import TestClient
+
+    app = make_app(tmp_path, tiny_bert)
+    key = add_key(tmp_path, "alice")
+    with TestClient(app) as c:
+        yield c, key
+
+
+def _login(c, key):
+    import re
+
+    token = re.search(r'name="csrf" value="([^"]+)"', c.get("/console/login").text).group(1)
+    c.post("/console/login", data={"csrf": token, "key": key}, follow_redirects=False)
+
+
+def test_the_console_shows_the_declared_figures_per_kind(api):
+    from _service import hdr, upload_body
+
+    c, key = api
+    body = upload_body()
+    body["privacy"]["by_kind"] = _declared()
+    r = c.post("/v1/datasets", json=body, headers=hdr(key))
+    assert r.status_code == 201, r.text
+    got = c.get(f"/v1/datasets/{r.json()['id']}", headers=hdr(key)).json()
+    assert got["privacy"]["by_kind"]["rare"]["empirical_privacy"] == 0.652
+    assert c.post("/v1/datasets", json=upload_body(), headers=hdr(key)).status_code == 201
+    _login(c, key)
+    page = c.get("/console/datasets").text
+    assert "rare-word privacy 0.652 [0.600, 0.700] (nearest neighbour)" in page
+    assert "all-token privacy 0.610" in page
+    assert "personal-data privacy – (no such tokens)" in page
+    assert "not declared" in page  # the upload without figures
+
+
+@pytest.mark.parametrize("change", [
+    lambda d: d["rare"].update(n_tokens=310),  # no counts ride along
+    lambda d: d["rare"].update(examples=["Alice"]),
+    lambda d: d.update(words={"empirical_privacy": 0.5, "attacker": "x"}),
+    lambda d: d["rare"].update(empirical_privacy=1.5),
+])
+def test_a_declaration_carries_the_figures_and_nothing_else(api, change):
+    from _service import hdr, upload_body
+
+    c, key = api
+    body = upload_body()
+    body["privacy"]["by_kind"] = _declared()
+    change(body["privacy"]["by_kind"])
+    assert c.post("/v1/datasets", json=body, headers=hdr(key)).status_code == 422
+
+
+def test_the_client_measures_each_kind_and_declares_the_figures_only(tmp_path):
+    from _service import add_key, service_bert, write_csv
+    from fastapi.testclient import TestClient
+
+    from rapt.client.client import RaptClient
+    from rapt.service import Limits, ServiceConfig, create_app
+
+    bb = service_bert()
+    cfg = ServiceConfig(db_path=tmp_path / "svc.db", backbones=["tiny"],
+                        limits=Limits(max_seq_len=64), progress_interval_s=0.0)
+    key = add_key(tmp_path)
+    with TestClient(create_app(cfg, backbones={"tiny": bb})) as tc:
+        c = RaptClient(api_key=key, backbone=bb, remote_backbone="tiny", http=tc, eta=50.0)
+        did = c.upload(write_csv(tmp_path / "private.csv"), max_length=32, holdout=False)
+        mine = c.last_privacy["by_kind"]
+        assert mine["all"]["n_tokens"] == c.last_privacy["n_tokens"]
+        assert sum(mine[k]["n_tokens"] for k in ("personal", "rare", "frequent")) == (
+            mine["all"]["n_tokens"])
+        stored = tc.get(f"/v1/datasets/{did}",
+                        headers={"Authorization": f"Bearer {key}"}).json()["privacy"]
+    assert set(stored["by_kind"]) == {"all", "rare", "personal"}
+    for kind, fig in stored["by_kind"].items():
+        assert set(fig) == {"empirical_privacy", "ci95", "attacker"}
+        assert fig["empirical_privacy"] == mine[kind]["empirical_privacy"]

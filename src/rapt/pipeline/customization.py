@@ -28,6 +28,7 @@ the upper bound on privacy). With ``channel=adapter`` (a
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -144,6 +145,15 @@ def make_privatizer(backbone: Any, eta: float | None = None, target_p: float | N
                       candidate_ids=cand, mode=mode, seed=noise_seed)
 
 
+@functools.lru_cache(maxsize=1)
+def shared_detector() -> Any:
+    """Presidio's personal-data detector with its defaults, built once per process (loading
+    spaCy's model takes seconds; sibling customizations and every measure share it)."""
+    from rapt.privacy.personal_data import PersonalDataDetector
+
+    return PersonalDataDetector()
+
+
 @dataclass
 class Customization:
     """One customization of ``backbone``: privatizer, encoding, tuner config, artifact and
@@ -243,9 +253,7 @@ class Customization:
         detector = None
         if self.personal_spans is None:
             if self._detector is None:
-                from rapt.privacy.personal_data import PersonalDataDetector
-
-                self._detector = PersonalDataDetector()
+                self._detector = shared_detector()
             detector = self._detector
         start = plain_offset(self.backbone.tokenizer) + self.encoding.plain_len
         return row_noise(rows, texts, text_pairs, self.backbone.tokenizer,

@@ -30,12 +30,14 @@ from rapt.privacy.by_kind import CLASSES, DEFAULT_FREQUENT_RANK
 from rapt.privacy.kinds import BANDS
 from rapt.stats import wilson_interval
 
-__all__ = ["CLASS_KINDS", "KINDS", "NN", "class_counts", "privacy_by_class", "recovery_by_class",
-           "recovery_by_kind", "with_attacker"]
+__all__ = ["CLASS_KINDS", "DECLARED_KINDS", "KINDS", "NN", "class_counts", "declared_figures",
+           "privacy_by_class", "recovery_by_class", "recovery_by_kind", "with_attacker"]
 
 KINDS = ("all", *BANDS, "personal data", "not personal data")
 # The kinds of a privacy report's "by_kind": all tokens and the classes of rapt.privacy.by_kind.
 CLASS_KINDS = ("all", "rare", "personal", "frequent")
+# The kinds a client declares to the provider with an upload (the privacy figures only).
+DECLARED_KINDS = ("all", "rare", "personal")
 NO_TOKENS = "no token of this kind in the release"
 NN = "nearest neighbour"
 
@@ -186,3 +188,15 @@ def with_attacker(attacker: str, recovery: dict) -> dict:
     rec = recovery["recovery"]
     return {"attacker": attacker, "empirical_privacy": None if rec is None else 1.0 - rec,
             "empirical_privacy_ci95": _flip(recovery["recovery_ci95"])}
+
+
+def declared_figures(by_kind: dict | None) -> dict | None:
+    """What a client declares with an upload of a report's ``by_kind``: for all tokens, rare
+    words and personal data, the empirical privacy, its 95 % interval and the attacker that
+    set it (None figures: no token of that kind). Nothing else of the private rows: no token
+    counts, no words, no examples."""
+    if not by_kind:
+        return None
+    return {kind: {"empirical_privacy": by_kind[kind]["empirical_privacy"],
+                   "ci95": by_kind[kind]["empirical_privacy_ci95"],
+                   "attacker": by_kind[kind]["attacker"]} for kind in DECLARED_KINDS}

@@ -43,6 +43,7 @@ __all__ = [
     "detokenize",
     "public_sample_ids",
     "measure_p",
+    "kind_figures",
     "privacy_line",
     "privacy_report",
     "privatize_texts",
@@ -639,11 +640,35 @@ def privacy_report(original_ids: Tensor | Sequence[Sequence[int]],
 
 
 def privacy_line(report: dict) -> str:
-    """One line for a :func:`privacy_report`: η, measured P, inversion success."""
+    """One line for a :func:`privacy_report`: η, measured P, inversion success, and beside it
+    the rare-word and personal-data privacy (:func:`kind_figures`)."""
     from rapt.numfmt import eta, p
 
     calibrated = (f" (calibrated for P ≈ {report['target_p']:g} on rapt's public text sample)"
                   if report.get("target_p") is not None else "")
     return (f"privacy: η = {eta(report['eta'])}{calibrated}; measured P = "
             f"{p(report['replacement_probability'])} of {report['n_tokens']:,} tokens replaced; "
-            f"nearest-neighbour inversion recovers {report['inversion_success']:.1%}")
+            f"nearest-neighbour inversion recovers {report['inversion_success']:.1%}; "
+            f"{kind_figures(report.get('by_kind'))}")
+
+
+KIND_LABELS = {"rare": "rare-word privacy", "personal": "personal-data privacy"}
+
+
+def kind_figures(by_kind: dict | None) -> str:
+    """"rare-word privacy 0.652 (nearest neighbour, 310 tokens); personal-data privacy ..."
+    from a report's ``by_kind`` (empirical privacy: 1 − the best recovery of the attackers run
+    on those tokens); a kind with no token says so; no ``by_kind`` says it was not measured."""
+    if not by_kind:
+        return ("rare-word and personal-data privacy not measured (the rows' texts were not "
+                "given)")
+    parts = []
+    for kind, label in KIND_LABELS.items():
+        fig = by_kind.get(kind) or {}
+        n = int(fig.get("n_tokens") or 0)
+        if fig.get("empirical_privacy") is None:
+            parts.append(f"{label}: no such tokens")
+        else:
+            parts.append(f"{label} {fig['empirical_privacy']:.3f} ({fig['attacker']}, "
+                         f"{n:,} token{'s' if n != 1 else ''})")
+    return "; ".join(parts)

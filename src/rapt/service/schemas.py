@@ -59,6 +59,20 @@ class ErrorBody(BaseModel):
     detail: str
 
 
+class KindPrivacy(BaseModel):
+    """One kind of token's empirical privacy as the uploader measured it on its own rows (not
+    verifiable here): the figure alone, never what it was counted from."""
+
+    model_config = REQUEST
+
+    empirical_privacy: float | None = Field(
+        ge=0.0, le=1.0, description="1 − the best recovery of the attackers the client ran on "
+        "these tokens (an upper bound on privacy); null: the rows hold no token of this kind")
+    ci95: list[Annotated[float, Field(ge=0.0, le=1.0)]] | None = Field(
+        None, min_length=2, max_length=2, description="its 95 % Wilson interval")
+    attacker: Text = Field(max_length=100, description="the attacker that sets it")
+
+
 class PrivacyDeclaration(BaseModel):
     """What the client declares it did to the data before sending it (not verifiable here)."""
 
@@ -72,13 +86,17 @@ class PrivacyDeclaration(BaseModel):
     embedding: Text | None = Field(None, max_length=200,
                                    description="embedding model the mechanism used")
     nn_mode: Text | None = Field(None, max_length=20, description="nearest-neighbour search mode")
+    by_kind: dict[Literal["all", "rare", "personal"], KindPrivacy] | None = Field(
+        None, description="empirical privacy the client measured on its rows for all tokens, "
+        "rare words (outside the most frequent public words) and personal data (Presidio "
+        "spans)")
 
     @model_validator(mode="after")
     def _eta_iff_mechanism(self) -> PrivacyDeclaration:
         if self.mechanism == "dchi-text2text" and self.eta is None:
             raise ValueError("mechanism 'dchi-text2text' needs eta")
-        if self.mechanism == "none" and self.eta is not None:
-            raise ValueError("mechanism 'none' takes no eta")
+        if self.mechanism == "none" and (self.eta is not None or self.by_kind is not None):
+            raise ValueError("mechanism 'none' takes no eta and no privacy figures")
         return self
 
 
