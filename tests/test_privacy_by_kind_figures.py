@@ -3,6 +3,8 @@ personal data, frequent words), the privacy line, the rule, and what the console
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from rapt.pipeline import Customization, Encoding
@@ -223,3 +225,87 @@ def test_the_client_measures_each_kind_and_declares_the_figures_only(tmp_path):
     for kind, fig in stored["by_kind"].items():
         assert set(fig) == {"empirical_privacy", "ci95", "attacker"}
         assert fig["empirical_privacy"] == mine[kind]["empirical_privacy"]
+
+
+# ------------------------------------------------------------------- the attack table per kind
+
+KIND_ETAS = [40.0, 80.0]
+
+
+def _kind_table(with_kinds: bool = True, personal_tokens: int = 12) -> dict:
+    from rapt.privacy.attack_table import parse_table
+
+    points = []
+    for i, eta in enumerate(KIND_ETAS):
+        nn = {"all": 0.2 + 0.3 * i, "replaced": 0.0}
+        bayes = {"all": 0.3 + 0.3 * i, "replaced": 0.1}
+        pt = {"eta": eta, "p": 0.8 - 0.3 * i, "recovery": {"nn": nn, "bayes": bayes}}
+        if with_kinds:
+            pers = None if personal_tokens == 0 else 0.1 + 0.2 * i
+            nn["by_kind"] = {"all": nn["all"], "rare": 0.4 + 0.2 * i, "personal": pers,
+                             "frequent": 0.1}
+            bayes["by_kind"] = {"all": bayes["all"], "rare": 0.3, "personal": None if pers is None
+                                else 0.5, "frequent": 0.6}
+            pt["n_tokens_by_kind"] = {"all": 100, "rare": 30, "personal": personal_tokens,
+                                      "frequent": 58}
+        points.append(pt)
+    attackers = {"nn": {"name": "nearest neighbour"}, "bayes": {"name": "mechanism-aware Bayes"}}
+    return parse_table({"format": "rapt-attack-table", "version": 1,
+                        "backbones": {"bb": {"attackers": attackers, "points": points}}})
+
+
+def test_the_table_answers_per_kind_with_each_kinds_strongest_attacker():
+    from rapt.privacy.attack_table import strongest_at, table_line
+
+    a = strongest_at("bb", 40.0, _kind_table())
+    assert a.attacker == "bayes" and a.by_kind_reason is None
+    rare, pers = a.by_kind["rare"], a.by_kind["personal"]
+    assert (rare.attacker, rare.recovery, rare.n_tokens) == ("nn", 0.4, 30)
+    assert (pers.attacker_name, pers.recovery) == ("mechanism-aware Bayes", 0.5)
+    mid = strongest_at("bb", math.sqrt(40.0 * 80.0), _kind_table())
+    assert mid.by_kind["rare"].recovery == pytest.approx(0.5)  # halfway in log η
+    line = table_line("bb", 40.0, _kind_table())
+    assert "rare-word privacy 0.600 (nearest neighbour, 30 tokens)" in line
+    assert "personal-data privacy 0.500 (mechanism-aware Bayes, 12 tokens)" in line
+
+
+def test_a_kind_absent_from_the_public_text_is_none_and_an_old_table_says_why():
+    from rapt.privacy.attack_table import strongest_at, table_line
+
+    a = strongest_at("bb", 40.0, _kind_table(personal_tokens=0))
+    assert a.by_kind["personal"].recovery is None
+    assert a.by_kind["personal"].empirical_privacy is None
+    assert "personal-data privacy: no such tokens" in table_line("bb", 40.0,
+                                                               _kind_table(personal_tokens=0))
+    old = strongest_at("bb", 40.0, _kind_table(with_kinds=False))
+    assert old.recovery == 0.3 and old.by_kind is None and "no figures per kind" in (
+        old.by_kind_reason)
+    assert "rare-word" not in table_line("bb", 40.0, _kind_table(with_kinds=False))
+
+
+def test_the_shipped_table_is_read_with_or_without_kinds():
+    from rapt.privacy.attack_table import load_table, strongest_at
+
+    table = load_table()
+    name = next(iter(table["backbones"]))
+    pts = table["backbones"][name]["points"]
+    a = strongest_at(name, pts[1]["eta"], table)
+    assert a.recovery is not None
+    assert (a.by_kind is None) == (a.by_kind_reason is not None)
+
+
+@pytest.mark.parametrize("mutate, field", [
+    (lambda pt: pt["recovery"]["nn"]["by_kind"].update(rare=1.5), "by_kind.rare"),
+    (lambda pt: pt["recovery"]["nn"]["by_kind"].pop("personal"), "by_kind.personal"),
+    (lambda pt: pt.pop("n_tokens_by_kind"), "n_tokens_by_kind"),
+    (lambda pt: pt["n_tokens_by_kind"].update(personal=0), "no token of this kind"),
+])
+def test_a_bad_kind_figure_names_its_field(mutate, field):
+    import json
+
+    from rapt.privacy.attack_table import AttackTableError, parse_table
+
+    doc = json.loads(json.dumps(_kind_table()))
+    mutate(doc["backbones"]["bb"]["points"][0])
+    with pytest.raises(AttackTableError, match=field):
+        parse_table(doc)
