@@ -309,3 +309,46 @@ def test_a_bad_kind_figure_names_its_field(mutate, field):
     mutate(doc["backbones"]["bb"]["points"][0])
     with pytest.raises(AttackTableError, match=field):
         parse_table(doc)
+
+
+# ------------------------------------------------------------------------------ the rule
+
+def test_the_rule_carries_the_lowest_figure_per_kind_with_its_attacker(monkeypatch):
+    from rapt.privacy import attack_table
+    from rapt.privacy.rule import judge
+
+    monkeypatch.setattr(attack_table, "load_table", lambda path=None: _kind_table())
+    by = privacy_by_class([5, 6, 7, 8], [9, 6, 9, 9], [9, 6, 9, 9],
+                          [RARE, RARE, FREQUENT, FREQUENT])  # rare 0.5, no personal token
+    v = judge({**_report(by), "eta": 40.0}, backbone="bb", min_p=0.1)
+    # table at η 40: rare 0.6 (nearest neighbour), personal 0.5 (Bayes); measured rare 0.5
+    assert v.by_kind["rare"].empirical_privacy == pytest.approx(0.5)
+    assert v.by_kind["rare"].attacker == "nearest neighbour on this release"
+    assert v.by_kind["personal"].empirical_privacy == pytest.approx(0.5)
+    assert v.by_kind["personal"].attacker == "mechanism-aware Bayes, rapt's attack table"
+    weak = judge({**_report(by), "eta": 40.0}, backbone="bb", min_p=0.9)
+    assert weak.weak and "rare-word privacy 0.500 (nearest neighbour on this release)" in (
+        weak.message())
+    assert "personal-data privacy 0.500 (mechanism-aware Bayes" in weak.message()
+    # nothing per kind anywhere: nothing said
+    monkeypatch.setattr(attack_table, "load_table",
+                        lambda path=None: _kind_table(with_kinds=False))
+    plain = judge({**_report(None), "eta": 40.0}, backbone="bb", min_p=0.9)
+    assert plain.by_kind == {} and "rare-word" not in plain.message()
+
+
+def test_the_console_shows_the_tables_figures_per_kind(api, monkeypatch):
+    from _service import hdr, upload_body
+
+    from rapt.privacy import attack_table
+
+    c, key = api
+    table = _kind_table()
+    table["backbones"]["tiny"] = table["backbones"].pop("bb")
+    monkeypatch.setattr(attack_table, "load_table", lambda path=None: table)
+    body = upload_body()
+    body["privacy"]["eta"] = 40.0
+    assert c.post("/v1/datasets", json=body, headers=hdr(key)).status_code == 201
+    _login(c, key)
+    page = c.get("/console/datasets").text
+    assert "rare-word privacy 0.600 (nearest neighbour, rapt&#39;s attack table)" in page
