@@ -289,8 +289,9 @@ def table_privacy(backbone: str, eta: float) -> dict:
     """What rapt's attack table says of a declared (backbone, η): the table's P there, the
     empirical privacy (1 − the best recovery of the attackers we ran: an upper bound), which
     attacker sets it, the rare-word and personal-data privacy when the table holds them
-    (``kinds``: one phrase, "" without), and the privacy rule's verdict on η alone. The service never sees the
-    clean text, so P and nearest neighbour on the rows themselves stay on the user's machine."""
+    (``kinds``: one phrase, "" without), and the privacy rule's verdict on η alone. The
+    service never sees the clean text, so P and nearest neighbour on the rows themselves stay
+    on the user's machine (what the uploader declares of them is shown beside)."""
     from rapt.privacy.attack_table import strongest_at
     from rapt.privacy.rule import judge
 
