@@ -352,3 +352,42 @@ def test_the_console_shows_the_tables_figures_per_kind(api, monkeypatch):
     _login(c, key)
     page = c.get("/console/datasets").text
     assert "rare-word privacy 0.600 (nearest neighbour, rapt&#39;s attack table)" in page
+
+
+def test_the_table_benchmark_writes_per_kind_figures_that_the_reader_takes(tiny_bert):
+    """bench_attack_table's pieces on a tiny table: the texts' classes, each attacker's
+    recovery per kind at two η, parsed and answered as the shipped table would be."""
+    from benchmarks.bench_attack_table import _kinds_table, attacked_classes, kind_figures
+    from rapt.attacks.recovery import reconstruct
+    from rapt.privacy.attack_table import parse_table, strongest_at
+    from rapt.privacy.mechanism import tokenize_texts
+
+    texts = ["the movie was good and fun", "a boring plot with bad actors",
+             "really great music", "the worst film ever"]
+    rows = [r[:4] for r in tokenize_texts(texts, tiny_bert.tokenizer)]
+    classes, record = attacked_classes(rows, texts, tiny_bert.tokenizer)
+    assert [len(c) for c in classes] == [len(r) for r in rows]
+    assert record["frequent_rank"] == 1000 and "detector" in record["personal_data_detector"]
+    points = []
+    for eta in (30.0, 300.0):
+        res = reconstruct(rows, tiny_bert, eta, ["nn"], seed=0, mode="exact", classes=classes)
+        by_kind, counts = kind_figures(res)
+        assert counts["all"] == sum(map(len, rows))
+        for kind, c in (("personal", PERSONAL), ("rare", RARE), ("frequent", FREQUENT)):
+            assert counts[kind] == sum(x == c for r in classes for x in r)
+        # brute force: nearest neighbour's hits per class
+        priv = res["attackers"]["nn"]
+        assert by_kind["nn"]["all"] == pytest.approx(priv["all"])
+        points.append({"eta": eta, "p": res["p"], "n_tokens_by_kind": counts,
+                       "recovery": {"nn": {"all": priv["all"], "replaced": priv["replaced"],
+                                           "by_kind": by_kind["nn"]}}})
+    entry = {"attackers": {"nn": {"name": "nearest neighbour"}}, "points": points,
+             "kinds": record}
+    table = parse_table({"format": "rapt-attack-table", "version": 1,
+                         "backbones": {"tiny": entry}})
+    a = strongest_at("tiny", 300.0, table)
+    for kind in ("rare", "frequent"):
+        want = points[1]["recovery"]["nn"]["by_kind"][kind]
+        assert (a.by_kind[kind].recovery is None) == (counts[kind] == 0)
+        assert a.by_kind[kind].recovery == want
+    assert any("rare-word privacy" in ln for ln in _kinds_table(entry))
