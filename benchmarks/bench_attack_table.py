@@ -70,22 +70,55 @@ def git_commit() -> str:
 
 
 def public_split(backbone, per_source: int, n_eval: int, max_tokens: int, seed: int):
-    """(attacked rows, prior rows, provenance): the public corpus disjoint from SST-2,
-    tokenized and shuffled; the first ``n_eval`` non-empty rows (cut to ``max_tokens``) are
-    attacked, the others form the prior."""
+    """(attacked rows, their texts, prior rows, provenance): the public corpus disjoint from
+    SST-2, tokenized and shuffled; the first ``n_eval`` non-empty rows (cut to ``max_tokens``)
+    are attacked, the others form the prior."""
     from rapt.channel.corpus import public_corpus_for
 
     corpus = public_corpus_for("sst2", max_rows_per_source=per_source, seed=seed)
     corpus = corpus.tokenize(backbone.tokenizer)
-    rows = [list(r) for r in corpus.rows if r]
-    order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(seed)).tolist()
-    attacked = [rows[i][:max_tokens] for i in order[:n_eval]]
-    prior = [rows[i] for i in order[n_eval:]]
+    kept = [(t, list(r)) for t, r in zip(corpus.texts, corpus.rows, strict=True) if r]
+    order = torch.randperm(len(kept), generator=torch.Generator().manual_seed(seed)).tolist()
+    attacked = [kept[i][1][:max_tokens] for i in order[:n_eval]]
+    texts = [kept[i][0] for i in order[:n_eval]]
+    prior = [kept[i][1] for i in order[n_eval:]]
     prov = corpus.provenance()
     prov.update(attacked_texts=len(attacked), attacked_tokens=sum(map(len, attacked)),
                 max_tokens_per_attacked_text=max_tokens, prior_texts=len(prior),
                 prior_tokens=sum(map(len, prior)), shuffle_seed=seed)
-    return attacked, prior, prov
+    return attacked, texts, prior, prov
+
+
+def attacked_classes(rows, texts, tokenizer) -> tuple[list[list[int]], dict]:
+    """(each attacked token's class: personal, rare or frequent, of rapt.privacy.by_kind; what
+    decided them): the texts' kinds with rapt's public word list and Presidio, cut as the rows
+    were (a token that does not line up with its text counts as personal data)."""
+    from rapt.privacy.by_kind import DEFAULT_FREQUENT_RANK, align_classes, classes_of
+    from rapt.privacy.kind_recovery import class_counts
+    from rapt.privacy.kinds import token_kinds
+    from rapt.privacy.personal_data import PersonalDataDetector
+
+    t0 = time.perf_counter()
+    detector = PersonalDataDetector()
+    kinds = token_kinds(texts, tokenizer, detector=detector)
+    per_text = classes_of(kinds, DEFAULT_FREQUENT_RANK)
+    classes = [align_classes(r, [ids], [c], set()) for r, ids, c in zip(rows, kinds.ids,
+                                                                         per_text, strict=True)]
+    return classes, {"frequent_rank": DEFAULT_FREQUENT_RANK,
+                     "counts": class_counts(DEFAULT_FREQUENT_RANK),
+                     "personal_data_detector": kinds.detector,
+                     "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def kind_figures(res: dict) -> tuple[dict, dict]:
+    """(each attacker's recovery per kind, the point's token count per kind) of a
+    :func:`rapt.attacks.recovery.reconstruct` result run with classes."""
+    from rapt.privacy.attack_table import TABLE_KINDS
+
+    by = {k: {kind: v["by_kind"][kind]["recovery"] for kind in TABLE_KINDS}
+          for k, v in res["attackers"].items()}
+    any_rec = next(iter(res["attackers"].values()))["by_kind"]
+    return by, {kind: any_rec[kind]["n_tokens"] for kind in TABLE_KINDS}
 
 
 def load_denoiser(spec: str | None, bb):
@@ -110,8 +143,9 @@ def measure_backbone(name: str, args, denoiser_spec: str | None) -> dict:
 
     t0 = time.perf_counter()
     bb = load_backbone(name)
-    attacked, prior, prov = public_split(bb, args.per_source, args.eval_texts, args.max_tokens,
-                                         args.seed)
+    attacked, texts, prior, prov = public_split(bb, args.per_source, args.eval_texts,
+                                                args.max_tokens, args.seed)
+    classes, kinds_record = attacked_classes(attacked, texts, bb.tokenizer)
     p_hi, p_lo = args.p_range
     eta_lo, eta_hi = calibrate_eta_public(bb, p_hi), calibrate_eta_public(bb, p_lo)
     etas = (sorted(calibrate_eta_public(bb, p) for p in args.p) if args.p
@@ -129,16 +163,18 @@ def measure_backbone(name: str, args, denoiser_spec: str | None) -> dict:
             names.append("denoiser")
         t = time.perf_counter()
         res = reconstruct(attacked, bb, eta, names, public_rows=prior, seed=1000 * args.seed + i,
-                          mode="fast", options={**opts, "denoiser": den})
-        rec = {k: {"all": v["all"], "replaced": v["replaced"]}
+                          mode="fast", options={**opts, "denoiser": den}, classes=classes)
+        by_kind, counts = kind_figures(res)
+        rec = {k: {"all": v["all"], "replaced": v["replaced"], "by_kind": by_kind[k]}
                for k, v in res["attackers"].items()}
         any_rec = next(iter(res["attackers"].values()))
         points.append({"eta": eta, "p": res["p"], "n_tokens": any_rec["n_all"],
-                       "n_replaced": any_rec["n_replaced"], "recovery": rec,
-                       "strongest": max(rec, key=lambda k: rec[k]["all"]),
+                       "n_replaced": any_rec["n_replaced"], "n_tokens_by_kind": counts,
+                       "recovery": rec, "strongest": max(rec, key=lambda k: rec[k]["all"]),
                        "seconds": round(time.perf_counter() - t, 2)})
         print(f"{name} η={eta:.4g} P={res['p']:.3f} "
-              + "  ".join(f"{k} {v['all']:.3f}/{v['replaced']:.3f}" for k, v in rec.items())
+              + "  ".join(f"{k} {v['all']:.3f}/{v['replaced']:.3f} rare {_pc(v['by_kind']['rare'])}"
+                          f" personal {_pc(v['by_kind']['personal'])}" for k, v in rec.items())
               + f"  ({points[-1]['seconds']:.1f} s)", flush=True)
     attackers = {"nn": {"name": NAMES["nn"]},
                  "bayes": {"name": NAMES["bayes"], "k": args.bayes_k,
@@ -176,8 +212,12 @@ def measure_backbone(name: str, args, denoiser_spec: str | None) -> dict:
             "grid": ({"p_on_public_sample": list(args.p), "eta": etas} if args.p else
                      {"p_range_on_public_sample": [p_hi, p_lo], "eta_range": [eta_lo, eta_hi],
                       "points": args.points, "spacing": "geometric in η"}),
-            "corpus": prov, "attackers": attackers, "points": points,
+            "corpus": prov, "kinds": kinds_record, "attackers": attackers, "points": points,
             "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def _pc(x: float | None) -> str:
+    return "–" if x is None else f"{x:.1%}"
 
 
 def _bayes_note(b: dict) -> str:
@@ -250,8 +290,37 @@ def markdown(doc: dict) -> str:
             lines.append(f"| {pt['eta']:.4g} | {pt['p']:.3f} | " + " | ".join(cells)
                          + f" | {NAMES.get(pt['strongest'], pt['strongest'])} | {1 - best:.3f} "
                          f"| {pt['seconds']:.0f} |")
-        lines.append("")
+        lines += [""] + _kinds_table(e)
     return "\n".join(lines)
+
+
+def _kinds_table(e: dict) -> list[str]:
+    """Each attacker's recovery of rare-word and personal-data tokens per η, and the
+    rare-word / personal-data privacy (1 − the best of them); nothing for an older table."""
+    pts = [pt for pt in e["points"] if "n_tokens_by_kind" in pt]
+    if not pts or "kinds" not in e:
+        return []
+    keys = list(e["attackers"])
+    counts = e["kinds"]["counts"]
+    lines = [f"Per kind of token: rare = {counts['rare']}; personal = {counts['personal']}. "
+             "Recovery of rare / personal tokens; rare-word and personal-data privacy = 1 − the "
+             "best recovery of the attackers we ran on those tokens (upper bounds).", "",
+             "| η | rare / personal tokens | "
+             + " | ".join(f"{NAMES.get(k, k)} rare / personal" for k in keys)
+             + " | rare-word privacy | personal-data privacy |",
+             "|---|---|" + "---|" * len(keys) + "---|---|"]
+    for pt in pts:
+        by = {k: pt["recovery"][k]["by_kind"] for k in keys if k in pt["recovery"]}
+        cells = [f"{_pc(by[k]['rare'])} / {_pc(by[k]['personal'])}" if k in by else "–"
+                 for k in keys]
+        ep = {kind: None if any(v[kind] is None for v in by.values())
+              else 1 - max(v[kind] for v in by.values()) for kind in ("rare", "personal")}
+        n = pt["n_tokens_by_kind"]
+        lines.append(f"| {pt['eta']:.4g} | {n['rare']:,} / {n['personal']:,} | "
+                     + " | ".join(cells) + " | "
+                     + " | ".join("–" if ep[k] is None else f"{ep[k]:.3f}"
+                                  for k in ("rare", "personal")) + " |")
+    return lines + [""]
 
 
 def plot(doc: dict, path: Path) -> None:

@@ -67,12 +67,11 @@ def priors(bb, spans) -> dict:
 
 
 def main() -> None:
+    from benchmarks.personal_spans import load_spans
     from rapt.attacks.bayes import BayesAttacker
     from rapt.models import load_backbone
     from rapt.privacy.mechanism import candidate_ids_from_tokenizer
     from rapt.privacy.nn_search import build_index
-
-    from benchmarks.personal_spans import load_spans
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--guesses", default=str(RESULTS / "kind_attack"))

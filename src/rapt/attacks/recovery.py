@@ -124,28 +124,40 @@ def token_recovery(original: Sequence[Sequence[int]], private: Sequence[Sequence
 
 
 def run_attackers(names: Sequence[str], inp: ReconstructionInput,
-                  original: Sequence[Sequence[int]]) -> dict[str, dict]:
+                  original: Sequence[Sequence[int]],
+                  classes: Sequence[Sequence[int]] | None = None) -> dict[str, dict]:
     """Run each named attacker on ``inp`` and score it against ``original`` (which the
-    attackers never see): name -> :func:`token_recovery` dict."""
+    attackers never see): name -> :func:`token_recovery` dict, with ``classes`` (each
+    position's index into :data:`rapt.privacy.by_kind.CLASSES`) also its recovery per kind
+    under ``by_kind`` (:func:`rapt.privacy.kind_recovery.recovery_by_class`)."""
     unknown = [n for n in names if n not in ATTACKERS]
     if unknown:
         raise ValueError(f"unknown attacker(s) {', '.join(unknown)}; registered: "
                          f"{', '.join(sorted(ATTACKERS))}")
     out = {}
+    flat_classes = None if classes is None else [int(c) for r in classes for c in r]
     for name in names:
         guessed = ATTACKERS[name](inp)
         out[name] = token_recovery(original, inp.private_rows, guessed, inp.special_ids)
+        if flat_classes is not None:
+            from rapt.privacy.kind_recovery import recovery_by_class
+
+            out[name]["by_kind"] = recovery_by_class(
+                [int(t) for r in original for t in r], [int(t) for r in guessed for t in r],
+                flat_classes, inp.special_ids)
     return out
 
 
 def reconstruct(rows: Sequence[Sequence[int]], backbone: Any, eta: float, names: Sequence[str],
                 *, public_rows: Sequence[Sequence[int]] | None = None, seed: int | None = None,
-                mode: str = "fast", options: dict[str, Any] | None = None) -> dict:
+                mode: str = "fast", options: dict[str, Any] | None = None,
+                classes: Sequence[Sequence[int]] | None = None) -> dict:
     """Privatize ``rows`` (token ids of the user's texts) at ``eta`` with the backbone's
     mechanism, run each named attacker on the release and score it (what
     ``rapt attack reconstruct`` prints).  ``seed`` seeds the mechanism (``seed``) and the
     attackers (``seed + 1``); None = OS entropy.  Returns {"eta", "p", "n_tokens",
-    "attackers": name -> token_recovery dict}."""
+    "attackers": name -> token_recovery dict}, per kind of token too with ``classes``
+    (:func:`run_attackers`)."""
     from rapt.privacy.mechanism import (
         Privatizer,
         candidate_ids_from_tokenizer,
@@ -167,4 +179,4 @@ def reconstruct(rows: Sequence[Sequence[int]], backbone: Any, eta: float, names:
     return {"eta": float(eta), "p": replacement_probability(flat, _flat(private),
                                                             backbone.special_ids),
             "n_tokens": int(flat.numel()), "seeded": priv.seeded,
-            "attackers": run_attackers(names, inp, rows)}
+            "attackers": run_attackers(names, inp, rows, classes)}

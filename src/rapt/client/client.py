@@ -328,11 +328,12 @@ class RaptClient:
         self.eta_source = source
 
     def _measure(self, rows: list[list[int]], private: list[list[int]], what: str,
-                 plain: Sequence[int] | None = None) -> dict:
+                 plain: Sequence[int] | None = None, *, texts: Sequence[str] | None = None,
+                 text_pairs: Sequence[str | None] | None = None) -> dict:
         """η, P and the nearest-neighbour inversion success on what is about to be sent
         (:meth:`rapt.pipeline.Customization.measure`), over the text positions (the plain
-        tokens ``plain`` are public); warns when P is below ``min_p``. The result stays on
-        this machine (``last_privacy``)."""
+        tokens ``plain`` are public), and per kind of token when the rows' ``texts`` are given;
+        warns when P is below ``min_p``. The result stays on this machine (``last_privacy``)."""
         from rapt.pipeline import Encoding
 
         layout = Encoding(None, list(plain) if plain else None)
@@ -344,8 +345,11 @@ class RaptClient:
             report.update(replacement_probability=0.0, inversion_success=1.0,
                           n_tokens=sum(len(r) for r in text))
         else:
-            report.update(replace(self.customization, encoding=layout).measure(rows, private))
-            report["by_kind"] = self._declaration().get("by_kind")  # the policy, not counts
+            custom = replace(self.customization, encoding=layout)
+            classes = (None if texts is None
+                       else custom.kind_noise(rows, list(texts), text_pairs)[2])
+            report.update(custom.measure(rows, private, classes=classes))
+            report["kind_policy"] = self._declaration().get("by_kind")  # the policy, not counts
             from rapt.privacy.rule import weak_privacy_warning
 
             # The rule every command applies (rapt.privacy.rule): table and measured recovery.
@@ -458,6 +462,9 @@ class RaptClient:
         return pad_to_bucket(rows, pad, self.pad_to_bucket)
 
     def _declaration(self) -> dict[str, Any]:
+        """What the upload declares: mechanism, η, embedding, search mode and the by-kind
+        policy. Nothing measured on the rows (P, per-kind privacy) leaves the machine: those
+        are statistics of the private text; the console shows the attack table's figures."""
         if self.no_privacy:
             return {"mechanism": "none"}
         # The service's name for the backbone (not a local path, which could name the user).
@@ -509,7 +516,8 @@ class RaptClient:
         plain = self.plain_ids() if reconstruction else None
         rows = self._rows(ds.texts, ds.text_pairs, plain, max_length)
         private = self.privatize(rows, ds.texts, ds.text_pairs)
-        p = self._measure(rows, private, "upload", plain)["replacement_probability"]
+        p = self._measure(rows, private, "upload", plain, texts=ds.texts,
+                          text_pairs=ds.text_pairs)["replacement_probability"]
         num_labels = max(len(ds.label_names), max(labels) + 1, 2)
         body = {"backbone": self.remote_backbone, "input_ids": self._padded(private),
                 "labels": labels,
@@ -822,7 +830,7 @@ class RaptClient:
         clear = self._rows(list(texts), text_pairs, plain, max_length, queries=True)
         rows = (self.privatize(clear, list(texts), text_pairs) if released is None
                 else self._released(clear, released))
-        self._measure(clear, rows, "predict", plain)
+        self._measure(clear, rows, "predict", plain, texts=list(texts), text_pairs=text_pairs)
         den = self.output_denoiser(prompt_id) if denoise and not self.no_privacy else None
         width = int(self.backbone.embeddings.shape[1])
         if den is not None and den[0].hidden != width:  # before any query is sent

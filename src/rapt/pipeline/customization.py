@@ -32,6 +32,7 @@ the upper bound on privacy). With ``channel=adapter`` (a
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -148,6 +149,15 @@ def make_privatizer(backbone: Any, eta: float | None = None, target_p: float | N
                       candidate_ids=cand, mode=mode, seed=noise_seed)
 
 
+@functools.lru_cache(maxsize=1)
+def shared_detector() -> Any:
+    """Presidio's personal-data detector with its defaults, built once per process (loading
+    spaCy's model takes seconds; sibling customizations and every measure share it)."""
+    from rapt.privacy.personal_data import PersonalDataDetector
+
+    return PersonalDataDetector()
+
+
 @dataclass
 class Customization:
     """One customization of ``backbone``: privatizer, encoding, tuner config, artifact and
@@ -254,9 +264,7 @@ class Customization:
         detector = None
         if self.personal_spans is None:
             if self._detector is None:
-                from rapt.privacy.personal_data import PersonalDataDetector
-
-                self._detector = PersonalDataDetector()
+                self._detector = shared_detector()
             detector = self._detector
         start = plain_offset(self.backbone.tokenizer) + self.encoding.plain_len
         return row_noise(rows, texts, text_pairs, self.backbone.tokenizer,
@@ -300,35 +308,61 @@ class Customization:
     def measure(self, clean: Sequence[Sequence[int]], private: Sequence[Sequence[int]], *,
                 classes: Sequence[Sequence[int]] | None = None) -> dict:
         """The privacy report of a release (``rapt.privacy.mechanism.privacy_report``: η, P,
-        inversion success, ...) on the text positions only: the plain tokens are public."""
+        inversion success, ...) on the text positions only: the plain tokens are public. With
+        ``classes`` (each row position's class, :meth:`kind_noise`) also per kind of token
+        (``by_kind``: all, rare, personal and frequent words)."""
         from rapt.privacy.mechanism import privacy_report
 
-        tok = self.backbone.tokenizer
-        self.privacy = privacy_report(self.encoding.text_only(tok, clean),
-                                      self.encoding.text_only(tok, private), self.privatizer,
-                                      target_p=self.target_p)
+        tok, enc = self.backbone.tokenizer, self.encoding
+        text_classes = None if classes is None else enc.text_only(tok, classes)
+        rank = getattr(self.kind_policy, "frequent_rank", None)
+        self.privacy = privacy_report(enc.text_only(tok, clean), enc.text_only(tok, private),
+                                      self.privatizer, target_p=self.target_p,
+                                      classes=text_classes, frequent_rank=rank)
         if self.channel is not None and self.channel.attacker is not None:
-            self.privacy["channel"] = self._channel_privacy(clean, private)
+            self.privacy["channel"] = self._channel_privacy(clean, private, text_classes)
         return self.privacy
 
     def _channel_privacy(self, clean: Sequence[Sequence[int]],
-                         private: Sequence[Sequence[int]]) -> dict:
+                         private: Sequence[Sequence[int]],
+                         text_classes: Sequence[Sequence[int]] | None = None) -> dict:
         """The channel model as an attacker on this release: its token recovery over the text
-        positions (all / replaced), scored against ``clean``, which it never sees."""
+        positions (all / replaced, and per kind with ``text_classes``), scored against
+        ``clean``, which it never sees."""
         from rapt.attacks.recovery import token_recovery
 
         tok, enc = self.backbone.tokenizer, self.encoding
         denoised = self.denoise(private)
-        rec = token_recovery(enc.text_only(tok, clean), enc.text_only(tok, private),
-                             enc.text_only(tok, denoised), self._special_ids())
+        text_clean, text_denoised = enc.text_only(tok, clean), enc.text_only(tok, denoised)
+        rec = token_recovery(text_clean, enc.text_only(tok, private), text_denoised,
+                             self._special_ids())
         nn = float((self.privacy or {}).get("inversion_success") or 0.0)
         # An undertrained channel can recover less than nearest neighbour: the honest figure
         # is the stronger of the two.
         name = self.channel.attacker
-        return {"attacker": name, "recovery": rec["all"],
-                "recovery_replaced": rec["replaced"], "n_tokens": rec["n_all"],
-                "strongest_attacker": name if rec["all"] >= nn else "nearest neighbour",
-                "empirical_privacy": 1.0 - max(rec["all"], nn), "note": CHANNEL_NOTE}
+        out = {"attacker": name, "recovery": rec["all"],
+               "recovery_replaced": rec["replaced"], "n_tokens": rec["n_all"],
+               "strongest_attacker": name if rec["all"] >= nn else "nearest neighbour",
+               "empirical_privacy": 1.0 - max(rec["all"], nn), "note": CHANNEL_NOTE}
+        if text_classes is not None and (self.privacy or {}).get("by_kind"):
+            out["by_kind"] = self._channel_by_kind(text_clean, text_denoised, text_classes)
+        return out
+
+    def _channel_by_kind(self, clean: Sequence[Sequence[int]],
+                         denoised: Sequence[Sequence[int]],
+                         classes: Sequence[Sequence[int]]) -> dict:
+        """The channel model's recovery per kind (text positions); where it beats nearest
+        neighbour, the report's per-kind empirical privacy and attacker become its."""
+        from rapt.privacy.kind_recovery import recovery_by_class, with_attacker
+
+        flat = [[int(t) for r in rows for t in r] for rows in (clean, denoised, classes)]
+        per = recovery_by_class(*flat, self._special_ids())
+        report = self.privacy["by_kind"]
+        for kind, r in per.items():
+            nn = report[kind]["inversion_success"]
+            if r["recovery"] is not None and r["recovery"] > nn:
+                report[kind].update(with_attacker(self.channel.attacker, r))
+        return per
 
     def _special_ids(self) -> list[int]:
         ids = self.backbone.special_ids

@@ -16,6 +16,13 @@ written here.
   table's range gives it.
 * :func:`table_line` -- the one line every command prints beside P.
 
+Per kind of token: a table may also hold, per attacker and point, its recovery over the tokens
+of rare words and of personal data (``by_kind``: ``all``, ``rare``, ``personal``, and
+``frequent``; the kinds of :mod:`rapt.privacy.by_kind`, found in the public text with
+Presidio), with the token counts per kind at the point (``n_tokens_by_kind``).
+:func:`strongest_at` then answers per kind too (the strongest attacker of each kind); a table
+without them answers ``by_kind=None`` with the reason.
+
 Table lookups are by the backbone's name as the commands take it (``minilm``,
 ``smollm2-135m``): a path or hub id is not in the table, even for the same weights.
 """
@@ -29,8 +36,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-__all__ = ["EP_MEANING", "FORMAT", "AttackTableError", "TableAnswer", "ep_phrase",
-           "eta_for_target_ep", "load_table", "strongest_at", "table_line"]
+__all__ = ["EP_MEANING", "FORMAT", "TABLE_KINDS", "AttackTableError", "KindAnswer", "TableAnswer",
+           "ep_phrase", "eta_for_target_ep", "load_table", "strongest_at", "table_line"]
 
 FORMAT = "rapt-attack-table"
 VERSION = 1
@@ -39,6 +46,9 @@ SOURCE_NOTE = "shipped table, public text"
 _REL = 1e-9  # a grid endpoint given back through float formatting still counts as inside
 # What every printed empirical privacy means: no attacker we ran does better, a stronger one may.
 EP_MEANING = "1 − the best recovery of the attackers we ran (an upper bound on privacy)"
+TABLE_KINDS = ("all", "rare", "personal", "frequent")  # a point's per-kind recoveries
+NO_KINDS = ("the table holds no figures per kind of token (written before they were measured; "
+            "benchmarks/bench_attack_table.py measures them)")
 
 
 def ep_phrase(ep: float, attacker: str | None) -> str:
@@ -69,6 +79,28 @@ class TableAnswer:
     attacker_name: str | None = None
     grid_point: bool = False
     reason: str | None = None
+
+    # per kind of :data:`TABLE_KINDS`: its strongest attacker (None: not in the table, see
+    # ``by_kind_reason``)
+    by_kind: dict[str, KindAnswer] | None = None
+    by_kind_reason: str | None = None
+
+    @property
+    def empirical_privacy(self) -> float | None:
+        return None if self.recovery is None else 1.0 - self.recovery
+
+
+@dataclass(frozen=True)
+class KindAnswer:
+    """The strongest attacker on one kind of token at (backbone, η) by the table:
+    ``recovery`` of that kind's tokens (None: the public text held none at a neighbouring point),
+    the ``attacker`` / ``attacker_name`` that reaches it and the kind's ``n_tokens`` there (the
+    smaller of the two neighbouring points')."""
+
+    recovery: float | None
+    attacker: str | None
+    attacker_name: str | None
+    n_tokens: int
 
     @property
     def empirical_privacy(self) -> float | None:
@@ -114,6 +146,25 @@ def _check_backbone(name: str, entry: Any, where: str) -> None:
                 raise _err(f"{at}.recovery.{key}", "must hold 'all' and 'replaced'")
             _number(rec.get("all"), f"{at}.recovery.{key}.all", 0.0, 1.0)
             _number(rec.get("replaced"), f"{at}.recovery.{key}.replaced", 0.0, 1.0)
+            if "by_kind" in rec:
+                _check_kinds(rec["by_kind"], pt.get("n_tokens_by_kind"),
+                             f"{at}.recovery.{key}.by_kind")
+
+
+def _check_kinds(by_kind: Any, counts: Any, where: str) -> None:
+    """Every kind's recovery in [0, 1], or None exactly where the point counts no token."""
+    if not isinstance(by_kind, dict) or not isinstance(counts, dict):
+        raise _err(where, "needs a recovery per kind and the point's 'n_tokens_by_kind'")
+    for kind in TABLE_KINDS:
+        n = counts.get(kind)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise _err(f"{where} (n_tokens_by_kind.{kind})", f"must be a count, got {n!r}")
+        if kind not in by_kind:
+            raise _err(f"{where}.{kind}", "missing")
+        if n == 0 and by_kind[kind] is not None:
+            raise _err(f"{where}.{kind}", "must be null: the point has no token of this kind")
+        if n > 0:
+            _number(by_kind[kind], f"{where}.{kind}", 0.0, 1.0)
 
 
 def parse_table(doc: Any, where: str = "attack table") -> dict:
@@ -204,9 +255,31 @@ def strongest_at(backbone: str, eta: float, table: dict | None = None) -> TableA
     rec = {k: (_lerp(a[k]["all"], b[k]["all"], w), _lerp(a[k]["replaced"], b[k]["replaced"], w))
            for k in both}
     best = max(both, key=lambda k: (rec[k][0], k == "nn"))
+    kinds, why_not = _kinds_at(entry, pts[i], pts[j], w, both)
     return TableAnswer(backbone, eta, rec[best][0], rec[best][1],
                        _lerp(pts[i]["p"], pts[j]["p"], w), best,
-                       str(entry["attackers"][best].get("name", best)), i == j)
+                       str(entry["attackers"][best].get("name", best)), i == j, None, kinds,
+                       why_not)
+
+
+def _kinds_at(entry: dict, a: dict, b: dict, w: float, attackers: list[str]
+              ) -> tuple[dict[str, KindAnswer] | None, str | None]:
+    """Per kind, the strongest of ``attackers`` between points ``a`` and ``b`` (weight ``w`` on
+    b); (None, why) when the table holds no per-kind figures there."""
+    have = [k for k in attackers if "by_kind" in a["recovery"][k] and "by_kind" in b[
+        "recovery"][k]]
+    if not have:
+        return None, NO_KINDS
+    out = {}
+    for kind in TABLE_KINDS:
+        n = min(a["n_tokens_by_kind"][kind], b["n_tokens_by_kind"][kind])
+        rec = {k: _lerp(a["recovery"][k]["by_kind"][kind], b["recovery"][k]["by_kind"][kind], w)
+               for k in have if n > 0}
+        best = max(rec, key=lambda k: (rec[k], k == "nn")) if rec else None
+        out[kind] = KindAnswer(None if best is None else rec[best], best,
+                               None if best is None else str(
+                                   entry["attackers"][best].get("name", best)), n)
+    return out, None
 
 
 def _first_crossing(points: list[dict], bound: float) -> float | None:
@@ -270,5 +343,22 @@ def table_line(backbone: str, eta: float, table: dict | None = None) -> str:
         return f"best attacker we ran: not in the table, {ans.reason} ({SOURCE_NOTE})"
     return (f"best attacker we ran at η = {numfmt.eta(eta)}: {ans.attacker_name} recovers "
             f"{ans.recovery:.1%} of the tokens ({ans.recovery_replaced:.1%} of the replaced "
-            f"ones); {ep_phrase(ans.empirical_privacy, ans.attacker_name)} ({SOURCE_NOTE}, P "
-            f"there {numfmt.p(ans.p)})")
+            f"ones); {ep_phrase(ans.empirical_privacy, ans.attacker_name)}"
+            f"{_kinds_phrase(ans.by_kind)} ({SOURCE_NOTE}, P there {numfmt.p(ans.p)})")
+
+
+KIND_LABELS = {"rare": "rare-word privacy", "personal": "personal-data privacy"}
+
+
+def _kinds_phrase(by_kind: dict[str, KindAnswer] | None) -> str:
+    """"; rare-word privacy 0.412 (mechanism-aware Bayes); personal-data privacy ..." when the
+    table holds per-kind figures, else nothing."""
+    if by_kind is None:
+        return ""
+    parts = []
+    for kind, label in KIND_LABELS.items():
+        k = by_kind[kind]
+        parts.append(f"{label}: no such tokens in the public text" if k.recovery is None
+                     else f"{label} {k.empirical_privacy:.3f} ({k.attacker_name}, "
+                          f"{k.n_tokens:,} tokens)")
+    return "; " + "; ".join(parts)

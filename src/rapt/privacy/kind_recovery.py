@@ -26,12 +26,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from rapt.privacy.by_kind import CLASSES, DEFAULT_FREQUENT_RANK
 from rapt.privacy.kinds import BANDS
 from rapt.stats import wilson_interval
 
-__all__ = ["KINDS", "recovery_by_kind"]
+__all__ = ["CLASS_KINDS", "KINDS", "NN", "class_counts",
+           "privacy_by_class", "recovery_by_class", "recovery_by_kind", "with_attacker"]
 
 KINDS = ("all", *BANDS, "personal data", "not personal data")
+# The kinds of a privacy report's "by_kind": all tokens and the classes of rapt.privacy.by_kind.
+CLASS_KINDS = ("all", "rare", "personal", "frequent")
+NO_TOKENS = "no token of this kind in the release"
+NN = "nearest neighbour"
 
 
 def _rate(k: int, n: int) -> tuple[float | None, list[float] | None]:
@@ -103,3 +109,81 @@ def recovery_by_kind(original: Sequence[Sequence[int]], guessed: Sequence[Sequen
     for kind in KINDS:
         out[kind]["words"] = per_word[kind]
     return out
+
+
+def class_counts(frequent_rank: int = DEFAULT_FREQUENT_RANK) -> dict[str, str]:
+    """What each kind of :data:`CLASS_KINDS` counts, in words (a figure names what it counts)."""
+    return {"all": "all text tokens",
+            "rare": f"tokens of words outside the {frequent_rank:,} most frequent public words "
+                    "(not personal data)",
+            "personal": "tokens inside personal-data spans found by Presidio (and tokens that "
+                        "could not be placed in their text)",
+            "frequent": f"tokens of the {frequent_rank:,} most frequent public words (not "
+                        "personal data)"}
+
+
+def recovery_by_class(original: Sequence[int], guessed: Sequence[int],
+                      classes: Sequence[int], special_ids: Sequence[int] = ()
+                      ) -> dict[str, dict]:
+    """Per kind of :data:`CLASS_KINDS`: ``n_tokens``, ``recovered``, ``recovery`` (share guessed
+    right) and its 95 % Wilson interval ``recovery_ci95``, over the non-special positions of
+    flat, aligned token ids; ``classes`` are indices into :data:`rapt.privacy.by_kind.CLASSES`
+    (position by position, as :func:`rapt.privacy.by_kind.row_noise` gives them). A kind with
+    no token has ``recovery`` None and says so in ``note``."""
+    if not len(original) == len(guessed) == len(classes):
+        raise ValueError(f"original ({len(original)}), guessed ({len(guessed)}) and classes "
+                         f"({len(classes)}) must align position by position")
+    special = {int(i) for i in special_ids}
+    hits: dict[str, list[bool]] = {k: [] for k in CLASS_KINDS}
+    for o, g, c in zip(original, guessed, classes, strict=True):
+        if int(o) in special:
+            continue
+        if not 0 <= int(c) < len(CLASSES):
+            raise ValueError(f"class {c} is not an index into {CLASSES}")
+        hit = int(o) == int(g)
+        hits["all"].append(hit)
+        hits[CLASSES[int(c)]].append(hit)
+    out = {}
+    for kind, hs in hits.items():
+        rec, ci = _rate(sum(hs), len(hs))
+        out[kind] = {"n_tokens": len(hs), "recovered": sum(hs), "recovery": rec,
+                     "recovery_ci95": ci} | ({} if hs else {"note": NO_TOKENS})
+    return out
+
+
+def _flip(ci: list[float] | None) -> list[float] | None:
+    return None if ci is None else [1.0 - ci[1], 1.0 - ci[0]]
+
+
+def privacy_by_class(original: Sequence[int], private: Sequence[int], recovered: Sequence[int],
+                     classes: Sequence[int], special_ids: Sequence[int] = (), *,
+                     frequent_rank: int = DEFAULT_FREQUENT_RANK) -> dict[str, dict]:
+    """A privacy report's ``by_kind``: per kind of :data:`CLASS_KINDS`, what it ``counts``, its
+    ``n_tokens``, the measured ``replacement_probability``, the nearest-neighbour inversion's
+    ``inversion_success`` (its guesses: ``recovered``) and the ``empirical_privacy`` = 1 − the
+    best recovery of the attackers run (here nearest neighbour, named in ``attacker``), with 95 %
+    Wilson intervals. Flat ids aligned with ``classes``; a kind with no token has None figures
+    and a ``note`` saying so."""
+    kept = recovery_by_class(original, private, classes, special_ids)  # unchanged tokens
+    inv = recovery_by_class(original, recovered, classes, special_ids)
+    counts = class_counts(frequent_rank)
+    out = {}
+    for kind in CLASS_KINDS:
+        k, r = kept[kind], inv[kind]
+        out[kind] = {"counts": counts[kind], "n_tokens": r["n_tokens"],
+                     "replacement_probability": None if k["recovery"] is None
+                     else 1.0 - k["recovery"],
+                     "inversion_success": r["recovery"], "inversion_success_ci95":
+                     r["recovery_ci95"]} | with_attacker(NN, r)
+        if r["n_tokens"] == 0:
+            out[kind]["note"] = NO_TOKENS
+    return out
+
+
+def with_attacker(attacker: str, recovery: dict) -> dict:
+    """``attacker``, ``empirical_privacy`` and ``empirical_privacy_ci95`` of one attacker's
+    per-kind ``recovery`` (a :func:`recovery_by_class` entry)."""
+    rec = recovery["recovery"]
+    return {"attacker": attacker, "empirical_privacy": None if rec is None else 1.0 - rec,
+            "empirical_privacy_ci95": _flip(recovery["recovery_ci95"])}
+

@@ -43,6 +43,7 @@ __all__ = [
     "detokenize",
     "public_sample_ids",
     "measure_p",
+    "kind_figures",
     "privacy_line",
     "privacy_report",
     "privatize_texts",
@@ -612,32 +613,71 @@ def _eta_cache_put(key: str, eta: float) -> None:
 
 def privacy_report(original_ids: Tensor | Sequence[Sequence[int]],
                    private_ids: Tensor | Sequence[Sequence[int]], privatizer: Privatizer, *,
-                   target_p: float | None = None) -> dict:
+                   target_p: float | None = None,
+                   classes: Sequence[Sequence[int]] | None = None,
+                   frequent_rank: int | None = None) -> dict:
     """The privacy of one release, measured where the text is (never sent): η, the replacement
     probability P (share of non-special tokens that changed) and the success rate of the
     nearest-neighbour inversion attack (``rapt.privacy.inversion``) by an attacker who holds the
     same embeddings and candidate vocabulary. ``target_p``: the P that η was calibrated for
-    on the public sample, recorded alongside."""
+    on the public sample, recorded alongside.
+
+    With ``classes`` (each position's index into :data:`rapt.privacy.by_kind.CLASSES`, aligned
+    with the rows) the same figures per kind of token go under ``by_kind``
+    (:func:`rapt.privacy.kind_recovery.privacy_by_class`: all, rare, personal and frequent
+    words, ``frequent_rank`` drawing the line); without, ``by_kind`` is None."""
+    from rapt.privacy.by_kind import DEFAULT_FREQUENT_RANK
     from rapt.privacy.inversion import inversion_attack
+    from rapt.privacy.kind_recovery import privacy_by_class
 
     orig, priv = _flatten_ids(original_ids), _flatten_ids(private_ids)
     special = privatizer.special_ids.cpu().tolist()
     inv = inversion_attack(orig, privatizer.embeddings, private_ids=priv, special_ids=special,
                            candidate_ids=privatizer.candidate_ids, index=privatizer.index)
+    by_kind = None
+    if classes is not None:
+        flat = [int(c) for row in classes for c in row]
+        by_kind = privacy_by_class(orig.tolist(), priv.tolist(),
+                                   inv.recovered.flatten().tolist(), flat, special,
+                                   frequent_rank=frequent_rank or DEFAULT_FREQUENT_RANK)
     return {"eta": privatizer.eta, "replacement_probability": replacement_probability(
                 orig, priv, special),
             "inversion_success": inv.success_rate, "n_tokens": inv.n_tokens,
             "target_p": target_p,
             "eta_calibrated_on": "rapt public sample" if target_p is not None else None,
-            "mode": privatizer.mode, "seeded": privatizer.seeded}
+            "mode": privatizer.mode, "seeded": privatizer.seeded, "by_kind": by_kind}
 
 
 def privacy_line(report: dict) -> str:
-    """One line for a :func:`privacy_report`: η, measured P, inversion success."""
+    """One line for a :func:`privacy_report`: η, measured P, inversion success, and beside it
+    the rare-word and personal-data privacy (:func:`kind_figures`)."""
     from rapt.numfmt import eta, p
 
     calibrated = (f" (calibrated for P ≈ {report['target_p']:g} on rapt's public text sample)"
                   if report.get("target_p") is not None else "")
     return (f"privacy: η = {eta(report['eta'])}{calibrated}; measured P = "
             f"{p(report['replacement_probability'])} of {report['n_tokens']:,} tokens replaced; "
-            f"nearest-neighbour inversion recovers {report['inversion_success']:.1%}")
+            f"nearest-neighbour inversion recovers {report['inversion_success']:.1%}; "
+            f"{kind_figures(report.get('by_kind'))}")
+
+
+KIND_LABELS = {"rare": "rare-word privacy", "personal": "personal-data privacy"}
+
+
+def kind_figures(by_kind: dict | None) -> str:
+    """"rare-word privacy 0.652 (nearest neighbour, 310 tokens); personal-data privacy ..."
+    from a report's ``by_kind`` (empirical privacy: 1 − the best recovery of the attackers run
+    on those tokens); a kind with no token says so; no ``by_kind`` says it was not measured."""
+    if not by_kind:
+        return ("rare-word and personal-data privacy not measured (the rows' texts were not "
+                "given)")
+    parts = []
+    for kind, label in KIND_LABELS.items():
+        fig = by_kind.get(kind) or {}
+        n = int(fig.get("n_tokens") or 0)
+        if fig.get("empirical_privacy") is None:
+            parts.append(f"{label}: no such tokens")
+        else:
+            parts.append(f"{label} {fig['empirical_privacy']:.3f} ({fig['attacker']}, "
+                         f"{n:,} token{'s' if n != 1 else ''})")
+    return "; ".join(parts)

@@ -25,15 +25,20 @@ P 0.4 means that 60 % of the words go out as they are.
 
 No command privatizes by default at a level this rule flags: the default is
 :data:`DEFAULT_TARGET_P`, clear of the threshold.
+
+The verdict also carries the rare-word privacy and the personal-data privacy (empirical privacy
+over the tokens of rare words and of personal data: the lowest the table's per-kind figures and
+the release's measured ones give, with the attacker that sets it) and the warning prints them
+beside the all-token figure; whether a release is weak is still decided on all tokens.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-__all__ = ["DEFAULT_MIN_P", "DEFAULT_TARGET_P", "MIN_P_HELP", "PrivacyVerdict", "judge",
-           "weak_privacy_warning"]
+__all__ = ["DEFAULT_MIN_P", "DEFAULT_TARGET_P", "KIND_LABELS", "MIN_P_HELP", "KindFigure",
+           "PrivacyVerdict", "judge", "weak_privacy_warning"]
 
 DEFAULT_MIN_P = 0.5  # below it the best attacker we ran reads most of the tokens
 DEFAULT_TARGET_P = 0.6  # the default level where a command privatizes without being told
@@ -42,10 +47,23 @@ MIN_P_HELP = ("warn when the release's empirical privacy (1 − the best token r
               "release; an upper bound on privacy, at or below P) is below this")
 
 
+KIND_LABELS = {"rare": "rare-word privacy", "personal": "personal-data privacy"}
+
+
+@dataclass(frozen=True)
+class KindFigure:
+    """One kind of token's empirical privacy (None: no token of it was measured) and the
+    attacker that sets it."""
+
+    empirical_privacy: float | None
+    attacker: str | None
+
+
 @dataclass(frozen=True)
 class PrivacyVerdict:
     """What the rule says of one release: ``empirical_privacy`` (None: nothing to judge by),
-    the ``attacker`` that sets it, the measured ``p``, the threshold and ``weak``."""
+    the ``attacker`` that sets it, the measured ``p``, the threshold and ``weak``; ``by_kind``:
+    the rare-word and personal-data privacy (keys of :data:`KIND_LABELS`) where measured."""
 
     empirical_privacy: float | None
     attacker: str | None
@@ -53,6 +71,18 @@ class PrivacyVerdict:
     eta: float | None
     min_p: float
     weak: bool
+    by_kind: dict[str, KindFigure] = field(default_factory=dict)
+
+    def kinds_phrase(self) -> str:
+        """"rare-word privacy 0.412 (nearest neighbour on this release); personal-data ..." or
+        "" when no kind was measured."""
+        parts = []
+        for kind, label in KIND_LABELS.items():
+            f = self.by_kind.get(kind)
+            if f is not None:
+                parts.append(f"{label}: no such tokens" if f.empirical_privacy is None else
+                             f"{label} {f.empirical_privacy:.3f} ({f.attacker})")
+        return "; ".join(parts)
 
     def message(self, what: str = "release") -> str:
         """One warning line for a weak release (the command adds its own prefix)."""
@@ -65,8 +95,10 @@ class PrivacyVerdict:
 
         return (f"weak privacy on this {what}: {p}the best attacker we ran ({self.attacker}) "
                 f"recovers {1 - ep:.1%} of the tokens, {ep_phrase(ep, self.attacker)}, < "
-                f"--min-p {self.min_p:g} at {level}; for more privacy use a higher --target-p (the "
-                f"default level is {DEFAULT_TARGET_P:g}) or a smaller --eta")
+                f"--min-p {self.min_p:g} at {level}"
+                f"{'; ' + self.kinds_phrase() if self.by_kind else ''}; for more privacy use a "
+                f"higher --target-p (the default level is {DEFAULT_TARGET_P:g}) or a smaller "
+                "--eta")
 
 
 def judge(report: dict | None, *, backbone: str, eta: float | None = None,
@@ -82,12 +114,14 @@ def judge(report: dict | None, *, backbone: str, eta: float | None = None,
     p = report.get("replacement_probability")
     # who -> (recovery, tokens it was measured on; None: the table's, taken as it is)
     recoveries: dict[str, tuple[float, int | None]] = {}
+    ans = None
     if eta is not None:
         from rapt.privacy.attack_table import strongest_at
 
         ans = strongest_at(backbone, float(eta))
         if ans.recovery is not None:
             recoveries[f"{ans.attacker_name}, rapt's attack table"] = (ans.recovery, None)
+    kinds = _kind_figures(report.get("by_kind"), None if ans is None else ans.by_kind)
     if report.get("inversion_success") is not None:
         recoveries["nearest neighbour on this release"] = (float(report["inversion_success"]),
                                                            report.get("n_tokens"))
@@ -103,8 +137,34 @@ def judge(report: dict | None, *, backbone: str, eta: float | None = None,
         who, ep = "nearest neighbour, about 1 − P", float(p)
         weak = _significantly_below(ep, report.get("n_tokens"), min_p)
     else:
-        return PrivacyVerdict(None, None, None, eta, min_p, False)
-    return PrivacyVerdict(ep, who, None if p is None else float(p), eta, min_p, weak)
+        return PrivacyVerdict(None, None, None, eta, min_p, False, kinds)
+    return PrivacyVerdict(ep, who, None if p is None else float(p), eta, min_p, weak, kinds)
+
+
+def _kind_figures(measured: dict | None, table: dict | None) -> dict[str, KindFigure]:
+    """Per kind of :data:`KIND_LABELS`: the lowest empirical privacy of the release's measured
+    figures (``by_kind`` of a privacy report) and the table's (``TableAnswer.by_kind``), with
+    the attacker that sets it; a kind with figures from neither is left out, one whose sources
+    counted no token of it is None."""
+    out = {}
+    for kind in KIND_LABELS:
+        found: list[tuple[float, str]] = []
+        seen = False
+        if measured and kind in measured:
+            seen = True
+            m = measured[kind]
+            if m.get("empirical_privacy") is not None:
+                found.append((float(m["empirical_privacy"]), f"{m['attacker']} on this release"))
+        if table and kind in table:
+            seen = True
+            t = table[kind]
+            if t.recovery is not None:
+                found.append((1.0 - t.recovery, f"{t.attacker_name}, rapt's attack table"))
+        if found:
+            out[kind] = KindFigure(*min(found))
+        elif seen:
+            out[kind] = KindFigure(None, None)
+    return out
 
 
 def _significantly_below(ep: float, n: int | None, min_p: float, z: float = 1.645) -> bool:

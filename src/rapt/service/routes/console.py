@@ -288,15 +288,18 @@ def datasets_view(request: Request, svc: Any, me: str, status: int = 200,
 def table_privacy(backbone: str, eta: float) -> dict:
     """What rapt's attack table says of a declared (backbone, η): the table's P there, the
     empirical privacy (1 − the best recovery of the attackers we ran: an upper bound), which
-    attacker sets it, and the privacy rule's verdict on η alone. The service never sees the
-    clean text, so P and nearest neighbour on the rows themselves stay on the user's machine."""
+    attacker sets it, the rare-word and personal-data privacy when the table holds them
+    (``kinds``: one phrase, "" without), and the privacy rule's verdict on η alone. The
+    service never sees the clean text, so P and nearest neighbour on the rows themselves stay
+    on the user's machine (what the uploader declares of them is shown beside)."""
     from rapt.privacy.attack_table import strongest_at
     from rapt.privacy.rule import judge
 
     ans = strongest_at(backbone, eta)
     verdict = judge(None, backbone=backbone, eta=eta)
     return {"p": ans.p, "ep": ans.empirical_privacy, "attacker": ans.attacker_name,
-            "reason": ans.reason, "weak": verdict.weak, "min_p": verdict.min_p}
+            "reason": ans.reason, "weak": verdict.weak, "min_p": verdict.min_p,
+            "kinds": verdict.kinds_phrase()}
 
 
 @router.get("/prompts")
