@@ -72,6 +72,21 @@ def test_planting_puts_each_secret_exactly_repeats_times():
     assert plant(TASK, per_cell=3, seed=2) == p
 
 
+def test_lower_case_names_and_their_candidates():
+    p = plant(TASK, per_cell=4, repeats=(1,), kinds=("name",), seed=1, lowercase=True)
+    assert all(re.fullmatch(r"[a-z]+ [a-z]+", c.secret) for c in p.canaries)
+
+    class Chars:  # a "tokenizer" whose ids are the characters: candidates readable back
+        def __call__(self, text, add_special_tokens=False, return_offsets_mapping=False):
+            return {"input_ids": [ord(ch) for ch in text],
+                    "offset_mapping": [(i, i + 1) for i in range(len(text))]}
+
+    cands = draw_candidates(Chars(), p, 300, seed=2)
+    names = {"".join(map(chr, ids)) for ids in cands[TEMPLATES["name"][0]]}
+    assert len(names) == 300 and all(n == n.lower() for n in names)
+    assert not names & {c.secret for c in p.canaries}
+
+
 def test_exposure_of_a_perfect_attacker_is_log2_r_plus_1():
     for r in (1, 10, 999):
         assert exposure(1.0, [0.75] * r) == pytest.approx(math.log2(r + 1))

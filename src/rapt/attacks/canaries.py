@@ -130,10 +130,12 @@ class Planted:
 
 
 def plant(texts: Sequence[str], *, per_cell: int, repeats: Sequence[int] = (1, 4, 16),
-          kinds: Sequence[str] = KINDS, seed: int = 0) -> Planted:
+          kinds: Sequence[str] = KINDS, seed: int = 0, lowercase: bool = False) -> Planted:
     """``per_cell`` secrets of every kind for every number of ``repeats``; each copy is a
     random task row with the secret's template sentence appended. The task rows stay as they
-    are (a copy is an extra row, as a user's data holds a secret in rows of its own)."""
+    are (a copy is an extra row, as a user's data holds a secret in rows of its own).
+    ``lowercase``: names written in lower case, as in a lower-cased corpus (SST-2), where a
+    named-entity recognizer finds them less often."""
     if not texts:
         raise ValueError("plant needs task texts to copy")
     rng = random.Random(seed)
@@ -144,6 +146,7 @@ def plant(texts: Sequence[str], *, per_cell: int, repeats: Sequence[int] = (1, 4
         for r in repeats:
             for _ in range(per_cell):
                 secret, template = next(secrets), rng.choice(TEMPLATES[kind])
+                secret = secret.lower() if lowercase else secret
                 found.append((kind, secret, template, r))
                 for _ in range(r):
                     host = rng.randrange(len(texts))
@@ -354,12 +357,15 @@ Guess = Callable[[list[list[int]]], list[list[int]]]
 def draw_candidates(tokenizer, planted: Planted, r: int, seed: int = 1
                     ) -> dict[str, list[list[int]]]:
     """Template -> the token ids of ``r`` random secrets of its kind in it, none of them
-    planted (the same ``r`` secrets for every template of a kind)."""
+    planted (the same ``r`` secrets for every template of a kind), written in the planted
+    secrets' case."""
     rng = random.Random(seed)
     out = {}
     for kind in dict.fromkeys(c.kind for c in planted.canaries):
-        planted_here = [c.secret for c in planted.canaries if c.kind == kind]
-        secrets = draw_secrets(kind, r, rng, exclude=planted_here)
+        here = [c.secret for c in planted.canaries if c.kind == kind]
+        lower = all(s == s.lower() for s in here)
+        secrets = draw_secrets(kind, r, rng, exclude=[s.title() if lower else s for s in here])
+        secrets = [s.lower() for s in secrets] if lower else secrets
         for template in TEMPLATES[kind]:
             out[template] = candidate_ids(tokenizer, template, secrets)
     return out
