@@ -22,15 +22,18 @@ contextual denoiser (`rapt adapt`). Exposure (Secret Sharer): the true secret's 
 attacker's guesses match at the secret's positions (the scorer knows them: an upper bound on
 what an attacker that must first find them recovers).
 
-Writes benchmarks/results/canaries.{json,md,png} (``--out`` for another stem).
+Writes benchmarks/results/canaries.{json,md,png} (``--out`` for another stem). The results
+committed were measured at 1,000 rows and 8 secrets per cell (16 min on one shared thread; the
+defaults, 2,000 rows and 10, take about twice that):
 
-    OMP_NUM_THREADS=1 python -m benchmarks.bench_canaries
+    OMP_NUM_THREADS=1 python -m benchmarks.bench_canaries --rows 1000 --per-cell 8
     OMP_NUM_THREADS=1 python -m benchmarks.bench_canaries --quick   # a dry run, ~2 min
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import time
@@ -283,6 +286,30 @@ def cell_table(doc: dict, p: float) -> list[str]:
     return lines
 
 
+def in_clear(doc: dict) -> list[str]:
+    """The secrets' tokens each by-kind mechanism passes in clear (the classes it does not
+    protect), from the class shares: the loud finding if any."""
+    shares = doc["runs"][0]["classes"]
+    out = []
+    for mech, unprotected in (("by-kind rare", ("frequent",)),
+                              ("by-kind personal", ("rare", "frequent"))):
+        got = {k: sum(sh[c] for c in unprotected) for k, sh in shares.items()}
+        said = ", ".join(f"{k} {100 * v:.1f} %" for k, v in got.items() if v > 0)
+        out.append(f"- `{mech}` releases in clear: " + (
+            f"**{said} of the secrets' tokens** (not marked personal by the detector)"
+            if said else "no secret token (every one classed personal or rare)"))
+    return out
+
+
+def same_guesses(doc: dict) -> str:
+    """Whether the Bayes attacker ever scored differently from nearest neighbour."""
+    diff = sum(a != b for r in doc["runs"] if "bayes" in r["canaries"]
+               for a, b in zip(r["canaries"]["nn"], r["canaries"]["bayes"], strict=True))
+    return (f"The Bayes attacker's scores differ from nearest neighbour's on {diff} canary-runs "
+            "(it changes a released token only where fresh draws confirm a more probable "
+            "original, which a random secret's token never is).")
+
+
 def class_table(doc: dict) -> list[str]:
     """Per secret kind: how each mechanism classes its tokens (the same for every P), and what
     Presidio marked on its copies."""
@@ -354,7 +381,8 @@ def markdown(doc: dict) -> str:
     lines += ["", "## How the mechanisms class the secrets' tokens", "",
               "Under `by-kind rare` personal and rare tokens get η and frequent ones pass in "
               "clear; under `by-kind personal` everything not personal passes in clear.", ""]
-    lines += class_table(doc) + ["", "Example planted rows:", ""]
+    lines += class_table(doc) + [""] + in_clear(doc) + ["", same_guesses(doc), "",
+                                                         "Example planted rows:", ""]
     lines += [f"- {e['kind']} ×{e['repeats']}: `{e['text']}`" for e in doc["examples"]]
     for p in dict.fromkeys(r["target_p"] for r in doc["runs"]):
         eta = next(r["eta"] for r in doc["runs"] if r["target_p"] == p)
@@ -413,7 +441,15 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true",
                     help="a dry run: 200 rows, 2 secrets per cell, R 100, a smaller Bayes screen")
     ap.add_argument("--out", default=None, help="output stem (default results/canaries[_quick])")
+    ap.add_argument("--render", default=None, metavar="JSON",
+                    help="only write the md and png of a results json again")
     args = ap.parse_args()
+    if args.render:
+        stem = Path(args.render).with_suffix("")
+        doc = json.loads(Path(args.render).read_text())
+        write_md(Path(f"{stem}.md"), markdown(doc))
+        plot(doc, Path(f"{stem}.png"))
+        return
     if args.quick:
         args.rows, args.per_cell, args.candidates = 200, 2, 100
     torch.set_num_threads(args.threads)

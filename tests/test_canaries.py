@@ -183,3 +183,16 @@ def test_a_row_cut_before_its_secret_cannot_be_placed(canary_backbone):
     rows = [r[:4] for r in bb.tokenizer(planted.texts)["input_ids"]]
     with pytest.raises(ValueError, match="cannot be placed"):
         locate(bb.tokenizer, planted, rows)
+
+
+def test_the_results_page_is_rendered_from_its_json():
+    """benchmarks/results/canaries.md is markdown() of canaries.json: its numbers come from
+    the data."""
+    import json
+    from pathlib import Path
+
+    from benchmarks.bench_canaries import markdown
+
+    results = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+    doc = json.loads((results / "canaries.json").read_text())
+    assert markdown(doc) == (results / "canaries.md").read_text()
