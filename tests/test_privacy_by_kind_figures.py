@@ -175,7 +175,7 @@ def test_figures_measured_on_the_rows_are_refused_with_an_upload(api):
     body = upload_body()
     body["privacy"]["by_kind"] = _declared()
     assert c.post("/v1/datasets", json=body, headers=hdr(key)).status_code == 422
-    assert c.get("/v1/datasets", headers=hdr(key)).json()["datasets"] == []
+    assert c.get("/v1/datasets", headers=hdr(key)).json() == []
 
 
 def test_the_client_measures_each_kind_and_keeps_the_figures(tmp_path):
