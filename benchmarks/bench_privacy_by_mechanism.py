@@ -17,6 +17,7 @@ figure than any one attacker's, and still an upper bound on privacy).
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import time
@@ -55,10 +56,10 @@ def priors(bb, spans) -> dict:
     texts, _ = public_word_texts()
     texts = texts[:20000]
     V = bb.embeddings.shape[0]
-    have = [t for t in texts if t in spans]
-    det = None if len(have) == len(texts) else PersonalDataDetector()
-    k = token_kinds(texts, bb.tokenizer, detector=det,
-                    spans=[spans[t] for t in texts] if det is None else None)
+    missing = [t for t in texts if t not in spans]  # rapt's public sample: found here
+    found = dict(zip(missing, PersonalDataDetector().find_all(missing), strict=True)) \
+        if missing else {}
+    k = token_kinds(texts, bb.tokenizer, spans=[spans.get(t, found.get(t)) for t in texts])
     classes = classes_of(k, KindPolicy("rare").frequent_rank)
     protected = [[t for t, c in zip(r, cs, strict=True) if c != FREQUENT]
                  for r, cs in zip(k.ids, classes, strict=True)]
@@ -97,8 +98,8 @@ def main() -> None:
     cells, gpu = [], {}
     for name in args.mechs:
         eta, policy = policy_for(name, etas)
-        f = Path(args.guesses) / f"kind_attack_{name}.json"
-        got = json.loads(f.read_text()) if f.exists() else None
+        f = Path(args.guesses) / f"kind_attack_{name}.json.gz"
+        got = json.loads(gzip.decompress(f.read_bytes())) if f.exists() else None
         if got:
             gpu[name] = {k: v for k, v in got.items() if k != "tasks"}
         bayes = {b: BayesAttacker.build(bb.embeddings, eta, lp, k=BAYES["bayes_k"],

@@ -15,6 +15,6 @@ for i in $(seq 0 $((W-1))); do
 done
 (sleep 60; nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv > $R/smi60.txt) &
 wait
-echo "wall $(( $(date +%s) - start )) s, cells $(ls $R/cells/*.npz 2>/dev/null | grep -vc tmp)" | tee $R/summary.txt
+echo "wall $(( $(date +%s) - start )) s, cells $(ls $R/cells 2>/dev/null | grep -v "\.tmp\." | grep -c "\.npz$")" | tee $R/summary.txt
 tail -n 3 $R/w*.log
 tar czf $OUT/cells.tgz -C $R .
