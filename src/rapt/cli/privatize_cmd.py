@@ -191,7 +191,8 @@ def privatize(
     target_ep: float | None = TARGET_EP,
     min_p: float = MIN_P,
     backbone: str = typer.Option("minilm", "--backbone", "-b",
-                                 help="embedding model: minilm, smollm2-135m, hub id or path"),
+                                 help="embedding model: minilm, mpnet, smollm2-135m, hub id "
+                                      "or path"),
     mode: str = typer.Option(DEFAULT_PRIVATIZER_MODE, "--mode",
                              help="nearest-neighbour search: exact, fast (certified exact), "
                              "annoy (approximate reference)"),
