@@ -126,7 +126,7 @@ def probe(x_train, y_train, x_eval, y_eval, seed: int) -> tuple[np.ndarray, floa
     from sklearn.preprocessing import StandardScaler
 
     scale = StandardScaler().fit(x_train)
-    lr = LogisticRegressionCV(Cs=CS, cv=5, max_iter=3000, random_state=seed)
+    lr = LogisticRegressionCV(Cs=CS, cv=5, scoring="accuracy", max_iter=3000, random_state=seed)
     lr.fit(scale.transform(x_train), y_train)
     right = lr.predict(scale.transform(x_eval)) == np.asarray(y_eval)
     return right, float(np.atleast_1d(lr.C_)[0])
