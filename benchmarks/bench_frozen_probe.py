@@ -325,19 +325,22 @@ def main() -> None:
     torch.set_num_threads(args.threads)  # the machine is shared
     host, t0 = machine(), time.perf_counter()
     spans = Spans(args.spans)
-    backbones = {b: run_backbone(b, args, spans) for b in args.backbones}
-    if args.save_spans and args.spans:
-        spans.save(args.spans)
-    doc = {"command": command(), "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-           "machine": {**host, "loadavg_end": list(os.getloadavg())},
-           "wall_s": round(time.perf_counter() - t0, 1),
-           "args": {k: v for k, v in vars(args).items() if k not in ("results", "out")},
-           "backbones": backbones, "summary": summarize(backbones, args.seeds)}
     out = Path(args.results)
     out.mkdir(parents=True, exist_ok=True)
-    write_json(out / f"{args.out}.json", doc)
-    write_md(out / f"{args.out}.md", markdown(doc))
-    plot(doc, out / f"{args.out}.png")
+    backbones: dict[str, dict] = {}
+    for b in args.backbones:  # written after each backbone: a long run keeps what it measured
+        backbones[b] = run_backbone(b, args, spans)
+        if args.save_spans and args.spans:
+            spans.save(args.spans)
+        doc = {"command": command(),
+               "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+               "machine": {**host, "loadavg_end": list(os.getloadavg())},
+               "wall_s": round(time.perf_counter() - t0, 1),
+               "args": {k: v for k, v in vars(args).items() if k not in ("results", "out")},
+               "backbones": backbones, "summary": summarize(backbones, args.seeds)}
+        write_json(out / f"{args.out}.json", doc)
+        write_md(out / f"{args.out}.md", markdown(doc))
+        plot(doc, out / f"{args.out}.png")
     print("\n".join(markdown(doc)))
     print(f"wrote {out / args.out}.json, .md, .png")
 
