@@ -67,6 +67,29 @@ def priors(bb, spans) -> dict:
             "bayes_protected": unigram_log_prior(protected, V, bb.special_ids)}
 
 
+def score(bb, texts, spans, clean, private, bayes: dict, den) -> tuple[dict, dict]:
+    """Every attacker's recovery by kind on one release, and per kind the best of them."""
+    _, bands, personal, words = kinds_for(bb, texts, spans, max(map(len, clean)))
+    replaced = [[a != b for a, b in zip(o, p, strict=True)]
+                for o, p in zip(clean, private, strict=True)]
+    lengths = [len(r) for r in private]
+    flat = torch.tensor([t for r in private for t in r], dtype=torch.long)
+    guesses = {"nn": private}
+    for b, att in bayes.items():
+        guesses[b] = [x.tolist() for x in torch.split(att.guess(flat), lengths)]
+    if den is not None:
+        guesses["denoiser"] = den
+    rec = {a: recovery_by_kind(clean, gs, replaced, bands, personal, words)
+           for a, gs in guesses.items()}
+    best = {}
+    for kind in KINDS:
+        a = max(rec, key=lambda x, k=kind: rec[x][k]["recovery"] or 0.0)
+        best[kind] = {"attacker": a, "privacy": rec[a][kind]["privacy"],
+                      "privacy_ci95": rec[a][kind]["privacy_ci95"],
+                      "count": rec[a][kind]["count"], "replaced": rec[a][kind]["replaced"]}
+    return rec, best
+
+
 def main() -> None:
     from benchmarks.personal_spans import load_spans
     from rapt.attacks.bayes import BayesAttacker
@@ -117,27 +140,9 @@ def main() -> None:
             else:
                 clean, private = release(bb, texts, eta, policy, spans, seed=100 + 10 * t_i)
                 den = None
-            ids, bands, personal, words = kinds_for(bb, texts, spans, max(map(len, clean)))
-            if ids != clean:
+            if kinds_for(bb, texts, spans, max(map(len, clean)))[0] != clean:
                 raise SystemExit(f"{name} {task}: the release's rows are not the dev texts'")
-            replaced = [[a != b for a, b in zip(o, p, strict=True)]
-                        for o, p in zip(clean, private, strict=True)]
-            lengths = [len(r) for r in private]
-            flat = torch.tensor([t for r in private for t in r], dtype=torch.long)
-            guesses = {"nn": private}
-            for b, att in bayes.items():
-                guesses[b] = [x.tolist() for x in torch.split(att.guess(flat), lengths)]
-            if den is not None:
-                guesses["denoiser"] = den
-            rec = {a: recovery_by_kind(clean, gs, replaced, bands, personal, words)
-                   for a, gs in guesses.items()}
-            best = {}
-            for kind in KINDS:
-                a = max(rec, key=lambda x, k=kind: rec[x][k]["recovery"] or 0.0)
-                best[kind] = {"attacker": a, "privacy": rec[a][kind]["privacy"],
-                              "privacy_ci95": rec[a][kind]["privacy_ci95"],
-                              "count": rec[a][kind]["count"],
-                              "replaced": rec[a][kind]["replaced"]}
+            rec, best = score(bb, texts, spans, clean, private, bayes, den)
             cells.append({"mechanism": name, "task": task, "eta": eta,
                           "policy": policy.record(eta), "denoiser_run": den is not None,
                           "attackers": rec, "best": best})

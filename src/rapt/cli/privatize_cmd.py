@@ -248,11 +248,7 @@ def privatize(
     body = _rewrite(src, input, fmt_used, len(ds), out_texts, out_pairs,
                     ds.report.get("text_column") or text_column,
                     ds.report.get("text_pair_column") or text_pair_column)
-    try:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(body, encoding="utf-8")
-    except OSError as e:
-        fail(f"{output}: cannot write: {e}")
+    _write_output(output, body)
     report = _privatize_report(res, priv, target_p=target_p, src=src, output=output,
                                fmt=fmt_used, examples=len(ds), eta=eta, mode=mode,
                                backbone=backbone, seed=seed, threads=threads)
@@ -267,6 +263,14 @@ def privatize(
                    err=True)
     if json_report:
         typer.echo(json.dumps(report))
+
+
+def _write_output(output: Path, body: str) -> None:
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(body, encoding="utf-8")
+    except OSError as e:
+        fail(f"{output}: cannot write: {e}")
 
 
 def _privatize_dataset(bb, ds, eta: float, *, seed: int | None, mode: str, chunk_size: int,
