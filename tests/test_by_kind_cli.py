@@ -251,3 +251,25 @@ def test_privatize_protect_rare_writes_frequent_words_as_they_were(rare_run, tmp
         assert r.exit_code == 0, r.output
         outs.append((tmp_path / name).read_text())
     assert outs[0] == outs[1]
+
+
+def test_protect_rare_without_a_level_takes_the_protected_default(rare_run, tmp_path):
+    """No level given: uniform noise at P 0.6, the protected classes of --protect rare at P 0.7
+    (rapt.privacy.rule.DEFAULT_PROTECTED_P), each η calibrated on rapt's public sample."""
+    from rapt.models import load_backbone
+    from rapt.privacy.mechanism import calibrate_eta_public
+    from rapt.privacy.rule import DEFAULT_PROTECTED_P, DEFAULT_TARGET_P
+
+    _, bb, data, *_ = rare_run
+    etas = {}
+    for name, extra, level in (("u.csv", [], DEFAULT_TARGET_P),
+                               ("r.csv", ["--protect", "rare"], DEFAULT_PROTECTED_P)):
+        r = runner.invoke(app, ["privatize", str(data), str(tmp_path / name), "--backbone", bb,
+                                "--noise-seed", "0", "--json-report", *extra])
+        assert r.exit_code == 0, r.output
+        assert f"P ≈ {level:g} (--target-p {level:g})" in r.output
+        etas[name] = json.loads(r.output.strip().splitlines()[-1])["eta"]
+    model = load_backbone(bb)
+    assert etas["r.csv"] == pytest.approx(calibrate_eta_public(model, DEFAULT_PROTECTED_P))
+    assert etas["u.csv"] == pytest.approx(calibrate_eta_public(model, DEFAULT_TARGET_P))
+    assert etas["r.csv"] < etas["u.csv"]

@@ -196,13 +196,14 @@ def check_eta_options(eta: float | None, target_p: float | None,
 
 def privacy_level(eta: float | None, target_p: float | None, target_ep: float | None,
                   no_privacy: bool, *, clear: str | None,
-                  can_be_clear: bool = True) -> float | None:
+                  can_be_clear: bool = True, protect: str | None = None) -> float | None:
     """The --target-p of a command that sends or trains: ``target_p`` as given; without any
     level :data:`rapt.privacy.rule.DEFAULT_TARGET_P`, announced on stderr; None with
     --no-privacy, announced as the warning ``--no-privacy: {clear}`` (None: the caller announces
     it; with a level too: exit 2). Clear text is never a default (``can_be_clear``: whether the
-    command has --no-privacy at all, for the default's line)."""
-    from rapt.privacy.rule import DEFAULT_TARGET_P
+    command has --no-privacy at all, for the default's line). With ``protect`` rare or personal
+    the default is the protected classes' :data:`rapt.privacy.rule.DEFAULT_PROTECTED_P`."""
+    from rapt.privacy.rule import DEFAULT_PROTECTED_P, DEFAULT_TARGET_P
 
     check_eta_options(eta, target_p, target_ep)
     given = eta is not None or target_p is not None or target_ep is not None
@@ -214,10 +215,12 @@ def privacy_level(eta: float | None, target_p: float | None, target_ep: float | 
             typer.echo(f"warning: --no-privacy: {clear}", err=True)
         return None
     if not given:
-        typer.echo(f"privacy: the default level, P ≈ {DEFAULT_TARGET_P:g} (--target-p "
-                   f"{DEFAULT_TARGET_P:g})" + ("; --no-privacy for clear text" if can_be_clear
-                                              else ""), err=True)
-        return DEFAULT_TARGET_P
+        by_kind = protect not in (None, "all")
+        level = DEFAULT_PROTECTED_P if by_kind else DEFAULT_TARGET_P
+        what = "the protected tokens' default level" if by_kind else "the default level"
+        typer.echo(f"privacy: {what}, P ≈ {level:g} (--target-p {level:g})"
+                   + ("; --no-privacy for clear text" if can_be_clear else ""), err=True)
+        return level
     return target_p
 
 

@@ -230,7 +230,7 @@ def client_upload(
     from rapt.data import load_dataset
 
     # the client warns of --no-privacy itself, before anything is sent
-    target_p = privacy_level(eta, target_p, target_ep, no_privacy, clear=None)
+    target_p = privacy_level(eta, target_p, target_ep, no_privacy, clear=None, protect=protect)
     if target_ep is not None:
         eta = eta_for_target_ep(backbone, target_ep)
     kinds = KindOptions(protect, frequent_rank, other_p, other_eta)

@@ -55,15 +55,15 @@ class DemoOptions:
     target_p: float | None
     eta: float | None
     min_p: float
+    protect: str
+    frequent_rank: int
+    other_p: float | None
+    other_eta: float | None
     seeds: int | None
     seed: int | None
     noise_seed: int | None
     channel: Path | None
     precision: str | None
-    protect: str
-    frequent_rank: int
-    other_p: float | None
-    other_eta: float | None
 
 
 _DEMO_HELP = {

@@ -235,7 +235,8 @@ def privatize(
     fmt_used = ds.report.get("format") or _resolve_format(input, format_opt)
     threads = _threads_for_load()
     bb = load_backbone_or_fail(backbone, embeddings_only=True)  # the mechanism needs no model
-    target_p = privacy_level(eta, target_p, target_ep, False, clear=None, can_be_clear=False)
+    target_p = privacy_level(eta, target_p, target_ep, False, clear=None, can_be_clear=False,
+                             protect=protect)
     eta = resolve_eta(bb, eta, target_p, target_ep)[0]
     if target_p is not None:
         typer.echo(f"calibrated η = {numfmt.eta(eta)} for target P = {target_p} on rapt's public "

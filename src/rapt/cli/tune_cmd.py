@@ -334,7 +334,8 @@ def _privacy_level(o: TuneOptions) -> tuple[float | None, float | None]:
     target P is the level to calibrate later, on the loaded backbone (the default one when none
     is given, None with --no-privacy); --channel needs a level."""
     dp = o.dp_epsilon is not None or o.dp_noise is not None
-    target_p = privacy_level(o.eta, o.target_p, o.target_ep, o.no_privacy, clear=(
+    target_p = privacy_level(o.eta, o.target_p, o.target_ep, o.no_privacy, protect=o.protect,
+                             clear=(
         "training on clear (unprivatized) text" + ("; DP-SGD covers the trained prompt, not the "
                                                    "queries `rapt predict` sends" if dp else "")))
     if o.channel is not None and o.no_privacy:

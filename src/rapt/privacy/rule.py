@@ -37,11 +37,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-__all__ = ["DEFAULT_MIN_P", "DEFAULT_TARGET_P", "KIND_LABELS", "MIN_P_HELP", "KindFigure",
+__all__ = ["DEFAULT_MIN_P", "DEFAULT_PROTECTED_P", "DEFAULT_TARGET_P", "KIND_LABELS", "MIN_P_HELP",
+           "KindFigure",
            "PrivacyVerdict", "judge", "weak_privacy_warning"]
 
 DEFAULT_MIN_P = 0.5  # below it the best attacker we ran reads most of the tokens
 DEFAULT_TARGET_P = 0.6  # the default level where a command privatizes without being told
+# The default level of the protected classes under --protect rare|personal: the lowest level
+# of the grid whose per-kind privacy against the domain denoiser (which reads the clear
+# context) is at least uniform P 0.6's on SST-2 and FP dev (privacy_by_mechanism.md: at P 0.6's
+# η, rare words and personal data lose 1-4 points to the clear context).
+DEFAULT_PROTECTED_P = 0.7
 MIN_P_HELP = ("warn when the release's empirical privacy (1 − the best token recovery of the "
               "attackers rapt ran: its attack table at this η, and nearest neighbour on this "
               "release; an upper bound on privacy, at or below P) is below this")
