@@ -141,3 +141,31 @@ def test_by_kind_needs_the_texts_and_their_spans(small_bert):
     meta = c.privacy_meta()["by_kind"]
     assert meta["protect"] == "rare" and meta["class_eta"]["frequent"] is None
     assert _custom(small_bert, None).privacy_meta()["by_kind"] is None
+
+
+def _kind(ep, n=400):
+    return {"empirical_privacy": ep, "attacker": "nearest neighbour", "n_tokens": n}
+
+
+def test_the_rule_judges_a_by_kind_release_on_its_protected_tokens():
+    """Frequent words in clear make the all-token figure low by design: the rule reads rare
+    words and personal data, and says so; the uniform release is still judged on all tokens."""
+    from rapt.privacy.rule import judge
+
+    base = {"eta": None, "replacement_probability": 0.2, "inversion_success": 0.8,
+            "n_tokens": 2000}
+    ok = {**base, "protected_kinds": ["rare", "personal"],
+          "by_kind": {"rare": _kind(0.62), "personal": _kind(0.66)}}
+    v = judge(ok, backbone="none", min_p=0.5)
+    assert not v.weak and v.judged_on == ("rare", "personal")
+    assert v.empirical_privacy == pytest.approx(0.2)  # the all-token figure, kept for printing
+    weak = {**ok, "by_kind": {"rare": _kind(0.62), "personal": _kind(0.3)}}
+    v = judge(weak, backbone="none", min_p=0.5)
+    assert v.weak and "protected tokens" in v.message() and "all tokens: 0.200" in v.message()
+    # only what the policy protects: --protect personal leaves rare words to the weaker noise
+    v = judge({**ok, "protected_kinds": ["personal"],
+               "by_kind": {"rare": _kind(0.1), "personal": _kind(0.66)}}, backbone="none",
+              min_p=0.5)
+    assert not v.weak
+    # uniform: the same figures, judged on all tokens
+    assert judge({**ok, "protected_kinds": None}, backbone="none", min_p=0.5).weak

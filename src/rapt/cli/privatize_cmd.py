@@ -252,7 +252,7 @@ def privatize(
     _write_output(output, body)
     report = _privatize_report(res, priv, target_p=target_p, src=src, output=output,
                                fmt=fmt_used, examples=len(ds), eta=eta, mode=mode,
-                               backbone=backbone, seed=seed, threads=threads)
+                               backbone=backbone, seed=seed, threads=threads, policy=policy)
     report["by_kind"] = policy.record(eta) if policy is not None else None
     typer.echo(f"privatized {len(ds)} records, {report['tokens']} tokens -> {output}")
     typer.echo(f"η = {numfmt.eta(eta)}  P (replaced tokens) = {numfmt.p(res.p)}  throughput = "
@@ -298,12 +298,13 @@ def _privatize_dataset(bb, ds, eta: float, *, seed: int | None, mode: str, chunk
     priv = Privatizer(emb, eta, special_ids=bb.special_ids, candidate_ids=cand, mode=mode,
                       chunk_size=chunk_size, seed=seed)
     n_tok = sum(len(r) for r in tokenize_texts(all_texts, bb.tokenizer))
-    scales = clear = None
+    scales = clear = classes = None
     if policy is not None:
         from rapt.privacy.by_kind import row_noise
         from rapt.privacy.personal_data import PersonalDataDetector
 
-        scales, clear, _ = row_noise(tokenize_texts(all_texts, bb.tokenizer), all_texts, None,
+        scales, clear, classes = row_noise(tokenize_texts(all_texts, bb.tokenizer), all_texts,
+                                           None,
                                      bb.tokenizer, policy, eta, special=set(
                                          int(i) for i in bb.special_ids), detector=(
                                          PersonalDataDetector()))
@@ -315,18 +316,26 @@ def _privatize_dataset(bb, ds, eta: float, *, seed: int | None, mode: str, chunk
         [t if p is not None else None for t, p in zip(res.texts[len(texts):], pairs,
                                                        strict=True)]
         if has_pairs else [None] * len(texts))
+    res.classes = classes  # each token's class under ``policy`` (per kind privacy figures)
     return priv, res, out_texts, out_pairs
 
 
 def _privatize_report(res, priv, *, target_p: float | None, src: Path, output: Path, fmt: str,
                       examples: int, eta: float, mode: str, backbone: str,
-                      seed: int | None, threads: int | None = None) -> dict:
-    """The run's report (``--json-report``), with the measured privacy under "privacy"."""
+                      seed: int | None, threads: int | None = None, policy=None) -> dict:
+    """The run's report (``--json-report``), with the measured privacy under "privacy" (per
+    kind of token, and judged on the protected kinds, under a by-kind ``policy``)."""
     from rapt.privacy.attack_table import strongest_at
     from rapt.privacy.mechanism import privacy_report
 
     st = res.stats
-    privacy = privacy_report(res.original_ids, res.private_ids, priv, target_p=target_p)
+    classes = getattr(res, "classes", None)
+    privacy = privacy_report(res.original_ids, res.private_ids, priv, target_p=target_p,
+                             classes=classes, frequent_rank=getattr(policy, "frequent_rank",
+                                                                    None))
+    if policy is not None and not policy.uniform:
+        privacy["protected_kinds"] = [k for k in ("rare", "personal")
+                                      if policy.class_etas(eta)[k] == eta]
     report = {"input": str(src), "output": str(output), "format": fmt,
               "examples": examples, "tokens": int(st.get("tokens", 0)), "eta": eta,
               "p": res.p, "inversion_success": privacy["inversion_success"], "mode": mode,

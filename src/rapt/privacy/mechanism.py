@@ -411,6 +411,7 @@ class PrivatizedTexts:
     private_ids: list[list[int]]
     p: float
     stats: dict = field(default_factory=dict)
+    classes: list[list[int]] | None = None  # each token's class, when privatized by kind
 
 
 def privatize_texts_detailed(texts: Sequence[str], tokenizer, privatizer: Privatizer, *,

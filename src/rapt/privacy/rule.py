@@ -78,6 +78,8 @@ class PrivacyVerdict:
     min_p: float
     weak: bool
     by_kind: dict[str, KindFigure] = field(default_factory=dict)
+    # the kinds ``weak`` was judged on (noise by kind: the protected ones); empty: all tokens
+    judged_on: tuple[str, ...] = ()
 
     def kinds_phrase(self) -> str:
         """"rare-word privacy 0.412 (nearest neighbour on this release); personal-data ..." or
@@ -99,6 +101,16 @@ class PrivacyVerdict:
         level = f"η = {numfmt.eta(self.eta)}" if self.eta is not None else "this level"
         p = f"measured P = {numfmt.p(self.p)}, " if self.p is not None else ""
 
+        if self.judged_on:
+            weakest = min((f for k, f in self.by_kind.items() if k in self.judged_on
+                           and f.empirical_privacy is not None),
+                          key=lambda f: f.empirical_privacy)
+            return (f"weak privacy on this {what}'s protected tokens: "
+                    f"{self.kinds_phrase()}; the weakest, "
+                    f"{ep_phrase(weakest.empirical_privacy, weakest.attacker)}, < --min-p "
+                    f"{self.min_p:g} at {level} (all tokens: {ep:.3f}, {p}the frequent words "
+                    "pass with less noise or none); for more privacy use a higher --target-p "
+                    f"(the default for the protected tokens is {DEFAULT_PROTECTED_P:g})")
         return (f"weak privacy on this {what}: {p}the best attacker we ran ({self.attacker}) "
                 f"recovers {1 - ep:.1%} of the tokens, {ep_phrase(ep, self.attacker)}, < "
                 f"--min-p {self.min_p:g} at {level}"
@@ -135,6 +147,19 @@ def judge(report: dict | None, *, backbone: str, eta: float | None = None,
     if channel.get("recovery") is not None:
         recoveries["the channel model on this release"] = (float(channel["recovery"]),
                                                            channel.get("n_tokens"))
+    protected = tuple(report.get("protected_kinds") or ())
+    if protected and recoveries:
+        # Noise by kind: the frequent words pass with less noise or none by design, so the rule
+        # reads the protected kinds (the lowest of the table's and the measured figures); the
+        # all-token figure is kept for printing beside them.
+        who = max(recoveries, key=lambda k: recoveries[k][0])
+        ep = 1.0 - recoveries[who][0]
+        measured = report.get("by_kind") or {}
+        weak = any(f.empirical_privacy is not None and _significantly_below(
+            f.empirical_privacy, (measured.get(k) or {}).get("n_tokens"), min_p)
+            for k, f in kinds.items() if k in protected)
+        return PrivacyVerdict(ep, who, None if p is None else float(p), eta, min_p, weak,
+                              kinds, protected)
     if recoveries:
         who = max(recoveries, key=lambda k: recoveries[k][0])
         ep = 1.0 - recoveries[who][0]
