@@ -37,9 +37,9 @@ def test_held_out_rows_are_privatized_as_queries_and_scored(tiny_bert, monkeypat
     seen = []
     real = Customization.privatize
 
-    def spy(self, rows, *, measure=True, progress=None):
+    def spy(self, rows, *, measure=True, progress=None, **kw):
         seen.append((rows, measure, self.encoding.max_length))
-        return real(self, rows, measure=measure, progress=progress)
+        return real(self, rows, measure=measure, progress=progress, **kw)
 
     monkeypatch.setattr(Customization, "privatize", spy)
     local, fusion, comp = user_side_after_tune(custom, TEXTS, LABELS, 2, held, seed=0)

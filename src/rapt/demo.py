@@ -286,22 +286,14 @@ def run_demo(config: DemoConfig, log: Callable[[str], None] = print,
 def _kind_policy(config: DemoConfig, bb, eta: float) -> Any:
     """The demo's KindPolicy (None: uniform); the unprotected η calibrated for
     ``config.other_p`` on the public text sample as η is; ValueError when it lies below η."""
-    from rapt.privacy.by_kind import KindPolicy
+    from rapt.privacy.by_kind import make_policy
 
-    if config.protect == "all":
-        return None
-    other = config.other_eta
-    if config.other_p is not None:
-        from rapt.privacy.mechanism import calibrate_eta_public
-
-        other = calibrate_eta_public(bb, config.other_p)
-    policy = KindPolicy(config.protect, config.frequent_rank, other)
     try:
-        policy.check_against(eta)
+        return make_policy(bb, eta, config.protect, config.frequent_rank,
+                           other_p=config.other_p, other_eta=config.other_eta)
     except ValueError as e:
         name = "other_p" if config.other_p is not None else "other_eta"
         raise ValueError(f"DemoConfig.{name}: {e}") from None
-    return policy
 
 
 def _load_channel(config: DemoConfig, bb) -> ChannelModel | None:

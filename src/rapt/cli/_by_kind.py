@@ -57,22 +57,20 @@ def kind_policy(bb: Any, eta: float | None, o: KindOptions) -> Any:
     nothing privatized); the unprotected classes' η from --other-eta, or calibrated for
     --other-p on rapt's public text sample as --target-p is. An unprotected η below ``eta``
     exits 2 naming the option. The policy is printed on stderr."""
-    from rapt.privacy.by_kind import KindPolicy
+    from rapt.privacy.by_kind import make_policy
 
     check_kind_options(o)
     if eta is None or o.protect in (None, "all"):
         return None
-    other = o.other_eta
-    if o.other_p is not None:
-        from rapt.privacy.mechanism import calibrate_eta_public
-
-        other = calibrate_eta_public(bb, o.other_p)
-    policy = KindPolicy(o.protect, o.frequent_rank, other)
     try:
-        policy.check_against(eta)
+        policy = make_policy(bb, eta, o.protect, o.frequent_rank, other_p=o.other_p,
+                             other_eta=o.other_eta)
     except ValueError:
         from rapt.numfmt import eta as fmt
+        from rapt.privacy.mechanism import calibrate_eta_public
 
+        other = (calibrate_eta_public(bb, o.other_p) if o.other_p is not None
+                 else o.other_eta)
         given = (f"--other-p {o.other_p:g} gives η = {fmt(other)}" if o.other_p is not None
                  else f"--other-eta {fmt(other)}")
         fail(f"{given}, below the protected tokens' η = {fmt(eta)}: the unprotected tokens "

@@ -34,7 +34,7 @@ from rapt.config import eta_problem
 from rapt.privacy.kinds import BAND_EDGES, TokenKinds, WordFrequencies, token_kinds
 
 __all__ = ["CLASSES", "DEFAULT_FREQUENT_RANK", "PROTECT", "KindPolicy", "align_classes",
-           "classes_of", "row_noise"]
+           "classes_of", "make_policy", "row_noise"]
 
 CLASSES = ("personal", "rare", "frequent")
 PROTECT = ("all", "rare", "personal")
@@ -107,6 +107,24 @@ class KindPolicy:
         if detector is not None:
             out["personal_data_detector"] = detector
         return out
+
+
+def make_policy(backbone, eta: float, protect: str, frequent_rank: int = DEFAULT_FREQUENT_RANK,
+                *, other_p: float | None = None, other_eta: float | None = None
+                ) -> KindPolicy | None:
+    """The policy of users' options at the protected η ``eta`` (None for ``protect="all"``):
+    the unprotected classes' η is ``other_eta``, or the η that gives ``other_p`` on rapt's
+    public text sample (as every level is calibrated). ValueError when it lies below ``eta``."""
+    if protect == "all":
+        return None
+    other = other_eta
+    if other_p is not None:
+        from rapt.privacy.mechanism import calibrate_eta_public
+
+        other = calibrate_eta_public(backbone, other_p)
+    policy = KindPolicy(protect, frequent_rank, other)
+    policy.check_against(eta)
+    return policy
 
 
 def classes_of(kinds: TokenKinds, frequent_rank: int = DEFAULT_FREQUENT_RANK
