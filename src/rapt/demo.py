@@ -287,10 +287,12 @@ def _kind_policy(config: DemoConfig, bb, eta: float) -> Any:
     """The demo's KindPolicy (None: uniform); the unprotected η calibrated for
     ``config.other_p`` on the public text sample as η is; ValueError when it lies below η."""
     from rapt.privacy.by_kind import make_policy
+    from rapt.privacy.mechanism import calibrate_eta_public
 
     try:
-        return make_policy(bb, eta, config.protect, config.frequent_rank,
-                           other_p=config.other_p, other_eta=config.other_eta)
+        return make_policy(eta, config.protect, config.frequent_rank, other_p=config.other_p,
+                           other_eta=config.other_eta,
+                           calibrate=lambda p: calibrate_eta_public(bb, p))
     except ValueError as e:
         name = "other_p" if config.other_p is not None else "other_eta"
         raise ValueError(f"DemoConfig.{name}: {e}") from None

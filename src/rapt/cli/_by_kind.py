@@ -58,16 +58,17 @@ def kind_policy(bb: Any, eta: float | None, o: KindOptions) -> Any:
     --other-p on rapt's public text sample as --target-p is. An unprotected η below ``eta``
     exits 2 naming the option. The policy is printed on stderr."""
     from rapt.privacy.by_kind import make_policy
+    from rapt.privacy.mechanism import calibrate_eta_public
 
     check_kind_options(o)
     if eta is None or o.protect in (None, "all"):
         return None
     try:
-        policy = make_policy(bb, eta, o.protect, o.frequent_rank, other_p=o.other_p,
-                             other_eta=o.other_eta)
+        policy = make_policy(eta, o.protect, o.frequent_rank, other_p=o.other_p,
+                             other_eta=o.other_eta,
+                             calibrate=lambda p: calibrate_eta_public(bb, p))
     except ValueError:
         from rapt.numfmt import eta as fmt
-        from rapt.privacy.mechanism import calibrate_eta_public
 
         other = (calibrate_eta_public(bb, o.other_p) if o.other_p is not None
                  else o.other_eta)

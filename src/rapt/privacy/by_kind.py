@@ -25,7 +25,7 @@ reconstruction) get the strong noise.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -109,19 +109,19 @@ class KindPolicy:
         return out
 
 
-def make_policy(backbone, eta: float, protect: str, frequent_rank: int = DEFAULT_FREQUENT_RANK,
-                *, other_p: float | None = None, other_eta: float | None = None
-                ) -> KindPolicy | None:
+def make_policy(eta: float, protect: str, frequent_rank: int = DEFAULT_FREQUENT_RANK, *,
+                other_p: float | None = None, other_eta: float | None = None,
+                calibrate: Callable[[float], float] | None = None) -> KindPolicy | None:
     """The policy of users' options at the protected η ``eta`` (None for ``protect="all"``):
-    the unprotected classes' η is ``other_eta``, or the η that gives ``other_p`` on rapt's
-    public text sample (as every level is calibrated). ValueError when it lies below ``eta``."""
+    the unprotected classes' η is ``other_eta``, or ``calibrate(other_p)`` (the η that gives
+    that P, calibrated as every level is). ValueError when it lies below ``eta``."""
     if protect == "all":
         return None
     other = other_eta
     if other_p is not None:
-        from rapt.privacy.mechanism import calibrate_eta_public
-
-        other = calibrate_eta_public(backbone, other_p)
+        if calibrate is None:
+            raise ValueError("other_p needs calibrate (P -> η)")
+        other = calibrate(other_p)
     policy = KindPolicy(protect, frequent_rank, other)
     policy.check_against(eta)
     return policy
