@@ -273,3 +273,19 @@ def test_protect_rare_without_a_level_takes_the_protected_default(rare_run, tmp_
     assert etas["r.csv"] == pytest.approx(calibrate_eta_public(model, DEFAULT_PROTECTED_P))
     assert etas["u.csv"] == pytest.approx(calibrate_eta_public(model, DEFAULT_TARGET_P))
     assert etas["r.csv"] < etas["u.csv"]
+
+
+def test_the_demo_takes_the_protected_default_level_too(tmp_path):
+    import dataclasses
+
+    from rapt.cli.demo_cmd import DemoOptions, _demo_config
+    from rapt.privacy.rule import DEFAULT_PROTECTED_P, DEFAULT_TARGET_P
+
+    blank = {f.name: None for f in dataclasses.fields(DemoOptions)}
+    base = {**blank, "out": tmp_path, "benchmark_config": False, "min_p": 0.5,
+            "protect": "all", "frequent_rank": 1000}
+    assert _demo_config(DemoOptions(**base)).target_p == DEFAULT_TARGET_P
+    assert _demo_config(DemoOptions(**{**base, "protect": "rare"})).target_p == (
+        DEFAULT_PROTECTED_P)
+    assert _demo_config(DemoOptions(**{**base, "protect": "rare", "target_p": 0.5})).target_p \
+        == 0.5

@@ -181,6 +181,11 @@ def _demo_config(o: DemoOptions):
     if o.channel is not None:
         given["channel"] = str(o.channel)  # a string in results.json
     check_kind_options(KindOptions(o.protect, o.frequent_rank, o.other_p, o.other_eta))
+    if o.protect not in (None, "all") and o.target_p is None and o.eta is None \
+            and not o.benchmark_config:
+        from rapt.privacy.rule import DEFAULT_PROTECTED_P
+
+        given["target_p"] = DEFAULT_PROTECTED_P  # the protected classes' default, as elsewhere
     if o.head is not None and o.head not in HEADS:
         fail(f"--head must be one of {', '.join(HEADS)} (got {o.head!r})")
     if o.rec_reduction is not None and o.rec_reduction not in ("sum", "mean"):
