@@ -289,3 +289,11 @@ def test_the_demo_takes_the_protected_default_level_too(tmp_path):
         DEFAULT_PROTECTED_P)
     assert _demo_config(DemoOptions(**{**base, "protect": "rare", "target_p": 0.5})).target_p \
         == 0.5
+
+
+def test_tune_measures_its_release_per_kind(rare_run):
+    """`rapt tune` passes the rows' classes to its privacy report: the line carries rare-word
+    privacy measured on the release, and the rule reads the protected kinds."""
+    *_, output = rare_run
+    assert "rare-word privacy" in output
+    assert "rare-word and personal-data privacy not measured" not in output

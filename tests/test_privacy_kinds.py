@@ -273,3 +273,20 @@ def test_the_wilson_interval_has_its_textbook_value():
     lo, hi = res["all"]["recovery_ci95"]
     plo, phi = res["all"]["privacy_ci95"]
     assert lo <= 0.75 <= hi and (plo, phi) == pytest.approx((1 - hi, 1 - lo))
+
+
+def test_the_detector_analyzes_a_text_once():
+    """A release is classified twice (to noise it, to measure it): the second time reads the
+    findings kept for the text, and what a caller does to its list does not change them."""
+    from rapt.privacy.personal_data import PersonalDataDetector
+
+    det = PersonalDataDetector(ner_model=None)
+    calls = []
+    real = det._analyzer.analyze
+    det._analyzer.analyze = lambda text, **kw: calls.append(text) or real(text, **kw)
+    first = det.find(TEXT)
+    first.clear()
+    again = det.find_all([TEXT, TEXT])
+    assert calls == [TEXT]
+    assert again[0] == again[1] and again[0] and any(s.entity == "EMAIL_ADDRESS"
+                                                      for s in again[0])

@@ -40,8 +40,11 @@ def privatize_with_bar(custom, rows, *, texts=None, text_pairs=None, measure: bo
         out = custom.privatize(rows, measure=False, progress=bar.update, texts=texts,
                                text_pairs=text_pairs)
     if measure and custom.privatizer is not None:
+        # per kind of token too when the texts are known (their findings are kept from the
+        # privatization: PersonalDataDetector.find)
+        classes = None if texts is None else custom.kind_noise(rows, texts, text_pairs)[2]
         with timed("measure: P and nearest-neighbour inversion of what was privatized"):
-            custom.measure(rows, out)
+            custom.measure(rows, out, classes=classes)
     return out
 
 

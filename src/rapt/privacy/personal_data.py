@@ -37,6 +37,7 @@ ENTITIES = (*NER_ENTITIES, "NUMBER", "EMAIL_ADDRESS", "PHONE_NUMBER", "CREDIT_CA
 # which matches fractions and scores): kept from 0.3 up.
 DEFAULT_SCORE_THRESHOLD = 0.3
 _NUMBER = r"\b\d+(?:[.,:/-]\d+)*\b"
+MEMO_TEXTS = 100_000  # texts whose findings a detector keeps (a dataset's worth)
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,10 @@ class PersonalDataDetector:
         self._analyzer = AnalyzerEngine(registry=registry, nlp_engine=engine,
                                         supported_languages=["en"])
         self.recognizers = tuple(r.name for r in registry.recognizers)
+        # text -> its findings: the analysis is a function of the text alone, and a release is
+        # classified more than once (to noise it, then to measure it per kind). In memory only,
+        # cleared past MEMO_TEXTS texts.
+        self._found: dict[str, list[PersonalSpan]] = {}
 
     @property
     def record(self) -> dict:
@@ -136,12 +141,18 @@ class PersonalDataDetector:
         """Every finding in ``text`` (spans may overlap: a date is also a NUMBER), by start."""
         if not text.strip():
             return []
-        found = self._analyzer.analyze(text, language="en", entities=list(ENTITIES),
-                                       score_threshold=self.score_threshold)
-        return sorted((PersonalSpan(r.start, r.end, r.entity_type, float(r.score),
-                                    str((r.recognition_metadata or {}).get("recognizer_name",
-                                                                          "")))
-                       for r in found), key=lambda s: (s.start, s.end, s.entity))
+        got = self._found.get(text)
+        if got is None:
+            found = self._analyzer.analyze(text, language="en", entities=list(ENTITIES),
+                                           score_threshold=self.score_threshold)
+            got = sorted((PersonalSpan(r.start, r.end, r.entity_type, float(r.score),
+                                       str((r.recognition_metadata or {}).get(
+                                           "recognizer_name", "")))
+                          for r in found), key=lambda s: (s.start, s.end, s.entity))
+            if len(self._found) >= MEMO_TEXTS:
+                self._found.clear()
+            self._found[text] = got
+        return list(got)
 
     def find_all(self, texts: Sequence[str]) -> list[list[PersonalSpan]]:
         return [self.find(t) for t in texts]
