@@ -23,7 +23,7 @@ from pathlib import Path
 
 from benchmarks._common import RESULTS, command, machine, save_png, write_json, write_md
 from benchmarks.local_baseline import MECHS, NAMES
-from benchmarks.local_baseline_report import SHIPPED, _ci, _fmt, _fmt_d, score_cell
+from benchmarks.local_baseline_report import SHIPPED, _ci, _fmt, _fmt_d, paired, score_all
 
 UNIFORM = 0.6
 SETTINGS = ("0.6", *MECHS)  # the uniform default first
@@ -40,33 +40,17 @@ def _key_parts(key: str) -> tuple[str, str, str, int]:
 
 
 def scored_cells(cells: Path, cache: Path, rows: tuple[str, ...]) -> dict:
-    """(task, rows, setting) -> {seed: accuracy dict}, for the uniform P 0.6 and by-kind
-    cells (scored now unless ``cache`` holds them)."""
-    from rapt.progress import progress_bar
+    """(task, rows, setting) -> {seed: accuracy dict and record}, for the uniform P 0.6 and
+    by-kind cells (scored now unless ``cache`` holds them)."""
+    def keep(p: Path) -> bool:
+        _, n, setting, _ = _key_parts(p.stem)
+        return n in rows and setting in SETTINGS
 
-    done = {}
-    if cache.exists():
-        for line in cache.read_text().splitlines():
-            d = json.loads(line)
-            done[d["key"]] = d
-    paths = [p for p in sorted(cells.glob("*.npz"))
-             if _key_parts(p.stem)[1] in rows and _key_parts(p.stem)[2] in SETTINGS]
     out: dict = defaultdict(dict)
-    with cache.open("a") as f, progress_bar(total=len(paths), desc="cells") as bar:
-        for p in paths:
-            if p.stem not in done:
-                done[p.stem] = {"key": p.stem, **score_cell(p)}
-                f.write(json.dumps(done[p.stem]) + "\n")
-                f.flush()
-            task, n, setting, seed = _key_parts(p.stem)
-            out[(task, n, setting)][seed] = {**done[p.stem]["accuracy"],
-                                             "record": done[p.stem]["record"]}
-            bar.update(1)
+    for d in score_all(cells, cache, keep):
+        task, n, setting, seed = _key_parts(d["key"])
+        out[(task, n, setting)][seed] = {**d["accuracy"], "record": d["record"]}
     return out
-
-
-def _paired(a: dict, b: dict, ma: str, mb: str) -> list[float]:
-    return [a[s][ma] - b[s][mb] for s in sorted(a) if s in b and ma in a[s] and mb in b[s]]
 
 
 def summary(g: dict) -> list[dict]:
@@ -79,8 +63,8 @@ def summary(g: dict) -> list[dict]:
             xs = [seeds[s][m] for s in seeds if seeds[s].get(m) is not None]
             if xs:
                 row[m] = _ci(xs)
-        row["fused_vs_local"] = _ci(_paired(seeds, seeds, "fused", "local"))
-        paired_uni = _paired(seeds, uni, "fused", "lora")
+        row["fused_vs_local"] = _ci(paired(seeds, seeds, "fused", "local"))
+        paired_uni = paired(seeds, uni, "fused", "lora")
         if paired_uni:
             row["fused_vs_uniform_lora"] = _ci(paired_uni)
             row["paired_uniform_seeds"] = len(paired_uni)

@@ -10,6 +10,7 @@ import json
 import statistics
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -239,8 +240,15 @@ def plot(rows: list[dict], path: Path) -> None:
     save_png(fig, path)
 
 
-def score_all(cells: Path, cache: Path) -> list[dict]:
-    """Every cell scored once; the scores go to ``cache`` (JSONL) as they come."""
+def _grid_cell(path: Path) -> bool:
+    # FP has 1,812 training rows: its "2000" cells are its "all" cells again; the table keeps all.
+    return not path.name.startswith("fp_2000_")
+
+
+def score_all(cells: Path, cache: Path, keep: Callable[[Path], bool] = _grid_cell
+              ) -> list[dict]:
+    """Every cell that ``keep`` takes, scored once; the scores go to ``cache`` (JSONL) as they
+    come, and a cell found there is not scored again."""
     from rapt.progress import progress_bar
 
     done = {}
@@ -248,8 +256,7 @@ def score_all(cells: Path, cache: Path) -> list[dict]:
         for line in cache.read_text().splitlines():
             d = json.loads(line)
             done[d["key"]] = d
-    # FP has 1,812 training rows: its "2000" cells are its "all" cells again; the table keeps all.
-    paths = sorted(p for p in cells.glob("*.npz") if not p.name.startswith("fp_2000_"))
+    paths = sorted(p for p in cells.glob("*.npz") if keep(p))
     with cache.open("a") as f, progress_bar(total=len(paths), desc="cells") as bar:
         for p in paths:
             if p.stem not in done:
