@@ -6,7 +6,7 @@ Two phases, because the remote cells want a GPU and the user-side ones only a CP
     # 1. remote (GPU, W parallel workers; each finished cell is one .npz, a rerun skips them)
     python -m benchmarks.local_baseline remote --etas ETAS.json --out /tmp/res --workers 8
     # 2. user side and the report (CPU): the local model, fusion, the table, the plot
-    python -m benchmarks.local_baseline report --cells /tmp/res
+    python -m benchmarks.local_baseline_report --cells /tmp/res
 
 A cell is (task, rows, P, seed). Its training rows are a seeded random sample of the built-in
 training split (``Dataset.subset``: FP's file is in label order, so the first N would be one
@@ -237,17 +237,8 @@ def main() -> None:
     r.add_argument("--seeds", nargs="+", type=int, default=list(SEEDS))
     r.add_argument("--min-steps", type=int, default=MIN_STEPS)
     r.add_argument("--public-rows", type=int, default=PUBLIC_ROWS)
-    p = sub.add_parser("report")
-    p.add_argument("--cells", required=True)
-    p.add_argument("--name", default="local_baseline")
     args = ap.parse_args()
-    if args.phase == "remote":
-        remote(args)
-    else:
-        from benchmarks.local_baseline_report import report
-
-        report(Path(args.cells), args.name)
-
+    remote(args)
 
 if __name__ == "__main__":
     main()

@@ -1,11 +1,12 @@
 """The user-side phase of benchmarks/local_baseline.py: the local TF-IDF model, fusion and the
 denoiser's fusion on each remote cell, then ``local_baseline.{json,md,png}``.
 
-    python -m benchmarks.local_baseline report --cells benchmarks/results/local_baseline_cells
+    python -m benchmarks.local_baseline_report --cells benchmarks/results/local_baseline_cells
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import time
@@ -314,3 +315,15 @@ def report(cells: Path, name: str) -> None:
           *[f"| {k} | {v:.3g} |" if isinstance(v, float) else f"| {k} | {v:,} |"
             for k, v in cost.items()]]
     write_md(RESULTS / f"{name}.md", md)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cells", required=True, help="the remote phase's folder of .npz cells")
+    ap.add_argument("--name", default="local_baseline", help="results/NAME.{json,md,png}")
+    args = ap.parse_args()
+    report(Path(args.cells), args.name)
+
+
+if __name__ == "__main__":
+    main()

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src"
+BENCHMARKS = SRC.parent / "benchmarks"
 MAX_FUNCTION_LINES = 80
 
 # Lowest layer first; a module takes the first layer one of whose prefixes it matches. A module
@@ -32,10 +33,11 @@ LAYERS: list[tuple[str, ...]] = [
 ]
 
 
-def _modules() -> dict[str, Path]:
+def _modules(package: Path = SRC / "rapt") -> dict[str, Path]:
+    """Dotted name -> file of every module under ``package`` (a folder of the import path)."""
     out = {}
-    for p in (SRC / "rapt").rglob("*.py"):
-        parts = p.relative_to(SRC).with_suffix("").parts
+    for p in package.rglob("*.py"):
+        parts = p.relative_to(package.parent).with_suffix("").parts
         name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
         out[name] = p
     return out
@@ -72,10 +74,11 @@ def _layer(module: str) -> int | None:
     return None
 
 
-def _graph() -> dict[str, set[str]]:
-    """Module -> the rapt modules it imports. A module's own packages are left out: they are
-    loaded before it anyway, and their ``__init__`` importing it is no circle."""
-    modules = _modules()
+def _graph(modules: dict[str, Path] | None = None) -> dict[str, set[str]]:
+    """Module -> the modules (of ``modules``, rapt's by default) it imports. A module's own
+    packages are left out: they are loaded before it anyway, and their ``__init__`` importing it
+    is no circle."""
+    modules = _modules() if modules is None else modules
     return {m: _imports(p, modules) - {m} - set(_packages(m)) for m, p in modules.items()}
 
 
@@ -123,6 +126,26 @@ def test_no_import_circle():
     assert _cycles(_graph()) == []
 
 
+def test_no_import_circle_among_the_benchmarks():
+    """Benchmarks import one another's helpers; a circle there (a report module importing the
+    runner that imports it back) makes either one unreadable alone."""
+    assert _cycles(_graph({**_modules(), **_modules(BENCHMARKS)})) == []
+
+
+def test_no_test_module_imports_another():
+    """Shared rows and fixtures live in ``tests/_*.py`` helpers: a test module imported by
+    another runs its module-level code twice and ties the two files' names together."""
+    tests = Path(__file__).resolve().parent
+    wrong = []
+    for path in sorted(tests.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([node.module or ""] if isinstance(node, ast.ImportFrom)
+                     else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            wrong += [f"{path.name} imports {n}" for n in names if n.split(".")[0]
+                      .startswith("test_")]
+    assert wrong == []
+
+
 def test_cycle_finder_finds_a_circle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
@@ -151,9 +174,6 @@ def test_attacks_do_not_depend_on_the_split_package():
     wrong = sorted(f"{m} -> {t}" for m, targets in _graph().items() if m.startswith("rapt.attacks")
                    for t in targets if t.startswith(("rapt.split", "rapt.service", "rapt.client")))
     assert wrong == []
-
-
-BENCHMARKS = SRC.parent / "benchmarks"
 
 
 @pytest.mark.parametrize("path", sorted((SRC / "rapt").rglob("*.py"))

@@ -285,7 +285,7 @@ def test_client_commands_ask_for_it_apply_it_and_fuse_the_denoised_slice(tmp_pat
     denoised (its one predict call carries return_pooled, nothing else more) and the fusion
     fitted on that; `client predict` applies it, --no-denoise not, and both send the same
     privatized rows (noise seeded alike)."""
-    from test_local_wire import rows, wire, write
+    from _wire import recorded_wire, rows, write
     from typer.testing import CliRunner
 
     import rapt.pipeline.user_side as pl
@@ -293,10 +293,7 @@ def test_client_commands_ask_for_it_apply_it_and_fuse_the_denoised_slice(tmp_pat
 
     monkeypatch.setattr(pl, "OUTPUT_DENOISER_ROWS", 60)
     monkeypatch.setattr(pl, "output_denoiser_corpus", lambda dataset: PUBLIC)
-    # the wire fixture, by hand (it is another module's)
-    gen = wire.__wrapped__(tmp_path, monkeypatch)
-    sent, key, folder, bb, _ = next(gen)
-    try:
+    with recorded_wire(tmp_path, monkeypatch) as (sent, key, folder, bb, _):
         run = CliRunner().invoke
         base = ["--url", "http://testserver", "--key", key]
         up = run(app, ["client", "upload", write(tmp_path / "d.csv", rows(120, 0)), *base,
@@ -335,5 +332,3 @@ def test_client_commands_ask_for_it_apply_it_and_fuse_the_denoised_slice(tmp_pat
             assert "fused: the privatized model and your local model" in p.stderr
         assert bodies[False][0].pop("return_pooled") is True
         assert bodies[False] == bodies[True]
-    finally:
-        gen.close()
