@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from benchmarks._common import RESULTS, command, machine, save_png, write_json, write_md
-from rapt.privacy.kind_recovery import KINDS, recovery_by_kind
+from rapt.privacy.kind_recovery import KINDS, best_by_kind, recovery_by_kind
 
 TASKS = {"sst2": ("sst2", "dev"), "financial_phrasebank": ("financial_phrasebank", "dev")}
 NAMES = {"nn": "nearest neighbour", "bayes": "mechanism-aware Bayes (unigram prior)"}
@@ -106,16 +106,8 @@ def attack(bb, kinds, eta: float, seed: int, bayes, cand, index) -> dict:
         out["attackers"][name] = recovery_by_kind(rows, run(), replaced, kinds.bands,
                                                   kinds.personal, kinds.words)
         out["seconds"][name] = round(time.perf_counter() - t0, 1)
-    out["best"] = {k: _best(out["attackers"], k) for k in KINDS}
+    out["best"] = best_by_kind(out["attackers"])
     return out
-
-
-def _best(by_attacker: dict, kind: str) -> dict:
-    """The attacker that leaves ``kind`` the least privacy (per token), and that privacy."""
-    name = max(by_attacker, key=lambda a: by_attacker[a][kind]["recovery"] or 0.0)
-    r = by_attacker[name][kind]
-    return {"attacker": name, "privacy": r["privacy"], "privacy_ci95": r["privacy_ci95"],
-            "word_privacy": r["words"]["privacy"]}
 
 
 def measure(args) -> dict:

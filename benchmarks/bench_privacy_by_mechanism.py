@@ -28,7 +28,7 @@ import torch
 from benchmarks._common import RESULTS, command, machine, save_png, write_json, write_md
 from benchmarks.bench_kind_attack import DEV, policy_for, release
 from benchmarks.bench_privacy_by_kind import BAYES
-from rapt.privacy.kind_recovery import KINDS, recovery_by_kind
+from rapt.privacy.kind_recovery import best_by_kind, recovery_by_kind
 
 # The goal's kinds: personal data and every band beyond the 1,000 most frequent public words.
 GOAL_KINDS = ("personal data", "1k-10k", "rarer")
@@ -81,13 +81,7 @@ def score(bb, texts, spans, clean, private, bayes: dict, den) -> tuple[dict, dic
         guesses["denoiser"] = den
     rec = {a: recovery_by_kind(clean, gs, replaced, bands, personal, words)
            for a, gs in guesses.items()}
-    best = {}
-    for kind in KINDS:
-        a = max(rec, key=lambda x, k=kind: rec[x][k]["recovery"] or 0.0)
-        best[kind] = {"attacker": a, "privacy": rec[a][kind]["privacy"],
-                      "privacy_ci95": rec[a][kind]["privacy_ci95"],
-                      "count": rec[a][kind]["count"], "replaced": rec[a][kind]["replaced"]}
-    return rec, best
+    return rec, best_by_kind(rec)
 
 
 def main() -> None:

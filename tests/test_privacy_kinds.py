@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from rapt.privacy.kind_recovery import KINDS, recovery_by_kind
+from rapt.privacy.kind_recovery import KINDS, best_by_kind, recovery_by_kind
 from rapt.privacy.kinds import (
     BANDS,
     WordFrequencies,
@@ -256,6 +256,19 @@ def test_recovery_by_kind_of_an_empty_kind_is_none_and_rows_must_align():
     assert got["top 100"]["recovery"] == 0.5
     with pytest.raises(ValueError, match="guessed rows do not align"):
         recovery_by_kind([[1, 2]], [[1]], [[False, True]], [[0, 0]], [[False, False]])
+
+
+def test_the_best_attacker_is_chosen_kind_by_kind():
+    """One attacker recovers the frequent band, another the personal-data token: each kind's
+    privacy is the one its own strongest attacker leaves."""
+    o = [[1, 2, 3]]
+    args = ([[True, True, True]], [[0, 0, 3]], [[False, False, True]])
+    by = {"a": recovery_by_kind(o, [[1, 2, 0]], *args),   # gets the two frequent tokens
+          "b": recovery_by_kind(o, [[0, 0, 3]], *args)}   # gets the personal one
+    best = best_by_kind(by)
+    assert best["top 100"]["attacker"] == "a" and best["top 100"]["privacy"] == 0.0
+    assert best["personal data"]["attacker"] == "b" and best["personal data"]["privacy"] == 0.0
+    assert best["all"]["attacker"] == "a" and best["all"]["count"] == 3
 
 
 @pytest.mark.parametrize("k,n", [(0, 1), (0, 50), (3, 10), (8, 10), (50, 50), (1, 1000)])

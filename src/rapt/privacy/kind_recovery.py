@@ -111,6 +111,22 @@ def recovery_by_kind(original: Sequence[Sequence[int]], guessed: Sequence[Sequen
     return out
 
 
+def best_by_kind(by_attacker: dict[str, dict]) -> dict[str, dict]:
+    """Per kind of :data:`KINDS`, the attacker (of ``{name: recovery_by_kind(...)}``) that
+    leaves the least privacy, with its figures: the empirical privacy a table reports is the
+    best attacker's, kind by kind (another kind may have another attacker)."""
+    out = {}
+    for kind in KINDS:
+        name = max(by_attacker, key=lambda a: by_attacker[a][kind]["recovery"] or 0.0)
+        r = by_attacker[name][kind]
+        out[kind] = {"attacker": name, "privacy": r["privacy"],
+                     "privacy_ci95": r["privacy_ci95"], "count": r["count"],
+                     "replaced": r["replaced"]}
+        if "words" in r:
+            out[kind]["word_privacy"] = r["words"]["privacy"]
+    return out
+
+
 def class_counts(frequent_rank: int = DEFAULT_FREQUENT_RANK) -> dict[str, str]:
     """What each kind of :data:`CLASS_KINDS` counts, in words (a figure names what it counts)."""
     return {"all": "all text tokens",
