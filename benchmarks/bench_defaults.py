@@ -181,9 +181,8 @@ def _fmt_p(p: float | None) -> str:
 
 def markdown(res: dict, command: str) -> str:
     s = res["settings"]
-    methods = sorted(res["overall"])
     lines = [
-        "# Defaults table: prompt, prefix and LoRA at `rapt tune`'s defaults (issue 32)", "",
+        "# Defaults table: prompt, prefix and LoRA at `rapt tune`'s defaults", "",
         f"Command: `{command}`", "",
         f"Machine: {s['machine']['platform']}, {s['machine']['cpu_count']} cores, torch "
         f"{s['machine']['torch']}. Cells ran one at a time, but other work (niced test runs) "
@@ -197,7 +196,16 @@ def markdown(res: dict, command: str) -> str:
         "at the artifact's η when it was tuned at P 0.4). Accuracy: mean over seeds ± 95 % CI "
         "(Student t; no CI for one seed). Time: wall seconds of `rapt tune`, start-up to saved "
         "artifact (median over seeds). \"vs best\": the paired per-seed difference to the "
-        "setting's most accurate method, in points.", "",
+        "setting's most accurate method, in points.", "", *cell_table(res), "",
+        "Over the settings above (\"below best\": the paired difference's mean, whatever its "
+        "CI):", "", *overall_table(res)]
+    return "\n".join(lines) + "\n"
+
+
+def cell_table(res: dict) -> list[str]:
+    """Accuracy, `rapt tune` seconds and the paired difference to the best, per setting."""
+    methods = sorted(res["overall"])
+    lines = [
         "| task | privacy | train rows | majority class | " + " | ".join(
             f"{m}: accuracy | {m}: tune s | {m}: vs best" for m in methods) + " | load |",
         "|---|---|---|---|" + "---|---|---|" * len(methods) + "---|"]
@@ -224,18 +232,21 @@ def markdown(res: dict, command: str) -> str:
             load = max(c["max_load_before"] for c in res["cells"]
                        if c["task"] == task and c["p"] == p)
             lines.append("| " + " | ".join(row) + f" | {load:.1f} |")
-    lines += ["", "Over the settings above (\"below best\": the paired difference's mean, "
-              "whatever its CI):", "",
-              "| method | seeds | mean accuracy | mean points below best | worst | settings within "
-              f"{GOAL_POINTS:g} point of best | slowest `rapt tune` (s) |",
-              "|---|---|---|---|---|---|---|"]
-    for m in methods:
+    return lines
+
+
+def overall_table(res: dict) -> list[str]:
+    """Per method over every setting: mean accuracy, points below the best, the slowest run."""
+    lines = ["| method | seeds | mean accuracy | mean points below best | worst | settings within "
+             f"{GOAL_POINTS:g} point of best | slowest `rapt tune` (s) |",
+             "|---|---|---|---|---|---|---|"]
+    for m in sorted(res["overall"]):
         o = res["overall"][m]
         lines.append(f"| {m} | {o['n_seeds']} | {100 * o['mean_accuracy']:.1f} | "
                      f"{o['mean_points_below_best']:.1f} | {o['worst_points_below_best']:.1f} | "
                      f"{o['settings_within_goal']} / {o['settings']} | "
                      f"{o['max_tune_wall_s']:.0f} |")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def plot(res: dict, path: Path) -> None:

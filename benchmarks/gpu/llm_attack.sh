@@ -1,7 +1,7 @@
 #!/bin/bash
 # The LoRA-tuned SmolLM2 attacker beside nearest neighbour, Bayes and the few-shot LLM, at P 0.4
 # and 0.6 on SST-2 and FP dev, on a lent GPU: three back-to-back calls on one warm machine (it
-# is given back 30 s after a call). README.md "The fine-tuned LLM attacker" says what to prepare
+# is given back 30 s after a call). benchmarks/gpu/README.md "The fine-tuned LLM attacker" says what to prepare
 # here and what each call carries:
 #   bash benchmarks/gpu/llm_attack.sh a     carry .gguf-a .whl: wheels into /tmp/site, half 1
 #   bash benchmarks/gpu/llm_attack.sh b     carry .gguf-b: half 2, joined into /tmp/smollm2.gguf
