@@ -35,6 +35,7 @@ NOT_RESULTS = frozenset({
     "| family | what each row carries into the shared, frozen pass |",
     "| step k | direction | message | content |",
     "| route | body in | body out | rule |",
+    "| route | what it does |",
     "| concern | single machine (default) | scaled out (built, tested) |",
     "| command | what it does |",
 })

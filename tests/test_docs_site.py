@@ -40,3 +40,84 @@ def test_broken_link_fails_the_build(tmp_path: Path):
     (tmp_path / "mkdocs.yml").write_text("\n".join(keep) + "\nnav: [index.md, page.md]\n")
     out = _build(tmp_path / "mkdocs.yml", tmp_path / "site")
     assert out.returncode != 0 and "missing.md" in out.stdout + out.stderr
+
+
+# Every concept of the product spec (../shared/SPEC.md) and where a newcomer finds it: a page of
+# the navigation and, unless the page is the concept, a heading of that page (## or ###: the
+# page's table of contents shows it, so it is one click from the navigation). docs/index.md's
+# "Concepts" table links each one.
+CONCEPTS = {
+    "the two parties (user, provider)": ("THREAT_MODEL.md", "Who we protect you from"),
+    "dχ text-to-text privatization": ("privacy.md", "The mechanism: dχ privatization"),
+    "P, η and empirical privacy": ("privacy.md", "P and empirical privacy"),
+    "privacy noise and seeds": ("THREAT_MODEL.md", "Randomness: the rule behind every guarantee"),
+    "the privacy rule": ("privacy.md", "The privacy rule"),
+    "the attack table": ("privacy.md", "The attack table"),
+    "tuning methods: prompt, prefix, LoRA": ("tuning.md", "Which method, and what to expect"),
+    "RAPT and privatized token reconstruction":
+        ("tuning.md", "RAPT: privatized token reconstruction (`--reconstruction`)"),
+    "Split-and-Privatize": ("sap.md", "The split and its messages"),
+    "contributing-token identification (CTI)":
+        ("sap.md", "Contributing-token identification (CTI)"),
+    "PromptDPSGD": ("dp-pate.md", "PromptDPSGD (`rapt tune --dp-epsilon`)"),
+    "PromptPATE": ("dp-pate.md", "PromptPATE (`rapt pate`)"),
+    "embedding inversion": ("privacy.md", "Embedding inversion (nearest neighbour)"),
+    "attribute inference": ("privacy.md", "Attribute inference"),
+    "contextual reconstruction": ("THREAT_MODEL.md", "Contextual reconstruction (the channel)"),
+    "channel models (denoiser, adapter)": ("tuning.md", "Channel models"),
+    "privacy per kind of token, canaries": ("THREAT_MODEL.md", "Privacy per kind of token"),
+    "noise by kind of token": ("privacy.md", "Noise by kind of token (`--protect rare`)"),
+    "label inference in split learning": ("sap.md", "Label inference and label DP"),
+    "membership inference on prompts": ("dp-pate.md", "Membership inference (`rapt mia`)"),
+    "the local model": ("users-side.md", "The local model"),
+    "user-side fusion": ("users-side.md", "Fusion"),
+    "the output denoiser": ("users-side.md", "The output denoiser"),
+    "when rapt is worth it": ("users-side.md", "When rapt is worth it"),
+    "backbones": ("getting-started.md", "Backbones and model weights"),
+    "the service's HTTP API and job store": ("service.md", "The HTTP API"),
+    "API keys": ("service.md", "API keys"),
+    "tenancy and deletes": ("service.md", "Your data, your deletes"),
+    "the console": ("service.md", "The console"),
+    "metrics": ("service.md", "Metrics for operators"),
+    "the client": ("service.md", "The client"),
+    "scaling out: PostgreSQL and Ray": ("SCALING.md", None),
+    "the command line": ("reference/cli.md", None),
+    "the Python API": ("reference/api.md", None),
+    "benchmarks": ("benchmarks.md", None),
+    "threat model": ("THREAT_MODEL.md", None),
+}
+
+
+def _nav_pages(nav) -> set[str]:
+    """Every page file named in mkdocs.yml's nav (nested sections included)."""
+    if isinstance(nav, str):
+        return {nav}
+    if isinstance(nav, list):
+        return set().union(*(_nav_pages(item) for item in nav))
+    return set().union(*(_nav_pages(v) for v in nav.values()))
+
+
+def _toc_headings(page: Path) -> set[str]:
+    """The ## and ### headings of a page outside code fences: what its table of contents shows."""
+    out, fenced = set(), False
+    for line in page.read_text().splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and line.startswith(("## ", "### ")):
+            out.add(line.split(" ", 1)[1].strip())
+    return out
+
+
+def test_every_spec_concept_is_one_click_from_the_nav():
+    yaml = pytest.importorskip("yaml")
+    slugify = pytest.importorskip("markdown.extensions.toc").slugify
+    nav = _nav_pages(yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"])
+    index = (ROOT / "docs" / "index.md").read_text()
+    for concept, (page, heading) in CONCEPTS.items():
+        assert page in nav, f"{concept}: {page} is not in mkdocs.yml's nav"
+        target = page
+        if heading is not None:
+            assert heading in _toc_headings(ROOT / "docs" / page), \
+                f"{concept}: no heading '## {heading}' on {page}"
+            target += "#" + slugify(heading.replace("`", ""), "-")
+        assert f"]({target})" in index, f"{concept}: docs/index.md's Concepts table lacks {target}"
