@@ -17,12 +17,14 @@ from _tiny import TOY_WORDS, make_bert, make_llama, make_tokenizer
 
 from rapt.dp import DPConfig
 from rapt.training.loop import (
+    MeanStep,
     ModelOutput,
     Plan,
     SummedLoss,
     TaskCE,
     TrainableTensors,
     TrainState,
+    length_split,
     run_loop,
 )
 from rapt.tuning.reconstruction import Reconstruction, build_rows, sample_plain_tokens
@@ -280,6 +282,52 @@ def test_summed_loss_weights_objectives_and_keeps_their_stats():
     loss2, stats2 = SummedLoss(lambda idx: no_rec, [task, r])(torch.tensor([0, 1]))
     torch.testing.assert_close(loss2, ce)
     assert set(stats2) == {"task_loss"}
+
+
+def _padded(parts: list[torch.Tensor], lengths: list[int]) -> int:
+    return sum(len(p) * max(lengths[i] for i in p.tolist()) for p in parts)
+
+
+def test_length_split_pads_least_and_keeps_every_row_once():
+    """Against every split of the sorted rows in one or two groups (the brute force)."""
+    g = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        n = int(torch.randint(1, 10, (1,), generator=g))
+        lengths = torch.randint(3, 60, (20,), generator=g).tolist()
+        idx = torch.randperm(20, generator=g)[:n]
+        parts = length_split(idx, lengths)
+        assert sorted(torch.cat(parts).tolist()) == sorted(idx.tolist())
+        ls = sorted(lengths[i] for i in idx.tolist())
+        best = min([n * ls[-1]] + [i * ls[i - 1] + (n - i) * ls[-1] for i in range(1, n)])
+        assert _padded(parts, lengths) == best and len(parts) <= 2
+    # short rows and long rows: two passes, far less padding than one
+    parts = length_split(torch.arange(6), [5, 40, 6, 41, 5, 7])
+    assert [sorted(p.tolist()) for p in parts] == [[0, 2, 4, 5], [1, 3]]
+
+
+def test_mean_step_by_length_gives_the_batch_mean_gradient(tok):
+    """Rows of very different lengths: the step in passes by length sets the same gradient and
+    stats as one padded pass over the batch (mutations caught: a pass's loss divided by its
+    own size, a pass left out, the stats of the last pass only)."""
+    from rapt.tuning.tune import RaptModel, _loss_fn
+
+    bb = make_bert(tok)
+    texts = ["good", "the movie was good and fun and fine and great and long",
+             "bad", "awful and boring", "fun", "the movie was long and boring and bad"]
+    labels = [1, 1, 0, 0, 1, 0]
+    rows = build_rows(tok, texts, 24, None)
+    cfg = TuneConfig(method="prefix", num_virtual_tokens=3, seed=1)
+    model = RaptModel(bb, cfg, 2).eval()  # no dropout: both runs see the same function
+    loss_fn = _loss_fn(model, bb, rows, labels, cfg, [], None, None, "cpu")
+    idx = torch.arange(len(rows))
+    got = {}
+    for name, lengths in (("one", None), ("by length", [len(r) for r in rows])):
+        model.zero_grad()
+        stats = MeanStep(loss_fn, len(rows), 6, 1, 0, lengths=lengths).compute(idx)
+        got[name] = (model.tuner.prefix.grad.clone(), stats)
+    assert len(length_split(idx, [len(r) for r in rows])) == 2
+    torch.testing.assert_close(got["by length"][0], got["one"][0], rtol=1e-5, atol=1e-7)
+    assert got["by length"][1] == pytest.approx(got["one"][1], rel=1e-5)
 
 
 def _write() -> None:  # pragma: no cover - run by hand, see the module docstring

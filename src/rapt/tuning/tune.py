@@ -407,7 +407,7 @@ def _tune(backbone, input_ids, labels, num_labels, config: TuneConfig, seqs, pla
     loss_fn = _loss_fn(model, backbone, input_ids, labels, config, seqs, rec_vocab, plain_index,
                        dev)
     opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
-    step = _gradient_step(model, config, loss_fn, len(input_ids))
+    step = _gradient_step(model, config, loss_fn, [len(r) for r in input_ids])
     total = step.plan.total_steps
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, warmup_linear(total, int(config.warmup_ratio * total)))
@@ -483,11 +483,13 @@ def planned_steps(config: TuneConfig, n_examples: int) -> int:
 
 
 def _gradient_step(model: RaptModel, config: TuneConfig, loss_fn: SummedLoss,
-                   n: int) -> GradientStep:
+                   lengths: Sequence[int]) -> GradientStep:
     """:class:`DPStep` over a :class:`rapt.dp.DPSGD` when ``config.dp`` is set, else
-    :class:`MeanStep`."""
+    :class:`MeanStep` (its batches run in passes of similar ``lengths``, rows' tokens)."""
+    n = len(lengths)
     if config.dp is None:
-        return MeanStep(loss_fn, n, config.batch_size, config.epochs, config.seed)
+        return MeanStep(loss_fn, n, config.batch_size, config.epochs, config.seed,
+                        lengths=lengths)
     try:
         from rapt.dp import DPSGD
     except ImportError as e:  # pragma: no cover - the DP module ships with rapt
