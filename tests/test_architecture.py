@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("rapt.privacy", "rapt.artifacts", "rapt.pate", "rapt.training", "rapt.local"),
     ("rapt.tuning",),
     ("rapt.channel", "rapt.attacks", "rapt.split"),
-    ("rapt.pipeline", "rapt.demo", "rapt.client"),
+    ("rapt.pipeline", "rapt.demo", "rapt.demo_choice", "rapt.client"),
     ("rapt.service",),
     ("rapt.cli",),
 ]

@@ -101,7 +101,7 @@ def test_demo_cli_minilm(tmp_path, shared_data, monkeypatch):
 
     monkeypatch.setenv("RAPT_DATA_DIR", str(shared_data))
     out = tmp_path / "demo"
-    r = CliRunner().invoke(app, ["demo", "--out", str(out), "--train-size", "32",
+    r = CliRunner().invoke(app, ["demo", "--paper", "--out", str(out), "--train-size", "32",
                                  "--test-size", "16", "--epochs", "1", "--max-length", "24",
                                  "--plain-len", "4", "--eta", "60", "--seeds", "2"])
     assert r.exit_code == 0, r.output
@@ -134,7 +134,8 @@ def test_demo_cli_bad_head_is_a_clear_error(tmp_path):
 
     from rapt.cli import app
 
-    r = CliRunner().invoke(app, ["demo", "--out", str(tmp_path / "d"), "--head", "mlm"])
+    r = CliRunner().invoke(app, ["demo", "--paper", "--out", str(tmp_path / "d"), "--head",
+                                 "mlm"])
     assert r.exit_code != 0 and "--head must be" in r.output and "Traceback" not in r.output
 
 

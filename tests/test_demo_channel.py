@@ -105,7 +105,7 @@ def test_demo_cli_channel_option_reaches_the_config(tmp_path, monkeypatch):
         raise ValueError("stop here")
 
     monkeypatch.setattr(rapt.demo, "run_demo", fake_run)
-    r = CliRunner().invoke(app, ["demo", "--out", str(tmp_path / "d"), "--channel",
+    r = CliRunner().invoke(app, ["demo", "--paper", "--out", str(tmp_path / "d"), "--channel",
                                  str(tmp_path / "ch")])
     assert r.exit_code == 2 and "stop here" in r.output
     assert seen["cfg"].channel == str(tmp_path / "ch")

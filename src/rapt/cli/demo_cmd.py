@@ -1,5 +1,6 @@
-"""`rapt demo`: a thin layer over rapt.demo (the RAPT benchmark's regime on paired seeds); it
-reads the options, shows progress, prints the table and writes the results."""
+"""`rapt demo`: a thin layer over rapt.demo_choice (the user's choice: uniform and by-kind noise,
+the local model, fused) and, with --paper, rapt.demo (RAPT's ablation on paired seeds); it reads
+the options, shows progress, prints the table and writes the results."""
 
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ class DemoOptions:
     or the benchmark's with --benchmark-config)."""
 
     out: Path
+    paper: bool
     benchmark_config: bool
     backbone: str | None
     dataset: str | None
@@ -67,6 +69,9 @@ class DemoOptions:
 
 
 _DEMO_HELP = {
+    "paper": "RAPT's ablation instead (prefix tuning: no privacy / head only / +privatization / "
+    "+reconstruction, the local model and fused; 600 rows, 3 seeds; several minutes more); the "
+    "options marked (--paper) apply to it only",
     "benchmark_config": "run benchmarks/bench_rapt.py's cpu configuration at P 0.4 (1,000 rows, "
     "500 steps, 5 seeds; about 40 min on 2 cores); other options override it",
     "max_length": "text tokens per row, plain tokens excluded (default: the length that keeps "
@@ -89,14 +94,16 @@ _DEMO_HELP = {
 @app.command()
 def demo(
     out: Path = typer.Option(Path("runs/demo"), "--out", "-o", help="output folder"),
+    paper: bool = typer.Option(False, "--paper", help=_DEMO_HELP["paper"]),
     benchmark_config: bool = typer.Option(False, "--benchmark-config",
-                                          help=_DEMO_HELP["benchmark_config"]),
+                                          help="(--paper) " + _DEMO_HELP["benchmark_config"]),
     backbone: str | None = typer.Option(None, help="default minilm"),
     dataset: str | None = typer.Option(None, help="default sst2-sentences"),
-    train_size: int | None = typer.Option(None, help="default 600"),
-    test_size: int | None = typer.Option(None, help="default 500"),
-    method: str | None = typer.Option(None, help="default prefix"),
-    epochs: int | None = typer.Option(None, help="default 2"),
+    train_size: int | None = typer.Option(None, help="default 400 (--paper: 600)"),
+    test_size: int | None = typer.Option(None, help="default 300 (--paper: 500)"),
+    method: str | None = typer.Option(None, help="(--paper) default prefix; the default demo "
+                                      "tunes LoRA"),
+    epochs: int | None = typer.Option(None, help="default 1 (--paper: 2)"),
     lr: float | None = typer.Option(None, help=LR_HELP),
     batch_size: int | None = typer.Option(None, help="default 8"),
     max_length: int | None = typer.Option(None, help=_DEMO_HELP["max_length"]),
@@ -119,13 +126,17 @@ def demo(
     precision: str | None = with_help(PRECISION, PRECISION_HELP + " (default auto: "
                                       "measured equal to fp32 in this setting)"),
 ) -> None:
-    """RAPT end to end on a small SST-2 subset: privatize, tune (no privacy / head only /
-    +privatization / +reconstruction, and +denoise-then-tune with --channel) on paired seeds,
-    privatized inference, inversion attack; prints a table with CIs and verdict lines, writes a
-    plot. Two more rows show the user's side, which sends nothing more: a local TF-IDF +
-    logistic regression on the clean training rows, and it fused with +privatization (weights
-    fitted on half of the test rows, scored on the other half, both ways round)."""
-    cfg = _demo_config(DemoOptions(**locals()))  # the options, before any other name
+    """The choice you make with rapt, on SST-2 and paired seeds: uniform noise (P 0.6) against
+    noise by kind of token (--protect rare: personal data and rare words at P 0.7's η, frequent
+    words in clear), each tuned with LoRA and fused with a local TF-IDF model trained on your
+    clean rows, beside that local model alone; one table of accuracy and privacy per kind of
+    token (all, rare words, personal data), the verdict `rapt tune` prints, and a plot.
+    --paper: RAPT's ablation (no privacy / head only / +privatization / +reconstruction, and
+    +denoise-then-tune with --channel) with the local and fused rows."""
+    opts = DemoOptions(**locals())  # the options, before any other name
+    if not paper:
+        return _choice(opts)
+    cfg = _demo_config(opts)
     from rapt.demo import format_table, make_plot, run_demo
 
     warn_if_seeded(noise_seed)
@@ -153,6 +164,53 @@ def demo(
     typer.echo(f"\nwrote {out / 'results.json'}, {out / 'results.md'}, {out / 'demo.png'}")
 
 
+# Options of RAPT's ablation only; the default demo refuses them rather than ignore them.
+PAPER_ONLY = ("benchmark_config", "method", "plain_len", "plain_sequences", "num_virtual_tokens",
+              "head", "label_descriptions", "rec_reduction", "eta", "other_p", "other_eta",
+              "channel")
+CHOICE_FIELDS = ("backbone", "dataset", "train_size", "test_size", "epochs", "lr", "batch_size",
+                 "max_length", "target_p", "frequent_rank", "seeds", "seed", "noise_seed",
+                 "precision")
+
+
+def _choice(o: DemoOptions) -> None:
+    """The default demo (rapt.demo_choice): run, print, write results.{json,md} and demo.png."""
+    from rapt.demo_choice import ChoiceConfig, format_table, make_plot, run_choice, verdict_lines
+
+    paper_only = [k for k in PAPER_ONLY if getattr(o, k) not in (None, False)]
+    paper_only += ["protect"] if o.protect not in (None, "all") else []
+    if paper_only:
+        fail(", ".join("--" + k.replace("_", "-") for k in paper_only) + ": options of RAPT's "
+             "ablation; add --paper (the default demo runs uniform noise and --protect rare "
+             "side by side)")
+    try:
+        cfg = ChoiceConfig(**{k: getattr(o, k) for k in CHOICE_FIELDS
+                              if getattr(o, k) is not None})
+    except ValueError as e:
+        fail(str(e))
+    warn_if_seeded(o.noise_seed)
+    bars = _SettingBars()
+    try:
+        res = run_choice(cfg, log=lambda s: typer.echo(s), progress=bars)
+    except ValueError as e:
+        fail(str(e))
+    bars.close()
+    o.out.mkdir(parents=True, exist_ok=True)
+    make_plot(res).savefig(o.out / "demo.png", dpi=120)
+    table = format_table(res)
+    (o.out / "results.json").write_text(json.dumps(res.as_dict(), indent=2, default=float)
+                                        + "\n")
+    (o.out / "results.md").write_text(table + "\n\n" + "\n\n".join(verdict_lines(res)) + "\n")
+    _keep_local_unless_public(cfg.dataset, o.out)
+    typer.echo("\n" + table + "\n")
+    for line in verdict_lines(res):
+        typer.echo(line)
+    for arm, rec in res.arms.items():
+        warn_weak_privacy(rec["report"], backbone=cfg.backbone, min_p=o.min_p,
+                          what=f"demo's {arm} release")
+    typer.echo(f"\nwrote {o.out / 'results.json'}, {o.out / 'results.md'}, {o.out / 'demo.png'}")
+
+
 def _keep_local_unless_public(dataset: str, out: Path) -> None:
     """The demo's folder holds accuracies and privacy measured on its data: shareable for a
     built-in public set; on a file of your own they are statistics of your rows, so the files
@@ -175,7 +233,7 @@ def _demo_config(o: DemoOptions):
     from rapt.tuning.tune import HEADS
 
     given = {k: v for k, v in dataclasses.asdict(o).items()
-             if v is not None and k not in ("out", "benchmark_config", "min_p")}
+             if v is not None and k not in ("out", "paper", "benchmark_config", "min_p")}
     if o.label_descriptions:
         given["label_descriptions"] = [d.strip() for d in o.label_descriptions.split("|")]
     if o.channel is not None:
