@@ -19,13 +19,14 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from benchmarks._common import command, machine
+from benchmarks._common import RESULTS, command, machine, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "wallclock.json"
@@ -79,11 +80,22 @@ def time_demo(args, env: dict) -> dict:
                 *shlex.split(args.demo_args)]
         seconds, out, code = run(argv, env)
         res = json.loads((Path(tmp) / "results.json").read_text()) if code == 0 else {}
-    return {"argv": argv, "seconds": round(seconds, 1), "exit_code": code,
-            "stage_seconds": {k: round(v, 1) for k, v in res.get("stage_seconds", {}).items()},
-            "verdict": res.get("verdict"), "accuracy": {r["setting"]: r["accuracy"]
-                                                        for r in res.get("rows", [])},
-            "paired": res.get("paired"), "tail": out.splitlines()[-12:] if code else []}
+        rec = {"argv": argv, "seconds": round(seconds, 1), "exit_code": code,
+               "stage_seconds": {k: round(v, 1) for k, v in res.get("stage_seconds", {}).items()},
+               "verdict": res.get("verdict", res.get("verdicts")),
+               "accuracy": {r["setting"]: r["accuracy"] for r in res.get("rows", [])},
+               "paired": res.get("paired"), "tail": out.splitlines()[-12:] if code else []}
+        if args.demo_keep and code == 0:
+            from rapt.precision import cpu_has_native_bf16
+  # the run's own files, as results/STEM.{json,md,png}
+            stem = RESULTS / args.demo_keep
+            write_json(stem.with_suffix(".json"), {
+                "command": command(), "machine": machine(native_bf16=cpu_has_native_bf16(),
+                                                   threads=int(args.threads)),
+                "seconds": rec["seconds"], "result": res})
+            shutil.copy(Path(tmp) / "results.md", stem.with_suffix(".md"))
+            shutil.copy(Path(tmp) / "demo.png", stem.with_suffix(".png"))
+    return rec
 
 
 def main() -> None:
@@ -93,6 +105,8 @@ def main() -> None:
     ap.add_argument("--threads", default="2", help="OMP_NUM_THREADS of the timed command")
     ap.add_argument("--pytest-args", default="")
     ap.add_argument("--demo-args", default="")
+    ap.add_argument("--demo-keep", metavar="STEM",
+                    help="keep the timed demo's files as benchmarks/results/STEM.{json,md,png}")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
     from rapt.precision import cpu_has_native_bf16

@@ -91,6 +91,15 @@ def by_kind_privacy() -> str:
     return _source("privacy_by_mechanism", doc) + "\n".join(privacy_table(doc)) + "\n"
 
 
+def demo() -> str:
+    """What `rapt demo` printed in the run bench_wallclock kept (its table, from the JSON)."""
+    from rapt.demo_choice import ChoiceResult, format_table
+
+    doc = _json("demo")
+    return (_source("demo", doc) + f"{doc['seconds']:.0f} s on {_machine(doc)}:\n\n"
+            + format_table(ChoiceResult(**doc["result"])) + "\n")
+
+
 def _machine(doc: dict) -> str:
     m = doc.get("machine") or doc.get("user_side_machine") or doc.get("settings", {}).get(
         "machine") or {}
@@ -120,7 +129,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "headline-goal": headline_goal, "headline-wins": headline_wins,
     "local-baseline-2000": local_baseline_2000, "defaults": defaults,
     "by-kind-accuracy": by_kind_accuracy, "by-kind-privacy": by_kind_privacy,
-    "benchmark-index": benchmark_index,
+    "benchmark-index": benchmark_index, "demo": demo,
 }
 
 

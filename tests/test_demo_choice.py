@@ -110,8 +110,8 @@ def test_the_cli_writes_the_table_the_verdicts_and_the_plot(tmp_path, monkeypatc
                                                                       dc.fused_name)))]
         report = {"eta": 60.0, "replacement_probability": 0.6, "inversion_success": 0.4,
                   "by_kind": None}
-        arms = {a: {"privacy": {"all": 0.6, "rare": 0.5, "personal": 0.7}, "report": report}
-                for a in dc.ARMS}
+        arms = {a: {"privacy": {"all": 0.6, "rare": 0.5, "personal": 0.7}, "report": report,
+                    "eta": 60.0, "target_p": 0.6} for a in dc.ARMS}
         return dc.ChoiceResult(config={"seeds": 2, "test_size": 10}, arms=arms, rows=rows,
                                verdicts={a: "On your data ..." for a in dc.ARMS})
 
@@ -123,5 +123,6 @@ def test_the_cli_writes_the_table_the_verdicts_and_the_plot(tmp_path, monkeypatc
     assert (seen["cfg"].seeds, seen["cfg"].train_size) == (2, 100)
     assert "| privatized LoRA, by kind | 70.0 ± 1.0 | 60.0 % | 50.0 % | 70.0 % |" in r.output
     assert "by kind: On your data" in r.output
+    assert "uniform: every token at η 60.00 (P ≈ 0.6 on public text)" in r.output
     assert json.loads((out / "results.json").read_text())["verdicts"]["uniform"]
     assert (out / "demo.png").stat().st_size > 0 and (out / "results.md").is_file()

@@ -103,7 +103,7 @@ def demo(
     test_size: int | None = typer.Option(None, help="default 300 (--paper: 500)"),
     method: str | None = typer.Option(None, help="(--paper) default prefix; the default demo "
                                       "tunes LoRA"),
-    epochs: int | None = typer.Option(None, help="default 1 (--paper: 2)"),
+    epochs: int | None = typer.Option(None, help="default 2"),
     lr: float | None = typer.Option(None, help=LR_HELP),
     batch_size: int | None = typer.Option(None, help="default 8"),
     max_length: int | None = typer.Option(None, help=_DEMO_HELP["max_length"]),
@@ -123,8 +123,8 @@ def demo(
     seed: int | None = typer.Option(None, help=_DEMO_HELP["seed"]),
     noise_seed: int | None = typer.Option(None, help=_DEMO_HELP["noise_seed"]),
     channel: Path | None = typer.Option(None, "--channel", help=_DEMO_HELP["channel"]),
-    precision: str | None = with_help(PRECISION, PRECISION_HELP + " (default auto: "
-                                      "measured equal to fp32 in this setting)"),
+    precision: str | None = with_help(PRECISION, PRECISION_HELP + " (default fp32; --paper: "
+                                      "auto, measured equal to fp32 in that setting)"),
 ) -> None:
     """The choice you make with rapt, on SST-2 and paired seeds: uniform noise (P 0.6) against
     noise by kind of token (--protect rare: personal data and rare words at P 0.7's η, frequent
