@@ -139,13 +139,7 @@ def demo(
     cfg = _demo_config(opts)
     from rapt.demo import format_table, make_plot, run_demo
 
-    warn_if_seeded(noise_seed)
-    bars = _SettingBars()
-    try:
-        res = run_demo(cfg, log=lambda s: typer.echo(s), progress=bars)
-    except ValueError as e:
-        fail(str(e))
-    bars.close()
+    res = _run_with_bars(run_demo, cfg, noise_seed)
     t = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     fig = make_plot(res)
@@ -188,13 +182,7 @@ def _choice(o: DemoOptions) -> None:
                               if getattr(o, k) is not None})
     except ValueError as e:
         fail(str(e))
-    warn_if_seeded(o.noise_seed)
-    bars = _SettingBars()
-    try:
-        res = run_choice(cfg, log=lambda s: typer.echo(s), progress=bars)
-    except ValueError as e:
-        fail(str(e))
-    bars.close()
+    res = _run_with_bars(run_choice, cfg, o.noise_seed)
     o.out.mkdir(parents=True, exist_ok=True)
     make_plot(res).savefig(o.out / "demo.png", dpi=120)
     table = format_table(res)
@@ -252,6 +240,19 @@ def _demo_config(o: DemoOptions):
         return DemoConfig.benchmark(**given) if o.benchmark_config else DemoConfig(**given)
     except ValueError as e:
         fail(str(e))
+
+
+def _run_with_bars(run: Any, cfg: Any, noise_seed: int | None) -> Any:
+    """``run(cfg, log=, progress=)`` with one step bar per setting on stderr; a ValueError is
+    one error line."""
+    warn_if_seeded(noise_seed)
+    bars = _SettingBars()
+    try:
+        return run(cfg, log=lambda s: typer.echo(s), progress=bars)
+    except ValueError as e:
+        fail(str(e))
+    finally:
+        bars.close()
 
 
 class _SettingBars:
