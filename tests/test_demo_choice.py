@@ -83,6 +83,16 @@ def test_the_choice_refuses_bad_sizes_and_levels():
         ChoiceConfig(protected_p=1.0)
 
 
+def test_a_sentence_pair_dataset_is_refused_before_any_work(small_bert, shared_data,
+                                                            monkeypatch):
+    from rapt.demo_choice import ChoiceConfig, run_choice
+
+    monkeypatch.setenv("RAPT_DATA_DIR", str(shared_data))
+    with pytest.raises(ValueError, match="cb holds sentence pairs"):
+        run_choice(ChoiceConfig(**{**TINY, "dataset": "cb"}), log=lambda s: None,
+                   backbone=small_bert)
+
+
 def test_the_default_demo_refuses_the_ablations_options(tmp_path):
     from typer.testing import CliRunner
 

@@ -144,6 +144,9 @@ def run_choice(config: ChoiceConfig, log: Callable[[str], None] = print,
         bb = backbone if backbone is not None else load_backbone(config.backbone)
     with stages.time("data"):
         train, test = _demo_data(config, log)
+        if any(p is not None for p in train.text_pairs):
+            raise ValueError(f"{config.dataset} holds sentence pairs: the default demo takes "
+                             "single texts (rapt demo --paper and rapt tune take pairs)")
         n_text, _ = _text_length(config, bb.tokenizer, train.texts, log)
         base = tune_config(dict(method="lora", epochs=config.epochs, lr=config.lr,
                                 batch_size=config.batch_size, precision=config.precision),
