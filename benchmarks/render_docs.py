@@ -93,11 +93,13 @@ def by_kind_privacy() -> str:
 
 def demo() -> str:
     """What `rapt demo` printed in the run bench_wallclock kept (its table, from the JSON)."""
-    from rapt.demo_choice import ChoiceResult, format_table
+    from rapt.demo_choice import ChoiceResult, format_table, verdict_lines
 
     doc = _json("demo")
+    res = ChoiceResult(**doc["result"])
     return (_source("demo", doc) + f"{doc['seconds']:.0f} s on {_machine(doc)}:\n\n"
-            + format_table(ChoiceResult(**doc["result"])) + "\n")
+            + format_table(res) + "\n\nThe verdicts (the last seed's test rows):\n\n"
+            + "\n\n".join(f"> {line}" for line in verdict_lines(res)) + "\n")
 
 
 def _machine(doc: dict) -> str:

@@ -179,6 +179,17 @@ def pate() -> list[Row]:
     return [_row("PATE teacher cache", fig, d, "pate_speed.json")]
 
 
+def _verdict_word(v) -> str:
+    """The paper demo's verdict ("reconstruction made no significant difference here: ...") in
+    a few words; the default demo's (one per arm: the mode `rapt predict` would use)."""
+    if isinstance(v, dict):
+        modes = (("fuses by default", "fused"), ("uses it alone by default and sends nothing",
+                                                "local"), ("uses it alone by default", "remote"))
+        return ", ".join(f"{arm} → " + next((m for phrase, m in modes if phrase in t), "?")
+                         for arm, t in v.items())
+    return (v or "").split(" here:")[0].removeprefix("reconstruction ")
+
+
 def wallclock() -> list[Row]:
     d = _load("wallclock.json") or {}
     rows = []
@@ -191,8 +202,7 @@ def wallclock() -> list[Row]:
             secs = [x["seconds"] for x in recs]
             stages = ", ".join(f"{k} {v:.0f} s" for k, v in r.get("stage_seconds", {}).items()
                                if v >= 1)
-            words = [(x.get("verdict") or "").split(" here:")[0].removeprefix("reconstruction ")
-                     for x in recs]
+            words = [_verdict_word(x.get("verdict")) for x in recs]
             fig = (f"{min(secs) / 60:.1f}–{max(secs) / 60:.1f} min over {len(recs)} run(s) "
                    f"(last: {stages}); verdicts: {'; '.join(words)}" if len(recs) > 1 else
                    f"{r['seconds'] / 60:.1f} min ({stages}); verdict: {words[0]}")
