@@ -32,6 +32,8 @@ from rapt.privacy.kind_recovery import best_by_kind, recovery_by_kind
 
 # The goal's kinds: personal data and every band beyond the 1,000 most frequent public words.
 GOAL_KINDS = ("personal data", "1k-10k", "rarer")
+# Tasks the GPU call did not release or attack: privatized here, no denoiser run on them.
+LOCAL_ONLY = {"trec": ("trec", "test")}
 NAMES = {"nn": "nearest neighbour", "bayes": "Bayes, unigram public prior",
          "bayes_protected": "Bayes, prior over public protected-class tokens",
          "denoiser": "domain denoiser (GPU-trained per mechanism)"}
@@ -97,6 +99,9 @@ def main() -> None:
     ap.add_argument("--spans", required=True)
     ap.add_argument("--mechs", nargs="+", default=["u0.6", "r0.6", "r0.7"])
     ap.add_argument("--limit", type=int, default=0, help="first N dev texts (dry runs)")
+    ap.add_argument("--tasks", nargs="+", default=list(DEV), choices=[*DEV, *LOCAL_ONLY],
+                    help="trec: no GPU release or denoiser guesses exist for it; it is "
+                         "privatized here and attacked by nearest neighbour and Bayes only")
     ap.add_argument("--out", default=str(RESULTS / "privacy_by_mechanism"))
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -108,7 +113,7 @@ def main() -> None:
     index = build_index(bb.embeddings[cand].float(), "exact")
     from rapt.data import load_dataset
 
-    dev = {t: list(load_dataset(*DEV[t]).texts) for t in DEV}
+    dev = {t: list(load_dataset(*{**DEV, **LOCAL_ONLY}[t]).texts) for t in args.tasks}
     if args.limit:
         dev = {t: x[:args.limit] for t, x in dev.items()}
     log_priors = priors(bb, spans)
@@ -127,8 +132,8 @@ def main() -> None:
                                         candidate_ids=cand, index=index, seed=500)
                  for b, lp in log_priors.items()}
         for t_i, (task, texts) in enumerate(dev.items()):
-            if got:
-                g = got["tasks"][task]
+            g = got["tasks"].get(task) if got else None
+            if g:
                 n = len(texts)
                 clean, private, den = g["clean"][:n], g["private"][:n], g["guess"][:n]
             else:
@@ -184,10 +189,15 @@ def markdown(doc: dict) -> str:
              "frequent in clear", "r0.6f0.2": "by kind: rare + personal at P 0.6's η, "
              "frequent at P 0.2's", "r0.7": "by kind: rare + personal at P 0.7's η, frequent in "
              "clear", "p0.6": "by kind: personal only at P 0.6's η"}
-    lines = ["# Privacy per kind of token: uniform noise vs noise by kind (MiniLM, SST-2 and "
-             "FP dev)", "", f"`{doc['command']}` ({doc['wall_s'] / 60:.1f} min wall on "
-             f"{doc['machine']['platform']}); the releases and the domain denoiser's guesses "
-             "from `benchmarks/gpu/kind_grid.sh` (one GPU call).", "",
+    tasks = sorted({c["task"] for c in doc["cells"]})
+    here = sorted({c["task"] for c in doc["cells"] if not c["denoiser_run"]})
+    lines = ["# Privacy per kind of token: uniform noise vs noise by kind (MiniLM, "
+             f"{', '.join(tasks)})", "", f"`{doc['command']}` ({doc['wall_s'] / 60:.1f} min wall "
+             f"on {doc['machine']['platform']}); the releases and the domain denoiser's guesses "
+             "from `benchmarks/gpu/kind_grid.sh` (one GPU call)"
+             + (f"; {', '.join(here)}: privatized here, no denoiser run (nearest neighbour and "
+                "Bayes only: the figures are upper bounds the denoiser would lower)"
+                if here else "") + ".", "",
              doc["subsample"] and f"Subsample: {doc['subsample']}." or
              "Every dev text (cut to 46 tokens, as the domain attacker reads them).", "",
              "Privacy = 1 − the best recovery among the attackers run, chosen per kind (so the "
