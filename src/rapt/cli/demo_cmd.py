@@ -107,22 +107,25 @@ def demo(
     lr: float | None = typer.Option(None, help=LR_HELP),
     batch_size: int | None = typer.Option(None, help="default 8"),
     max_length: int | None = typer.Option(None, help=_DEMO_HELP["max_length"]),
-    plain_len: int | None = typer.Option(None, help="plain tokens m (default 40)"),
-    plain_sequences: int | None = typer.Option(None, help=_DEMO_HELP["plain_sequences"]),
-    num_virtual_tokens: int | None = typer.Option(None, help="default 10"),
-    head: str | None = typer.Option(None, help=_DEMO_HELP["head"]),
-    label_descriptions: str | None = typer.Option(None, help=_DEMO_HELP["label_descriptions"]),
-    rec_reduction: str | None = typer.Option(None, help="sum (eq. 7, default) | mean"),
+    plain_len: int | None = typer.Option(None, help="(--paper) plain tokens m (default 40)"),
+    plain_sequences: int | None = typer.Option(None, help="(--paper) "
+                                                + _DEMO_HELP["plain_sequences"]),
+    num_virtual_tokens: int | None = typer.Option(None, help="(--paper) default 10"),
+    head: str | None = typer.Option(None, help="(--paper) " + _DEMO_HELP["head"]),
+    label_descriptions: str | None = typer.Option(None, help="(--paper) "
+                                                   + _DEMO_HELP["label_descriptions"]),
+    rec_reduction: str | None = typer.Option(None, help="(--paper) sum (eq. 7, default) | mean"),
     target_p: float | None = with_help(TARGET_P, TARGET_P_HELP + f" (default "
                                        f"{DEFAULT_TARGET_P:g})"),
-    eta: float | None = with_help(ETA, "η (overrides --target-p)"),
+    eta: float | None = with_help(ETA, "(--paper) η (overrides --target-p)"),
     min_p: float = MIN_P,
     protect: str = PROTECT, frequent_rank: int = FREQUENT_RANK,
     other_p: float | None = OTHER_P, other_eta: float | None = OTHER_ETA,
     seeds: int | None = typer.Option(None, help="paired seeds (default 3)"),
     seed: int | None = typer.Option(None, help=_DEMO_HELP["seed"]),
     noise_seed: int | None = typer.Option(None, help=_DEMO_HELP["noise_seed"]),
-    channel: Path | None = typer.Option(None, "--channel", help=_DEMO_HELP["channel"]),
+    channel: Path | None = typer.Option(None, "--channel", help="(--paper) "
+                                        + _DEMO_HELP["channel"]),
     precision: str | None = with_help(PRECISION, PRECISION_HELP + " (default fp32; --paper: "
                                       "auto, measured equal to fp32 in that setting)"),
 ) -> None:
