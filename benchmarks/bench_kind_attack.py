@@ -31,14 +31,12 @@ MAX_LENGTH = 48  # the domain attacker's (attackers.md)
 
 def policy_for(name: str, etas: dict):
     """(strong η, KindPolicy) of a mechanism name."""
-    from benchmarks.local_baseline import MECHS
+    from benchmarks.local_baseline import kind_policy
     from rapt.privacy.by_kind import KindPolicy
 
     if name.startswith("u"):
         return etas[name[1:]], KindPolicy("all")
-    protect, strong, other = MECHS[name]
-    return etas[str(strong)], KindPolicy(protect, eta_other=None if other is None
-                                         else etas[str(other)])
+    return kind_policy(name, etas)
 
 
 def release(bb, texts, eta, policy, spans, seed: int, repeats: int = 1):

@@ -183,12 +183,10 @@ def _pct(x) -> str:
 
 
 def markdown(doc: dict) -> str:
+    from benchmarks.local_baseline import LABELS
     from rapt.privacy.kinds import BANDS
 
-    label = {"u0.6": "uniform P 0.6", "r0.6": "by kind: rare + personal at P 0.6's η, "
-             "frequent in clear", "r0.6f0.2": "by kind: rare + personal at P 0.6's η, "
-             "frequent at P 0.2's", "r0.7": "by kind: rare + personal at P 0.7's η, frequent in "
-             "clear", "p0.6": "by kind: personal only at P 0.6's η"}
+    label = {"u0.6": "uniform P 0.6", **{k: f"by kind: {v}" for k, v in LABELS.items()}}
     tasks = sorted({c["task"] for c in doc["cells"]})
     here = sorted({c["task"] for c in doc["cells"] if not c["denoiser_run"]})
     lines = ["# Privacy per kind of token: uniform noise vs noise by kind (MiniLM, "

@@ -22,15 +22,12 @@ from collections import defaultdict
 from pathlib import Path
 
 from benchmarks._common import RESULTS, command, machine, save_png, write_json, write_md
-from benchmarks.local_baseline import MECHS, NAMES
+from benchmarks.local_baseline import LABELS, MECHS, NAMES
 from benchmarks.local_baseline_report import SHIPPED, _ci, _fmt, _fmt_d, paired, score_all
 
 UNIFORM = 0.6
 SETTINGS = ("0.6", *MECHS)  # the uniform default first
-LABEL = {"0.6": "uniform P 0.6", "r0.6": "rare + personal at P 0.6's η, frequent in clear",
-         "r0.6f0.2": "rare + personal at P 0.6's η, frequent at P 0.2's",
-         "r0.7": "rare + personal at P 0.7's η, frequent in clear",
-         "p0.6": "personal only at P 0.6's η, the rest in clear"}
+LABEL = {"0.6": "uniform P 0.6", **LABELS}
 GOAL_ROWS = {"sst2": "2000", "fp": "2000", "trec": "2000"}  # FP's 2,000 sample is all 1,812
 
 
@@ -111,13 +108,30 @@ def privacy_table(privacy: dict | None) -> list[str]:
         return ["(no privacy_by_mechanism.json given)"]
     name = {"u0.6": "0.6"}
     kinds = ("all", "top 100", "100-1k", "1k-10k", "rarer", "personal data")
-    out = ["| task | setting | " + " | ".join(kinds) + " |", "|---|---|" + "---|" * len(kinds)]
+    out = ["| task | setting | attackers run | " + " | ".join(kinds) + " |",
+           "|---|---|---|" + "---|" * len(kinds)]
     for c in privacy["cells"]:
         s = name.get(c["mechanism"], c["mechanism"])
-        out.append(f"| {c['task']} | {LABEL.get(s, s)} | " + " | ".join(
+        ran = ", ".join(c["attackers"])
+        out.append(f"| {c['task']} | {LABEL.get(s, s)} | {ran} | " + " | ".join(
             "–" if c["best"][k]["privacy"] is None else
             f"{100 * c['best'][k]['privacy']:.1f} ({c['best'][k]['attacker']})"
             for k in kinds) + " |")
+    return out
+
+
+def merged_privacy(paths: list[Path]) -> dict | None:
+    """The first privacy_by_mechanism file, with the (mechanism, task) cells of each later one
+    that the earlier ones lack (None: no file found)."""
+    docs = [json.loads(p.read_text()) for p in paths if p.exists()]
+    if not docs:
+        return None
+    out = {**docs[0], "cells": list(docs[0]["cells"])}
+    seen = {(c["mechanism"], c["task"]) for c in out["cells"]}
+    for d in docs[1:]:
+        new = [c for c in d["cells"] if (c["mechanism"], c["task"]) not in seen]
+        out["cells"] += new
+        seen |= {(c["mechanism"], c["task"]) for c in new}
     return out
 
 
@@ -156,30 +170,35 @@ def plot(rows: list[dict], path: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cells", default=str(RESULTS / "local_baseline_cells"))
-    ap.add_argument("--privacy", default=str(RESULTS / "privacy_by_mechanism.json"))
+    ap.add_argument("--privacy", nargs="+", default=[str(RESULTS / "privacy_by_mechanism.json")],
+                    help="privacy_by_mechanism JSON files; a later file adds the settings the "
+                    "earlier ones lack")
     ap.add_argument("--rows", nargs="+", default=["500", "2000"])
     ap.add_argument("--name", default="local_baseline_by_kind")
     args = ap.parse_args()
     g = scored_cells(Path(args.cells), RESULTS / "local_baseline_scored.jsonl",
                      tuple(args.rows))
     rows = summary(g)
-    privacy = json.loads(Path(args.privacy).read_text()) if Path(args.privacy).exists() \
-        else None
+    privacy = merged_privacy([Path(f) for f in args.privacy])
     write_json(RESULTS / f"{args.name}.json", {"command": command(), "machine": machine(),
                                                "summary": rows})
     plot(rows, RESULTS / f"{args.name}.png")
     md = ["# Noise by kind of token: accuracy beside the local model (uniform P 0.6 vs by kind)",
           "", f"`{command()}` on this machine ({machine()['platform']}); remote cells from "
           "`benchmarks/gpu/kind_grid.sh` (by kind) and the grid's earlier GPU runs (uniform: "
-          "`local_baseline.md`), the same training sample and noise seed per seed.", "",
+          "`local_baseline.md`), the same training sample and noise seed per seed"
+          + ("; the r0.7z cells (personal data at η 0) on a 2-core CPU, `python -m "
+             "benchmarks.local_baseline remote --backbone .gpu-carry/minilm --ps r0.7z ...`, "
+             "with the GPU runs' float16 MiniLM weights" if any(
+                 r["setting"] == "r0.7z" for r in rows) else "") + ".", "",
           "Accuracy (%), mean ± 95 % CI over paired seeds (Student t). \"fused − local\": "
           "paired difference, in points; \"fused − uniform LoRA\": this setting's fused model "
           "minus the uniform P 0.6 remote LoRA of the same seed. Utility goal (issue 52): "
           "fused − local ≥ 2 with its CI above 0, and fused − uniform LoRA ≥ 5. \"P all tokens\": "
           "share of the training rows' tokens replaced (special tokens counted: a lower bound).",
           "", *table(rows), "",
-          "## Privacy per kind of token at each setting (SST-2 and FP dev; best attacker per "
-          "kind)", "", *privacy_table(privacy), ""]
+          "## Privacy per kind of token at each setting (dev or test texts; best attacker per "
+          "kind, 1 − its recovery: an upper bound)", "", *privacy_table(privacy), ""]
     write_md(RESULTS / f"{args.name}.md", md)
 
 

@@ -86,9 +86,15 @@ def by_kind_accuracy() -> str:
 
 
 def by_kind_privacy() -> str:
-    from benchmarks.local_baseline_by_kind import privacy_table
-    doc = _json("privacy_by_mechanism")
-    return _source("privacy_by_mechanism", doc) + "\n".join(privacy_table(doc)) + "\n"
+    """The GPU grid's privacy per kind, and the settings measured later (personal data at η 0)
+    from their own file."""
+    from benchmarks.local_baseline_by_kind import merged_privacy, privacy_table
+    later = "privacy_by_mechanism_personal_eta0"
+    doc = merged_privacy([RESULTS / "privacy_by_mechanism.json", RESULTS / f"{later}.json"])
+    extra = _source(later, _json(later)) if (RESULTS / f"{later}.json").exists() else ""
+    return (_source("privacy_by_mechanism", doc) + extra.replace("From ", "Settings it lacks "
+                                                                  "from ", 1)
+            + "\n".join(privacy_table(doc)) + "\n")
 
 
 def demo() -> str:

@@ -169,3 +169,70 @@ def test_the_rule_judges_a_by_kind_release_on_its_protected_tokens():
     assert not v.weak
     # uniform: the same figures, judged on all tokens
     assert judge({**ok, "protected_kinds": None}, backbone="none", min_p=0.5).weak
+
+
+def test_personal_eta_0_releases_a_uniform_draw_whatever_the_token(small_bert):
+    """η 0 on personal data: with noise too small to move a token, the release of "good" and of
+    "hated" alike is a uniform draw over the output vocabulary (chi-square over 20 bins of it),
+    and "good" comes out no more often for "good" than for "hated"; at the full η it does."""
+    from rapt.config import ETA_MAX
+    from rapt.privacy.mechanism import Privatizer, candidate_ids_from_tokenizer
+
+    emb = small_bert.embeddings.detach()
+    cand = candidate_ids_from_tokenizer(small_bert.tokenizer, emb.shape[0])
+    priv = Privatizer(emb, ETA_MAX, special_ids=small_bert.special_ids, candidate_ids=cand,
+                      seed=3)
+    a, b = (small_bert.tokenizer.convert_tokens_to_ids(w) for w in ("good", "hated"))
+    n = 4000
+    pos = {int(c): i for i, c in enumerate(priv.candidate_ids.tolist())}
+
+    def release(tok: int, scale: float) -> torch.Tensor:
+        return priv.privatize_ids(torch.full((n,), tok),
+                                  eta_scale=torch.full((n,), scale, dtype=torch.float64))
+
+    assert float((release(a, 1.0) == a).float().mean()) > 0.99  # this η keeps tokens
+    for tok in (a, b):
+        out = release(tok, 0.0)
+        bins = torch.bincount(torch.tensor([pos[int(t)] * 20 // len(pos) for t in out]),
+                              minlength=20)
+        assert stats.chisquare(bins.numpy()).pvalue > 1e-3
+    same = [int((release(t, 0.0) == a).sum()) for t in (a, b)]
+    assert max(same) <= 10  # about n / |vocabulary| each
+
+
+def test_personal_eta_0_swaps_only_personal_tokens_and_keeps_the_noise_stream(small_bert):
+    """Under eta_personal 0 a personal token's release differs from the strong-η one, while every
+    other token's is exactly that of the same policy without it (same noise slot)."""
+    plain = _custom(small_bert, KindPolicy("rare"))
+    rows = plain.rows(TEXTS)
+    base = plain.privatize(rows, measure=False, texts=TEXTS)
+    zero = _custom(small_bert, KindPolicy("rare", eta_personal=0.0))
+    got = zero.privatize(rows, measure=False, texts=TEXTS)
+    scales, _, classes = zero.kind_noise(rows, TEXTS)
+    n_personal = 0
+    for r, b, g, ks, sc in zip(rows, base, got, classes, scales, strict=True):
+        for x, yb, yg, k, s in zip(r, b, g, ks, sc.tolist(), strict=True):
+            if k == PERSONAL and x not in set(zero._special_ids()) and s == 0:
+                n_personal += 1
+            else:
+                assert yg == yb
+    assert n_personal >= 2
+    assert zero.kind_policy.class_etas(40.0)["personal"] == 0.0
+
+
+def test_personal_level_is_checked_recorded_and_read_back():
+    from rapt.privacy.by_kind import make_policy
+
+    with pytest.raises(ValueError, match="eta_personal"):
+        KindPolicy("rare", eta_personal=-1.0)
+    with pytest.raises(ValueError, match="above"):
+        make_policy(40.0, "rare", personal_eta=50.0)
+    # --personal-p 1 is η 0, and a personal level alone makes the uniform mechanism by-kind
+    pol = make_policy(40.0, "all", personal_p=1.0)
+    assert pol is not None and not pol.uniform and pol.eta_personal == 0.0
+    assert pol.protected_kinds(40.0) == ["rare", "personal"]
+    assert make_policy(40.0, "all") is None
+    rec = KindPolicy("rare", eta_personal=10.0).record(40.0)
+    assert rec["class_eta"] == {"personal": 10.0, "rare": 40.0, "frequent": None}
+    assert KindPolicy.from_record(rec) == KindPolicy("rare", eta_personal=10.0)
+    assert make_policy(40.0, "rare", personal_p=0.9, calibrate=lambda p: 20.0).eta_personal == 20.0

@@ -118,6 +118,10 @@ def test_tune_protect_all_releases_exactly_the_uniform_mechanism(tmp_path, monke
     (["--protect", "rare", "--other-eta", "-3"], "--other-eta"),
     (["--protect", "secret"], "--protect"),
     (["--other-p", "0.2"], "--other-p"),  # without --protect rare|personal
+    (["--personal-p", "0"], "--personal-p"),
+    (["--personal-p", "0.9", "--personal-eta", "0"], "--personal-eta"),
+    (["--protect", "rare", "--personal-eta", "3"], "--personal-eta"),  # above --eta 2
+    (["--personal-eta", "-1"], "--personal-eta"),
 ])
 def test_bad_by_kind_options_exit_2_naming_the_option(rare_run, tmp_path, extra, flag):
     _, bb, data, *_ = rare_run
@@ -177,7 +181,8 @@ def test_the_client_declares_the_policy_and_the_console_shows_it(service, tmp_pa
     c = RaptClient(api_key=key, backbone=bb, remote_backbone="tiny", http=tc, eta=5.0, seed=0,
                    kind_policy=KindPolicy("rare"))
     did = c.upload(write_csv(tmp_path / "d.csv"), max_length=32, holdout=False)
-    assert c.dataset(did)["privacy"] == DECL
+    assert c.dataset(did)["privacy"] == {**DECL, "by_kind": {**DECL["by_kind"],
+                                                            "eta_personal": None}}
     csrf = re.search(r'name="csrf" value="([^"]+)"', tc.get("/console/login").text).group(1)
     tc.post("/console/login", data={"csrf": csrf, "key": key}, follow_redirects=False)
     page = tc.get("/console/datasets").text
@@ -189,7 +194,11 @@ def test_a_bad_declaration_is_a_422_naming_the_field_and_stores_nothing(service)
     for by_kind, field in (({**DECL["by_kind"], "protect": "secret"}, "protect"),
                            ({**DECL["by_kind"], "frequent_rank": 500}, "frequent_rank"),
                            ({**DECL["by_kind"], "class_eta": {"personal": 5.0, "rare": 1.0,
-                                                             "frequent": None}}, "class_eta")):
+                                                             "frequent": None}}, "class_eta"),
+                           ({**DECL["by_kind"], "eta_personal": 6.0,
+                             "class_eta": {"personal": 6.0, "rare": 5.0, "frequent": None}},
+                            "eta_personal"),
+                           ({**DECL["by_kind"], "eta_personal": 0.0}, "class_eta.personal")):
         body = {**upload_body(), "privacy": {**DECL, "by_kind": by_kind}}
         r = tc.post("/v1/datasets", json=body, headers={"Authorization": f"Bearer {key}"})
         assert r.status_code == 422, r.text
@@ -297,3 +306,60 @@ def test_tune_measures_its_release_per_kind(rare_run):
     *_, output = rare_run
     assert "rare-word privacy" in output
     assert "rare-word and personal-data privacy not measured" not in output
+
+
+def test_personal_data_at_eta_0_is_declared_stored_and_taken_back(service, tmp_path):
+    """A client whose personal data gets η 0 declares it (class_eta.personal 0 and
+    eta_personal 0); the service stores it, the console says so, and a client querying the
+    prompt takes the same policy back."""
+    import re
+
+    from _service import write_csv
+
+    from rapt.client.client import RaptClient
+
+    tc, key, bb = service
+    policy = KindPolicy("rare", eta_personal=0.0)
+    c = RaptClient(api_key=key, backbone=bb, remote_backbone="tiny", http=tc, eta=5.0, seed=0,
+                   kind_policy=policy)
+    did = c.upload(write_csv(tmp_path / "d.csv"), max_length=32, holdout=False)
+    got = c.dataset(did)["privacy"]["by_kind"]
+    assert got["eta_personal"] == 0.0 and got["class_eta"]["personal"] == 0.0
+    csrf = re.search(r'name="csrf" value="([^"]+)"', tc.get("/console/login").text).group(1)
+    tc.post("/console/login", data={"csrf": csrf, "key": key}, follow_redirects=False)
+    assert "η personal 0 (independent of the token)" in tc.get("/console/datasets").text
+    q = RaptClient(api_key=key, backbone=bb, remote_backbone="tiny", http=tc)
+    q._prompt_info["p1"] = {"privacy": c.dataset(did)["privacy"]}
+    q.query_eta("p1")
+    assert q.kind_policy == policy
+
+
+def test_privatize_personal_p_1_records_eta_0_and_says_so(rare_run, tmp_path):
+    _, bb, data, *_ = rare_run
+    r = runner.invoke(app, ["privatize", str(data), str(tmp_path / "p.csv"), "--backbone", bb,
+                            "--eta", "2", "--noise-seed", "0", "--json-report",
+                            "--personal-p", "1"])
+    assert r.exit_code == 0, r.output
+    assert "personal data (Presidio) η = 0" in r.output
+    report = json.loads(r.output.strip().splitlines()[-1])
+    assert report["by_kind"]["protect"] == "all" and report["by_kind"]["eta_personal"] == 0.0
+    assert report["by_kind"]["class_eta"] == {"personal": 0.0, "rare": 2.0, "frequent": 2.0}
+    assert report["privacy"]["protected_kinds"] == ["rare", "personal"]
+
+
+def test_every_command_with_protect_takes_every_level_option():
+    import typer
+
+    def walk(cmd, path=()):
+        if hasattr(cmd, "list_commands"):  # a group (typer's own click, not the click package)
+            for name, sub in cmd.commands.items():
+                yield from walk(sub, (*path, name))
+        else:
+            yield " ".join(path), {o for p in cmd.params for o in getattr(p, "opts", [])}
+
+    levels = {"--frequent-rank", "--other-p", "--other-eta", "--personal-p", "--personal-eta"}
+    with_protect = {name: opts for name, opts in walk(typer.main.get_command(app))
+                    if "--protect" in opts}
+    assert {"tune", "predict", "privatize", "demo", "client upload", "client predict"} <= set(
+        with_protect)
+    assert {name: levels - opts for name, opts in with_protect.items() if levels - opts} == {}

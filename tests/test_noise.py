@@ -194,3 +194,17 @@ def test_large_os_draws_work_in_a_forked_child():
             os._exit(0 if ok else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_integers_are_uniform_and_seeded_draws_repeat():
+    from scipy import stats
+
+    from rapt.noise import NoiseSource
+
+    k = NoiseSource(7).integers(37, 37 * 400)
+    assert k.dtype == torch.int64 and int(k.min()) >= 0 and int(k.max()) < 37
+    assert stats.chisquare(torch.bincount(k, minlength=37).numpy()).pvalue > 1e-3
+    assert torch.equal(NoiseSource(7).integers(37, 100), NoiseSource(7).integers(37, 100))
+    assert NoiseSource().integers(1, 5).tolist() == [0] * 5
+    with pytest.raises(ValueError, match="high"):
+        NoiseSource().integers(0, 3)

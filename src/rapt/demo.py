@@ -106,6 +106,9 @@ class DemoConfig:
     frequent_rank: int = 1000
     other_p: float | None = None
     other_eta: float | None = None
+    # personal data's own level (P, 1: η 0; or η): None, the protected η
+    personal_p: float | None = None
+    personal_eta: float | None = None
     # Backbone passes (rapt.precision): auto = bf16 on CPUs with native bf16. In this very
     # setting bf16 and fp32 scored the same (-0.0 ± 0.2 points, 5 paired seeds:
     # benchmarks/results/precision.md) at 1.8x the prefix step speed.
@@ -127,7 +130,10 @@ class DemoConfig:
                              f"(got {self.precision!r})")
         from rapt.privacy.by_kind import KindPolicy
 
-        KindPolicy(self.protect, self.frequent_rank, self.other_eta)  # ValueError naming it
+        KindPolicy(self.protect, self.frequent_rank, self.other_eta,
+                   self.personal_eta)  # ValueError naming it
+        if self.personal_p is not None and not 0 < self.personal_p <= 1:
+            raise ValueError(f"DemoConfig.personal_p must lie in (0, 1] (got {self.personal_p})")
         if self.other_p is not None and not 0 < self.other_p < 1:
             raise ValueError(f"DemoConfig.other_p must lie strictly between 0 and 1 "
                              f"(got {self.other_p})")
@@ -291,10 +297,12 @@ def _kind_policy(config: DemoConfig, bb, eta: float) -> Any:
 
     try:
         return make_policy(eta, config.protect, config.frequent_rank, other_p=config.other_p,
-                           other_eta=config.other_eta,
+                           other_eta=config.other_eta, personal_p=config.personal_p,
+                           personal_eta=config.personal_eta,
                            calibrate=lambda p: calibrate_eta_public(bb, p))
     except ValueError as e:
-        name = "other_p" if config.other_p is not None else "other_eta"
+        which = "personal" if "personal" in str(e) else "other"
+        name = f"{which}_p" if getattr(config, f"{which}_p") is not None else f"{which}_eta"
         raise ValueError(f"DemoConfig.{name}: {e}") from None
 
 

@@ -202,6 +202,19 @@ class NoiseSource:
         g = torch.from_numpy(gammaincinv(float(shape_param), u))
         return g if device is None else g.to(device)
 
+    def integers(self, high: int, n: int) -> Tensor:
+        """n independent draws, each uniform on {0, ..., high − 1} exactly (int64, (n,)):
+        52-bit draws at or above the largest multiple of ``high`` are drawn again, so the
+        remainder carries no modulo bias."""
+        high = int(high)
+        if not 0 < high <= 2 ** BITS:
+            raise ValueError(f"high must lie in [1, 2**{BITS}], got {high}")
+        limit = (2 ** BITS // high) * high
+        k = self._bits(int(n))
+        while bool((bad := k >= limit).any()):
+            k[bad] = self._bits(int(bad.sum()))
+        return k % high
+
     def bernoulli(self, p: float, n: int) -> Tensor:
         """n independent Bernoulli(p) draws (bool, (n,)); Pr[True] is p to within 2**-52."""
         return self.uniform(int(n)) < float(p)

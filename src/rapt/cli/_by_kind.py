@@ -1,5 +1,6 @@
 """Noise by kind of token on the command line (--protect, --frequent-rank, --other-p,
---other-eta; their definitions are in :mod:`rapt.cli.options`): the checks every command
+--other-eta, --personal-p, --personal-eta; their definitions are in :mod:`rapt.cli.options`):
+the checks every command
 runs before any work, and the one function that builds the
 :class:`rapt.privacy.by_kind.KindPolicy` at the command's η."""
 
@@ -19,13 +20,20 @@ PROTECT_CHOICES = ("all", "rare", "personal")
 
 @dataclass(frozen=True)
 class KindOptions:
-    """The four options as typed. ``protect`` None: not given (`rapt predict`: the artifact's
-    policy)."""
+    """The options as typed. ``protect`` None: not given (`rapt predict`: the artifact's
+    policy, unless a personal-data level is given)."""
 
     protect: str | None = "all"
     frequent_rank: int = BAND_EDGES[1]
     other_p: float | None = None
     other_eta: float | None = None
+    personal_p: float | None = None
+    personal_eta: float | None = None
+
+    @property
+    def personal(self) -> bool:
+        """A level of its own for personal data was given."""
+        return self.personal_p is not None or self.personal_eta is not None
 
 
 def check_kind_options(o: KindOptions, *, private: bool = True) -> None:
@@ -48,8 +56,17 @@ def check_kind_options(o: KindOptions, *, private: bool = True) -> None:
     if (o.other_p is not None or o.other_eta is not None) and o.protect in (None, "all"):
         fail(f"{other} sets the noise of the unprotected tokens: give --protect rare or "
              "--protect personal with it (with --protect all every token gets the full noise)")
+    if o.personal_p is not None and o.personal_eta is not None:
+        fail("give --personal-p or --personal-eta, not both")
+    if o.personal_p is not None and not 0 < o.personal_p <= 1:
+        fail(f"--personal-p must lie in (0, 1] (got {o.personal_p}; 1: personal data's release "
+             "does not depend on it)")
+    if o.personal_eta is not None and o.personal_eta != 0 and eta_problem(o.personal_eta):
+        fail(f"--personal-eta must be 0 or {eta_problem(o.personal_eta)}")
     if not private and o.protect not in (None, "all"):
         fail(f"--protect {o.protect} noises tokens by kind: leave out --no-privacy")
+    if not private and o.personal:
+        fail("--personal-p / --personal-eta set personal data's noise: leave out --no-privacy")
 
 
 def kind_policy(bb: Any, eta: float | None, o: KindOptions) -> Any:
@@ -61,37 +78,58 @@ def kind_policy(bb: Any, eta: float | None, o: KindOptions) -> Any:
     from rapt.privacy.mechanism import calibrate_eta_public
 
     check_kind_options(o)
-    if eta is None or o.protect in (None, "all"):
+    if eta is None or (o.protect in (None, "all") and not o.personal):
         return None
     try:
-        policy = make_policy(eta, o.protect, o.frequent_rank, other_p=o.other_p,
-                             other_eta=o.other_eta,
+        policy = make_policy(eta, o.protect or "all", o.frequent_rank, other_p=o.other_p,
+                             other_eta=o.other_eta, personal_p=o.personal_p,
+                             personal_eta=o.personal_eta,
                              calibrate=lambda p: calibrate_eta_public(bb, p))
-    except ValueError:
-        from rapt.numfmt import eta as fmt
-
-        other = (calibrate_eta_public(bb, o.other_p) if o.other_p is not None
-                 else o.other_eta)
-        given = (f"--other-p {o.other_p:g} gives η = {fmt(other)}" if o.other_p is not None
-                 else f"--other-eta {fmt(other)}")
-        fail(f"{given}, below the protected tokens' η = {fmt(eta)}: the unprotected tokens "
-             "would get more noise than the protected ones; give "
-             + ("a smaller --other-p" if o.other_p is not None else "a larger --other-eta"))
+    except ValueError as e:
+        _fail_level(bb, eta, o, "personal" in str(e))
     echo_policy(policy, eta)
     return policy
+
+
+def _fail_level(bb: Any, eta: float, o: KindOptions, personal: bool) -> None:
+    """Exit 2: a class's level lies on the wrong side of the protected η."""
+    from rapt.numfmt import eta as fmt
+    from rapt.privacy.mechanism import calibrate_eta_public
+
+    if personal:
+        flag, p, given = "--personal", o.personal_p, o.personal_eta
+    else:
+        flag, p, given = "--other", o.other_p, o.other_eta
+    level = calibrate_eta_public(bb, p) if p is not None else given
+    said = f"{flag}-p {p:g} gives η = {fmt(level)}" if p is not None else \
+        f"{flag}-eta {fmt(level)}"
+    if personal:
+        fail(f"{said}, above the protected tokens' η = {fmt(eta)}: personal data would get "
+             "less noise than the other protected tokens; give "
+             + ("a larger --personal-p" if p is not None else "a smaller --personal-eta"))
+    fail(f"{said}, below the protected tokens' η = {fmt(eta)}: the unprotected tokens "
+         "would get more noise than the protected ones; give "
+         + ("a smaller --other-p" if p is not None else "a larger --other-eta"))
 
 
 def policy_text(policy: Any, eta: float) -> str:
     """One line: which tokens get η, and what the others get."""
     from rapt.numfmt import eta as fmt
 
-    what = {"rare": f"personal data and words outside the {policy.frequent_rank} most frequent "
-            "of rapt's public word list", "personal": "personal data (Presidio)"}
+    what = {"all": "every token", "rare": f"personal data and words outside the "
+            f"{policy.frequent_rank} most frequent of rapt's public word list",
+            "personal": "personal data (Presidio)"}
     rest = ("pass in clear" if policy.eta_other is None
             else f"get η = {fmt(policy.eta_other)}")
     others = "frequent words" if policy.protect == "rare" else "other tokens"
-    return (f"noise by kind of token (--protect {policy.protect}): {what[policy.protect]} get "
-            f"η = {fmt(eta)}; {others} {rest}")
+    line = (f"noise by kind of token (--protect {policy.protect}): {what[policy.protect]} get "
+            f"η = {fmt(eta)}" + ("" if policy.protect == "all" else f"; {others} {rest}"))
+    if policy.eta_personal == 0:
+        line += ("; personal data (Presidio) η = 0: each token swapped for a random one before "
+                 "the noise, its release does not depend on it")
+    elif policy.eta_personal is not None:
+        line += f"; personal data (Presidio) η = {fmt(policy.eta_personal)}"
+    return line
 
 
 def echo_policy(policy: Any, eta: float, *, prefix: str = "") -> None:

@@ -38,6 +38,8 @@ from rapt.cli.options import (
     NO_PRIVACY,
     OTHER_ETA,
     OTHER_P,
+    PERSONAL_ETA,
+    PERSONAL_P,
     PROTECT,
     TARGET_EP,
     TARGET_P,
@@ -115,7 +117,7 @@ def _kind_policy(c, kinds: KindOptions, prompt_id: str | None = None) -> None:
     check_kind_options(kinds, private=not c.no_privacy)
     if c.no_privacy:
         return
-    if kinds.protect is not None:
+    if kinds.protect is not None or kinds.personal:
         eta = _guard(lambda: c.query_eta(prompt_id) if prompt_id else c.resolved_eta())
         c.set_kind_policy(kind_policy(c.backbone, eta, kinds) or KindPolicy())
 
@@ -202,6 +204,7 @@ def client_upload(
     eta: float | None = ETA_OPT, no_privacy: bool = NOPRIV_OPT, backbone: str = BB_OPT,
     protect: str = PROTECT, frequent_rank: int = FREQUENT_RANK,
     other_p: float | None = OTHER_P, other_eta: float | None = OTHER_ETA,
+    personal_p: float | None = PERSONAL_P, personal_eta: float | None = PERSONAL_ETA,
     text_column: str | None = TEXT_COLUMN, label_column: str | None = LABEL_COLUMN,
     text_pair_column: str | None = TEXT_PAIR_OPT,
     target_p: float | None = TARGET_P_OPT, target_ep: float | None = TARGET_EP_OPT,
@@ -233,7 +236,7 @@ def client_upload(
     target_p = privacy_level(eta, target_p, target_ep, no_privacy, clear=None, protect=protect)
     if target_ep is not None:
         eta = eta_for_target_ep(backbone, target_ep)
-    kinds = KindOptions(protect, frequent_rank, other_p, other_eta)
+    kinds = KindOptions(protect, frequent_rank, other_p, other_eta, personal_p, personal_eta)
     check_kind_options(kinds, private=not no_privacy)
     c = _client(url, key, backbone, eta, no_privacy, seed, min_p, target_p=target_p,
                 plain_tokens=plain_len, pad_to_bucket=pad_to_bucket)
@@ -474,6 +477,7 @@ def client_predict(
                                         "prompt's dataset was uploaded from it)"),
     protect: str | None = PROTECT_PREDICT_OPT, frequent_rank: int = FREQUENT_RANK,
     other_p: float | None = OTHER_P, other_eta: float | None = OTHER_ETA,
+    personal_p: float | None = PERSONAL_P, personal_eta: float | None = PERSONAL_ETA,
     out: Path | None = typer.Option(None, "--out", help="write every prediction to this file, "
                                     "JSONL or CSV by its suffix (default: a summary and the "
                                     "first rows)"),
@@ -507,7 +511,8 @@ def client_predict(
 
     check_out_or_fail(out)
     c = _client(url, key, backbone, eta, no_privacy, min_p=min_p, pad_to_bucket=pad_to_bucket)
-    _kind_policy(c, KindOptions(protect, frequent_rank, other_p, other_eta), prompt_id)
+    _kind_policy(c, KindOptions(protect, frequent_rank, other_p, other_eta, personal_p,
+                                    personal_eta), prompt_id)
     names = split_names(label_names) or _guard(lambda: c.label_names_for(prompt_id))
     src = inputs[0] if len(inputs) == 1 and os.path.exists(inputs[0]) else inputs
     if not isinstance(src, list):

@@ -68,11 +68,19 @@ OTHER_P_HELP = ("with --protect rare|personal: noise the unprotected tokens at t
                 "this P on rapt's public text sample (as --target-p), at most the protected P")
 OTHER_ETA_HELP = ("with --protect rare|personal: noise the unprotected tokens at this η (at least "
                   "the protected η)")
+PERSONAL_P_HELP = ("give personal data (Presidio's spans) a level of its own, at the η that "
+                   "gives this P on rapt's public text sample, at least the protected P; 1: each "
+                   "personal token is swapped for a random one before the noise (η 0: its "
+                   "release does not depend on it); with any --protect")
+PERSONAL_ETA_HELP = ("personal data's η (at most the protected η; 0: its release does not "
+                     "depend on it, as --personal-p 1)")
 PROTECT = typer.Option("all", "--protect", help=PROTECT_HELP)
 # by_kind.DEFAULT_FREQUENT_RANK (1000); that module imports torch, which `rapt --help` must not
 FREQUENT_RANK = typer.Option(BAND_EDGES[1], "--frequent-rank", help=FREQUENT_RANK_HELP)
 OTHER_P = typer.Option(None, "--other-p", help=OTHER_P_HELP)
 OTHER_ETA = typer.Option(None, "--other-eta", help=OTHER_ETA_HELP)
+PERSONAL_P = typer.Option(None, "--personal-p", help=PERSONAL_P_HELP)
+PERSONAL_ETA = typer.Option(None, "--personal-eta", help=PERSONAL_ETA_HELP)
 
 # -- compute ------------------------------------------------------------------------------------
 PRECISION = typer.Option(None, "--precision", help=PRECISION_HELP)

@@ -37,6 +37,8 @@ from rapt.cli.options import (
     NO_PRIVACY,
     OTHER_ETA,
     OTHER_P,
+    PERSONAL_ETA,
+    PERSONAL_P,
     PRECISION,
     TEXT_COLUMN,
     TEXT_PAIR_COLUMN,
@@ -69,6 +71,8 @@ class PredictOptions:
     frequent_rank: int
     other_p: float | None
     other_eta: float | None
+    personal_p: float | None
+    personal_eta: float | None
     out: Path | None
     noise_seed: int | None
     json_report: bool
@@ -177,6 +181,7 @@ def predict(
                                               "in ARTIFACT"),
     frequent_rank: int = FREQUENT_RANK,
     other_p: float | None = OTHER_P, other_eta: float | None = OTHER_ETA,
+    personal_p: float | None = PERSONAL_P, personal_eta: float | None = PERSONAL_ETA,
     out: Path | None = typer.Option(None, help=_PREDICT_HELP["out"]),
     noise_seed: int | None = typer.Option(None, help=_PREDICT_HELP["noise_seed"]),
     json_report: bool = typer.Option(False, "--json-report", help=_PREDICT_HELP["json_report"]),
@@ -269,7 +274,8 @@ def _remote_probs(o: PredictOptions, tuned, ds):
 
 
 def _kinds(o: PredictOptions) -> KindOptions:
-    return KindOptions(o.protect, o.frequent_rank, o.other_p, o.other_eta)
+    return KindOptions(o.protect, o.frequent_rank, o.other_p, o.other_eta, o.personal_p,
+                       o.personal_eta)
 
 
 def _query_policy(o: PredictOptions, tuned, bb, eta: float | None):
@@ -279,7 +285,7 @@ def _query_policy(o: PredictOptions, tuned, bb, eta: float | None):
 
     if eta is None:
         return None
-    if o.protect is not None:
+    if o.protect is not None or _kinds(o).personal:
         return kind_policy(bb, eta, _kinds(o)) or KindPolicy()
     rec = tuned.meta.get("by_kind")
     if not rec:
@@ -288,8 +294,8 @@ def _query_policy(o: PredictOptions, tuned, bb, eta: float | None):
     try:
         policy.check_against(eta)
     except ValueError as e:
-        fail(f"{o.artifact} was tuned with noise by kind of token whose unprotected tokens get "
-             f"η = {policy.eta_other:g}, below --eta {eta:g} ({e}); give --protect too")
+        fail(f"{o.artifact} was tuned with noise by kind of token that does not fit --eta "
+             f"{eta:g} ({e}); give --protect too")
     echo_policy(policy, eta, prefix="queries as the prompt was tuned (--protect overrides): ")
     return policy
 

@@ -31,6 +31,8 @@ from rapt.cli.options import (
     MIN_P,
     OTHER_ETA,
     OTHER_P,
+    PERSONAL_ETA,
+    PERSONAL_P,
     PROTECT,
     TARGET_EP,
     TARGET_P,
@@ -196,6 +198,7 @@ def privatize(
     target_ep: float | None = TARGET_EP, min_p: float = MIN_P,
     protect: str = PROTECT, frequent_rank: int = FREQUENT_RANK,
     other_p: float | None = OTHER_P, other_eta: float | None = OTHER_ETA,
+    personal_p: float | None = PERSONAL_P, personal_eta: float | None = PERSONAL_ETA,
     backbone: str = typer.Option("minilm", "--backbone", "-b",
                                  help="embedding model: minilm, mpnet, smollm2-135m, hub id "
                                       "or path"),
@@ -224,7 +227,8 @@ def privatize(
     Prints η, the measured replacement probability P, the nearest-neighbour inversion success,
     the shipped attack table's strongest attacker at that η and the throughput."""
     check_eta_options(eta, target_p, target_ep)
-    check_kind_options(kinds := KindOptions(protect, frequent_rank, other_p, other_eta))
+    check_kind_options(kinds := KindOptions(protect, frequent_rank, other_p, other_eta,
+                                                  personal_p, personal_eta))
     _check_options(mode, chunk_size, pieces)
     format_opt = None if fmt == "auto" else fmt
     ds = _load(input, split, format_opt, text_column, text_pair_column)
@@ -334,8 +338,7 @@ def _privatize_report(res, priv, *, target_p: float | None, src: Path, output: P
                              classes=classes, frequent_rank=getattr(policy, "frequent_rank",
                                                                     None))
     if policy is not None and not policy.uniform:
-        privacy["protected_kinds"] = [k for k in ("rare", "personal")
-                                      if policy.class_etas(eta)[k] == eta]
+        privacy["protected_kinds"] = policy.protected_kinds(eta)
     report = {"input": str(src), "output": str(output), "format": fmt,
               "examples": examples, "tokens": int(st.get("tokens", 0)), "eta": eta,
               "p": res.p, "inversion_success": privacy["inversion_success"], "mode": mode,

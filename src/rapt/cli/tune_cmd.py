@@ -49,6 +49,8 @@ from rapt.cli.options import (
     NO_PRIVACY,
     OTHER_ETA,
     OTHER_P,
+    PERSONAL_ETA,
+    PERSONAL_P,
     PRECISION,
     PROTECT,
     TARGET_EP,
@@ -96,6 +98,8 @@ class TuneOptions:
     frequent_rank: int
     other_p: float | None
     other_eta: float | None
+    personal_p: float | None
+    personal_eta: float | None
     reconstruction: bool
     plain_len: int
     plain_tokens: str | None
@@ -187,6 +191,7 @@ def tune(
     min_p: float = MIN_P,
     protect: str = PROTECT, frequent_rank: int = FREQUENT_RANK,
     other_p: float | None = OTHER_P, other_eta: float | None = OTHER_ETA,
+    personal_p: float | None = PERSONAL_P, personal_eta: float | None = PERSONAL_ETA,
     reconstruction: bool = typer.Option(_d("reconstruction"), help=_TUNE_HELP["reconstruction"]),
     plain_len: int = typer.Option(DEFAULT_PLAIN_TOKENS, help="number of plain tokens m"),
     plain_tokens: str | None = typer.Option(None, help="plain tokens as text (default: random)"),
@@ -259,7 +264,8 @@ def _customization(o: TuneOptions, bb, eta, target_p, encoding, cfg, dp: bool):
 
 
 def _kinds(o: TuneOptions) -> KindOptions:
-    return KindOptions(o.protect, o.frequent_rank, o.other_p, o.other_eta)
+    return KindOptions(o.protect, o.frequent_rank, o.other_p, o.other_eta, o.personal_p,
+                       o.personal_eta)
 
 
 def _user_side(custom, tuned, everything, held, o: TuneOptions) -> None:

@@ -472,7 +472,8 @@ class RaptClient:
                "embedding": self.remote_backbone, "nn_mode": self.mode}
         rec = self.customization.kind_record()
         if rec is not None:  # the policy and each class's η only: no statistic of the rows
-            out["by_kind"] = {k: rec[k] for k in ("protect", "frequent_rank", "class_eta")}
+            out["by_kind"] = {k: rec[k] for k in ("protect", "frequent_rank", "class_eta",
+                                                  "eta_personal") if k in rec}
         return out
 
     # -- HTTP (rapt.http.HttpSession: errors as ServiceError) -----------------------------------

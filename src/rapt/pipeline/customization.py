@@ -322,9 +322,8 @@ class Customization:
         if self.channel is not None and self.channel.attacker is not None:
             self.privacy["channel"] = self._channel_privacy(clean, private, text_classes)
         if self.by_kind:  # the rule judges what the policy protects (rapt.privacy.rule)
-            self.privacy["protected_kinds"] = [
-                k for k in ("rare", "personal")
-                if self.kind_policy.class_etas(self.privatizer.eta)[k] == self.privatizer.eta]
+            self.privacy["protected_kinds"] = self.kind_policy.protected_kinds(
+                self.privatizer.eta)
         return self.privacy
 
     def _channel_privacy(self, clean: Sequence[Sequence[int]],

@@ -11,11 +11,14 @@ words. A :class:`KindPolicy` sorts every text token into one of three classes:
 
 ``protect`` says which classes get the policy's η (the strong noise): ``all`` (every class: the
 uniform mechanism), ``rare`` (personal and rare) or ``personal`` (personal only). The other
-classes get ``eta_other`` (weaker noise), or pass in clear when it is None.
+classes get ``eta_other`` (weaker noise), or pass in clear when it is None. ``eta_personal``
+gives personal data a stronger noise still (a smaller η); at 0 a personal token is swapped for a
+uniformly drawn one before the noise, so the release does not depend on it at all.
 
 What is guaranteed (THREAT_MODEL.md, "Noise by kind of token"): for two texts whose tokens fall
 in the same classes position by position, the release's probability ratio is at most
-exp(Σ_i η_c(i)·‖x_i − x'_i‖): dχ per class at that class's η. Nothing is promised between
+exp(Σ_i η_c(i)·‖x_i − x'_i‖): dχ per class at that class's η (a ratio of 1 between any two
+personal tokens at η_personal 0). Nothing is promised between
 tokens of different classes (a token in clear is distinguishable from any other token), and the
 class of a position is a function of the text that the release reveals in part. Tokens the
 classifier cannot place (positions that do not line up with the text, the plain tokens of
@@ -47,12 +50,14 @@ _PROTECTED = {"all": (PERSONAL, RARE, FREQUENT), "rare": (PERSONAL, RARE),
 @dataclass(frozen=True)
 class KindPolicy:
     """Which classes get the strong noise (``protect``), where "frequent" ends
-    (``frequent_rank``: 100, 1,000 or 10,000 public words) and the η of the unprotected
-    classes (``eta_other``; None: released in clear). The strong η is the privatizer's."""
+    (``frequent_rank``: 100, 1,000 or 10,000 public words), the η of the unprotected
+    classes (``eta_other``; None: released in clear) and of personal data (``eta_personal``;
+    None: the strong η; 0: independent of the token). The strong η is the privatizer's."""
 
     protect: str = "all"
     frequent_rank: int = DEFAULT_FREQUENT_RANK
     eta_other: float | None = None
+    eta_personal: float | None = None
 
     def __post_init__(self) -> None:
         if self.protect not in PROTECT:
@@ -65,25 +70,41 @@ class KindPolicy:
             problem = eta_problem(float(self.eta_other))
             if problem:
                 raise ValueError(f"eta_other {problem}")
+        if self.eta_personal is not None and not (
+                self.eta_personal == 0 or not eta_problem(float(self.eta_personal))):
+            raise ValueError(f"eta_personal must be 0 or {eta_problem(self.eta_personal)}")
 
     @property
     def uniform(self) -> bool:
-        """True when every token gets the same η (``protect="all"``)."""
-        return self.protect == "all"
+        """True when every token gets the same η (``protect="all"``, no personal η)."""
+        return self.protect == "all" and self.eta_personal is None
 
     def protected(self, cls: int) -> bool:
         return cls in _PROTECTED[self.protect]
 
     def class_etas(self, eta: float) -> dict[str, float | None]:
         """η of each class (None: in clear) when the strong η is ``eta``."""
-        return {name: float(eta) if self.protected(i) else self.eta_other
-                for i, name in enumerate(CLASSES)}
+        out = {name: float(eta) if self.protected(i) else self.eta_other
+               for i, name in enumerate(CLASSES)}
+        if self.eta_personal is not None:
+            out["personal"] = float(self.eta_personal)
+        return out
+
+    def protected_kinds(self, eta: float) -> list[str]:
+        """The reported kinds ("rare", "personal") that get at least the strong noise: the ones
+        the privacy rule judges (:mod:`rapt.privacy.rule`)."""
+        etas = self.class_etas(eta)
+        return [k for k in ("rare", "personal") if etas[k] is not None and etas[k] <= eta]
 
     def check_against(self, eta: float) -> None:
-        """The unprotected classes must not get *more* noise than the protected ones."""
-        if self.eta_other is not None and self.eta_other < eta and not self.uniform:
+        """The unprotected classes must not get *more* noise than the protected ones, nor
+        personal data less."""
+        if self.eta_other is not None and self.eta_other < eta and self.protect != "all":
             raise ValueError(f"eta_other {self.eta_other:g} is below the protected classes' "
                              f"η {eta:g}: it would noise frequent words more than rare ones")
+        if self.eta_personal is not None and self.eta_personal > eta:
+            raise ValueError(f"eta_personal {self.eta_personal:g} is above the protected "
+                             f"classes' η {eta:g}: it would noise personal data less")
 
     @classmethod
     def from_record(cls, record: Mapping) -> KindPolicy:
@@ -92,8 +113,10 @@ class KindPolicy:
         etas = record.get("class_eta") or {}
         protect = str(record.get("protect", "all"))
         other = etas.get("frequent") if protect != "all" else None
+        personal = record.get("eta_personal")
         return cls(protect, int(record.get("frequent_rank", DEFAULT_FREQUENT_RANK)),
-                   None if other is None else float(other))
+                   None if other is None else float(other),
+                   None if personal is None else float(personal))
 
     def record(self, eta: float, frequencies: WordFrequencies | None = None,
                detector: dict | None = None) -> dict:
@@ -101,6 +124,8 @@ class KindPolicy:
         detector that decided the classes."""
         out: dict = {"protect": self.protect, "frequent_rank": self.frequent_rank,
                      "class_eta": self.class_etas(eta)}
+        if self.eta_personal is not None:
+            out["eta_personal"] = float(self.eta_personal)
         if frequencies is not None:
             words = "\n".join(f"{w}\t{c}" for w, c in sorted(frequencies.counts.items()))
             out["word_list_sha256"] = hashlib.sha256(words.encode()).hexdigest()
@@ -111,18 +136,26 @@ class KindPolicy:
 
 def make_policy(eta: float, protect: str, frequent_rank: int = DEFAULT_FREQUENT_RANK, *,
                 other_p: float | None = None, other_eta: float | None = None,
+                personal_p: float | None = None, personal_eta: float | None = None,
                 calibrate: Callable[[float], float] | None = None) -> KindPolicy | None:
-    """The policy of users' options at the protected η ``eta`` (None for ``protect="all"``):
+    """The policy of users' options at the protected η ``eta`` (None for uniform noise):
     the unprotected classes' η is ``other_eta``, or ``calibrate(other_p)`` (the η that gives
-    that P, calibrated as every level is). ValueError when it lies below ``eta``."""
-    if protect == "all":
-        return None
-    other = other_eta
-    if other_p is not None:
+    that P, calibrated as every level is); personal data's is ``personal_eta``, or
+    ``calibrate(personal_p)`` (``personal_p`` 1: η 0). ValueError when the unprotected η lies
+    below ``eta`` or personal data's above it."""
+    def level(p: float | None, given: float | None, name: str) -> float | None:
+        if p is None:
+            return given
+        if p == 1 and name == "personal_p":
+            return 0.0
         if calibrate is None:
-            raise ValueError("other_p needs calibrate (P -> η)")
-        other = calibrate(other_p)
-    policy = KindPolicy(protect, frequent_rank, other)
+            raise ValueError(f"{name} needs calibrate (P -> η)")
+        return calibrate(p)
+
+    personal = level(personal_p, personal_eta, "personal_p")
+    if protect == "all" and personal is None:
+        return None
+    policy = KindPolicy(protect, frequent_rank, level(other_p, other_eta, "other_p"), personal)
     policy.check_against(eta)
     return policy
 
@@ -197,6 +230,8 @@ def row_noise(rows: Sequence[Sequence[int]], texts: Sequence[str],
         c2 = dict(zip(have, classes_of(k2, policy.frequent_rank), strict=True))
         ids2 = dict(zip(have, k2.ids, strict=True))
     other = None if policy.eta_other is None else float(policy.eta_other) / float(eta)
+    personal = (None if policy.eta_personal is None
+                else float(policy.eta_personal) / float(eta))
     scales, clear, classes = [], [], []
     for i, row in enumerate(rows):
         segs = [k1.ids[i]] + ([ids2[i]] if i in c2 else [])
@@ -206,6 +241,8 @@ def row_noise(rows: Sequence[Sequence[int]], texts: Sequence[str],
         scale = torch.ones(len(row), dtype=torch.float64)
         if other is not None:
             scale[weak] = other
+        if personal is not None:
+            scale[torch.tensor([c == PERSONAL for c in got], dtype=torch.bool)] = personal
         clear.append(weak if other is None else torch.zeros(len(row), dtype=torch.bool))
         scales.append(scale)
         classes.append(got)

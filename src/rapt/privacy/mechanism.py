@@ -172,6 +172,7 @@ class Privatizer:
         self.mode = index.mode  # a shared, prebuilt index decides the search
         self.seed = seed
         self.noise = NoiseSource(seed)
+        self._redaction = self.noise.derive("eta-0 draws")  # see _redacted
         self.last_stats: dict[str, float] = {}
 
     @property
@@ -201,9 +202,33 @@ class Privatizer:
             raise ValueError(f"eta_scale must have the ids' shape {tuple(shape)}, got "
                              f"{tuple(scale.shape)}")
         scale = scale[mask]
-        if scale.numel() and not (torch.isfinite(scale).all() and (scale > 0).all()):
-            raise ValueError("eta_scale must be positive and finite")
+        if scale.numel() and not (torch.isfinite(scale).all() and (scale >= 0).all()):
+            raise ValueError("eta_scale must be finite and non-negative")
         return scale * self.eta
+
+    def _redacted(self, flat: Tensor, etas: Tensor | None, noise: NoiseSource | None
+                  ) -> tuple[Tensor, Tensor | None]:
+        """η 0 (a scale of 0): dχ's limit, a release that does not depend on the token. Each
+        such token is swapped for one drawn uniformly from the output vocabulary, which is then
+        noised at the full η like any other (so the release looks like the rest). The draws
+        come from ``noise`` when given, else from a stream of their own: the k-th token's
+        noise is the same with or without tokens at η 0."""
+        if etas is None or not bool((zero := etas == 0).any()):
+            return flat, etas
+        pool = self._outputs()
+        source = noise if noise is not None else self._redaction
+        flat, etas = flat.clone(), etas.clone()
+        pick = source.integers(pool.numel(), int(zero.sum())).to(self.device)
+        flat[zero] = pool[pick]
+        etas[zero] = self.eta
+        return flat, etas
+
+    def _outputs(self) -> Tensor:
+        """The ids a release can hold: the candidates, else every id but the specials."""
+        if self.candidate_ids is not None:
+            return self.candidate_ids
+        every = torch.arange(self.embeddings.shape[0], device=self.device)
+        return every[self._perturbable(every)]
 
     @property
     def seeded(self) -> bool:
@@ -244,7 +269,7 @@ class Privatizer:
         gen = noise or self.noise
         mask = self._perturbable(ids)
         etas = self._etas(eta_scale, ids.shape, mask)
-        flat = ids[mask]
+        flat, etas = self._redacted(ids[mask], etas, noise)
         out = self.embeddings[ids].clone()
         blocks: dict = {}
         rows = [self._noised_rows(flat, etas, gen, s, min(s + self.chunk_size, flat.numel()),
@@ -259,7 +284,8 @@ class Privatizer:
                       passthrough: Tensor | None = None) -> Tensor:
         """Privatized token ids, same shape as ``ids``; special ids pass through unchanged.
 
-        ``eta_scale`` (same shape as ids) multiplies η per token (CTI: > 1 = less noise).
+        ``eta_scale`` (same shape as ids) multiplies η per token (CTI: > 1 = less noise; 0:
+        the token is swapped for a uniform draw before the noise, see :meth:`_redacted`).
         ``passthrough`` (bool, same shape): non-special positions released unchanged (CTI's
         multiplier ∞). They still take their slot of the noise stream and discard it, so the
         k-th non-special position's noise is the same whichever positions pass through: with
@@ -272,12 +298,13 @@ class Privatizer:
         etas = self._etas(eta_scale, ids.shape, mask)
         flat = ids[mask]
         skip = self._passthrough(passthrough, ids.shape, mask)
+        source, etas = self._redacted(flat, etas, noise)
         out_flat = flat.clone()
         blocks: dict = {}
         t0 = time.perf_counter()
         for s in range(0, flat.numel(), self.chunk_size):
             e = min(s + self.chunk_size, flat.numel())
-            y = self._noised_rows(flat, etas, gen, s, e, blocks)
+            y = self._noised_rows(source, etas, gen, s, e, blocks)
             live = torch.arange(s, e, device=self.device)
             if skip is not None:
                 live = live[~skip[s:e]]

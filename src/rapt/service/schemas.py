@@ -64,7 +64,8 @@ class ClassEtas(BaseModel):
 
     model_config = REQUEST
 
-    personal: float | None = Field(ge=ETA_MIN, le=ETA_MAX, description="personal-data spans")
+    personal: float | None = Field(ge=0, le=ETA_MAX, description="personal-data spans (0: each "
+                                   "token swapped for a random one before the noise)")
     rare: float | None = Field(ge=ETA_MIN, le=ETA_MAX, description="words outside the "
                                "frequent_rank most frequent of rapt's public word list")
     frequent: float | None = Field(ge=ETA_MIN, le=ETA_MAX, description="the other words")
@@ -82,6 +83,9 @@ class KindDeclaration(BaseModel):
     frequent_rank: Literal[100, 1000, 10000] = Field(
         description="rare: outside this many most frequent words of rapt's public word list")
     class_eta: ClassEtas
+    eta_personal: float | None = Field(
+        None, ge=0, le=ETA_MAX, description="personal data's own η, at most eta (0: its release "
+        "does not depend on it); null: personal data gets its class's η")
 
 
 class PrivacyDeclaration(BaseModel):
@@ -119,9 +123,18 @@ class PrivacyDeclaration(BaseModel):
         if self.eta is None:
             raise ValueError("by_kind needs mechanism 'dchi-text2text' and its eta")
         policy, etas = KindPolicy(kinds.protect, kinds.frequent_rank), kinds.class_eta
+        if kinds.eta_personal is not None:
+            if kinds.eta_personal > self.eta:
+                raise ValueError(f"by_kind.eta_personal = {kinds.eta_personal:g} is above eta "
+                                 f"({self.eta:g}): personal data gets at least eta's noise")
+            if etas.personal != kinds.eta_personal:
+                raise ValueError("by_kind.class_eta.personal must be by_kind.eta_personal "
+                                 f"({kinds.eta_personal:g})")
         others = set()
         for i, name in enumerate(CLASSES):
             got = getattr(etas, name)
+            if name == "personal" and kinds.eta_personal is not None:
+                continue
             if policy.protected(i) and got != self.eta:
                 raise ValueError(f"by_kind.class_eta.{name} must be eta ({self.eta:g}): "
                                  f"protect '{kinds.protect}' protects the {name} class")
