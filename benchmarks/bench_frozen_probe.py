@@ -10,9 +10,7 @@ Mechanisms, all at the η ``calibrate_eta_public`` gives for the backbone:
 * ``uniform``: every text token at the η of P ``--p`` (0.6);
 * ``rare``: ``KindPolicy("rare")``: personal data and words outside the 1,000 most frequent
   public words at that η, the frequent words in clear;
-* ``rare+weak``: the same, the frequent words at the weaker η of P ``--p-other`` (0.2);
-* ``rare+personal0``: ``rare`` with personal data at η 0 (each personal token swapped for a
-  uniform draw before the noise: its release does not depend on it), compared with ``rare``.
+* ``rare+weak``: the same, the frequent words at the weaker η of P ``--p-other`` (0.2).
 
 Paired: one seed = one training sample and one noise seed for every mechanism and backbone;
 the evaluation rows are the same for all. The difference by-kind − uniform gets a 95 % CI by a
@@ -47,8 +45,7 @@ TASKS = {"sst2": (("sst2-sentences", "train"), [("sst2-sentences", "dev")]),
          "trec": (("trec", "train"), [("trec", "test")]),
          "fp": (("financial_phrasebank", "train"),
                 [("financial_phrasebank", "dev"), ("financial_phrasebank", "test")])}
-MECHANISMS = ("clean", "uniform", "rare", "rare+weak", "rare+personal0")
-DEFAULT_MECHANISMS = MECHANISMS[:4]
+MECHANISMS = ("clean", "uniform", "rare", "rare+weak")
 CS = [0.001, 0.01, 0.1, 1.0, 10.0]
 BOOT = 2000
 
@@ -155,8 +152,7 @@ def release(bb, mech: str, etas: dict, seed: int, rows: dict, texts: dict, spans
     if mech == "clean":
         return rows["train"], rows["eval"]
     policy = {"uniform": None, "rare": KindPolicy("rare"),
-              "rare+weak": KindPolicy("rare", eta_other=etas["other"]),
-              "rare+personal0": KindPolicy("rare", eta_personal=0.0)}[mech]
+              "rare+weak": KindPolicy("rare", eta_other=etas["other"])}[mech]
     custom = Customization.create(bb, eta=etas["strong"], noise_seed=seed, kind_policy=policy,
                                   personal_spans=spans.of(texts["train"] + texts["eval"]))
     return tuple(custom.privatize(rows[s], texts=texts[s], measure=False)
@@ -228,13 +224,10 @@ def summarize(backbones: dict, seeds: list[int]) -> list[dict]:
                                     for m, v in by.items()},
                    "n_train": by[next(iter(by))][0]["n_train"],
                    "n_eval": by[next(iter(by))][0]["n_eval"], "diff_vs_uniform": {}}
-            for m in ("rare", "rare+weak", "rare+personal0", "clean"):
+            for m in ("rare", "rare+weak", "clean"):
                 if m in by and "uniform" in by:
                     row["diff_vs_uniform"][m] = paired_diff([c["right"] for c in by[m]],
                                                             [c["right"] for c in by["uniform"]])
-            if "rare+personal0" in by and "rare" in by:  # what η 0 on personal data costs
-                row["diff_vs_rare"] = {"rare+personal0": paired_diff(
-                    [c["right"] for c in by["rare+personal0"]], [c["right"] for c in by["rare"]])}
             out.append(row)
     return out
 
@@ -270,24 +263,17 @@ def markdown(doc: dict) -> list[str]:
     etas = ", ".join(f"{n}: η {e['etas']['strong']:.2f} (P {e['etas']['strong_p']}), "
                      f"{e['etas']['other']:.2f} (P {e['etas']['other_p']})"
                      for n, e in doc["backbones"].items())
-    run = [m for m in MECHANISMS if any(m in r["accuracy"] for r in doc["summary"])]
-    kinds = [m for m in run if m not in ("clean", "uniform")]
-    vs_rare = "rare+personal0" in run and "rare" in run
     lines += [f"η per backbone: {etas}.", "",
-              "| task | backbone | train / eval | " + " | ".join(run) + " | "
-              + " | ".join(f"Δ {m} − uniform" for m in kinds)
-              + (" | Δ rare+personal0 − rare" if vs_rare else "")
-              + " | P " + " / ".join(m for m in run if m != "clean") + " |",
-              "|" + "---|" * (4 + len(run) + len(kinds) + vs_rare)]
+              "| task | backbone | train / eval | clean | uniform | rare | rare+weak | "
+              "Δ rare − uniform | Δ rare+weak − uniform | P uniform / rare / rare+weak |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in doc["summary"]:
         acc, pp, d = r["accuracy"], r["p_all_tokens"], r["diff_vs_uniform"]
-        cells = [_pct(acc[m]) if m in acc else "–" for m in run]
-        diffs = [_diff(d.get(m)) for m in kinds]
-        if vs_rare:
-            diffs.append(_diff((r.get("diff_vs_rare") or {}).get("rare+personal0")))
-        ps = " / ".join(f"{pp[m]:.2f}" if m in pp else "–" for m in run if m != "clean")
+        cells = [_pct(acc[m]) if m in acc else "–" for m in MECHANISMS]
+        ps = " / ".join(f"{pp[m]:.2f}" if m in pp else "–" for m in MECHANISMS[1:])
         lines.append(f"| {r['task']} | {r['backbone']} | {r['n_train']} / {r['n_eval']} | "
-                     + " | ".join(cells + diffs) + f" | {ps} |")
+                     + " | ".join(cells) + f" | {_diff(d.get('rare'))} | "
+                     f"{_diff(d.get('rare+weak'))} | {ps} |")
     return lines
 
 
@@ -299,10 +285,9 @@ def plot(doc: dict, path: Path) -> None:
 
     rows = doc["summary"]
     fig, ax = plt.subplots(figsize=(max(6.0, 1.4 * len(rows)), 4.0))
-    run = [m for m in MECHANISMS if any(m in r["accuracy"] for r in rows)]
-    width = 0.8 / len(run)
-    for j, m in enumerate(run):
-        ax.bar([i + (j - (len(run) - 1) / 2) * width for i in range(len(rows))],
+    width = 0.8 / len(MECHANISMS)
+    for j, m in enumerate(MECHANISMS):
+        ax.bar([i + (j - 1.5) * width for i in range(len(rows))],
                [r["accuracy"].get(m, np.nan) for r in rows], width, label=m)
     ax.set_xticks(range(len(rows)), [f"{r['task']}\n{r['backbone']}" for r in rows])
     ax.set_ylabel("probe accuracy (released eval rows)")
@@ -317,8 +302,7 @@ def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backbones", nargs="+", default=["minilm", "mpnet"])
     ap.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
-    ap.add_argument("--mechanisms", nargs="+", default=list(DEFAULT_MECHANISMS),
-                    choices=MECHANISMS)
+    ap.add_argument("--mechanisms", nargs="+", default=list(MECHANISMS), choices=MECHANISMS)
     ap.add_argument("--train", type=int, default=2000, help="training rows per seed (0: all)")
     ap.add_argument("--eval", type=int, default=0,
                     help="evaluation rows (0: all; else a fixed sample, the same every seed)")

@@ -95,8 +95,13 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--guesses", default=str(RESULTS / "kind_attack"))
-    ap.add_argument("--etas", required=True)
-    ap.add_argument("--spans", required=True)
+    ap.add_argument("--etas")
+    ap.add_argument("--spans")
+    ap.add_argument("--baseline", nargs="*", default=[],
+                    help="earlier results JSON whose uniform cells (u0.6) the goal's table "
+                         "compares with, for tasks this run has none of")
+    ap.add_argument("--render", metavar="JSON",
+                    help="only write the md and png of a results json again (with --baseline)")
     ap.add_argument("--mechs", nargs="+", default=["u0.6", "r0.6", "r0.7"])
     ap.add_argument("--limit", type=int, default=0, help="first N dev texts (dry runs)")
     ap.add_argument("--tasks", nargs="+", default=list(DEV), choices=[*DEV, *LOCAL_ONLY],
@@ -104,6 +109,13 @@ def main() -> None:
                          "privatized here and attacked by nearest neighbour and Bayes only")
     ap.add_argument("--out", default=str(RESULTS / "privacy_by_mechanism"))
     args = ap.parse_args()
+    if args.render:
+        doc = json.loads(Path(args.render).read_text())
+        doc["goal"] = goal(doc["cells"], baseline_cells(args.baseline))
+        write_all(Path(args.render).with_suffix(""), doc, json_too=False)
+        return
+    if not (args.etas and args.spans):
+        ap.error("--etas and --spans are required (unless --render)")
     torch.set_num_threads(1)
     t0, c0 = time.perf_counter(), time.process_time()
     etas = json.loads(Path(args.etas).read_text())
@@ -153,22 +165,39 @@ def main() -> None:
            "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
            "subsample": f"first {args.limit} dev texts" if args.limit else None}
     doc["machine"]["loadavg_end"] = list(os.getloadavg())
-    doc["goal"] = goal(cells)
-    stem = Path(args.out)
-    write_json(Path(f"{stem}.json"), doc)
+    doc["goal"] = goal(cells, baseline_cells(args.baseline))
+    write_all(Path(args.out), doc)
+
+
+def write_all(stem: Path, doc: dict, json_too: bool = True) -> None:
+    if json_too:
+        write_json(Path(f"{stem}.json"), doc)
     write_md(Path(f"{stem}.md"), markdown(doc))
     plot(doc, Path(f"{stem}.png"))
 
 
-def goal(cells: list[dict]) -> list[dict]:
-    """Per task and by-kind mechanism: is its privacy on each goal kind at least uniform
-    P 0.6's (point estimates, each against its best attacker)?"""
+def baseline_cells(paths: list[str]) -> list[dict]:
+    """The uniform P 0.6 cells of earlier results files, each marked with its file."""
     out = []
-    base = {c["task"]: c for c in cells if c["mechanism"] == "u0.6"}
+    for f in paths:
+        for c in json.loads(Path(f).read_text())["cells"]:
+            if c["mechanism"] == "u0.6":
+                out.append({**c, "from": Path(f).name})
+    return out
+
+
+def goal(cells: list[dict], baseline: list[dict] = ()) -> list[dict]:
+    """Per task and by-kind mechanism: is its privacy on each goal kind at least uniform
+    P 0.6's (point estimates, each against its best attacker)? The uniform cell is this run's,
+    else the first of ``baseline`` for the task (its file named in ``uniform_from``)."""
+    out = []
+    base = {c["task"]: c for c in reversed(list(baseline))}
+    base.update({c["task"]: c for c in cells if c["mechanism"] == "u0.6"})
     for c in cells:
         if c["mechanism"].startswith("u") or c["task"] not in base:
             continue
-        row = {"mechanism": c["mechanism"], "task": c["task"], "kinds": {}}
+        row = {"mechanism": c["mechanism"], "task": c["task"], "kinds": {},
+               "uniform_from": base[c["task"]].get("from", "this run")}
         for k in GOAL_KINDS:
             a, b = c["best"][k]["privacy"], base[c["task"]]["best"][k]["privacy"]
             row["kinds"][k] = {"by_kind": a, "uniform": b,
@@ -176,6 +205,10 @@ def goal(cells: list[dict]) -> list[dict]:
         row["met"] = all(v["at_least"] for v in row["kinds"].values())
         out.append(row)
     return out
+
+
+def split_of(task: str) -> str:
+    return {**DEV, **LOCAL_ONLY}[task][1]
 
 
 def _pct(x) -> str:
@@ -188,7 +221,7 @@ def markdown(doc: dict) -> str:
 
     label = {"u0.6": "uniform P 0.6", **{k: f"by kind: {v}" for k, v in LABELS.items()}}
     tasks = sorted({c["task"] for c in doc["cells"]})
-    here = sorted({c["task"] for c in doc["cells"] if not c["denoiser_run"]})
+    here = [f"{c['mechanism']} {c['task']}" for c in doc["cells"] if not c["denoiser_run"]]
     lines = ["# Privacy per kind of token: uniform noise vs noise by kind (MiniLM, "
              f"{', '.join(tasks)})", "", f"`{doc['command']}` ({doc['wall_s'] / 60:.1f} min wall "
              f"on {doc['machine']['platform']}); the releases and the domain denoiser's guesses "
@@ -197,7 +230,8 @@ def markdown(doc: dict) -> str:
                 "Bayes only: the figures are upper bounds the denoiser would lower)"
                 if here else "") + ".", "",
              doc["subsample"] and f"Subsample: {doc['subsample']}." or
-             "Every dev text (cut to 46 tokens, as the domain attacker reads them).", "",
+             "Every text of " + ", ".join(f"{t} {split_of(t)}" for t in tasks)
+             + " (cut to 46 tokens, as the domain attacker reads them).", "",
              "Privacy = 1 − the best recovery among the attackers run, chosen per kind (so the "
              "best attacker can differ between kinds); 95 % Wilson interval over tokens "
              "(too narrow for the contextual denoiser). An upper bound on privacy: a stronger "
@@ -209,13 +243,12 @@ def markdown(doc: dict) -> str:
                      f"({g['domain_texts']:,} domain texts × repeats), {g['steps']} steps in "
                      f"{g['train_s']:.0f} s; last curve point "
                      f"{json.dumps(g['curve'][-1]) if g['curve'] else '–'}")
-    not_run = sorted({c["mechanism"] for c in doc["cells"] if not c["denoiser_run"]})
-    if not_run:
-        lines.append(f"- denoiser not run for {', '.join(not_run)} (no GPU file): those rows "
+    if here:
+        lines.append(f"- denoiser not run for {', '.join(here)} (no GPU guesses): those rows "
                      "are against nearest neighbour and Bayes only")
     kinds = ("all", *BANDS, "personal data")
     for task in dict.fromkeys(c["task"] for c in doc["cells"]):
-        lines += ["", f"## {task} dev", "",
+        lines += ["", f"## {task} {split_of(task)}", "",
                   "| mechanism | " + " | ".join(kinds) + " |",
                   "|---|" + "---|" * len(kinds)]
         for c in (c for c in doc["cells"] if c["task"] == task):
@@ -236,11 +269,12 @@ def markdown(doc: dict) -> str:
                 for k in kinds) + " |")
     lines += ["", "## The goal's privacy condition (point estimates, best attacker per kind)",
               "", "| task | mechanism | " + " | ".join(GOAL_KINDS) + " | at least uniform "
-              "P 0.6 on all three |", "|---|---|" + "---|" * (len(GOAL_KINDS) + 1)]
+              "P 0.6 on all three | uniform from |",
+              "|---|---|" + "---|" * (len(GOAL_KINDS) + 2)]
     for g in doc["goal"]:
         lines.append(f"| {g['task']} | {g['mechanism']} | " + " | ".join(
             f"{_pct(v['by_kind'])} vs {_pct(v['uniform'])}" for v in g["kinds"].values())
-            + f" | {'yes' if g['met'] else 'no'} |")
+            + f" | {'yes' if g['met'] else 'no'} | {g.get('uniform_from', 'this run')} |")
     return "\n".join(lines)
 
 
@@ -264,7 +298,7 @@ def plot(doc: dict, path: Path) -> None:
                    label=c["mechanism"])
         ax.set_xticks(range(len(kinds)), kinds, rotation=25, ha="right", fontsize=8)
         ax.set_ylabel("empirical privacy, % of tokens (best attacker per kind)")
-        ax.set_title(f"{task} dev")
+        ax.set_title(f"{task} {split_of(task)}")
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()

@@ -29,24 +29,3 @@ def test_summary_pairs_cells_by_seed():
     row = summarize({"bb": {"cells": cells}}, [0, 1])[0]
     assert row["accuracy"] == {"uniform": 0.625, "rare": 0.875}
     assert row["diff_vs_uniform"]["rare"]["per_seed"] == [0.0, 0.5]
-
-
-def test_personal_eta_0_is_compared_with_rare_and_gets_its_columns():
-    from benchmarks.bench_frozen_probe import markdown
-
-    def cell(mech, right):
-        return {"task": "t", "seed": 0, "mechanism": mech, "accuracy": float(np.mean(right)),
-                "right": right, "p_all_tokens": 0.5, "n_train": 4, "n_eval": len(right)}
-
-    cells = [cell("uniform", [0, 0, 1, 1]), cell("rare", [1, 1, 1, 1]),
-             cell("rare+personal0", [1, 1, 1, 0])]
-    row = summarize({"bb": {"cells": cells}}, [0])[0]
-    assert row["diff_vs_rare"]["rare+personal0"]["diff"] == -0.25
-    doc = {"command": "c", "date": "d", "wall_s": 60.0, "summary": [row],
-           "machine": {"platform": "p", "threads": 1, "loadavg_start": [0.0]},
-           "args": {"device": "cpu", "seeds": [0], "p": 0.6, "p_other": 0.2},
-           "backbones": {"bb": {"etas": {"strong": 1.0, "strong_p": 0.6, "other": 2.0,
-                                         "other_p": 0.2}}}}
-    table = [x for x in markdown(doc) if x.startswith("| ")]
-    assert "Δ rare+personal0 − rare" in table[0] and "rare+weak" not in table[0]
-    assert table[1].split(" | ")[-2] == "-25.0 [-75.0, +0.0]"

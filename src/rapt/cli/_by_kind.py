@@ -1,7 +1,6 @@
 """Noise by kind of token on the command line (--protect, --frequent-rank, --other-p,
 --other-eta, --personal-p, --personal-eta; their definitions are in :mod:`rapt.cli.options`):
-the checks every command
-runs before any work, and the one function that builds the
+the checks every command runs before any work, and the one function that builds the
 :class:`rapt.privacy.by_kind.KindPolicy` at the command's η."""
 
 from __future__ import annotations
@@ -62,7 +61,7 @@ def check_kind_options(o: KindOptions, *, private: bool = True) -> None:
         fail(f"--personal-p must lie in (0, 1] (got {o.personal_p}; 1: personal data's release "
              "does not depend on it)")
     if o.personal_eta is not None and o.personal_eta != 0 and eta_problem(o.personal_eta):
-        fail(f"--personal-eta must be 0 or {eta_problem(o.personal_eta)}")
+        fail(f"--personal-eta (0, or a dχ η) {eta_problem(o.personal_eta)}")
     if not private and o.protect not in (None, "all"):
         fail(f"--protect {o.protect} noises tokens by kind: leave out --no-privacy")
     if not private and o.personal:
@@ -116,7 +115,7 @@ def policy_text(policy: Any, eta: float) -> str:
     """One line: which tokens get η, and what the others get."""
     from rapt.numfmt import eta as fmt
 
-    what = {"all": "every token", "rare": f"personal data and words outside the "
+    what = {"all": "all tokens", "rare": f"personal data and words outside the "
             f"{policy.frequent_rank} most frequent of rapt's public word list",
             "personal": "personal data (Presidio)"}
     rest = ("pass in clear" if policy.eta_other is None

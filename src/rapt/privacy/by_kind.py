@@ -70,9 +70,10 @@ class KindPolicy:
             problem = eta_problem(float(self.eta_other))
             if problem:
                 raise ValueError(f"eta_other {problem}")
-        if self.eta_personal is not None and not (
-                self.eta_personal == 0 or not eta_problem(float(self.eta_personal))):
-            raise ValueError(f"eta_personal must be 0 or {eta_problem(self.eta_personal)}")
+        if self.eta_personal is not None and self.eta_personal != 0:
+            problem = eta_problem(float(self.eta_personal))
+            if problem:
+                raise ValueError(f"eta_personal (0, or a dχ η) {problem}")
 
     @property
     def uniform(self) -> bool:

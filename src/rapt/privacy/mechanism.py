@@ -210,9 +210,10 @@ class Privatizer:
                   ) -> tuple[Tensor, Tensor | None]:
         """η 0 (a scale of 0): dχ's limit, a release that does not depend on the token. Each
         such token is swapped for one drawn uniformly from the output vocabulary, which is then
-        noised at the full η like any other (so the release looks like the rest). The draws
-        come from ``noise`` when given, else from a stream of their own: the k-th token's
-        noise is the same with or without tokens at η 0."""
+        noised at the full η like any other. Without ``noise`` the draws come from a stream of
+        their own, so the k-th token's noise is the same with or without tokens at η 0; a
+        ``noise`` given serves them too, ahead of the noise (a source shared by many calls must
+        go on, not restart)."""
         if etas is None or not bool((zero := etas == 0).any()):
             return flat, etas
         pool = self._outputs()
