@@ -89,12 +89,12 @@ def by_kind_privacy() -> str:
     """The GPU grid's privacy per kind, and the settings measured later (personal data at η 0)
     from their own file."""
     from benchmarks.local_baseline_by_kind import merged_privacy, privacy_table
-    later = "privacy_by_mechanism_personal_eta0"
-    doc = merged_privacy([RESULTS / "privacy_by_mechanism.json", RESULTS / f"{later}.json"])
-    extra = _source(later, _json(later)) if (RESULTS / f"{later}.json").exists() else ""
-    return (_source("privacy_by_mechanism", doc) + extra.replace("From ", "Settings it lacks "
-                                                                  "from ", 1)
-            + "\n".join(privacy_table(doc)) + "\n")
+    later = [n for n in ("privacy_by_mechanism_trec", "privacy_by_mechanism_personal_eta0")
+             if (RESULTS / f"{n}.json").exists()]
+    doc = merged_privacy([RESULTS / f"{n}.json" for n in ("privacy_by_mechanism", *later)])
+    extra = "".join(_source(n, _json(n)).replace("From ", "Cells the files above lack from ", 1)
+                    for n in later)
+    return _source("privacy_by_mechanism", doc) + extra + "\n".join(privacy_table(doc)) + "\n"
 
 
 def demo() -> str:
