@@ -86,13 +86,7 @@ def score(bb, texts, spans, clean, private, bayes: dict, den) -> tuple[dict, dic
     return rec, best_by_kind(rec)
 
 
-def main() -> None:
-    from benchmarks.personal_spans import load_spans
-    from rapt.attacks.bayes import BayesAttacker
-    from rapt.models import load_backbone
-    from rapt.privacy.mechanism import candidate_ids_from_tokenizer
-    from rapt.privacy.nn_search import build_index
-
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--guesses", default=str(RESULTS / "kind_attack"))
     ap.add_argument("--etas")
@@ -109,13 +103,24 @@ def main() -> None:
                          "privatized here and attacked by nearest neighbour and Bayes only")
     ap.add_argument("--out", default=str(RESULTS / "privacy_by_mechanism"))
     args = ap.parse_args()
+    if not args.render and not (args.etas and args.spans):
+        ap.error("--etas and --spans are required (unless --render)")
+    return args
+
+
+def main() -> None:
+    from benchmarks.personal_spans import load_spans
+    from rapt.attacks.bayes import BayesAttacker
+    from rapt.models import load_backbone
+    from rapt.privacy.mechanism import candidate_ids_from_tokenizer
+    from rapt.privacy.nn_search import build_index
+
+    args = parse_args()
     if args.render:
         doc = json.loads(Path(args.render).read_text())
         doc["goal"] = goal(doc["cells"], baseline_cells(args.baseline))
         write_all(Path(args.render).with_suffix(""), doc, json_too=False)
         return
-    if not (args.etas and args.spans):
-        ap.error("--etas and --spans are required (unless --render)")
     torch.set_num_threads(1)
     t0, c0 = time.perf_counter(), time.process_time()
     etas = json.loads(Path(args.etas).read_text())

@@ -252,8 +252,10 @@ def test_eta_scale_per_token():
     assert (out[100:] != ids[100:]).float().mean() > 0.5
     with pytest.raises(ValueError, match="shape"):
         Privatizer(E, 5.0).privatize_ids(ids, eta_scale=torch.ones(3))
-    with pytest.raises(ValueError, match="positive"):
-        Privatizer(E, 5.0).privatize_ids(ids, eta_scale=torch.zeros(len(ids)))
+    with pytest.raises(ValueError, match="non-negative"):
+        Privatizer(E, 5.0).privatize_ids(ids, eta_scale=-torch.ones(len(ids)))
+    with pytest.raises(ValueError, match="finite"):
+        Privatizer(E, 5.0).privatize_ids(ids, eta_scale=torch.full((len(ids),), float("inf")))
 
 
 def test_bad_arguments():

@@ -459,6 +459,13 @@ def client_status(job_id: str, wait: bool = typer.Option(False), cancel: bool = 
     typer.echo(json.dumps(st, indent=1))
 
 
+def _note_label_ids(pred) -> None:
+    if pred.label_names is None:
+        typer.echo("note: no label names recorded for this prompt on this machine (its dataset "
+                   "was uploaded elsewhere): labels are shown as ids; pass --label-names",
+                   err=True)
+
+
 @client_app.command("predict")
 def client_predict(
     prompt_id: str,
@@ -512,7 +519,7 @@ def client_predict(
     check_out_or_fail(out)
     c = _client(url, key, backbone, eta, no_privacy, min_p=min_p, pad_to_bucket=pad_to_bucket)
     _kind_policy(c, KindOptions(protect, frequent_rank, other_p, other_eta, personal_p,
-                                    personal_eta), prompt_id)
+                                personal_eta), prompt_id)
     names = split_names(label_names) or _guard(lambda: c.label_names_for(prompt_id))
     src = inputs[0] if len(inputs) == 1 and os.path.exists(inputs[0]) else inputs
     if not isinstance(src, list):
@@ -528,10 +535,7 @@ def client_predict(
                                         denoise=not no_denoise,
                                         on_privatized=lambda _: _echo_privacy(c)))
         _echo_denoised(c, prompt_id, pred, no_denoise)
-    if pred.label_names is None:
-        typer.echo("note: no label names recorded for this prompt on this machine (its dataset "
-                   "was uploaded elsewhere): labels are shown as ids; pass --label-names",
-                   err=True)
+    _note_label_ids(pred)
     probs, sources = _combined(pred, user, mode)
     preds = _guard(lambda: Predictions(
         pred.label_names or [str(i) for i in range(len(pred.probabilities[0]))],
