@@ -429,6 +429,7 @@ def _user_side(train, test, remote, seed: int, tally: _Tally,
     import numpy as np
 
     from rapt.local import LocalBaseline
+    from rapt.local.fusion import cross_fitted
 
     t = time.perf_counter()
     with tally.stages.time("local model"):
@@ -436,7 +437,7 @@ def _user_side(train, test, remote, seed: int, tally: _Tally,
                                  text_pairs=_pairs(train), seed=seed)
         local = base.predict_proba(test.texts, _pairs(test))
         y = np.asarray(test.labels)
-        fused = cross_fitted_fusion(remote, local, y, seed)
+        fused = cross_fitted(remote, local, y, seed=seed)
     for name, p in ((LOCAL_SETTING, local), (FUSED_SETTING, fused)):
         tally.acc[name].append(_accuracy(p.argmax(-1).tolist(), test.labels))
         log(f"seed {seed}: {name} accuracy {numfmt.pct(tally.acc[name][-1])}  "
@@ -446,27 +447,6 @@ def _user_side(train, test, remote, seed: int, tally: _Tally,
 def _pairs(ds) -> list | None:
     pairs = ds.text_pairs
     return pairs if any(p is not None for p in pairs) else None
-
-
-def cross_fitted_fusion(remote, local, labels, seed: int):
-    """Fused probabilities (N, C) of every row, each scored with :class:`rapt.local.Fusion`
-    weights fitted on the other half of the rows (a seeded split in two): honest on rows the
-    remote prompt never trained on, with no held-out slice taken from its training rows. One
-    row alone: the two sides pooled with equal weights."""
-    import numpy as np
-
-    from rapt.local import Fusion
-
-    remote, local, y = np.asarray(remote, float), np.asarray(local, float), np.asarray(labels)
-    if len(y) < 2:
-        return Fusion(1.0, 1.0)(remote, local)
-    order = np.random.default_rng(seed).permutation(len(y))
-    halves = (order[:len(y) // 2], order[len(y) // 2:])
-    out = np.zeros_like(remote)
-    for score, fit in (halves, halves[::-1]):
-        w = Fusion.fit(remote[fit], local[fit], y[fit])
-        out[score] = w(remote[score], local[score])
-    return out
 
 
 def _channel_privacy(custom, clean: list, private: list, result: DemoResult,
@@ -561,8 +541,9 @@ def format_table(result: DemoResult) -> str:
               "training rows, scored on the clean test queries: what you could do without "
               f"sending anything. {FUSED_SETTING} = +privatization's probabilities (privatized "
               "queries, so it sends what +privatization sends) and the local ones in one "
-              "log-linear pool, its two weights fitted on half of the test rows and scored on "
-              "the other half, both ways round (the prompt never trained on them).",
+              "log-linear pool, its two weights fitted on four fifths of the test rows and "
+              "scored on the fifth left out, fold by fold, as `rapt tune` fits them on its "
+              "held-out slice (the prompt never trained on these rows).",
               "", result.verdict]
     if result.stage_seconds:
         lines[-2:-2] = ["", StageTimes(dict(result.stage_seconds)).line() + "."]

@@ -39,7 +39,7 @@ from typing import Any
 
 from rapt import numfmt
 from rapt.config import PRECISIONS, tune_config
-from rapt.demo import StageTimes, _demo_data, _text_length, cross_fitted_fusion
+from rapt.demo import StageTimes, _demo_data, _text_length
 from rapt.privacy.by_kind import DEFAULT_FREQUENT_RANK
 from rapt.privacy.rule import DEFAULT_PROTECTED_P, DEFAULT_TARGET_P
 from rapt.stats import mean_ci, paired_difference
@@ -137,6 +137,7 @@ def run_choice(config: ChoiceConfig, log: Callable[[str], None] = print,
     import numpy as np
 
     from rapt.local import LocalBaseline
+    from rapt.local.fusion import cross_fitted
     from rapt.models import load_backbone
 
     t0, stages = time.perf_counter(), StageTimes()
@@ -167,7 +168,7 @@ def run_choice(config: ChoiceConfig, log: Callable[[str], None] = print,
         for arm in ARMS:
             remote = _run_arm(customs[arm], replace(base, seed=seed, max_length=n_text),
                               (train, test), arm, seed, result, stages, log, progress)
-            fused = cross_fitted_fusion(remote, local, y, seed)
+            fused = cross_fitted(remote, local, y, seed=seed)
             acc[remote_name(arm)].append(float((remote.argmax(-1) == y).mean()))
             acc[fused_name(arm)].append(float((fused.argmax(-1) == y).mean()))
             last[arm] = (remote, fused)
