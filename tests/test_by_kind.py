@@ -225,8 +225,12 @@ def test_personal_level_is_checked_recorded_and_read_back():
 
     with pytest.raises(ValueError, match="eta_personal"):
         KindPolicy("rare", eta_personal=-1.0)
-    with pytest.raises(ValueError, match="above"):
+    with pytest.raises(ValueError, match="above") as e:
         make_policy(40.0, "rare", personal_eta=50.0)
+    assert e.value.level == "personal"  # KindLevelError: the caller names --personal-*
+    with pytest.raises(ValueError, match="below") as e:
+        make_policy(40.0, "rare", other_eta=10.0)
+    assert e.value.level == "other"
     # --personal-p 1 is η 0, and a personal level alone makes the uniform mechanism by-kind
     pol = make_policy(40.0, "all", personal_p=1.0)
     assert pol is not None and not pol.uniform and pol.eta_personal == 0.0

@@ -290,9 +290,10 @@ def run_demo(config: DemoConfig, log: Callable[[str], None] = print,
 
 
 def _kind_policy(config: DemoConfig, bb, eta: float) -> Any:
-    """The demo's KindPolicy (None: uniform); the unprotected η calibrated for
-    ``config.other_p`` on the public text sample as η is; ValueError when it lies below η."""
-    from rapt.privacy.by_kind import make_policy
+    """The demo's KindPolicy (None: uniform); the unprotected η (and personal data's) calibrated
+    for ``config.other_p`` (``personal_p``) on the public text sample as η is; ValueError naming
+    the field when one lies on the wrong side of η."""
+    from rapt.privacy.by_kind import KindLevelError, make_policy
     from rapt.privacy.mechanism import calibrate_eta_public
 
     try:
@@ -300,9 +301,8 @@ def _kind_policy(config: DemoConfig, bb, eta: float) -> Any:
                            other_eta=config.other_eta, personal_p=config.personal_p,
                            personal_eta=config.personal_eta,
                            calibrate=lambda p: calibrate_eta_public(bb, p))
-    except ValueError as e:
-        which = "personal" if "personal" in str(e) else "other"
-        name = f"{which}_p" if getattr(config, f"{which}_p") is not None else f"{which}_eta"
+    except KindLevelError as e:
+        name = f"{e.level}_p" if getattr(config, f"{e.level}_p") is not None else f"{e.level}_eta"
         raise ValueError(f"DemoConfig.{name}: {e}") from None
 
 

@@ -73,7 +73,7 @@ def kind_policy(bb: Any, eta: float | None, o: KindOptions) -> Any:
     nothing privatized); the unprotected classes' η from --other-eta, or calibrated for
     --other-p on rapt's public text sample as --target-p is. An unprotected η below ``eta``
     exits 2 naming the option. The policy is printed on stderr."""
-    from rapt.privacy.by_kind import make_policy
+    from rapt.privacy.by_kind import KindLevelError, make_policy
     from rapt.privacy.mechanism import calibrate_eta_public
 
     check_kind_options(o)
@@ -84,8 +84,8 @@ def kind_policy(bb: Any, eta: float | None, o: KindOptions) -> Any:
                              other_eta=o.other_eta, personal_p=o.personal_p,
                              personal_eta=o.personal_eta,
                              calibrate=lambda p: calibrate_eta_public(bb, p))
-    except ValueError as e:
-        _fail_level(bb, eta, o, "personal" in str(e))
+    except KindLevelError as e:
+        _fail_level(bb, eta, o, e.level == "personal")
     echo_policy(policy, eta)
     return policy
 

@@ -36,8 +36,8 @@ import torch
 from rapt.config import eta_problem
 from rapt.privacy.kinds import BAND_EDGES, TokenKinds, WordFrequencies, token_kinds
 
-__all__ = ["CLASSES", "DEFAULT_FREQUENT_RANK", "PROTECT", "KindPolicy", "align_classes",
-           "classes_of", "make_policy", "row_noise"]
+__all__ = ["CLASSES", "DEFAULT_FREQUENT_RANK", "PROTECT", "KindLevelError", "KindPolicy",
+           "align_classes", "classes_of", "make_policy", "row_noise"]
 
 CLASSES = ("personal", "rare", "frequent")
 PROTECT = ("all", "rare", "personal")
@@ -45,6 +45,15 @@ DEFAULT_FREQUENT_RANK = 1000
 PERSONAL, RARE, FREQUENT = range(3)
 _PROTECTED = {"all": (PERSONAL, RARE, FREQUENT), "rare": (PERSONAL, RARE),
               "personal": (PERSONAL,)}
+
+
+class KindLevelError(ValueError):
+    """A class's η on the wrong side of the protected η; ``level`` names which: "other" (the
+    unprotected classes') or "personal" (personal data's), so callers can name the option."""
+
+    def __init__(self, level: str, message: str) -> None:
+        super().__init__(message)
+        self.level = level
 
 
 @dataclass(frozen=True)
@@ -101,11 +110,13 @@ class KindPolicy:
         """The unprotected classes must not get *more* noise than the protected ones, nor
         personal data less."""
         if self.eta_other is not None and self.eta_other < eta and self.protect != "all":
-            raise ValueError(f"eta_other {self.eta_other:g} is below the protected classes' "
-                             f"η {eta:g}: it would noise frequent words more than rare ones")
+            raise KindLevelError("other", f"eta_other {self.eta_other:g} is below the protected "
+                                 f"classes' η {eta:g}: it would noise frequent words more "
+                                 "than rare ones")
         if self.eta_personal is not None and self.eta_personal > eta:
-            raise ValueError(f"eta_personal {self.eta_personal:g} is above the protected "
-                             f"classes' η {eta:g}: it would noise personal data less")
+            raise KindLevelError("personal", f"eta_personal {self.eta_personal:g} is above the "
+                                 f"protected classes' η {eta:g}: it would noise personal data "
+                                 "less")
 
     @classmethod
     def from_record(cls, record: Mapping) -> KindPolicy:
@@ -142,18 +153,16 @@ def make_policy(eta: float, protect: str, frequent_rank: int = DEFAULT_FREQUENT_
     """The policy of users' options at the protected η ``eta`` (None for uniform noise):
     the unprotected classes' η is ``other_eta``, or ``calibrate(other_p)`` (the η that gives
     that P, calibrated as every level is); personal data's is ``personal_eta``, or
-    ``calibrate(personal_p)`` (``personal_p`` 1: η 0). ValueError when the unprotected η lies
-    below ``eta`` or personal data's above it."""
+    ``calibrate(personal_p)`` (``personal_p`` 1: η 0). :class:`KindLevelError` when the
+    unprotected η lies below ``eta`` or personal data's above it."""
     def level(p: float | None, given: float | None, name: str) -> float | None:
         if p is None:
             return given
-        if p == 1 and name == "personal_p":
-            return 0.0
         if calibrate is None:
             raise ValueError(f"{name} needs calibrate (P -> η)")
         return calibrate(p)
 
-    personal = level(personal_p, personal_eta, "personal_p")
+    personal = 0.0 if personal_p == 1 else level(personal_p, personal_eta, "personal_p")
     if protect == "all" and personal is None:
         return None
     policy = KindPolicy(protect, frequent_rank, level(other_p, other_eta, "other_p"), personal)
