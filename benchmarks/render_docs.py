@@ -45,10 +45,10 @@ def _json(name: str) -> dict:
     return json.loads((RESULTS / f"{name}.json").read_text())
 
 
-def _source(name: str, doc: dict) -> str:
+def _source(name: str, doc: dict, lead: str = "From") -> str:
     cmd = doc.get("command") or doc.get("settings", {}).get("command")
     said = f", written by `{cmd}`" if cmd else ""
-    return f"From [`benchmarks/results/{name}.json`]({{results}}/{name}.md){said}.\n\n"
+    return f"{lead} [`benchmarks/results/{name}.json`]({{results}}/{name}.md){said}.\n\n"
 
 
 def headline_goal() -> str:
@@ -92,8 +92,7 @@ def by_kind_privacy() -> str:
     later = [n for n in ("privacy_by_mechanism_trec", "privacy_by_mechanism_personal_eta0")
              if (RESULTS / f"{n}.json").exists()]
     doc = merged_privacy([RESULTS / f"{n}.json" for n in ("privacy_by_mechanism", *later)])
-    extra = "".join(_source(n, _json(n)).replace("From ", "Cells the files above lack from ", 1)
-                    for n in later)
+    extra = "".join(_source(n, _json(n), lead="Cells the files above lack from") for n in later)
     return _source("privacy_by_mechanism", doc) + extra + "\n".join(privacy_table(doc)) + "\n"
 
 
