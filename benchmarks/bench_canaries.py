@@ -207,6 +207,7 @@ def setup(args) -> dict:
     what every P and mechanism share."""
     from rapt.attacks.canaries import draw_candidates, plant
     from rapt.models import load_backbone
+    from rapt.privacy.by_kind import personal_spans
     from rapt.privacy.kinds import public_word_texts
     from rapt.privacy.mechanism import candidate_ids_from_tokenizer, tokenize_texts
 
@@ -214,8 +215,10 @@ def setup(args) -> dict:
     planted = plant(training_texts(args.rows, args.seed), per_cell=args.per_cell,
                     repeats=args.repeats, seed=args.seed, lowercase=args.lowercase)
     spans, record = find_personal(planted.texts)
+    # What the mechanisms classify by: each name found in one text marked in every text.
+    widened = dict(zip(planted.texts, personal_spans(planted.texts, spans=spans), strict=True))
     public, sources = public_word_texts()
-    return {"bb": bb, "planted": planted, "spans": spans, "detector": record,
+    return {"bb": bb, "planted": planted, "spans": spans, "widened": widened, "detector": record,
             "cands": draw_candidates(bb.tokenizer, planted, args.candidates, seed=args.seed + 1),
             "prior": tokenize_texts(public, bb.tokenizer), "prior_sources": sources,
             "cand": candidate_ids_from_tokenizer(bb.tokenizer, bb.embeddings.shape[0])}
@@ -231,6 +234,7 @@ def load_denoiser(path: str | None, bb):
 
 def measure(args) -> dict:
     from rapt.privacy.mechanism import calibrate_eta_public, shared_index
+    from rapt.privacy.personal_data import PROPAGATED
 
     s = setup(args)
     bb, planted = s["bb"], s["planted"]
@@ -258,7 +262,9 @@ def measure(args) -> dict:
             "per_cell": args.per_cell, "repeats": list(args.repeats), "candidates": args.candidates,
             "planted_rows": sum(len(c.occurrences) for c in planted.canaries),
             "texts": len(planted.texts), "detector": s["detector"],
-            "presidio_on_secrets": detected(planted, s["spans"]),
+            "presidio_on_secrets": detected(planted, s["widened"]),
+            "presidio_on_secrets_found": detected(planted, s["spans"]),
+            "propagated": list(PROPAGATED),
             "attackers": {a: ATTACKERS[a] for a in runs[0]["cells"]} if runs else {},
             "bayes": {**opts, "prior_sources": s["prior_sources"],
                       "screen_seconds": screens},
@@ -337,13 +343,19 @@ def class_table(doc: dict) -> list[str]:
     """Per secret kind: how each mechanism classes its tokens (the same for every P), and what
     Presidio marked on its copies."""
     run = doc["runs"][0]
+    found = doc.get("presidio_on_secrets_found")  # absent from runs before propagation
+
+    def entities(shares: dict) -> str:
+        return ", ".join(f"{e} {100 * v:.0f} %" for e, v in shares.items())
+
     lines = ["| secret | tokens | personal | rare | frequent | Presidio's entities on its "
-             "copies |", "|---|---|---|---|---|---|"]
+             "copies |" + (" found in the copy itself |" if found else ""),
+             "|---|---|---|---|---|---|" + ("---|" if found else "")]
     for kind, sh in run["classes"].items():
-        ents = ", ".join(f"{e} {100 * v:.0f} %" for e, v in doc["presidio_on_secrets"][kind]
-                         .items())
         lines.append(f"| {kind} | {sh['tokens']:,} | {100 * sh['personal']:.1f} % | "
-                     f"{100 * sh['rare']:.1f} % | {100 * sh['frequent']:.1f} % | {ents} |")
+                     f"{100 * sh['rare']:.1f} % | {100 * sh['frequent']:.1f} % | "
+                     f"{entities(doc['presidio_on_secrets'][kind])} |"
+                     + (f" {entities(found[kind])} |" if found else ""))
     return lines
 
 
@@ -392,7 +404,9 @@ def markdown(doc: dict) -> str:
         "another length: that leak is counted.", "",
         f"**Personal data.** Presidio ({det['ner_model'] or 'no NER model'}; score ≥ "
         f"{det['score_threshold']}) on every text; its spans decide both by-kind mechanisms' "
-        "classes.", "",
+        "classes" + (f", each {'/'.join(doc['propagated'])} found in one text marked wherever "
+                     "it recurs (`rapt.privacy.personal_data.propagate_spans`)"
+                     if doc.get("propagated") else "") + ".", "",
         "**Attackers:** " + "; ".join(f"{k}: {v}" for k, v in doc["attackers"].items())
         + " (Bayes: k {bayes_k}, {bayes_samples} screen and {bayes_confirm_samples} confirm "
           "draws, at most {bayes_max_confirm} changes per call, z {bayes_z}).".format(

@@ -75,6 +75,9 @@ def main() -> None:
     ap.add_argument("--spans", required=True, help="benchmarks.personal_spans lookup")
     ap.add_argument("--mechs", nargs="+", default=["u0.6", "r0.6"])
     ap.add_argument("--budget-s", type=float, default=120.0)
+    ap.add_argument("--steps", type=int, default=0,
+                    help="stop after this many steps too (0: the wall budget alone); a CPU run "
+                         "matching a GPU run's steps is comparable with it, its seconds are not")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--limit", type=int, default=0, help="domain texts (0: all; dry runs)")
@@ -101,9 +104,11 @@ def main() -> None:
         deadline = time.perf_counter() + args.budget_s
         den = train_denoiser(bb, clean, priv, cfg, meta={"mechanism": name},
                              progress=hist.append,
-                             should_stop=lambda d=deadline: time.perf_counter() > d)
+                             should_stop=lambda d=deadline, h=hist: time.perf_counter() > d
+                             or 0 < args.steps <= len(h))
         den.eval()
         rec = {"mechanism": name, "eta": eta, "policy": policy.record(eta),
+               "device": args.device, "step_cap": args.steps or None,
                "domain_texts": len(domain), "pairs": len(clean),
                "privatize_s": t_priv, "train_s": time.perf_counter() - t0 - t_priv,
                "steps": len(hist), "curve": [{k: h.get(k) for k in

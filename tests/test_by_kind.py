@@ -240,3 +240,23 @@ def test_personal_level_is_checked_recorded_and_read_back():
     assert rec["class_eta"] == {"personal": 10.0, "rare": 40.0, "frequent": None}
     assert KindPolicy.from_record(rec) == KindPolicy("rare", eta_personal=10.0)
     assert make_policy(40.0, "rare", personal_p=0.9, calibrate=lambda p: 20.0).eta_personal == 20.0
+
+
+def test_a_name_found_in_one_text_is_personal_in_every_text_and_pair(small_bert):
+    """Presidio found "caulfield" in TEXTS[0] only: row_noise marks it in the other texts too,
+    text pairs included, and its record says which entities are carried so."""
+    texts = [TEXTS[0], "caulfield was right", "nothing to see"]
+    pairs = ["a", "b", "ask caulfield"]
+    spans = {**SPANS, **{t: [] for t in [*texts[1:], *pairs]}}
+    c = Customization.create(small_bert, Encoding(), eta=40.0, noise_seed=5,
+                             kind_policy=KindPolicy("rare"), personal_spans=spans)
+    rows = c.rows(texts, pairs)
+    classes = c.kind_noise(rows, texts, pairs)[2]
+    tok = small_bert.tokenizer
+    marked = [[w for w, k in zip(tok.convert_ids_to_tokens(r), ks, strict=True)
+               if k == PERSONAL and w not in ("[CLS]", "[SEP]")]  # specials: never placed
+              for r, ks in zip(rows, classes, strict=True)]
+    cau = tok.tokenize("caulfield")
+    assert marked == [cau, cau, cau]  # the third in its second text
+    assert KindPolicy("rare").record(40.0)["personal_data_propagated"] == [
+        "PERSON", "LOCATION", "ORGANIZATION"]

@@ -303,3 +303,41 @@ def test_the_detector_analyzes_a_text_once():
     assert calls == [TEXT]
     assert again[0] == again[1] and again[0] and any(s.entity == "EMAIL_ADDRESS"
                                                       for s in again[0])
+
+
+# -- a name found once is personal data everywhere ----------------------------------------------
+
+def _span(text: str, what: str, entity: str = "PERSON", score: float = 0.85):
+    from rapt.privacy.personal_data import PersonalSpan
+
+    start = text.index(what)
+    return PersonalSpan(start, start + len(what), entity, score, "test")
+
+
+def test_a_found_name_is_marked_wherever_it_recurs_as_whole_words_in_its_case():
+    from rapt.privacy.personal_data import propagate_spans
+
+    texts = ["I am Emily Walker, call me.", "emily walker wrote; Emily Walker again",
+             "Emily Walkerson and Emily alone", "Nothing here today"]
+    spans = [[_span(texts[0], "Emily Walker"), _span(texts[0], "call", "DATE_TIME")],
+             [], [], [_span(texts[3], "today", "DATE_TIME")]]
+    out = propagate_spans(texts, spans)
+    assert out[0] == spans[0]  # found already: nothing added, nothing lost
+    got = [(texts[1][s.start:s.end], s.entity, s.recognizer) for s in out[1]]
+    assert got == [("Emily Walker", "PERSON", "propagated")]  # not the lower-cased copy
+    assert out[1][0].score == 0.85
+    assert out[2] == [] and out[3] == spans[3]  # no part of a word; "today" is no one's name
+
+
+def test_one_frequent_word_is_not_carried_but_a_longer_finding_with_it_is():
+    from rapt.privacy.personal_data import propagate_spans
+
+    texts = ["Good service from Apple Store staff", "Good food", "the Apple Store was shut"]
+    spans = [[_span(texts[0], "Good", "ORGANIZATION"), _span(texts[0], "Apple Store",
+                                                             "ORGANIZATION")], [], []]
+    out = propagate_spans(texts, spans, common=lambda w: w.lower() == "good")
+    assert out[1] == []
+    assert [texts[2][s.start:s.end] for s in out[2]] == ["Apple Store"]
+    assert [texts[1][s.start:s.end] for s in propagate_spans(texts, spans)[1]] == ["Good"]
+    with pytest.raises(ValueError, match="2 span lists for 3 texts"):
+        propagate_spans(texts, spans[:2])

@@ -13,6 +13,7 @@ C=.gpu-carry
 start=$(date +%s)
 (timeout $LIMIT python3 -m benchmarks.bench_kind_attack --backbone $C/minilm --etas $C/etas.json \
    --spans $C/personal_spans.json.gz --mechs ${MECHS:-u0.6 r0.6 r0.7} --budget-s $BUDGET \
+   --steps ${STEPS:-0} \
    --out $R/kind_attack > $R/kind_attack.log 2>&1) &
 for i in $(seq 0 $((W-1))); do
   timeout $LIMIT python3 -m benchmarks.local_baseline remote --etas $C/etas.json \

@@ -331,7 +331,10 @@ def train_denoiser(backbone: Backbone, clean_rows: Rows, private_rows: Rows,
         return ModelOutput(logits, None, logits)
 
     loss = SummedLoss(forward, [DenoisingObjective(data.targets, data.replaced)])
-    step = MeanStep(loss, len(clean_rows), config.batch_size, config.epochs, config.seed)
+    # Rows of similar length share a pass: the same batches and mean gradient, less padding
+    # (the decoder's (B, L, V) logits dominate a step).
+    step = MeanStep(loss, len(clean_rows), config.batch_size, config.epochs, config.seed,
+                    lengths=data.mask.sum(1).tolist())
     state = run_adamw(step, model, "denoiser", config.trainable, len(clean_rows), lr=config.lr,
                       weight_decay=config.weight_decay, warmup=config.warmup,
                       progress=progress, should_stop=should_stop)

