@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from benchmarks._common import RESULTS, command, machine, save_png, write_json, write_md
-from benchmarks.bench_kind_attack import DEV, policy_for, release
+from benchmarks.bench_kind_attack import DEV, DOMAIN, policy_for, release
 from benchmarks.bench_privacy_by_kind import BAYES
 from rapt.privacy.kind_recovery import best_by_kind, recovery_by_kind
 
@@ -36,14 +36,33 @@ GOAL_KINDS = ("personal data", "1k-10k", "rarer")
 LOCAL_ONLY = {"trec": ("trec", "test")}
 NAMES = {"nn": "nearest neighbour", "bayes": "Bayes, unigram public prior",
          "bayes_protected": "Bayes, prior over public protected-class tokens",
-         "denoiser": "domain denoiser (GPU-trained per mechanism)"}
+         "denoiser": "domain denoiser (GPU-trained per mechanism)",
+         "context": "context guess (the original most often between the same two released "
+                    "neighbours in the domain's public text released by the mechanism)"}
+# The context attacker's public text per task: the domain denoiser's (SST-2 and FP splits that
+# are not a dev split, dev texts dropped) and, for TREC, its training split.
+CONTEXT_DOMAIN = {"sst2": DOMAIN, "financial_phrasebank": DOMAIN, "trec": (("trec", "train"),)}
+
+
+def context_guesser(bb, task: str, eta, policy, spans, seed: int, dev_texts: set[str]):
+    """A ContextGuesser fitted on the task's public domain text released by the mechanism."""
+    from rapt.attacks.context import ContextGuesser
+    from rapt.data import load_dataset
+
+    texts = [x for name, split in CONTEXT_DOMAIN[task] for x in load_dataset(name, split).texts
+             if x and x.strip().lower() not in dev_texts]
+    clean, private = release(bb, texts, eta, policy, spans, seed=seed)
+    return ContextGuesser.fit(clean, private)
 
 
 def kinds_for(bb, texts, spans, room: int):
-    """TokenKinds of ``texts`` cut to ``room`` tokens per text."""
+    """TokenKinds of ``texts`` cut to ``room`` tokens per text; personal data as the mechanism
+    classed it (each name found carried over the texts: ``rapt.privacy.by_kind.personal_spans``;
+    results before 2026-11-29 counted each text's own findings)."""
+    from rapt.privacy.by_kind import personal_spans
     from rapt.privacy.kinds import token_kinds
 
-    k = token_kinds(texts, bb.tokenizer, spans=[spans[t] for t in texts])
+    k = token_kinds(texts, bb.tokenizer, spans=personal_spans(texts, spans=spans))
     cut = lambda rows: [r[:room] for r in rows]  # noqa: E731
     return cut(k.ids), cut(k.bands), cut(k.personal), cut(k.words)
 
@@ -69,8 +88,10 @@ def priors(bb, spans) -> dict:
             "bayes_protected": unigram_log_prior(protected, V, bb.special_ids)}
 
 
-def score(bb, texts, spans, clean, private, bayes: dict, den) -> tuple[dict, dict]:
-    """Every attacker's recovery by kind on one release, and per kind the best of them."""
+def score(bb, texts, spans, clean, private, bayes: dict, den,
+          context=None) -> tuple[dict, dict]:
+    """Every attacker's recovery by kind on one release, and per kind the best of them
+    (``context``: a fitted :class:`rapt.attacks.context.ContextGuesser`, or None)."""
     _, bands, personal, words = kinds_for(bb, texts, spans, max(map(len, clean)))
     replaced = [[a != b for a, b in zip(o, p, strict=True)]
                 for o, p in zip(clean, private, strict=True)]
@@ -81,6 +102,8 @@ def score(bb, texts, spans, clean, private, bayes: dict, den) -> tuple[dict, dic
         guesses[b] = [x.tolist() for x in torch.split(att.guess(flat), lengths)]
     if den is not None:
         guesses["denoiser"] = den
+    if context is not None:
+        guesses["context"] = context.guess(private)
     rec = {a: recovery_by_kind(clean, gs, replaced, bands, personal, words)
            for a, gs in guesses.items()}
     return rec, best_by_kind(rec)
@@ -97,6 +120,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--render", metavar="JSON",
                     help="only write the md and png of a results json again (with --baseline)")
     ap.add_argument("--mechs", nargs="+", default=["u0.6", "r0.6", "r0.7"])
+    ap.add_argument("--context", action="store_true",
+                    help="also run the context attacker (rapt.attacks.context), fitted per "
+                         "mechanism and task on public domain text released here")
     ap.add_argument("--limit", type=int, default=0, help="first N dev texts (dry runs)")
     ap.add_argument("--tasks", nargs="+", default=list(DEV), choices=[*DEV, *LOCAL_ONLY],
                     help="trec: no GPU release or denoiser guesses exist for it; it is "
@@ -134,6 +160,8 @@ def main() -> None:
     if args.limit:
         dev = {t: x[:args.limit] for t, x in dev.items()}
     log_priors = priors(bb, spans)
+    seen = {x.strip().lower() for t in DEV for x in load_dataset(*DEV[t]).texts} \
+        | {x.strip().lower() for t in dev for x in dev[t]}
     cells, gpu = [], {}
     for name in args.mechs:
         eta, policy = policy_for(name, etas)
@@ -148,6 +176,7 @@ def main() -> None:
                                         z=BAYES["bayes_z"], special_ids=bb.special_ids,
                                         candidate_ids=cand, index=index, seed=500)
                  for b, lp in log_priors.items()}
+        fitted: dict = {}
         for t_i, (task, texts) in enumerate(dev.items()):
             g = got["tasks"].get(task) if got else None
             if g:
@@ -158,7 +187,14 @@ def main() -> None:
                 den = None
             if kinds_for(bb, texts, spans, max(map(len, clean)))[0] != clean:
                 raise SystemExit(f"{name} {task}: the release's rows are not the dev texts'")
-            rec, best = score(bb, texts, spans, clean, private, bayes, den)
+            ctx = None
+            if args.context:  # one fit per mechanism and public domain (SST-2 and FP share one)
+                dom = CONTEXT_DOMAIN[task]
+                if dom not in fitted:
+                    fitted[dom] = context_guesser(bb, task, eta, policy, spans,
+                                                  7 + len(fitted), seen)
+                ctx = fitted[dom]
+            rec, best = score(bb, texts, spans, clean, private, bayes, den, ctx)
             cells.append({"mechanism": name, "task": task, "eta": eta,
                           "policy": policy.record(eta), "denoiser_run": den is not None,
                           "attackers": rec, "best": best})
@@ -166,7 +202,9 @@ def main() -> None:
                 f"{k} {100 * (best[k]['privacy'] or 0):.1f} ({best[k]['attacker']})"
                 for k in ("all", *GOAL_KINDS)), flush=True)
     doc = {"command": command(), "machine": machine(), "etas": etas, "gpu_runs": gpu,
-           "attackers": NAMES, "bayes": BAYES, "cells": cells,
+           "attackers": {k: v for k, v in NAMES.items()
+                         if any(k in c["attackers"] for c in cells)},
+           "bayes": BAYES, "cells": cells,
            "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
            "subsample": f"first {args.limit} dev texts" if args.limit else None}
     doc["machine"]["loadavg_end"] = list(os.getloadavg())
