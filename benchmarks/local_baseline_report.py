@@ -8,6 +8,7 @@ denoiser's fusion on each remote cell, then ``local_baseline.{json,md,png}``.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import statistics
 import time
@@ -32,6 +33,18 @@ SHIPPED = ("fused", "denoised", "fused_denoised")  # the user-side remedies
 
 def _acc(p: np.ndarray, y: np.ndarray) -> float:
     return float((np.asarray(p, float).argmax(-1) == y).mean())
+
+
+def scorer_fingerprint() -> str:
+    """sha256 of what decides a cell's scores: :func:`score_cell` and the local model's
+    package (``rapt.local``). A cache line from another scorer is stale (scored again)."""
+    import inspect
+
+    import rapt.local
+
+    parts = [inspect.getsource(score_cell), inspect.getsource(sample)]
+    parts += [f.read_text() for f in sorted(Path(rapt.local.__file__).parent.glob("*.py"))]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
 def score_cell(path: Path) -> dict:
@@ -250,9 +263,12 @@ def _grid_cell(path: Path) -> bool:
 def score_all(cells: Path, cache: Path, keep: Callable[[Path], bool] = _grid_cell
               ) -> list[dict]:
     """Every cell that ``keep`` takes, scored once; the scores go to ``cache`` (JSONL) as they
-    come, and a cell found there is not scored again."""
+    come, and a cell found there with the same content (sha256 of its file) and the same
+    scorer (:func:`scorer_fingerprint`) is not scored again: a cell run again under the same
+    name, or any cell after the local model changed, is scored again (the last line wins)."""
     from rapt.progress import progress_bar
 
+    scorer, stale = scorer_fingerprint(), False
     done = {}
     if cache.exists():
         for line in cache.read_text().splitlines():
@@ -261,11 +277,18 @@ def score_all(cells: Path, cache: Path, keep: Callable[[Path], bool] = _grid_cel
     paths = sorted(p for p in cells.glob("*.npz") if keep(p))
     with cache.open("a") as f, progress_bar(total=len(paths), desc="cells") as bar:
         for p in paths:
-            if p.stem not in done:
-                done[p.stem] = {"key": p.stem, **score_cell(p)}
+            sha = hashlib.sha256(p.read_bytes()).hexdigest()
+            have = done.get(p.stem, {})
+            if (have.get("sha256"), have.get("scorer")) != (sha, scorer):
+                done[p.stem] = {"key": p.stem, "sha256": sha, "scorer": scorer, **score_cell(p)}
                 f.write(json.dumps(done[p.stem]) + "\n")
                 f.flush()
+                stale = True
             bar.update(1)
+    if stale:  # each line appended as it came (a crash loses nothing); now one line per cell
+        tmp = cache.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps(d) + "\n" for d in done.values()))
+        tmp.replace(cache)
     return [done[p.stem] for p in paths]
 
 

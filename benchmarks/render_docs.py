@@ -85,15 +85,21 @@ def by_kind_accuracy() -> str:
     return _source("local_baseline_by_kind", doc) + "\n".join(table(rows)) + "\n"
 
 
+# The newest run first (its cells win): the context attacker on uniform, rare P 0.7 and η 0;
+# then the GPU grid (its other settings) and the files that added cells to it.
+PRIVACY_FILES = ("privacy_by_mechanism_context", "privacy_by_mechanism",
+                 "privacy_by_mechanism_trec", "privacy_by_mechanism_personal_eta0")
+
+
 def by_kind_privacy() -> str:
-    """The GPU grid's privacy per kind, and the settings measured later (personal data at η 0)
-    from their own file."""
+    """Privacy per kind at every setting measured, each (setting, task) from the first file of
+    :data:`PRIVACY_FILES` that has it."""
     from benchmarks.local_baseline_by_kind import merged_privacy, privacy_table
-    later = [n for n in ("privacy_by_mechanism_trec", "privacy_by_mechanism_personal_eta0")
-             if (RESULTS / f"{n}.json").exists()]
-    doc = merged_privacy([RESULTS / f"{n}.json" for n in ("privacy_by_mechanism", *later)])
-    extra = "".join(_source(n, _json(n), lead="Cells the files above lack from") for n in later)
-    return _source("privacy_by_mechanism", doc) + extra + "\n".join(privacy_table(doc)) + "\n"
+    files = [n for n in PRIVACY_FILES if (RESULTS / f"{n}.json").exists()]
+    doc = merged_privacy([RESULTS / f"{n}.json" for n in files])
+    extra = "".join(_source(n, _json(n), lead="Cells the files above lack from")
+                    for n in files[1:])
+    return _source(files[0], doc) + extra + "\n".join(privacy_table(doc)) + "\n"
 
 
 def demo() -> str:
