@@ -256,8 +256,12 @@ def plot(rows: list[dict], path: Path) -> None:
 
 
 def _grid_cell(path: Path) -> bool:
-    # FP has 1,812 training rows: its "2000" cells are its "all" cells again; the table keeps all.
-    return not path.name.startswith("fp_2000_")
+    """A cell of the uniform grid: clean or a number P, not a by-kind setting ("r0.7z": those
+    are local_baseline_by_kind's). FP has 1,812 training rows: its "2000" cells are its "all"
+    cells again; the table keeps all."""
+    setting = path.stem.split("_")[2]
+    return not path.name.startswith("fp_2000_") and (
+        setting == "clean" or setting.replace(".", "", 1).isdigit())
 
 
 def score_all(cells: Path, cache: Path, keep: Callable[[Path], bool] = _grid_cell
