@@ -4,7 +4,8 @@ Uniform word-level noise spends most of its budget on frequent words, which cont
 to an attacker and which carry most of the task signal; the secrets are names, numbers and rare
 words. A :class:`KindPolicy` sorts every text token into one of three classes:
 
-* ``personal``: inside a personal-data span (:mod:`rapt.privacy.personal_data`, Presidio);
+* ``personal``: inside a personal-data span (:mod:`rapt.privacy.personal_data`, Presidio; a
+  name, place or organisation found in one text is marked in every text classified with it);
 * ``rare``: its word is not among the ``frequent_rank`` most frequent words of rapt's *public*
   word list (:mod:`rapt.privacy.kinds`; never the user's data);
 * ``frequent``: the rest.
