@@ -39,6 +39,15 @@ def policy_for(name: str, etas: dict):
     return kind_policy(name, etas)
 
 
+def domain_texts(splits, dev: set[str]) -> list[str]:
+    """The texts of ``splits`` ((dataset, split) pairs) that are not a dev text (compared
+    stripped and lower-cased): an attacker's public text of the user's domain."""
+    from rapt.data import load_dataset
+
+    return [x for name, split in splits for x in load_dataset(name, split).texts
+            if x and x.strip().lower() not in dev]
+
+
 def release(bb, texts, eta, policy, spans, seed: int, repeats: int = 1):
     """(clean text-only rows, released rows) of ``texts``, ``repeats`` privatizations each."""
     from rapt.privacy.by_kind import row_noise
@@ -87,9 +96,7 @@ def main() -> None:
     spans = load_spans(args.spans)
     bb = load_backbone(args.backbone, device=args.device)
     dev_texts = {t: list(load_dataset(*DEV[t]).texts) for t in DEV}
-    seen = {x.strip().lower() for ts in dev_texts.values() for x in ts}
-    domain = [x for name, split in DOMAIN for x in load_dataset(name, split).texts
-              if x and x.strip().lower() not in seen]
+    domain = domain_texts(DOMAIN, {x.strip().lower() for ts in dev_texts.values() for x in ts})
     domain = domain[:args.limit] if args.limit else domain
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

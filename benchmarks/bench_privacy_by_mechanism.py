@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from benchmarks._common import RESULTS, command, machine, save_png, write_json, write_md
-from benchmarks.bench_kind_attack import DEV, DOMAIN, policy_for, release
+from benchmarks.bench_kind_attack import DEV, DOMAIN, domain_texts, policy_for, release
 from benchmarks.bench_privacy_by_kind import BAYES
 from rapt.privacy.kind_recovery import best_by_kind, recovery_by_kind
 
@@ -47,10 +47,8 @@ CONTEXT_DOMAIN = {"sst2": DOMAIN, "financial_phrasebank": DOMAIN, "trec": (("tre
 def context_guesser(bb, task: str, eta, policy, spans, seed: int, dev_texts: set[str]):
     """A ContextGuesser fitted on the task's public domain text released by the mechanism."""
     from rapt.attacks.context import ContextGuesser
-    from rapt.data import load_dataset
 
-    texts = [x for name, split in CONTEXT_DOMAIN[task] for x in load_dataset(name, split).texts
-             if x and x.strip().lower() not in dev_texts]
+    texts = domain_texts(CONTEXT_DOMAIN[task], dev_texts)
     clean, private = release(bb, texts, eta, policy, spans, seed=seed)
     return ContextGuesser.fit(clean, private)
 
@@ -88,11 +86,11 @@ def priors(bb, spans) -> dict:
             "bayes_protected": unigram_log_prior(protected, V, bb.special_ids)}
 
 
-def score(bb, texts, spans, clean, private, bayes: dict, den,
-          context=None) -> tuple[dict, dict]:
-    """Every attacker's recovery by kind on one release, and per kind the best of them
-    (``context``: a fitted :class:`rapt.attacks.context.ContextGuesser`, or None)."""
-    _, bands, personal, words = kinds_for(bb, texts, spans, max(map(len, clean)))
+def score(kinds: tuple, clean, private, bayes: dict, den, context=None) -> tuple[dict, dict]:
+    """Every attacker's recovery by kind on one release (``kinds``: :func:`kinds_for` of its
+    texts), and per kind the best of them (``context``: a fitted
+    :class:`rapt.attacks.context.ContextGuesser`, or None)."""
+    _, bands, personal, words = kinds
     replaced = [[a != b for a, b in zip(o, p, strict=True)]
                 for o, p in zip(clean, private, strict=True)]
     lengths = [len(r) for r in private]
@@ -185,7 +183,8 @@ def main() -> None:
             else:
                 clean, private = release(bb, texts, eta, policy, spans, seed=100 + 10 * t_i)
                 den = None
-            if kinds_for(bb, texts, spans, max(map(len, clean)))[0] != clean:
+            kinds = kinds_for(bb, texts, spans, max(map(len, clean)))
+            if kinds[0] != clean:
                 raise SystemExit(f"{name} {task}: the release's rows are not the dev texts'")
             ctx = None
             if args.context:  # one fit per mechanism and public domain (SST-2 and FP share one)
@@ -194,7 +193,7 @@ def main() -> None:
                     fitted[dom] = context_guesser(bb, task, eta, policy, spans,
                                                   7 + len(fitted), seen)
                 ctx = fitted[dom]
-            rec, best = score(bb, texts, spans, clean, private, bayes, den, ctx)
+            rec, best = score(kinds, clean, private, bayes, den, ctx)
             cells.append({"mechanism": name, "task": task, "eta": eta,
                           "policy": policy.record(eta), "denoiser_run": den is not None,
                           "attackers": rec, "best": best})

@@ -261,14 +261,15 @@ def row_noise(rows: Sequence[Sequence[int]], texts: Sequence[str],
     pairs = list(text_pairs) if text_pairs is not None else [None] * len(texts)
     have = [i for i, t in enumerate(pairs) if t]
     second = [pairs[i] for i in have]
-    found = personal_spans([*texts, *second], frequencies, detector, spans)
-    k1 = token_kinds(list(texts), tokenizer, frequencies, detector,
+    freq = frequencies if frequencies is not None else load_word_frequencies()  # read once
+    found = personal_spans([*texts, *second], freq, detector, spans)
+    k1 = token_kinds(list(texts), tokenizer, freq, detector,
                      None if found is None else found[:len(texts)])
     c1 = classes_of(k1, policy.frequent_rank)
     c2: dict[int, list[int]] = {}
     ids2: dict[int, list[int]] = {}
     if have:
-        k2 = token_kinds(second, tokenizer, frequencies, detector,
+        k2 = token_kinds(second, tokenizer, freq, detector,
                          None if found is None else found[len(texts):])
         c2 = dict(zip(have, classes_of(k2, policy.frequent_rank), strict=True))
         ids2 = dict(zip(have, k2.ids, strict=True))
