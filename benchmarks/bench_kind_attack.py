@@ -109,13 +109,21 @@ def main() -> None:
         cfg = DenoiserConfig(lr=2e-4, epochs=50, batch_size=args.batch, max_length=MAX_LENGTH)
         hist: list[dict] = []
         deadline = time.perf_counter() + args.budget_s
+
+        def progress(h: dict, hist=hist, name=name, t0=t0) -> None:
+            hist.append(h)
+            if h["step"] % 50 == 0:  # a CPU run lasts hours: say where it is
+                print(f"{name}: step {h['step']}, loss {h['loss']:.3f}, replaced acc "
+                      f"{h['replaced_acc']:.3f}, {time.perf_counter() - t0:.0f} s", flush=True)
+
         den = train_denoiser(bb, clean, priv, cfg, meta={"mechanism": name},
-                             progress=hist.append,
+                             progress=progress,
                              should_stop=lambda d=deadline, h=hist: time.perf_counter() > d
                              or 0 < args.steps <= len(h))
         den.eval()
         rec = {"mechanism": name, "eta": eta, "policy": policy.record(eta),
-               "device": args.device, "step_cap": args.steps or None,
+               "device": args.device, "backbone": args.backbone,
+               "step_cap": args.steps or None,
                "domain_texts": len(domain), "pairs": len(clean),
                "privatize_s": t_priv, "train_s": time.perf_counter() - t0 - t_priv,
                "steps": len(hist), "curve": [{k: h.get(k) for k in

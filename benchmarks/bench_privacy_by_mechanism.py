@@ -267,9 +267,9 @@ def markdown(doc: dict) -> str:
     lines = ["# Privacy per kind of token: uniform noise vs noise by kind (MiniLM, "
              f"{', '.join(tasks)})", "", f"`{doc['command']}` ({doc['wall_s'] / 60:.1f} min wall "
              f"on {doc['machine']['platform']}); the releases and the domain denoiser's guesses "
-             "from `benchmarks/gpu/kind_grid.sh` (one GPU call)"
-             + (f"; {', '.join(here)}: privatized here, no denoiser run (nearest neighbour and "
-                "Bayes only: the figures are upper bounds the denoiser would lower)"
+             "from `benchmarks.bench_kind_attack` (where each denoiser line says)"
+             + (f"; {', '.join(here)}: privatized here, no denoiser run (the other attackers "
+                "only: upper bounds the denoiser would lower)"
                 if here else "") + ".", "",
              doc["subsample"] and f"Subsample: {doc['subsample']}." or
              "Every text of " + ", ".join(f"{t} {split_of(t)}" for t in tasks)
@@ -281,13 +281,16 @@ def markdown(doc: dict) -> str:
              "Attackers: " + "; ".join(f"{k}: {v}" for k, v in doc["attackers"].items()) + ".",
              ""]
     for name, g in doc["gpu_runs"].items():
-        lines.append(f"- denoiser for {name}: {g['pairs']:,} training pairs "
+        # runs before the CPU one did not record where: kind_grid.sh, float16 MiniLM
+        where = (f"{g['device']}, backbone {g['backbone']}" if "device" in g
+                 else "GPU, `benchmarks/gpu/kind_grid.sh`, float16 MiniLM")
+        lines.append(f"- denoiser for {name} ({where}): {g['pairs']:,} training pairs "
                      f"({g['domain_texts']:,} domain texts × repeats), {g['steps']} steps in "
                      f"{g['train_s']:.0f} s; last curve point "
                      f"{json.dumps(g['curve'][-1]) if g['curve'] else '–'}")
     if here:
-        lines.append(f"- denoiser not run for {', '.join(here)} (no GPU guesses): those rows "
-                     "are against nearest neighbour and Bayes only")
+        lines.append(f"- denoiser not run for {', '.join(here)} (no guesses file): those rows "
+                     "are against the other attackers only")
     kinds = ("all", *BANDS, "personal data")
     for task in dict.fromkeys(c["task"] for c in doc["cells"]):
         lines += ["", f"## {task} {split_of(task)}", "",
