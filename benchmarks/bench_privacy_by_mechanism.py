@@ -36,7 +36,7 @@ GOAL_KINDS = ("personal data", "1k-10k", "rarer")
 LOCAL_ONLY = {"trec": ("trec", "test")}
 NAMES = {"nn": "nearest neighbour", "bayes": "Bayes, unigram public prior",
          "bayes_protected": "Bayes, prior over public protected-class tokens",
-         "denoiser": "domain denoiser (GPU-trained per mechanism)",
+         "denoiser": "domain denoiser (trained per mechanism)",
          "context": "context guess (the original most often between the same two released "
                     "neighbours in the domain's public text released by the mechanism)"}
 # The context attacker's public text per task: the domain denoiser's (SST-2 and FP splits that
@@ -281,8 +281,9 @@ def markdown(doc: dict) -> str:
              "Attackers: " + "; ".join(f"{k}: {v}" for k, v in doc["attackers"].items()) + ".",
              ""]
     for name, g in doc["gpu_runs"].items():
-        # runs before the CPU one did not record where: kind_grid.sh, float16 MiniLM
-        where = (f"{g['device']}, backbone {g['backbone']}" if "device" in g
+        # the GPU runs recorded neither (kind_grid.sh, float16 MiniLM); r0.7z's CPU run recorded
+        # the device only (benchmarks/gpu/README.md has its command: --backbone minilm)
+        where = (f"{g['device']}, backbone {g.get('backbone', 'minilm')}" if "device" in g
                  else "GPU, `benchmarks/gpu/kind_grid.sh`, float16 MiniLM")
         lines.append(f"- denoiser for {name} ({where}): {g['pairs']:,} training pairs "
                      f"({g['domain_texts']:,} domain texts × repeats), {g['steps']} steps in "
