@@ -85,8 +85,9 @@ def by_kind_accuracy() -> str:
     return _source("local_baseline_by_kind", doc) + "\n".join(table(rows)) + "\n"
 
 
-# The newest run first (its cells win): the context attacker on uniform, rare P 0.7 and η 0;
-# then the GPU grid (its other settings) and the files that added cells to it.
+# The newest run first (its cells win): η 0 against its own denoiser (SST-2, FP); the context
+# attacker on uniform, rare P 0.7 and η 0; then the GPU grid (its other settings) and the files
+# that added cells to it.
 PRIVACY_FILES = ("privacy_by_mechanism_denoiser", "privacy_by_mechanism_context",
                  "privacy_by_mechanism", "privacy_by_mechanism_trec",
                  "privacy_by_mechanism_personal_eta0")
