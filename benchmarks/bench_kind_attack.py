@@ -76,6 +76,7 @@ def main() -> None:
     from rapt.channel.denoiser import DenoiserConfig, train_denoiser
     from rapt.data import load_dataset
     from rapt.models import load_backbone
+    from rapt.progress import progress_bar
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backbone", default="minilm")
@@ -109,17 +110,18 @@ def main() -> None:
         cfg = DenoiserConfig(lr=2e-4, epochs=50, batch_size=args.batch, max_length=MAX_LENGTH)
         hist: list[dict] = []
         deadline = time.perf_counter() + args.budget_s
+        bar = progress_bar(total=args.steps or None, desc=f"denoiser {name}", unit="step")
 
-        def progress(h: dict, hist=hist, name=name, t0=t0) -> None:
+        def progress(h: dict, hist=hist, bar=bar) -> None:
             hist.append(h)
-            if h["step"] % 50 == 0:  # a CPU run lasts hours: say where it is
-                print(f"{name}: step {h['step']}, loss {h['loss']:.3f}, replaced acc "
-                      f"{h['replaced_acc']:.3f}, {time.perf_counter() - t0:.0f} s", flush=True)
+            bar.set_postfix(loss=f"{h['loss']:.3f}", replaced_acc=f"{h['replaced_acc']:.3f}")
+            bar.update()
 
         den = train_denoiser(bb, clean, priv, cfg, meta={"mechanism": name},
                              progress=progress,
                              should_stop=lambda d=deadline, h=hist: time.perf_counter() > d
                              or 0 < args.steps <= len(h))
+        bar.close()
         den.eval()
         rec = {"mechanism": name, "eta": eta, "policy": policy.record(eta),
                "device": args.device, "backbone": args.backbone,
