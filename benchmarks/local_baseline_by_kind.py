@@ -120,6 +120,40 @@ def privacy_table(privacy: dict | None) -> list[str]:
     return out
 
 
+# rapt's default (rapt.privacy.by_kind.default_policy: --protect rare at P 0.7, personal data
+# at η 0), chosen from this grid; "0.6" the former default
+DEFAULT_SETTING = "r0.7z"
+_PRIVACY_TASK = {"sst2": "sst2", "fp": "financial_phrasebank", "trec": "trec"}
+_PRIVACY_KINDS = ("personal data", "1k-10k", "rarer", "all")
+
+
+def default_table(rows: list[dict], privacy: dict | None) -> list[str]:
+    """The former default (uniform P 0.6) and rapt's default side by side at the goal's rows:
+    accuracy (fused, paired differences) and privacy per kind against the best attacker run
+    (1 − its recovery, an upper bound; "–": not measured)."""
+    got = {(r["task"], r["rows"], r["setting"]): r for r in rows}
+    cells = {(c["task"], c["mechanism"]): c for c in (privacy or {}).get("cells", [])}
+    out = ["| task | setting | fused | fused − local | fused − uniform LoRA | "
+           + " | ".join(f"privacy: {k}" for k in _PRIVACY_KINDS) + " |",
+           "|---" * (5 + len(_PRIVACY_KINDS)) + "|"]
+    for task, n in GOAL_ROWS.items():
+        for setting in ("0.6", DEFAULT_SETTING):
+            r = got.get((task, n, setting))
+            if r is None:
+                continue
+            c = cells.get((_PRIVACY_TASK[task], "u0.6" if setting == "0.6" else setting))
+            priv = ["–" if c is None or c["best"][k]["privacy"] is None else
+                    f"{100 * c['best'][k]['privacy']:.1f} ({c['best'][k]['attacker']})"
+                    for k in _PRIVACY_KINDS]
+            name = ("uniform P 0.6 (`--protect all`, the former default)" if setting == "0.6"
+                    else f"{LABEL[setting]} (the default)")
+            out.append(f"| {NAMES[task]} | {name} | {_fmt(*r['fused'])} | "
+                       f"{_fmt_d(*r['fused_vs_local'])} | "
+                       + (_fmt_d(*r["fused_vs_uniform_lora"]) if "fused_vs_uniform_lora" in r
+                          else "—") + " | " + " | ".join(priv) + " |")
+    return out
+
+
 def merged_privacy(paths: list[Path]) -> dict | None:
     """The first privacy_by_mechanism file, with the (mechanism, task) cells of each later one
     that the earlier ones lack (None: no file found)."""

@@ -85,6 +85,17 @@ def by_kind_accuracy() -> str:
     return _source("local_baseline_by_kind", doc) + "\n".join(table(rows)) + "\n"
 
 
+def default_choice() -> str:
+    """The README's side-by-side table: the former default and rapt's default, accuracy and
+    privacy per kind (the privacy files merged as :func:`by_kind_privacy` merges them)."""
+    from benchmarks.local_baseline_by_kind import default_table, merged_privacy
+    doc = _json("local_baseline_by_kind")
+    files = [n for n in PRIVACY_FILES if (RESULTS / f"{n}.json").exists()]
+    privacy = merged_privacy([RESULTS / f"{n}.json" for n in files])
+    return (_source("local_baseline_by_kind", doc) + "\n".join(default_table(doc["summary"],
+                                                                             privacy)) + "\n")
+
+
 # The newest run first (its cells win): η 0 against its own denoiser (SST-2, FP); the context
 # attacker on uniform, rare P 0.7 and η 0; then the GPU grid (its other settings) and the files
 # that added cells to it.
@@ -144,7 +155,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "headline-goal": headline_goal, "headline-wins": headline_wins,
     "local-baseline-2000": local_baseline_2000, "defaults": defaults,
     "by-kind-accuracy": by_kind_accuracy, "by-kind-privacy": by_kind_privacy,
-    "benchmark-index": benchmark_index, "demo": demo,
+    "benchmark-index": benchmark_index, "demo": demo, "default-choice": default_choice,
 }
 
 

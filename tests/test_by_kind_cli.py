@@ -90,7 +90,8 @@ def test_tune_protect_rare_records_each_class_eta_in_the_artifact(rare_run):
     out = rare_run[3]
     rec = json.loads((out / "config.json").read_text())["meta"]["by_kind"]
     assert rec["protect"] == "rare" and rec["frequent_rank"] == 1000
-    assert rec["class_eta"] == {"personal": 2.0, "rare": 2.0, "frequent": None}
+    # personal data at η 0: --protect rare's default without a personal-data level
+    assert rec["class_eta"] == {"personal": 0.0, "rare": 2.0, "frequent": None}
 
 
 def test_tune_protect_all_releases_exactly_the_uniform_mechanism(tmp_path, monkeypatch):
@@ -117,7 +118,7 @@ def test_tune_protect_all_releases_exactly_the_uniform_mechanism(tmp_path, monke
     (["--protect", "rare", "--other-eta", "1"], "--other-eta"),  # below --eta 2
     (["--protect", "rare", "--other-eta", "-3"], "--other-eta"),
     (["--protect", "secret"], "--protect"),
-    (["--other-p", "0.2"], "--other-p"),  # without --protect rare|personal
+    (["--protect", "all", "--other-p", "0.2"], "--other-p"),  # not with --protect all
     (["--personal-p", "0"], "--personal-p"),
     (["--personal-p", "0.9", "--personal-eta", "0"], "--personal-eta"),
     (["--protect", "rare", "--personal-eta", "3"], "--personal-eta"),  # above --eta 2
@@ -137,7 +138,7 @@ def test_predict_reuses_the_tuned_policy_unless_protect_is_given(rare_run, monke
     r = runner.invoke(app, ["predict", str(out), str(data), "--noise-seed", "1",
                             "--limit", "4"])
     assert r.exit_code == 0, r.output
-    assert seen.policies[-1] == KindPolicy("rare", 1000, None)
+    assert seen.policies[-1] == KindPolicy("rare", 1000, None, 0.0)
     assert "queries as the prompt was tuned" in r.output
     r = runner.invoke(app, ["predict", str(out), str(data), "--noise-seed", "1",
                             "--limit", "4", "--protect", "all"])
@@ -247,7 +248,7 @@ def test_privatize_protect_rare_writes_frequent_words_as_they_were(rare_run, tmp
                             "--protect", "rare"])
     assert r.exit_code == 0, r.output
     report = json.loads(r.output.strip().splitlines()[-1])
-    assert report["by_kind"]["class_eta"] == {"personal": 2.0, "rare": 2.0, "frequent": None}
+    assert report["by_kind"]["class_eta"] == {"personal": 0.0, "rare": 2.0, "frequent": None}
     clean = [line.split(",")[0].split() for line in data.read_text().splitlines()[1:]]
     got = [line.split(",")[0].split() for line in
            (tmp_path / "rare.csv").read_text().splitlines()[1:]]
@@ -255,24 +256,27 @@ def test_privatize_protect_rare_writes_frequent_words_as_they_were(rare_run, tmp
             for a, b in zip(c, p, strict=True) if a in FREQUENT]
     assert kept and all(kept)
     outs = []
-    for name, extra in (("all.csv", ["--protect", "all"]), ("plain.csv", [])):
+    for name, extra in (("rare.csv", []), ("all.csv", ["--protect", "all"]),
+                        ("plain.csv", [])):
         r = runner.invoke(app, [*base[:2], str(tmp_path / name), *base[2:], *extra])
         assert r.exit_code == 0, r.output
         outs.append((tmp_path / name).read_text())
-    assert outs[0] == outs[1]
+    # no --protect: rapt's default, --protect rare (personal data at η 0), not uniform noise
+    assert outs[0] == outs[2] != outs[1]
 
 
 def test_protect_rare_without_a_level_takes_the_protected_default(rare_run, tmp_path):
-    """No level given: uniform noise at P 0.6, the protected classes of --protect rare at P 0.7
-    (rapt.privacy.rule.DEFAULT_PROTECTED_P), each η calibrated on rapt's public sample."""
+    """No level given: uniform noise (--protect all) at P 0.6, the protected classes of
+    --protect rare, the default, at P 0.7 (rapt.privacy.rule.DEFAULT_PROTECTED_P), each η
+    calibrated on rapt's public sample."""
     from rapt.models import load_backbone
     from rapt.privacy.mechanism import calibrate_eta_public
     from rapt.privacy.rule import DEFAULT_PROTECTED_P, DEFAULT_TARGET_P
 
     _, bb, data, *_ = rare_run
     etas = {}
-    for name, extra, level in (("u.csv", [], DEFAULT_TARGET_P),
-                               ("r.csv", ["--protect", "rare"], DEFAULT_PROTECTED_P)):
+    for name, extra, level in (("u.csv", ["--protect", "all"], DEFAULT_TARGET_P),
+                               ("r.csv", [], DEFAULT_PROTECTED_P)):
         r = runner.invoke(app, ["privatize", str(data), str(tmp_path / name), "--backbone", bb,
                                 "--noise-seed", "0", "--json-report", *extra])
         assert r.exit_code == 0, r.output
@@ -338,7 +342,7 @@ def test_privatize_personal_p_1_records_eta_0_and_says_so(rare_run, tmp_path):
     _, bb, data, *_ = rare_run
     r = runner.invoke(app, ["privatize", str(data), str(tmp_path / "p.csv"), "--backbone", bb,
                             "--eta", "2", "--noise-seed", "0", "--json-report",
-                            "--personal-p", "1"])
+                            "--protect", "all", "--personal-p", "1"])
     assert r.exit_code == 0, r.output
     assert "personal data (Presidio) η = 0" in r.output
     report = json.loads(r.output.strip().splitlines()[-1])

@@ -12,7 +12,13 @@ from _tiny import save_backbone
 from fastapi.testclient import TestClient
 
 from rapt.client.client import ClientError, RaptClient, ServiceError
+from rapt.privacy.by_kind import KindPolicy
 from rapt.service import Limits, ServiceConfig, create_app
+
+# Every token noised alike: the leak checks below (no n-gram of the private text reaches the
+# service) hold for the uniform mechanism; rapt's default sends frequent words in clear by
+# design (tests/test_by_kind_cli.py, test_the_default_policy_* here).
+UNIFORM = KindPolicy()
 
 
 @pytest.fixture()
@@ -33,6 +39,7 @@ def capture(tc):
 
 
 def run_flow(tc, key, bb, tmp_path, **client_kw):
+    client_kw.setdefault("kind_policy", UNIFORM)
     c = RaptClient(api_key=key, backbone=bb, remote_backbone="tiny", http=tc,
                    plain_tokens=4, **client_kw)
     ds = c.upload(write_csv(tmp_path / "private.csv"), reconstruction=True, max_length=32)
@@ -74,24 +81,30 @@ def test_leak_detector_catches_unprivatized_uploads(service, tmp_path):
 
 
 def test_privatizes_at_the_default_level_without_configuration(service, tmp_path):
-    """No η, no target_p, no no_privacy: the upload goes out privatized at the η calibrated for
-    the default level (the one every command uses), never in clear; a prompt tuned on clear
-    text gets its queries privatized at that level too, with a warning. Mutations caught: a
-    clear default (the leak detector fires), another default level (another η)."""
+    """No η, no target_p, no no_privacy, no policy: the upload goes out under rapt's default
+    policy (noise by kind of token, personal data at η 0, declared) at the η calibrated for
+    the protected tokens' default level (the one every command uses), never in clear; a
+    prompt tuned on clear text gets its queries privatized at the uniform default level, with
+    a warning. Mutations caught: a clear default, another default level or policy."""
     from rapt.client.client import PrivacyWarning
+    from rapt.privacy.by_kind import default_policy
     from rapt.privacy.mechanism import calibrate_eta_public
-    from rapt.privacy.rule import DEFAULT_TARGET_P
+    from rapt.privacy.rule import DEFAULT_PROTECTED_P, DEFAULT_TARGET_P
 
     tc, key, bb = service
     sent = capture(tc)
     c = RaptClient(api_key=key, backbone=bb, remote_backbone="tiny", http=tc)
     ds = c.upload(write_csv(tmp_path / "p.csv"), max_length=32)
-    want = calibrate_eta_public(bb, DEFAULT_TARGET_P)
+    want = calibrate_eta_public(bb, DEFAULT_PROTECTED_P)
     assert c.eta == pytest.approx(want) and c.last_privacy["eta_source"] == "default"
-    assert c.last_privacy["target_p"] == DEFAULT_TARGET_P
+    assert c.last_privacy["target_p"] == DEFAULT_PROTECTED_P
+    assert c.kind_policy == default_policy() and c.kind_source == "default"
     uploads = [json.loads(b) for b in sent if b and b"input_ids" in b]
     assert uploads[0]["privacy"]["mechanism"] == "dchi-text2text"
     assert uploads[0]["privacy"]["eta"] == pytest.approx(want)
+    declared = uploads[0]["privacy"]["by_kind"]
+    assert declared["protect"] == "rare" and declared["eta_personal"] == 0.0
+    want = calibrate_eta_public(bb, DEFAULT_TARGET_P)
     assert not any(t in b"\n".join(sent).decode() for t in TEXTS)
     # a prompt tuned on clear text: its queries still go out privatized, at the default level
     clear = RaptClient(api_key=key, backbone=bb, remote_backbone="tiny", http=tc,
@@ -139,7 +152,9 @@ def test_cli_upload_defaults_to_the_default_level(tmp_path, monkeypatch):
     monkeypatch.setenv("RAPT_URL", "http://127.0.0.1:9")
     monkeypatch.setenv("RAPT_API_KEY", "rapt_k")
     out = CliRunner().invoke(app, ["client", "upload", str(write_csv(tmp_path / "p.csv"))])
-    assert out.exit_code == 2 and "the default level, P ≈ 0.6" in out.output
+    assert out.exit_code == 2 and "the protected tokens' default level, P ≈ 0.7" in out.output
+    assert "noise by kind of token (--protect rare)" in out.output
+    assert "personal data (Presidio) η = 0" in out.output
     assert "--no-privacy for clear text" in out.output
     out = CliRunner().invoke(app, ["client", "upload", str(tmp_path / "p.csv"), "--no-privacy",
                                    "--target-p", "0.6"])
@@ -162,7 +177,7 @@ def test_minilm_no_trigram_of_private_text_is_sent(tmp_path):
     with TestClient(create_app(cfg, backbones={"minilm": bb})) as tc:
         sent = capture(tc)
         c = RaptClient(api_key=key, backbone=bb, remote_backbone="minilm", http=tc, eta=20.0,
-                       seed=0, plain_tokens=8)
+                       seed=0, plain_tokens=8, kind_policy=UNIFORM)
         ds = c.upload(write_csv(tmp_path / "private.csv"), reconstruction=True, max_length=48)
         st = c.wait(c.tune(ds, epochs=1, batch_size=8, num_virtual_tokens=4, lr=0.05,
                            rec_vocab_size=200), progress=False, timeout=120)
@@ -216,7 +231,8 @@ def test_privacy_is_reported_for_every_upload_and_predict(service, tmp_path):
     assert r["what"] == "predict" and r["replacement_probability"] == 0.0
     assert r["inversion_success"] == 1.0 and r["n_tokens"] > 0
     # Strong privacy: no warning, P high and inversion success low, measured on the predict.
-    strong = RaptClient(api_key=key, backbone=bb, remote_backbone="tiny", http=tc, eta=1.0)
+    strong = RaptClient(api_key=key, backbone=bb, remote_backbone="tiny", http=tc, eta=1.0,
+                        kind_policy=UNIFORM)
     prompt_id = next(iter(c._prompt_info))
 
     with warnings.catch_warnings():
@@ -287,7 +303,7 @@ def test_pair_dataset_leaves_the_device_privatized(service, tmp_path):
     tc, key, bb = service
     sent = capture(tc)
     c = RaptClient(api_key=key, backbone=bb, remote_backbone="tiny", http=tc, eta=5.0, seed=0,
-                   plain_tokens=4)
+                   plain_tokens=4, kind_policy=UNIFORM)
     ds = c.upload(write_pair_csv(tmp_path / "pairs.csv"), reconstruction=True, max_length=48)
     st = c.wait(c.tune(ds, epochs=1, batch_size=4, num_virtual_tokens=4, lr=0.05,
                        rec_vocab_size=20), progress=False, poll_s=0.05, timeout=60)
@@ -349,7 +365,7 @@ def test_cli_client_upload_and_predict_pairs(service, tmp_path, monkeypatch):
     path.write_text("left,right,label\n" + "".join(f"{a},{b},{y}\n" for a, b, y in PAIR_ROWS))
     sent = capture(tc)
     cli = CliRunner(env={"RAPT_URL": "http://127.0.0.1:1", "RAPT_API_KEY": key})
-    common = ["--backbone", str(folder), "--eta", "5", "--noise-seed", "0"]
+    common = ["--backbone", str(folder), "--eta", "5", "--noise-seed", "0", "--protect", "all"]
     r = cli.invoke(app, ["client", "upload", str(path), "--text-column", "left",
                          "--text-pair-column", "nope", *common])
     assert r.exit_code == 2 and "custom.csv" in r.output and "'nope'" in r.output, r.output
@@ -507,7 +523,8 @@ def test_cli_client_flow_prints_like_the_other_commands(tmp_path, monkeypatch):
             run = CliRunner().invoke
             base = ["--url", "http://testserver", "--key", key]
             up = run(app, ["client", "upload", str(write_csv(tmp_path / "d.csv")), *base,
-                           "--backbone", str(folder), "--eta", "1e6", "--max-length", "32"])
+                           "--backbone", str(folder), "--eta", "1e6", "--max-length", "32",
+                           "--protect", "all"])
             assert up.exit_code == 0, up.output
             tune = run(app, ["client", "tune", up.stdout.strip(), *base, "--epochs", "1",
                              "--batch-size", "4", "--wait"])

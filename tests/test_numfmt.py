@@ -37,7 +37,7 @@ def test_privatize_prints_eta_one_way(tiny):
     67.7128 / 67.71 on MiniLM at the default level)."""
     tmp, bb, data = tiny
     r = runner.invoke(app, ["privatize", str(data), str(tmp / "p.csv"), "--backbone", bb,
-                            "--target-p", "0.5"])
+                            "--target-p", "0.5", "--protect", "all"])
     assert r.exit_code == 0, r.output
     etas = re.findall(r"(?:η|eta) = ([0-9][0-9.e+]*)", r.output)
     assert len(etas) >= 3 and len(set(etas)) == 1, etas

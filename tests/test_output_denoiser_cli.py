@@ -144,8 +144,9 @@ def test_the_raw_remote_probabilities_are_the_prompts_own(tuned):
     tuned_prompt = TunedPrompt.load(out)
     custom = Customization.from_artifact(load_backbone(bb), tuned_prompt, eta=20.0,
                                          noise_seed=0)
-    clean = custom.rows(["good fun film", "awful story"], None, queries=True)
-    rows = custom.privatize(clean, measure=False)
+    texts = ["good fun film", "awful story"]
+    clean = custom.rows(texts, None, queries=True)
+    rows = custom.privatize(clean, measure=False, texts=texts)  # the tuned policy: by kind
     den, raw = denoised_proba(custom, tuned_prompt, read_output_denoiser(out)[0], clean, rows,
                               with_raw=True)
     torch.testing.assert_close(raw, custom.predict_proba(rows), atol=1e-5, rtol=1e-4)

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from rapt.pipeline import Customization, Encoding
-from rapt.privacy.by_kind import FREQUENT, PERSONAL, RARE
+from rapt.privacy.by_kind import FREQUENT, PERSONAL, RARE, KindPolicy
 from rapt.privacy.kind_recovery import CLASS_KINDS, privacy_by_class, recovery_by_class
 from rapt.stats import wilson_interval
 
@@ -190,7 +190,8 @@ def test_the_client_measures_each_kind_and_keeps_the_figures(tmp_path):
                         limits=Limits(max_seq_len=64), progress_interval_s=0.0)
     key = add_key(tmp_path)
     with TestClient(create_app(cfg, backbones={"tiny": bb})) as tc:
-        c = RaptClient(api_key=key, backbone=bb, remote_backbone="tiny", http=tc, eta=50.0)
+        c = RaptClient(api_key=key, backbone=bb, remote_backbone="tiny", http=tc, eta=50.0,
+                       kind_policy=KindPolicy())
         did = c.upload(write_csv(tmp_path / "private.csv"), max_length=32, holdout=False)
         mine = c.last_privacy["by_kind"]
         assert mine["all"]["n_tokens"] == c.last_privacy["n_tokens"]
@@ -198,9 +199,18 @@ def test_the_client_measures_each_kind_and_keeps_the_figures(tmp_path):
             mine["all"]["n_tokens"])
         stored = tc.get(f"/v1/datasets/{did}",
                         headers={"Authorization": f"Bearer {key}"}).json()["privacy"]
+        d = RaptClient(api_key=key, backbone=bb, remote_backbone="tiny", http=tc, eta=50.0)
+        did = d.upload(write_csv(tmp_path / "private.csv"), max_length=32, holdout=False)
+        assert d.last_privacy["by_kind"]["rare"]["n_tokens"] > 0  # measured, kept here
+        default = tc.get(f"/v1/datasets/{did}",
+                         headers={"Authorization": f"Bearer {key}"}).json()["privacy"]
     # uniform noise: no policy to declare, and nothing measured on the rows rides along
     assert stored["by_kind"] is None
     assert "empirical_privacy" not in str(stored) and "n_tokens" not in str(stored)
+    # rapt's default policy: the policy and each class's η are declared, no statistic
+    assert set(default["by_kind"]) <= {"protect", "frequent_rank", "class_eta", "eta_personal"}
+    assert default["by_kind"]["protect"] == "rare"
+    assert "empirical_privacy" not in str(default) and "n_tokens" not in str(default)
 
 
 # ------------------------------------------------------------------- the attack table per kind

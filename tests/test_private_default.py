@@ -1,7 +1,8 @@
-"""Private by default: every command that sends or trains privatizes at the one default level
-(rapt.privacy.rule.DEFAULT_TARGET_P) unless --no-privacy is typed, which is printed and
-recorded in the artifact; `rapt predict` follows what the artifact recorded, label column
-included; the collapse advice fits the run it is about."""
+"""Private by default: every command that sends or trains privatizes at a default level (the
+protected tokens' rapt.privacy.rule.DEFAULT_PROTECTED_P under rapt's default policy, noise by
+kind of token; DEFAULT_TARGET_P where every token is noised alike) unless --no-privacy is
+typed, which is printed and recorded in the artifact; `rapt predict` follows what the artifact
+recorded, label column included; the collapse advice fits the run it is about."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typer.testing import CliRunner
 
 from rapt.cli import app
 from rapt.cli._app import collapse_fixes
-from rapt.privacy.rule import DEFAULT_TARGET_P
+from rapt.privacy.rule import DEFAULT_PROTECTED_P, DEFAULT_TARGET_P
 
 runner = CliRunner()
 FAST = ["--epochs", "1", "--batch-size", "4", "--num-virtual-tokens", "2", "--method", "prompt"]
@@ -32,8 +33,10 @@ def _meta(folder) -> dict:
 
 
 def test_tune_privatizes_at_the_default_level_and_predict_follows(tiny):
-    """No level given: the default level, said so, recorded (η calibrated for P 0.6), and
-    `rapt predict` privatizes the queries at that η. Before: clear text with a warning."""
+    """No level and no policy given: rapt's default policy (noise by kind of token, personal
+    data at η 0), said so, recorded with the protected tokens' default level (η calibrated for
+    P 0.7), and `rapt predict` privatizes the queries at that η under that policy. Before:
+    clear text with a warning; then uniform noise at P 0.6."""
     from rapt.models import load_backbone
     from rapt.privacy.mechanism import calibrate_eta_public
 
@@ -41,12 +44,21 @@ def test_tune_privatizes_at_the_default_level_and_predict_follows(tiny):
     out = tmp / "default"
     r = runner.invoke(app, ["tune", str(data), "--out", str(out), "--backbone", bb, *FAST])
     assert r.exit_code == 0, r.output
-    assert f"privacy: the default level, P ≈ {DEFAULT_TARGET_P:g}" in r.stderr
+    assert f"privacy: the protected tokens' default level, P ≈ {DEFAULT_PROTECTED_P:g}" in (
+        r.stderr)
+    assert "noise by kind of token (--protect rare)" in r.stderr
     assert "clean (unprivatized)" not in r.output
     meta = _meta(out)
-    want = calibrate_eta_public(load_backbone(bb), DEFAULT_TARGET_P)
+    want = calibrate_eta_public(load_backbone(bb), DEFAULT_PROTECTED_P)
     assert meta["eta"] == pytest.approx(want) and meta["no_privacy"] is False
-    assert meta["privacy"]["target_p"] == DEFAULT_TARGET_P
+    assert meta["privacy"]["target_p"] == DEFAULT_PROTECTED_P
+    assert meta["by_kind"]["protect"] == "rare" and meta["by_kind"]["eta_personal"] == 0.0
+    r = runner.invoke(app, ["tune", str(data), "--out", str(tmp / "uniform"), "--backbone", bb,
+                            "--protect", "all", *FAST])
+    assert r.exit_code == 0, r.output
+    assert f"privacy: the default level, P ≈ {DEFAULT_TARGET_P:g}" in r.stderr
+    assert _meta(tmp / "uniform")["eta"] == pytest.approx(
+        calibrate_eta_public(load_backbone(bb), DEFAULT_TARGET_P))
     r = runner.invoke(app, ["predict", str(out), str(data), "--json-report"])
     assert r.exit_code == 0, r.output
     report = json.loads(r.stdout.strip().splitlines()[-1])

@@ -338,7 +338,7 @@ def test_cli_privatize_label_sentence_file(tiny_backbone_dir, tmp_path):
     src = tmp_path / "in.txt"
     src.write_text("1 the movie was good\n0 a very boring plot\n1 fun fun fun\n")
     dst = tmp_path / "out.txt"
-    r = CliRunner().invoke(app, ["privatize", str(src), str(dst), "--eta", "20",
+    r = CliRunner().invoke(app, ["privatize", str(src), str(dst), "--protect", "all", "--eta", "20",
                                  "--backbone", str(tiny_backbone_dir), "--seed", "0",
                                  "--format", "label-text", "--json-report"])
     assert r.exit_code == 0, r.output
@@ -383,7 +383,8 @@ def test_cli_privatize_keeps_format(tiny_backbone_dir, tmp_path, name, content, 
     src = tmp_path / name
     src.write_text(content)
     dst = tmp_path / ("out-" + name)
-    r = CliRunner().invoke(app, ["privatize", str(src), str(dst), "--eta", "1e6", "--seed", "0",
+    r = CliRunner().invoke(app, ["privatize", str(src), str(dst), "--protect", "all",
+                                 "--eta", "1e6", "--seed", "0",
                                  "--backbone", str(tiny_backbone_dir), "--format", fmt,
                                  "--mode", "fast"])
     assert r.exit_code == 0, r.output

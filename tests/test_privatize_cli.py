@@ -39,9 +39,11 @@ def public_bb(tmp_path_factory):
 
 
 def _privatize(public_bb, src, out, *extra: str) -> dict:
+    """`rapt privatize` with uniform noise (--protect all): these tests are about formats and
+    calibration, where every token must be noised alike."""
     folder, _ = public_bb
     r = CliRunner().invoke(app, ["privatize", str(src), str(out), "--backbone", str(folder),
-                                 "--json-report", *extra])
+                                 "--json-report", "--protect", "all", *extra])
     assert r.exit_code == 0, r.output
     return json.loads([line for line in r.output.splitlines() if line.startswith("{")][-1])
 

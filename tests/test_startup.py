@@ -52,8 +52,10 @@ def test_privatize_loads_no_model(tmp_path):
     assert light.special_ids == load_backbone(str(folder)).special_ids
     src = tmp_path / "in.txt"
     src.write_text("the movie was good\nbad plot and boring film\n")
+    # uniform noise: the default's Presidio imports transformers.modeling_utils (its stanza
+    # engine; 1.4 s), though no model is loaded
     out = _run(CLI, "privatize", str(src), str(tmp_path / "out.txt"), "--backbone",
-               str(folder), "--eta", "50", cwd=tmp_path)
+               str(folder), "--eta", "50", "--protect", "all", cwd=tmp_path)
     assert out.splitlines()[-1] == "['torch', 'transformers']", out
     assert len((tmp_path / "out.txt").read_text().splitlines()) == 2
 

@@ -254,6 +254,8 @@ def test_one_weak_privacy_rule_in_every_privatizing_command(bert_dir, csv_file, 
     only `client upload` / `client predict` warned, and by a P threshold of their own."""
     bb = ["--backbone", str(bert_dir)]
     small = ["--epochs", "1", "--batch-size", "4"]
+    # every token noised alike (the rule on the protected kinds: tests/test_by_kind.py)
+    uniform = ["--protect", "all"]
 
     def weak(r) -> bool:
         assert r.exit_code == 0, r.output
@@ -263,9 +265,9 @@ def test_one_weak_privacy_rule_in_every_privatizing_command(bert_dir, csv_file, 
         art, sap = tmp_path / f"art{level}", tmp_path / f"sap{level}"
         runs = {
             "privatize": ["privatize", str(csv_file), str(tmp_path / f"p{level}.csv"), *bb,
-                          "--target-p", level],
+                          "--target-p", level, *uniform],
             "tune": ["tune", str(csv_file), "--out", str(art), *bb, "--target-p", level, *small,
-                     "--num-virtual-tokens", "2"],
+                     "--num-virtual-tokens", "2", *uniform],
             "predict": ["predict", str(art), str(csv_file)],
             "sap tune": ["sap", "tune", str(csv_file), "--out", str(sap), *bb, "--target-p",
                          level, *small],
@@ -274,14 +276,14 @@ def test_one_weak_privacy_rule_in_every_privatizing_command(bert_dir, csv_file, 
         for name, argv in runs.items():
             assert weak(runner.invoke(app, argv)) is expect, (name, level)
     r = runner.invoke(app, ["client", "upload", str(csv_file), *bb, "--target-p", "0.25",
-                            "--max-length", "32", *service])
+                            "--max-length", "32", *uniform, *service])
     assert "warning: weak privacy on this training data" in r.stderr, r.output
     # the threshold is the user's: --min-p 0.1 lets the same level pass
     r = runner.invoke(app, ["client", "upload", str(csv_file), *bb, "--target-p", "0.25",
-                            "--max-length", "32", "--min-p", "0.1", *service])
+                            "--max-length", "32", "--min-p", "0.1", *uniform, *service])
     assert r.exit_code == 0 and "weak privacy" not in r.stderr, r.output
     r = runner.invoke(app, ["privatize", str(csv_file), str(tmp_path / "q.csv"), *bb,
-                            "--target-p", "0.25", "--min-p", "0.1"])
+                            "--target-p", "0.25", "--min-p", "0.1", *uniform])
     assert r.exit_code == 0 and "weak privacy" not in r.stderr, r.output
 
 

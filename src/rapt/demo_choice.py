@@ -3,11 +3,12 @@
 A user asks: which setting should I use for my data, what privacy does it give, and does it beat
 what I can do alone? The demo answers with the settings `rapt tune` offers, on the same rows:
 
-* **uniform**: every token privatized at η for P ≈ :data:`rapt.privacy.rule.DEFAULT_TARGET_P`
-  (rapt's default);
-* **by kind** (``--protect rare``): personal data (Presidio) and words outside the 1,000 most
-  frequent public words at η for P ≈ :data:`rapt.privacy.rule.DEFAULT_PROTECTED_P`, frequent
-  words in clear (:mod:`rapt.privacy.by_kind`);
+* **uniform** (``--protect all``): every token privatized at η for P ≈
+  :data:`rapt.privacy.rule.DEFAULT_TARGET_P`;
+* **by kind** (``--protect rare``, rapt's default): words outside the 1,000 most frequent
+  public words at η for P ≈ :data:`rapt.privacy.rule.DEFAULT_PROTECTED_P`, personal data
+  (Presidio) at η 0 (each token swapped for a random one before the noise: ``--personal-p 1``),
+  frequent words in clear (:mod:`rapt.privacy.by_kind`);
 * the **local model** (TF-IDF + logistic regression on the clean rows, :mod:`rapt.local`), and
   each privatized model **fused** with it (weights cross-fitted on the test rows), what
   `rapt predict` uses by default.
@@ -70,6 +71,7 @@ class ChoiceConfig:
     lr: float | None = None  # None: rapt.config.DEFAULT_LR["lora"]
     target_p: float = DEFAULT_TARGET_P  # the uniform arm
     protected_p: float = DEFAULT_PROTECTED_P  # the by-kind arm's protected classes
+    personal_p: float = 1.0  # the by-kind arm's personal data (1: η 0, as `rapt tune`'s default)
     frequent_rank: int = DEFAULT_FREQUENT_RANK
     whole_fraction: float = 0.95
     max_length: int | None = None  # tokens per row; None: whole_fraction of rows whole
@@ -87,6 +89,9 @@ class ChoiceConfig:
             if not 0 < getattr(self, name) < 1:
                 raise ValueError(f"ChoiceConfig.{name} must lie strictly between 0 and 1 "
                                  f"(got {getattr(self, name)})")
+        if not self.protected_p <= self.personal_p <= 1:
+            raise ValueError(f"ChoiceConfig.personal_p must lie in [protected_p, 1] (got "
+                             f"{self.personal_p})")
         if self.precision not in PRECISIONS:
             raise ValueError(f"ChoiceConfig.precision must be one of {', '.join(PRECISIONS)} "
                              f"(got {self.precision!r})")
@@ -116,16 +121,19 @@ def _customizations(config: ChoiceConfig, bb, log: Callable[[str], None]) -> dic
     """arm -> Customization (η calibrated on the public sample as every command does)."""
     from rapt.pipeline import Customization
     from rapt.privacy.by_kind import make_policy
+    from rapt.privacy.mechanism import calibrate_eta_public
 
     out = {}
     for arm, (p, protect) in config.arms.items():
         c = Customization.create(bb, target_p=p, noise_seed=config.noise_seed)
         if protect != "all":
-            c.kind_policy = make_policy(c.eta, protect, config.frequent_rank)
+            c.kind_policy = make_policy(c.eta, protect, config.frequent_rank,
+                                        personal_p=config.personal_p,
+                                        calibrate=lambda q: calibrate_eta_public(bb, q))
         out[arm] = c
         what = ("every token" if protect == "all" else
-                f"personal data and words outside the {config.frequent_rank:,} most frequent "
-                "public words (the rest in clear)")
+                f"words outside the {config.frequent_rank:,} most frequent public words, "
+                f"personal data at P ≈ {config.personal_p:g} (the rest in clear)")
         log(f"{arm}: η = {numfmt.eta(c.eta)} (P ≈ {p:g} on the public text sample) on {what}")
     return out
 
@@ -278,8 +286,11 @@ def _level(arm: str, rec: dict) -> str:
     level = f"η {numfmt.eta(rec['eta'])} (P ≈ {rec['target_p']:g} on public text)"
     if arm == "uniform":
         return f"uniform: every token at {level}"
-    return (f"by kind (`--protect rare`): personal data and rare words at {level}, frequent "
-            "words in clear")
+    personal = (rec.get("class_eta") or {}).get("personal")
+    how = ("η 0 (each token swapped for a random one)" if personal == 0 else
+           "the same η" if personal in (None, rec["eta"]) else f"η {numfmt.eta(personal)}")
+    return (f"by kind (`--protect rare`, rapt's default): rare words at {level}, personal data "
+            f"at {how}, frequent words in clear")
 
 
 def verdict_lines(result: ChoiceResult) -> list[str]:

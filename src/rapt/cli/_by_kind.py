@@ -5,7 +5,7 @@ the checks every command runs before any work, and the one function that builds 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import typer
@@ -13,16 +13,19 @@ import typer
 from rapt.cli._app import fail
 from rapt.privacy.kinds import BAND_EDGES
 
-# rapt.privacy.by_kind.PROTECT; that module imports torch, which a check before work need not
+# rapt.privacy.by_kind.PROTECT and DEFAULT_PROTECT; that module imports torch, which a check
+# before work need not
 PROTECT_CHOICES = ("all", "rare", "personal")
+DEFAULT_PROTECT = "rare"
 
 
 @dataclass(frozen=True)
 class KindOptions:
-    """The options as typed. ``protect`` None: not given (`rapt predict`: the artifact's
-    policy, unless a personal-data level is given)."""
+    """The options as typed. ``protect`` None: not given (:func:`with_defaults` fills in
+    rapt's default; `rapt predict`: the artifact's policy, unless a personal-data level is
+    given)."""
 
-    protect: str | None = "all"
+    protect: str | None = None
     frequent_rank: int = BAND_EDGES[1]
     other_p: float | None = None
     other_eta: float | None = None
@@ -33,6 +36,18 @@ class KindOptions:
     def personal(self) -> bool:
         """A level of its own for personal data was given."""
         return self.personal_p is not None or self.personal_eta is not None
+
+
+def with_defaults(o: KindOptions, *, private: bool = True) -> KindOptions:
+    """The options with rapt's defaults filled in (the commands that privatize data they
+    send or train on): --protect not given is ``rare`` (:data:`DEFAULT_PROTECT`), or ``all``
+    with --no-privacy; under ``rare``, personal data without a level of its own gets
+    --personal-p 1 (η 0: each personal token is swapped for a random one before the noise).
+    Chosen from the grid in ``benchmarks/results/local_baseline_by_kind.md`` and the per-kind
+    privacy against the domain denoiser (``privacy_by_mechanism_denoiser.md``)."""
+    protect = o.protect if o.protect is not None else (DEFAULT_PROTECT if private else "all")
+    personal_p = 1.0 if protect == "rare" and private and not o.personal else o.personal_p
+    return replace(o, protect=protect, personal_p=personal_p)
 
 
 def check_kind_options(o: KindOptions, *, private: bool = True) -> None:

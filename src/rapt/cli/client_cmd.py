@@ -28,7 +28,13 @@ from rapt.cli._app import (
     privacy_level,
     sub_app,
 )
-from rapt.cli._by_kind import KindOptions, check_kind_options, echo_policy, kind_policy
+from rapt.cli._by_kind import (
+    KindOptions,
+    check_kind_options,
+    echo_policy,
+    kind_policy,
+    with_defaults,
+)
 from rapt.cli.options import (
     ETA,
     FREQUENT_RANK,
@@ -202,7 +208,7 @@ def _echo_json_report(c, table: dict | None = None) -> None:
 def client_upload(
     file: str = typer.Argument(..., help="labelled CSV / TSV / JSONL file (or a built-in name)"),
     eta: float | None = ETA_OPT, no_privacy: bool = NOPRIV_OPT, backbone: str = BB_OPT,
-    protect: str = PROTECT, frequent_rank: int = FREQUENT_RANK,
+    protect: str | None = PROTECT, frequent_rank: int = FREQUENT_RANK,
     other_p: float | None = OTHER_P, other_eta: float | None = OTHER_ETA,
     personal_p: float | None = PERSONAL_P, personal_eta: float | None = PERSONAL_ETA,
     text_column: str | None = TEXT_COLUMN, label_column: str | None = LABEL_COLUMN,
@@ -233,11 +239,13 @@ def client_upload(
     from rapt.data import load_dataset
 
     # the client warns of --no-privacy itself, before anything is sent
-    target_p = privacy_level(eta, target_p, target_ep, no_privacy, clear=None, protect=protect)
+    kinds = with_defaults(KindOptions(protect, frequent_rank, other_p, other_eta, personal_p,
+                                      personal_eta), private=not no_privacy)
+    check_kind_options(kinds, private=not no_privacy)
+    target_p = privacy_level(eta, target_p, target_ep, no_privacy, clear=None,
+                             protect=kinds.protect)
     if target_ep is not None:
         eta = eta_for_target_ep(backbone, target_ep)
-    kinds = KindOptions(protect, frequent_rank, other_p, other_eta, personal_p, personal_eta)
-    check_kind_options(kinds, private=not no_privacy)
     c = _client(url, key, backbone, eta, no_privacy, seed, min_p, target_p=target_p,
                 plain_tokens=plain_len, pad_to_bucket=pad_to_bucket)
     _kind_policy(c, kinds)

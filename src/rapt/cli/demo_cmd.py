@@ -26,6 +26,7 @@ from rapt.cli.options import (
     PERSONAL_P,
     PRECISION,
     PROTECT,
+    PROTECT_WHAT,
     TARGET_P,
     with_help,
 )
@@ -123,7 +124,9 @@ def demo(
                                        f"{DEFAULT_TARGET_P:g})"),
     eta: float | None = with_help(ETA, "(--paper) η (overrides --target-p)"),
     min_p: float = MIN_P,
-    protect: str = PROTECT, frequent_rank: int = FREQUENT_RANK,
+    protect: str | None = with_help(PROTECT, "(--paper) " + PROTECT_WHAT + " (default: all, "
+                                    "the paper's uniform mechanism)"),
+    frequent_rank: int = FREQUENT_RANK,
     other_p: float | None = OTHER_P, other_eta: float | None = OTHER_ETA,
     personal_p: float | None = PERSONAL_P, personal_eta: float | None = PERSONAL_ETA,
     seeds: int | None = typer.Option(None, help="paired seeds (default 3)"),
@@ -134,11 +137,12 @@ def demo(
     precision: str | None = with_help(PRECISION, PRECISION_HELP + " (default fp32; --paper: "
                                       "auto, measured equal to fp32 in that setting)"),
 ) -> None:
-    """The choice you make with rapt, on SST-2 and paired seeds: uniform noise (P 0.6) against
-    noise by kind of token (--protect rare: personal data and rare words at P 0.7's η, frequent
-    words in clear), each tuned with LoRA and fused with a local TF-IDF model trained on your
-    clean rows, beside that local model alone; one table of accuracy and privacy per kind of
-    token (all, rare words, personal data), the verdict `rapt tune` prints, and a plot.
+    """The choice you make with rapt, on SST-2 and paired seeds: noise by kind of token (rapt's
+    default, --protect rare: rare words at P 0.7's η, personal data at η 0, frequent words in
+    clear) against uniform noise (--protect all, P 0.6), each tuned with LoRA and fused with a
+    local TF-IDF model trained on your clean rows, beside that local model alone; one table of
+    accuracy and privacy per kind of token (all, rare words, personal data), the verdict `rapt
+    tune` prints, and a plot.
     --paper: RAPT's ablation (no privacy / head only / +privatization / +reconstruction, and
     +denoise-then-tune with --channel) with the local and fused rows."""
     opts = DemoOptions(**locals())  # the options, before any other name

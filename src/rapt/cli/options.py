@@ -16,7 +16,7 @@ import typer
 from rapt.cli._app import TARGET_EP_HELP, TARGET_P_HELP, TEXT_PAIR_OPT
 from rapt.config import PRECISION_HELP
 from rapt.privacy.kinds import BAND_EDGES
-from rapt.privacy.rule import DEFAULT_MIN_P, DEFAULT_TARGET_P, MIN_P_HELP
+from rapt.privacy.rule import DEFAULT_MIN_P, DEFAULT_PROTECTED_P, DEFAULT_TARGET_P, MIN_P_HELP
 
 FORMAT_HELP = ("file format if the extension does not tell: csv, tsv, jsonl, lines, "
                "label-text ('LABEL sentence'), text-at-label ('sentence@label'), trec, "
@@ -46,22 +46,26 @@ ETA = typer.Option(None, "--eta", help="privatize locally with this dχ-privacy 
 TARGET_P = typer.Option(None, "--target-p", help=TARGET_P_HELP)
 TARGET_EP = typer.Option(None, "--target-ep", help=TARGET_EP_HELP)
 MIN_P = typer.Option(DEFAULT_MIN_P, "--min-p", min=0.0, max=1.0, help=MIN_P_HELP)
-# Without a level, every command that sends or trains privatizes at DEFAULT_TARGET_P; clear
-# text only when the user types this flag.
-NO_PRIVACY_HELP = (f"use the text in clear, unprivatized (the default is P ≈ {DEFAULT_TARGET_P:g}"
-                   " when no --eta / --target-p / --target-ep is given)")
+# Without a level, every command that sends or trains privatizes at DEFAULT_PROTECTED_P (its
+# protected tokens; DEFAULT_TARGET_P under --protect all); clear text only when the user types
+# this flag.
+NO_PRIVACY_HELP = (f"use the text in clear, unprivatized (the default is P ≈ "
+                   f"{DEFAULT_PROTECTED_P:g} on the protected tokens, {DEFAULT_TARGET_P:g} under "
+                   "--protect all, when no --eta / --target-p / --target-ep is given)")
 NO_PRIVACY = typer.Option(False, "--no-privacy", help=NO_PRIVACY_HELP)
 NOISE_SEED = typer.Option(None, "--noise-seed", help="seed the privacy noise: tests and "
                           "benchmarks only, voids the guarantee (seeded: true); default: OS "
                           "entropy")
 
 # -- noise by kind of token (rapt.privacy.by_kind): built by rapt.cli._by_kind.kind_policy ------
-_PROTECT_WHAT = ("which tokens get the full noise of η: all (every token: the uniform mechanism) "
+PROTECT_WHAT = ("which tokens get the full noise of η: all (every token: the uniform mechanism) "
                  "| rare (personal data, and words outside the --frequent-rank N most frequent "
                  "words of rapt's public word list) | personal (personal data that Presidio "
                  "finds); the others (frequent words) pass in clear unless --other-p / "
                  "--other-eta is given")
-PROTECT_HELP = _PROTECT_WHAT + " (default: all)"
+PROTECT_HELP = PROTECT_WHAT + (f" (default: rare: rare words at --target-p "
+                                f"{DEFAULT_PROTECTED_P:g}, personal data at --personal-p 1, "
+                                "frequent words in clear; all with --no-privacy)")
 FREQUENT_RANK_HELP = ("with --protect rare: a word is rare when it is outside the N most frequent "
                       "words of rapt's public word list (never your data): 100 | 1000 | 10000")
 OTHER_P_HELP = ("with --protect rare|personal: noise the unprotected tokens at the η that gives "
@@ -71,10 +75,12 @@ OTHER_ETA_HELP = ("with --protect rare|personal: noise the unprotected tokens at
 PERSONAL_P_HELP = ("give personal data (Presidio's spans) a level of its own, at the η that "
                    "gives this P on rapt's public text sample, at least the protected P; 1: each "
                    "personal token is swapped for a random one before the noise (η 0: its "
-                   "release does not depend on it); with any --protect")
+                   "release does not depend on it); with any --protect (default: 1 under "
+                   "--protect rare, the protected P otherwise)")
 PERSONAL_ETA_HELP = ("personal data's η (at most the protected η; 0: its release does not "
                      "depend on it, as --personal-p 1)")
-PROTECT = typer.Option("all", "--protect", help=PROTECT_HELP)
+# None: not given; rapt.cli._by_kind.with_defaults fills in the default (rare)
+PROTECT = typer.Option(None, "--protect", help=PROTECT_HELP, show_default=False)
 # by_kind.DEFAULT_FREQUENT_RANK (1000); that module imports torch, which `rapt --help` must not
 FREQUENT_RANK = typer.Option(BAND_EDGES[1], "--frequent-rank", help=FREQUENT_RANK_HELP)
 OTHER_P = typer.Option(None, "--other-p", help=OTHER_P_HELP)
@@ -89,7 +95,7 @@ PRECISION = typer.Option(None, "--precision", help=PRECISION_HELP)
 def protect_for_queries(default: str):
     """--protect of a command that privatizes a tuned prompt's queries: not given (None), the
     prompt's policy, which ``default`` names for the help."""
-    return with_help(with_default(PROTECT, None), f"{_PROTECT_WHAT} (default: {default})")
+    return with_help(PROTECT, f"{PROTECT_WHAT} (default: {default})")
 
 
 def with_help(option, help: str):

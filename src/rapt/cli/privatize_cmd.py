@@ -24,7 +24,7 @@ from rapt.cli._app import (
     resolve_eta,
     warn_if_seeded,
 )
-from rapt.cli._by_kind import KindOptions, check_kind_options, kind_policy
+from rapt.cli._by_kind import KindOptions, check_kind_options, kind_policy, with_defaults
 from rapt.cli.options import (
     ETA,
     FREQUENT_RANK,
@@ -196,7 +196,7 @@ def privatize(
                                        f"{DEFAULT_TARGET_P:g} when no --eta / --target-ep is "
                                        "given (a level the weak-privacy rule does not flag)"),
     target_ep: float | None = TARGET_EP, min_p: float = MIN_P,
-    protect: str = PROTECT, frequent_rank: int = FREQUENT_RANK,
+    protect: str | None = PROTECT, frequent_rank: int = FREQUENT_RANK,
     other_p: float | None = OTHER_P, other_eta: float | None = OTHER_ETA,
     personal_p: float | None = PERSONAL_P, personal_eta: float | None = PERSONAL_ETA,
     backbone: str = typer.Option("minilm", "--backbone", "-b",
@@ -227,8 +227,8 @@ def privatize(
     Prints η, the measured replacement probability P, the nearest-neighbour inversion success,
     the shipped attack table's strongest attacker at that η and the throughput."""
     check_eta_options(eta, target_p, target_ep)
-    check_kind_options(kinds := KindOptions(protect, frequent_rank, other_p, other_eta,
-                                                  personal_p, personal_eta))
+    check_kind_options(kinds := with_defaults(KindOptions(protect, frequent_rank, other_p,
+                                                          other_eta, personal_p, personal_eta)))
     _check_options(mode, chunk_size, pieces)
     format_opt = None if fmt == "auto" else fmt
     ds = _load(input, split, format_opt, text_column, text_pair_column)
@@ -240,7 +240,7 @@ def privatize(
     threads = _threads_for_load()
     bb = load_backbone_or_fail(backbone, embeddings_only=True)  # the mechanism needs no model
     target_p = privacy_level(eta, target_p, target_ep, False, clear=None, can_be_clear=False,
-                             protect=protect)
+                             protect=kinds.protect)
     eta = resolve_eta(bb, eta, target_p, target_ep)[0]
     if target_p is not None:
         typer.echo(f"calibrated η = {numfmt.eta(eta)} for target P = {target_p} on rapt's public "

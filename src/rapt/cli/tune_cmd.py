@@ -23,7 +23,7 @@ from rapt.cli._app import (
     privacy_level,
     warn_if_seeded,
 )
-from rapt.cli._by_kind import KindOptions, check_kind_options
+from rapt.cli._by_kind import KindOptions, check_kind_options, with_defaults
 from rapt.cli._local import LOCAL_HELP, held_out, tune_user_side, without
 from rapt.cli._output_denoiser import (
     OUTPUT_DENOISER_HELP,
@@ -94,7 +94,7 @@ class TuneOptions:
     target_ep: float | None
     no_privacy: bool
     min_p: float
-    protect: str
+    protect: str | None
     frequent_rank: int
     other_p: float | None
     other_eta: float | None
@@ -189,7 +189,7 @@ def tune(
     target_ep: float | None = TARGET_EP,
     no_privacy: bool = NO_PRIVACY,
     min_p: float = MIN_P,
-    protect: str = PROTECT, frequent_rank: int = FREQUENT_RANK,
+    protect: str | None = PROTECT, frequent_rank: int = FREQUENT_RANK,
     other_p: float | None = OTHER_P, other_eta: float | None = OTHER_ETA,
     personal_p: float | None = PERSONAL_P, personal_eta: float | None = PERSONAL_ETA,
     reconstruction: bool = typer.Option(_d("reconstruction"), help=_TUNE_HELP["reconstruction"]),
@@ -232,7 +232,7 @@ def tune(
 ) -> None:
     """Privatize a dataset locally, tune a prompt on it, save it to --out (shareable; what is
     measured on your rows goes beside it). Ctrl-C saves a checkpoint; --resume goes on."""
-    o = TuneOptions(**locals())  # the options, typed, for the stage helpers below
+    o = _with_kind_defaults(TuneOptions(**locals()))  # typed, for the stage helpers below
     eta, target_p = _privacy_level(o)
     everything = _training_data(o)
     held = held_out(everything.labels, seed, local)
@@ -261,6 +261,12 @@ def _customization(o: TuneOptions, bb, eta, target_p, encoding, cfg, dp: bool):
     if dp and custom.privatizer is None:
         warn_if_seeded(o.noise_seed)
     return custom
+
+
+def _with_kind_defaults(o: TuneOptions) -> TuneOptions:
+    """--protect and --personal-p as rapt's defaults fill them in (:func:`with_defaults`)."""
+    k = with_defaults(_kinds(o), private=not o.no_privacy)
+    return dataclasses.replace(o, protect=k.protect, personal_p=k.personal_p)
 
 
 def _kinds(o: TuneOptions) -> KindOptions:

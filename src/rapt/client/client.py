@@ -3,11 +3,15 @@
 Everything that leaves the machine is privatized token ids (dχ-privacy text-to-text, RAPT
 §3.1), integer labels, the public plain tokens used for reconstruction, and the declared
 mechanism metadata (η, embedding, search mode). Raw text and original token ids never do.
-Without a configured η the client privatizes at the default level (P ≈
-:data:`rapt.privacy.rule.DEFAULT_TARGET_P`); it sends clear text only with ``no_privacy=True``.
+Without a configured policy an upload is privatized by kind of token, rapt's default
+(:func:`rapt.privacy.by_kind.default_policy`: rare words at η for P ≈
+:data:`rapt.privacy.rule.DEFAULT_PROTECTED_P` without a configured η, personal data at η 0,
+frequent words in clear); ``kind_policy=KindPolicy()`` noises every token alike (P ≈
+:data:`rapt.privacy.rule.DEFAULT_TARGET_P` by default). It sends clear text only with
+``no_privacy=True``.
 
     c = RaptClient("http://127.0.0.1:8000", key, backbone="minilm")
-    ds = c.upload("reviews.csv")           # η calibrated for P ≈ 0.6 on rapt's public text
+    ds = c.upload("reviews.csv")           # by kind; η calibrated for P ≈ 0.7 on public text
     job = c.tune(ds)                       # TuneConfig's defaults (rapt.config): LoRA
     status = c.wait(job)                   # progress bar (rapt.progress)
     out = c.predict(status["prompt_id"], ["a private query"])  # the training data's η
@@ -31,7 +35,7 @@ from rapt.config import DEFAULT_PLAIN_TOKENS, DEFAULT_PRIVATIZER_MODE, eta_probl
 from rapt.http import HttpSession, ServiceError, warn_plain_http
 
 # DEFAULT_MIN_P: the one weak-privacy threshold (re-exported)
-from rapt.privacy.rule import DEFAULT_MIN_P, DEFAULT_TARGET_P
+from rapt.privacy.rule import DEFAULT_MIN_P, DEFAULT_PROTECTED_P, DEFAULT_TARGET_P
 
 # imported where used: rapt.pipeline brings torch, `import rapt.client.client` not
 if TYPE_CHECKING:
@@ -253,8 +257,8 @@ class RaptClient:
         # the service recorded with the prompt's training data.
         self.target_p = target_p
         self._eta_chosen = eta is not None or target_p is not None
-        # rapt.privacy.by_kind.KindPolicy: the noise by kind of token (None: uniform, except
-        # that predict then takes the policy the prompt's training data was declared with)
+        # rapt.privacy.by_kind.KindPolicy: the noise by kind of token (None: not chosen; upload
+        # then takes rapt's default, predict the policy the prompt's data was declared with)
         self.kind_policy, self.kind_source = kind_policy, "given" if kind_policy else None
         self._kind_chosen = kind_policy is not None
         self.eta_source = "given" if eta is not None else None
@@ -300,11 +304,28 @@ class RaptClient:
             self._backbone = load_backbone(self._backbone_arg)
         return self._backbone
 
+    def _default_target(self) -> float:
+        """The P a level is calibrated for when none was given: the protected tokens' default
+        under noise by kind, the uniform default otherwise."""
+        by_kind = self.kind_policy is not None and not self.kind_policy.uniform
+        return DEFAULT_PROTECTED_P if by_kind else DEFAULT_TARGET_P
+
+    def _take_default_policy(self) -> None:
+        """An upload without a chosen policy takes rapt's default (noise by kind of token),
+        as `rapt client upload` does; η calibrated for the uniform default is dropped."""
+        if self._kind_chosen or self.no_privacy or self.kind_source == "default":
+            return
+        from rapt.privacy.by_kind import default_policy
+
+        self.kind_policy, self.kind_source, self._custom = default_policy(), "default", None
+        if self.eta_source == "default":
+            self.eta = None
+
     def _check_privacy(self) -> None:
         """Without an η, calibrate one: for ``target_p``, or for the default level
-        (:data:`rapt.privacy.rule.DEFAULT_TARGET_P`); clear text only with ``no_privacy``."""
+        (:meth:`_default_target`); clear text only with ``no_privacy``."""
         if self.eta is None and not self.no_privacy:
-            target = self.target_p if self.target_p is not None else DEFAULT_TARGET_P
+            target = self.target_p if self.target_p is not None else self._default_target()
             # Calibrated as every command calibrates (rapt.pipeline); its privatizer is kept.
             custom = self._create(target_p=target)
             self._set_eta(custom.eta, "target_p" if self.target_p is not None else "default")
@@ -367,7 +388,7 @@ class RaptClient:
         if self._custom is None:
             custom = self._create(eta=self.eta)
             # The P that η was calibrated for, reported beside the measured P.
-            target = DEFAULT_TARGET_P if self.eta_source == "default" else self.target_p
+            target = self._default_target() if self.eta_source == "default" else self.target_p
             custom.target_p = target if custom.privatizer is not None else None
             self._custom = custom
         return self._custom
@@ -492,7 +513,9 @@ class RaptClient:
         :meth:`user_side` can score the tuned prompt on rows it never trained on. What
         identifies the rows is recorded here (:meth:`holdout_record`): how to read the file
         again (``reload``: load_dataset's arguments; taken from ``source`` when it is a path),
-        a digest of the rows and the held-out indices, never the text."""
+        a digest of the rows and the held-out indices, never the text. Without a chosen
+        ``kind_policy`` the rows are privatized under rapt's default policy."""
+        self._take_default_policy()
         self._check_privacy()
         if isinstance(source, str | Path):
             from rapt.data import load_dataset

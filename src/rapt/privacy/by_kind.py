@@ -45,11 +45,16 @@ from rapt.privacy.kinds import (
 )
 from rapt.privacy.personal_data import PROPAGATED, PersonalSpan, propagate_spans
 
-__all__ = ["CLASSES", "DEFAULT_FREQUENT_RANK", "PROTECT", "KindLevelError", "KindPolicy",
-           "align_classes", "classes_of", "make_policy", "personal_spans", "row_noise"]
+__all__ = ["CLASSES", "DEFAULT_FREQUENT_RANK", "DEFAULT_PROTECT", "PROTECT", "KindLevelError",
+           "KindPolicy", "align_classes", "classes_of", "default_policy", "make_policy",
+           "personal_spans", "row_noise"]
 
 CLASSES = ("personal", "rare", "frequent")
 PROTECT = ("all", "rare", "personal")
+# rapt's default where a user privatizes without naming a policy (rapt.cli._by_kind keeps a
+# copy, as that module must not import torch): chosen from local_baseline_by_kind.md's grid
+# and the per-kind privacy against the domain denoiser (privacy_by_mechanism_denoiser.md)
+DEFAULT_PROTECT = "rare"
 DEFAULT_FREQUENT_RANK = 1000
 PERSONAL, RARE, FREQUENT = range(3)
 _FREQUENT_BANDS = BAND_EDGES.index(1_000) + 1  # bands "top 100" and "100-1k"
@@ -156,6 +161,13 @@ class KindPolicy:
         # How the findings were widened (personal_spans): part of what decided the classes.
         out["personal_data_propagated"] = list(PROPAGATED)
         return out
+
+
+def default_policy() -> KindPolicy:
+    """rapt's default: personal data and rare words protected (the privatizer's η, for P ≈
+    :data:`rapt.privacy.rule.DEFAULT_PROTECTED_P`), personal data at η 0, frequent words in
+    clear: `--protect rare --personal-p 1`."""
+    return KindPolicy(DEFAULT_PROTECT, DEFAULT_FREQUENT_RANK, None, 0.0)
 
 
 def make_policy(eta: float, protect: str, frequent_rank: int = DEFAULT_FREQUENT_RANK, *,

@@ -23,8 +23,10 @@ replacement probability P stands in: for dχ text-to-text, nearest neighbour rec
 1 − P of the tokens that go out unchanged. P and empirical privacy are therefore on one scale:
 P 0.4 means that 60 % of the words go out as they are.
 
-No command privatizes by default at a level this rule flags: the default is
-:data:`DEFAULT_TARGET_P`, clear of the threshold.
+No command privatizes by default at a level this rule flags: the default policy
+(:func:`rapt.privacy.by_kind.default_policy`) noises its protected tokens at
+:data:`DEFAULT_PROTECTED_P`, uniform noise (``--protect all``) is at :data:`DEFAULT_TARGET_P`,
+both clear of the threshold.
 
 The verdict also carries the rare-word privacy and the personal-data privacy (empirical privacy
 over the tokens of rare words and of personal data: the lowest the table's per-kind figures and
@@ -42,7 +44,7 @@ __all__ = ["DEFAULT_MIN_P", "DEFAULT_PROTECTED_P", "DEFAULT_TARGET_P", "KIND_LAB
            "PrivacyVerdict", "judge", "weak_privacy_warning"]
 
 DEFAULT_MIN_P = 0.5  # below it the best attacker we ran reads most of the tokens
-DEFAULT_TARGET_P = 0.6  # the default level where a command privatizes without being told
+DEFAULT_TARGET_P = 0.6  # the uniform level (--protect all) where a command is not told one
 # The default level of the protected classes under --protect rare|personal: the lowest level
 # of the grid whose per-kind privacy against the domain denoiser (which reads the clear
 # context) is at least uniform P 0.6's on SST-2 and FP dev (privacy_by_mechanism.md: at P 0.6's
