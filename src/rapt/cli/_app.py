@@ -198,7 +198,8 @@ def privacy_level(eta: float | None, target_p: float | None, target_ep: float | 
                   no_privacy: bool, *, clear: str | None,
                   can_be_clear: bool = True, protect: str | None = None) -> float | None:
     """The --target-p of a command that sends or trains: ``target_p`` as given; without any
-    level :data:`rapt.privacy.rule.DEFAULT_TARGET_P`, announced on stderr; None with
+    level :data:`rapt.privacy.rule.DEFAULT_TARGET_P` (``protect`` all or None), announced on
+    stderr; None with
     --no-privacy, announced as the warning ``--no-privacy: {clear}`` (None: the caller announces
     it; with a level too: exit 2). Clear text is never a default (``can_be_clear``: whether the
     command has --no-privacy at all, for the default's line). With ``protect`` rare or personal

@@ -76,7 +76,9 @@ TARGET_EP_OPT = TARGET_EP
 JSON_OPT = typer.Option(False, "--json-report", help="also print one JSON line with the privacy "
                         "report (η, measured P, nearest-neighbour inversion success); it stays "
                         "on this machine")
-NOPRIV_OPT = with_help(NO_PRIVACY, "send token ids unprivatized (the default is P ≈ 0.6)")
+NOPRIV_OPT = with_help(NO_PRIVACY, "send token ids unprivatized (the default is noise by kind "
+                       "of token, rare words at P ≈ 0.7; P ≈ 0.6 on every token under "
+                       "--protect all)")
 NOPRIV_PREDICT_OPT = with_help(NO_PRIVACY, "send the queries' token ids unprivatized (the "
                                "default is the η recorded on the service with the prompt's "
                                "training data, else P ≈ 0.6)")

@@ -120,8 +120,8 @@ def demo(
     label_descriptions: str | None = typer.Option(None, help="(--paper) "
                                                    + _DEMO_HELP["label_descriptions"]),
     rec_reduction: str | None = typer.Option(None, help="(--paper) sum (eq. 7, default) | mean"),
-    target_p: float | None = with_help(TARGET_P, TARGET_P_HELP + f" (default "
-                                       f"{DEFAULT_TARGET_P:g})"),
+    target_p: float | None = with_help(TARGET_P, TARGET_P_HELP + f" (the uniform arm, and "
+                                       f"--paper; default {DEFAULT_TARGET_P:g})"),
     eta: float | None = with_help(ETA, "(--paper) η (overrides --target-p)"),
     min_p: float = MIN_P,
     protect: str | None = with_help(PROTECT, "(--paper) " + PROTECT_WHAT + " (default: all, "

@@ -41,7 +41,7 @@ from rapt.cli.options import (
     with_help,
 )
 from rapt.config import DEFAULT_PRIVATIZER_MODE
-from rapt.privacy.rule import DEFAULT_TARGET_P
+from rapt.privacy.rule import DEFAULT_PROTECTED_P, DEFAULT_TARGET_P
 
 _LINE_FORMATS = ("label-text", "text-at-label", "trec", "lines")
 
@@ -193,8 +193,10 @@ def privatize(
     output: Path = typer.Argument(..., help="privatized file, written in the input's format"),
     eta: float | None = ETA,
     target_p: float | None = with_help(TARGET_P, TARGET_P_HELP + "; default "
-                                       f"{DEFAULT_TARGET_P:g} when no --eta / --target-ep is "
-                                       "given (a level the weak-privacy rule does not flag)"),
+                                       f"{DEFAULT_PROTECTED_P:g} for the protected tokens, "
+                                       f"{DEFAULT_TARGET_P:g} under --protect all, when no "
+                                       "--eta / --target-ep is given (levels the weak-privacy "
+                                       "rule does not flag)"),
     target_ep: float | None = TARGET_EP, min_p: float = MIN_P,
     protect: str | None = PROTECT, frequent_rank: int = FREQUENT_RANK,
     other_p: float | None = OTHER_P, other_eta: float | None = OTHER_ETA,
