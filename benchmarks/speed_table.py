@@ -53,7 +53,17 @@ def privatization() -> list[Row]:
     fig = (f"{t['fast']['tokens_per_s']:,.0f} tokens/s certified-exact fast search, "
            f"{t['exact']['tokens_per_s']:,.0f} exact ({d['vocabulary']['rows']:,}-token "
            f"MiniLM vocabulary, P ≈ 0.5; best of 5 runs)")
-    return [_row("privatization (dχ, nearest neighbour)", fig, d, "privatize.json")]
+    rows = [_row("privatization (dχ, nearest neighbour)", fig, d, "privatize.json")]
+    c = _load("default_cost.json")
+    if c is not None:
+        r = c["result"]
+        fig = (f"{r['rows']:,} SST-2 sentences: {r['default_total_s']:.1f} s by kind (rapt's "
+               f"default; personal data {r['personal_data_s']:.1f} s, "
+               f"{r['ms_per_row_personal_data']:.1f} ms a sentence) vs "
+               f"{r['privatize_uniform_s']:.1f} s uniform; Presidio's load "
+               f"{r['presidio_load_s']:.1f} s once")
+        rows.append(_row("privatization, the default policy", fig, c, "default_cost.json"))
+    return rows
 
 
 def tuning() -> list[Row]:

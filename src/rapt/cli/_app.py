@@ -268,7 +268,11 @@ def echo_privacy(report: dict, *, backbone: str, err: bool = False, prefix: str 
     from rapt.privacy.mechanism import privacy_line
 
     typer.echo(prefix + privacy_line(report) + suffix, err=err)
-    echo_table_line(backbone, report.get("eta"), err=err)
+    # Noise by kind: the table measured uniform noise, which this release gives its protected
+    # tokens only (its all-token figure is the privacy line's, above)
+    echo_table_line(backbone, report.get("eta"), err=err,
+                    prefix="protected tokens (the table's figure is uniform noise at their η): "
+                    if report.get("protected_kinds") else "")
     warn_weak_privacy(report, backbone=backbone, min_p=min_p, what=what)
 
 
