@@ -120,6 +120,13 @@ def privacy_table(privacy: dict | None) -> list[str]:
     return out
 
 
+# The privacy files, newest run first (its cells win): η 0 against its own denoiser (SST-2,
+# FP); the context attacker on uniform, rare P 0.7 and η 0; then the GPU grid (its other
+# settings) and the files that added cells to it. render_docs merges the same list.
+PRIVACY_FILES = ("privacy_by_mechanism_denoiser", "privacy_by_mechanism_context",
+                 "privacy_by_mechanism", "privacy_by_mechanism_trec",
+                 "privacy_by_mechanism_personal_eta0")
+
 # rapt's default (rapt.privacy.by_kind.default_policy: --protect rare at P 0.7, personal data
 # at η 0), chosen from this grid; "0.6" the former default
 DEFAULT_SETTING = "r0.7z"
@@ -204,7 +211,8 @@ def plot(rows: list[dict], path: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cells", default=str(RESULTS / "local_baseline_cells"))
-    ap.add_argument("--privacy", nargs="+", default=[str(RESULTS / "privacy_by_mechanism.json")],
+    ap.add_argument("--privacy", nargs="+",
+                    default=[str(RESULTS / f"{n}.json") for n in PRIVACY_FILES],
                     help="privacy_by_mechanism JSON files; a later file adds the settings the "
                     "earlier ones lack")
     ap.add_argument("--rows", nargs="+", default=["500", "2000"])

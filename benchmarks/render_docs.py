@@ -85,31 +85,28 @@ def by_kind_accuracy() -> str:
     return _source("local_baseline_by_kind", doc) + "\n".join(table(rows)) + "\n"
 
 
+def _privacy_files() -> tuple[list[str], dict | None]:
+    """The privacy files present, in the order of
+    :data:`benchmarks.local_baseline_by_kind.PRIVACY_FILES`, and their merged cells (each
+    (setting, task) from the first file that has it)."""
+    from benchmarks.local_baseline_by_kind import PRIVACY_FILES, merged_privacy
+    files = [n for n in PRIVACY_FILES if (RESULTS / f"{n}.json").exists()]
+    return files, merged_privacy([RESULTS / f"{n}.json" for n in files])
+
+
 def default_choice() -> str:
     """The README's side-by-side table: the former default and rapt's default, accuracy and
-    privacy per kind (the privacy files merged as :func:`by_kind_privacy` merges them)."""
-    from benchmarks.local_baseline_by_kind import default_table, merged_privacy
+    privacy per kind."""
+    from benchmarks.local_baseline_by_kind import default_table
     doc = _json("local_baseline_by_kind")
-    files = [n for n in PRIVACY_FILES if (RESULTS / f"{n}.json").exists()]
-    privacy = merged_privacy([RESULTS / f"{n}.json" for n in files])
-    return (_source("local_baseline_by_kind", doc) + "\n".join(default_table(doc["summary"],
-                                                                             privacy)) + "\n")
-
-
-# The newest run first (its cells win): η 0 against its own denoiser (SST-2, FP); the context
-# attacker on uniform, rare P 0.7 and η 0; then the GPU grid (its other settings) and the files
-# that added cells to it.
-PRIVACY_FILES = ("privacy_by_mechanism_denoiser", "privacy_by_mechanism_context",
-                 "privacy_by_mechanism", "privacy_by_mechanism_trec",
-                 "privacy_by_mechanism_personal_eta0")
+    return (_source("local_baseline_by_kind", doc)
+            + "\n".join(default_table(doc["summary"], _privacy_files()[1])) + "\n")
 
 
 def by_kind_privacy() -> str:
-    """Privacy per kind at every setting measured, each (setting, task) from the first file of
-    :data:`PRIVACY_FILES` that has it."""
-    from benchmarks.local_baseline_by_kind import merged_privacy, privacy_table
-    files = [n for n in PRIVACY_FILES if (RESULTS / f"{n}.json").exists()]
-    doc = merged_privacy([RESULTS / f"{n}.json" for n in files])
+    """Privacy per kind at every setting measured (:func:`_privacy_files`)."""
+    from benchmarks.local_baseline_by_kind import privacy_table
+    files, doc = _privacy_files()
     extra = "".join(_source(n, _json(n), lead="Cells the files above lack from")
                     for n in files[1:])
     return _source(files[0], doc) + extra + "\n".join(privacy_table(doc)) + "\n"
