@@ -92,6 +92,9 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--limit", type=int, default=0, help="domain texts (0: all; dry runs)")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--save", default=None, metavar="DIR",
+                    help="also save each trained denoiser to DIR/NAME (Denoiser.load reads it: "
+                    "bench_canaries --denoiser)")
     args = ap.parse_args()
     etas = json.loads(Path(args.etas).read_text())
     spans = load_spans(args.spans)
@@ -123,6 +126,8 @@ def main() -> None:
                              or 0 < args.steps <= len(h))
         bar.close()
         den.eval()
+        if args.save:
+            den.save(Path(args.save) / name)
         rec = {"mechanism": name, "eta": eta, "policy": policy.record(eta),
                "device": args.device, "backbone": args.backbone,
                "step_cap": args.steps or None,

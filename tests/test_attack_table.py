@@ -215,7 +215,9 @@ def _patch(monkeypatch, name: str) -> dict:
 def test_privatize_prints_the_table_line_and_takes_target_ep(cli_setup, tmp_path, monkeypatch):
     folder, csv = cli_setup
     runner = CliRunner()
-    args = ["privatize", str(csv), str(tmp_path / "out.csv"), "--backbone", str(folder)]
+    # uniform noise, the table's own mechanism (the default's line: the end of this test)
+    args = ["privatize", str(csv), str(tmp_path / "out.csv"), "--backbone", str(folder),
+            "--protect", "all"]
     r = runner.invoke(app, [*args, "--eta", "60"])  # the shipped table does not hold it
     assert r.exit_code == 0, r.output
     assert f"best attacker we ran: not in the table, backbone '{folder}' is not in it" in r.output
@@ -231,6 +233,13 @@ def test_privatize_prints_the_table_line_and_takes_target_ep(cli_setup, tmp_path
             "bound on privacy), set by nearest neighbour") in line
     rep = json.loads([ln for ln in r.output.splitlines() if ln.startswith("{")][-1])
     assert rep["attack_table"]["recovery"] == 0.35
+    # rapt's default, noise by kind: the same figure, said to be uniform noise at the
+    # protected tokens' η
+    r = runner.invoke(app, [*args[:-2], "--eta", "50"])
+    assert r.exit_code == 0, r.output
+    assert any(ln.startswith("protected tokens (the table's figure is uniform noise at their η): "
+                             "best attacker we ran at η = 50.00: nearest neighbour recovers "
+                             "35.0%") for ln in r.output.splitlines()), r.output
     r = runner.invoke(app, [*args, "--target-ep", "0.5", "--json-report"])
     assert r.exit_code == 0, r.output
     eta = eta_for_target_ep(str(folder), 0.5, _table(str(folder)))

@@ -10,6 +10,7 @@ import pytest
 from rapt.privacy.attack_table import load_table, strongest_at
 from rapt.privacy.rule import (
     DEFAULT_MIN_P,
+    DEFAULT_PROTECTED_P,
     DEFAULT_TARGET_P,
     judge,
     weak_privacy_warning,
@@ -88,9 +89,10 @@ def test_threshold_is_the_one_given():
 
 
 def test_defaults_are_not_flagged():
-    """`rapt demo` and `rapt privatize` privatize by default at DEFAULT_TARGET_P; the demo's
-    benchmark profile keeps its explicit P 0.4 (flagged, with a warning, as any explicit weak
-    level)."""
+    """`rapt demo --paper` and `rapt privatize --protect all` privatize by default at
+    DEFAULT_TARGET_P, the protected tokens of rapt's default policy at DEFAULT_PROTECTED_P,
+    neither flagged; the demo's benchmark profile keeps its explicit P 0.4 (flagged, with a
+    warning, as any explicit weak level)."""
     import typer.main
 
     from rapt.cli import app
@@ -102,7 +104,9 @@ def test_defaults_are_not_flagged():
     cmd = typer.main.get_command(app).commands["privatize"]
     params = {p.name: p for p in cmd.params}
     assert params["eta"].default is None and params["target_p"].default is None
-    assert f"default {DEFAULT_TARGET_P:g}" in params["target_p"].help
+    assert f"default {DEFAULT_PROTECTED_P:g} for the protected tokens, {DEFAULT_TARGET_P:g} " \
+        "under --protect all" in params["target_p"].help
+    assert not judge(None, backbone="minilm", eta=_eta_at_p("minilm", DEFAULT_PROTECTED_P)).weak
     # the table's P at the default level is the level asked for (calibration and table agree)
     ans = strongest_at("minilm", _eta_at_p("minilm", DEFAULT_TARGET_P))
     assert ans.p == pytest.approx(DEFAULT_TARGET_P, abs=1e-6)

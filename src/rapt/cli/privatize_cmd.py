@@ -187,16 +187,17 @@ def _check_options(mode: str, chunk_size: int, pieces: str) -> None:
         fail(f"--pieces must be join or split, got {pieces!r}")
 
 
+_TARGET_P_HELP = (TARGET_P_HELP + f"; default {DEFAULT_PROTECTED_P:g} for the protected tokens, "
+                  f"{DEFAULT_TARGET_P:g} under --protect all, when no --eta / --target-ep is "
+                  "given (levels the weak-privacy rule does not flag)")
+
+
 @app.command()
 def privatize(
     input: str = typer.Argument(..., help="input file, or a built-in dataset name"),
     output: Path = typer.Argument(..., help="privatized file, written in the input's format"),
     eta: float | None = ETA,
-    target_p: float | None = with_help(TARGET_P, TARGET_P_HELP + "; default "
-                                       f"{DEFAULT_PROTECTED_P:g} for the protected tokens, "
-                                       f"{DEFAULT_TARGET_P:g} under --protect all, when no "
-                                       "--eta / --target-ep is given (levels the weak-privacy "
-                                       "rule does not flag)"),
+    target_p: float | None = with_help(TARGET_P, _TARGET_P_HELP),
     target_ep: float | None = TARGET_EP, min_p: float = MIN_P,
     protect: str | None = PROTECT, frequent_rank: int = FREQUENT_RANK,
     other_p: float | None = OTHER_P, other_eta: float | None = OTHER_ETA,
