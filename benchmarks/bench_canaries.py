@@ -164,9 +164,22 @@ def attackers_for(bb, bayes, denoiser) -> dict:
         return [g.tolist() for g in torch.split(bayes.guess(flat), [len(r) for r in rows])]
 
     def by_denoiser(rows):
-        spans = _text_spans(bb, rows)
-        text = denoiser.guess([r[a:b] for r, (a, b) in zip(rows, spans, strict=True)])
-        return [r[:a] + list(t) + r[b:] for r, (a, b), t in zip(rows, spans, text, strict=True)]
+        # The denoiser reads max_length tokens (48 for the domain attacker): a longer text is
+        # read in windows taken from its end, so the appended secret and the words before it
+        # share one window (it returned the rest as received before)
+        from rapt.channel.corpus import special_wrap
+
+        head, tail = special_wrap(bb.tokenizer)
+        room = denoiser.config.max_length - len(head) - len(tail)
+        windows, where = [], []
+        for k, (r, (a, b)) in enumerate(zip(rows, _text_spans(bb, rows), strict=True)):
+            for e in range(b, a, -room):
+                windows.append(r[max(a, e - room):e])
+                where.append((k, max(a, e - room)))
+        out = [list(r) for r in rows]
+        for (k, start), g in zip(where, denoiser.guess(windows), strict=True):
+            out[k][start:start + len(g)] = list(g)
+        return out
 
     out = {"nn": lambda rows: [list(r) for r in rows], "bayes": by_bayes}
     if denoiser is not None:

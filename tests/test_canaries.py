@@ -199,3 +199,28 @@ def test_the_results_pages_are_rendered_from_their_json():
     for page in pages:
         doc = json.loads(page.read_text())
         assert markdown(doc) == page.with_suffix(".md").read_text(), page.name
+
+
+def test_the_denoiser_reads_a_long_text_in_windows_that_keep_its_end(canary_backbone):
+    """A text longer than the denoiser's max_length is read in windows from its end: every
+    position is guessed (before, those beyond 46 tokens came back as received, so a secret
+    appended to a long sentence met nearest neighbour only), and the specials stay."""
+    from types import SimpleNamespace
+
+    from benchmarks.bench_canaries import attackers_for
+
+    bb = canary_backbone
+    seen: list[list[int]] = []
+
+    def guess(rows):  # marks every token it was given
+        seen.extend(list(r) for r in rows)
+        return [[-1] * len(r) for r in rows]
+
+    den = SimpleNamespace(config=SimpleNamespace(max_length=6), guess=guess)
+    rows = [bb.tokenizer(t)["input_ids"] for t in (" ".join(TASK), "awful film")]
+    out = attackers_for(bb, None, den)["denoiser"](rows)
+    special = set(bb.special_ids)
+    for r, o in zip(rows, out, strict=True):
+        assert [t == -1 for t in o] == [t not in special for t in r]
+    assert all(len(w) <= 4 for w in seen)  # 6 minus [CLS] and [SEP]
+    assert seen[0] == rows[0][-5:-1]  # the first window is the text's end
