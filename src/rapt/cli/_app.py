@@ -199,11 +199,11 @@ def privacy_level(eta: float | None, target_p: float | None, target_ep: float | 
                   can_be_clear: bool = True, protect: str | None = None) -> float | None:
     """The --target-p of a command that sends or trains: ``target_p`` as given; without any
     level :data:`rapt.privacy.rule.DEFAULT_TARGET_P` (``protect`` all or None), announced on
-    stderr; None with
-    --no-privacy, announced as the warning ``--no-privacy: {clear}`` (None: the caller announces
-    it; with a level too: exit 2). Clear text is never a default (``can_be_clear``: whether the
-    command has --no-privacy at all, for the default's line). With ``protect`` rare or personal
-    the default is the protected classes' :data:`rapt.privacy.rule.DEFAULT_PROTECTED_P`."""
+    stderr; None with --no-privacy, announced as the warning ``--no-privacy: {clear}`` (None:
+    the caller announces it; with a level too: exit 2). Clear text is never a default
+    (``can_be_clear``: whether the command has --no-privacy at all, for the default's line).
+    With ``protect`` rare or personal the default is the protected classes'
+    :data:`rapt.privacy.rule.DEFAULT_PROTECTED_P`."""
     from rapt.privacy.rule import DEFAULT_PROTECTED_P, DEFAULT_TARGET_P
 
     check_eta_options(eta, target_p, target_ep)

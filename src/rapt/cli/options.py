@@ -59,13 +59,13 @@ NOISE_SEED = typer.Option(None, "--noise-seed", help="seed the privacy noise: te
 
 # -- noise by kind of token (rapt.privacy.by_kind): built by rapt.cli._by_kind.kind_policy ------
 PROTECT_WHAT = ("which tokens get the full noise of η: all (every token: the uniform mechanism) "
-                 "| rare (personal data, and words outside the --frequent-rank N most frequent "
-                 "words of rapt's public word list) | personal (personal data that Presidio "
-                 "finds); the others (frequent words) pass in clear unless --other-p / "
-                 "--other-eta is given")
+                "| rare (personal data, and words outside the --frequent-rank N most frequent "
+                "words of rapt's public word list) | personal (personal data that Presidio "
+                "finds); the others (frequent words) pass in clear unless --other-p / "
+                "--other-eta is given")
 PROTECT_HELP = PROTECT_WHAT + (f" (default: rare: rare words at --target-p "
-                                f"{DEFAULT_PROTECTED_P:g}, personal data at --personal-p 1, "
-                                "frequent words in clear; all with --no-privacy)")
+                               f"{DEFAULT_PROTECTED_P:g}, personal data at --personal-p 1, "
+                               "frequent words in clear; all with --no-privacy)")
 FREQUENT_RANK_HELP = ("with --protect rare: a word is rare when it is outside the N most frequent "
                       "words of rapt's public word list (never your data): 100 | 1000 | 10000")
 OTHER_P_HELP = ("with --protect rare|personal: noise the unprotected tokens at the η that gives "

@@ -2,7 +2,8 @@
 
 Everything that leaves the machine is privatized token ids (dχ-privacy text-to-text, RAPT
 §3.1), integer labels, the public plain tokens used for reconstruction, and the declared
-mechanism metadata (η, embedding, search mode). Raw text and original token ids never do.
+mechanism metadata (η, embedding, search mode). Raw text never does; original token ids only
+where the policy passes a class in clear (the default's frequent public words).
 Without a configured policy an upload is privatized by kind of token, rapt's default
 (:func:`rapt.privacy.by_kind.default_policy`: rare words at η for P ≈
 :data:`rapt.privacy.rule.DEFAULT_PROTECTED_P` without a configured η, personal data at η 0,
