@@ -282,6 +282,10 @@ def measure(args) -> dict:
             "bayes": {**opts, "prior_sources": s["prior_sources"],
                       "screen_seconds": screens},
             "not_run": [] if denoiser is not None else [NO_DENOISER],
+            # what the denoiser was trained on (rapt adapt or bench_kind_attack --save)
+            "denoiser": None if denoiser is None else {
+                "path": str(args.denoiser), "meta": denoiser.meta,
+                "max_length": denoiser.config.max_length},
             "examples": [{"kind": c.kind, "repeats": c.repeats,
                           "text": planted.texts[c.occurrences[0].row]}
                          for c in planted.canaries[::max(1, len(planted.canaries) // 6)]],
@@ -424,6 +428,12 @@ def markdown(doc: dict) -> str:
         + " (Bayes: k {bayes_k}, {bayes_samples} screen and {bayes_confirm_samples} confirm "
           "draws, at most {bayes_max_confirm} changes per call, z {bayes_z}).".format(
               **doc["bayes"]), ""]
+    if doc.get("denoiser"):
+        d = doc["denoiser"]
+        lines += [f"**The denoiser** (`{d['path']}`, reading {d['max_length']} tokens at a "
+                  "time: a longer text in windows from its end): trained with "
+                  + ", ".join(f"{k} {v}" for k, v in sorted(d["meta"].items())
+                              if isinstance(v, str | int | float)) + ".", ""]
     if doc["not_run"]:
         lines += ["**Not run:** " + "; ".join(f"the {n['attacker']}: {n['why']}"
                                               for n in doc["not_run"]) + ".", ""]

@@ -126,7 +126,9 @@ def main() -> None:
                              or 0 < args.steps <= len(h))
         bar.close()
         den.eval()
-        if args.save:
+        if args.save:  # with what it was trained on, for the pages that load it
+            den.meta.update(steps=len(hist), device=args.device, domain_texts=len(domain),
+                            repeats=args.repeats)
             den.save(Path(args.save) / name)
         rec = {"mechanism": name, "eta": eta, "policy": policy.record(eta),
                "device": args.device, "backbone": args.backbone,
