@@ -367,3 +367,23 @@ def test_every_command_with_protect_takes_every_level_option():
     assert {"tune", "predict", "privatize", "demo", "client upload", "client predict"} <= set(
         with_protect)
     assert {name: levels - opts for name, opts in with_protect.items() if levels - opts} == {}
+
+
+def test_the_defaults_fill_in_only_what_was_not_given():
+    """--protect not given: rare (all with --no-privacy); under rare, personal data without a
+    level of its own gets --personal-p 1 (η 0); a level given, --protect all or personal, and
+    --no-privacy are left as typed."""
+    from rapt.cli._by_kind import KindOptions, with_defaults
+
+    def filled(private=True, **given):
+        k = with_defaults(KindOptions(**given), private=private)
+        return k.protect, k.personal_p, k.personal_eta
+
+    assert filled() == ("rare", 1.0, None)
+    assert filled(protect="rare") == ("rare", 1.0, None)
+    assert filled(protect="rare", personal_eta=3.0) == ("rare", None, 3.0)
+    assert filled(personal_p=0.9) == ("rare", 0.9, None)
+    assert filled(protect="all") == ("all", None, None)
+    assert filled(protect="personal") == ("personal", None, None)
+    assert filled(private=False) == ("all", None, None)
+    assert filled(private=False, protect="rare") == ("rare", None, None)  # refused later
