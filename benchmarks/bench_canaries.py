@@ -395,8 +395,8 @@ def markdown(doc: dict) -> str:
     det = doc["detector"]
     lines = [
         "# Planted secrets (canaries): what the provider recovers from the release", "",
-        f"`OMP_NUM_THREADS=1 {doc['command']}` ({doc['wall_s'] / 60:.1f} min wall, "
-        f"{doc['machine']['threads']} thread).", "",
+        f"`OMP_NUM_THREADS={doc['machine']['threads']} {doc['command']}` "
+        f"({doc['wall_s'] / 60:.1f} min wall, {doc['machine']['threads']} thread).", "",
         f"{doc['rows']:,} SST-2 training sentences (seeded sample) and {doc['planted_rows']:,} "
         f"planted copies ({doc['texts']:,} texts): {doc['per_cell']} secrets of each kind "
         f"planted {', '.join(map(str, doc['repeats']))} times, each copy a random training "
