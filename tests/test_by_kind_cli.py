@@ -387,3 +387,9 @@ def test_the_defaults_fill_in_only_what_was_not_given():
     assert filled(protect="personal") == ("personal", None, None)
     assert filled(private=False) == ("all", None, None)
     assert filled(private=False, protect="rare") == ("rare", None, None)  # refused later
+    # the CLI's copy of the default (its module must not import torch) is the library's
+    from rapt.privacy.by_kind import default_policy, make_policy
+
+    k = with_defaults(KindOptions())
+    assert make_policy(50.0, k.protect, k.frequent_rank, personal_p=k.personal_p) == (
+        default_policy())
