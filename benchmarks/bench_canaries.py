@@ -174,8 +174,9 @@ def attackers_for(bb, bayes, denoiser) -> dict:
         windows, where = [], []
         for k, (r, (a, b)) in enumerate(zip(rows, _text_spans(bb, rows), strict=True)):
             for e in range(b, a, -room):
-                windows.append(r[max(a, e - room):e])
-                where.append((k, max(a, e - room)))
+                start = max(a, e - room)
+                windows.append(r[start:e])
+                where.append((k, start))
         out = [list(r) for r in rows]
         for (k, start), g in zip(where, denoiser.guess(windows), strict=True):
             out[k][start:start + len(g)] = list(g)
