@@ -70,12 +70,13 @@ def training_texts(n: int, seed: int) -> list[str]:
     return texts if n <= 0 or n >= len(texts) else random.Random(seed).sample(texts, n)
 
 
-def find_personal(texts: list[str], chunk: int = 100) -> tuple[dict[str, list], dict]:
+def find_personal(texts: list[str], chunk: int = 100, name_list: bool = True
+                  ) -> tuple[dict[str, list], dict]:
     """Text -> Presidio's spans, with a progress bar; and the detector's record."""
     from rapt.privacy.personal_data import PersonalDataDetector
     from rapt.progress import progress_bar
 
-    detector = PersonalDataDetector()
+    detector = PersonalDataDetector(name_list=name_list)
     found: dict[str, list] = {}
     todo = list(dict.fromkeys(texts))
     with progress_bar(total=len(todo), desc="presidio", unit="text") as bar:
@@ -228,7 +229,7 @@ def setup(args) -> dict:
     bb = load_backbone("minilm")
     planted = plant(training_texts(args.rows, args.seed), per_cell=args.per_cell,
                     repeats=args.repeats, seed=args.seed, lowercase=args.lowercase)
-    spans, record = find_personal(planted.texts)
+    spans, record = find_personal(planted.texts, name_list=not args.no_name_list)
     # What the mechanisms classify by: each name found in one text marked in every text.
     widened = dict(zip(planted.texts, personal_spans(planted.texts, spans=spans), strict=True))
     public, sources = public_word_texts()
@@ -420,7 +421,11 @@ def markdown(doc: dict) -> str:
         "a by-kind policy): an upper bound on what an attacker must first find. A "
         "token-by-token release keeps a secret's token count, which excludes candidates of "
         "another length: that leak is counted.", "",
-        f"**Personal data.** Presidio ({det['ner_model'] or 'no NER model'}; score ≥ "
+        f"**Personal data.** Presidio ({det['ner_model'] or 'no NER model'}"
+        + ("; the Census name lists, `rapt.privacy.name_list`: the canaries' names are among "
+           "their most common entries, so this checks the rules, not their recall "
+           "(`name_list.md` is the recall)" if det.get("name_list") else
+           "; no name lists" if "name_list" in det else "") + f"; score ≥ "
         f"{det['score_threshold']}) on every text; its spans decide both by-kind mechanisms' "
         "classes" + (f", each {'/'.join(doc['propagated'])} found in one text marked wherever "
                      "it recurs (`rapt.privacy.personal_data.propagate_spans`)"
@@ -502,6 +507,8 @@ def main() -> None:
     ap.add_argument("--denoiser", default=None, help="a trained denoiser's folder (rapt adapt)")
     ap.add_argument("--lowercase", action="store_true",
                     help="names in lower case, as in SST-2 (the detector finds fewer)")
+    ap.add_argument("--no-name-list", action="store_true",
+                    help="Presidio without the Census name lists (rapt's detector before them)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--quick", action="store_true",

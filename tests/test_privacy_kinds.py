@@ -53,7 +53,7 @@ def pattern_detector():
     pytest.importorskip("presidio_analyzer")
     from rapt.privacy.personal_data import PersonalDataDetector
 
-    return PersonalDataDetector(ner_model=None)
+    return PersonalDataDetector(ner_model=None, name_list=False)
 
 
 # -- frequency bands --------------------------------------------------------------------------

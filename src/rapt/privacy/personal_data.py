@@ -8,7 +8,11 @@ Presidio's analyzer runs two families of recognizers:
   DATE_TIME;
 * **pattern recognizers** (regular expressions and checksums, no model): e-mail, phone
   (the ``phonenumbers`` library), credit card, IBAN, IP address, dates written with digits,
-  and rapt's own NUMBER (any digit string: amounts, account numbers, ages, years).
+  and rapt's own NUMBER (any digit string: amounts, account numbers, ages, years);
+* **name lists** (:mod:`rapt.privacy.name_list`): PERSON where a given name and surname of the
+  US Census lists stand together, or a given name that is not a frequent public word stands
+  alone, in any case: spaCy's model finds names by their capitals and misses them in
+  lower-cased text.
 
 Nothing is fetched at run time: the spaCy model is loaded only when it is installed (never
 ``spacy download``), and the e-mail check reads the public-suffix list bundled with
@@ -92,16 +96,31 @@ def _pattern_recognizers() -> list:
             CreditCardRecognizer(), IbanRecognizer(), IpRecognizer(), DateRecognizer(), number]
 
 
+def _wordnet_non_nouns(nlp) -> frozenset[str]:
+    """The adjectives, adverbs and verbs of the spaCy pipeline's lemmatizer tables (WordNet's,
+    lower case): a given name that is one of them ("rose", "frank", "mark", "grace") is not
+    marked alone. Nouns are not used: WordNet's hold names ("sarah", "michael") too."""
+    if "lemmatizer" not in nlp.pipe_names:
+        return frozenset()
+    lookups = nlp.get_pipe("lemmatizer").lookups
+    if "lemma_index" not in lookups.tables:
+        return frozenset()
+    index = lookups.get_table("lemma_index")
+    return frozenset(w for pos in ("adj", "adv", "verb") for w in index.get(pos, ()))
+
+
 class PersonalDataDetector:
     """Presidio's analyzer, built once (loading spaCy takes a second or two).
 
     ``ner_model``: an installed spaCy pipeline's package name or folder (default
     :data:`DEFAULT_NER_MODEL`); None runs the pattern recognizers only, and so does a model
     that is not installed (``record["ner_missing"]`` says so). ``score_threshold``: findings
-    below it are dropped."""
+    below it are dropped. ``name_list``: also mark names found by the Census name lists
+    (:mod:`rapt.privacy.name_list`), whatever their case."""
 
     def __init__(self, ner_model: str | None = DEFAULT_NER_MODEL, *,
-                 score_threshold: float = DEFAULT_SCORE_THRESHOLD) -> None:
+                 score_threshold: float = DEFAULT_SCORE_THRESHOLD,
+                 name_list: bool = True) -> None:
         from presidio_analyzer import AnalyzerEngine, RecognizerRegistry
         from presidio_analyzer.nlp_engine import NoOpNlpEngine, SpacyNlpEngine
         from presidio_analyzer.predefined_recognizers import SpacyRecognizer
@@ -126,6 +145,15 @@ class PersonalDataDetector:
             registry.add_recognizer(SpacyRecognizer(supported_entities=list(NER_ENTITIES)))
         else:
             engine = NoOpNlpEngine(models=[{"lang_code": "en", "model_name": "none"}])
+        self.name_list: dict | None = None
+        if name_list:
+            from rapt.privacy.name_list import name_list_recognizer
+
+            rec = name_list_recognizer(
+                not_alone=_wordnet_non_nouns(engine.nlp["en"]) if self.ner_model else ())
+            registry.add_recognizer(rec)
+            self.name_list = rec.record
+            self._by_list = rec.find
         self._analyzer = AnalyzerEngine(registry=registry, nlp_engine=engine,
                                         supported_languages=["en"])
         self.recognizers = tuple(r.name for r in registry.recognizers)
@@ -137,12 +165,13 @@ class PersonalDataDetector:
     @property
     def record(self) -> dict:
         """What ran, for a results file: the NER model (or None and why), every recognizer,
-        the entity types asked for and the score threshold."""
+        the name lists (or None), the entity types asked for and the score threshold."""
         return {"detector": "Microsoft Presidio (presidio-analyzer)", "ner_model": self.ner_model,
                 "ner_missing": self.ner_missing, "recognizers": list(self.recognizers),
+                "name_list": self.name_list,
                 # Without the model, dates are still found when written with digits.
                 "entities": [e for e in ENTITIES if self.ner_model or e not in NER_ENTITIES
-                             or e == "DATE_TIME"],
+                             or e == "DATE_TIME" or (e == "PERSON" and self.name_list)],
                 "score_threshold": self.score_threshold}
 
     def find(self, text: str) -> list[PersonalSpan]:
@@ -161,6 +190,12 @@ class PersonalDataDetector:
                 self._found.clear()
             self._found[text] = got
         return list(got)
+
+    def names_by_list(self, text: str) -> list[tuple[int, int, float]]:
+        """(start, end, score) of the names the Census lists alone find in ``text``, before
+        Presidio merges them with the other recognizers' (a detector built without the lists
+        finds none)."""
+        return self._by_list(text) if self.name_list is not None else []
 
     def find_all(self, texts: Sequence[str]) -> list[list[PersonalSpan]]:
         return [self.find(t) for t in texts]
