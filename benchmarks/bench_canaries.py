@@ -44,6 +44,7 @@ from pathlib import Path
 import torch
 
 from benchmarks._common import RESULTS, command, machine, save_png, write_json, write_md
+from rapt.attacks.canaries import KINDS, TEMPLATES
 
 # name -> (--protect, personal data's η: None the protected η, 0 independent of the token)
 MECHANISMS = {"uniform": (None, None), "by-kind rare": ("rare", None),
@@ -228,7 +229,8 @@ def setup(args) -> dict:
 
     bb = load_backbone("minilm")
     planted = plant(training_texts(args.rows, args.seed), per_cell=args.per_cell,
-                    repeats=args.repeats, seed=args.seed, lowercase=args.lowercase)
+                    repeats=args.repeats, kinds=args.kinds, seed=args.seed,
+                    lowercase=args.lowercase)
     spans, record = find_personal(planted.texts, name_list=not args.no_name_list)
     # What the mechanisms classify by: each name found in one text marked in every text.
     widened = dict(zip(planted.texts, personal_spans(planted.texts, spans=spans), strict=True))
@@ -507,6 +509,8 @@ def main() -> None:
     ap.add_argument("--denoiser", default=None, help="a trained denoiser's folder (rapt adapt)")
     ap.add_argument("--lowercase", action="store_true",
                     help="names in lower case, as in SST-2 (the detector finds fewer)")
+    ap.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(TEMPLATES),
+                    help="secret kinds; unlisted_name: names outside the Census name lists")
     ap.add_argument("--no-name-list", action="store_true",
                     help="Presidio without the Census name lists (rapt's detector before them)")
     ap.add_argument("--seed", type=int, default=0)

@@ -14,6 +14,8 @@ from rapt.attacks.canaries import (
     KINDS,
     LAST_NAMES,
     TEMPLATES,
+    UNLISTED_FIRST_NAMES,
+    UNLISTED_LAST_NAMES,
     Release,
     class_shares,
     draw_candidates,
@@ -47,6 +49,19 @@ def test_secrets_are_seeded_distinct_and_of_their_format(kind):
         assert all(f.lower() in FIRST_NAMES and la.lower() in LAST_NAMES
                    for f, la in (s.split() for s in a))
     assert not set(draw_secrets(kind, 50, random.Random(5), exclude=a[:50])) & set(a[:50])
+
+
+def test_unlisted_names_are_outside_what_the_name_lists_mark():
+    from rapt.privacy.name_list import MIN_FIRST_SHARE, load_census_names
+
+    census = load_census_names()
+    assert all(census.first.get(f, 0.0) < MIN_FIRST_SHARE for f in UNLISTED_FIRST_NAMES)
+    assert not set(UNLISTED_LAST_NAMES) & set(census.last)
+    a = draw_secrets("unlisted_name", 300, random.Random(0))
+    assert all(re.fullmatch(FORMATS["name"], s) and s.split()[0].lower() in UNLISTED_FIRST_NAMES
+               for s in a)
+    p = plant(TASK, per_cell=2, repeats=(1,), kinds=("unlisted_name",), seed=0)
+    assert {c.kind for c in p.canaries} == {"unlisted_name"}
 
 
 def test_draw_refuses_an_unknown_kind_and_more_than_the_format_holds():

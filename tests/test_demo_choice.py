@@ -63,6 +63,7 @@ def test_the_choice_runs_both_arms_beside_the_local_model(small_bert, shared_dat
     assert kind["p_measured"] < uni["p_measured"]
     assert kind["class_eta"]["frequent"] is None and kind["class_eta"]["rare"] == kind["eta"]
     assert kind["class_eta"]["personal"] == 0.0  # rapt's default: personal data at η 0
+    assert any("by kind" in m and "uniformly drawn token (η 0)" in m for m in logs)
     assert kind["eta"] < uni["eta"]  # P 0.7's η is below P 0.6's: more noise
     assert kind["report"]["protected_kinds"] == ["rare", "personal"]
     assert set(res.verdicts) == set(ARMS) and all("On your data" in v

@@ -133,7 +133,9 @@ def _customizations(config: ChoiceConfig, bb, log: Callable[[str], None]) -> dic
         out[arm] = c
         what = ("every token" if protect == "all" else
                 f"words outside the {config.frequent_rank:,} most frequent public words, "
-                f"personal data at P ≈ {config.personal_p:g} (the rest in clear)")
+                + ("personal data swapped for a uniformly drawn token (η 0)"
+                   if config.personal_p >= 1 else
+                   f"personal data at P ≈ {config.personal_p:g}") + " (the rest in clear)")
         log(f"{arm}: η = {numfmt.eta(c.eta)} (P ≈ {p:g} on the public text sample) on {what}")
     return out
 

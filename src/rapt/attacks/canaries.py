@@ -35,7 +35,8 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["FIRST_NAMES", "KINDS", "LAST_NAMES", "TEMPLATES", "Canary", "CanaryScore",
+__all__ = ["FIRST_NAMES", "KINDS", "LAST_NAMES", "TEMPLATES", "UNLISTED_FIRST_NAMES",
+           "UNLISTED_LAST_NAMES", "Canary", "CanaryScore",
            "Occurrence", "Planted", "Release", "candidate_ids", "class_shares", "draw_candidates",
            "draw_secret", "draw_secrets", "exposure", "locate", "match_share", "plant",
            "run_canaries", "score_canaries", "secret_token_ids", "summarize"]
@@ -56,8 +57,27 @@ LAST_NAMES = (
     "clark", "ramirez", "lewis", "robinson", "walker", "young", "allen", "king", "wright",
     "scott", "torres", "nguyen", "hill", "flores", "green", "adams", "nelson", "baker", "hall",
     "rivera", "campbell", "mitchell", "carter", "roberts")
+# Names from outside the US 1990 Census lists that rapt's name-list recognizer reads
+# (rapt.privacy.name_list: no given name there borne by 0.02 % of people, no listed surname;
+# tests/test_canaries.py checks it): kind "unlisted_name", the names only spaCy's model can find.
+UNLISTED_FIRST_NAMES = (
+    "aarav", "aditi", "akosua", "anjali", "arjun", "chidi", "chiamaka", "dmitri", "emeka",
+    "farida", "gunnar", "ikenna", "jomo", "kaveh", "kwame", "leszek", "mehmet", "ngozi",
+    "oluwaseun", "priya", "radek", "sanjay", "saoirse", "thandiwe", "tomasz", "ugne", "vesna",
+    "wojciech", "xiulan", "yerlan", "zaheer", "bronislava", "eero", "aino", "tenzin", "sione",
+    "abebe", "folake", "jiho")
+UNLISTED_LAST_NAMES = (
+    "adebayo", "okonkwo", "chakraborty", "oyelaran", "virtanen", "lindqvist", "bjornsson",
+    "yilmaz", "ozturk", "demir", "hashemi", "abubakar", "achterberg", "novakova", "horvathova",
+    "kuznetsov", "sokolov", "petrenko", "shevchenko", "bondarenko", "eze", "onyango", "odhiambo",
+    "wanjiru", "raghunathan", "venkataraman", "gunawardena", "jayasuriya", "adeyemi", "olawale",
+    "chukwuma", "mwangi", "kamau", "otieno", "oyelowo", "adegoke", "nkosi", "dlamini",
+    "mahlangu", "khumalo", "tshabalala", "ndlovu")
+_NAME_POOLS = {"name": (FIRST_NAMES, LAST_NAMES),
+               "unlisted_name": (UNLISTED_FIRST_NAMES, UNLISTED_LAST_NAMES)}
 TEMPLATES = {
     "name": ("{} wrote to us about the refund .", "please forward this to {} ."),
+    "unlisted_name": ("{} wrote to us about the refund .", "please forward this to {} ."),
     "account": ("my account number is {} .", "the payment went to account {} ."),
     "phone": ("please call {} tomorrow .", "you can reach me at {} ."),
 }
@@ -65,10 +85,12 @@ ACCOUNT_DIGITS = 8
 
 
 def draw_secret(kind: str, rng: random.Random) -> str:
-    """One random secret of ``kind``: "First Last" from the public name lists, an 8-digit
-    account number, or a phone number 555-01xx-xxxx (555-01xx: numbers reserved for fiction)."""
-    if kind == "name":
-        return f"{rng.choice(FIRST_NAMES).title()} {rng.choice(LAST_NAMES).title()}"
+    """One random secret of ``kind``: "First Last" from the public name lists (or, for
+    ``unlisted_name``, from names outside them), an 8-digit account number, or a phone number
+    555-01xx-xxxx (555-01xx: numbers reserved for fiction)."""
+    if kind in _NAME_POOLS:
+        first, last = _NAME_POOLS[kind]
+        return f"{rng.choice(first).title()} {rng.choice(last).title()}"
     if kind == "account":
         return "".join(str(rng.randrange(10)) for _ in range(ACCOUNT_DIGITS))
     if kind == "phone":
@@ -77,14 +99,14 @@ def draw_secret(kind: str, rng: random.Random) -> str:
 
 
 def _unknown(kind: str) -> ValueError:
-    return ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    return ValueError(f"kind must be one of {', '.join(TEMPLATES)}, got {kind!r}")
 
 
 def draw_secrets(kind: str, n: int, rng: random.Random, exclude: Sequence[str] = ()
                  ) -> list[str]:
     """``n`` distinct secrets of ``kind``, none in ``exclude``."""
-    space = {"name": len(FIRST_NAMES) * len(LAST_NAMES), "account": 10**ACCOUNT_DIGITS,
-             "phone": 10**6}.get(kind)
+    space = {**{k: len(f) * len(la) for k, (f, la) in _NAME_POOLS.items()},
+             "account": 10**ACCOUNT_DIGITS, "phone": 10**6}.get(kind)
     if space is None:
         raise _unknown(kind)
     if n + len(set(exclude)) > space:
