@@ -230,8 +230,11 @@ def main() -> None:
           "`benchmarks/gpu/kind_grid.sh` (by kind) and the grid's earlier GPU runs (uniform: "
           "`local_baseline.md`), the same training sample and noise seed per seed"
           + ("; the r0.7z cells (personal data at η 0) on a 2-core CPU, `python -m "
-             "benchmarks.local_baseline remote --backbone .gpu-carry/minilm --ps r0.7z ...`, "
-             "with the GPU runs' float16 MiniLM weights" if any(
+             "benchmarks.local_baseline remote --backbone .gpu-carry/minilm --spans "
+             ".gpu-carry/personal_spans.json.gz --ps r0.7z ...`, with the GPU runs' float16 "
+             "MiniLM weights and personal data found by Presidio with spaCy's model and the "
+             "Census name lists (`rapt.privacy.name_list`, rapt's detector since; the other "
+             "by-kind cells and the privacy table below ran without the lists)" if any(
                  r["setting"] == "r0.7z" for r in rows) else "") + ".", "",
           "Accuracy (%), mean ± 95 % CI over paired seeds (Student t). \"fused − local\": "
           "paired difference, in points; \"fused − uniform LoRA\": this setting's fused model "

@@ -41,7 +41,8 @@ def test_a_given_name_and_a_surname_make_one_person_whatever_the_case():
 
 def test_a_title_marks_the_surname_after_it():
     assert _found("please forward this to mr smith .") == [("smith", PAIR_SCORE)]
-    assert _found("dr. walker said") == []  # the full stop stands between them
+    assert _found("Dr. Walker said") == [("Walker", PAIR_SCORE)]
+    assert _found("mr the") == []
 
 
 def test_a_given_name_alone_is_marked_only_outside_the_frequent_public_words():

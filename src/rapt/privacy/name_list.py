@@ -10,8 +10,8 @@ pyproject). Words are normalized as :mod:`rapt.privacy.public_words` does (lower
 accents), so case plays no part. It marks as PERSON:
 
 * a given name followed by a surname (``emily walker``), score :data:`PAIR_SCORE`;
-* a title (``mr``, ``mrs``, ``ms``, ``miss``, ``dr``, ``prof``) followed by a surname, the
-  surname only, score :data:`PAIR_SCORE`;
+* a title (``mr``, ``mrs``, ``ms``, ``miss``, ``dr``, ``prof``, with or without a full stop)
+  followed by a surname, the surname only, score :data:`PAIR_SCORE`;
 * a given name alone when its word is not among rapt's :data:`FREQUENT_RANK` most frequent
   public words (``emily``, ``sarah``: yes; ``john``, ``will``, ``may``: no) and not an
   adjective, adverb or verb of WordNet (the lemma lists inside spaCy's English model, when it
@@ -115,10 +115,12 @@ def find_names(text: str, names: CensusNames, frequencies: WordFrequencies,
             found.append((start, nxt[1], PAIR_SCORE))
             i += 2
             continue
-        if w in TITLES and surname_next:
-            found.append((nxt[0], nxt[1], PAIR_SCORE))
-            i += 2
-            continue
+        if w in TITLES:  # "mr smith", "Dr. Walker"
+            j = i + 2 if nxt is not None and nxt[2] == "." else i + 1
+            if j < len(words) and words[j][2] in names.last and band[j] > 0:
+                found.append((words[j][0], words[j][1], PAIR_SCORE))
+                i = j + 1
+                continue
         if is_first and band[i] >= _SINGLE_BAND and w not in not_alone and w not in MONTHS:
             found.append((start, end, SINGLE_SCORE))
         i += 1
