@@ -57,9 +57,10 @@ LAST_NAMES = (
     "clark", "ramirez", "lewis", "robinson", "walker", "young", "allen", "king", "wright",
     "scott", "torres", "nguyen", "hill", "flores", "green", "adams", "nelson", "baker", "hall",
     "rivera", "campbell", "mitchell", "carter", "roberts")
-# Names from outside the US 1990 Census lists that rapt's name-list recognizer reads
-# (rapt.privacy.name_list: no given name there borne by 0.02 % of people, no listed surname;
-# tests/test_canaries.py checks it): kind "unlisted_name", the names only spaCy's model can find.
+# Names from elsewhere, outside the US 1990 Census lists that rapt's name-list recognizer reads
+# (rapt.privacy.name_list: none a given name borne by 0.02 % of people there, none a listed
+# surname; tests/test_canaries.py checks it): kind "unlisted_name", names only spaCy's model can
+# find. No real person is meant.
 UNLISTED_FIRST_NAMES = (
     "aarav", "aditi", "akosua", "anjali", "arjun", "chidi", "chiamaka", "dmitri", "emeka",
     "farida", "gunnar", "ikenna", "jomo", "kaveh", "kwame", "leszek", "mehmet", "ngozi",

@@ -113,10 +113,10 @@ class PersonalDataDetector:
     """Presidio's analyzer, built once (loading spaCy takes a second or two).
 
     ``ner_model``: an installed spaCy pipeline's package name or folder (default
-    :data:`DEFAULT_NER_MODEL`); None runs the pattern recognizers only, and so does a model
-    that is not installed (``record["ner_missing"]`` says so). ``score_threshold``: findings
-    below it are dropped. ``name_list``: also mark names found by the Census name lists
-    (:mod:`rapt.privacy.name_list`), whatever their case."""
+    :data:`DEFAULT_NER_MODEL`); None runs the pattern recognizers (and the name lists) only,
+    and so does a model that is not installed (``record["ner_missing"]`` says so).
+    ``score_threshold``: findings below it are dropped. ``name_list``: also mark names found by
+    the Census name lists (:mod:`rapt.privacy.name_list`), whatever their case."""
 
     def __init__(self, ner_model: str | None = DEFAULT_NER_MODEL, *,
                  score_threshold: float = DEFAULT_SCORE_THRESHOLD,
