@@ -134,6 +134,9 @@ def name_list_recognizer(frequencies: WordFrequencies | None = None,
     says what it read."""
     from presidio_analyzer import EntityRecognizer, RecognizerResult
 
+    # A recognizer of our own, not Presidio's PatternRecognizer(deny_list=...): that compiles
+    # the 90k names into one regular expression and has no rule for pairs, titles or how
+    # frequent a word is in public text.
     names = load_census_names()
     freq = frequencies if frequencies is not None else load_word_frequencies()
     not_alone = frozenset(not_alone)
