@@ -19,6 +19,7 @@ from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.linear_model import LogisticRegression, LogisticRegressionCV
 from sklearn.model_selection import StratifiedKFold
 from sklearn.pipeline import Pipeline
+from threadpoolctl import threadpool_limits
 
 C_GRID = (0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0)
 FOLDS = 3
@@ -75,22 +76,11 @@ class LocalBaseline:
         except ValueError as e:  # scikit-learn: "empty vocabulary; perhaps the documents ..."
             raise ValueError("the local baseline found no word of two or more letters or "
                              f"digits in the {len(x)} texts ({e})") from e
-        if k >= 2:
-            # LogisticRegressionCV walks the C path with warm starts: 5-10x faster than a grid
-            # search on 5,000 rows. The idf weights are fitted on every row, folds included:
-            # they read no label, so the CV accuracy stays an estimate of held-out accuracy.
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", FutureWarning)  # sklearn 1.9's API transition
-                lr = LogisticRegressionCV(Cs=list(grid), scoring="accuracy", max_iter=MAX_ITER,
-                                          cv=StratifiedKFold(k, shuffle=True, random_state=seed),
-                                          random_state=seed).fit(feats, y)
-            scores = lr.scores_
-            scores = np.asarray(next(iter(scores.values())) if isinstance(scores, dict)
-                                else scores).reshape(-1, len(grid))
-            C, cv = float(np.ravel(lr.C_)[0]), float(scores.mean(0).max())
-        else:
-            C, cv = 1.0, None
-            lr = LogisticRegression(C=C, max_iter=MAX_ITER, random_state=seed).fit(feats, y)
+        # One BLAS thread: lbfgs's sums then run in one order, so the chosen C and the model do
+        # not depend on the machine's core count (TREC's local accuracy moved by a point
+        # between 1 and 2 threads with the same seed).
+        with threadpool_limits(limits=1, user_api="blas"):
+            lr, C, cv = _fit_lr(feats, y, k, grid, seed)
         pipe = Pipeline([("tfidf", vec), ("lr", lr)])
         return cls(pipe, num_labels, C, cv, k if k >= 2 else 0, len(y),
                    time.perf_counter() - t0)
@@ -144,3 +134,24 @@ class LocalBaseline:
         return cls(Pipeline([("tfidf", vec), ("lr", lr)]), num_labels, float(meta["C"]),
                    meta.get("cv_accuracy"), int(meta.get("folds", 0)), int(meta["n_rows"]),
                    float(meta.get("fit_seconds", 0.0)))
+
+
+def _fit_lr(feats, y: np.ndarray, k: int, grid: Sequence[float], seed: int):
+    """-> (logistic regression, C, its CV accuracy or None): C by ``k``-fold CV, or 1."""
+    if k >= 2:
+        # LogisticRegressionCV walks the C path with warm starts: 5-10x faster than a grid
+        # search on 5,000 rows. The idf weights are fitted on every row, folds included:
+        # they read no label, so the CV accuracy stays an estimate of held-out accuracy.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # sklearn 1.9's API transition
+            lr = LogisticRegressionCV(Cs=list(grid), scoring="accuracy", max_iter=MAX_ITER,
+                                      cv=StratifiedKFold(k, shuffle=True, random_state=seed),
+                                      random_state=seed).fit(feats, y)
+        scores = lr.scores_
+        scores = np.asarray(next(iter(scores.values())) if isinstance(scores, dict)
+                            else scores).reshape(-1, len(grid))
+        C, cv = float(np.ravel(lr.C_)[0]), float(scores.mean(0).max())
+    else:
+        C, cv = 1.0, None
+        lr = LogisticRegression(C=C, max_iter=MAX_ITER, random_state=seed).fit(feats, y)
+    return lr, C, cv
