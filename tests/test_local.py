@@ -127,6 +127,26 @@ def test_the_local_model_learns_the_words_and_reports_cv(three_class):
         LocalBaseline.fit(texts[:3], [0, 1, 3], 3)
 
 
+def test_the_local_model_fits_on_one_blas_thread(monkeypatch):
+    """Its C and weights must not depend on the core count (lbfgs's sums in another order
+    chose another C on TREC with 2 threads)."""
+    from threadpoolctl import threadpool_info
+
+    import rapt.local.baseline as baseline
+
+    seen = []
+    fit = baseline._fit_lr
+
+    def spy(*args, **kwargs):
+        seen.extend(p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas")
+        return fit(*args, **kwargs)
+
+    monkeypatch.setattr(baseline, "_fit_lr", spy)
+    texts, labels = _rows(60)
+    LocalBaseline.fit(texts, labels, 3, seed=0)
+    assert seen and set(seen) == {1}
+
+
 # ------------------------------------------------------------------------ hold-out split
 
 @pytest.mark.parametrize("n", [100, 101, 250, 5000])
