@@ -78,6 +78,11 @@ def test_bands_follow_the_rank_of_the_word_in_a_hand_made_list(tmp_path):
     assert BANDS[freq.band("w1000")] == "1k-10k"
     assert BANDS[freq.band("not-listed")] == "rarer"
     assert freq.band_sizes() == {"top 100": 99, "100-1k": 901, "1k-10k": 100, "rarer": 0}
+    assert freq.in_top("w98", 100) and not freq.in_top("w99", 100) and freq.in_top("w99", 1000)
+    assert not freq.in_top("w1000", 1000) and freq.in_top("w1000", 10_000)
+    assert not freq.in_top("not-listed", 10_000)
+    with pytest.raises(ValueError, match="band edges"):
+        freq.in_top("w0", 500)
 
 
 def test_a_short_list_puts_every_listed_word_in_its_band_and_the_rest_rarer():

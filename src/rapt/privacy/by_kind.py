@@ -57,7 +57,6 @@ PROTECT = ("all", "rare", "personal")
 DEFAULT_PROTECT = "rare"
 DEFAULT_FREQUENT_RANK = 1000
 PERSONAL, RARE, FREQUENT = range(3)
-_FREQUENT_BANDS = BAND_EDGES.index(1_000) + 1  # bands "top 100" and "100-1k"
 _PROTECTED = {"all": (PERSONAL, RARE, FREQUENT), "rare": (PERSONAL, RARE),
               "personal": (PERSONAL,)}
 
@@ -251,7 +250,7 @@ def personal_spans(texts: Sequence[str], frequencies: WordFrequencies | None = N
         return None
     freq = frequencies if frequencies is not None else load_word_frequencies()
     return propagate_spans(texts, found,
-                           common=lambda w: freq.band(normalize_word(w)) < _FREQUENT_BANDS)
+                           common=lambda w: freq.in_top(normalize_word(w), 1_000))
 
 
 def row_noise(rows: Sequence[Sequence[int]], texts: Sequence[str],

@@ -36,7 +36,6 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from rapt.privacy.public_words import (
-    BAND_EDGES,
     WordFrequencies,
     load_word_frequencies,
     word_spans,
@@ -54,8 +53,6 @@ TITLES = frozenset({"mr", "mrs", "ms", "miss", "dr", "prof"})
 MONTHS = frozenset({"january", "february", "march", "april", "may", "june", "july",
                     "august", "september", "october", "november", "december"})
 _FILES = {"first": ("dist.male.first", "dist.female.first"), "last": ("dist.all.last",)}
-# Bands at or beyond it hold the words outside the FREQUENT_RANK most frequent.
-_SINGLE_BAND = BAND_EDGES.index(FREQUENT_RANK) + 1
 _SOURCE = "US Census Bureau 1990 name lists (public domain), from the `names` package 0.3.0"
 
 
@@ -104,24 +101,25 @@ def find_names(text: str, names: CensusNames, frequencies: WordFrequencies,
     characters ``start:end`` of ``text``. ``not_alone``: words never marked as a given name
     standing alone (common words that are also names)."""
     words = word_spans(text)
-    band = [frequencies.band(w) for _, _, w in words]
+    top100 = [frequencies.in_top(w, 100) for _, _, w in words]  # never part of a name
     found, i = [], 0
     while i < len(words):
         start, end, w = words[i]
         nxt = words[i + 1] if i + 1 < len(words) else None
-        surname_next = (nxt is not None and nxt[2] in names.last and band[i + 1] > 0)
-        is_first = names.first.get(w, 0.0) >= MIN_FIRST_SHARE and band[i] > 0
+        surname_next = nxt is not None and nxt[2] in names.last and not top100[i + 1]
+        is_first = names.first.get(w, 0.0) >= MIN_FIRST_SHARE and not top100[i]
         if is_first and surname_next:
             found.append((start, nxt[1], PAIR_SCORE))
             i += 2
             continue
         if w in TITLES:  # "mr smith", "Dr. Walker"
             j = i + 2 if nxt is not None and nxt[2] == "." else i + 1
-            if j < len(words) and words[j][2] in names.last and band[j] > 0:
+            if j < len(words) and words[j][2] in names.last and not top100[j]:
                 found.append((words[j][0], words[j][1], PAIR_SCORE))
                 i = j + 1
                 continue
-        if is_first and band[i] >= _SINGLE_BAND and w not in not_alone and w not in MONTHS:
+        if (is_first and not frequencies.in_top(w, FREQUENT_RANK) and w not in not_alone
+                and w not in MONTHS):
             found.append((start, end, SINGLE_SCORE))
         i += 1
     return found

@@ -103,6 +103,14 @@ class WordFrequencies:
                 return i
         return len(BANDS) - 1
 
+    def in_top(self, word: str, rank: int) -> bool:
+        """True when the normalized ``word`` is among the ``rank`` most frequent listed words
+        (``rank``: one of :data:`BAND_EDGES`)."""
+        if rank not in BAND_EDGES:
+            raise ValueError(f"rank must be one of {', '.join(map(str, BAND_EDGES))} (the "
+                             f"list's band edges), got {rank}")
+        return self.band(word) <= BAND_EDGES.index(rank)
+
     def band_sizes(self) -> dict[str, int]:
         """How many listed words fall in each band (the rarer band also holds every word the
         list lacks)."""
