@@ -46,10 +46,13 @@ import torch
 from benchmarks._common import RESULTS, command, machine, save_png, write_json, write_md
 from rapt.attacks.canaries import KINDS, TEMPLATES
 
-# name -> (--protect, personal data's η: None the protected η, 0 independent of the token)
+# name -> (--protect, personal data's η: None the protected η, 0 independent of the token[,
+# personal_rank: rare words beyond it get personal data's η]); new ones go last (the noise
+# seed of a mechanism is its index here)
 MECHANISMS = {"uniform": (None, None), "by-kind rare": ("rare", None),
               "by-kind personal": ("personal", None),
-              "uniform, personal η 0": ("all", 0.0), "by-kind rare, personal η 0": ("rare", 0.0)}
+              "uniform, personal η 0": ("all", 0.0), "by-kind rare, personal η 0": ("rare", 0.0),
+              "by-kind rare, personal and beyond 10k η 0": ("rare", 0.0, 10_000)}
 ATTACKERS = {"nn": "nearest neighbour (the release itself)",
              "bayes": "mechanism-aware Bayes (unigram prior)", "denoiser": "contextual denoiser"}
 BAYES = {"bayes_k": 1000, "bayes_samples": 64, "bayes_confirm_samples": 1024,
@@ -110,8 +113,9 @@ def make_privatize(bb, eta: float, mechanism: tuple, spans: dict, seed: int):
     from rapt.privacy.by_kind import KindPolicy
     from rapt.progress import progress_bar
 
-    protect, personal = mechanism
-    policy = KindPolicy(protect or "all", eta_personal=personal)
+    protect, personal, *rank = mechanism
+    policy = KindPolicy(protect or "all", eta_personal=personal,
+                        personal_rank=rank[0] if rank else None)
     policy = None if policy.uniform else policy
     custom = Customization.create(bb, Encoding(max_length=None), eta=eta, noise_seed=seed,
                                   privatizer_mode="exact", kind_policy=policy,

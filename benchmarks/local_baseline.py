@@ -45,16 +45,18 @@ DENOISE_ROWS = (500, 2000)
 PUBLIC_ROWS = 3000  # public sentences the denoiser is fitted on (each privatized twice)
 # Noise by kind of token (rapt.privacy.by_kind): name -> (protect, P of the protected classes'
 # η, P of the other classes' η or None = in clear, personal data's η or None = the protected
-# one). Frequent = the 1,000 most frequent public words; the protected classes are personal
-# data and every rarer word.
+# one[, personal_rank: rare words beyond it get personal data's η]). Frequent = the 1,000 most
+# frequent public words; the protected classes are personal data and every rarer word.
 MECHS = {"r0.6": ("rare", 0.6, None, None), "r0.6f0.2": ("rare", 0.6, 0.2, None),
          "r0.7": ("rare", 0.7, None, None), "p0.6": ("personal", 0.6, None, None),
-         "r0.7z": ("rare", 0.7, None, 0.0)}
+         "r0.7z": ("rare", 0.7, None, 0.0), "r0.7z10k": ("rare", 0.7, None, 0.0, 10_000)}
 LABELS = {"r0.6": "rare + personal at P 0.6's η, frequent in clear",
           "r0.6f0.2": "rare + personal at P 0.6's η, frequent at P 0.2's",
           "r0.7": "rare + personal at P 0.7's η, frequent in clear",
           "p0.6": "personal only at P 0.6's η, the rest in clear",
-          "r0.7z": "rare at P 0.7's η, personal data at η 0, frequent in clear"}
+          "r0.7z": "rare at P 0.7's η, personal data at η 0, frequent in clear",
+          "r0.7z10k": "1k-10k at P 0.7's η, personal data and words beyond 10k at η 0, "
+                      "frequent in clear"}
 
 
 def cell_key(task: str, rows: int, p: float | str | None, seed: int) -> str:
@@ -76,9 +78,10 @@ def kind_policy(name: str, etas: dict):
     """(protected η, KindPolicy) of a :data:`MECHS` name; ``etas``: {P: η}."""
     from rapt.privacy.by_kind import KindPolicy
 
-    protect, strong, other, personal = MECHS[name]
+    protect, strong, other, personal, *rank = MECHS[name]
     return etas[str(strong)], KindPolicy(protect, eta_other=None if other is None
-                                         else etas[str(other)], eta_personal=personal)
+                                         else etas[str(other)], eta_personal=personal,
+                                         personal_rank=rank[0] if rank else None)
 
 
 def class_p(custom, clean, private, texts) -> dict:

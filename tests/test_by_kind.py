@@ -260,3 +260,51 @@ def test_a_name_found_in_one_text_is_personal_in_every_text_and_pair(small_bert)
     assert marked == [cau, cau, cau]  # the third in its second text
     assert KindPolicy("rare").record(40.0)["personal_data_propagated"] == [
         "PERSON", "LOCATION", "ORGANIZATION"]
+
+
+def test_rare_words_beyond_personal_rank_get_personal_noise_and_stay_rare(small_bert):
+    """personal_rank 10,000 with η 0 on personal data: every token of a word outside the 10,000
+    most frequent public words gets scale 0 (as personal data does) and is still reported RARE;
+    a rare word inside them keeps the strong η; other tokens' release is unchanged."""
+    from rapt.privacy.kinds import load_word_frequencies, token_kinds
+
+    plain = _custom(small_bert, KindPolicy("rare", eta_personal=0.0))
+    rows = plain.rows(TEXTS)
+    beyond = _custom(small_bert, KindPolicy("rare", eta_personal=0.0, personal_rank=10_000))
+    s0, _, c0 = plain.kind_noise(rows, TEXTS)
+    s1, _, c1 = beyond.kind_noise(rows, TEXTS)
+    assert c0 == c1  # what a token is does not change with its noise
+    kinds = token_kinds(TEXTS, small_bert.tokenizer, load_word_frequencies(),
+                        spans=[SPANS[t] for t in TEXTS])
+    special = set(plain._special_ids())
+    seen = {"rarer": 0, "1k-10k": 0}
+    for row, a, b, ks, bands in zip(rows, s0, s1, c1, kinds.bands, strict=True):
+        text_pos = [i for i, t in enumerate(row) if t not in special]
+        assert len(text_pos) == len(bands)
+        for i, band in zip(text_pos, bands, strict=True):
+            if ks[i] == RARE and band == 3:
+                seen["rarer"] += 1
+                assert a[i] == 1.0 and b[i] == 0.0
+            else:
+                seen["1k-10k"] += ks[i] == RARE
+                assert a[i] == b[i]
+    assert seen["rarer"] >= 2 and seen["1k-10k"] >= 1
+    got = beyond.privatize(rows, measure=False, texts=TEXTS)
+    base = plain.privatize(rows, measure=False, texts=TEXTS)
+    for g, b0, sc in zip(got, base, s1, strict=True):
+        assert all(x == y for x, y, s in zip(g, b0, sc.tolist(), strict=True) if s != 0.0)
+
+
+def test_personal_rank_is_checked_recorded_and_read_back():
+    from rapt.privacy.by_kind import make_policy
+
+    with pytest.raises(ValueError, match="personal_rank"):
+        KindPolicy("rare", personal_rank=5000)
+    with pytest.raises(ValueError, match="no smaller than frequent_rank"):
+        KindPolicy("rare", frequent_rank=1000, personal_rank=100)
+    pol = make_policy(40.0, "rare", personal_p=1.0, personal_rank=10_000)
+    rec = pol.record(40.0)
+    assert rec["personal_rank"] == 10_000 and KindPolicy.from_record(rec) == pol
+    assert "personal_rank" not in KindPolicy("rare").record(40.0)
+    # without a personal level or protection the rank changes nothing: still uniform
+    assert make_policy(40.0, "all", personal_rank=10_000) is None

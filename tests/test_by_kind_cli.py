@@ -123,6 +123,10 @@ def test_tune_protect_all_releases_exactly_the_uniform_mechanism(tmp_path, monke
     (["--personal-p", "0.9", "--personal-eta", "0"], "--personal-eta"),
     (["--protect", "rare", "--personal-eta", "3"], "--personal-eta"),  # above --eta 2
     (["--personal-eta", "-1"], "--personal-eta"),
+    (["--protect", "rare", "--personal-rank", "5000"], "--personal-rank"),
+    (["--protect", "rare", "--frequent-rank", "10000", "--personal-rank", "1000"],
+     "--personal-rank"),  # below --frequent-rank
+    (["--protect", "all", "--personal-rank", "10000"], "--personal-rank"),  # no level
 ])
 def test_bad_by_kind_options_exit_2_naming_the_option(rare_run, tmp_path, extra, flag):
     _, bb, data, *_ = rare_run
@@ -144,6 +148,9 @@ def test_predict_reuses_the_tuned_policy_unless_protect_is_given(rare_run, monke
                             "--limit", "4", "--protect", "all"])
     assert r.exit_code == 0, r.output
     assert seen.policies[-1] == KindPolicy() and "queries as the prompt" not in r.output
+    # a rank alone would be silently dropped for the recorded policy: refused
+    r = runner.invoke(app, ["predict", str(out), str(data), "--personal-rank", "10000"])
+    assert r.exit_code == 2 and "--personal-rank" in r.output and "--protect" in r.output
 
 
 # -- the client's declaration and the service -------------------------------------------------
@@ -183,7 +190,8 @@ def test_the_client_declares_the_policy_and_the_console_shows_it(service, tmp_pa
                    kind_policy=KindPolicy("rare"))
     did = c.upload(write_csv(tmp_path / "d.csv"), max_length=32, holdout=False)
     assert c.dataset(did)["privacy"] == {**DECL, "by_kind": {**DECL["by_kind"],
-                                                            "eta_personal": None}}
+                                                            "eta_personal": None,
+                                                            "personal_rank": None}}
     csrf = re.search(r'name="csrf" value="([^"]+)"', tc.get("/console/login").text).group(1)
     tc.post("/console/login", data={"csrf": csrf, "key": key}, follow_redirects=False)
     page = tc.get("/console/datasets").text
@@ -199,7 +207,10 @@ def test_a_bad_declaration_is_a_422_naming_the_field_and_stores_nothing(service)
                            ({**DECL["by_kind"], "eta_personal": 6.0,
                              "class_eta": {"personal": 6.0, "rare": 5.0, "frequent": None}},
                             "eta_personal"),
-                           ({**DECL["by_kind"], "eta_personal": 0.0}, "class_eta.personal")):
+                           ({**DECL["by_kind"], "eta_personal": 0.0}, "class_eta.personal"),
+                           ({**DECL["by_kind"], "personal_rank": 500}, "personal_rank"),
+                           ({**DECL["by_kind"], "frequent_rank": 10000, "personal_rank": 1000},
+                            "personal_rank")):
         body = {**upload_body(), "privacy": {**DECL, "by_kind": by_kind}}
         r = tc.post("/v1/datasets", json=body, headers={"Authorization": f"Bearer {key}"})
         assert r.status_code == 422, r.text
@@ -361,7 +372,8 @@ def test_every_command_with_protect_takes_every_level_option():
         else:
             yield " ".join(path), {o for p in cmd.params for o in getattr(p, "opts", [])}
 
-    levels = {"--frequent-rank", "--other-p", "--other-eta", "--personal-p", "--personal-eta"}
+    levels = {"--frequent-rank", "--other-p", "--other-eta", "--personal-p", "--personal-eta",
+              "--personal-rank"}
     with_protect = {name: opts for name, opts in walk(typer.main.get_command(app))
                     if "--protect" in opts}
     assert {"tune", "predict", "privatize", "demo", "client upload", "client predict"} <= set(
@@ -393,3 +405,49 @@ def test_the_defaults_fill_in_only_what_was_not_given():
     k = with_defaults(KindOptions())
     assert make_policy(50.0, k.protect, k.frequent_rank, personal_p=k.personal_p) == (
         default_policy())
+
+
+def test_privatize_personal_rank_gives_rare_words_personal_noise_and_records_it(rare_run,
+                                                                             tmp_path):
+    """--personal-rank 1000 under --protect rare (personal data at η 0 by default): every rare
+    word's release is a uniform draw, so it is not the word; the rank is recorded and said."""
+    _, bb, data, *_ = rare_run
+    r = runner.invoke(app, ["privatize", str(data), str(tmp_path / "p.csv"), "--backbone", bb,
+                            "--eta", "2", "--noise-seed", "0", "--json-report",
+                            "--protect", "rare", "--personal-rank", "1000"])
+    assert r.exit_code == 0, r.output
+    assert "words outside the 1000 most frequent public words get personal data's noise" in (
+        r.output)
+    report = json.loads(r.output.strip().splitlines()[-1])
+    assert report["by_kind"]["personal_rank"] == 1000
+    clean = [line.split(",")[0].split() for line in data.read_text().splitlines()[1:]]
+    got = [line.split(",")[0].split() for line in
+           (tmp_path / "p.csv").read_text().splitlines()[1:]]
+    pairs = [(a, b) for c, p in zip(clean, got, strict=True) if len(c) == len(p)
+             for a, b in zip(c, p, strict=True)]
+    rare = [a == b for a, b in pairs if a in RARE]
+    assert len(rare) >= 10 and sum(rare) <= 1  # ~1 in the vocabulary's size by chance
+    assert all(a == b for a, b in pairs if a in FREQUENT)
+
+
+def test_a_personal_rank_is_declared_stored_shown_and_taken_back(service, tmp_path):
+    import re
+
+    from _service import write_csv
+
+    from rapt.client.client import RaptClient
+
+    tc, key, bb = service
+    policy = KindPolicy("rare", eta_personal=0.0, personal_rank=10_000)
+    c = RaptClient(api_key=key, backbone=bb, remote_backbone="tiny", http=tc, eta=5.0, seed=0,
+                   kind_policy=policy)
+    did = c.upload(write_csv(tmp_path / "d.csv"), max_length=32, holdout=False)
+    assert c.dataset(did)["privacy"]["by_kind"]["personal_rank"] == 10_000
+    csrf = re.search(r'name="csrf" value="([^"]+)"', tc.get("/console/login").text).group(1)
+    tc.post("/console/login", data={"csrf": csrf, "key": key}, follow_redirects=False)
+    assert "words outside the 10000 most frequent at personal data" in tc.get(
+        "/console/datasets").text
+    q = RaptClient(api_key=key, backbone=bb, remote_backbone="tiny", http=tc)
+    q._prompt_info["p1"] = {"privacy": c.dataset(did)["privacy"]}
+    q.query_eta("p1")
+    assert q.kind_policy == policy

@@ -109,6 +109,7 @@ class DemoConfig:
     # personal data's own level (P, 1: η 0; or η): None, the protected η
     personal_p: float | None = None
     personal_eta: float | None = None
+    personal_rank: int | None = None  # rare words beyond it get personal data's η
     # Backbone passes (rapt.precision): auto = bf16 on CPUs with native bf16. In this very
     # setting bf16 and fp32 scored the same (-0.0 ± 0.2 points, 5 paired seeds:
     # benchmarks/results/precision.md) at 1.8x the prefix step speed.
@@ -131,7 +132,7 @@ class DemoConfig:
         from rapt.privacy.by_kind import KindPolicy
 
         KindPolicy(self.protect, self.frequent_rank, self.other_eta,
-                   self.personal_eta)  # ValueError naming it
+                   self.personal_eta, self.personal_rank)  # ValueError naming it
         if self.personal_p is not None and not 0 < self.personal_p <= 1:
             raise ValueError(f"DemoConfig.personal_p must lie in (0, 1] (got {self.personal_p})")
         if self.other_p is not None and not 0 < self.other_p < 1:
@@ -300,6 +301,7 @@ def _kind_policy(config: DemoConfig, bb, eta: float) -> Any:
         return make_policy(eta, config.protect, config.frequent_rank, other_p=config.other_p,
                            other_eta=config.other_eta, personal_p=config.personal_p,
                            personal_eta=config.personal_eta,
+                           personal_rank=config.personal_rank,
                            calibrate=lambda p: calibrate_eta_public(bb, p))
     except KindLevelError as e:
         name = f"{e.level}_p" if getattr(config, f"{e.level}_p") is not None else f"{e.level}_eta"

@@ -1,11 +1,12 @@
 """Noise by kind of token on the command line (--protect, --frequent-rank, --other-p,
---other-eta, --personal-p, --personal-eta; their definitions are in :mod:`rapt.cli.options`):
+--other-eta, --personal-p, --personal-eta, --personal-rank; their definitions are in
+:mod:`rapt.cli.options`):
 the checks every command runs before any work, and the one function that builds the
 :class:`rapt.privacy.by_kind.KindPolicy` at the command's η."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import typer
@@ -31,6 +32,12 @@ class KindOptions:
     other_eta: float | None = None
     personal_p: float | None = None
     personal_eta: float | None = None
+    personal_rank: int | None = None
+
+    @classmethod
+    def of(cls, options: Any) -> KindOptions:
+        """The kind options among a command's options (an object with these attributes)."""
+        return cls(**{f.name: getattr(options, f.name) for f in fields(cls)})
 
     @property
     def personal(self) -> bool:
@@ -77,10 +84,27 @@ def check_kind_options(o: KindOptions, *, private: bool = True) -> None:
              "does not depend on it)")
     if o.personal_eta is not None and o.personal_eta != 0 and eta_problem(o.personal_eta):
         fail(f"--personal-eta (0, or a dχ η) {eta_problem(o.personal_eta)}")
+    if o.personal_rank is not None:
+        _check_personal_rank(o, private)
     if not private and o.protect not in (None, "all"):
         fail(f"--protect {o.protect} noises tokens by kind: leave out --no-privacy")
     if not private and o.personal:
         fail("--personal-p / --personal-eta set personal data's noise: leave out --no-privacy")
+
+
+def _check_personal_rank(o: KindOptions, private: bool) -> None:
+    if o.personal_rank not in BAND_EDGES or o.personal_rank < o.frequent_rank:
+        fail(f"--personal-rank must be one of {', '.join(map(str, BAND_EDGES))} and at least "
+             f"--frequent-rank ({o.frequent_rank}) (got {o.personal_rank})")
+    if not private:
+        fail("--personal-rank sets the noise of rare words: leave out --no-privacy")
+    if o.protect is None:  # only predict leaves it unset: it then takes the recorded policy
+        fail("--personal-rank changes the policy: give --protect with it (without --protect, "
+             "the prompt's recorded policy is used, its personal rank included)")
+    if o.protect == "all" and not o.personal:
+        fail("--personal-rank gives rare words personal data's noise, which under --protect "
+             "all is every token's: give --personal-p or --personal-eta with it, or --protect "
+             "rare")
 
 
 def kind_policy(bb: Any, eta: float | None, o: KindOptions) -> Any:
@@ -97,7 +121,7 @@ def kind_policy(bb: Any, eta: float | None, o: KindOptions) -> Any:
     try:
         policy = make_policy(eta, o.protect or "all", o.frequent_rank, other_p=o.other_p,
                              other_eta=o.other_eta, personal_p=o.personal_p,
-                             personal_eta=o.personal_eta,
+                             personal_eta=o.personal_eta, personal_rank=o.personal_rank,
                              calibrate=lambda p: calibrate_eta_public(bb, p))
     except KindLevelError as e:
         _fail_level(bb, eta, o, e.level == "personal")
@@ -143,6 +167,9 @@ def policy_text(policy: Any, eta: float) -> str:
                  "the noise, its release does not depend on it")
     elif policy.eta_personal is not None:
         line += f"; personal data (Presidio) η = {fmt(policy.eta_personal)}"
+    if policy.personal_rank is not None:
+        line += (f"; words outside the {policy.personal_rank} most frequent public words get "
+                 "personal data's noise")
     return line
 
 

@@ -46,6 +46,7 @@ from rapt.cli.options import (
     OTHER_P,
     PERSONAL_ETA,
     PERSONAL_P,
+    PERSONAL_RANK,
     PROTECT,
     TARGET_EP,
     TARGET_P,
@@ -213,6 +214,7 @@ def client_upload(
     protect: str | None = PROTECT, frequent_rank: int = FREQUENT_RANK,
     other_p: float | None = OTHER_P, other_eta: float | None = OTHER_ETA,
     personal_p: float | None = PERSONAL_P, personal_eta: float | None = PERSONAL_ETA,
+    personal_rank: int | None = PERSONAL_RANK,
     text_column: str | None = TEXT_COLUMN, label_column: str | None = LABEL_COLUMN,
     text_pair_column: str | None = TEXT_PAIR_OPT,
     target_p: float | None = TARGET_P_OPT, target_ep: float | None = TARGET_EP_OPT,
@@ -242,7 +244,7 @@ def client_upload(
 
     # the client warns of --no-privacy itself, before anything is sent
     kinds = with_defaults(KindOptions(protect, frequent_rank, other_p, other_eta, personal_p,
-                                      personal_eta), private=not no_privacy)
+                                      personal_eta, personal_rank), private=not no_privacy)
     check_kind_options(kinds, private=not no_privacy)
     target_p = privacy_level(eta, target_p, target_ep, no_privacy, clear=None,
                              protect=kinds.protect)
@@ -495,6 +497,7 @@ def client_predict(
     protect: str | None = PROTECT_PREDICT_OPT, frequent_rank: int = FREQUENT_RANK,
     other_p: float | None = OTHER_P, other_eta: float | None = OTHER_ETA,
     personal_p: float | None = PERSONAL_P, personal_eta: float | None = PERSONAL_ETA,
+    personal_rank: int | None = PERSONAL_RANK,
     out: Path | None = typer.Option(None, "--out", help="write every prediction to this file, "
                                     "JSONL or CSV by its suffix (default: a summary and the "
                                     "first rows)"),
@@ -529,7 +532,7 @@ def client_predict(
     check_out_or_fail(out)
     c = _client(url, key, backbone, eta, no_privacy, min_p=min_p, pad_to_bucket=pad_to_bucket)
     _kind_policy(c, KindOptions(protect, frequent_rank, other_p, other_eta, personal_p,
-                                personal_eta), prompt_id)
+                                personal_eta, personal_rank), prompt_id)
     names = split_names(label_names) or _guard(lambda: c.label_names_for(prompt_id))
     src = inputs[0] if len(inputs) == 1 and os.path.exists(inputs[0]) else inputs
     if not isinstance(src, list):

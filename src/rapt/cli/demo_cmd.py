@@ -24,6 +24,7 @@ from rapt.cli.options import (
     OTHER_P,
     PERSONAL_ETA,
     PERSONAL_P,
+    PERSONAL_RANK,
     PRECISION,
     PROTECT,
     PROTECT_WHAT,
@@ -66,6 +67,7 @@ class DemoOptions:
     other_eta: float | None
     personal_p: float | None
     personal_eta: float | None
+    personal_rank: int | None
     seeds: int | None
     seed: int | None
     noise_seed: int | None
@@ -129,6 +131,7 @@ def demo(
     frequent_rank: int = FREQUENT_RANK,
     other_p: float | None = OTHER_P, other_eta: float | None = OTHER_ETA,
     personal_p: float | None = PERSONAL_P, personal_eta: float | None = PERSONAL_ETA,
+    personal_rank: int | None = PERSONAL_RANK,
     seeds: int | None = typer.Option(None, help="paired seeds (default 3)"),
     seed: int | None = typer.Option(None, help=_DEMO_HELP["seed"]),
     noise_seed: int | None = typer.Option(None, help=_DEMO_HELP["noise_seed"]),
@@ -173,7 +176,7 @@ def demo(
 # Options of RAPT's ablation only; the default demo refuses them rather than ignore them.
 PAPER_ONLY = ("benchmark_config", "method", "plain_len", "plain_sequences", "num_virtual_tokens",
               "head", "label_descriptions", "rec_reduction", "eta", "other_p", "other_eta",
-              "personal_p", "personal_eta", "channel")
+              "personal_p", "personal_eta", "personal_rank", "channel")
 CHOICE_FIELDS = ("backbone", "dataset", "train_size", "test_size", "epochs", "lr", "batch_size",
                  "max_length", "target_p", "frequent_rank", "seeds", "seed", "noise_seed",
                  "precision")
@@ -238,8 +241,7 @@ def _demo_config(o: DemoOptions):
         given["label_descriptions"] = [d.strip() for d in o.label_descriptions.split("|")]
     if o.channel is not None:
         given["channel"] = str(o.channel)  # a string in results.json
-    check_kind_options(KindOptions(o.protect, o.frequent_rank, o.other_p, o.other_eta,
-                                   o.personal_p, o.personal_eta))
+    check_kind_options(KindOptions.of(o))
     if o.protect not in (None, "all") and o.target_p is None and o.eta is None \
             and not o.benchmark_config:
         from rapt.privacy.rule import DEFAULT_PROTECTED_P

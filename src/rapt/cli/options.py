@@ -79,6 +79,10 @@ PERSONAL_P_HELP = ("give personal data (Presidio's spans) a level of its own, at
                    "--protect rare, the protected P otherwise)")
 PERSONAL_ETA_HELP = ("personal data's η (at most the protected η; 0: its release does not "
                      "depend on it, as --personal-p 1)")
+PERSONAL_RANK_HELP = ("give every word outside the N most frequent words of rapt's public word "
+                      "list personal data's noise (--personal-p), as if Presidio had found it: "
+                      "names it does not know are rare words; 1000 | 10000, at least "
+                      "--frequent-rank")
 # None: not given; rapt.cli._by_kind.with_defaults fills in the default (rare)
 PROTECT = typer.Option(None, "--protect", help=PROTECT_HELP, show_default=False)
 # by_kind.DEFAULT_FREQUENT_RANK (1000); that module imports torch, which `rapt --help` must not
@@ -87,6 +91,7 @@ OTHER_P = typer.Option(None, "--other-p", help=OTHER_P_HELP)
 OTHER_ETA = typer.Option(None, "--other-eta", help=OTHER_ETA_HELP)
 PERSONAL_P = typer.Option(None, "--personal-p", help=PERSONAL_P_HELP)
 PERSONAL_ETA = typer.Option(None, "--personal-eta", help=PERSONAL_ETA_HELP)
+PERSONAL_RANK = typer.Option(None, "--personal-rank", help=PERSONAL_RANK_HELP)
 
 # -- compute ------------------------------------------------------------------------------------
 PRECISION = typer.Option(None, "--precision", help=PRECISION_HELP)

@@ -39,6 +39,7 @@ from rapt.cli.options import (
     OTHER_P,
     PERSONAL_ETA,
     PERSONAL_P,
+    PERSONAL_RANK,
     PRECISION,
     TEXT_COLUMN,
     TEXT_PAIR_COLUMN,
@@ -73,6 +74,7 @@ class PredictOptions:
     other_eta: float | None
     personal_p: float | None
     personal_eta: float | None
+    personal_rank: int | None
     out: Path | None
     noise_seed: int | None
     json_report: bool
@@ -182,6 +184,7 @@ def predict(
     frequent_rank: int = FREQUENT_RANK,
     other_p: float | None = OTHER_P, other_eta: float | None = OTHER_ETA,
     personal_p: float | None = PERSONAL_P, personal_eta: float | None = PERSONAL_ETA,
+    personal_rank: int | None = PERSONAL_RANK,
     out: Path | None = typer.Option(None, help=_PREDICT_HELP["out"]),
     noise_seed: int | None = typer.Option(None, help=_PREDICT_HELP["noise_seed"]),
     json_report: bool = typer.Option(False, "--json-report", help=_PREDICT_HELP["json_report"]),
@@ -274,8 +277,7 @@ def _remote_probs(o: PredictOptions, tuned, ds):
 
 
 def _kinds(o: PredictOptions) -> KindOptions:
-    return KindOptions(o.protect, o.frequent_rank, o.other_p, o.other_eta, o.personal_p,
-                       o.personal_eta)
+    return KindOptions.of(o)
 
 
 def _query_policy(o: PredictOptions, tuned, bb, eta: float | None):

@@ -33,6 +33,7 @@ from rapt.cli.options import (
     OTHER_P,
     PERSONAL_ETA,
     PERSONAL_P,
+    PERSONAL_RANK,
     PROTECT,
     TARGET_EP,
     TARGET_P,
@@ -202,6 +203,7 @@ def privatize(
     protect: str | None = PROTECT, frequent_rank: int = FREQUENT_RANK,
     other_p: float | None = OTHER_P, other_eta: float | None = OTHER_ETA,
     personal_p: float | None = PERSONAL_P, personal_eta: float | None = PERSONAL_ETA,
+    personal_rank: int | None = PERSONAL_RANK,
     backbone: str = typer.Option("minilm", "--backbone", "-b",
                                  help="embedding model: minilm, mpnet, smollm2-135m, hub id "
                                       "or path"),
@@ -230,8 +232,8 @@ def privatize(
     Prints η, the measured replacement probability P, the nearest-neighbour inversion success,
     the shipped attack table's strongest attacker at that η and the throughput."""
     check_eta_options(eta, target_p, target_ep)
-    check_kind_options(kinds := with_defaults(KindOptions(protect, frequent_rank, other_p,
-                                                          other_eta, personal_p, personal_eta)))
+    check_kind_options(kinds := with_defaults(KindOptions(
+        protect, frequent_rank, other_p, other_eta, personal_p, personal_eta, personal_rank)))
     _check_options(mode, chunk_size, pieces)
     format_opt = None if fmt == "auto" else fmt
     ds = _load(input, split, format_opt, text_column, text_pair_column)

@@ -51,6 +51,7 @@ from rapt.cli.options import (
     OTHER_P,
     PERSONAL_ETA,
     PERSONAL_P,
+    PERSONAL_RANK,
     PRECISION,
     PROTECT,
     TARGET_EP,
@@ -100,6 +101,7 @@ class TuneOptions:
     other_eta: float | None
     personal_p: float | None
     personal_eta: float | None
+    personal_rank: int | None
     reconstruction: bool
     plain_len: int
     plain_tokens: str | None
@@ -192,6 +194,7 @@ def tune(
     protect: str | None = PROTECT, frequent_rank: int = FREQUENT_RANK,
     other_p: float | None = OTHER_P, other_eta: float | None = OTHER_ETA,
     personal_p: float | None = PERSONAL_P, personal_eta: float | None = PERSONAL_ETA,
+    personal_rank: int | None = PERSONAL_RANK,
     reconstruction: bool = typer.Option(_d("reconstruction"), help=_TUNE_HELP["reconstruction"]),
     plain_len: int = typer.Option(DEFAULT_PLAIN_TOKENS, help="number of plain tokens m"),
     plain_tokens: str | None = typer.Option(None, help="plain tokens as text (default: random)"),
@@ -270,8 +273,7 @@ def _with_kind_defaults(o: TuneOptions) -> TuneOptions:
 
 
 def _kinds(o: TuneOptions) -> KindOptions:
-    return KindOptions(o.protect, o.frequent_rank, o.other_p, o.other_eta, o.personal_p,
-                       o.personal_eta)
+    return KindOptions.of(o)
 
 
 def _user_side(custom, tuned, everything, held, o: TuneOptions) -> None:

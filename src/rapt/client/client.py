@@ -495,7 +495,7 @@ class RaptClient:
         rec = self.customization.kind_record()
         if rec is not None:  # the policy and each class's η only: no statistic of the rows
             out["by_kind"] = {k: rec[k] for k in ("protect", "frequent_rank", "class_eta",
-                                                  "eta_personal") if k in rec}
+                                                  "eta_personal", "personal_rank") if k in rec}
         return out
 
     # -- HTTP (rapt.http.HttpSession: errors as ServiceError) -----------------------------------

@@ -10,6 +10,11 @@ words. A :class:`KindPolicy` sorts every text token into one of three classes:
   word list (:mod:`rapt.privacy.kinds`; never the user's data);
 * ``frequent``: the rest.
 
+``personal_rank`` (None: off) gives the rare words outside that many most frequent public words
+personal data's noise, as if a detector had found them: names no detector knows are rare
+words, and the strong η leaves a kept piece of one for an attacker to read. They stay in the
+``rare`` class in every report (what a figure counts does not change with the noise).
+
 ``protect`` says which classes get the policy's η (the strong noise): ``all`` (every class: the
 uniform mechanism), ``rare`` (personal and rare) or ``personal`` (personal only). The other
 classes get ``eta_other`` (weaker noise), or pass in clear when it is None. ``eta_personal``
@@ -75,12 +80,15 @@ class KindPolicy:
     """Which classes get the strong noise (``protect``), where "frequent" ends
     (``frequent_rank``: 100, 1,000 or 10,000 public words), the η of the unprotected
     classes (``eta_other``; None: released in clear) and of personal data (``eta_personal``;
-    None: the strong η; 0: independent of the token). The strong η is the privatizer's."""
+    None: the strong η; 0: independent of the token), and where rare words start getting
+    personal data's noise (``personal_rank``, a band edge ≥ ``frequent_rank``; None: never).
+    The strong η is the privatizer's."""
 
     protect: str = "all"
     frequent_rank: int = DEFAULT_FREQUENT_RANK
     eta_other: float | None = None
     eta_personal: float | None = None
+    personal_rank: int | None = None
 
     def __post_init__(self) -> None:
         if self.protect not in PROTECT:
@@ -89,6 +97,11 @@ class KindPolicy:
         if self.frequent_rank not in BAND_EDGES:
             raise ValueError(f"frequent_rank must be one of {', '.join(map(str, BAND_EDGES))} "
                              f"(the public word list's band edges), got {self.frequent_rank}")
+        if self.personal_rank is not None and (self.personal_rank not in BAND_EDGES
+                                               or self.personal_rank < self.frequent_rank):
+            raise ValueError(f"personal_rank must be a band edge of the public word list "
+                             f"({', '.join(map(str, BAND_EDGES))}) no smaller than frequent_rank "
+                             f"({self.frequent_rank}), got {self.personal_rank}")
         if self.eta_other is not None:
             problem = eta_problem(float(self.eta_other))
             if problem:
@@ -102,6 +115,15 @@ class KindPolicy:
     def uniform(self) -> bool:
         """True when every token gets the same η (``protect="all"``, no personal η)."""
         return self.protect == "all" and self.eta_personal is None
+
+    def noise_class(self, cls: int, band: int) -> int:
+        """The class whose noise a token of class ``cls`` and public-word band ``band`` (index
+        into :data:`rapt.privacy.kinds.BANDS`) gets: personal data's for a rare word beyond
+        ``personal_rank``, its own otherwise."""
+        if (self.personal_rank is not None and cls == RARE
+                and band > BAND_EDGES.index(self.personal_rank)):
+            return PERSONAL
+        return cls
 
     def protected(self, cls: int) -> bool:
         return cls in _PROTECTED[self.protect]
@@ -140,9 +162,11 @@ class KindPolicy:
         protect = str(record.get("protect", "all"))
         other = etas.get("frequent") if protect != "all" else None
         personal = record.get("eta_personal")
+        rank = record.get("personal_rank")
         return cls(protect, int(record.get("frequent_rank", DEFAULT_FREQUENT_RANK)),
                    None if other is None else float(other),
-                   None if personal is None else float(personal))
+                   None if personal is None else float(personal),
+                   None if rank is None else int(rank))
 
     def record(self, eta: float, frequencies: WordFrequencies | None = None,
                detector: dict | None = None) -> dict:
@@ -152,6 +176,8 @@ class KindPolicy:
                      "class_eta": self.class_etas(eta)}
         if self.eta_personal is not None:
             out["eta_personal"] = float(self.eta_personal)
+        if self.personal_rank is not None:
+            out["personal_rank"] = self.personal_rank
         if frequencies is not None:
             words = "\n".join(f"{w}\t{c}" for w, c in sorted(frequencies.counts.items()))
             out["word_list_sha256"] = hashlib.sha256(words.encode()).hexdigest()
@@ -172,11 +198,13 @@ def default_policy() -> KindPolicy:
 def make_policy(eta: float, protect: str, frequent_rank: int = DEFAULT_FREQUENT_RANK, *,
                 other_p: float | None = None, other_eta: float | None = None,
                 personal_p: float | None = None, personal_eta: float | None = None,
+                personal_rank: int | None = None,
                 calibrate: Callable[[float], float] | None = None) -> KindPolicy | None:
     """The policy of users' options at the protected η ``eta`` (None for uniform noise):
     the unprotected classes' η is ``other_eta``, or ``calibrate(other_p)`` (the η that gives
     that P, calibrated as every level is); personal data's is ``personal_eta``, or
-    ``calibrate(personal_p)`` (``personal_p`` 1: η 0). :class:`KindLevelError` when the
+    ``calibrate(personal_p)`` (``personal_p`` 1: η 0); ``personal_rank``: see
+    :class:`KindPolicy`. :class:`KindLevelError` when the
     unprotected η lies below ``eta`` or personal data's above it."""
     def level(p: float | None, given: float | None, name: str) -> float | None:
         if p is None:
@@ -188,7 +216,8 @@ def make_policy(eta: float, protect: str, frequent_rank: int = DEFAULT_FREQUENT_
     personal = 0.0 if personal_p == 1 else level(personal_p, personal_eta, "personal_p")
     if protect == "all" and personal is None:
         return None
-    policy = KindPolicy(protect, frequent_rank, level(other_p, other_eta, "other_p"), personal)
+    policy = KindPolicy(protect, frequent_rank, level(other_p, other_eta, "other_p"), personal,
+                        personal_rank)
     policy.check_against(eta)
     return policy
 
@@ -200,6 +229,16 @@ def classes_of(kinds: TokenKinds, frequent_rank: int = DEFAULT_FREQUENT_RANK
     return [[PERSONAL if p else (FREQUENT if b < top else RARE) for b, p in zip(bs, ps,
                                                                                   strict=True)]
             for bs, ps in zip(kinds.bands, kinds.personal, strict=True)]
+
+
+def _classes_and_noise(kinds: TokenKinds, policy: KindPolicy
+                       ) -> tuple[list[list[int]], list[list[int]]]:
+    """Per text, each token's class and the class whose noise it gets
+    (:meth:`KindPolicy.noise_class`)."""
+    classes = classes_of(kinds, policy.frequent_rank)
+    noise = [[policy.noise_class(c, b) for c, b in zip(cs, bs, strict=True)]
+             for cs, bs in zip(classes, kinds.bands, strict=True)]
+    return classes, noise
 
 
 def align_classes(row: Sequence[int], segments: Sequence[Sequence[int]],
@@ -260,7 +299,9 @@ def row_noise(rows: Sequence[Sequence[int]], texts: Sequence[str],
               spans: Mapping[str, Sequence] | None = None
               ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[list[int]]]:
     """Per row: the η scale (float64, 1 = the strong η) and the pass-in-clear mask (bool) that
-    :meth:`rapt.privacy.mechanism.Privatizer.privatize_ids` takes, and each position's class.
+    :meth:`rapt.privacy.mechanism.Privatizer.privatize_ids` takes, and each position's class
+    (what it is, for reports: a rare word beyond ``policy.personal_rank`` stays ``RARE``
+    though it gets personal data's noise).
 
     ``rows[i]`` must have been built from ``texts[i]`` (and ``text_pairs[i]``); ``start``: the
     first text position of every row. Personal data from ``spans`` (text -> its spans, e.g.
@@ -276,13 +317,15 @@ def row_noise(rows: Sequence[Sequence[int]], texts: Sequence[str],
     found = personal_spans([*texts, *second], freq, detector, spans)
     k1 = token_kinds(list(texts), tokenizer, freq, detector,
                      None if found is None else found[:len(texts)])
-    c1 = classes_of(k1, policy.frequent_rank)
+    c1, n1 = _classes_and_noise(k1, policy)
     c2: dict[int, list[int]] = {}
+    n2: dict[int, list[int]] = {}
     ids2: dict[int, list[int]] = {}
     if have:
         k2 = token_kinds(second, tokenizer, freq, detector,
                          None if found is None else found[len(texts):])
-        c2 = dict(zip(have, classes_of(k2, policy.frequent_rank), strict=True))
+        cls2, noise2 = _classes_and_noise(k2, policy)
+        c2, n2 = dict(zip(have, cls2, strict=True)), dict(zip(have, noise2, strict=True))
         ids2 = dict(zip(have, k2.ids, strict=True))
     other = None if policy.eta_other is None else float(policy.eta_other) / float(eta)
     personal = (None if policy.eta_personal is None
@@ -290,14 +333,15 @@ def row_noise(rows: Sequence[Sequence[int]], texts: Sequence[str],
     scales, clear, classes = [], [], []
     for i, row in enumerate(rows):
         segs = [k1.ids[i]] + ([ids2[i]] if i in c2 else [])
-        cls = [c1[i]] + ([c2[i]] if i in c2 else [])
-        got = align_classes(row, segs, cls, special, start)
-        weak = torch.tensor([not policy.protected(c) for c in got], dtype=torch.bool)
+        got = align_classes(row, segs, [c1[i]] + ([c2[i]] if i in c2 else []), special, start)
+        noise = align_classes(row, segs, [n1[i]] + ([n2[i]] if i in n2 else []), special,
+                              start)
+        weak = torch.tensor([not policy.protected(c) for c in noise], dtype=torch.bool)
         scale = torch.ones(len(row), dtype=torch.float64)
         if other is not None:
             scale[weak] = other
         if personal is not None:
-            scale[torch.tensor([c == PERSONAL for c in got], dtype=torch.bool)] = personal
+            scale[torch.tensor([c == PERSONAL for c in noise], dtype=torch.bool)] = personal
         clear.append(weak if other is None else torch.zeros(len(row), dtype=torch.bool))
         scales.append(scale)
         classes.append(got)

@@ -86,6 +86,9 @@ class KindDeclaration(BaseModel):
     eta_personal: float | None = Field(
         None, ge=0, le=ETA_MAX, description="personal data's own η, at most eta (0: its release "
         "does not depend on it); null: personal data gets its class's η")
+    personal_rank: Literal[1000, 10000] | None = Field(
+        None, description="words outside this many most frequent public words got personal "
+        "data's η (as if the detector had found them), at least frequent_rank; null: none did")
 
 
 class PrivacyDeclaration(BaseModel):
@@ -122,7 +125,9 @@ class PrivacyDeclaration(BaseModel):
 
         if self.eta is None:
             raise ValueError("by_kind needs mechanism 'dchi-text2text' and its eta")
-        policy, etas = KindPolicy(kinds.protect, kinds.frequent_rank), kinds.class_eta
+        policy = KindPolicy(kinds.protect, kinds.frequent_rank,
+                            personal_rank=kinds.personal_rank)  # ValueError naming the field
+        etas = kinds.class_eta
         if kinds.eta_personal is not None:
             if kinds.eta_personal > self.eta:
                 raise ValueError(f"by_kind.eta_personal = {kinds.eta_personal:g} is above eta "
