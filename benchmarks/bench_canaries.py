@@ -11,7 +11,10 @@ MiniLM, η from ``calibrate_eta_public``:
 * ``uniform``: every token at η;
 * ``by-kind rare``: ``KindPolicy("rare")``: personal data and words outside the public list's
   top 1,000 at η, frequent words in clear;
-* ``by-kind personal``: ``KindPolicy("personal")``: only personal data at η, the rest in clear.
+* ``by-kind personal``: ``KindPolicy("personal")``: only personal data at η, the rest in clear;
+* ``..., personal η 0``: personal data swapped for a uniform draw before the noise
+  (``eta_personal=0``); ``..., personal and beyond 10k η 0``: so is every word outside the
+  public list's top 10,000 (``personal_rank=10_000``).
 
 Personal data: Presidio (spaCy's small English model and pattern recognizers), run once on
 every text; the spans found decide the classes of both by-kind mechanisms. Attackers: nearest
@@ -455,7 +458,9 @@ def markdown(doc: dict) -> str:
               "clear; under `by-kind personal` everything not personal passes in clear; under "
               "`personal η 0` every token the detector marks is swapped for one drawn "
               "uniformly from the vocabulary before the noise (its release does not depend on "
-              "it), the rest as `uniform` or `by-kind rare`.", ""]
+              "it), the rest as `uniform` or `by-kind rare`; under `personal and beyond 10k η "
+              "0` so is every token of a word outside the 10,000 most frequent public words "
+              "(`--personal-rank 10000`; counted as rare in the table below).", ""]
     eta0 = above_at_eta0(doc)
     lines += class_table(doc) + [""] + in_clear(doc) + ([""] + eta0 if eta0 else []) + [
         "", same_guesses(doc), "",

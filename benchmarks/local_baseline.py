@@ -55,7 +55,7 @@ LABELS = {"r0.6": "rare + personal at P 0.6's η, frequent in clear",
           "r0.7": "rare + personal at P 0.7's η, frequent in clear",
           "p0.6": "personal only at P 0.6's η, the rest in clear",
           "r0.7z": "rare at P 0.7's η, personal data at η 0, frequent in clear",
-          "r0.7z10k": "1k-10k at P 0.7's η, personal data and words beyond 10k at η 0, "
+          "r0.7z10k": "rare at P 0.7's η, personal data and words beyond 10k at η 0, "
                       "frequent in clear"}
 
 

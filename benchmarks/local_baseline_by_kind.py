@@ -125,11 +125,12 @@ def privacy_table(privacy: dict | None) -> list[str]:
 # settings) and the files that added cells to it. render_docs merges the same list.
 PRIVACY_FILES = ("privacy_by_mechanism_denoiser", "privacy_by_mechanism_context",
                  "privacy_by_mechanism", "privacy_by_mechanism_trec",
-                 "privacy_by_mechanism_personal_eta0")
+                 "privacy_by_mechanism_personal_eta0", "privacy_by_mechanism_beyond10k")
 
 # rapt's default (rapt.privacy.by_kind.default_policy: --protect rare at P 0.7, personal data
-# at η 0), chosen from this grid; "0.6" the former default
-DEFAULT_SETTING = "r0.7z"
+# and words beyond the 10,000 most frequent at η 0), chosen from this grid; "0.6" the former
+# default
+DEFAULT_SETTING = "r0.7z10k"
 _PRIVACY_TASK = {"sst2": "sst2", "fp": "financial_phrasebank", "trec": "trec"}
 _PRIVACY_KINDS = ("personal data", "1k-10k", "rarer", "all")
 
@@ -229,12 +230,14 @@ def main() -> None:
           "", f"`{command()}` on this machine ({machine()['platform']}); remote cells from "
           "`benchmarks/gpu/kind_grid.sh` (by kind) and the grid's earlier GPU runs (uniform: "
           "`local_baseline.md`), the same training sample and noise seed per seed"
-          + ("; the r0.7z cells (personal data at η 0) on a 2-core CPU, `python -m "
+          + ("; the r0.7z and r0.7z10k cells (personal data, and for r0.7z10k the words "
+             "beyond the 10,000 most frequent, at η 0) on a 2-core CPU, `python -m "
              "benchmarks.local_baseline remote --backbone .gpu-carry/minilm --spans "
-             ".gpu-carry/personal_spans.json.gz --ps r0.7z ...`, with the GPU runs' float16 "
-             "MiniLM weights and personal data found by Presidio with spaCy's model and the "
-             "Census name lists (`rapt.privacy.name_list`, rapt's detector since; the other "
-             "by-kind cells and the privacy table below ran without the lists)" if any(
+             ".gpu-carry/personal_spans.json.gz --ps r0.7z r0.7z10k ...`, with the GPU runs' "
+             "float16 MiniLM weights and personal data found by Presidio with spaCy's model "
+             "and the Census name lists (`rapt.privacy.name_list`, rapt's detector since; the "
+             "other by-kind cells and the privacy table below ran without the lists, except "
+             "r0.7z10k's row, `privacy_by_mechanism_beyond10k.md`)" if any(
                  r["setting"] == "r0.7z" for r in rows) else "") + ".", "",
           "Accuracy (%), mean ± 95 % CI over paired seeds (Student t). \"fused − local\": "
           "paired difference, in points; \"fused − uniform LoRA\": this setting's fused model "

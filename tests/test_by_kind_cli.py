@@ -92,6 +92,7 @@ def test_tune_protect_rare_records_each_class_eta_in_the_artifact(rare_run):
     assert rec["protect"] == "rare" and rec["frequent_rank"] == 1000
     # personal data at η 0: --protect rare's default without a personal-data level
     assert rec["class_eta"] == {"personal": 0.0, "rare": 2.0, "frequent": None}
+    assert rec["personal_rank"] == 10_000  # and the rarest words get personal data's η
 
 
 def test_tune_protect_all_releases_exactly_the_uniform_mechanism(tmp_path, monkeypatch):
@@ -142,7 +143,7 @@ def test_predict_reuses_the_tuned_policy_unless_protect_is_given(rare_run, monke
     r = runner.invoke(app, ["predict", str(out), str(data), "--noise-seed", "1",
                             "--limit", "4"])
     assert r.exit_code == 0, r.output
-    assert seen.policies[-1] == KindPolicy("rare", 1000, None, 0.0)
+    assert seen.policies[-1] == KindPolicy("rare", 1000, None, 0.0, 10_000)
     assert "queries as the prompt was tuned" in r.output
     r = runner.invoke(app, ["predict", str(out), str(data), "--noise-seed", "1",
                             "--limit", "4", "--protect", "all"])
@@ -383,71 +384,31 @@ def test_every_command_with_protect_takes_every_level_option():
 
 def test_the_defaults_fill_in_only_what_was_not_given():
     """--protect not given: rare (all with --no-privacy); under rare, personal data without a
-    level of its own gets --personal-p 1 (η 0); a level given, --protect all or personal, and
-    --no-privacy are left as typed."""
+    level of its own gets --personal-p 1 (η 0) and, without --personal-rank, so do the words
+    outside the 10,000 most frequent public words; a level or rank given (0: off), --protect
+    all or personal, and --no-privacy are left as typed."""
     from rapt.cli._by_kind import KindOptions, with_defaults
 
     def filled(private=True, **given):
         k = with_defaults(KindOptions(**given), private=private)
-        return k.protect, k.personal_p, k.personal_eta
+        return k.protect, k.personal_p, k.personal_eta, k.personal_rank
 
-    assert filled() == ("rare", 1.0, None)
-    assert filled(protect="rare") == ("rare", 1.0, None)
-    assert filled(protect="rare", personal_eta=3.0) == ("rare", None, 3.0)
-    assert filled(personal_p=0.9) == ("rare", 0.9, None)
-    assert filled(protect="all") == ("all", None, None)
-    assert filled(protect="personal") == ("personal", None, None)
-    assert filled(private=False) == ("all", None, None)
-    assert filled(private=False, protect="rare") == ("rare", None, None)  # refused later
+    assert filled() == ("rare", 1.0, None, 10_000)
+    assert filled(protect="rare") == ("rare", 1.0, None, 10_000)
+    assert filled(protect="rare", personal_eta=3.0) == ("rare", None, 3.0, 10_000)
+    assert filled(personal_p=0.9) == ("rare", 0.9, None, 10_000)
+    assert filled(personal_rank=0) == ("rare", 1.0, None, 0)
+    assert filled(personal_rank=1000) == ("rare", 1.0, None, 1000)
+    assert filled(protect="all") == ("all", None, None, None)
+    assert filled(protect="personal") == ("personal", None, None, None)
+    assert filled(private=False) == ("all", None, None, None)
+    assert filled(private=False, protect="rare") == ("rare", None, None, None)  # refused later
     # the CLI's copy of the default (its module must not import torch) is the library's
     from rapt.privacy.by_kind import default_policy, make_policy
 
     k = with_defaults(KindOptions())
-    assert make_policy(50.0, k.protect, k.frequent_rank, personal_p=k.personal_p) == (
-        default_policy())
-
-
-def test_privatize_personal_rank_gives_rare_words_personal_noise_and_records_it(rare_run,
-                                                                             tmp_path):
-    """--personal-rank 1000 under --protect rare (personal data at η 0 by default): every rare
-    word's release is a uniform draw, so it is not the word; the rank is recorded and said."""
-    _, bb, data, *_ = rare_run
-    r = runner.invoke(app, ["privatize", str(data), str(tmp_path / "p.csv"), "--backbone", bb,
-                            "--eta", "2", "--noise-seed", "0", "--json-report",
-                            "--protect", "rare", "--personal-rank", "1000"])
-    assert r.exit_code == 0, r.output
-    assert "words outside the 1000 most frequent public words get personal data's noise" in (
-        r.output)
-    report = json.loads(r.output.strip().splitlines()[-1])
-    assert report["by_kind"]["personal_rank"] == 1000
-    clean = [line.split(",")[0].split() for line in data.read_text().splitlines()[1:]]
-    got = [line.split(",")[0].split() for line in
-           (tmp_path / "p.csv").read_text().splitlines()[1:]]
-    pairs = [(a, b) for c, p in zip(clean, got, strict=True) if len(c) == len(p)
-             for a, b in zip(c, p, strict=True)]
-    rare = [a == b for a, b in pairs if a in RARE]
-    assert len(rare) >= 10 and sum(rare) <= 1  # ~1 in the vocabulary's size by chance
-    assert all(a == b for a, b in pairs if a in FREQUENT)
-
-
-def test_a_personal_rank_is_declared_stored_shown_and_taken_back(service, tmp_path):
-    import re
-
-    from _service import write_csv
-
-    from rapt.client.client import RaptClient
-
-    tc, key, bb = service
-    policy = KindPolicy("rare", eta_personal=0.0, personal_rank=10_000)
-    c = RaptClient(api_key=key, backbone=bb, remote_backbone="tiny", http=tc, eta=5.0, seed=0,
-                   kind_policy=policy)
-    did = c.upload(write_csv(tmp_path / "d.csv"), max_length=32, holdout=False)
-    assert c.dataset(did)["privacy"]["by_kind"]["personal_rank"] == 10_000
-    csrf = re.search(r'name="csrf" value="([^"]+)"', tc.get("/console/login").text).group(1)
-    tc.post("/console/login", data={"csrf": csrf, "key": key}, follow_redirects=False)
-    assert "words outside the 10000 most frequent at personal data" in tc.get(
-        "/console/datasets").text
-    q = RaptClient(api_key=key, backbone=bb, remote_backbone="tiny", http=tc)
-    q._prompt_info["p1"] = {"privacy": c.dataset(did)["privacy"]}
-    q.query_eta("p1")
-    assert q.kind_policy == policy
+    assert make_policy(50.0, k.protect, k.frequent_rank, personal_p=k.personal_p,
+                       personal_rank=k.personal_rank) == default_policy()
+    off = with_defaults(KindOptions(personal_rank=0))
+    assert make_policy(50.0, off.protect, personal_p=off.personal_p,
+                       personal_rank=off.personal_rank or None).personal_rank is None

@@ -208,8 +208,10 @@ def test_the_client_measures_each_kind_and_keeps_the_figures(tmp_path):
     assert stored["by_kind"] is None
     assert "empirical_privacy" not in str(stored) and "n_tokens" not in str(stored)
     # rapt's default policy: the policy and each class's η are declared, no statistic
-    assert set(default["by_kind"]) <= {"protect", "frequent_rank", "class_eta", "eta_personal"}
-    assert default["by_kind"]["protect"] == "rare"
+    assert set(default["by_kind"]) <= {"protect", "frequent_rank", "class_eta", "eta_personal",
+                                       "personal_rank"}
+    assert default["by_kind"]["protect"] == "rare" and default["by_kind"]["personal_rank"] == (
+        10_000)
     assert "empirical_privacy" not in str(default) and "n_tokens" not in str(default)
 
 

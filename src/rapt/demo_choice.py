@@ -7,8 +7,9 @@ what I can do alone? The demo answers with the settings `rapt tune` offers, on t
   :data:`rapt.privacy.rule.DEFAULT_TARGET_P`;
 * **by kind** (``--protect rare``, rapt's default): words outside the 1,000 most frequent
   public words at η for P ≈ :data:`rapt.privacy.rule.DEFAULT_PROTECTED_P`, personal data
-  (Presidio) at η 0 (each token swapped for a random one before the noise: ``--personal-p 1``),
-  frequent words in clear (:mod:`rapt.privacy.by_kind`);
+  (Presidio) and words outside the 10,000 most frequent at η 0 (each token swapped for a random
+  one before the noise: ``--personal-p 1 --personal-rank 10000``), frequent words in clear
+  (:mod:`rapt.privacy.by_kind`);
 * the **local model** (TF-IDF + logistic regression on the clean rows, :mod:`rapt.local`), and
   each privatized model **fused** with it (weights cross-fitted on the test rows), what
   `rapt predict` uses by default.
@@ -41,7 +42,7 @@ from typing import Any
 from rapt import numfmt
 from rapt.config import PRECISIONS, tune_config
 from rapt.demo import StageTimes, _demo_data, _text_length
-from rapt.privacy.by_kind import DEFAULT_FREQUENT_RANK
+from rapt.privacy.by_kind import DEFAULT_FREQUENT_RANK, DEFAULT_PERSONAL_RANK
 from rapt.privacy.rule import DEFAULT_PROTECTED_P, DEFAULT_TARGET_P
 from rapt.stats import mean_ci, paired_difference
 
@@ -73,6 +74,7 @@ class ChoiceConfig:
     protected_p: float = DEFAULT_PROTECTED_P  # the by-kind arm's protected classes
     personal_p: float = 1.0  # the by-kind arm's personal data (1: η 0, as `rapt tune`'s default)
     frequent_rank: int = DEFAULT_FREQUENT_RANK
+    personal_rank: int | None = DEFAULT_PERSONAL_RANK  # beyond it: personal data's level
     whole_fraction: float = 0.95
     max_length: int | None = None  # tokens per row; None: whole_fraction of rows whole
     seeds: int = 3
@@ -129,13 +131,16 @@ def _customizations(config: ChoiceConfig, bb, log: Callable[[str], None]) -> dic
         if protect != "all":
             c.kind_policy = make_policy(c.eta, protect, config.frequent_rank,
                                         personal_p=config.personal_p,
+                                        personal_rank=config.personal_rank,
                                         calibrate=lambda q: calibrate_eta_public(bb, q))
         out[arm] = c
         what = ("every token" if protect == "all" else
                 f"words outside the {config.frequent_rank:,} most frequent public words, "
-                + ("personal data swapped for a uniformly drawn token (η 0)"
-                   if config.personal_p >= 1 else
-                   f"personal data at P ≈ {config.personal_p:g}") + " (the rest in clear)")
+                + ("personal data" + ("" if config.personal_rank is None else
+                                      f" and words outside the {config.personal_rank:,} most "
+                                      "frequent")
+                   + (" swapped for a uniformly drawn token (η 0)" if config.personal_p >= 1
+                      else f" at P ≈ {config.personal_p:g}")) + " (the rest in clear)")
         log(f"{arm}: η = {numfmt.eta(c.eta)} (P ≈ {p:g} on the public text sample) on {what}")
     return out
 
@@ -221,6 +226,7 @@ def _arm_record(custom, rep: dict) -> dict:
     by = rep.get("by_kind") or {}
     return {"eta": float(custom.eta), "target_p": custom.target_p,
             "class_eta": (custom.kind_record() or {}).get("class_eta"),
+            "personal_rank": (custom.kind_record() or {}).get("personal_rank"),
             "p_measured": float(rep["replacement_probability"]),
             "attacker": "nearest-neighbour inversion (first seed's test queries)",
             "privacy": {k: (by.get(k) or {}).get("empirical_privacy") for k in KINDS},
@@ -291,8 +297,10 @@ def _level(arm: str, rec: dict) -> str:
     personal = (rec.get("class_eta") or {}).get("personal")
     how = ("η 0 (each token swapped for a random one)" if personal == 0 else
            "the same η" if personal in (None, rec["eta"]) else f"η {numfmt.eta(personal)}")
-    return (f"by kind (`--protect rare`, rapt's default): rare words at {level}, personal data "
-            f"at {how}, frequent words in clear")
+    rank = rec.get("personal_rank")
+    beyond = "" if rank is None else f" and words outside the {rank:,} most frequent"
+    return (f"by kind (`--protect rare`, rapt's default): rare words at {level}, personal data"
+            f"{beyond} at {how}, frequent words in clear")
 
 
 def verdict_lines(result: ChoiceResult) -> list[str]:

@@ -14,10 +14,11 @@ import typer
 from rapt.cli._app import fail
 from rapt.privacy.kinds import BAND_EDGES
 
-# rapt.privacy.by_kind.PROTECT and DEFAULT_PROTECT; that module imports torch, which a check
-# before work need not
+# rapt.privacy.by_kind.PROTECT, DEFAULT_PROTECT and DEFAULT_PERSONAL_RANK; that module imports
+# torch, which a check before work need not
 PROTECT_CHOICES = ("all", "rare", "personal")
 DEFAULT_PROTECT = "rare"
+DEFAULT_PERSONAL_RANK = 10_000
 
 
 @dataclass(frozen=True)
@@ -49,12 +50,16 @@ def with_defaults(o: KindOptions, *, private: bool = True) -> KindOptions:
     """The options with rapt's defaults filled in (the commands that privatize data they
     send or train on): --protect not given is ``rare`` (:data:`DEFAULT_PROTECT`), or ``all``
     with --no-privacy; under ``rare``, personal data without a level of its own gets
-    --personal-p 1 (η 0: each personal token is swapped for a random one before the noise).
-    Chosen from the grid in ``benchmarks/results/local_baseline_by_kind.md`` and the per-kind
-    privacy against the domain denoiser (``privacy_by_mechanism_denoiser.md``)."""
+    --personal-p 1 (η 0: each personal token is swapped for a random one before the noise), and
+    without --personal-rank the words outside the 10,000 most frequent public words get
+    personal data's level (0 turns it off). Chosen from the grid in
+    ``benchmarks/results/local_baseline_by_kind.md``, the per-kind privacy against the domain
+    denoiser (``privacy_by_mechanism_denoiser.md``) and the planted names (canaries)."""
     protect = o.protect if o.protect is not None else (DEFAULT_PROTECT if private else "all")
-    personal_p = 1.0 if protect == "rare" and private and not o.personal else o.personal_p
-    return replace(o, protect=protect, personal_p=personal_p)
+    rare = protect == "rare" and private
+    personal_p = 1.0 if rare and not o.personal else o.personal_p
+    rank = DEFAULT_PERSONAL_RANK if rare and o.personal_rank is None else o.personal_rank
+    return replace(o, protect=protect, personal_p=personal_p, personal_rank=rank)
 
 
 def check_kind_options(o: KindOptions, *, private: bool = True) -> None:
@@ -93,15 +98,16 @@ def check_kind_options(o: KindOptions, *, private: bool = True) -> None:
 
 
 def _check_personal_rank(o: KindOptions, private: bool) -> None:
-    if o.personal_rank not in BAND_EDGES or o.personal_rank < o.frequent_rank:
+    if o.personal_rank != 0 and (o.personal_rank not in BAND_EDGES
+                                 or o.personal_rank < o.frequent_rank):
         fail(f"--personal-rank must be one of {', '.join(map(str, BAND_EDGES))} and at least "
-             f"--frequent-rank ({o.frequent_rank}) (got {o.personal_rank})")
+             f"--frequent-rank ({o.frequent_rank}), or 0 (off) (got {o.personal_rank})")
     if not private:
         fail("--personal-rank sets the noise of rare words: leave out --no-privacy")
     if o.protect is None:  # only predict leaves it unset: it then takes the recorded policy
         fail("--personal-rank changes the policy: give --protect with it (without --protect, "
              "the prompt's recorded policy is used, its personal rank included)")
-    if o.protect == "all" and not o.personal:
+    if o.protect == "all" and not o.personal and o.personal_rank:
         fail("--personal-rank gives rare words personal data's noise, which under --protect "
              "all is every token's: give --personal-p or --personal-eta with it, or --protect "
              "rare")
@@ -121,7 +127,7 @@ def kind_policy(bb: Any, eta: float | None, o: KindOptions) -> Any:
     try:
         policy = make_policy(eta, o.protect or "all", o.frequent_rank, other_p=o.other_p,
                              other_eta=o.other_eta, personal_p=o.personal_p,
-                             personal_eta=o.personal_eta, personal_rank=o.personal_rank,
+                             personal_eta=o.personal_eta, personal_rank=o.personal_rank or None,
                              calibrate=lambda p: calibrate_eta_public(bb, p))
     except KindLevelError as e:
         _fail_level(bb, eta, o, e.level == "personal")

@@ -64,8 +64,9 @@ PROTECT_WHAT = ("which tokens get the full noise of η: all (every token: the un
                 "finds); the others (frequent words) pass in clear unless --other-p / "
                 "--other-eta is given")
 PROTECT_HELP = PROTECT_WHAT + (f" (default: rare: rare words at --target-p "
-                               f"{DEFAULT_PROTECTED_P:g}, personal data at --personal-p 1, "
-                               "frequent words in clear; all with --no-privacy)")
+                               f"{DEFAULT_PROTECTED_P:g}, personal data and words outside the "
+                               "10,000 most frequent at --personal-p 1 (--personal-rank "
+                               "10000), frequent words in clear; all with --no-privacy)")
 FREQUENT_RANK_HELP = ("with --protect rare: a word is rare when it is outside the N most frequent "
                       "words of rapt's public word list (never your data): 100 | 1000 | 10000")
 OTHER_P_HELP = ("with --protect rare|personal: noise the unprotected tokens at the η that gives "
@@ -82,7 +83,8 @@ PERSONAL_ETA_HELP = ("personal data's η (at most the protected η; 0: its relea
 PERSONAL_RANK_HELP = ("give every word outside the N most frequent words of rapt's public word "
                       "list personal data's noise (--personal-p), as if Presidio had found it: "
                       "names it does not know are rare words; 1000 | 10000, at least "
-                      "--frequent-rank")
+                      "--frequent-rank; 0: off (default: 10000 under --protect rare, off "
+                      "otherwise)")
 # None: not given; rapt.cli._by_kind.with_defaults fills in the default (rare)
 PROTECT = typer.Option(None, "--protect", help=PROTECT_HELP, show_default=False)
 # by_kind.DEFAULT_FREQUENT_RANK (1000); that module imports torch, which `rapt --help` must not

@@ -267,9 +267,11 @@ def _customization(o: TuneOptions, bb, eta, target_p, encoding, cfg, dp: bool):
 
 
 def _with_kind_defaults(o: TuneOptions) -> TuneOptions:
-    """--protect and --personal-p as rapt's defaults fill them in (:func:`with_defaults`)."""
+    """--protect, --personal-p and --personal-rank as rapt's defaults fill them in
+    (:func:`with_defaults`)."""
     k = with_defaults(_kinds(o), private=not o.no_privacy)
-    return dataclasses.replace(o, protect=k.protect, personal_p=k.personal_p)
+    return dataclasses.replace(o, protect=k.protect, personal_p=k.personal_p,
+                               personal_rank=k.personal_rank)
 
 
 def _kinds(o: TuneOptions) -> KindOptions:

@@ -6,8 +6,9 @@ mechanism metadata (η, embedding, search mode). Raw text never does; original t
 where the policy passes a class in clear (the default's frequent public words).
 Without a configured policy an upload is privatized by kind of token, rapt's default
 (:func:`rapt.privacy.by_kind.default_policy`: rare words at η for P ≈
-:data:`rapt.privacy.rule.DEFAULT_PROTECTED_P` without a configured η, personal data at η 0,
-frequent words in clear); ``kind_policy=KindPolicy()`` noises every token alike (P ≈
+:data:`rapt.privacy.rule.DEFAULT_PROTECTED_P` without a configured η, personal data and words
+outside the 10,000 most frequent public words at η 0, frequent words in clear);
+``kind_policy=KindPolicy()`` noises every token alike (P ≈
 :data:`rapt.privacy.rule.DEFAULT_TARGET_P` by default). It sends clear text only with
 ``no_privacy=True``.
 

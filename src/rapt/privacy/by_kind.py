@@ -50,9 +50,9 @@ from rapt.privacy.kinds import (
 )
 from rapt.privacy.personal_data import PROPAGATED, PersonalSpan, propagate_spans
 
-__all__ = ["CLASSES", "DEFAULT_FREQUENT_RANK", "DEFAULT_PROTECT", "PROTECT", "KindLevelError",
-           "KindPolicy", "align_classes", "classes_of", "default_policy", "make_policy",
-           "personal_spans", "row_noise"]
+__all__ = ["CLASSES", "DEFAULT_FREQUENT_RANK", "DEFAULT_PERSONAL_RANK", "DEFAULT_PROTECT",
+           "PROTECT", "KindLevelError", "KindPolicy", "align_classes", "classes_of",
+           "default_policy", "make_policy", "personal_spans", "row_noise"]
 
 CLASSES = ("personal", "rare", "frequent")
 PROTECT = ("all", "rare", "personal")
@@ -61,6 +61,10 @@ PROTECT = ("all", "rare", "personal")
 # and the per-kind privacy against the domain denoiser (privacy_by_mechanism_denoiser.md)
 DEFAULT_PROTECT = "rare"
 DEFAULT_FREQUENT_RANK = 1000
+# rare words beyond it get personal data's η under the default: every word of the names
+# outside the Census lists lies there (canaries_unlisted_names_beyond10k_lowercase.md), at no
+# measurable cost to the fused model (local_baseline_by_kind.md, r0.7z10k vs r0.7z)
+DEFAULT_PERSONAL_RANK = 10_000
 PERSONAL, RARE, FREQUENT = range(3)
 _PROTECTED = {"all": (PERSONAL, RARE, FREQUENT), "rare": (PERSONAL, RARE),
               "personal": (PERSONAL,)}
@@ -190,9 +194,10 @@ class KindPolicy:
 
 def default_policy() -> KindPolicy:
     """rapt's default: personal data and rare words protected (the privatizer's η, for P ≈
-    :data:`rapt.privacy.rule.DEFAULT_PROTECTED_P`), personal data at η 0, frequent words in
-    clear: `--protect rare --personal-p 1`."""
-    return KindPolicy(DEFAULT_PROTECT, DEFAULT_FREQUENT_RANK, None, 0.0)
+    :data:`rapt.privacy.rule.DEFAULT_PROTECTED_P`), personal data and words outside the 10,000
+    most frequent public words at η 0, frequent words in clear: `--protect rare --personal-p 1
+    --personal-rank 10000`."""
+    return KindPolicy(DEFAULT_PROTECT, DEFAULT_FREQUENT_RANK, None, 0.0, DEFAULT_PERSONAL_RANK)
 
 
 def make_policy(eta: float, protect: str, frequent_rank: int = DEFAULT_FREQUENT_RANK, *,
