@@ -458,9 +458,11 @@ def markdown(doc: dict) -> str:
               "clear; under `by-kind personal` everything not personal passes in clear; under "
               "`personal η 0` every token the detector marks is swapped for one drawn "
               "uniformly from the vocabulary before the noise (its release does not depend on "
-              "it), the rest as `uniform` or `by-kind rare`; under `personal and beyond 10k η "
-              "0` so is every token of a word outside the 10,000 most frequent public words "
-              "(`--personal-rank 10000`; counted as rare in the table below).", ""]
+              "it), the rest as `uniform` or `by-kind rare`"
+              + ("; under `personal and beyond 10k η 0` so is every token of a word outside "
+                 "the 10,000 most frequent public words (`--personal-rank 10000`; counted as "
+                 "rare in the table below)" if any("beyond" in r["mechanism"]
+                                                   for r in doc["runs"]) else "") + ".", ""]
     eta0 = above_at_eta0(doc)
     lines += class_table(doc) + [""] + in_clear(doc) + ([""] + eta0 if eta0 else []) + [
         "", same_guesses(doc), "",

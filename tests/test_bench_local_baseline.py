@@ -7,11 +7,12 @@ ETAS = {"0.2": 90.0, "0.6": 60.0, "0.7": 55.0}
 
 
 def test_every_setting_builds_its_policy_and_has_a_label():
-    for name, (protect, strong, other, personal) in MECHS.items():
+    for name, (protect, strong, other, personal, *rank) in MECHS.items():
         eta, policy = kind_policy(name, ETAS)
         assert eta == ETAS[str(strong)] and policy.protect == protect
         assert policy.eta_other == (None if other is None else ETAS[str(other)])
         assert policy.eta_personal == personal
+        assert policy.personal_rank == (rank[0] if rank else None)
         policy.check_against(eta)
     assert set(LABELS) == set(MECHS) and set(LABEL) == set(SETTINGS)
 
