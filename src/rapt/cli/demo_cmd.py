@@ -141,11 +141,11 @@ def demo(
                                       "auto, measured equal to fp32 in that setting)"),
 ) -> None:
     """The choice you make with rapt, on SST-2 and paired seeds: noise by kind of token (rapt's
-    default, --protect rare: rare words at P 0.7's η, personal data at η 0, frequent words in
-    clear) against uniform noise (--protect all, P 0.6), each tuned with LoRA and fused with a
-    local TF-IDF model trained on your clean rows, beside that local model alone; one table of
-    accuracy and privacy per kind of token (all, rare words, personal data), the verdict `rapt
-    tune` prints, and a plot.
+    default, --protect rare: rare words at P 0.7's η, personal data and words outside the
+    10,000 most frequent at η 0, frequent words in clear) against uniform noise (--protect all,
+    P 0.6), each tuned with LoRA and fused with a local TF-IDF model trained on your clean rows,
+    beside that local model alone; one table of accuracy and privacy per kind of token (all,
+    rare words, personal data), the verdict `rapt tune` prints, and a plot.
     --paper: RAPT's ablation (no privacy / head only / +privatization / +reconstruction, and
     +denoise-then-tune with --channel) with the local and fused rows."""
     opts = DemoOptions(**locals())  # the options, before any other name
