@@ -306,5 +306,7 @@ def test_personal_rank_is_checked_recorded_and_read_back():
     rec = pol.record(40.0)
     assert rec["personal_rank"] == 10_000 and KindPolicy.from_record(rec) == pol
     assert "personal_rank" not in KindPolicy("rare").record(40.0)
+    # 0 is the users' "off" (--personal-rank 0, DemoConfig), as None
+    assert make_policy(40.0, "rare", personal_p=1.0, personal_rank=0).personal_rank is None
     # without a personal level or protection the rank changes nothing: still uniform
     assert make_policy(40.0, "all", personal_rank=10_000) is None

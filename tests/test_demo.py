@@ -127,6 +127,9 @@ def test_demo_config_benchmark_and_validation():
         DemoConfig(target_p=1.0)
     with pytest.raises(ValueError, match="seeds"):
         DemoConfig(seeds=0)
+    DemoConfig(personal_rank=0)  # --personal-rank 0: off, as the help says
+    with pytest.raises(ValueError, match="personal_rank"):
+        DemoConfig(protect="rare", personal_rank=5000)
 
 
 def test_demo_cli_bad_head_is_a_clear_error(tmp_path):

@@ -109,7 +109,7 @@ class DemoConfig:
     # personal data's own level (P, 1: η 0; or η): None, the protected η
     personal_p: float | None = None
     personal_eta: float | None = None
-    personal_rank: int | None = None  # rare words beyond it get personal data's η
+    personal_rank: int | None = None  # rare words beyond it get personal data's η (0: off)
     # Backbone passes (rapt.precision): auto = bf16 on CPUs with native bf16. In this very
     # setting bf16 and fp32 scored the same (-0.0 ± 0.2 points, 5 paired seeds:
     # benchmarks/results/precision.md) at 1.8x the prefix step speed.
@@ -132,7 +132,7 @@ class DemoConfig:
         from rapt.privacy.by_kind import KindPolicy
 
         KindPolicy(self.protect, self.frequent_rank, self.other_eta,
-                   self.personal_eta, self.personal_rank)  # ValueError naming it
+                   self.personal_eta, self.personal_rank or None)  # ValueError naming it
         if self.personal_p is not None and not 0 < self.personal_p <= 1:
             raise ValueError(f"DemoConfig.personal_p must lie in (0, 1] (got {self.personal_p})")
         if self.other_p is not None and not 0 < self.other_p < 1:

@@ -127,7 +127,7 @@ def kind_policy(bb: Any, eta: float | None, o: KindOptions) -> Any:
     try:
         policy = make_policy(eta, o.protect or "all", o.frequent_rank, other_p=o.other_p,
                              other_eta=o.other_eta, personal_p=o.personal_p,
-                             personal_eta=o.personal_eta, personal_rank=o.personal_rank or None,
+                             personal_eta=o.personal_eta, personal_rank=o.personal_rank,
                              calibrate=lambda p: calibrate_eta_public(bb, p))
     except KindLevelError as e:
         _fail_level(bb, eta, o, e.level == "personal")

@@ -209,7 +209,7 @@ def make_policy(eta: float, protect: str, frequent_rank: int = DEFAULT_FREQUENT_
     the unprotected classes' η is ``other_eta``, or ``calibrate(other_p)`` (the η that gives
     that P, calibrated as every level is); personal data's is ``personal_eta``, or
     ``calibrate(personal_p)`` (``personal_p`` 1: η 0); ``personal_rank``: see
-    :class:`KindPolicy`. :class:`KindLevelError` when the
+    :class:`KindPolicy` (0, as None: off). :class:`KindLevelError` when the
     unprotected η lies below ``eta`` or personal data's above it."""
     def level(p: float | None, given: float | None, name: str) -> float | None:
         if p is None:
@@ -222,7 +222,7 @@ def make_policy(eta: float, protect: str, frequent_rank: int = DEFAULT_FREQUENT_
     if protect == "all" and personal is None:
         return None
     policy = KindPolicy(protect, frequent_rank, level(other_p, other_eta, "other_p"), personal,
-                        personal_rank)
+                        personal_rank or None)
     policy.check_against(eta)
     return policy
 
