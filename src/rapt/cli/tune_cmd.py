@@ -266,11 +266,10 @@ def _customization(o: TuneOptions, bb, eta, target_p, encoding, cfg, dp: bool):
 
 
 def _with_kind_defaults(o: TuneOptions) -> TuneOptions:
-    """--protect, --personal-p and --personal-rank as rapt's defaults fill them in
-    (:func:`with_defaults`)."""
+    """The kind options as rapt's defaults fill them in (:func:`with_defaults`), every one
+    copied back (a default added there reaches tune without a change here)."""
     k = with_defaults(_kinds(o), private=not o.no_privacy)
-    return dataclasses.replace(o, protect=k.protect, personal_p=k.personal_p,
-                               personal_rank=k.personal_rank)
+    return dataclasses.replace(o, **dataclasses.asdict(k))
 
 
 def _kinds(o: TuneOptions) -> KindOptions:
